@@ -1,0 +1,59 @@
+"""EngineConfig: every engine knob, defined once and shared by the CLI, server and Python API.
+
+Flag names follow vLLM's where vLLM has the same knob (``--max-num-seqs`` and so on).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from kvserve.errors import InvalidArgumentError
+
+DTYPES = ("bfloat16", "float16", "float32", "float64")
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = field(default=None, metadata={"help": "a Hugging Face folder or a .gguf file; default: embedded SmolLM2-135M-Instruct"})
+    dtype: str = field(default="bfloat16", metadata={"help": "weights and KV cache dtype", "choices": DTYPES})
+    device: str = field(default="auto", metadata={"help": "cpu, cuda, or auto (cuda when available)"})
+    block_size: int = field(default=16, metadata={"help": "tokens per KV cache block"})
+    kv_cache_memory_gb: float | None = field(default=None, metadata={"help": "KV cache size in GiB (default: from free memory, at most 4)"})
+    num_kv_blocks: int | None = field(default=None, metadata={"help": "exact KV pool size in blocks (overrides --kv-cache-memory-gb)"})
+    max_num_seqs: int = field(default=128, metadata={"help": "most sequences in one step"})
+    max_num_batched_tokens: int = field(default=2048, metadata={"help": "token budget of one step (chunked prefill fills it)"})
+    max_model_len: int | None = field(default=None, metadata={"help": "context window (default: the model's, capped by the KV cache)"})
+    seed: int = field(default=0, metadata={"help": "seed of the shared generator for unseeded sampling"})
+    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: all cores)"})
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise InvalidArgumentError(f"--{name.replace('_', '-')} must be at least 1", param=name)
+        if self.dtype not in DTYPES:
+            raise InvalidArgumentError(f"--dtype must be one of {', '.join(DTYPES)}", param="dtype")
+        if self.kv_cache_memory_gb is not None and self.kv_cache_memory_gb <= 0:
+            raise InvalidArgumentError("--kv-cache-memory-gb must be positive", param="kv_cache_memory_gb")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise InvalidArgumentError("--max-model-len must be at least 2", param="max_model_len")
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        for f in fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            kind = {"int": int, "float": float, "str": str}[str(f.type).split(" ")[0].replace("|", "").strip()]
+            parser.add_argument(flag, type=kind, default=f.default, help=f.metadata.get("help"), choices=f.metadata.get("choices"))
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> "EngineConfig":
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> "EngineConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(kwargs) - known
+        if unknown:
+            raise InvalidArgumentError(f"unknown engine argument(s): {', '.join(sorted(unknown))}")
+        return cls(**kwargs)

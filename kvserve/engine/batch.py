@@ -1,0 +1,61 @@
+"""What crosses between the scheduler and a runner: the batch of one step and its result."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvserve.engine.request import Request, TokenLogprobs
+
+
+@dataclass
+class ScheduledChunk:
+    """``num_tokens`` tokens of ``request`` starting at position ``start`` go through the model.
+
+    The KV of positions < start is already in the cache. ``sample`` is true when the chunk
+    reaches the end of the request's tokens, so a next token is drawn from its last logits.
+    """
+
+    request: Request
+    start: int
+    num_tokens: int
+    block_table: list[int]
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
+
+    @property
+    def sample(self) -> bool:
+        return self.end == self.request.num_tokens
+
+    @property
+    def is_decode(self) -> bool:
+        return self.num_tokens == 1 and self.start > 0
+
+
+@dataclass
+class Batch:
+    """One step's work, decodes first then prefill chunks, within the token budget."""
+
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(1 for c in self.chunks if c.is_decode)
+
+    @property
+    def empty(self) -> bool:
+        return not self.chunks
+
+
+@dataclass
+class StepOutput:
+    """The runner's answer: a sampled token (and optional logprobs) per sampling request."""
+
+    token_ids: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)

@@ -1,0 +1,93 @@
+"""The engine loop: schedule → execute → update, one step at a time.
+
+The engine owns the scheduler and the KV bookkeeping and calls whatever Runner it was
+given; it works on token ids only (text lives in ``kvserve.engine.output``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from kvserve.engine.batch import Batch
+from kvserve.engine.request import FinishReason, Request, SamplingParams
+from kvserve.engine.scheduler import Scheduler, SchedulerConfig
+from kvserve.errors import InvalidArgumentError
+from kvserve.kv.block_pool import KVManager
+from kvserve.runner.base import Runner
+
+
+@dataclass
+class StepRecord:
+    """What one step did and how long it took; benchmarks and the simulator's calibration read these."""
+
+    num_tokens: int
+    num_decodes: int
+    num_seqs: int
+    seconds: float
+
+
+@dataclass
+class EngineStats:
+    steps: list[StepRecord] = field(default_factory=list)
+    keep_steps: bool = False
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+
+
+class Engine:
+    def __init__(self, runner: Runner, scheduler_config: SchedulerConfig, vocab_size: int | None = None,
+                 eos_token_ids: tuple[int, ...] = ()):
+        self.runner = runner
+        self.kv = KVManager(runner.num_kv_blocks, runner.block_size)
+        self.scheduler = Scheduler(scheduler_config, self.kv)
+        self.max_model_len = runner.max_model_len
+        self.vocab_size = vocab_size
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.stats = EngineStats()
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> Request:
+        """Validate and queue a request; raises InvalidArgumentError for what the user must fix."""
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise InvalidArgumentError("the prompt is empty", param="prompt")
+        if n >= self.max_model_len:
+            raise InvalidArgumentError(
+                f"the prompt has {n} tokens; this model's context window is {self.max_model_len} tokens "
+                "and at least one must be left for the answer",
+                param="prompt",
+            )
+        if self.vocab_size is not None and any(not 0 <= t < self.vocab_size for t in prompt_token_ids):
+            raise InvalidArgumentError(f"prompt token ids must be in [0, {self.vocab_size})", param="prompt")
+        req = Request(request_id, list(prompt_token_ids), params, eos_token_ids=self.eos_token_ids,
+                      max_total_tokens=self.max_model_len)
+        self.scheduler.add(req)
+        return req
+
+    def abort(self, request_id: str) -> Request | None:
+        return self.scheduler.finish(request_id, FinishReason.ABORT)
+
+    def finish(self, request_id: str, reason: FinishReason, stop_reason: int | str | None = None) -> Request | None:
+        return self.scheduler.finish(request_id, reason, stop_reason)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[Request]:
+        """Run one step; returns the requests that got a token (finished ones included)."""
+        batch: Batch = self.scheduler.schedule()
+        if batch.empty:
+            return []
+        t0 = time.perf_counter()
+        output = self.runner.execute(batch)
+        elapsed = time.perf_counter() - t0
+        changed = self.scheduler.update(batch, output)
+        now = time.monotonic()
+        for req in changed:
+            if req.first_token_time is None:
+                req.first_token_time = now
+        self.stats.generation_tokens += len(changed)
+        self.stats.prompt_tokens += batch.num_tokens - batch.num_decode_tokens
+        if self.stats.keep_steps:
+            self.stats.steps.append(StepRecord(batch.num_tokens, batch.num_decode_tokens, len(batch.chunks), elapsed))
+        return changed

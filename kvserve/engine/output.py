@@ -1,0 +1,118 @@
+"""From tokens to what a user sees: incremental text, stop strings, final outputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from kvserve.engine.request import FinishReason, Request, TokenLogprobs
+
+if TYPE_CHECKING:
+    from kvserve.model.tokenizer import Tokenizer
+
+
+@dataclass
+class RequestOutput:
+    """A request's state after a step: the whole answer so far plus what is new since the last one."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    delta_text: str
+    delta_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    num_cached_tokens: int = 0
+    prompt: str | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+
+class _TextState:
+    def __init__(self, req: Request, tokenizer: "Tokenizer | None"):
+        self.detok = None
+        if tokenizer is not None:
+            from kvserve.model.tokenizer import IncrementalDetokenizer
+
+            self.detok = IncrementalDetokenizer(tokenizer, req.prompt_token_ids,
+                                                skip_special_tokens=req.params.skip_special_tokens)
+        self.text = ""
+        self.sent_text = 0  # characters of text already handed out
+        self.sent_tokens = 0
+        self.holdback = max((len(s) for s in req.params.stop), default=1) - 1
+
+
+class OutputProcessor:
+    """Detokenizes each new token, finds stop strings, and builds RequestOutputs.
+
+    A stop string ends the request: ``process`` reports it so the caller can tell the
+    engine (in a server the engine lives in another process). While a request streams,
+    the last ``len(longest stop) - 1`` characters are held back, since they may be the
+    start of a stop string that the next token completes.
+    """
+
+    def __init__(self, tokenizer: "Tokenizer | None"):
+        self.tokenizer = tokenizer
+        self._states: dict[str, _TextState] = {}
+
+    def add(self, req: Request) -> None:
+        self._states[req.request_id] = _TextState(req, self.tokenizer)
+
+    def drop(self, request_id: str) -> None:
+        self._states.pop(request_id, None)
+
+    def process(self, req: Request, new_tokens: int = 1) -> tuple[RequestOutput, bool]:
+        """Returns the output for ``req`` and whether a stop string just finished it."""
+        st = self._states[req.request_id]
+        out_ids = req.output_token_ids
+        stopped_by_string = False
+        if st.detok is not None:
+            for tok in out_ids[len(out_ids) - new_tokens :]:
+                delta = st.detok.step(tok)
+                if not delta:
+                    continue
+                start = max(0, len(st.text) - st.holdback)
+                st.text += delta
+                hit = _find_stop(st.text, req.params.stop, start) if req.params.stop else None
+                if hit is not None:
+                    idx, stop = hit
+                    st.text = st.text[: idx + len(stop)] if req.params.include_stop_str_in_output else st.text[:idx]
+                    req.finish(FinishReason.STOP, stop_reason=stop)
+                    stopped_by_string = True
+                    break
+        finished = req.is_finished
+        upto = len(st.text) if finished else max(st.sent_text, len(st.text) - st.holdback)
+        delta_text = st.text[st.sent_text : upto]
+        st.sent_text = upto
+        delta_ids = out_ids[st.sent_tokens :]
+        st.sent_tokens = len(out_ids)
+        out = RequestOutput(
+            request_id=req.request_id,
+            prompt_token_ids=req.prompt_token_ids,
+            text=st.text,
+            token_ids=out_ids,
+            delta_text=delta_text,
+            delta_token_ids=delta_ids,
+            finished=finished,
+            finish_reason=req.finish_reason.value if req.finish_reason else None,
+            stop_reason=req.stop_reason,
+            logprobs=req.logprobs,
+            num_cached_tokens=req.num_cached_tokens,
+        )
+        if finished:
+            self.drop(req.request_id)
+        return out, stopped_by_string
+
+
+def _find_stop(text: str, stops: list[str], start: int) -> tuple[int, str] | None:
+    best: tuple[int, str] | None = None
+    for s in stops:
+        i = text.find(s, max(0, start - len(s) + 1))
+        if i != -1 and (best is None or i < best[0]):
+            best = (i, s)
+    return best

@@ -1,0 +1,150 @@
+"""The scheduler: continuous batching under a token budget, chunked prefill, preemption.
+
+Each step (vLLM V1 style): running requests first, in admission order, each getting what
+it still needs (one token for a decode, a chunk for an unfinished prefill); then waiting
+requests are admitted while the budget, the sequence cap and free KV blocks allow. When a
+running request cannot get a block, the newest running request is preempted: its blocks
+are freed and it waits again, to be recomputed from its tokens.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from kvserve.engine.batch import Batch, ScheduledChunk, StepOutput
+from kvserve.engine.request import FinishReason, Request, RequestStatus
+from kvserve.kv.block_pool import KVManager
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    # cap on one request's prefill chunk, so a long prompt never takes the whole budget
+    long_prefill_token_threshold: int = 0  # 0: no cap beyond the budget
+
+
+@dataclass
+class SchedulerStats:
+    num_preemptions: int = 0
+    num_steps: int = 0
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv: KVManager):
+        self.config = config
+        self.kv = kv
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.stats = SchedulerStats()
+
+    # -- queue management -------------------------------------------------------------
+    def add(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def finish(self, request_id: str, reason: FinishReason, stop_reason: int | str | None = None) -> Request | None:
+        """End a request from outside the step (abort, stop string); frees its blocks."""
+        req = self.requests.get(request_id)
+        if req is None:
+            return None
+        if not req.is_finished:
+            req.finish(reason, stop_reason)
+        self._remove(req)
+        return req
+
+    def _remove(self, req: Request) -> None:
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self.kv.free(req.request_id)
+        self.requests.pop(req.request_id, None)
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.kv.free(req.request_id)
+        req.num_computed_tokens = 0
+        req.status = RequestStatus.WAITING
+        req.num_preemptions += 1
+        self.stats.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    # -- one step ------------------------------------------------------------------------
+    def _chunk_size(self, req: Request, budget: int) -> int:
+        n = min(req.num_tokens - req.num_computed_tokens, budget)
+        cap = self.config.long_prefill_token_threshold
+        return min(n, cap) if cap > 0 and n > 1 else n
+
+    def schedule(self) -> Batch:
+        batch = Batch()
+        budget = self.config.max_num_batched_tokens
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = self._chunk_size(req, budget)
+            while not self.kv.can_grow(req.request_id, req.num_computed_tokens + n):
+                victim = self.running[-1]
+                self._preempt(victim)
+                batch.preempted.append(victim)
+                if victim is req:
+                    break
+            else:
+                self.kv.grow(req.request_id, req.num_computed_tokens + n)
+                batch.chunks.append(ScheduledChunk(req, req.num_computed_tokens, n, self.kv.table(req.request_id)))
+                budget -= n
+                i += 1
+                continue
+            break  # req preempted itself: nothing behind it can fit either
+
+        # Admit new work only when nobody had to be preempted this step.
+        while self.waiting and budget > 0 and not batch.preempted and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting[0]
+            n = self._chunk_size(req, budget)
+            if not self.kv.can_grow(req.request_id, req.num_computed_tokens + n):
+                break
+            self.waiting.popleft()
+            self.kv.grow(req.request_id, req.num_computed_tokens + n)
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            batch.chunks.append(ScheduledChunk(req, req.num_computed_tokens, n, self.kv.table(req.request_id)))
+            budget -= n
+
+        self.stats.num_steps += 1
+        return batch
+
+    def update(self, batch: Batch, output: StepOutput) -> list[Request]:
+        """Advance the scheduled requests by the step's result; return those that changed."""
+        changed: list[Request] = []
+        for chunk in batch.chunks:
+            req = chunk.request
+            if req.is_finished:  # ended from outside while its step ran
+                continue
+            req.num_computed_tokens = chunk.end
+            if not chunk.sample:
+                continue
+            token = output.token_ids[req.request_id]
+            lp = output.logprobs.get(req.request_id)
+            if lp is not None:
+                req.logprobs.append(lp)
+            req.append_token(token)
+            changed.append(req)
+            if req.is_finished:
+                self._remove(req)
+        return changed

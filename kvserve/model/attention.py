@@ -1,0 +1,80 @@
+"""Paged attention over a ragged batch: decodes batched together, prefill chunks one by one.
+
+The KV cache of a layer is two tensors [num_slots, kv_heads, head_dim]; a slot is
+``block_id * block_size + offset``. New keys and values are written to their slots first,
+then each sequence reads its whole context back through its block table (as slot indices).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class PrefillSpan:
+    """A prefill chunk: rows [q_start, q_start + num_tokens) of the batch, at positions start.."""
+
+    q_start: int
+    num_tokens: int
+    # None when the chunk starts the sequence: attend to the fresh keys with a causal mask
+    context_slots: torch.Tensor | None = None
+    mask: torch.Tensor | None = None  # [num_tokens, context] bool, causal with an offset
+
+
+@dataclass
+class AttentionMetadata:
+    """Built once per step by the runner and shared by every layer."""
+
+    slot_mapping: torch.Tensor  # [T] where each new token's K/V is written
+    num_decodes: int = 0  # the first num_decodes rows are single-token decodes
+    decode_slots: torch.Tensor | None = None  # [num_decodes, max_context] (padding points at slot 0)
+    decode_mask: torch.Tensor | None = None  # [num_decodes, 1, 1, max_context] bool
+    prefills: list[PrefillSpan] = field(default_factory=list)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+) -> torch.Tensor:
+    """q: [T, heads, d]; k, v: [T, kv_heads, d] for the new tokens. Returns [T, heads, d]."""
+    k_cache.index_copy_(0, meta.slot_mapping, k)
+    v_cache.index_copy_(0, meta.slot_mapping, v)
+    gqa = q.shape[1] != k.shape[1]
+    if meta.num_decodes == q.shape[0] and not meta.prefills:
+        return _decode(q, k_cache, v_cache, meta, gqa)
+    out = torch.empty_like(q)
+    nd = meta.num_decodes
+    if nd:
+        out[:nd] = _decode(q[:nd], k_cache, v_cache, meta, gqa)
+    for span in meta.prefills:
+        rows = slice(span.q_start, span.q_start + span.num_tokens)
+        qs = q[rows].transpose(0, 1).unsqueeze(0)
+        if span.context_slots is None:
+            ks, vs = k[rows], v[rows]
+        else:
+            ks, vs = k_cache[span.context_slots], v_cache[span.context_slots]
+        o = F.scaled_dot_product_attention(
+            qs,
+            ks.transpose(0, 1).unsqueeze(0),
+            vs.transpose(0, 1).unsqueeze(0),
+            attn_mask=span.mask,
+            is_causal=span.mask is None,
+            enable_gqa=gqa,
+        )
+        out[rows] = o[0].transpose(0, 1)
+    return out
+
+
+def _decode(q, k_cache, v_cache, meta: AttentionMetadata, gqa: bool) -> torch.Tensor:
+    # Gather each sequence's context through its block table: [B, L, kv_heads, d].
+    kd = k_cache[meta.decode_slots].transpose(1, 2)
+    vd = v_cache[meta.decode_slots].transpose(1, 2)
+    o = F.scaled_dot_product_attention(q.unsqueeze(2), kd, vd, attn_mask=meta.decode_mask, enable_gqa=gqa)
+    return o.squeeze(2)

@@ -1,0 +1,108 @@
+"""The Llama-family decoder (Llama 2/3, SmolLM, Mistral-style GQA, Qwen2 with q/k/v bias)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kvserve.model.attention import AttentionMetadata, paged_attention
+from kvserve.model.config import ModelConfig
+from kvserve.model.layers import RMSNorm, Rotary, SwiGLU, apply_rotary
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.split = (q_size, kv_size, kv_size)
+        self.qkv = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, meta: AttentionMetadata, kv_cache: tuple[torch.Tensor, torch.Tensor]):
+        t = x.shape[0]
+        q, k, v = self.qkv(x).split(self.split, dim=-1)
+        q = apply_rotary(q.view(t, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rotary(k.view(t, self.num_kv_heads, self.head_dim), cos, sin)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta)
+        return self.o_proj(o.reshape(t, -1))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, h, cos, sin, meta, kv_cache):
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, meta, kv_cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rotary = Rotary(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        """Hidden states [T, hidden] after the final norm, for a flat ragged batch of T tokens."""
+        h = self.embed_tokens(input_ids)
+        cos, sin = self.rotary.tables(positions, h.dtype)
+        for layer, kv in zip(self.layers, kv_caches):
+            h = layer(h, cos, sin, meta, kv)
+        return self.norm(h)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return torch.nn.functional.linear(hidden, w).float()
+
+    def load_hf_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Copy Hugging Face-named tensors in, fusing q/k/v and gate/up into single GEMMs."""
+        own = dict(self.named_parameters())
+        done: set[str] = set()
+
+        def put(name: str, tensor: torch.Tensor) -> None:
+            p = own[name]
+            if p.shape != tensor.shape:
+                raise ValueError(f"{name}: expected shape {tuple(p.shape)}, file has {tuple(tensor.shape)}")
+            with torch.no_grad():
+                p.copy_(tensor)
+            done.add(name)
+
+        put("embed_tokens.weight", weights["model.embed_tokens.weight"])
+        put("norm.weight", weights["model.norm.weight"])
+        if self.lm_head is not None:
+            put("lm_head.weight", weights.get("lm_head.weight", weights["model.embed_tokens.weight"]))
+        for i in range(self.config.num_hidden_layers):
+            src, dst = f"model.layers.{i}.", f"layers.{i}."
+            put(dst + "input_layernorm.weight", weights[src + "input_layernorm.weight"])
+            put(dst + "post_attention_layernorm.weight", weights[src + "post_attention_layernorm.weight"])
+            attn = src + "self_attn."
+            put(dst + "self_attn.qkv.weight", torch.cat([weights[attn + f"{p}_proj.weight"] for p in "qkv"]))
+            if self.config.attention_bias:
+                put(dst + "self_attn.qkv.bias", torch.cat([weights[attn + f"{p}_proj.bias"] for p in "qkv"]))
+            put(dst + "self_attn.o_proj.weight", weights[attn + "o_proj.weight"])
+            mlp = src + "mlp."
+            put(dst + "mlp.gate_up.weight", torch.cat([weights[mlp + "gate_proj.weight"], weights[mlp + "up_proj.weight"]]))
+            put(dst + "mlp.down.weight", weights[mlp + "down_proj.weight"])
+        missing = set(own) - done
+        if missing:
+            raise ValueError(f"weights missing from the checkpoint: {sorted(missing)[:5]}")

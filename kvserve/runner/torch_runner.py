@@ -1,0 +1,144 @@
+"""The torch runner: the model, its paged KV cache tensors, and the sampler.
+
+It turns a Batch into flat tensors (ragged: no padding between prompts), runs one
+forward, and samples only at the rows whose chunk ends a sequence.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from kvserve.engine.batch import Batch, ScheduledChunk, StepOutput
+from kvserve.model.attention import AttentionMetadata, PrefillSpan
+from kvserve.model.config import ModelConfig
+from kvserve.model.llama import LlamaForCausalLM
+from kvserve.sampling.sampler import Sampler
+
+log = logging.getLogger(__name__)
+
+
+def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * elem
+
+
+def default_kv_cache_bytes() -> int:
+    """Without --kv-cache-memory-gb: a quarter of available memory, at most 4 GiB."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+        avail = info.get("MemAvailable", 8 << 30)
+    except OSError:
+        avail = 8 << 30
+    return int(min(4 << 30, avail // 4))
+
+
+class TorchRunner:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        *,
+        dtype: torch.dtype = torch.bfloat16,
+        device: str | torch.device = "cpu",
+        block_size: int = 16,
+        kv_cache_memory_gb: float | None = None,
+        num_kv_blocks: int | None = None,
+        max_model_len: int | None = None,
+        seed: int = 0,
+    ):
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.cfg = cfg
+        self.block_size = block_size
+
+        with torch.device("meta"):
+            model = LlamaForCausalLM(cfg)
+        model = model.to_empty(device=self.device)
+        model.load_hf_weights(weights)
+        self.model = model.to(dtype).eval()
+        self.model.rotary.to(self.device)
+
+        if num_kv_blocks is None:
+            nbytes = int(kv_cache_memory_gb * (1 << 30)) if kv_cache_memory_gb else default_kv_cache_bytes()
+            num_kv_blocks = nbytes // (kv_bytes_per_token(cfg, dtype) * block_size)
+        if num_kv_blocks < 1:
+            raise ValueError("the KV cache is too small to hold a single block")
+        self.num_kv_blocks = num_kv_blocks
+        capacity = num_kv_blocks * block_size
+        self.max_model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings, capacity)
+        shape = (num_kv_blocks * block_size, cfg.num_key_value_heads, cfg.head_dim)
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=dtype, device=self.device), torch.zeros(shape, dtype=dtype, device=self.device))
+            for _ in range(cfg.num_hidden_layers)
+        ]
+        self.sampler = Sampler(self.device, seed)
+        log.info("KV cache: %d blocks of %d tokens (%.2f GiB)", num_kv_blocks, block_size,
+                 num_kv_blocks * block_size * kv_bytes_per_token(cfg, dtype) / (1 << 30))
+
+    # -- batch → tensors ---------------------------------------------------------------
+    def _slots(self, chunk: ScheduledChunk, lo: int, hi: int) -> list[int]:
+        bs, table = self.block_size, chunk.block_table
+        return [table[p // bs] * bs + p % bs for p in range(lo, hi)]
+
+    def _prepare(self, chunks: list[ScheduledChunk]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        dev = self.device
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        decodes = [c for c in chunks if c.is_decode]
+        prefills = [c for c in chunks if not c.is_decode]
+        for c in decodes:
+            ids.append(c.request.token_ids[c.start])
+            pos.append(c.start)
+        meta = AttentionMetadata(slot_mapping=torch.empty(0), num_decodes=len(decodes))
+        if decodes:
+            bs = self.block_size
+            ctx = torch.tensor([c.end for c in decodes], device=dev)
+            width = max(len(c.block_table) for c in decodes)
+            tables = torch.tensor([c.block_table + [0] * (width - len(c.block_table)) for c in decodes], device=dev)
+            max_ctx = int(ctx.max())
+            p = torch.arange(max_ctx, device=dev)
+            meta.decode_slots = tables[:, p // bs] * bs + p % bs
+            meta.decode_mask = (p.unsqueeze(0) < ctx.unsqueeze(1))[:, None, None, :]
+            slots.extend(meta.decode_slots[torch.arange(len(decodes), device=dev), ctx - 1].tolist())
+        row = len(decodes)
+        for c in prefills:
+            ids.extend(c.request.token_ids[c.start : c.end])
+            pos.extend(range(c.start, c.end))
+            slots.extend(self._slots(c, c.start, c.end))
+            span = PrefillSpan(q_start=row, num_tokens=c.num_tokens)
+            if c.start > 0:
+                span.context_slots = torch.tensor(self._slots(c, 0, c.end), device=dev)
+                k_pos = torch.arange(c.end, device=dev).unsqueeze(0)
+                q_pos = torch.arange(c.start, c.end, device=dev).unsqueeze(1)
+                span.mask = k_pos <= q_pos
+            meta.prefills.append(span)
+            row += c.num_tokens
+        meta.slot_mapping = torch.tensor(slots, device=dev)
+        return torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), meta
+
+    # -- one step ----------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, batch: Batch) -> StepOutput:
+        # decodes first, then prefills: the order _prepare lays rows out in
+        chunks = [c for c in batch.chunks if c.is_decode] + [c for c in batch.chunks if not c.is_decode]
+        input_ids, positions, meta = self._prepare(chunks)
+        hidden = self.model(input_ids, positions, meta, self.kv_caches)
+        rows, sampling = [], []
+        row = 0
+        for c in chunks:
+            row += c.num_tokens
+            if c.sample:
+                rows.append(row - 1)
+                sampling.append(c.request)
+        out = StepOutput()
+        if not rows:
+            return out
+        logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)])
+        tokens, logprobs = self.sampler(logits, sampling)
+        out.token_ids = {r.request_id: t for r, t in zip(sampling, tokens)}
+        out.logprobs = logprobs
+        return out

