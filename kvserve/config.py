@@ -11,13 +11,14 @@ from typing import Any
 
 from kvserve.errors import InvalidArgumentError
 
-DTYPES = ("bfloat16", "float16", "float32", "float64")
+DTYPES = ("auto", "bfloat16", "float16", "float32", "float64")
 
 
 @dataclass
 class EngineConfig:
     model: str | None = field(default=None, metadata={"help": "a Hugging Face folder or a .gguf file; default: embedded SmolLM2-135M-Instruct"})
-    dtype: str = field(default="bfloat16", metadata={"help": "weights and KV cache dtype", "choices": DTYPES})
+    dtype: str = field(default="auto", metadata={"help": "weights and KV cache dtype; auto: bfloat16 on CUDA and on CPUs "
+                                                  "with native bf16 (AVX512-BF16/AMX), else float32", "choices": DTYPES})
     device: str = field(default="auto", metadata={"help": "cpu, cuda, or auto (cuda when available)"})
     block_size: int = field(default=16, metadata={"help": "tokens per KV cache block"})
     kv_cache_memory_gb: float | None = field(default=None, metadata={"help": "KV cache size in GiB (default: from free memory, at most 4)"})

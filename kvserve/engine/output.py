@@ -85,6 +85,8 @@ class OutputProcessor:
                     req.finish(FinishReason.STOP, stop_reason=stop)
                     stopped_by_string = True
                     break
+        if req.is_finished and not stopped_by_string and st.detok is not None:
+            st.text += st.detok.flush()  # bytes of a character the output ended inside
         finished = req.is_finished
         upto = len(st.text) if finished else max(st.sent_text, len(st.text) - st.holdback)
         delta_text = st.text[st.sent_text : upto]

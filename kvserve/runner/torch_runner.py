@@ -69,11 +69,17 @@ class TorchRunner:
         self.num_kv_blocks = num_kv_blocks
         capacity = num_kv_blocks * block_size
         self.max_model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings, capacity)
-        shape = (num_kv_blocks * block_size, cfg.num_key_value_heads, cfg.head_dim)
-        self.kv_caches = [
-            (torch.zeros(shape, dtype=dtype, device=self.device), torch.zeros(shape, dtype=dtype, device=self.device))
-            for _ in range(cfg.num_hidden_layers)
-        ]
+        # One extra, zeroed block past the pool: padded attention reads point there, so the
+        # rest of the cache can stay uninitialised (never read before it is written) and the
+        # OS maps its pages only as they fill.
+        self.null_slot = num_kv_blocks * block_size
+        shape = ((num_kv_blocks + 1) * block_size, cfg.num_key_value_heads, cfg.head_dim)
+        self.kv_caches = []
+        for _ in range(cfg.num_hidden_layers):
+            k, v = (torch.empty(shape, dtype=dtype, device=self.device) for _ in range(2))
+            k[self.null_slot :].zero_()
+            v[self.null_slot :].zero_()
+            self.kv_caches.append((k, v))
         self.sampler = Sampler(self.device, seed)
         log.info("KV cache: %d blocks of %d tokens (%.2f GiB)", num_kv_blocks, block_size,
                  num_kv_blocks * block_size * kv_bytes_per_token(cfg, dtype) / (1 << 30))
@@ -101,8 +107,9 @@ class TorchRunner:
             tables = torch.tensor([c.block_table + [0] * (width - len(c.block_table)) for c in decodes], device=dev)
             max_ctx = int(ctx.max())
             p = torch.arange(max_ctx, device=dev)
-            meta.decode_slots = tables[:, p // bs] * bs + p % bs
-            meta.decode_mask = (p.unsqueeze(0) < ctx.unsqueeze(1))[:, None, None, :]
+            valid = p.unsqueeze(0) < ctx.unsqueeze(1)
+            meta.decode_slots = torch.where(valid, tables[:, p // bs] * bs + p % bs, self.null_slot)
+            meta.decode_mask = valid[:, None, None, :]
             slots.extend(meta.decode_slots[torch.arange(len(decodes), device=dev), ctx - 1].tolist())
         row = len(decodes)
         for c in prefills:

@@ -1,0 +1,1 @@
+"""Benchmarks: the offline throughput run today; a serving load generator comes with the server."""

@@ -1,0 +1,134 @@
+"""The ``kvserve`` command: generate, chat, bench."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kvserve.config import EngineConfig
+from kvserve.errors import KVServeError
+
+
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--presence-penalty", type=float, default=0.0)
+    p.add_argument("--frequency-penalty", type=float, default=0.0)
+    p.add_argument("--sampling-seed", type=int, default=None, help="per-request seed")
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true")
+
+
+def _sampling_params(a: argparse.Namespace):
+    from kvserve import SamplingParams
+
+    return SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
+                          min_p=a.min_p, repetition_penalty=a.repetition_penalty,
+                          presence_penalty=a.presence_penalty, frequency_penalty=a.frequency_penalty,
+                          seed=a.sampling_seed, stop=a.stop, ignore_eos=a.ignore_eos)
+
+
+def _llm(a: argparse.Namespace):
+    from kvserve.llm import LLM
+
+    return LLM(**vars(EngineConfig.from_cli_args(a)))
+
+
+def cmd_generate(a: argparse.Namespace) -> None:
+    params = _sampling_params(a)
+    llm = _llm(a)
+    prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": a.prompt}]) if a.chat else a.prompt
+    for out in llm.stream(prompt, params):
+        sys.stdout.write(out.delta_text)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+
+
+def cmd_chat(a: argparse.Namespace) -> None:
+    params = _sampling_params(a)
+    llm = _llm(a)
+    history: list[dict[str, str]] = []
+    if a.system:
+        history.append({"role": "system", "content": a.system})
+    print(f"kvserve chat on {llm.model_name}. Ctrl-D or /exit to leave, /reset to forget.", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except (EOFError, KeyboardInterrupt):
+            print(file=sys.stderr)
+            return
+        if line.strip() in ("/exit", "/quit"):
+            return
+        if line.strip() == "/reset":
+            history = history[:1] if a.system else []
+            continue
+        if not line.strip():
+            continue
+        history.append({"role": "user", "content": line})
+        answer = []
+        try:
+            for out in llm.stream(llm.tokenizer.apply_chat_template(history), params):
+                sys.stdout.write(out.delta_text)
+                sys.stdout.flush()
+                answer.append(out.delta_text)
+        except KeyboardInterrupt:
+            pass  # stop this answer, keep the conversation
+        except KVServeError as e:  # e.g. the conversation outgrew the context window
+            print(f"\nerror: {e}", file=sys.stderr)
+            history.pop()
+            continue
+        sys.stdout.write("\n")
+        history.append({"role": "assistant", "content": "".join(answer)})
+
+
+def cmd_bench_offline(a: argparse.Namespace) -> None:
+    from kvserve.bench.offline import run
+
+    run(a)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvserve", description="A small LLM serving engine.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="complete one prompt and print the answer as it streams")
+    g.add_argument("prompt")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
+    _sampling_args(g)
+    EngineConfig.add_cli_args(g)
+    g.set_defaults(func=cmd_generate)
+
+    c = sub.add_parser("chat", help="interactive chat in the terminal")
+    c.add_argument("--system", default=None, help="system prompt")
+    _sampling_args(c)
+    EngineConfig.add_cli_args(c)
+    c.set_defaults(func=cmd_chat)
+
+    b = sub.add_parser("bench", help="benchmarks")
+    bsub = b.add_subparsers(dest="bench_command", required=True)
+    from kvserve.bench.offline import add_args
+
+    off = bsub.add_parser("offline", help="in-process throughput on random prompts")
+    add_args(off)
+    off.set_defaults(func=cmd_bench_offline)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except KVServeError as e:
+        print(f"kvserve: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
