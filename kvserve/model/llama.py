@@ -7,7 +7,7 @@ from torch import nn
 
 from kvserve.model.attention import AttentionMetadata, paged_attention
 from kvserve.model.config import ModelConfig
-from kvserve.model.layers import RMSNorm, Rotary, SwiGLU, apply_rotary
+from kvserve.model.layers import RMSNorm, Rotary, SwiGLU, PackedLinear, apply_rotary, pack_linears
 
 
 class Attention(nn.Module):
@@ -71,8 +71,15 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return torch.nn.functional.linear(hidden, w).float()
+        if self.lm_head is None:
+            return torch.nn.functional.linear(hidden, self.embed_tokens.weight).float()
+        return self.lm_head(hidden).float()
+
+    def pack_for_cpu(self) -> None:
+        """Swap the linear layers (and the LM head, tied or not) for oneDNN-packed ones."""
+        pack_linears(self)
+        if self.lm_head is None:  # tied: the head gets its own packed copy of the embedding
+            self.lm_head = PackedLinear(self.embed_tokens.weight, None)
 
     def load_hf_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Copy Hugging Face-named tensors in, fusing q/k/v and gate/up into single GEMMs."""

@@ -13,6 +13,7 @@ import torch
 from kvserve.engine.batch import Batch, ScheduledChunk, StepOutput
 from kvserve.model.attention import AttentionMetadata, PrefillSpan
 from kvserve.model.config import ModelConfig
+from kvserve.model.layers import cpu_packing_supported
 from kvserve.model.llama import LlamaForCausalLM
 from kvserve.sampling.sampler import Sampler
 
@@ -60,6 +61,8 @@ class TorchRunner:
         model.load_hf_weights(weights)
         self.model = model.to(dtype).eval()
         self.model.rotary.to(self.device)
+        if self.device.type == "cpu" and cpu_packing_supported(dtype):
+            self.model.pack_for_cpu()
 
         if num_kv_blocks is None:
             nbytes = int(kv_cache_memory_gb * (1 << 30)) if kv_cache_memory_gb else default_kv_cache_bytes()
