@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from kvserve.model.kernels import native
+
 
 @dataclass
 class PrefillSpan:
@@ -32,6 +34,7 @@ class AttentionMetadata:
     num_decodes: int = 0  # the first num_decodes rows are single-token decodes
     decode_slots: torch.Tensor | None = None  # [num_decodes, max_context] (padding points at slot 0)
     decode_mask: torch.Tensor | None = None  # [num_decodes, 1, 1, max_context] bool
+    decode_context_lens: torch.Tensor | None = None  # [num_decodes] int64
     prefills: list[PrefillSpan] = field(default_factory=list)
 
 
@@ -73,6 +76,9 @@ def paged_attention(
 
 
 def _decode(q, k_cache, v_cache, meta: AttentionMetadata, gqa: bool) -> torch.Tensor:
+    if q.device.type == "cpu" and (lib := native()) is not None:
+        return lib.paged_decode(q.contiguous(), k_cache, v_cache, meta.decode_slots, meta.decode_context_lens,
+                                q.shape[-1] ** -0.5)
     # Gather each sequence's context through its block table: [B, L, kv_heads, d].
     kd = k_cache[meta.decode_slots].transpose(1, 2)
     vd = v_cache[meta.decode_slots].transpose(1, 2)

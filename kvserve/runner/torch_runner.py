@@ -113,6 +113,7 @@ class TorchRunner:
             valid = p.unsqueeze(0) < ctx.unsqueeze(1)
             meta.decode_slots = torch.where(valid, tables[:, p // bs] * bs + p % bs, self.null_slot)
             meta.decode_mask = valid[:, None, None, :]
+            meta.decode_context_lens = ctx
             slots.extend(meta.decode_slots[torch.arange(len(decodes), device=dev), ctx - 1].tolist())
         row = len(decodes)
         for c in prefills:
