@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from kvserve.model.kernels import native
-
 
 @dataclass
 class PrefillSpan:
@@ -76,9 +74,6 @@ def paged_attention(
 
 
 def _decode(q, k_cache, v_cache, meta: AttentionMetadata, gqa: bool) -> torch.Tensor:
-    if q.device.type == "cpu" and (lib := native()) is not None:
-        return lib.paged_decode(q.contiguous(), k_cache, v_cache, meta.decode_slots, meta.decode_context_lens,
-                                q.shape[-1] ** -0.5)
     # Gather each sequence's context through its block table: [B, L, kv_heads, d].
     kd = k_cache[meta.decode_slots].transpose(1, 2)
     vd = v_cache[meta.decode_slots].transpose(1, 2)
