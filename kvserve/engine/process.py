@@ -349,10 +349,6 @@ class AsyncEngineClient:
 
     def __init__(self, config: EngineConfig, *, tokenizer: Tokenizer | None = None,
                  max_waiting_requests: int | None = None, startup_timeout: float = 600.0):
-        from kvserve.model.loader import load_tokenizer, resolve_model_path
-        from kvserve.model.tokenizer import Tokenizer
-
-        path = resolve_model_path(config.model)  # a bad --model fails here, before any process starts
         self.config = config
         self.max_waiting_requests = max_waiting_requests
         self.observer: RequestObserver | None = None
@@ -371,8 +367,12 @@ class AsyncEngineClient:
         self._proc.start()
         child_end.close()  # so that the engine's death reads as EOF here
         try:
-            # Loads while the engine process loads the weights.
-            self.tokenizer = tokenizer or Tokenizer(load_tokenizer(path))
+            # The engine process starts first: these imports (torch among them) and the tokenizer
+            # load overlap with its own start-up.
+            from kvserve.model.loader import load_tokenizer, resolve_model_path
+            from kvserve.model.tokenizer import Tokenizer
+
+            self.tokenizer = tokenizer or Tokenizer(load_tokenizer(resolve_model_path(config.model)))
             ready = self._wait_ready(startup_timeout)
         except BaseException:
             self._kill()
@@ -506,17 +506,15 @@ class AsyncEngineClient:
     # -- dispatch on the event loop ---------------------------------------------------------
     def _on_readable(self) -> None:
         # The engine writes each message whole, so a readable pipe holds at least one complete
-        # message (or the EOF of a dead engine); take all that are there.
-        while self._reading:
-            try:
-                msg: Any = self._outputs.recv()
-            except (EOFError, OSError):
-                msg = None
-            if msg is None or isinstance(msg, EngineFailed):
-                self._stop_reading()
-            self._dispatch(msg)
-            if not self._reading or not self._outputs.poll(0):
-                return
+        # message (or the EOF of a dead engine). One message per call: if more are waiting, the
+        # (level-triggered) selector calls again on the next loop iteration.
+        try:
+            msg: Any = self._outputs.recv()
+        except (EOFError, OSError):
+            msg = None
+        if msg is None or isinstance(msg, EngineFailed):
+            self._stop_reading()
+        self._dispatch(msg)
 
     def _dispatch(self, msg: StepMessage | EngineFailed | None) -> None:
         if isinstance(msg, StepMessage):

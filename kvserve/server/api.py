@@ -44,6 +44,7 @@ from kvserve.server.metrics import ServerMetrics
 log = logging.getLogger("kvserve.server")
 
 DEFAULT_MAX_REQUEST_BYTES = 32 << 20
+MAX_CHOICES = 1024  # engine requests one HTTP request may create (prompts x n)
 T = TypeVar("T")
 
 
@@ -301,6 +302,8 @@ class _Server:
     def start(self, prompts: list[list[int]], body: P._SamplingRequest,
               params_for: Callable[[int], Any]) -> list[RequestStream]:
         """Validate everything, then add prompts x n engine requests (choice k = prompt * n + i)."""
+        if len(prompts) * body.n > MAX_CHOICES:
+            raise InvalidArgumentError(f"at most {MAX_CHOICES} prompts x n per request", param="prompt")
         params = [params_for(i) for i in range(body.n)]
         for p in prompts:
             self.client.validate_prompt(p)
