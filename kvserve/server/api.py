@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import signal
 import socket
@@ -264,8 +263,7 @@ class _SSEResponse(StreamingResponse):
 
 
 def _sse(model: Any) -> str:
-    data = model.model_dump_json() if hasattr(model, "model_dump_json") else json.dumps(model)
-    return f"data: {data}\n\n"
+    return f"data: {model.model_dump_json()}\n\n"
 
 
 def _usage(prompt_lens: list[int], cached: list[int], outs: dict[int, RequestOutput]) -> P.Usage:
@@ -446,11 +444,13 @@ def create_app(client: AsyncEngineClient, config: ServerConfig | None = None, *,
                     lp = _completion_logprobs(server, new, offsets.get(k, 0))
                     offsets[k] = offsets.get(k, 0) + sum(len(t) for t in lp.tokens)
                 if out.delta_text or out.finished or lp is not None:
-                    yield _sse(P.CompletionResponse(
-                        id=rid, created=created, model=model,
-                        choices=[P.CompletionChoice(index=k, text=out.delta_text, logprobs=lp,
-                                                    finish_reason=out.finish_reason if out.finished else None,
-                                                    stop_reason=out.stop_reason if out.finished else None)]))
+                    # model_construct: per-token path, values of our own making need no validation
+                    choice = P.CompletionChoice.model_construct(
+                        index=k, text=out.delta_text, logprobs=lp,
+                        finish_reason=out.finish_reason if out.finished else None,
+                        stop_reason=out.stop_reason if out.finished else None)
+                    yield _sse(P.CompletionResponse.model_construct(id=rid, created=created, model=model,
+                                                                    choices=[choice]))
                 item = await anext(events, None)  # type: ignore[arg-type]
             if body.include_usage:
                 yield _sse(P.CompletionResponse(id=rid, created=created, model=model, choices=[],
@@ -479,7 +479,8 @@ def create_app(client: AsyncEngineClient, config: ServerConfig | None = None, *,
                                             usage=_usage([len(prompt)], cached, outs))
 
         def chunk(choices: list[P.ChatStreamChoice], usage: P.Usage | None = None) -> str:
-            return _sse(P.ChatCompletionChunk(id=rid, created=created, model=model, choices=choices, usage=usage))
+            return _sse(P.ChatCompletionChunk.model_construct(id=rid, created=created, model=model, choices=choices,
+                                                              usage=usage))
 
         async def render_events(events: AsyncIterator[tuple[int, RequestOutput]],
                                 first: tuple[int, RequestOutput]) -> AsyncIterator[str]:
@@ -495,8 +496,8 @@ def create_app(client: AsyncEngineClient, config: ServerConfig | None = None, *,
                     new = out.logprobs[len(out.logprobs) - len(out.delta_token_ids):] if out.delta_token_ids else []
                     lp = _chat_logprobs(server, new, top_n)
                 if out.delta_text or out.finished or lp is not None:
-                    yield chunk([P.ChatStreamChoice(
-                        index=k, delta=P.DeltaMessage(content=out.delta_text or None), logprobs=lp,
+                    yield chunk([P.ChatStreamChoice.model_construct(
+                        index=k, delta=P.DeltaMessage.model_construct(content=out.delta_text or None), logprobs=lp,
                         finish_reason=out.finish_reason if out.finished else None,
                         stop_reason=out.stop_reason if out.finished else None)])
                 item = await anext(events, None)  # type: ignore[arg-type]
