@@ -17,10 +17,12 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 
+import kvserve
 from kvserve import SamplingParams
 from kvserve.config import EngineConfig
 from kvserve.engine.process import AsyncEngineClient
@@ -316,7 +318,8 @@ def test_cli_serve_queue_limit_and_sigterm(tiny_model_dir):
     port = sock.getsockname()[1]
     sock.close()
     url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    here = str(Path(kvserve.__file__).resolve().parents[1])  # the subprocess imports this same kvserve
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen(
         [sys.executable, "-m", "kvserve", "serve", "--model", str(tiny_model_dir), "--port", str(port),
          "--dtype", "float32", "--num-threads", "1", "--num-kv-blocks", "256", "--max-num-seqs", "1",

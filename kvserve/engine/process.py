@@ -29,7 +29,7 @@ import signal
 import time
 import traceback
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kvserve.engine.engine import check_prompt
