@@ -1,5 +1,5 @@
 # Two commands do all set-up on a fresh machine with Python 3.11:
-#   make run    serve kvserve on the embedded model (today: a one-shot `kvserve generate`)
+#   make run    serve the embedded model: an OpenAI-compatible server on http://127.0.0.1:8000
 #   make test   run the test suite
 PYTHON ?= python3.11
 VENV   ?= .venv
@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/kvserve generate "Explain what a KV cache is, in two sentences." --chat --max-tokens 128
+	$(BIN)/kvserve serve
 
 chat: $(STAMP)
 	$(BIN)/kvserve chat

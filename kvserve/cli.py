@@ -1,12 +1,14 @@
-"""The ``kvserve`` command: generate, chat, bench."""
+"""The ``kvserve`` command: serve, generate, chat, bench."""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 
 from kvserve.config import EngineConfig
-from kvserve.errors import KVServeError
+from kvserve.errors import InvalidArgumentError, KVServeError
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -85,6 +87,23 @@ def cmd_chat(a: argparse.Namespace) -> None:
         history.append({"role": "assistant", "content": "".join(answer)})
 
 
+def cmd_serve(a: argparse.Namespace) -> None:
+    from kvserve.engine.process import AsyncEngineClient
+    from kvserve.server.api import ServerConfig, serve
+
+    engine_config = EngineConfig.from_cli_args(a)
+    if a.max_waiting_requests is not None and a.max_waiting_requests < 0:
+        raise InvalidArgumentError("--max-waiting-requests must be at least 0", param="max_waiting_requests")
+    if a.max_request_bytes < 1:
+        raise InvalidArgumentError("--max-request-bytes must be positive", param="max_request_bytes")
+    logging.basicConfig(level=getattr(logging, a.uvicorn_log_level.upper(), logging.INFO),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = ServerConfig(served_model_names=a.served_model_name or [], api_key=a.api_key,
+                          max_request_bytes=a.max_request_bytes)
+    serve(lambda: AsyncEngineClient(engine_config, max_waiting_requests=a.max_waiting_requests), config,
+          a.host, a.port, graceful_shutdown_timeout=a.graceful_shutdown_timeout, log_level=a.uvicorn_log_level)
+
+
 def cmd_bench_offline(a: argparse.Namespace) -> None:
     from kvserve.bench.offline import run
 
@@ -94,6 +113,23 @@ def cmd_bench_offline(a: argparse.Namespace) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvserve", description="A small LLM serving engine.")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--served-model-name", nargs="+", default=None,
+                   help="name(s) clients use as `model` (default: the model's folder or file name)")
+    s.add_argument("--api-key", default=os.environ.get("KVSERVE_API_KEY"),
+                   help="require `Authorization: Bearer KEY` on /v1 routes (default: $KVSERVE_API_KEY)")
+    s.add_argument("--max-waiting-requests", type=int, default=None,
+                   help="answer 429 when this many requests already wait (default: no limit)")
+    s.add_argument("--max-request-bytes", type=int, default=32 << 20, help="largest request body (413 above)")
+    s.add_argument("--graceful-shutdown-timeout", type=float, default=30.0,
+                   help="on SIGTERM, seconds to let requests in flight finish")
+    s.add_argument("--uvicorn-log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug", "trace"])
+    EngineConfig.add_cli_args(s)
+    s.set_defaults(func=cmd_serve)
 
     g = sub.add_parser("generate", help="complete one prompt and print the answer as it streams")
     g.add_argument("prompt")

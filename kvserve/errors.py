@@ -1,6 +1,7 @@
 """Errors a user can cause: each carries a message meant for that user.
 
-The CLI prints them as one line; the server maps them to HTTP 4xx in one place.
+The CLI prints them as one line; the server maps them to HTTP statuses in one place
+(``kvserve.server.api.error_response``).
 """
 
 
@@ -11,10 +12,27 @@ class KVServeError(Exception):
 class InvalidArgumentError(KVServeError, ValueError):
     """A parameter is out of range or inconsistent (HTTP 400)."""
 
-    def __init__(self, message: str, param: str | None = None):
+    def __init__(self, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
         self.param = param
+        self.code = code
 
 
 class ModelLoadError(KVServeError):
     """The model could not be found or read."""
+
+
+class AuthenticationError(KVServeError):
+    """A missing or wrong API key (HTTP 401)."""
+
+
+class RequestTooLargeError(KVServeError):
+    """The request body is over the server's limit (HTTP 413)."""
+
+
+class ServerBusyError(KVServeError):
+    """The engine's waiting queue is full; the client should retry later (HTTP 429)."""
+
+
+class EngineDeadError(KVServeError):
+    """The engine process is gone; nothing can be served until a restart (HTTP 503)."""

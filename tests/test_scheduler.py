@@ -29,7 +29,8 @@ def fake_step(s: Scheduler):
 def test_scheduler_and_kv_import_no_torch():
     import subprocess
 
-    code = "import sys, kvserve.engine.scheduler, kvserve.engine.engine, kvserve.kv.block_pool; print('torch' in sys.modules)"
+    code = ("import sys, kvserve.engine.scheduler, kvserve.engine.engine, kvserve.engine.process, kvserve.kv.block_pool; "
+            "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"
 

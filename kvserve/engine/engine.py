@@ -35,6 +35,23 @@ class EngineStats:
     generation_tokens: int = 0
 
 
+def check_prompt(prompt_token_ids: list[int], max_model_len: int, vocab_size: int | None) -> None:
+    """Raise InvalidArgumentError unless the prompt is non-empty, leaves room for an answer, and
+    holds only known token ids. The engine and the server's API process both call it."""
+    n = len(prompt_token_ids)
+    if n == 0:
+        raise InvalidArgumentError("the prompt is empty", param="prompt")
+    if n >= max_model_len:
+        raise InvalidArgumentError(
+            f"the prompt has {n} tokens; this model's context window is {max_model_len} tokens "
+            "and at least one must be left for the answer",
+            param="prompt",
+            code="context_length_exceeded",
+        )
+    if vocab_size is not None and any(not 0 <= t < vocab_size for t in prompt_token_ids):
+        raise InvalidArgumentError(f"prompt token ids must be in [0, {vocab_size})", param="prompt")
+
+
 class Engine:
     def __init__(self, runner: Runner, scheduler_config: SchedulerConfig, vocab_size: int | None = None,
                  eos_token_ids: tuple[int, ...] = ()):
@@ -48,17 +65,7 @@ class Engine:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> Request:
         """Validate and queue a request; raises InvalidArgumentError for what the user must fix."""
-        n = len(prompt_token_ids)
-        if n == 0:
-            raise InvalidArgumentError("the prompt is empty", param="prompt")
-        if n >= self.max_model_len:
-            raise InvalidArgumentError(
-                f"the prompt has {n} tokens; this model's context window is {self.max_model_len} tokens "
-                "and at least one must be left for the answer",
-                param="prompt",
-            )
-        if self.vocab_size is not None and any(not 0 <= t < self.vocab_size for t in prompt_token_ids):
-            raise InvalidArgumentError(f"prompt token ids must be in [0, {self.vocab_size})", param="prompt")
+        check_prompt(prompt_token_ids, self.max_model_len, self.vocab_size)
         req = Request(request_id, list(prompt_token_ids), params, eos_token_ids=self.eos_token_ids,
                       max_total_tokens=self.max_model_len)
         self.scheduler.add(req)

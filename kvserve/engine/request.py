@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 from kvserve.errors import InvalidArgumentError
 
+_INT32_MAX = (1 << 31) - 1
+
 
 @dataclass
 class SamplingParams:
@@ -48,8 +50,8 @@ class SamplingParams:
             raise bad("temperature", f"must be in [0, 100], got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise bad("top_p", f"must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise bad("top_k", f"must be -1 (off) or at least 1, got {self.top_k}")
+        if not 0 <= self.top_k <= _INT32_MAX:
+            raise bad("top_k", f"must be -1 (off) or in [1, {_INT32_MAX}], got {self.top_k}")
         if not 0.0 <= self.min_p <= 1.0:
             raise bad("min_p", f"must be in [0, 1], got {self.min_p}")
         if not 0.0 < self.repetition_penalty <= 100.0:
@@ -60,6 +62,8 @@ class SamplingParams:
             raise bad("frequency_penalty", f"must be in [-2, 2], got {self.frequency_penalty}")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise bad("logprobs", f"must be in [0, 20], got {self.logprobs}")
+        if self.seed is not None and not -(1 << 63) <= self.seed < (1 << 64):
+            raise bad("seed", "must fit in 64 bits")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise bad("stop", "must be non-empty strings")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):

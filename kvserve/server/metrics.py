@@ -1,0 +1,135 @@
+"""Prometheus metrics of one server: engine gauges and counters, and per-request latencies.
+
+Names mirror vLLM's with a ``kvserve:`` prefix. Engine-side numbers come from the latest
+stats snapshot the engine process sent, read at scrape time; latencies are measured in the
+API process as tokens reach the HTTP handlers. Each app has its own CollectorRegistry, so
+tests can build several apps in one process.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from kvserve.engine.process import AsyncEngineClient
+
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                    10.0, 20.0, 40.0, 80.0, 160.0)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+                2.5, 5.0, 10.0)
+_HANDOFF_BUCKETS = (5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1)
+
+
+class _EngineCollector(Collector):
+    """Reads the engine's latest snapshot at each scrape."""
+
+    def __init__(self, client: AsyncEngineClient, model_name: str):
+        self.client = client
+        self.model_name = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.client.stats
+        labels = ["model_name"]
+        values = [self.model_name]
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc, labels=labels)
+            g.add_metric(values, value)
+            return g
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            c = CounterMetricFamily(name, doc, labels=labels)
+            c.add_metric(values, value)
+            return c
+
+        yield gauge("kvserve:num_requests_running", "Requests in the engine's running batch.", s.num_running)
+        yield gauge("kvserve:num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting)
+        yield gauge("kvserve:kv_cache_usage_perc", "Fraction of KV cache blocks in use (1 = full).",
+                    s.kv_cache_usage)
+        yield gauge("kvserve:kv_cache_blocks_used", "KV cache blocks in use.", s.kv_blocks_used)
+        yield gauge("kvserve:kv_cache_blocks_total", "KV cache blocks in the pool.", s.kv_blocks_total)
+        yield counter("kvserve:num_preemptions", "Requests preempted (KV freed, recomputed later).",
+                      s.num_preemptions)
+        yield counter("kvserve:prompt_tokens", "Prefill tokens computed.", s.prompt_tokens)
+        yield counter("kvserve:generation_tokens", "Tokens generated.", s.generation_tokens)
+
+
+class _Histogram(Collector):
+    """A histogram for the event loop's hot path: observing is a bisect and two additions.
+
+    prometheus_client's Histogram takes a lock and walks every bucket per observation; with one
+    observation per token per stream that was a visible share of the API process's CPU. Only
+    the event loop thread observes, so no lock is needed; scrapes read a consistent-enough copy.
+    """
+
+    def __init__(self, name: str, doc: str, buckets: tuple[float, ...], model_name: str):
+        self.name, self.doc, self.model_name = name, doc, model_name
+        self.bounds = list(buckets)
+        self.counts = [0] * (len(buckets) + 1)  # the last one is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def collect(self) -> Iterator[Metric]:
+        h = HistogramMetricFamily(self.name, self.doc, labels=["model_name"])
+        cumulative, buckets = 0, []
+        for bound, count in zip([*map(str, self.bounds), "+Inf"], self.counts):
+            cumulative += count
+            buckets.append((bound, cumulative))
+        h.add_metric([self.model_name], buckets, self.sum)
+        yield h
+
+
+class ServerMetrics:
+    """The app's registry; also the client's RequestObserver (see kvserve.engine.process)."""
+
+    def __init__(self, client: AsyncEngineClient, model_name: str):
+        self.registry = CollectorRegistry()
+        self.registry.register(_EngineCollector(client, model_name))
+        reg, name = self.registry, model_name
+        self.ttft = _Histogram("kvserve:time_to_first_token_seconds", "Time from arrival to the first token.",
+                               _LATENCY_BUCKETS, name)
+        self.itl = _Histogram("kvserve:inter_token_latency_seconds", "Time between two tokens of a request.",
+                              _ITL_BUCKETS, name)
+        self.e2e = _Histogram("kvserve:e2e_request_latency_seconds", "Time from arrival to the last token.",
+                              _LATENCY_BUCKETS, name)
+        self.handoff = _Histogram("kvserve:engine_handoff_seconds",
+                                  "Time from the end of an engine step to its tokens reaching the HTTP handler.",
+                                  _HANDOFF_BUCKETS, name)
+        for h in (self.ttft, self.itl, self.e2e, self.handoff):
+            reg.register(h)
+        self._success = Counter("kvserve:request_success", "Requests finished, by reason.",
+                                ["model_name", "finished_reason"], registry=reg)
+        self._name = name
+        self.prefix_queries = Counter("kvserve:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                                      ["model_name"], registry=reg).labels(name)
+        self.prefix_hits = Counter("kvserve:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+                                   ["model_name"], registry=reg).labels(name)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    # -- RequestObserver ---------------------------------------------------------------------
+    def on_handoff(self, seconds: float) -> None:
+        self.handoff.observe(seconds)
+
+    def on_first_token(self, ttft: float, num_prompt_tokens: int, num_cached_tokens: int) -> None:
+        self.ttft.observe(ttft)
+        self.prefix_queries.inc(num_prompt_tokens)
+        self.prefix_hits.inc(num_cached_tokens)
+
+    def on_tokens(self, inter_token_latency: float, num_tokens: int) -> None:
+        itl = self.itl
+        i = bisect_left(itl.bounds, inter_token_latency)
+        itl.counts[i] += num_tokens
+        itl.sum += inter_token_latency * num_tokens
+
+    def on_finish(self, finish_reason: str, e2e_latency: float) -> None:
+        self._success.labels(self._name, finish_reason).inc()
+        self.e2e.observe(e2e_latency)

@@ -1,0 +1,89 @@
+"""Helpers for the server tests: uvicorn in a thread on a free port, SSE parsing, metric reading."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import uvicorn
+
+from kvserve.engine.process import AsyncEngineClient
+from kvserve.server.api import ServerConfig, create_app
+
+
+def free_socket() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+class ServerThread:
+    """An app over ``client`` served by uvicorn in a daemon thread; ``stop`` also stops the engine."""
+
+    def __init__(self, client: AsyncEngineClient, config: ServerConfig | None = None):
+        self.client = client
+        self.app = create_app(client, config)
+        self.sock = free_socket()
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", timeout_graceful_shutdown=5))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        self.sock.close()
+        if self.client.is_alive:  # the lifespan did not run to its end
+            self.client._kill()
+
+
+def sse_events(lines: Iterator[str]) -> Iterator[dict | str]:
+    """The JSON payloads of an SSE stream, then the string "[DONE]"."""
+    for line in lines:
+        if not line.startswith("data: "):
+            continue
+        data = line[len("data: "):]
+        yield "[DONE]" if data == "[DONE]" else json.loads(data)
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of one sample in a Prometheus text exposition (summed over unmatched labels)."""
+    total, found = 0.0, False
+    for line in text.splitlines():
+        m = re.match(r"^([^\s{]+)(\{[^}]*\})?\s+(\S+)$", line)
+        if not m or m.group(1) != name:
+            continue
+        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
+        if all(got.get(k) == v for k, v in labels.items()):
+            total += float(m.group(3))
+            found = True
+    if not found:
+        raise KeyError(name)
+    return total
+
+
+def wait_for_metrics(url: str, timeout: float = 15.0, headers: dict | None = None, **expected: float) -> str:
+    """Poll /metrics until every ``name=value`` (name with ':' written as '__') holds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = httpx.get(f"{url}/metrics", headers=headers).text
+        values = {k: metric(text, k.replace("__", ":")) for k in expected}
+        if values == expected or time.monotonic() > deadline:
+            assert values == expected, values
+            return text
+        time.sleep(0.05)

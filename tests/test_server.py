@@ -1,0 +1,364 @@
+"""The HTTP server end to end: OpenAI clients, concurrency, errors, aborts, metrics, SIGTERM.
+
+Most tests share one server on a tiny random Llama saved as a Hugging Face folder (``--model
+<dir>``, the real loading path) with the embedded tokenizer; the `openai` client tests run on
+the embedded SmolLM2 model, whose text means something.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+import kvserve
+from kvserve import SamplingParams
+from kvserve.config import EngineConfig
+from kvserve.engine.process import AsyncEngineClient
+from kvserve.server.api import ServerConfig
+from server_utils import ServerThread, free_socket, metric, sse_events, wait_for_metrics
+
+API_KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+MAX_BODY = 1 << 20
+TINY_ENGINE = dict(dtype="float32", num_threads=1, num_kv_blocks=512, max_num_seqs=64, max_num_batched_tokens=512)
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_model_dir):
+    client = AsyncEngineClient(EngineConfig(model=str(tiny_model_dir), **TINY_ENGINE))
+    with ServerThread(client, ServerConfig(served_model_names=["tiny"], api_key=API_KEY, max_request_bytes=MAX_BODY)) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def offline(tiny_model_dir):
+    from kvserve.llm import LLM
+
+    return LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=512, max_num_batched_tokens=512)
+
+
+def random_prompts(n: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 49152) for _ in range(rng.randint(1, 40))] for _ in range(n)]
+
+
+def stream_completion(url: str, body: dict, headers: dict = AUTH) -> tuple[str, list]:
+    """Text and events of a streamed completion read with httpx."""
+    with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, headers=headers,
+                      timeout=60) as r:
+        assert r.status_code == 200, r.read()
+        events = list(sse_events(r.iter_lines()))
+    assert events[-1] == "[DONE]"
+    return "".join(e["choices"][0]["text"] for e in events[:-1] if e["choices"]), events
+
+
+# --------------------------------------------------------------------------- the openai client
+
+
+@pytest.mark.e2e
+def test_openai_client_on_embedded_model(embedded_hf_tokenizer):
+    import openai
+
+    from kvserve.model.tokenizer import Tokenizer
+
+    client = AsyncEngineClient(EngineConfig(dtype="float32", num_threads=1, kv_cache_memory_gb=0.25,
+                                            max_num_batched_tokens=256),
+                               tokenizer=Tokenizer(embedded_hf_tokenizer))
+    with ServerThread(client, ServerConfig(served_model_names=["smol"])) as server:
+        oa = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        assert [m.id for m in oa.models.list().data] == ["smol"]
+
+        prompt = "The capital of France is"
+        full = oa.completions.create(model="smol", prompt=prompt, max_tokens=16, temperature=0)
+        assert full.choices[0].finish_reason in ("length", "stop") and full.choices[0].text.strip()
+        assert full.usage.prompt_tokens == len(embedded_hf_tokenizer.encode(prompt))
+        assert full.usage.prompt_tokens_details.cached_tokens == 0
+        chunks = list(oa.completions.create(model="smol", prompt=prompt, max_tokens=16, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == full.choices[0].text
+        assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+
+        messages = [{"role": "system", "content": "You are brief."},
+                    {"role": "user", "content": "Name a primary colour."}]
+        chat = oa.chat.completions.create(model="smol", messages=messages, max_completion_tokens=24, temperature=0)
+        answer = chat.choices[0].message.content
+        assert answer.strip() and chat.choices[0].message.role == "assistant"
+        parts = list(oa.chat.completions.create(model="smol", messages=messages, max_completion_tokens=24,
+                                                temperature=0, stream=True, stream_options={"include_usage": True}))
+        assert parts[0].choices[0].delta.role == "assistant"
+        assert "".join(p.choices[0].delta.content or "" for p in parts if p.choices) == answer
+        assert parts[-1].usage.total_tokens == chat.usage.total_tokens
+        assert [p.choices[0].finish_reason for p in parts if p.choices][-1] == chat.choices[0].finish_reason
+
+        with pytest.raises(openai.BadRequestError) as e:
+            oa.chat.completions.create(model="other", messages=messages)
+        assert e.value.body["code"] == "model_not_found"
+
+
+# --------------------------------------------------------------------------- the tiny server
+
+
+def test_concurrent_streams_match_offline_greedy(tiny_server, offline):
+    import openai
+
+    prompts = random_prompts(32, seed=1)
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    expected = [o.text for o in offline.generate(prompts, params)]
+
+    async def run() -> list[str]:
+        oa = openai.AsyncOpenAI(base_url=f"{tiny_server.url}/v1", api_key=API_KEY, max_retries=0)
+
+        async def one(p: list[int]) -> str:
+            stream = await oa.completions.create(model="tiny", prompt=p, max_tokens=16, temperature=0,
+                                                 stream=True, extra_body={"ignore_eos": True})
+            return "".join([c.choices[0].text async for c in stream if c.choices])
+
+        try:
+            return await asyncio.gather(*(one(p) for p in prompts))
+        finally:
+            await oa.close()
+
+    assert asyncio.run(run()) == expected
+
+
+def test_completion_variants(tiny_server, offline):
+    url, prompts = tiny_server.url, random_prompts(2, seed=2)
+    greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    want = [o.text for o in offline.generate(prompts, greedy)]
+    body = {"prompt": prompts, "max_tokens": 8, "temperature": 0, "ignore_eos": True, "n": 2}
+    r = httpx.post(f"{url}/v1/completions", json=body, headers=AUTH, timeout=60).json()
+    assert [c["index"] for c in r["choices"]] == [0, 1, 2, 3]
+    assert [c["text"] for c in r["choices"]] == [want[0], want[0], want[1], want[1]]
+    assert r["usage"]["prompt_tokens"] == sum(map(len, prompts)) and r["usage"]["completion_tokens"] == 32
+
+    # a string prompt, logprobs, a stop string
+    r = httpx.post(f"{url}/v1/completions", headers=AUTH, timeout=60, json={
+        "prompt": "Hello", "max_tokens": 6, "temperature": 0, "logprobs": 2, "ignore_eos": True}).json()
+    lp = r["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == 6 and all(len(t) == 2 for t in lp["top_logprobs"])
+    assert "".join(lp["tokens"]) == r["choices"][0]["text"]
+    text = r["choices"][0]["text"]
+    stop = text[3:6]
+    s = httpx.post(f"{url}/v1/completions", headers=AUTH, timeout=60, json={
+        "prompt": "Hello", "max_tokens": 6, "temperature": 0, "stop": [stop], "ignore_eos": True}).json()
+    assert s["choices"][0]["text"] == text[: text.index(stop)]
+    assert s["choices"][0]["finish_reason"] == "stop" and s["choices"][0]["stop_reason"] == stop
+    streamed, _ = stream_completion(url, {"prompt": "Hello", "max_tokens": 6, "temperature": 0, "stop": [stop],
+                                          "ignore_eos": True})
+    assert streamed == s["choices"][0]["text"]
+
+    # seeded sampling: same seed, same text; n > 1 with a seed: choice i uses seed + i
+    sampled = {"prompt": prompts[0], "max_tokens": 8, "temperature": 1.0, "seed": 7, "ignore_eos": True}
+    a = httpx.post(f"{url}/v1/completions", json={**sampled, "n": 2}, headers=AUTH, timeout=60).json()
+    b = httpx.post(f"{url}/v1/completions", json=sampled, headers=AUTH, timeout=60).json()
+    c = httpx.post(f"{url}/v1/completions", json={**sampled, "seed": 8}, headers=AUTH, timeout=60).json()
+    assert a["choices"][0]["text"] == b["choices"][0]["text"]
+    assert a["choices"][1]["text"] == c["choices"][0]["text"]
+
+    # chat on the tiny model: template applied, logprobs as OpenAI shapes them
+    chat = httpx.post(f"{url}/v1/chat/completions", headers=AUTH, timeout=60, json={
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}], "max_tokens": 4,
+        "temperature": 0, "logprobs": True, "top_logprobs": 3, "ignore_eos": True}).json()
+    content = chat["choices"][0]["logprobs"]["content"]
+    assert len(content) == 4 and all(len(t["top_logprobs"]) == 3 for t in content)
+    assert chat["usage"]["completion_tokens"] == 4
+
+
+def _raw_http(port: int, request: bytes) -> tuple[int, dict]:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(request)
+        data = b""
+        while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < 10:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body[body.index(b"{"): body.rindex(b"}") + 1])
+
+
+def test_errors_are_openai_shaped_and_harmless(tiny_server, offline):
+    url = tiny_server.url
+    prompt = random_prompts(1, seed=3)[0]
+    want = offline.generate([prompt], SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True))[0].text
+
+    # a stream in flight while the bad requests come in (read to its end afterwards)
+    in_flight = httpx.stream("POST", f"{url}/v1/completions", headers=AUTH, timeout=60, json={
+        "prompt": prompt, "max_tokens": 100, "temperature": 0, "ignore_eos": True, "stream": True})
+    events = sse_events(in_flight.__enter__().iter_lines())
+    got = [next(events)]
+
+    comp, chat = f"{url}/v1/completions", f"{url}/v1/chat/completions"
+    ok = {"prompt": "hi", "max_tokens": 2}
+    msgs = [{"role": "user", "content": "hi"}]
+    cases = [
+        ("post", comp, {**ok, "max_tokens": 0}, AUTH, 400, "max_tokens"),
+        ("post", comp, {**ok, "max_tokens": -3}, AUTH, 400, "max_tokens"),
+        ("post", comp, {**ok, "max_tokens": "many"}, AUTH, 400, "max_tokens"),
+        ("post", comp, {**ok, "temperature": -0.5}, AUTH, 400, "temperature"),
+        ("post", comp, {**ok, "temperature": 1e9}, AUTH, 400, "temperature"),
+        ("post", comp, {**ok, "top_p": 0}, AUTH, 400, "top_p"),
+        ("post", comp, {**ok, "top_k": 1 << 40}, AUTH, 400, "top_k"),
+        ("post", comp, {**ok, "seed": 1 << 70}, AUTH, 400, "seed"),
+        ("post", comp, {**ok, "n": 0}, AUTH, 400, "n"),
+        ("post", comp, {**ok, "logprobs": 50}, AUTH, 400, "logprobs"),
+        ("post", comp, {**ok, "model": "gpt-4"}, AUTH, 400, "model"),
+        ("post", comp, {**ok, "prompt": [7] * 600}, AUTH, 400, "prompt"),
+        ("post", comp, {**ok, "prompt": "word " * 600}, AUTH, 400, "prompt"),
+        ("post", comp, {**ok, "prompt": [1 << 20]}, AUTH, 400, "prompt"),
+        ("post", comp, {**ok, "prompt": []}, AUTH, 400, "prompt"),
+        ("post", comp, {"max_tokens": 2}, AUTH, 400, "prompt"),
+        ("post", chat, {"messages": []}, AUTH, 400, "messages"),
+        ("post", chat, {"messages": [{"role": "wizard", "content": "hi"}]}, AUTH, 400, "messages"),
+        ("post", chat, {"messages": msgs, "top_logprobs": 2}, AUTH, 400, "top_logprobs"),
+        ("post", chat, {"messages": msgs, "max_completion_tokens": 0}, AUTH, 400, "max_tokens"),
+        ("post", comp, ok, {}, 401, None),
+        ("post", comp, ok, {"Authorization": "Bearer wrong"}, 401, None),
+        ("get", f"{url}/v1/models", None, {}, 401, None),
+        ("get", f"{url}/v1/nothing-here", None, AUTH, 404, None),
+        ("get", f"{url}/nothing-here", None, AUTH, 404, None),
+    ]
+    for method, where, body, headers, status, param in cases:
+        r = httpx.request(method, where, json=body, headers=headers, timeout=30)
+        assert r.status_code == status, (body, r.text)
+        err = r.json()["error"]
+        assert set(err) == {"message", "type", "param", "code"} and err["message"], err
+        assert err["param"] == param, (body, err)
+
+    r = httpx.post(comp, content=b'{"prompt": "hi", "max_tokens":', headers={**AUTH, "content-type": "application/json"})
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+
+    # bodies over the limit: declared (Content-Length), and found while reading (chunked)
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {100 * MAX_BODY}\r\n\r\n").encode()
+    status, body = _raw_http(tiny_server.port, head)
+    assert status == 413 and body["error"]["type"] == "invalid_request_error"
+
+    def chunks():
+        yield b'{"prompt": "'
+        for _ in range(3):
+            yield b"a" * MAX_BODY
+        yield b'"}'
+
+    r = httpx.post(comp, content=chunks(), headers={**AUTH, "content-type": "application/json"}, timeout=30)
+    assert r.status_code == 413 and r.json()["error"]["message"]
+
+    # still serving, and the stream in flight was not disturbed
+    assert httpx.post(comp, json=ok, headers=AUTH, timeout=30).status_code == 200
+    got += list(events)
+    in_flight.__exit__(None, None, None)
+    assert got[-1] == "[DONE]"
+    assert "".join(e["choices"][0]["text"] for e in got[:-1]) == want
+
+
+def test_aborted_streams_free_everything(tiny_server):
+    url = tiny_server.url
+    prompts = random_prompts(50, seed=4)
+
+    async def open_and_drop(client: httpx.AsyncClient, p: list[int]) -> None:
+        body = {"prompt": p, "max_tokens": 400, "temperature": 0, "ignore_eos": True, "stream": True}
+        async with client.stream("POST", f"{url}/v1/completions", json=body, headers=AUTH) as r:
+            assert r.status_code == 200
+            seen = 0
+            async for line in r.aiter_lines():
+                seen += line.startswith("data: ")
+                if seen == 3:
+                    break  # leaving the block closes the connection mid-stream
+
+    async def run() -> None:
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=100)) as client:
+            await asyncio.gather(*(open_and_drop(client, p) for p in prompts))
+
+    before = metric(httpx.get(f"{url}/metrics").text, "kvserve:request_success_total", finished_reason="abort") \
+        if "abort" in httpx.get(f"{url}/metrics").text else 0.0
+    asyncio.run(run())
+    text = wait_for_metrics(url, kvserve__num_requests_running=0.0, kvserve__num_requests_waiting=0.0,
+                            kvserve__kv_cache_blocks_used=0.0)
+    assert metric(text, "kvserve:kv_cache_usage_perc") == 0.0
+    assert metric(text, "kvserve:request_success_total", finished_reason="abort") - before == 50
+    assert tiny_server.client.num_in_flight == 0
+
+
+def test_metrics_and_small_routes(tiny_server):
+    url = tiny_server.url
+    assert httpx.get(f"{url}/health").json() == {"status": "ok"}
+    assert httpx.get(f"{url}/version").json()["version"]
+    assert httpx.get(f"{url}/v1/models", headers=AUTH).json()["data"][0]["id"] == "tiny"
+    httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 3, "ignore_eos": True}, headers=AUTH)
+    text = httpx.get(f"{url}/metrics").text
+    for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "kv_cache_blocks_used",
+                 "prefix_cache_queries_total", "prefix_cache_hits_total", "num_preemptions_total",
+                 "prompt_tokens_total", "generation_tokens_total", "time_to_first_token_seconds_count",
+                 "inter_token_latency_seconds_count", "e2e_request_latency_seconds_count",
+                 "engine_handoff_seconds_count"):
+        metric(text, f"kvserve:{name}")
+    assert metric(text, "kvserve:request_success_total", finished_reason="length") >= 1
+    assert metric(text, "kvserve:generation_tokens_total") >= 3
+
+
+# --------------------------------------------------------------------------- kvserve serve, SIGTERM
+
+
+def test_cli_serve_queue_limit_and_sigterm(tiny_model_dir):
+    """`kvserve serve` in a subprocess: 429 when the waiting queue is full; SIGTERM lets the
+    streams in flight finish and the process exit 0."""
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    url = f"http://127.0.0.1:{port}"
+    here = str(Path(kvserve.__file__).resolve().parents[1])  # the subprocess imports this same kvserve
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvserve", "serve", "--model", str(tiny_model_dir), "--port", str(port),
+         "--dtype", "float32", "--num-threads", "1", "--num-kv-blocks", "256", "--max-num-seqs", "1",
+         "--max-waiting-requests", "1", "--uvicorn-log-level", "warning"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "kvserve serve did not come up"
+            time.sleep(0.2)
+
+        long_body = {"prompt": [5, 6, 7], "max_tokens": 200, "temperature": 0, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{url}/v1/completions", json=long_body, timeout=60) as r:
+            lines = r.iter_lines()
+            first = next(e for e in sse_events(lines))
+            # a second request waits (one sequence at a time), a third finds the queue full
+            waiting: dict = {}
+            t = threading.Thread(target=lambda: waiting.update(r=httpx.post(
+                f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 4}, timeout=60)))
+            t.start()
+            wait_for_metrics(url, kvserve__num_requests_waiting=1.0)
+            busy = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 4}, timeout=10)
+            assert busy.status_code == 429 and busy.json()["error"]["type"] == "rate_limit_error"
+
+            proc.send_signal(signal.SIGTERM)
+            rest = list(sse_events(lines))
+        assert rest[-1] == "[DONE]"
+        chunks = [first, *rest[:-1]]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+        t.join(60)
+        assert waiting["r"].status_code == 200 and waiting["r"].json()["usage"]["completion_tokens"] == 4
+        assert proc.wait(60) == 0, proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
