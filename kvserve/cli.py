@@ -151,6 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
     off = bsub.add_parser("offline", help="in-process throughput on random prompts")
     add_args(off)
     off.set_defaults(func=cmd_bench_offline)
+
+    from kvserve.bench import serve as bench_serve
+
+    srv = bsub.add_parser("serve", help="load an OpenAI-compatible server with streaming requests")
+    bench_serve.add_args(srv)
+    srv.set_defaults(func=lambda a: bench_serve.run(a))
     return parser
 
 
