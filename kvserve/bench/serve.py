@@ -1,9 +1,12 @@
-"""``kvserve bench serve``: load any OpenAI-compatible server with streaming completions.
+"""``kvserve bench serve``: the load loop against an OpenAI-compatible server, and its metrics.
 
-The first cut of the serving benchmark: the ``random`` dataset (fixed input and output
-lengths, token-id prompts, ignore_eos), all at once (``--request-rate inf``) or Poisson,
-bounded by ``--max-concurrency``. It reports throughput, TTFT, ITL, TPOT and end-to-end
-latency percentiles, and counts errors instead of stopping on them.
+A :class:`~kvserve.bench.datasets.Workload` is a list of sessions; each starts at its own time
+(trace arrival, Poisson ``--request-rate``, or all at once) and sends its turns one after
+another as streaming ``/v1/completions`` requests, bounded by ``--max-concurrency``. Every
+request leaves a :class:`RequestRecord` (errors are counted, never fatal); :func:`summarize`
+turns the records into a :class:`Summary`: throughput, TTFT, TPOT, ITL, end-to-end latency,
+goodput under SLOs and, for the interference workload, the cohort's ITL before and during the
+burst. Token counts are the server's own ``usage``.
 """
 
 from __future__ import annotations
@@ -14,20 +17,29 @@ import json
 import random
 import statistics
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 
+from kvserve.bench import datasets
+from kvserve.bench.datasets import Turn, Workload
 from kvserve.bench.offline import percentile
 
 
 @dataclass
 class RequestRecord:
+    index: int = 0
+    session: int = 0
+    turn: int = 0
+    group: str = ""
     ok: bool = False
     error: str | None = None
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # from the server's usage
     output_tokens: int = 0
+    start: float = 0.0  # seconds after the run started, when the request was sent
     ttft: float | None = None
     latency: float = 0.0
     itls: list[float] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)  # run-relative arrival of each text chunk
 
     @property
     def tpot(self) -> float | None:
@@ -36,25 +48,141 @@ class RequestRecord:
         return (self.latency - self.ttft) / (self.output_tokens - 1)
 
 
+@dataclass
+class Dist:
+    """A latency distribution in milliseconds."""
+    mean: float
+    p50: float
+    p90: float
+    p99: float
+
+    @classmethod
+    def of(cls, seconds: list[float]) -> Dist | None:
+        if not seconds:
+            return None
+        ms = [v * 1e3 for v in seconds]
+        return cls(round(statistics.fmean(ms), 2), round(percentile(ms, 50), 2), round(percentile(ms, 90), 2),
+                   round(percentile(ms, 99), 2))
+
+
+@dataclass
+class Interference:
+    cohort_itl_p99_before_ms: float | None
+    cohort_itl_p99_during_ms: float | None
+    ratio: float | None
+    burst_start_s: float
+    burst_end_s: float
+
+
+@dataclass
+class Summary:
+    base_url: str
+    model: str
+    dataset: str
+    description: str
+    num_requests: int
+    max_concurrency: int | None
+    request_rate: float
+    elapsed_s: float
+    completed: int
+    errors: int
+    first_error: str | None
+    request_throughput: float
+    input_tokens: int
+    output_tokens: int
+    input_tokens_per_s: float
+    output_tokens_per_s: float
+    ttft_ms: Dist | None
+    tpot_ms: Dist | None
+    itl_ms: Dist | None
+    e2e_ms: Dist | None
+    slo_ttft_ms: float | None = None
+    slo_itl_ms: float | None = None
+    good_requests: int | None = None
+    goodput: float | None = None  # requests/s meeting every SLO given
+    shared_prefix_fraction: float | None = None
+    interference: Interference | None = None
+
+
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", default="http://127.0.0.1:8000")
     p.add_argument("--model", default=None, help="model name to send (default: the server's first model)")
-    p.add_argument("--dataset", default="random", choices=["random"])
-    p.add_argument("--num-prompts", type=int, default=64)
-    p.add_argument("--input-len", type=int, default=128)
-    p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s (Poisson); inf: all at once")
+    datasets.add_args(p)
+    p.add_argument("--request-rate", type=float, default=float("inf"),
+                   help="sessions/s (Poisson) for datasets without arrival times; inf: all at once")
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--vocab-low", type=int, default=100)
-    p.add_argument("--vocab-high", type=int, default=40000)
-    p.add_argument("--text-prompts", action="store_true", help="send text instead of token ids")
+    p.add_argument("--slo-ttft-ms", type=float, default=None, help="goodput: time to first token at most this")
+    p.add_argument("--slo-itl-ms", type=float, default=None, help="goodput: every inter-token gap at most this")
     p.add_argument("--save-result", default=None, help="write the summary and per-request records to this JSON file")
+    p.add_argument("--save-records", default=None, help="write one JSON line per request to this file")
+    p.add_argument("--plot", default=None, help="write TTFT and ITL distributions to this PNG")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-async def _one(client, url: str, body: dict, rec: RequestRecord) -> None:
-    t0 = time.perf_counter()
-    last = t0
+def meets_slo(r: RequestRecord, slo_ttft_ms: float | None, slo_itl_ms: float | None) -> bool:
+    if not r.ok:
+        return False
+    if slo_ttft_ms is not None and (r.ttft is None or r.ttft * 1e3 > slo_ttft_ms):
+        return False
+    return slo_itl_ms is None or all(x * 1e3 <= slo_itl_ms for x in r.itls)
+
+
+def interference(records: list[RequestRecord]) -> Interference | None:
+    """Cohort ITL p99 for gaps that end before the first burst request is sent vs. while the burst runs."""
+    burst = [r for r in records if r.group == "burst"]
+    cohort = [r for r in records if r.group == "cohort" and r.ok]
+    if not burst or not cohort:
+        return None
+    b0 = min(r.start for r in burst)
+    b1 = max(r.start + r.latency for r in burst)
+    before, during = [], []
+    for r in cohort:
+        for prev, t in zip(r.token_times, r.token_times[1:]):
+            if t < b0:
+                before.append(t - prev)
+            elif t <= b1:
+                during.append(t - prev)
+    p_before = round(percentile(before, 99) * 1e3, 2) if before else None
+    p_during = round(percentile(during, 99) * 1e3, 2) if during else None
+    ratio = round(p_during / p_before, 2) if p_before and p_during else None
+    return Interference(p_before, p_during, ratio, round(b0, 3), round(b1, 3))
+
+
+def summarize(records: list[RequestRecord], elapsed: float, workload: Workload, *, base_url: str = "",
+              model: str = "", max_concurrency: int | None = None, request_rate: float = float("inf"),
+              slo_ttft_ms: float | None = None, slo_itl_ms: float | None = None) -> Summary:
+    ok = [r for r in records if r.ok]
+    errors = [r.error for r in records if not r.ok]
+    elapsed = max(elapsed, 1e-9)
+    n_in, n_out = sum(r.prompt_tokens for r in ok), sum(r.output_tokens for r in ok)
+    good = None
+    if slo_ttft_ms is not None or slo_itl_ms is not None:
+        good = sum(meets_slo(r, slo_ttft_ms, slo_itl_ms) for r in records)
+    return Summary(
+        base_url=base_url, model=model, dataset=workload.name, description=workload.description,
+        num_requests=len(records), max_concurrency=max_concurrency, request_rate=request_rate,
+        elapsed_s=round(elapsed, 3), completed=len(ok), errors=len(errors),
+        first_error=errors[0] if errors else None,
+        request_throughput=round(len(ok) / elapsed, 3), input_tokens=n_in, output_tokens=n_out,
+        input_tokens_per_s=round(n_in / elapsed, 1), output_tokens_per_s=round(n_out / elapsed, 1),
+        ttft_ms=Dist.of([r.ttft for r in ok if r.ttft is not None]),
+        tpot_ms=Dist.of([t for r in ok if (t := r.tpot) is not None]),
+        itl_ms=Dist.of([x for r in ok for x in r.itls]),
+        e2e_ms=Dist.of([r.latency for r in ok]),
+        slo_ttft_ms=slo_ttft_ms, slo_itl_ms=slo_itl_ms, good_requests=good,
+        goodput=round(good / elapsed, 3) if good is not None else None,
+        shared_prefix_fraction=(round(workload.shared_prefix_fraction, 4)
+                                if workload.shared_prefix_fraction is not None else None),
+        interference=interference(records),
+    )
+
+
+async def stream_completion(client, url: str, body: dict, rec: RequestRecord, t0: float) -> None:
+    """Send one streaming completion and fill ``rec``; any failure becomes ``rec.error``."""
+    start = time.perf_counter()
+    rec.start = start - t0
+    last = start
     try:
         async with client.stream("POST", url, json=body) as resp:
             if resp.status_code != 200:
@@ -75,8 +203,9 @@ async def _one(client, url: str, body: dict, rec: RequestRecord) -> None:
                     rec.output_tokens = chunk["usage"].get("completion_tokens", 0)
                 if chunk.get("choices") and chunk["choices"][0].get("text"):
                     now = time.perf_counter()
+                    rec.token_times.append(now - t0)
                     if rec.ttft is None:
-                        rec.ttft = now - t0
+                        rec.ttft = now - start
                     else:
                         rec.itls.append(now - last)
                     last = now
@@ -84,67 +213,100 @@ async def _one(client, url: str, body: dict, rec: RequestRecord) -> None:
     except Exception as e:  # connection refused, reset, bad JSON: count it, keep going
         rec.error = f"{type(e).__name__}: {e}"[:200]
     finally:
-        rec.latency = time.perf_counter() - t0
+        rec.latency = time.perf_counter() - start
 
 
-def _stats(values: list[float]) -> dict:
-    if not values:
-        return {}
-    ms = [v * 1e3 for v in values]
-    return {"mean": round(statistics.fmean(ms), 2), "p50": round(percentile(ms, 50), 2),
-            "p90": round(percentile(ms, 90), 2), "p99": round(percentile(ms, 99), 2)}
+Send = Callable[[Turn, RequestRecord, float], Awaitable[None]]
 
 
-async def _run(a: argparse.Namespace) -> dict:
+def session_starts(workload: Workload, request_rate: float, rng: random.Random) -> list[float]:
+    """Each session's start: its own (trace, interference) or Poisson at ``request_rate``."""
+    starts, t = [], 0.0
+    for s in workload.sessions:
+        if s.start is not None:
+            starts.append(s.start)
+        else:
+            starts.append(t)
+            if request_rate != float("inf"):
+                t += rng.expovariate(request_rate)
+    return starts
+
+
+async def drive(workload: Workload, send: Send, *, request_rate: float = float("inf"),
+                max_concurrency: int | None = None, seed: int = 0,
+                on_done: Callable[[RequestRecord], None] | None = None) -> tuple[list[RequestRecord], float]:
+    """Run every session of ``workload`` through ``send``; the records in session/turn order and
+    the elapsed wall time. A session's next turn is sent only after its previous answer ended."""
+    starts = session_starts(workload, request_rate, random.Random(seed))
+    records: list[list[RequestRecord]] = []
+    n = 0
+    for si, s in enumerate(workload.sessions):
+        records.append([])
+        for ti, _ in enumerate(s.turns):
+            records[-1].append(RequestRecord(index=n, session=si, turn=ti, group=s.group))
+            n += 1
+    sem = asyncio.Semaphore(max_concurrency or max(n, 1))
+    t0 = time.perf_counter()
+
+    async def run_session(si: int) -> None:
+        delay = t0 + starts[si] - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        for turn, rec in zip(workload.sessions[si].turns, records[si]):
+            async with sem:
+                await send(turn, rec, t0)
+            if on_done:
+                on_done(rec)
+
+    await asyncio.gather(*(run_session(i) for i in range(len(workload.sessions))))
+    return [r for rs in records for r in rs], time.perf_counter() - t0
+
+
+async def _run(a: argparse.Namespace, workload: Workload) -> tuple[Summary, list[RequestRecord]]:
     import httpx
+    from tqdm import tqdm
 
-    rng = random.Random(a.seed)
     base = a.base_url.rstrip("/")
-    async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0), limits=httpx.Limits(max_connections=None)) as client:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0),
+                                 limits=httpx.Limits(max_connections=None)) as client:
         model = a.model
         if model is None:
             model = (await client.get(base + "/v1/models")).json()["data"][0]["id"]
-        prompts = [[rng.randrange(a.vocab_low, a.vocab_high) for _ in range(a.input_len)] for _ in range(a.num_prompts)]
-        records = [RequestRecord() for _ in prompts]
-        sem = asyncio.Semaphore(a.max_concurrency or a.num_prompts)
 
-        async def go(i: int) -> None:
-            body = {"model": model, "prompt": prompts[i], "max_tokens": a.output_len, "temperature": 0.0,
+        async def send(turn: Turn, rec: RequestRecord, t0: float) -> None:
+            body = {"model": model, "prompt": turn.prompt, "max_tokens": turn.max_tokens, "temperature": 0.0,
                     "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-            async with sem:
-                await _one(client, base + "/v1/completions", body, records[i])
+            await stream_completion(client, base + "/v1/completions", body, rec, t0)
 
-        t0 = time.perf_counter()
-        tasks = []
-        for i in range(a.num_prompts):
-            tasks.append(asyncio.create_task(go(i)))
-            if a.request_rate != float("inf"):
-                await asyncio.sleep(rng.expovariate(a.request_rate))
-        await asyncio.gather(*tasks)
-        elapsed = time.perf_counter() - t0
+        with tqdm(total=workload.num_requests, unit="req", desc=workload.name,
+                  disable=True if a.no_progress else None) as bar:
+            failed = 0
 
-    ok = [r for r in records if r.ok]
-    out_tokens = sum(r.output_tokens for r in ok)
-    errors = [r.error for r in records if not r.ok]
-    summary = {
-        "base_url": base, "model": model, "num_prompts": a.num_prompts, "input_len": a.input_len,
-        "output_len": a.output_len, "max_concurrency": a.max_concurrency, "request_rate": a.request_rate,
-        "elapsed_s": round(elapsed, 2), "completed": len(ok), "errors": len(errors),
-        "first_error": errors[0] if errors else None,
-        "request_throughput": round(len(ok) / elapsed, 3),
-        "output_tokens_per_s": round(out_tokens / elapsed, 1),
-        "input_tokens_per_s": round(sum(r.prompt_tokens for r in ok) / elapsed, 1),
-        "ttft_ms": _stats([r.ttft for r in ok if r.ttft is not None]),
-        "tpot_ms": _stats([t for r in ok if (t := r.tpot) is not None]),
-        "itl_ms": _stats([x for r in ok for x in r.itls]),
-        "e2e_ms": _stats([r.latency for r in ok]),
-    }
-    print(json.dumps(summary, indent=2))
+            def done(rec: RequestRecord) -> None:
+                nonlocal failed
+                bar.update(1)
+                if not rec.ok:
+                    failed += 1
+                    bar.set_postfix(errors=failed)
+
+            records, elapsed = await drive(workload, send, request_rate=a.request_rate,
+                                           max_concurrency=a.max_concurrency, seed=a.seed, on_done=done)
+    summary = summarize(records, elapsed, workload, base_url=base, model=model, max_concurrency=a.max_concurrency,
+                        request_rate=a.request_rate, slo_ttft_ms=a.slo_ttft_ms, slo_itl_ms=a.slo_itl_ms)
+    return summary, records
+
+
+def run(a: argparse.Namespace) -> Summary:
+    from kvserve.bench import report
+
+    workload = datasets.build(a)
+    summary, records = asyncio.run(_run(a, workload))
+    print(report.format_summary(summary))
     if a.save_result:
         with open(a.save_result, "w") as f:
-            json.dump({"summary": summary, "requests": [asdict(r) for r in records]}, f)
+            json.dump({"summary": asdict(summary), "requests": [asdict(r) for r in records]}, f)
+    if a.save_records:
+        report.write_records(a.save_records, records)
+    if a.plot:
+        report.plot({summary.base_url: records}, a.plot)
     return summary
-
-
-def run(a: argparse.Namespace) -> dict:
-    return asyncio.run(_run(a))
