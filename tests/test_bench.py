@@ -1,12 +1,17 @@
-"""The benchmarks' arithmetic and the serving benchmark against a live and a dead server."""
+"""The benchmarks' arithmetic, the workloads, and the serving benchmark against a live and a dead server."""
 
 import argparse
+import asyncio
+import json
+import time
 
 import pytest
 
+from kvserve.bench import datasets, report
 from kvserve.bench import serve as bench_serve
+from kvserve.bench.datasets import Session, TraceRow, Turn, Workload
 from kvserve.bench.offline import percentile
-from kvserve.bench.serve import RequestRecord
+from kvserve.bench.serve import RequestRecord, summarize
 from kvserve.config import EngineConfig
 from kvserve.engine.process import AsyncEngineClient
 from kvserve.server.api import ServerConfig
@@ -27,26 +32,148 @@ def test_tpot_excludes_the_first_token():
     assert RequestRecord(ok=True, output_tokens=1, ttft=0.5, latency=0.5).tpot is None
 
 
+def _timeline(ttft: float, itls: list[float], ok: bool = True) -> RequestRecord:
+    return RequestRecord(ok=ok, error=None if ok else "boom", prompt_tokens=10, output_tokens=len(itls) + 1,
+                         ttft=ttft, latency=ttft + sum(itls), itls=itls)
+
+
+def test_summary_goodput_and_latency_arithmetic():
+    recs = [_timeline(0.1, [0.02, 0.02]),   # meets both SLOs
+            _timeline(0.3, [0.02, 0.02]),   # TTFT too slow
+            _timeline(0.1, [0.02, 0.09]),   # one gap too slow
+            _timeline(0.1, [0.01], ok=False)]
+    w = Workload("random", [Session([Turn([1], 3)]) for _ in recs])
+    s = summarize(recs, 2.0, w, slo_ttft_ms=200, slo_itl_ms=50)
+    assert s.completed == 3 and s.errors == 1 and s.first_error == "boom"
+    assert s.good_requests == 1 and s.goodput == pytest.approx(0.5)
+    assert s.request_throughput == pytest.approx(1.5)
+    assert s.input_tokens == 30 and s.output_tokens == 9 and s.output_tokens_per_s == pytest.approx(4.5)
+    assert s.ttft_ms.p50 == pytest.approx(100) and s.ttft_ms.mean == pytest.approx(500 / 3, abs=0.01)
+    assert s.tpot_ms.p50 == pytest.approx(20) and s.tpot_ms.p99 == pytest.approx(20 + 35 * 0.98, abs=0.01)
+    assert s.itl_ms.p50 == pytest.approx(20) and s.itl_ms.p99 == pytest.approx(90 - 0.05 * 70, abs=0.01)
+    assert s.e2e_ms.p50 == pytest.approx(210)  # of 140, 340, 210
+    only_ttft = summarize(recs, 2.0, w, slo_ttft_ms=200)
+    assert only_ttft.good_requests == 2
+    assert summarize(recs, 2.0, w).goodput is None
+    assert "goodput" in report.format_summary(s) and "TTFT" in report.format_summary(s)
+
+
+def test_interference_splits_cohort_gaps_at_the_burst():
+    cohort = RequestRecord(ok=True, group="cohort", token_times=[0.0, 0.1, 0.2, 0.3, 0.8, 1.3, 1.4])
+    burst = RequestRecord(ok=True, group="burst", start=0.35, latency=1.0)
+    i = bench_serve.interference([cohort, burst])
+    assert i.cohort_itl_p99_before_ms == pytest.approx(100)
+    assert i.cohort_itl_p99_during_ms == pytest.approx(500, abs=0.5)  # gaps ending in [0.35, 1.35]
+    assert i.ratio == pytest.approx(5.0, abs=0.01)
+
+
+def test_shared_prefix_fraction():
+    assert datasets.shared_prefix_fraction([[1, 2, 3, 4], [1, 2, 3, 9], [5, 2, 3, 4]]) == pytest.approx(3 / 12)
+    a = args("http://x", dataset="prefix-rag", num_prompts=20, system_len=30, tools_len=10, num_docs=2,
+             doc_len=20, question_len=5)
+    plain = datasets.build(a)
+    assert plain.shared_prefix_fraction > 0.8 and all(len(s.turns[0].prompt) == 65 for s in plain.sessions)
+    a.scramble = True
+    assert datasets.build(a).shared_prefix_fraction < plain.shared_prefix_fraction
+
+
+def test_trace_replay_honours_arrival_times_and_caps():
+    rows = [TraceRow(100.0, 500, 20), TraceRow(100.1, 30, 900), TraceRow(100.25, 40, 5), TraceRow(100.4, 7, 7)]
+    sessions = datasets.trace_sessions(rows, 2.0, max_input_len=64, max_output_len=8, tokens=lambda n: [1] * n)
+    assert [s.start for s in sessions] == pytest.approx([0.0, 0.2, 0.5, 0.8])
+    assert [(len(s.turns[0].prompt), s.turns[0].max_tokens) for s in sessions] == [(64, 8), (30, 8), (40, 5), (7, 7)]
+
+    async def instant(turn, rec, t0):  # a trivially fast server
+        rec.start, rec.ok = time.perf_counter() - t0, True
+
+    records, elapsed = asyncio.run(bench_serve.drive(Workload("t", sessions), instant))
+    assert [r.start for r in records] == pytest.approx([0.0, 0.2, 0.5, 0.8], abs=0.08)
+    assert 0.8 <= elapsed < 1.2
+    shipped = datasets.load_trace("azure-conv")
+    assert len(shipped) == 19366 and shipped[1] == TraceRow(4.314579, 396, 109)
+    assert len(datasets.load_trace("azure-code")) == 8819
+
+
 def args(url: str, **kw) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     bench_serve.add_args(p)
-    a = p.parse_args(["--base-url", url])
+    a = p.parse_args(["--base-url", url, "--no-progress"])
     for k, v in kw.items():
         setattr(a, k, v)
     return a
 
 
-def test_bench_serve_against_kvserve_counts_tokens(tiny_model_dir, tmp_path):
+@pytest.fixture(scope="module")
+def tiny_server(tiny_model_dir):
     client = AsyncEngineClient(EngineConfig(model=str(tiny_model_dir), dtype="float32", num_threads=1,
                                             num_kv_blocks=256, max_num_batched_tokens=256))
     with ServerThread(client, ServerConfig(served_model_names=["tiny"])) as server:
-        out = tmp_path / "r.json"
-        s = bench_serve.run(args(server.url, num_prompts=6, input_len=12, output_len=5, max_concurrency=3,
-                                 save_result=str(out)))
-    assert s["errors"] == 0 and s["completed"] == 6
-    assert s["output_tokens_per_s"] > 0 and s["ttft_ms"]["p50"] > 0 and s["itl_ms"]["p99"] >= s["itl_ms"]["p50"]
-    assert out.exists()
-    assert s["input_tokens_per_s"] * s["elapsed_s"] == pytest.approx(6 * 12, rel=0.01)
+        yield server
+
+
+def _check_tokens(s, workload_args, result_file):
+    """Token counts in the summary are the server's usage, and match what was sent."""
+    w = datasets.build(workload_args)
+    sent_in = sum(len(t.prompt) for x in w.sessions for t in x.turns)
+    sent_out = sum(t.max_tokens for x in w.sessions for t in x.turns)
+    recs = json.loads(result_file.read_text())["requests"]
+    assert all(r["prompt_tokens"] > 0 and r["output_tokens"] > 0 for r in recs)
+    assert s.input_tokens == sum(r["prompt_tokens"] for r in recs) == sent_in
+    assert s.output_tokens == sum(r["output_tokens"] for r in recs) == sent_out
+
+
+def test_bench_serve_random_against_kvserve(tiny_server, tmp_path):
+    out, jl, png = tmp_path / "r.json", tmp_path / "r.jsonl", tmp_path / "r.png"
+    a = args(tiny_server.url, num_prompts=6, input_len=12, output_len=5, max_concurrency=3, save_result=str(out),
+             save_records=str(jl), slo_ttft_ms=60_000, slo_itl_ms=60_000)
+    plotting = True
+    try:
+        import matplotlib  # noqa: F401
+        a.plot = str(png)
+    except ImportError:
+        plotting = False
+    s = bench_serve.run(a)
+    assert s.errors == 0 and s.completed == 6 and s.good_requests == 6
+    assert s.output_tokens_per_s > 0 and s.ttft_ms.p50 > 0 and s.itl_ms.p99 >= s.itl_ms.p50
+    _check_tokens(s, a, out)
+    lines = jl.read_text().splitlines()
+    assert len(lines) == 6 and json.loads(lines[0])["output_tokens"] == 5
+    if plotting:
+        assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_serve_azure_conv_replay(tiny_server, tmp_path):
+    out = tmp_path / "r.json"
+    # rows 0..3 arrive over ~9 s; time-scale 0.01 compresses that to ~90 ms
+    a = args(tiny_server.url, dataset="azure-conv", num_prompts=4, time_scale=0.01, max_input_len=40,
+             max_output_len=4, save_result=str(out))
+    s = bench_serve.run(a)
+    assert s.errors == 0 and s.completed == 4
+    _check_tokens(s, a, out)
+    assert s.output_tokens == 16
+
+
+def test_bench_serve_prefix_rag(tiny_server, tmp_path):
+    out = tmp_path / "r.json"
+    a = args(tiny_server.url, dataset="prefix-rag", num_prompts=5, system_len=24, tools_len=8, num_docs=2,
+             doc_len=16, question_len=6, output_len=3, save_result=str(out))
+    s = bench_serve.run(a)
+    assert s.errors == 0 and s.completed == 5 and 0.5 < s.shared_prefix_fraction < 1
+    _check_tokens(s, a, out)
+
+
+def test_bench_serve_multi_turn_waits_for_answers(tiny_server, tmp_path):
+    out = tmp_path / "r.json"
+    a = args(tiny_server.url, dataset="multi-turn", num_conversations=2, turns=3, user_len=8, answer_len=4,
+             save_result=str(out))
+    s = bench_serve.run(a)
+    assert s.errors == 0 and s.completed == 6
+    _check_tokens(s, a, out)
+    recs = json.loads(out.read_text())["requests"]
+    for prev, nxt in zip(recs, recs[1:]):
+        if prev["session"] == nxt["session"]:
+            assert nxt["turn"] == prev["turn"] + 1 and nxt["start"] >= prev["start"] + prev["latency"]
+            assert nxt["prompt_tokens"] == prev["prompt_tokens"] + 4 + 8
 
 
 def test_bench_serve_against_dead_endpoint_reports_errors(tmp_path):
@@ -55,5 +182,5 @@ def test_bench_serve_against_dead_endpoint_reports_errors(tmp_path):
     out = tmp_path / "r.json"
     s = bench_serve.run(args(url, model="x", num_prompts=4, input_len=4, output_len=2, save_result=str(out)))
     sock.close()
-    assert s["errors"] == 4 and s["completed"] == 0 and "Connect" in s["first_error"]
-    assert out.exists()
+    assert s.errors == 4 and s.completed == 0 and "Connect" in s.first_error
+    assert json.loads(out.read_text())["summary"]["errors"] == 4
