@@ -157,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     srv = bsub.add_parser("serve", help="load an OpenAI-compatible server with streaming requests")
     bench_serve.add_args(srv)
     srv.set_defaults(func=lambda a: bench_serve.run(a))
+
+    from kvserve.bench import compare as bench_compare
+
+    cmp = bsub.add_parser("compare", help="one serving workload against several servers in turn")
+    bench_compare.add_args(cmp)
+    cmp.set_defaults(func=lambda a: bench_compare.run(a))
     return parser
 
 

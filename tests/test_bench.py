@@ -14,6 +14,7 @@ from kvserve.bench.offline import percentile
 from kvserve.bench.serve import RequestRecord, summarize
 from kvserve.config import EngineConfig
 from kvserve.engine.process import AsyncEngineClient
+from kvserve.errors import InvalidArgumentError
 from kvserve.server.api import ServerConfig
 from server_utils import ServerThread, free_socket
 
@@ -184,3 +185,19 @@ def test_bench_serve_against_dead_endpoint_reports_errors(tmp_path):
     sock.close()
     assert s.errors == 4 and s.completed == 0 and "Connect" in s.first_error
     assert json.loads(out.read_text())["summary"]["errors"] == 4
+
+
+def test_bench_compare_runs_each_server_and_writes_markdown(tiny_server, tmp_path):
+    from kvserve.bench import compare
+
+    p = argparse.ArgumentParser()
+    compare.add_args(p)
+    md = tmp_path / "c.md"
+    a = p.parse_args(["--servers", f"a={tiny_server.url},b={tiny_server.url}", "--num-prompts", "2", "--input-len", "6",
+                      "--output-len", "3", "--output-md", str(md), "--no-progress"])
+    s = compare.run(a)
+    assert list(s) == ["a", "b"] and all(x.completed == 2 and x.output_tokens == 6 for x in s.values())
+    text = md.read_text()
+    assert "| | a | b |" in text and "| completed | 2 | 2 |" in text
+    with pytest.raises(InvalidArgumentError, match="name=url"):
+        compare.parse_servers(["nourl"])

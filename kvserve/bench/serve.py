@@ -262,7 +262,9 @@ async def drive(workload: Workload, send: Send, *, request_rate: float = float("
     return [r for rs in records for r in rs], time.perf_counter() - t0
 
 
-async def _run(a: argparse.Namespace, workload: Workload) -> tuple[Summary, list[RequestRecord]]:
+async def run_workload(a: argparse.Namespace, workload: Workload) -> tuple[Summary, list[RequestRecord]]:
+    """Drive ``workload`` against ``a.base_url`` with streaming completions (token-id prompts,
+    greedy, ignore_eos), a progress bar while it runs."""
     import httpx
     from tqdm import tqdm
 
@@ -300,7 +302,7 @@ def run(a: argparse.Namespace) -> Summary:
     from kvserve.bench import report
 
     workload = datasets.build(a)
-    summary, records = asyncio.run(_run(a, workload))
+    summary, records = asyncio.run(run_workload(a, workload))
     print(report.format_summary(summary))
     if a.save_result:
         with open(a.save_result, "w") as f:
