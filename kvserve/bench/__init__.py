@@ -1,1 +1,1 @@
-"""Benchmarks: the offline throughput run today; a serving load generator comes with the server."""
+"""Benchmarks: offline engine throughput, and the serving load generator (bench serve / compare)."""
