@@ -36,6 +36,7 @@ def parse_servers(items: list[str]) -> dict[str, str]:
 
 def run(a: argparse.Namespace) -> dict[str, Summary]:
     servers = parse_servers(a.servers)
+    report.check_plot_available(a.plot)
     workload = datasets.build(a)
     summaries: dict[str, Summary] = {}
     runs: dict[str, list[RequestRecord]] = {}

@@ -57,6 +57,16 @@ def write_records(path: str, records: list[RequestRecord]) -> None:
             f.write(json.dumps(asdict(r)) + "\n")
 
 
+def check_plot_available(path: str | None) -> None:
+    """Fail before a long run, not after it, when ``--plot`` cannot be honoured."""
+    import importlib.util
+
+    from kvserve.errors import InvalidArgumentError
+
+    if path and importlib.util.find_spec("matplotlib") is None:
+        raise InvalidArgumentError("--plot needs matplotlib: pip install matplotlib")
+
+
 def plot(runs: dict[str, list[RequestRecord]], path: str) -> None:
     """TTFT and ITL distributions (empirical CDFs), one line per run."""
     import matplotlib

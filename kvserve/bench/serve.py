@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from kvserve.bench import datasets
 from kvserve.bench.datasets import Turn, Workload
 from kvserve.bench.offline import percentile
+from kvserve.errors import KVServeError
 
 
 @dataclass
@@ -273,7 +274,11 @@ async def run_workload(a: argparse.Namespace, workload: Workload) -> tuple[Summa
                                  limits=httpx.Limits(max_connections=None)) as client:
         model = a.model
         if model is None:
-            model = (await client.get(base + "/v1/models")).json()["data"][0]["id"]
+            try:
+                model = (await client.get(base + "/v1/models")).json()["data"][0]["id"]
+            except Exception as e:  # unreachable or not OpenAI-compatible: say so in one line
+                raise KVServeError(f"cannot list models at {base}/v1/models ({type(e).__name__}: {e}); "
+                                   "is the server up? --model skips this") from e
 
         async def send(turn: Turn, rec: RequestRecord, t0: float) -> None:
             body = {"model": model, "prompt": turn.prompt, "max_tokens": turn.max_tokens, "temperature": 0.0,
@@ -301,6 +306,7 @@ async def run_workload(a: argparse.Namespace, workload: Workload) -> tuple[Summa
 def run(a: argparse.Namespace) -> Summary:
     from kvserve.bench import report
 
+    report.check_plot_available(a.plot)
     workload = datasets.build(a)
     summary, records = asyncio.run(run_workload(a, workload))
     print(report.format_summary(summary))
