@@ -177,6 +177,18 @@ def test_bench_serve_multi_turn_waits_for_answers(tiny_server, tmp_path):
             assert nxt["prompt_tokens"] == prev["prompt_tokens"] + 4 + 8
 
 
+def test_bench_serve_interference_labels_cohort_and_burst(tiny_server, tmp_path):
+    out = tmp_path / "r.json"
+    a = args(tiny_server.url, dataset="interference", cohort=2, input_len=8, output_len=80, burst=1, burst_len=120,
+             burst_output_len=1, burst_delay=0.2, save_result=str(out))
+    s = bench_serve.run(a)
+    assert s.errors == 0 and s.completed == 3 and s.output_tokens == 2 * 80 + 1
+    recs = json.loads(out.read_text())["requests"]
+    assert [r["group"] for r in recs] == ["cohort", "cohort", "burst"] and recs[2]["start"] >= 0.2
+    # the cohort still decodes while the burst runs (80 tokens take far longer than 0.2 s + one prefill)
+    assert s.interference is not None and s.interference.cohort_itl_p99_during_ms is not None
+
+
 def test_bench_serve_against_dead_endpoint_reports_errors(tmp_path):
     sock = free_socket()  # bound but never listening: connections are refused
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
