@@ -25,6 +25,9 @@ class EngineConfig:
     num_kv_blocks: int | None = field(default=None, metadata={"help": "exact KV pool size in blocks (overrides --kv-cache-memory-gb)"})
     max_num_seqs: int = field(default=128, metadata={"help": "most sequences in one step"})
     max_num_batched_tokens: int = field(default=2048, metadata={"help": "token budget of one step (chunked prefill fills it)"})
+    prefill_step_factor: float = field(default=0.0, metadata={"help": "while sequences decode, a step carrying prefill may "
+                                       "cost at most this many decode-only steps, learned from measured step times; 2 keeps "
+                                       "streams smooth under long-prompt bursts at some TTFT and throughput (0: off)"})
     max_model_len: int | None = field(default=None, metadata={"help": "context window (default: the model's, capped by the KV cache)"})
     seed: int = field(default=0, metadata={"help": "seed of the shared generator for unseeded sampling"})
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: all cores)"})
@@ -37,6 +40,8 @@ class EngineConfig:
             raise InvalidArgumentError(f"--dtype must be one of {', '.join(DTYPES)}", param="dtype")
         if self.kv_cache_memory_gb is not None and self.kv_cache_memory_gb <= 0:
             raise InvalidArgumentError("--kv-cache-memory-gb must be positive", param="kv_cache_memory_gb")
+        if self.prefill_step_factor != 0 and self.prefill_step_factor < 1:
+            raise InvalidArgumentError("--prefill-step-factor must be 0 (off) or at least 1", param="prefill_step_factor")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise InvalidArgumentError("--max-model-len must be at least 2", param="max_model_len")
 

@@ -58,7 +58,8 @@ def build_engine(cfg: EngineConfig, model_cfg: ModelConfig, weights: dict[str, t
         max_model_len=cfg.max_model_len,
         seed=cfg.seed,
     )
-    sched = SchedulerConfig(max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens)
+    sched = SchedulerConfig(max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
+                            prefill_step_factor=cfg.prefill_step_factor)
     return Engine(runner, sched, vocab_size=model_cfg.vocab_size, eos_token_ids=tuple(eos_token_ids))
 
 

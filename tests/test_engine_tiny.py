@@ -155,3 +155,22 @@ def test_max_model_len_caps_generation(grid_model):
     assert len(out.token_ids) == 5 and out.finish_reason == "length"
     with pytest.raises(ValueError, match="context window"):
         llm.generate([[5] * 20], GREEDY)
+
+
+def test_time_capped_prefill_keeps_outputs(grid_model):
+    from kvserve.engine.step_cost import StepFeatures
+
+    llm = make_llm(grid_model, block_size=4, max_num_batched_tokens=64, prefill_step_factor=1.5)
+    sched = llm.engine.scheduler
+    sched.observe_step = lambda batch, seconds: None  # a fixed cost model, so the test does not depend on timing
+    for p, d in [(0, 4), (0, 8), (16, 0), (64, 4), (256, 0), (0, 2), (32, 8), (128, 2), (0, 6), (8, 1), (512, 0), (0, 3)]:
+        sched.cost.observe(StepFeatures(p, d, 0.0), 0.010 + 0.001 * d + 0.001 * p)
+    assert sched.cost.ready
+    llm.engine.stats.keep_steps = True
+    got = [o.token_ids for o in llm.generate(prompts(), GREEDY)]
+    assert got == expected_alone(grid_model)
+    uncapped = make_llm(grid_model, block_size=4, max_num_batched_tokens=64)
+    uncapped.engine.stats.keep_steps = True
+    uncapped.generate(prompts(), GREEDY)
+    # smaller prefill chunks beside decodes: the same work takes more steps
+    assert len(llm.engine.stats.steps) > len(uncapped.engine.stats.steps)

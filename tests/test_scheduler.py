@@ -96,3 +96,41 @@ def test_block_pool_refcounts():
     assert pool.num_free == 4
     with pytest.raises(AssertionError):
         pool.release([a[0]])
+
+
+def test_step_cost_model_recovers_a_linear_cost():
+    from kvserve.engine.step_cost import StepCostModel, StepFeatures
+
+    m = StepCostModel()
+    truth = lambda f: 0.01 + 0.002 * f.prefill_tokens + 0.001 * f.decode_seqs + 0.0005 * f.attention_work
+    for p, d, a in [(0, 8, 1.0), (0, 16, 2.5), (128, 0, 9.0), (64, 8, 5.0), (256, 4, 40.0), (0, 32, 6.0),
+                    (512, 0, 130.0), (32, 2, 1.5), (0, 1, 0.2), (100, 10, 20.0), (300, 3, 70.0), (0, 12, 3.0)]:
+        f = StepFeatures(p, d, a)
+        m.observe(f, truth(f))
+    assert m.ready
+    probe = StepFeatures(1000, 20, 300.0)
+    assert m.predict(probe) == pytest.approx(truth(probe), rel=1e-3)
+
+
+def test_prefill_chunks_shrink_to_the_time_allowance_while_others_decode():
+    from kvserve.engine.step_cost import StepFeatures
+
+    s, _ = make(num_blocks=256, block_size=16, budget=2048)
+    s.config.prefill_step_factor = 2.0
+    # a machine where a decode step costs 10 ms + 1 ms/seq and each prefill token 1 ms
+    for p, d in [(0, 4), (0, 8), (16, 0), (64, 4), (256, 0), (0, 2), (32, 8), (128, 2), (0, 6), (8, 1), (512, 0),
+                 (0, 3)]:
+        s.cost.observe(StepFeatures(p, d, 0.0), 0.010 + 0.001 * d + 0.001 * p)
+    for i in range(4):
+        s.add(req(f"d{i}", 8, max_tokens=50))
+    fake_step(s)  # all four prefilled (nobody was decoding yet: no time cap)
+    s.add(req("long", 1000, max_tokens=2))
+    b = s.schedule()
+    long_chunk = [c for c in b.chunks if c.request.request_id == "long"][0]
+    # decode-only step is predicted at 14 ms: prefill may add (2 - 1) x 14 ms = 14 tokens, floor 16
+    assert long_chunk.num_tokens == 16
+    assert sum(c.is_decode for c in b.chunks) == 4
+    s.config.prefill_step_factor = 0  # off: the whole token budget again
+    s.update(b, StepOutput(token_ids={c.request.request_id: 7 for c in b.chunks if c.sample}))
+    b = s.schedule()
+    assert [c.num_tokens for c in b.chunks if c.request.request_id == "long"] == [1000 - 16]

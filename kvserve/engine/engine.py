@@ -88,6 +88,7 @@ class Engine:
         t0 = time.perf_counter()
         output = self.runner.execute(batch)
         elapsed = time.perf_counter() - t0
+        self.scheduler.observe_step(batch, elapsed)
         changed = self.scheduler.update(batch, output)
         now = time.monotonic()
         for req in changed:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from kvserve.engine.batch import Batch, ScheduledChunk, StepOutput
 from kvserve.engine.request import FinishReason, Request, RequestStatus
+from kvserve.engine.step_cost import StepCostModel, StepFeatures
 from kvserve.kv.block_pool import KVManager
 
 
@@ -23,6 +24,10 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     # cap on one request's prefill chunk, so a long prompt never takes the whole budget
     long_prefill_token_threshold: int = 0  # 0: no cap beyond the budget
+    # while sequences decode, a step carrying prefill may cost at most this many decode-only
+    # steps (predicted by a model learned from measured step times); 0 turns the time cap off
+    prefill_step_factor: float = 0.0
+    min_prefill_chunk: int = 16  # the first prefill chunk of a step always gets this much
 
 
 @dataclass
@@ -39,6 +44,9 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.stats = SchedulerStats()
+        self.cost = StepCostModel()
+        self._prefill_time_left: float | None = None  # this step's time allowance for prefill
+        self._prefill_chunks = 0
 
     # -- queue management -------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -87,18 +95,65 @@ class Scheduler:
 
     # -- one step ------------------------------------------------------------------------
     def _chunk_size(self, req: Request, budget: int) -> int:
+        """Tokens to schedule for ``req``: all it needs within the budget, prefill chunks capped by
+        ``long_prefill_token_threshold`` and by this step's time allowance. 0 means not this step."""
         n = min(req.num_tokens - req.num_computed_tokens, budget)
+        if n <= 1:
+            return n
         cap = self.config.long_prefill_token_threshold
-        return min(n, cap) if cap > 0 and n > 1 else n
+        if cap > 0:
+            n = min(n, cap)
+        if self._prefill_time_left is not None:
+            n = self._fit_in_time(req.num_computed_tokens, n)
+        return n
+
+    def _fit_in_time(self, start: int, n: int) -> int:
+        """The largest chunk (binary search) whose predicted cost fits the step's time allowance."""
+        w = self.cost.weights()
+
+        def cost(k: int) -> float:
+            return w[1] * k + w[3] * k * (start + k) / 1024
+
+        floor = self.config.min_prefill_chunk if self._prefill_chunks == 0 else 0
+        lo, hi = 0, n
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if cost(mid) <= self._prefill_time_left:
+                lo = mid
+            else:
+                hi = mid - 1
+        k = min(n, max(lo, floor))
+        if k:
+            self._prefill_time_left -= cost(k)
+            self._prefill_chunks += 1
+        return k
+
+    def _plan_prefill_time(self) -> None:
+        """While sequences decode, allow prefill only (factor - 1) decode-steps' worth of time."""
+        self._prefill_time_left, self._prefill_chunks = None, 0
+        factor = self.config.prefill_step_factor
+        decoding = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+        if factor <= 0 or not decoding or not self.cost.ready:
+            return
+        decode_only = StepFeatures(0, len(decoding), sum(r.num_tokens for r in decoding) / 1024)
+        self._prefill_time_left = (factor - 1.0) * self.cost.predict(decode_only)
+
+    def observe_step(self, batch: Batch, seconds: float) -> None:
+        """Feed a measured step time to the cost model."""
+        self.cost.observe(StepFeatures.of(batch), seconds)
 
     def schedule(self) -> Batch:
         batch = Batch()
         budget = self.config.max_num_batched_tokens
+        self._plan_prefill_time()
 
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = self._chunk_size(req, budget)
+            if n == 0:  # a prefill that does not fit this step's time
+                i += 1
+                continue
             while not self.kv.can_grow(req.request_id, req.num_computed_tokens + n):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -117,7 +172,7 @@ class Scheduler:
         while self.waiting and budget > 0 and not batch.preempted and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
             n = self._chunk_size(req, budget)
-            if not self.kv.can_grow(req.request_id, req.num_computed_tokens + n):
+            if n == 0 or not self.kv.can_grow(req.request_id, req.num_computed_tokens + n):
                 break
             self.waiting.popleft()
             self.kv.grow(req.request_id, req.num_computed_tokens + n)
