@@ -132,8 +132,10 @@ class Scheduler:
         """While sequences decode, allow prefill only (factor - 1) decode-steps' worth of time."""
         self._prefill_time_left, self._prefill_chunks = None, 0
         factor = self.config.prefill_step_factor
+        if factor <= 0 or not self.cost.ready:
+            return
         decoding = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
-        if factor <= 0 or not decoding or not self.cost.ready:
+        if not decoding:
             return
         decode_only = StepFeatures(0, len(decoding), sum(r.num_tokens for r in decoding) / 1024)
         self._prefill_time_left = (factor - 1.0) * self.cost.predict(decode_only)

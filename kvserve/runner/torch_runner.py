@@ -92,13 +92,13 @@ class TorchRunner:
         bs, table = self.block_size, chunk.block_table
         return [table[p // bs] * bs + p % bs for p in range(lo, hi)]
 
-    def _prepare(self, chunks: list[ScheduledChunk]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    def _prepare(self, decodes: list[ScheduledChunk], prefills: list[ScheduledChunk]
+                 ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """Flat inputs with the decodes' rows first, then each prefill chunk's rows."""
         dev = self.device
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []
-        decodes = [c for c in chunks if c.is_decode]
-        prefills = [c for c in chunks if not c.is_decode]
         for c in decodes:
             ids.append(c.request.token_ids[c.start])
             pos.append(c.start)
@@ -135,8 +135,10 @@ class TorchRunner:
     @torch.inference_mode()
     def execute(self, batch: Batch) -> StepOutput:
         # decodes first, then prefills: the order _prepare lays rows out in
-        chunks = [c for c in batch.chunks if c.is_decode] + [c for c in batch.chunks if not c.is_decode]
-        input_ids, positions, meta = self._prepare(chunks)
+        decodes = [c for c in batch.chunks if c.is_decode]
+        prefills = [c for c in batch.chunks if not c.is_decode]
+        input_ids, positions, meta = self._prepare(decodes, prefills)
+        chunks = decodes + prefills  # the row order of the hidden states
         hidden = self.model(input_ids, positions, meta, self.kv_caches)
         rows, sampling = [], []
         row = 0
