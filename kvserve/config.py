@@ -28,6 +28,16 @@ class EngineConfig:
     prefill_step_factor: float = field(default=0.0, metadata={"help": "while sequences decode, a step carrying prefill may "
                                        "cost at most this many decode-only steps, learned from measured step times; 2 keeps "
                                        "streams smooth under long-prompt bursts at some TTFT and throughput (0: off)"})
+    enable_prefix_caching: bool = field(default=True, metadata={"help": "reuse the KV of shared prompt prefixes (radix tree)"})
+    schedule_policy: str = field(default="lpm", metadata={"help": "order of waiting requests: fcfs; lpm (longest cached "
+                                 "prefix first); dfs-weight (SGLang's, keeps one branch of the tree hot)",
+                                 "choices": ("fcfs", "lpm", "dfs-weight")})
+    starvation_timeout_s: float = field(default=10.0, metadata={"help": "a request waiting longer than this goes first, "
+                                        "whatever the cache-aware order"})
+    kv_offload_memory_gb: float = field(default=0.0, metadata={"help": "host-memory tier for evicted KV blocks, GiB (0: off)"})
+    kv_offload_dir: str | None = field(default=None, metadata={"help": "directory of a disk tier for evicted KV blocks "
+                                       "(kept across restarts)"})
+    kv_offload_disk_gb: float = field(default=10.0, metadata={"help": "size bound of the disk tier, GiB"})
     max_model_len: int | None = field(default=None, metadata={"help": "context window (default: the model's, capped by the KV cache)"})
     seed: int = field(default=0, metadata={"help": "seed of the shared generator for unseeded sampling"})
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: all cores)"})
@@ -42,6 +52,14 @@ class EngineConfig:
             raise InvalidArgumentError("--kv-cache-memory-gb must be positive", param="kv_cache_memory_gb")
         if self.prefill_step_factor != 0 and self.prefill_step_factor < 1:
             raise InvalidArgumentError("--prefill-step-factor must be 0 (off) or at least 1", param="prefill_step_factor")
+        if self.kv_offload_memory_gb < 0 or self.kv_offload_disk_gb <= 0:
+            raise InvalidArgumentError("--kv-offload-memory-gb must be >= 0 and --kv-offload-disk-gb > 0",
+                                       param="kv_offload_memory_gb")
+        if (self.kv_offload_memory_gb or self.kv_offload_dir) and not self.enable_prefix_caching:
+            raise InvalidArgumentError("the KV offload tiers keep prefix-cache blocks: they need prefix caching "
+                                       "(drop --no-enable-prefix-caching)", param="kv_offload_memory_gb")
+        if self.starvation_timeout_s <= 0:
+            raise InvalidArgumentError("--starvation-timeout-s must be positive", param="starvation_timeout_s")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise InvalidArgumentError("--max-model-len must be at least 2", param="max_model_len")
 
@@ -49,6 +67,9 @@ class EngineConfig:
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
         for f in fields(cls):
             flag = "--" + f.name.replace("_", "-")
+            if f.type in (bool, "bool"):
+                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata.get("help"))
+                continue
             kind = {"int": int, "float": float, "str": str}[str(f.type).split(" ")[0].replace("|", "").strip()]
             parser.add_argument(flag, type=kind, default=f.default, help=f.metadata.get("help"), choices=f.metadata.get("choices"))
 

@@ -14,6 +14,8 @@ from kvserve.engine.output import OutputProcessor, RequestOutput
 from kvserve.engine.request import SamplingParams
 from kvserve.engine.scheduler import SchedulerConfig
 from kvserve.errors import InvalidArgumentError
+from kvserve.kv.manager import KVManager
+from kvserve.kv.tiers import DiskTier, HostTier
 from kvserve.model.config import ModelConfig
 from kvserve.runner.torch_runner import TorchRunner
 
@@ -59,8 +61,23 @@ def build_engine(cfg: EngineConfig, model_cfg: ModelConfig, weights: dict[str, t
         seed=cfg.seed,
     )
     sched = SchedulerConfig(max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
-                            prefill_step_factor=cfg.prefill_step_factor)
-    return Engine(runner, sched, vocab_size=model_cfg.vocab_size, eos_token_ids=tuple(eos_token_ids))
+                            prefill_step_factor=cfg.prefill_step_factor, schedule_policy=cfg.schedule_policy,
+                            starvation_timeout_s=cfg.starvation_timeout_s)
+    return Engine(runner, sched, vocab_size=model_cfg.vocab_size, eos_token_ids=tuple(eos_token_ids),
+                  kv=build_kv_manager(cfg, runner.num_kv_blocks, runner.block_size, runner.block_bytes,
+                                      runner.kv_fingerprint))
+
+
+def build_kv_manager(cfg: EngineConfig, num_blocks: int, block_size: int, block_bytes: int,
+                     fingerprint: bytes) -> KVManager:
+    """The KV manager with the prefix cache and the offload tiers the config asks for."""
+    tiers: list[HostTier | DiskTier] = []
+    if cfg.kv_offload_memory_gb:
+        tiers.append(HostTier(int(cfg.kv_offload_memory_gb * (1 << 30))))
+    if cfg.kv_offload_dir:
+        tiers.append(DiskTier(cfg.kv_offload_dir, int(cfg.kv_offload_disk_gb * (1 << 30)), fingerprint))
+    return KVManager(num_blocks, block_size, enable_prefix_caching=cfg.enable_prefix_caching, tiers=tiers,
+                     fingerprint=fingerprint, block_bytes=block_bytes)
 
 
 class LLM:

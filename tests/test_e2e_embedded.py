@@ -61,7 +61,7 @@ def test_greedy_matches_transformers_token_for_token(llm, hf_model):
             ref = hf_model.generate(torch.tensor([ids]), max_new_tokens=64, min_new_tokens=64, do_sample=False,
                                     eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()
         assert out.token_ids == ref, llm.tokenizer.decode(ids)
-    assert llm.engine.kv.num_free_blocks == llm.engine.kv.pool.num_blocks
+    assert llm.engine.kv.num_available_blocks == llm.engine.kv.pool.num_blocks
 
 
 def test_stop_string_is_trimmed(llm):

@@ -82,7 +82,7 @@ def test_batch_equals_alone(grid_model, block_size, budget):
     llm = make_llm(grid_model, block_size=block_size, max_num_batched_tokens=budget)
     got = [o.token_ids for o in llm.generate(prompts(), GREEDY)]
     assert got == expected_alone(grid_model)
-    assert llm.engine.kv.num_free_blocks == llm.engine.kv.pool.num_blocks
+    assert llm.engine.kv.num_available_blocks == llm.engine.kv.pool.num_blocks
 
 
 @pytest.mark.parametrize("block_size", [1, 16])
@@ -96,7 +96,7 @@ def test_preemption_under_tiny_pool_keeps_outputs(grid_model, block_size):
     got = [o.token_ids for o in llm.generate(ps, GREEDY)]
     assert got == expected
     assert llm.engine.scheduler.stats.num_preemptions > 0
-    assert llm.engine.kv.num_free_blocks == blocks
+    assert llm.engine.kv.num_available_blocks == blocks
 
 
 def test_abort_mid_flight_frees_every_block(grid_model):
@@ -112,7 +112,7 @@ def test_abort_mid_flight_frees_every_block(grid_model):
         eng.abort(str(i))
     while eng.has_unfinished():
         eng.step()
-    assert eng.kv.num_free_blocks == 64 and not eng.kv.tables
+    assert eng.kv.num_available_blocks == 64 and not eng.kv.tables
 
 
 def test_sampling_seeded_reproducible_whatever_the_batch(grid_model):

@@ -7,11 +7,12 @@ import pytest
 from kvserve.engine.batch import StepOutput
 from kvserve.engine.request import FinishReason, Request, SamplingParams
 from kvserve.engine.scheduler import Scheduler, SchedulerConfig
-from kvserve.kv.block_pool import BlockPool, KVManager
+from kvserve.kv.block_pool import BlockPool
+from kvserve.kv.manager import KVManager
 
 
-def make(num_blocks=64, block_size=4, budget=16, max_seqs=8):
-    kv = KVManager(num_blocks, block_size)
+def make(num_blocks=64, block_size=4, budget=16, max_seqs=8, prefix_caching=False):
+    kv = KVManager(num_blocks, block_size, enable_prefix_caching=prefix_caching)
     return Scheduler(SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget), kv), kv
 
 

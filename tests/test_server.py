@@ -308,6 +308,19 @@ def test_metrics_and_small_routes(tiny_server):
     assert metric(text, "kvserve:generation_tokens_total") >= 3
 
 
+def test_prefix_cache_reports_cached_tokens(tiny_server):
+    url = tiny_server.url
+    prompt = list(range(100, 180))  # 80 tokens: five full blocks of 16
+    body = {"prompt": prompt, "max_tokens": 2, "ignore_eos": True, "temperature": 0}
+    first = httpx.post(f"{url}/v1/completions", json=body, headers=AUTH).json()
+    second = httpx.post(f"{url}/v1/completions", json=body, headers=AUTH).json()
+    assert second["choices"][0]["text"] == first["choices"][0]["text"]
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == 64  # the last block holds the last token
+    text = httpx.get(f"{url}/metrics").text
+    assert metric(text, "kvserve:prefix_cache_hits_by_tier_total", tier="device") >= 64
+    assert metric(text, "kvserve:kv_cache_blocks_cached") >= 4
+
+
 # --------------------------------------------------------------------------- kvserve serve, SIGTERM
 
 

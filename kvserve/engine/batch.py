@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvserve.engine.request import Request, TokenLogprobs
+from kvserve.kv.manager import KVTransfer
 
 
 @dataclass
@@ -39,6 +40,8 @@ class Batch:
 
     chunks: list[ScheduledChunk] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    # block copies to and from the offload tiers, done in order before the forward pass
+    kv_transfers: list[KVTransfer] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -50,7 +53,7 @@ class Batch:
 
     @property
     def empty(self) -> bool:
-        return not self.chunks
+        return not self.chunks and not self.kv_transfers
 
 
 @dataclass
@@ -59,3 +62,4 @@ class StepOutput:
 
     token_ids: dict[str, int] = field(default_factory=dict)
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    saved_kv: dict[bytes, bytes] = field(default_factory=dict)  # payloads of the batch's "save" transfers

@@ -13,7 +13,7 @@ from kvserve.engine.batch import Batch
 from kvserve.engine.request import FinishReason, Request, SamplingParams
 from kvserve.engine.scheduler import Scheduler, SchedulerConfig
 from kvserve.errors import InvalidArgumentError
-from kvserve.kv.block_pool import KVManager
+from kvserve.kv.manager import KVManager
 from kvserve.runner.base import Runner
 
 
@@ -54,9 +54,9 @@ def check_prompt(prompt_token_ids: list[int], max_model_len: int, vocab_size: in
 
 class Engine:
     def __init__(self, runner: Runner, scheduler_config: SchedulerConfig, vocab_size: int | None = None,
-                 eos_token_ids: tuple[int, ...] = ()):
+                 eos_token_ids: tuple[int, ...] = (), kv: KVManager | None = None):
         self.runner = runner
-        self.kv = KVManager(runner.num_kv_blocks, runner.block_size)
+        self.kv = kv or KVManager(runner.num_kv_blocks, runner.block_size)
         self.scheduler = Scheduler(scheduler_config, self.kv)
         self.max_model_len = runner.max_model_len
         self.vocab_size = vocab_size
@@ -88,6 +88,10 @@ class Engine:
         t0 = time.perf_counter()
         output = self.runner.execute(batch)
         elapsed = time.perf_counter() - t0
+        if batch.kv_transfers:
+            self.kv.complete_saves(batch.kv_transfers, output.saved_kv)
+        if not batch.chunks:  # only tier copies ran
+            return []
         self.scheduler.observe_step(batch, elapsed)
         changed = self.scheduler.update(batch, output)
         now = time.monotonic()

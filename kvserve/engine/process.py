@@ -22,6 +22,7 @@ shutdown lets in-flight requests finish first) and it exits by itself if its par
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import multiprocessing as mp
 import queue
@@ -29,13 +30,14 @@ import signal
 import time
 import traceback
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kvserve.engine.engine import check_prompt
 from kvserve.engine.output import OutputProcessor, RequestOutput
 from kvserve.engine.request import FinishReason, Request, SamplingParams, TokenLogprobs
 from kvserve.errors import EngineDeadError, InvalidArgumentError, KVServeError, ModelLoadError, ServerBusyError
+from kvserve.kv.manager import PrefixCacheStats
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -121,6 +123,8 @@ class EngineStatsSnapshot:
     num_preemptions: int = 0
     prompt_tokens: int = 0  # prefill tokens computed (recomputation after preemption included)
     generation_tokens: int = 0
+    kv_blocks_cached: int = 0  # blocks held by the prefix cache
+    prefix_cache: PrefixCacheStats = field(default_factory=PrefixCacheStats)
 
     @property
     def kv_cache_usage(self) -> float:
@@ -241,11 +245,13 @@ def _snapshot(engine: Engine) -> EngineStatsSnapshot:
     return EngineStatsSnapshot(
         num_running=s.num_running,
         num_waiting=s.num_waiting,
-        kv_blocks_used=engine.kv.pool.num_used,
+        kv_blocks_used=engine.kv.pool.num_blocks - engine.kv.num_available_blocks,
         kv_blocks_total=engine.kv.pool.num_blocks,
         num_preemptions=s.stats.num_preemptions,
         prompt_tokens=engine.stats.prompt_tokens,
         generation_tokens=engine.stats.generation_tokens,
+        kv_blocks_cached=engine.kv.num_cached_blocks,
+        prefix_cache=copy.deepcopy(engine.kv.stats),
     )
 
 

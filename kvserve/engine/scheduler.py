@@ -2,20 +2,26 @@
 
 Each step (vLLM V1 style): running requests first, in admission order, each getting what
 it still needs (one token for a decode, a chunk for an unfinished prefill); then waiting
-requests are admitted while the budget, the sequence cap and free KV blocks allow. When a
-running request cannot get a block, the newest running request is preempted: its blocks
-are freed and it waits again, to be recomputed from its tokens.
+requests are admitted while the budget, the sequence cap and free KV blocks allow. A new
+request starts from its longest cached prefix and prefills only the rest; the waiting
+queue is ordered by the schedule policy (fcfs, or cache-aware: lpm, dfs-weight) with a
+starvation guard. When a running request cannot get a block, the newest running request
+is preempted: its blocks are freed (its full blocks stay cached) and it waits again.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvserve.engine.batch import Batch, ScheduledChunk, StepOutput
 from kvserve.engine.request import FinishReason, Request, RequestStatus
 from kvserve.engine.step_cost import StepCostModel, StepFeatures
-from kvserve.kv.block_pool import KVManager
+from kvserve.kv.manager import KVManager
+
+SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
 
 
 @dataclass
@@ -28,6 +34,10 @@ class SchedulerConfig:
     # steps (predicted by a model learned from measured step times); 0 turns the time cap off
     prefill_step_factor: float = 0.0
     min_prefill_chunk: int = 16  # the first prefill chunk of a step always gets this much
+    schedule_policy: str = "lpm"
+    # a request waiting longer than this goes ahead of any cache-aware reordering
+    starvation_timeout_s: float = 10.0
+    max_reorder_queue: int = 256  # longer queues fall back to fcfs (ordering cost)
 
 
 @dataclass
@@ -37,14 +47,18 @@ class SchedulerStats:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVManager):
+    def __init__(self, config: SchedulerConfig, kv: KVManager, clock: Callable[[], float] = time.monotonic):
+        if config.schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(f"unknown schedule policy {config.schedule_policy!r}; choose from {', '.join(SCHEDULE_POLICIES)}")
         self.config = config
         self.kv = kv
+        self.clock = clock  # the simulator passes its virtual clock
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.stats = SchedulerStats()
         self.cost = StepCostModel()
+        kv.prefill_seconds = self._predict_prefill
         self._prefill_time_left: float | None = None  # this step's time allowance for prefill
         self._prefill_chunks = 0
 
@@ -140,6 +154,53 @@ class Scheduler:
         decode_only = StepFeatures(0, len(decoding), sum(r.num_tokens for r in decoding) / 1024)
         self._prefill_time_left = (factor - 1.0) * self.cost.predict(decode_only)
 
+    def _predict_prefill(self, start: int, n: int) -> float | None:
+        if not self.cost.ready:
+            return None
+        w = self.cost.weights()
+        return max(0.0, w[1] * n + w[3] * n * (start + n) / 1024)
+
+    def _order_waiting(self) -> None:
+        """Cache-aware order of the waiting queue; requests past the starvation bound go first."""
+        policy, cache = self.config.schedule_policy, self.kv.cache
+        if policy == "fcfs" or cache is None or len(self.waiting) < 2 or len(self.waiting) > self.config.max_reorder_queue:
+            return
+        now = self.clock()
+        starved = [r for r in self.waiting if now - r.arrival_time > self.config.starvation_timeout_s]
+        rest = [r for r in self.waiting if now - r.arrival_time <= self.config.starvation_timeout_s]
+        if policy == "lpm":
+            rest.sort(key=lambda r: -cache.match_length(r.token_ids))  # stable: FCFS among equals
+        else:
+            rest = self._dfs_weight_order(rest)
+        self.waiting = deque(starved + rest)
+
+    def _dfs_weight_order(self, reqs: list[Request]) -> list[Request]:
+        """SGLang's dfs-weight: walk the tree depth-first, heaviest subtree (most waiting
+        requests under it) first, emitting each node's requests; keeps one branch hot."""
+        cache = self.kv.cache
+        assert cache is not None
+        at: dict[int, list[Request]] = {}
+        weight: dict[int, int] = {}
+        for r in reqs:
+            node = cache.deepest(r.token_ids)
+            at.setdefault(id(node), []).append(r)
+            while node is not None:
+                weight[id(node)] = weight.get(id(node), 0) + 1
+                node = node.parent
+        # post-order: a node's heavier subtrees, then the requests that end at the node itself
+        out: list[Request] = []
+        stack: list[tuple[object, bool]] = [(cache.root, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if expanded:
+                out.extend(at.get(id(node), []))
+                continue
+            stack.append((node, True))
+            kids = [c for c in node.children.values() if id(c) in weight]
+            kids.sort(key=lambda c: weight[id(c)])  # heaviest popped first
+            stack.extend((c, False) for c in kids)
+        return out
+
     def observe_step(self, batch: Batch, seconds: float) -> None:
         """Feed a measured step time to the cost model."""
         self.cost.observe(StepFeatures.of(batch), seconds)
@@ -171,18 +232,28 @@ class Scheduler:
             break  # req preempted itself: nothing behind it can fit either
 
         # Admit new work only when nobody had to be preempted this step.
+        if self.waiting and not batch.preempted:
+            self._order_waiting()
         while self.waiting and budget > 0 and not batch.preempted and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
+            match = self.kv.match_prefix(req.request_id, req.token_ids)
+            req.num_computed_tokens = match.num_tokens
             n = self._chunk_size(req, budget)
             if n == 0 or not self.kv.can_grow(req.request_id, req.num_computed_tokens + n):
+                self.kv.free(req.request_id)
+                req.num_computed_tokens = 0
                 break
             self.waiting.popleft()
+            self.kv.record_admission(req.num_prompt_tokens, match)
+            if req.num_preemptions == 0:
+                req.num_cached_tokens = match.num_tokens
             self.kv.grow(req.request_id, req.num_computed_tokens + n)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             batch.chunks.append(ScheduledChunk(req, req.num_computed_tokens, n, self.kv.table(req.request_id)))
             budget -= n
 
+        batch.kv_transfers = self.kv.take_transfers()
         self.stats.num_steps += 1
         return batch
 
@@ -194,6 +265,7 @@ class Scheduler:
             if req.is_finished:  # ended from outside while its step ran
                 continue
             req.num_computed_tokens = chunk.end
+            self.kv.cache_blocks(req.request_id, req.token_ids, chunk.end)
             if not chunk.sample:
                 continue
             token = output.token_ids[req.request_id]

@@ -9,7 +9,9 @@ class BlockPool:
     """Hands out KV block ids; a block returns to the free list when its last holder lets go.
 
     Block ids index the first dimension of the runner's KV tensors. Reference counts let
-    several sequences share a block (prefix sharing); today each block has one holder.
+    several holders share a block: the sequences using it and, for a block in the prefix
+    cache, the cache itself. The pool counts the cached blocks that only the cache holds,
+    which is what eviction could free.
     """
 
     def __init__(self, num_blocks: int, block_size: int):
@@ -19,6 +21,8 @@ class BlockPool:
         self.block_size = block_size
         self._free: deque[int] = deque(range(num_blocks))
         self._refs = [0] * num_blocks
+        self._cached = [False] * num_blocks
+        self.num_evictable = 0  # cached blocks whose only holder is the cache
 
     @property
     def num_free(self) -> int:
@@ -45,7 +49,18 @@ class BlockPool:
 
     def share(self, block: int) -> None:
         assert self._refs[block] > 0, "sharing a free block"
+        if self._cached[block] and self._refs[block] == 1:
+            self.num_evictable -= 1
         self._refs[block] += 1
+
+    def mark_cached(self, block: int, cached: bool) -> None:
+        """The prefix cache took (or dropped) its reference on ``block``."""
+        if self._cached[block] != cached and self._refs[block] == 1:
+            self.num_evictable += 1 if cached else -1
+        self._cached[block] = cached
+
+    def is_cached(self, block: int) -> bool:
+        return self._cached[block]
 
     def release(self, blocks: list[int]) -> None:
         # Free in reverse so a sequence's tail blocks are reused first (its head may be shared).
@@ -53,45 +68,10 @@ class BlockPool:
             assert self._refs[b] > 0, f"double free of block {b}"
             self._refs[b] -= 1
             if self._refs[b] == 0:
+                assert not self._cached[b], f"cached block {b} lost its cache reference"
                 self._free.append(b)
+            elif self._refs[b] == 1 and self._cached[b]:
+                self.num_evictable += 1
 
     def ref_count(self, block: int) -> int:
         return self._refs[block]
-
-
-class KVManager:
-    """Per-sequence block tables over a BlockPool.
-
-    The scheduler asks it to make room for a sequence's next tokens and to free a
-    sequence; it never sees tensors.
-    """
-
-    def __init__(self, num_blocks: int, block_size: int):
-        self.pool = BlockPool(num_blocks, block_size)
-        self.block_size = block_size
-        self.tables: dict[str, list[int]] = {}
-
-    def table(self, seq_id: str) -> list[int]:
-        return self.tables.get(seq_id, [])
-
-    def blocks_needed(self, seq_id: str, num_tokens: int) -> int:
-        """Extra blocks a sequence needs so that it can hold ``num_tokens`` tokens in total."""
-        return max(0, self.pool.blocks_for(num_tokens) - len(self.table(seq_id)))
-
-    def can_grow(self, seq_id: str, num_tokens: int) -> bool:
-        return self.blocks_needed(seq_id, num_tokens) <= self.pool.num_free
-
-    def grow(self, seq_id: str, num_tokens: int) -> None:
-        """Make the sequence's table cover ``num_tokens`` tokens; caller checked ``can_grow``."""
-        need = self.blocks_needed(seq_id, num_tokens)
-        if need:
-            self.tables.setdefault(seq_id, []).extend(self.pool.allocate(need))
-
-    def free(self, seq_id: str) -> None:
-        blocks = self.tables.pop(seq_id, None)
-        if blocks:
-            self.pool.release(blocks)
-
-    @property
-    def num_free_blocks(self) -> int:
-        return self.pool.num_free

@@ -9,6 +9,8 @@ from kvserve.engine.batch import Batch, StepOutput
 
 class Runner(Protocol):
     num_kv_blocks: int
+    block_bytes: int  # bytes of one KV block (all layers), what an offload tier stores per block
+    kv_fingerprint: bytes  # identifies model + KV layout; keys stored KV
     block_size: int
     max_model_len: int
 

@@ -6,11 +6,15 @@ forward, and samples only at the rows whose chunk ends a sequence.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+from dataclasses import asdict
 
 import torch
 
 from kvserve.engine.batch import Batch, ScheduledChunk, StepOutput
+from kvserve.kv.manager import KVTransfer
 from kvserve.model.attention import AttentionMetadata, PrefillSpan
 from kvserve.model.config import ModelConfig
 from kvserve.model.layers import cpu_packing_supported
@@ -83,9 +87,40 @@ class TorchRunner:
             k[self.null_slot :].zero_()
             v[self.null_slot :].zero_()
             self.kv_caches.append((k, v))
+        self.block_bytes = kv_bytes_per_token(cfg, dtype) * block_size
+        self.kv_fingerprint = self._fingerprint(weights)
         self.sampler = Sampler(self.device, seed)
         log.info("KV cache: %d blocks of %d tokens (%.2f GiB)", num_kv_blocks, block_size,
                  num_kv_blocks * block_size * kv_bytes_per_token(cfg, dtype) / (1 << 30))
+
+    def _fingerprint(self, weights: dict[str, torch.Tensor]) -> bytes:
+        """Identifies the model and the KV layout, so stored KV never meets another model."""
+        h = hashlib.blake2b(digest_size=16)
+        h.update(json.dumps(asdict(self.cfg), sort_keys=True, default=str).encode())
+        h.update(f"{self.dtype}|{self.block_size}|{self.cfg.num_key_value_heads}x{self.cfg.head_dim}".encode())
+        for name in sorted(weights)[:4]:  # a sample of the weights themselves
+            h.update(name.encode())
+            h.update(weights[name].flatten()[:4096].float().cpu().numpy().tobytes())
+        return h.digest()
+
+    # -- offload tiers ---------------------------------------------------------------------
+    def _block_slots(self, block: int) -> slice:
+        return slice(block * self.block_size, (block + 1) * self.block_size)
+
+    def _transfer(self, transfers: list[KVTransfer], out: StepOutput) -> None:
+        """Copy blocks to and from the tiers, in order (a block may be saved, then reused)."""
+        for t in transfers:
+            s = self._block_slots(t.block)
+            if t.kind == "save":
+                data = torch.stack([c[s] for kv in self.kv_caches for c in kv]).cpu()
+                out.saved_kv[t.key] = data.view(torch.uint8).numpy().tobytes()
+            else:
+                assert t.payload is not None and len(t.payload) == self.block_bytes
+                data = torch.frombuffer(bytearray(t.payload), dtype=torch.uint8).view(self.dtype)
+                data = data.view(2 * len(self.kv_caches), self.block_size, *self.kv_caches[0][0].shape[1:])
+                for i, kv in enumerate(self.kv_caches):
+                    kv[0][s].copy_(data[2 * i])
+                    kv[1][s].copy_(data[2 * i + 1])
 
     # -- batch → tensors ---------------------------------------------------------------
     def _slots(self, chunk: ScheduledChunk, lo: int, hi: int) -> list[int]:
@@ -134,6 +169,11 @@ class TorchRunner:
     # -- one step ----------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, batch: Batch) -> StepOutput:
+        out = StepOutput()
+        if batch.kv_transfers:
+            self._transfer(batch.kv_transfers, out)
+        if not batch.chunks:
+            return out
         # decodes first, then prefills: the order _prepare lays rows out in
         decodes = [c for c in batch.chunks if c.is_decode]
         prefills = [c for c in batch.chunks if not c.is_decode]
@@ -147,7 +187,6 @@ class TorchRunner:
             if c.sample:
                 rows.append(row - 1)
                 sampling.append(c.request)
-        out = StepOutput()
         if not rows:
             return out
         logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)])

@@ -56,6 +56,23 @@ class _EngineCollector(Collector):
                       s.num_preemptions)
         yield counter("kvserve:prompt_tokens", "Prefill tokens computed.", s.prompt_tokens)
         yield counter("kvserve:generation_tokens", "Tokens generated.", s.generation_tokens)
+        p = s.prefix_cache
+        yield gauge("kvserve:kv_cache_blocks_cached", "KV blocks held by the prefix cache (evictable when idle).",
+                    s.kv_blocks_cached)
+        hits = CounterMetricFamily("kvserve:prefix_cache_hits_by_tier", "Prompt tokens whose KV was reused, by the "
+                                   "tier it came from (device: shared in place; host, disk: copied back).",
+                                   labels=labels + ["tier"])
+        for tier, n in (("device", p.device_hits), *sorted(p.tier_hits.items())):
+            hits.add_metric(values + [tier], n)
+        yield hits
+        yield counter("kvserve:kv_evicted_blocks", "Prefix-cache blocks evicted from device memory.", p.evicted_blocks)
+        moved = CounterMetricFamily("kvserve:kv_offload_bytes", "Bytes of KV copied device -> tiers (out) and "
+                                    "tiers -> device (in).", labels=labels + ["direction"])
+        moved.add_metric(values + ["out"], p.offload_bytes_out)
+        moved.add_metric(values + ["in"], p.offload_bytes_in)
+        yield moved
+        yield counter("kvserve:kv_offload_restores_skipped", "Tier hits not restored because prefilling again "
+                      "was predicted to be cheaper.", p.restores_skipped)
 
 
 class _Histogram(Collector):

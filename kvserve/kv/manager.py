@@ -1,0 +1,226 @@
+"""The KV manager: block tables per sequence over one pool, the prefix cache, the offload tiers.
+
+The scheduler asks it to give a new sequence its cached prefix, to make room for a
+sequence's next tokens (evicting cached blocks when the free list runs short), to cache
+the blocks a step filled, and to free a sequence. Copies between device blocks and the
+tiers are queued as ``KVTransfer``s that ride on the step's batch, in order, so the runner
+performs them before the forward pass that may overwrite a reused block. No torch here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from kvserve.kv.block_pool import BlockPool
+from kvserve.kv.radix_cache import RadixCache, RadixNode, chain_hash
+from kvserve.kv.tiers import DiskTier, HostTier, TieredStore
+
+
+@dataclass
+class KVTransfer:
+    """Copy one block between the device cache and a tier: ``save`` reads it (the payload comes
+    back in the step's output under ``key``), ``load`` writes ``payload`` into it."""
+
+    kind: str  # "save" | "load"
+    block: int
+    key: bytes = b""
+    tokens: tuple[int, ...] = ()
+    payload: bytes | None = None
+
+
+@dataclass
+class PrefixMatch:
+    num_tokens: int = 0  # tokens of the prompt whose KV the sequence now has
+    device_tokens: int = 0
+    tier_tokens: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class PrefixCacheStats:
+    queries: int = 0  # prompt tokens looked up (once per admission)
+    hits: int = 0  # of which found, in any tier
+    device_hits: int = 0
+    tier_hits: dict[str, int] = field(default_factory=lambda: {"host": 0, "disk": 0})
+    evicted_blocks: int = 0
+    offload_bytes_out: int = 0  # device -> tiers
+    offload_bytes_in: int = 0  # tiers -> device
+    restores_skipped: int = 0  # tier hits left alone because prefilling again was cheaper
+
+
+class KVManager:
+    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True,
+                 tiers: Sequence[HostTier | DiskTier] = (), fingerprint: bytes = b"", block_bytes: int = 0):
+        self.pool = BlockPool(num_blocks, block_size)
+        self.block_size = block_size
+        self.tables: dict[str, list[int]] = {}
+        self.cache = RadixCache(self.pool, fingerprint) if enable_prefix_caching else None
+        self.tiers = TieredStore(tiers if self.cache else ())
+        self.block_bytes = block_bytes
+        self.stats = PrefixCacheStats()
+        self._cached_upto: dict[str, tuple[RadixNode, int]] = {}  # seq -> (deepest node, blocks cached)
+        self._transfers: list[KVTransfer] = []
+        # Seconds to prefill n tokens after ``start`` (the scheduler's learned step-time model);
+        # None while unknown. Decides whether restoring from a tier beats computing again.
+        self.prefill_seconds: Callable[[int, int], float | None] = lambda start, n: None
+
+    # -- capacity ----------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return self.cache.num_nodes if self.cache else 0
+
+    @property
+    def num_available_blocks(self) -> int:
+        """Free blocks plus cached blocks that eviction could free."""
+        return self.pool.num_free + self.pool.num_evictable
+
+    def usage(self) -> float:
+        """Fraction of blocks held by running sequences (cached-only blocks count as free)."""
+        return 1.0 - self.num_available_blocks / self.pool.num_blocks
+
+    def table(self, seq_id: str) -> list[int]:
+        return self.tables.get(seq_id, [])
+
+    def blocks_needed(self, seq_id: str, num_tokens: int) -> int:
+        """Extra blocks a sequence needs so that it can hold ``num_tokens`` tokens in total."""
+        return max(0, self.pool.blocks_for(num_tokens) - len(self.table(seq_id)))
+
+    def can_grow(self, seq_id: str, num_tokens: int) -> bool:
+        return self.blocks_needed(seq_id, num_tokens) <= self.num_available_blocks
+
+    def grow(self, seq_id: str, num_tokens: int) -> None:
+        """Make the sequence's table cover ``num_tokens`` tokens; caller checked ``can_grow``."""
+        need = self.blocks_needed(seq_id, num_tokens)
+        if need:
+            self.tables.setdefault(seq_id, []).extend(self._allocate(need))
+
+    def _allocate(self, n: int) -> list[int]:
+        short = n - self.pool.num_free
+        if short > 0 and self.cache is not None:
+            for node in self.cache.evict(short):
+                self.stats.evicted_blocks += 1
+                if self.tiers:
+                    self._transfers.append(KVTransfer("save", node.block, node.key, node.tokens))
+        return self.pool.allocate(n)
+
+    def free(self, seq_id: str) -> None:
+        self._cached_upto.pop(seq_id, None)
+        blocks = self.tables.pop(seq_id, None)
+        if blocks:
+            self.pool.release(blocks)
+
+    # -- the prefix cache --------------------------------------------------------------
+    def match_prefix(self, seq_id: str, token_ids: Sequence[int]) -> PrefixMatch:
+        """Start a sequence with the KV of its longest cached prefix: device blocks are shared,
+        tier blocks restored. At least the last token is left to compute (its logits are needed)."""
+        m = PrefixMatch()
+        if self.cache is None or seq_id in self.tables:
+            return m
+        limit = len(token_ids) - 1
+        path = self.cache.match(token_ids[:limit])
+        table = [n.block for n in path]
+        for b in table:
+            self.pool.share(b)
+        self.tables[seq_id] = table
+        node = path[-1] if path else self.cache.root
+        m.device_tokens = len(table) * self.block_size
+        if self.tiers:
+            node = self._restore(seq_id, token_ids, limit, node, m)
+        m.num_tokens = len(table) * self.block_size
+        self._cached_upto[seq_id] = (node, len(table))
+        return m
+
+    def _restore(self, seq_id: str, token_ids: Sequence[int], limit: int, node: RadixNode, m: PrefixMatch) -> RadixNode:
+        bs, table = self.block_size, self.tables[seq_id]
+        found: list[tuple[tuple[int, ...], bytes, HostTier | DiskTier]] = []
+        key, i = node.key, len(table)
+        room = self.num_available_blocks
+        while (i + 1) * bs <= limit and len(found) < room:
+            tokens = tuple(token_ids[i * bs : (i + 1) * bs])
+            key = chain_hash(key, tokens)
+            tier = self.tiers.find(key)
+            if tier is None:
+                break
+            found.append((tokens, key, tier))
+            i += 1
+        if not found:
+            return node
+        copy_s = sum(t.read_seconds(self.block_bytes, 1) for *_, t in found)
+        prefill_s = self.prefill_seconds(len(table) * bs, len(found) * bs)
+        if prefill_s is not None and copy_s >= prefill_s:
+            self.stats.restores_skipped += len(found)
+            return node
+        for tokens, key, tier in found:
+            payload = tier.get(key, tokens)
+            if payload is None:  # corrupt or vanished: a miss from here on
+                break
+            block = self._allocate(1)[0]
+            table.append(block)
+            node = self.cache.attach(node, tokens, block, key)  # type: ignore[union-attr]
+            self._transfers.append(KVTransfer("load", block, key, tokens, payload))
+            tier.stats.hits += 1
+            tier.stats.bytes_out += len(payload)
+            self.stats.offload_bytes_in += len(payload)
+            m.tier_tokens[tier.name] = m.tier_tokens.get(tier.name, 0) + bs
+        return node
+
+    def record_admission(self, num_prompt_tokens: int, m: PrefixMatch) -> None:
+        """Count a lookup once the sequence is actually admitted."""
+        self.stats.queries += num_prompt_tokens
+        self.stats.hits += m.num_tokens
+        self.stats.device_hits += m.device_tokens
+        for tier, n in m.tier_tokens.items():
+            self.stats.tier_hits[tier] = self.stats.tier_hits.get(tier, 0) + n
+
+    def cache_blocks(self, seq_id: str, token_ids: Sequence[int], num_computed: int) -> None:
+        """Put the sequence's newly filled full blocks into the prefix cache."""
+        if self.cache is None:
+            return
+        node, done = self._cached_upto.get(seq_id, (self.cache.root, 0))
+        full = num_computed // self.block_size
+        if full <= done:
+            return
+        if not self.cache.is_attached(node):  # evicted since: walk again from the root
+            node, done = self.cache.root, 0
+        node = self.cache.insert(token_ids[: full * self.block_size], self.tables[seq_id], node, done)
+        self._cached_upto[seq_id] = (node, full)
+
+    # -- transfers -------------------------------------------------------------------------
+    def take_transfers(self) -> list[KVTransfer]:
+        out, self._transfers = self._transfers, []
+        return out
+
+    def complete_saves(self, transfers: Sequence[KVTransfer], payloads: dict[bytes, bytes]) -> None:
+        """Store what the runner read for this step's ``save`` transfers into the tiers."""
+        for t in transfers:
+            if t.kind == "save" and t.key in payloads:
+                payload = payloads[t.key]
+                self.tiers.put(t.key, t.tokens, payload)
+                self.stats.offload_bytes_out += len(payload)
+
+    def reset_prefix_cache(self) -> None:
+        if self.cache is not None:
+            self.cache.clear()
+
+    def check(self) -> None:
+        """Assert the block accounting is exact (tests call this after every step)."""
+        refs = [0] * self.pool.num_blocks
+        for table in self.tables.values():
+            for b in table:
+                refs[b] += 1
+        cached = set()
+        if self.cache is not None:
+            for n in self.cache._nodes():
+                refs[n.block] += 1
+                cached.add(n.block)
+        for b in range(self.pool.num_blocks):
+            assert refs[b] == self.pool.ref_count(b), f"block {b}: {refs[b]} holders, refcount {self.pool.ref_count(b)}"
+            assert self.pool.is_cached(b) == (b in cached), f"block {b}: cached flag wrong"
+        evictable = sum(1 for b in cached if self.pool.ref_count(b) == 1)
+        assert evictable == self.pool.num_evictable, (evictable, self.pool.num_evictable)
+        free = sum(1 for r in refs if r == 0)
+        assert free == self.pool.num_free, (free, self.pool.num_free)

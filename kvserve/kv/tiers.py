@@ -1,0 +1,218 @@
+"""Offload tiers below device memory: evicted KV blocks kept in host RAM and on disk.
+
+A tier stores opaque payloads (the bytes of one block's keys and values, all layers, as
+the runner read them) under the block's chain hash, which covers every token of its
+prefix and the model fingerprint. The disk tier writes through (every block offloaded
+from the device also lands on disk), so it holds what the host tier dropped and survives
+a restart. A disk entry repeats its fingerprint and tokens and carries a checksum: one
+that does not match is a miss (and is deleted), never wrong output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import struct
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+_MAGIC = b"KVSB1"
+
+
+@dataclass
+class TierStats:
+    hits: int = 0  # blocks found
+    bytes_in: int = 0  # bytes stored into the tier
+    bytes_out: int = 0  # bytes restored from it
+    dropped: int = 0  # blocks pushed out by its capacity
+    corrupt: int = 0  # entries rejected by the checksum, fingerprint or tokens
+
+
+class HostTier:
+    """An LRU of block payloads in host memory, bounded in bytes."""
+
+    name = "host"
+
+    def __init__(self, capacity_bytes: int, bandwidth: float = 5e9, latency: float = 20e-6):
+        self.capacity_bytes = capacity_bytes
+        self.bandwidth, self.latency = bandwidth, latency
+        self._entries: OrderedDict[bytes, bytes] = OrderedDict()
+        self.used_bytes = 0
+        self.stats = TierStats()
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: bytes, tokens: Sequence[int]) -> bytes | None:
+        payload = self._entries.get(key)
+        if payload is not None:
+            self._entries.move_to_end(key)
+        return payload
+
+    def put(self, key: bytes, tokens: Sequence[int], payload: bytes) -> None:
+        if len(payload) > self.capacity_bytes:
+            return
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.used_bytes -= len(old)
+        while self.used_bytes + len(payload) > self.capacity_bytes:
+            _, dropped = self._entries.popitem(last=False)
+            self.used_bytes -= len(dropped)
+            self.stats.dropped += 1
+        self._entries[key] = payload
+        self.used_bytes += len(payload)
+        self.stats.bytes_in += len(payload)
+
+    def read_seconds(self, nbytes: int, nblocks: int) -> float:
+        return nblocks * self.latency + nbytes / self.bandwidth
+
+
+class DiskTier:
+    """One file per block under ``directory``, named by its chain hash; LRU by access time.
+
+    File layout: magic, header length, header (fingerprint, the block's tokens, payload
+    sha256), payload. Writes go to a temporary file renamed into place, so a crash never
+    leaves a half-written entry under a real name. If the directory cannot be written (full,
+    read-only), the tier turns itself off with one warning.
+    """
+
+    name = "disk"
+
+    def __init__(self, directory: str | os.PathLike, capacity_bytes: int, fingerprint: bytes,
+                 bandwidth: float = 1e9, latency: float = 200e-6):
+        self.dir = Path(directory)
+        self.capacity_bytes = capacity_bytes
+        self.fingerprint = fingerprint
+        self.bandwidth, self.latency = bandwidth, latency
+        self.stats = TierStats()
+        self.enabled = True
+        self._entries: OrderedDict[bytes, int] = OrderedDict()  # key -> file size, oldest first
+        self.used_bytes = 0
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            found = []
+            for f in self.dir.glob("*.kvb"):
+                try:
+                    key = bytes.fromhex(f.stem)
+                except ValueError:
+                    continue
+                st = f.stat()
+                found.append((st.st_mtime, key, st.st_size))
+            for _, key, size in sorted(found):
+                self._entries[key] = size
+                self.used_bytes += size
+        except OSError as e:
+            self._disable(e)
+
+    def _path(self, key: bytes) -> Path:
+        return self.dir / f"{key.hex()}.kvb"
+
+    def _disable(self, err: OSError) -> None:
+        if self.enabled:
+            log.warning("KV disk tier at %s turned off: %s", self.dir, err)
+        self.enabled = False
+
+    def __contains__(self, key: bytes) -> bool:
+        return self.enabled and key in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: bytes, tokens: Sequence[int]) -> bytes | None:
+        if key not in self:
+            return None
+        path = self._path(key)
+        try:
+            data = path.read_bytes()
+        except OSError:
+            self._forget(key)
+            return None
+        payload = self._decode(data, tokens)
+        if payload is None:
+            self.stats.corrupt += 1
+            log.warning("KV disk tier: ignoring a corrupt or foreign entry %s", path.name)
+            self._forget(key, delete=True)
+            return None
+        self._entries.move_to_end(key)
+        return payload
+
+    def _decode(self, data: bytes, tokens: Sequence[int]) -> bytes | None:
+        if not data.startswith(_MAGIC) or len(data) < len(_MAGIC) + 4:
+            return None
+        (hlen,) = struct.unpack_from("<I", data, len(_MAGIC))
+        start = len(_MAGIC) + 4
+        header = data[start : start + hlen]
+        payload = data[start + hlen :]
+        expect = self._header(tokens, payload)
+        return payload if header == expect else None
+
+    def _header(self, tokens: Sequence[int], payload: bytes) -> bytes:
+        return (struct.pack("<I", len(self.fingerprint)) + self.fingerprint
+                + struct.pack(f"<I{len(tokens)}I", len(tokens), *tokens)
+                + hashlib.sha256(payload).digest())
+
+    def put(self, key: bytes, tokens: Sequence[int], payload: bytes) -> None:
+        if not self.enabled or key in self._entries:
+            return
+        header = self._header(tokens, payload)
+        data = _MAGIC + struct.pack("<I", len(header)) + header + payload
+        if len(data) > self.capacity_bytes:
+            return
+        while self._entries and self.used_bytes + len(data) > self.capacity_bytes:
+            old = next(iter(self._entries))
+            self._forget(old, delete=True)
+            self.stats.dropped += 1
+        path = self._path(key)
+        tmp = path.with_suffix(".tmp")
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            self._disable(e)
+            return
+        self._entries[key] = len(data)
+        self.used_bytes += len(data)
+        self.stats.bytes_in += len(payload)
+
+    def _forget(self, key: bytes, delete: bool = False) -> None:
+        size = self._entries.pop(key, None)
+        if size is not None:
+            self.used_bytes -= size
+        if delete:
+            try:
+                self._path(key).unlink(missing_ok=True)
+            except OSError:
+                pass
+
+    def read_seconds(self, nbytes: int, nblocks: int) -> float:
+        return nblocks * self.latency + nbytes / self.bandwidth
+
+
+class TieredStore:
+    """Host then disk: ``put`` writes to every tier, ``get`` reads from the first that has it."""
+
+    def __init__(self, tiers: Sequence[HostTier | DiskTier]):
+        self.tiers = list(tiers)
+
+    def __bool__(self) -> bool:
+        return bool(self.tiers)
+
+    def put(self, key: bytes, tokens: Sequence[int], payload: bytes) -> None:
+        for t in self.tiers:
+            t.put(key, tokens, payload)
+
+    def find(self, key: bytes) -> HostTier | DiskTier | None:
+        """The first tier that lists ``key`` (its payload is verified only on ``get``)."""
+        for t in self.tiers:
+            if key in t:
+                return t
+        return None
