@@ -163,6 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
     cmp = bsub.add_parser("compare", help="one serving workload against several servers in turn")
     bench_compare.add_args(cmp)
     cmp.set_defaults(func=lambda a: bench_compare.run(a))
+
+    tbl = bsub.add_parser("table", help="side-by-side markdown of saved results (name=FILE.json ...)")
+    tbl.add_argument("results", nargs="+", help="name=path pairs of --save-result files")
+    tbl.set_defaults(func=lambda a: print(bench_compare.table(a.results)))
     return parser
 
 

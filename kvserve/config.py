@@ -25,9 +25,11 @@ class EngineConfig:
     num_kv_blocks: int | None = field(default=None, metadata={"help": "exact KV pool size in blocks (overrides --kv-cache-memory-gb)"})
     max_num_seqs: int = field(default=128, metadata={"help": "most sequences in one step"})
     max_num_batched_tokens: int = field(default=2048, metadata={"help": "token budget of one step (chunked prefill fills it)"})
-    prefill_step_factor: float = field(default=0.0, metadata={"help": "while sequences decode, a step carrying prefill may "
-                                       "cost at most this many decode-only steps, learned from measured step times; 2 keeps "
-                                       "streams smooth under long-prompt bursts at some TTFT and throughput (0: off)"})
+    prefill_step_factor: float = field(default=2.0, metadata={"help": "while sequences decode, a step carrying the prefill "
+                                       "of a long prompt may cost at most this many decode-only steps (learned from measured "
+                                       "step times), so streams stay smooth under long-prompt bursts; 0: off"})
+    metered_prefill_min_tokens: int = field(default=256, metadata={"help": "prompts with at most this many tokens left to "
+                                            "prefill go in whole, outside the --prefill-step-factor budget"})
     enable_prefix_caching: bool = field(default=True, metadata={"help": "reuse the KV of shared prompt prefixes (radix tree)"})
     schedule_policy: str = field(default="lpm", metadata={"help": "order of waiting requests: fcfs; lpm (longest cached "
                                  "prefix first); dfs-weight (SGLang's, keeps one branch of the tree hot)",

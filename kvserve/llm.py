@@ -61,7 +61,8 @@ def build_engine(cfg: EngineConfig, model_cfg: ModelConfig, weights: dict[str, t
         seed=cfg.seed,
     )
     sched = SchedulerConfig(max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
-                            prefill_step_factor=cfg.prefill_step_factor, schedule_policy=cfg.schedule_policy,
+                            prefill_step_factor=cfg.prefill_step_factor,
+                            metered_prefill_min_tokens=cfg.metered_prefill_min_tokens, schedule_policy=cfg.schedule_policy,
                             starvation_timeout_s=cfg.starvation_timeout_s)
     return Engine(runner, sched, vocab_size=model_cfg.vocab_size, eos_token_ids=tuple(eos_token_ids),
                   kv=build_kv_manager(cfg, runner.num_kv_blocks, runner.block_size, runner.block_bytes,

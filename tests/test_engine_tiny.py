@@ -160,7 +160,8 @@ def test_max_model_len_caps_generation(grid_model):
 def test_time_capped_prefill_keeps_outputs(grid_model):
     from kvserve.engine.step_cost import StepFeatures
 
-    llm = make_llm(grid_model, block_size=4, max_num_batched_tokens=64, prefill_step_factor=1.5)
+    llm = make_llm(grid_model, block_size=4, max_num_batched_tokens=64, prefill_step_factor=1.5,
+                   metered_prefill_min_tokens=0)  # meter even these short prompts
     sched = llm.engine.scheduler
     sched.observe_step = lambda batch, seconds: None  # a fixed cost model, so the test does not depend on timing
     for p, d in [(0, 4), (0, 8), (16, 0), (64, 4), (256, 0), (0, 2), (32, 8), (128, 2), (0, 6), (8, 1), (512, 0), (0, 3)]:
@@ -169,7 +170,7 @@ def test_time_capped_prefill_keeps_outputs(grid_model):
     llm.engine.stats.keep_steps = True
     got = [o.token_ids for o in llm.generate(prompts(), GREEDY)]
     assert got == expected_alone(grid_model)
-    uncapped = make_llm(grid_model, block_size=4, max_num_batched_tokens=64)
+    uncapped = make_llm(grid_model, block_size=4, max_num_batched_tokens=64, prefill_step_factor=0)
     uncapped.engine.stats.keep_steps = True
     uncapped.generate(prompts(), GREEDY)
     # smaller prefill chunks beside decodes: the same work takes more steps

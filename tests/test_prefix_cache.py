@@ -237,3 +237,32 @@ def test_disk_tier_rejects_a_foreign_model(model, tmp_path: Path):
     want, _ = run(LLM.from_weights(kvserve_config(other_hf), hf_weights(other_hf), dtype="float32", block_size=BS), [p])
     got, cached = run(other, [p])
     assert got == want and cached == [0]
+
+
+def test_tier_restore_skipped_when_prefilling_again_is_cheaper():
+    """The manager alone: an evicted prefix sits in the host tier; whether a hit restores it
+    depends on the predicted prefill time against the copy time."""
+    from kvserve.kv.tiers import HostTier
+
+    def setup(prefill_s):
+        kv = KVManager(4, 4, tiers=[HostTier(1 << 20, bandwidth=1e6, latency=0.0)], block_bytes=1000)
+        kv.prefill_seconds = lambda start, n: prefill_s
+        prompt = list(range(1, 10))  # two full blocks before the last token
+        kv.match_prefix("a", prompt)
+        kv.grow("a", 9)
+        kv.cache_blocks("a", prompt, 9)
+        kv.free("a")
+        kv.grow("b", 16)  # needs every block: evicts a's two cached blocks
+        saves = kv.take_transfers()
+        assert [t.kind for t in saves] == ["save", "save"]
+        kv.complete_saves(saves, {t.key: bytes(1000) for t in saves})
+        kv.free("b")
+        kv.check()
+        return kv, kv.match_prefix("c", prompt)
+
+    # copying 2 x 1000 bytes at 1 MB/s takes 2 ms
+    kv, m = setup(prefill_s=0.5)
+    assert m.num_tokens == 8 and m.tier_tokens == {"host": 8}
+    assert [t.kind for t in kv.take_transfers()] == ["load", "load"]
+    kv, m = setup(prefill_s=0.001)
+    assert m.num_tokens == 0 and kv.stats.restores_skipped == 2 and not kv.take_transfers()

@@ -131,7 +131,14 @@ def test_prefill_chunks_shrink_to_the_time_allowance_while_others_decode():
     # decode-only step is predicted at 14 ms: prefill may add (2 - 1) x 14 ms = 14 tokens, floor 16
     assert long_chunk.num_tokens == 16
     assert sum(c.is_decode for c in b.chunks) == 4
+    # a short prompt goes in whole beside them (metering it would only delay its first token),
+    # and the long prompt's chunk gets what is left of the allowance: only the floor
+    s.add(req("short", 200, max_tokens=2))
+    s.update(b, StepOutput(token_ids={c.request.request_id: 7 for c in b.chunks if c.sample}))
+    b = s.schedule()
+    sizes = {c.request.request_id: c.num_tokens for c in b.chunks}
+    assert sizes["short"] == 200 and sizes["long"] == 16 and sum(c.is_decode for c in b.chunks) == 4
     s.config.prefill_step_factor = 0  # off: the whole token budget again
     s.update(b, StepOutput(token_ids={c.request.request_id: 7 for c in b.chunks if c.sample}))
     b = s.schedule()
-    assert [c.num_tokens for c in b.chunks if c.request.request_id == "long"] == [1000 - 16]
+    assert [c.num_tokens for c in b.chunks if c.request.request_id == "long"] == [1000 - 32]

@@ -52,3 +52,12 @@ def run(a: argparse.Namespace) -> dict[str, Summary]:
     if a.plot:
         report.plot(runs, a.plot)
     return summaries
+
+
+def table(items: list[str]) -> str:
+    """``kvserve bench table``: the side-by-side markdown of results saved by earlier runs."""
+    paths = parse_servers(items)  # the same name=value form
+    try:
+        return report.compare_markdown({name: report.load_summary(p) for name, p in paths.items()})
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise InvalidArgumentError(f"cannot read a saved result: {e}") from e

@@ -71,7 +71,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-docs", type=int, default=4)
     g.add_argument("--doc-len", type=int, default=500)
     g.add_argument("--question-len", type=int, default=60)
-    g.add_argument("--scramble", action="store_true", help="permute system/tools/document per request")
+    g.add_argument("--scramble", action="store_true", help="cut system, tools and document into pieces of "
+                   "--scramble-piece-len tokens (paragraphs, tool definitions, retrieved chunks) and shuffle them per "
+                   "request: the same content, almost no shared prefix")
+    g.add_argument("--scramble-piece-len", type=int, default=100)
     g = p.add_argument_group("multi-turn")
     g.add_argument("--num-conversations", type=int, default=8)
     g.add_argument("--turns", type=int, default=4)
@@ -161,6 +164,8 @@ def build(a: argparse.Namespace) -> Workload:
         for i in range(a.num_prompts):
             segments = [system, tools, docs[rng.randrange(a.num_docs)]]
             if a.scramble:
+                n = max(1, a.scramble_piece_len)
+                segments = [seg[j : j + n] for seg in segments for j in range(0, len(seg), n)]
                 rng.shuffle(segments)
             prompts.append([t for s in segments for t in s] + tokens(a.question_len))
         return Workload("prefix-rag", [Session([Turn(p, a.output_len)]) for p in prompts],

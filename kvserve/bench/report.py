@@ -34,6 +34,8 @@ def format_summary(s: Summary) -> str:
                      f"{s.goodput} ({s.good_requests} requests)"))
     if s.shared_prefix_fraction is not None:
         rows.append(("achievable shared prefix (of prompt tokens)", f"{s.shared_prefix_fraction:.1%}"))
+    if s.prefix_hit_rate is not None:
+        rows.append(("prefix cache hits (of prompt tokens, server's usage)", f"{s.prefix_hit_rate:.1%}"))
     width = max(len(k) for k, _ in rows)
     lines = ["=" * (width + 30), *(f"{k:<{width}}  {v}" for k, v in rows), "-" * (width + 30),
              f"{'(ms)':<{width}}  {'mean':>9} {'p50':>9} {'p90':>9} {'p99':>9}"]
@@ -94,6 +96,18 @@ def plot(runs: dict[str, list[RequestRecord]], path: str) -> None:
     plt.close(fig)
 
 
+def load_summary(path: str) -> Summary:
+    """A Summary back from a ``--save-result`` JSON file."""
+    from kvserve.bench.serve import Dist, Interference, Summary
+
+    with open(path) as f:
+        d = json.load(f)["summary"]
+    for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        d[k] = Dist(**d[k]) if d.get(k) else None
+    d["interference"] = Interference(**d["interference"]) if d.get("interference") else None
+    return Summary(**d)
+
+
 def compare_markdown(summaries: dict[str, Summary]) -> str:
     """One column per server, one row per figure."""
     names = list(summaries)
@@ -105,6 +119,12 @@ def compare_markdown(summaries: dict[str, Summary]) -> str:
         ("input tokens/s", [s.input_tokens_per_s for s in summaries.values()]),
         ("goodput (req/s)", [s.goodput for s in summaries.values()]),
     ]
+    if any(s.prefix_hit_rate is not None for s in summaries.values()):
+        rows.append(("prefix cache hits (of prompt tokens)", [None if s.prefix_hit_rate is None else
+                                                              f"{s.prefix_hit_rate:.1%}" for s in summaries.values()]))
+    if any(s.interference and s.interference.ratio for s in summaries.values()):
+        rows.append(("cohort ITL p99 during / before burst", [f"{s.interference.ratio:.2f}x" if s.interference and
+                                                              s.interference.ratio else None for s in summaries.values()]))
     for label, attr in _DISTS:
         for q in ("p50", "p99"):
             rows.append((f"{label} {q} (ms)", [getattr(getattr(s, attr), q, None) for s in summaries.values()]))

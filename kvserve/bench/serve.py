@@ -36,6 +36,7 @@ class RequestRecord:
     error: str | None = None
     prompt_tokens: int = 0  # from the server's usage
     output_tokens: int = 0
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, where the server reports it
     start: float = 0.0  # seconds after the run started, when the request was sent
     ttft: float | None = None
     latency: float = 0.0
@@ -102,6 +103,7 @@ class Summary:
     good_requests: int | None = None
     goodput: float | None = None  # requests/s meeting every SLO given
     shared_prefix_fraction: float | None = None
+    prefix_hit_rate: float | None = None  # cached / prompt tokens, from the server's usage (None: not reported)
     interference: Interference | None = None
 
 
@@ -175,6 +177,8 @@ def summarize(records: list[RequestRecord], elapsed: float, workload: Workload, 
         goodput=round(good / elapsed, 3) if good is not None else None,
         shared_prefix_fraction=(round(workload.shared_prefix_fraction, 4)
                                 if workload.shared_prefix_fraction is not None else None),
+        prefix_hit_rate=(round(sum(r.cached_tokens or 0 for r in ok) / max(1, n_in), 4)
+                         if any(r.cached_tokens is not None for r in ok) else None),
         interference=interference(records),
     )
 
@@ -202,6 +206,9 @@ async def stream_completion(client, url: str, body: dict, rec: RequestRecord, t0
                 if chunk.get("usage"):
                     rec.prompt_tokens = chunk["usage"].get("prompt_tokens", 0)
                     rec.output_tokens = chunk["usage"].get("completion_tokens", 0)
+                    details = chunk["usage"].get("prompt_tokens_details") or {}
+                    if details.get("cached_tokens") is not None:
+                        rec.cached_tokens = details["cached_tokens"]
                 if chunk.get("choices") and chunk["choices"][0].get("text"):
                     now = time.perf_counter()
                     rec.token_times.append(now - t0)

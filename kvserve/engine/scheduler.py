@@ -34,6 +34,9 @@ class SchedulerConfig:
     # steps (predicted by a model learned from measured step times); 0 turns the time cap off
     prefill_step_factor: float = 0.0
     min_prefill_chunk: int = 16  # the first prefill chunk of a step always gets this much
+    # a prompt with at most this many tokens left to prefill goes in whole: it finishes in one step
+    # and metering it would only delay its first token; longer ones are metered
+    metered_prefill_min_tokens: int = 256
     schedule_policy: str = "lpm"
     # a request waiting longer than this goes ahead of any cache-aware reordering
     starvation_timeout_s: float = 10.0
@@ -118,15 +121,22 @@ class Scheduler:
         if cap > 0:
             n = min(n, cap)
         if self._prefill_time_left is not None:
-            n = self._fit_in_time(req.num_computed_tokens, n)
+            short = req.num_tokens - req.num_computed_tokens <= self.config.metered_prefill_min_tokens
+            n = self._fit_in_time(req.num_computed_tokens, n, metered=not short)
         return n
 
-    def _fit_in_time(self, start: int, n: int) -> int:
-        """The largest chunk (binary search) whose predicted cost fits the step's time allowance."""
+    def _fit_in_time(self, start: int, n: int, metered: bool = True) -> int:
+        """The largest chunk (binary search) whose predicted cost fits the step's time allowance;
+        an unmetered chunk goes whole and uses up allowance that metered ones then lack."""
         w = self.cost.weights()
 
         def cost(k: int) -> float:
             return w[1] * k + w[3] * k * (start + k) / 1024
+
+        if not metered:
+            self._prefill_time_left -= cost(n)  # type: ignore[operator]
+            self._prefill_chunks += 1
+            return n
 
         floor = self.config.min_prefill_chunk if self._prefill_chunks == 0 else 0
         lo, hi = 0, n
@@ -143,7 +153,7 @@ class Scheduler:
         return k
 
     def _plan_prefill_time(self) -> None:
-        """While sequences decode, allow prefill only (factor - 1) decode-steps' worth of time."""
+        """While sequences decode, allow (long) prefill only (factor - 1) decode-steps' worth of time."""
         self._prefill_time_left, self._prefill_chunks = None, 0
         factor = self.config.prefill_step_factor
         if factor <= 0 or not self.cost.ready:

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The serving report of docs/benchmarks.md: kvserve, vLLM-CPU and llama.cpp on the same model and
+# cores, one server at a time (never two under load at once), the same workloads (same seed, so the
+# same prompts and arrivals) against each. Then kvserve alone for the prefix-cache scenarios.
+# Needs ../shared/peers (each peer installs itself under $PEERS_HOME). Results: $OUT (default bench-results/).
+# Usage: scripts/bench_report.sh [engines...]   (default: kvserve vllm llamacpp prefix)
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-bench-results}; mkdir -p "$OUT"
+PEERS_HOME=${PEERS_HOME:-$HOME/.cache/kvserve-peers}; export PEERS_HOME
+SHARED=${SHARED:-../shared}
+K=.venv/bin/kvserve
+ENGINES=${*:-kvserve vllm llamacpp prefix}
+waitport() { for _ in $(seq 1 900); do curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0; sleep 1; done; return 1; }
+waitclosed() { for _ in $(seq 1 60); do curl -s "http://127.0.0.1:$1/health" >/dev/null || return 0; sleep 1; done; }
+date -u +%FT%TZ >> "$OUT/date"
+
+B() { $K bench serve --no-progress "$@"; }
+# $1 port, $2 engine name, $3 extra client flags (llama.cpp takes text only)
+workloads() {
+  local url="http://127.0.0.1:$1" n=$2 x=${3:-}
+  B --base-url "$url" $x --num-prompts 64 --input-len 128 --output-len 128 --save-result "$OUT/${n}_c64.json"
+  B --base-url "$url" $x --num-prompts 3 --max-concurrency 1 --input-len 128 --output-len 256 --save-result "$OUT/${n}_single.json"
+  B --base-url "$url" $x --dataset azure-conv --num-prompts 40 --time-scale 5 --max-input-len 2048 --max-output-len 128 \
+    --save-result "$OUT/${n}_azure_conv.json" --plot "$OUT/${n}_azure_conv.png"
+  B --base-url "$url" $x --dataset interference --cohort 8 --input-len 128 --output-len 200 --burst 2 --burst-len 4000 \
+    --burst-output-len 8 --burst-delay 6 --save-result "$OUT/${n}_interference.json" --plot "$OUT/${n}_interference.png"
+  B --base-url "$url" $x --dataset prefix-rag --num-prompts 80 --max-concurrency 8 --output-len 32 \
+    --save-result "$OUT/${n}_prefix_rag.json" --plot "$OUT/${n}_prefix_rag.png"
+}
+stop() { kill -TERM "$1" 2>/dev/null; wait "$1" 2>/dev/null; waitclosed "$2"; }
+
+for e in $ENGINES; do case $e in
+kvserve)
+  $K serve --port 8100 & P=$!
+  waitport 8100 && workloads 8100 kvserve
+  stop $P 8100 ;;
+vllm)
+  "$SHARED/peers/setup-model.sh" >/dev/null
+  "$SHARED/peers/vllm-cpu.sh" 8101 --dtype float32 --enable-prompt-tokens-details & P=$!
+  waitport 8101 && workloads 8101 vllm
+  kill -TERM $P; sleep 5; pkill -f vllm.entrypoints; waitclosed 8101 ;;
+llamacpp)
+  "$SHARED/peers/llamacpp.sh" 8102 & P=$!
+  waitport 8102 && workloads 8102 llamacpp --text-prompts
+  stop $P 8102 ;;
+prefix)
+  # Cache-aware order vs FCFS with a device KV that holds only part of the working set (6 documents
+  # of 1,000 tokens behind a 300-token prefix: ~6,300 tokens; the pool: 256 blocks = 4,096 tokens),
+  # then lpm with a host tier under it.
+  RAG=(--dataset prefix-rag --num-prompts 48 --max-concurrency 8 --output-len 32 --system-len 200 --tools-len 100
+       --num-docs 6 --doc-len 1000 --question-len 60)
+  for cfg in "fcfs" "lpm" "dfs-weight" "lpm-host"; do
+    policy=${cfg%-host}; extra=""
+    [ "$cfg" = lpm-host ] && extra="--kv-offload-memory-gb 2"
+    $K serve --port 8100 --num-kv-blocks 256 --schedule-policy "$policy" $extra & P=$!
+    waitport 8100 && B --base-url http://127.0.0.1:8100 "${RAG[@]}" --request-rate 4 --save-result "$OUT/prefix_${cfg}.json"
+    curl -s http://127.0.0.1:8100/metrics | grep -E '^kvserve:(prefix_cache|kv_evicted|kv_offload)' > "$OUT/prefix_${cfg}.metrics"
+    stop $P 8100
+  done
+  # Scrambled prefixes (same content, shuffled pieces) and multi-turn chat, default engine
+  $K serve --port 8100 & P=$!
+  if waitport 8100; then
+    B --base-url http://127.0.0.1:8100 --dataset prefix-rag --scramble --num-prompts 80 --max-concurrency 8 --output-len 32 \
+      --save-result "$OUT/kvserve_prefix_rag_scrambled.json"
+    curl -s http://127.0.0.1:8100/metrics | grep -E '^kvserve:prefix_cache' > "$OUT/kvserve_after_scrambled.metrics"
+    B --base-url http://127.0.0.1:8100 --dataset multi-turn --num-conversations 8 --turns 4 --max-concurrency 8 \
+      --save-result "$OUT/kvserve_multi_turn.json"
+  fi
+  stop $P 8100 ;;
+esac; done
