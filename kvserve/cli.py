@@ -164,6 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench_compare.add_args(cmp)
     cmp.set_defaults(func=lambda a: bench_compare.run(a))
 
+    from kvserve.sim.cli import add_parsers as add_sim_parsers
+
+    add_sim_parsers(sub)
+
     tbl = bsub.add_parser("table", help="side-by-side markdown of saved results (name=FILE.json ...)")
     tbl.add_argument("results", nargs="+", help="name=path pairs of --save-result files")
     tbl.set_defaults(func=lambda a: print(bench_compare.table(a.results)))

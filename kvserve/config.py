@@ -28,7 +28,7 @@ class EngineConfig:
     prefill_step_factor: float = field(default=2.0, metadata={"help": "while sequences decode, a step carrying the prefill "
                                        "of a long prompt may cost at most this many decode-only steps (learned from measured "
                                        "step times), so streams stay smooth under long-prompt bursts; 0: off"})
-    metered_prefill_min_tokens: int = field(default=256, metadata={"help": "prompts with at most this many tokens left to "
+    metered_prefill_min_tokens: int = field(default=1024, metadata={"help": "prompts with at most this many tokens left to "
                                             "prefill go in whole, outside the --prefill-step-factor budget"})
     enable_prefix_caching: bool = field(default=True, metadata={"help": "reuse the KV of shared prompt prefixes (radix tree)"})
     schedule_policy: str = field(default="lpm", metadata={"help": "order of waiting requests: fcfs; lpm (longest cached "

@@ -161,6 +161,15 @@ def test_bench_serve_prefix_rag(tiny_server, tmp_path):
     s = bench_serve.run(a)
     assert s.errors == 0 and s.completed == 5 and 0.5 < s.shared_prefix_fraction < 1
     _check_tokens(s, a, out)
+    # the server's usage reports cached tokens; the run's hit rate cannot pass the achievable share
+    assert s.prefix_hit_rate is not None and 0 < s.prefix_hit_rate <= s.shared_prefix_fraction
+    # and `bench table` reads the saved result back
+    from kvserve.bench import compare
+
+    md = compare.table([f"kv={out}", f"again={out}"])
+    assert "| | kv | again |" in md and "prefix cache hits" in md
+    with pytest.raises(InvalidArgumentError, match="cannot read"):
+        compare.table([f"x={tmp_path / 'missing.json'}"])
 
 
 def test_bench_serve_multi_turn_waits_for_answers(tiny_server, tmp_path):

@@ -118,6 +118,7 @@ def test_prefill_chunks_shrink_to_the_time_allowance_while_others_decode():
 
     s, _ = make(num_blocks=256, block_size=16, budget=2048)
     s.config.prefill_step_factor = 2.0
+    s.config.metered_prefill_min_tokens = 256
     # a machine where a decode step costs 10 ms + 1 ms/seq and each prefill token 1 ms
     for p, d in [(0, 4), (0, 8), (16, 0), (64, 4), (256, 0), (0, 2), (32, 8), (128, 2), (0, 6), (8, 1), (512, 0),
                  (0, 3)]:

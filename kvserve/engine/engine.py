@@ -7,6 +7,7 @@ given; it works on token ids only (text lives in ``kvserve.engine.output``).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvserve.engine.batch import Batch
@@ -54,10 +55,13 @@ def check_prompt(prompt_token_ids: list[int], max_model_len: int, vocab_size: in
 
 class Engine:
     def __init__(self, runner: Runner, scheduler_config: SchedulerConfig, vocab_size: int | None = None,
-                 eos_token_ids: tuple[int, ...] = (), kv: KVManager | None = None):
+                 eos_token_ids: tuple[int, ...] = (), kv: KVManager | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.runner = runner
         self.kv = kv or KVManager(runner.num_kv_blocks, runner.block_size)
-        self.scheduler = Scheduler(scheduler_config, self.kv)
+        # the wall clock here; the simulator's virtual clock, which its runner advances, there
+        self.clock = clock
+        self.scheduler = Scheduler(scheduler_config, self.kv, clock)
         self.max_model_len = runner.max_model_len
         self.vocab_size = vocab_size
         self.eos_token_ids = tuple(eos_token_ids)
@@ -67,7 +71,7 @@ class Engine:
         """Validate and queue a request; raises InvalidArgumentError for what the user must fix."""
         check_prompt(prompt_token_ids, self.max_model_len, self.vocab_size)
         req = Request(request_id, list(prompt_token_ids), params, eos_token_ids=self.eos_token_ids,
-                      max_total_tokens=self.max_model_len)
+                      max_total_tokens=self.max_model_len, arrival_time=self.clock())
         self.scheduler.add(req)
         return req
 
@@ -85,16 +89,16 @@ class Engine:
         batch: Batch = self.scheduler.schedule()
         if batch.empty:
             return []
-        t0 = time.perf_counter()
+        t0 = self.clock()
         output = self.runner.execute(batch)
-        elapsed = time.perf_counter() - t0
+        elapsed = self.clock() - t0
         if batch.kv_transfers:
             self.kv.complete_saves(batch.kv_transfers, output.saved_kv)
         if not batch.chunks:  # only tier copies ran
             return []
         self.scheduler.observe_step(batch, elapsed)
         changed = self.scheduler.update(batch, output)
-        now = time.monotonic()
+        now = self.clock()
         for req in changed:
             if req.first_token_time is None:
                 req.first_token_time = now

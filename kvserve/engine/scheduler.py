@@ -36,11 +36,16 @@ class SchedulerConfig:
     min_prefill_chunk: int = 16  # the first prefill chunk of a step always gets this much
     # a prompt with at most this many tokens left to prefill goes in whole: it finishes in one step
     # and metering it would only delay its first token; longer ones are metered
-    metered_prefill_min_tokens: int = 256
+    metered_prefill_min_tokens: int = 1024
     schedule_policy: str = "lpm"
     # a request waiting longer than this goes ahead of any cache-aware reordering
     starvation_timeout_s: float = 10.0
     max_reorder_queue: int = 256  # longer queues fall back to fcfs (ordering cost)
+    # False: a prompt's prefill runs whole in one step (it waits until the budget holds it)
+    chunked_prefill: bool = True
+    # True: batch-then-wait (no admission until the running batch has drained), the baseline
+    # that continuous batching is measured against
+    static_batching: bool = False
 
 
 @dataclass
@@ -114,7 +119,10 @@ class Scheduler:
     def _chunk_size(self, req: Request, budget: int) -> int:
         """Tokens to schedule for ``req``: all it needs within the budget, prefill chunks capped by
         ``long_prefill_token_threshold`` and by this step's time allowance. 0 means not this step."""
-        n = min(req.num_tokens - req.num_computed_tokens, budget)
+        left = req.num_tokens - req.num_computed_tokens
+        if not self.config.chunked_prefill and left > budget:
+            return 0
+        n = min(left, budget)
         if n <= 1:
             return n
         cap = self.config.long_prefill_token_threshold
@@ -242,7 +250,9 @@ class Scheduler:
             break  # req preempted itself: nothing behind it can fit either
 
         # Admit new work only when nobody had to be preempted this step.
-        if self.waiting and not batch.preempted:
+        if self.config.static_batching and self.running:
+            budget = 0  # batch-then-wait: nothing joins until the batch has drained
+        if self.waiting and not batch.preempted and budget > 0:
             self._order_waiting()
         while self.waiting and budget > 0 and not batch.preempted and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]

@@ -44,8 +44,11 @@ class StepCostModel:
 
     @property
     def ready(self) -> bool:
-        """Enough varied steps seen to trust predictions."""
-        return self.num_observations >= self.min_observations and self._seen_prefill and self._seen_decode
+        """Enough varied steps seen to trust predictions, and a fit in which prefill costs something."""
+        if not (self.num_observations >= self.min_observations and self._seen_prefill and self._seen_decode):
+            return False
+        w = self.weights()
+        return w[1] > 0 or w[3] > 0
 
     def observe(self, f: StepFeatures, seconds: float) -> None:
         x = f.vector()
@@ -59,12 +62,24 @@ class StepCostModel:
         self._weights = None
 
     def weights(self) -> list[float]:
+        """Non-negative least squares (a cost never shrinks with more work): solve, drop the features
+        whose weight comes out negative, solve again on the rest. Clipping a negative weight to zero
+        instead would leave its correlated partner fitted to compensate for it, and so too small."""
         if self._weights is None:
-            ridge = 1e-9  # keeps the system solvable before every feature has varied
-            a = [row[:] + [self._xty[i]] for i, row in enumerate(self._xtx)]
-            for i in range(NUM_FEATURES):
-                a[i][i] += ridge
-            self._weights = [max(0.0, w) for w in _solve(a)]  # a cost never shrinks with more work
+            active = list(range(NUM_FEATURES))
+            while True:
+                ridge = 1e-9  # keeps the system solvable before every feature has varied
+                a = [[self._xtx[i][j] for j in active] + [self._xty[i]] for i in active]
+                for k in range(len(active)):
+                    a[k][k] += ridge
+                sol = _solve(a)
+                if all(w >= 0 for w in sol) or len(active) == 1:
+                    break
+                active = [i for i, w in zip(active, sol) if w >= 0]
+            weights = [0.0] * NUM_FEATURES
+            for i, w in zip(active, sol):
+                weights[i] = max(0.0, w)
+            self._weights = weights
         return self._weights
 
     def predict(self, f: StepFeatures) -> float:

@@ -153,8 +153,10 @@ class RadixCache:
         freed: list[RadixNode] = []
         if num_blocks <= 0:
             return freed
-        # Candidates: tree-only blocks, leaves before inner nodes, oldest first.
-        heap = [(bool(n.children), n.last_access, id(n), n) for n in self._nodes() if self.pool.ref_count(n.block) == 1]
+        # Candidates: tree-only blocks, leaves before inner nodes, oldest first, then deepest first
+        # (a path inserted at once shares one access time); block ids make the order deterministic.
+        heap = [(bool(n.children), n.last_access, -n.depth, n.block, n) for n in self._nodes()
+                if self.pool.ref_count(n.block) == 1]
         heapq.heapify(heap)
         while heap and len(freed) < num_blocks:
             *_, node = heapq.heappop(heap)

@@ -1,0 +1,121 @@
+"""Model shapes for the simulator: parameter counts (total and active), KV bytes per token.
+
+Built from a Hugging Face ``config.json`` (dense Llama/Qwen/Mistral-style and MoE with
+``num_local_experts`` / ``num_experts`` and ``num_experts_per_tok``), or a preset.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvserve.errors import InvalidArgumentError
+
+BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp4": 0.5625}  # fp4: 4 bits + a scale per 16
+
+
+@dataclass
+class ModelSpec:
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied: bool = False
+    experts: int = 0  # 0: dense
+    experts_per_token: int = 0
+    expert_intermediate: int = 0
+    shared_expert_intermediate: int = 0
+    max_context: int = 131072
+
+    @property
+    def attn_params_per_layer(self) -> int:
+        q = self.heads * self.head_dim
+        kv = self.kv_heads * self.head_dim
+        return self.hidden * q + 2 * self.hidden * kv + q * self.hidden
+
+    def mlp_params_per_layer(self, active: bool) -> int:
+        if not self.experts:
+            return 3 * self.hidden * self.intermediate
+        n = self.experts_per_token if active else self.experts
+        return (n * 3 * self.hidden * self.expert_intermediate + 3 * self.hidden * self.shared_expert_intermediate
+                + self.hidden * self.experts)
+
+    def layer_params(self, active: bool) -> int:
+        return self.layers * (self.attn_params_per_layer + self.mlp_params_per_layer(active))
+
+    @property
+    def embed_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def total_params(self) -> int:
+        return self.layer_params(False) + self.embed_params * (1 if self.tied else 2)
+
+    @property
+    def active_params(self) -> int:
+        return self.layer_params(True) + self.embed_params * (1 if self.tied else 2)
+
+    def kv_bytes_per_token(self, kv_precision: str) -> float:
+        return 2 * self.layers * self.kv_heads * self.head_dim * BYTES[kv_precision]
+
+    def weight_bytes(self, precision: str) -> float:
+        """Weights in memory: layers at ``precision``; embeddings and lm_head stay 16-bit
+        (as vLLM and TRT-LLM keep them) unless everything is fp32."""
+        emb = BYTES["fp32"] if precision == "fp32" else BYTES["bf16"]
+        return self.layer_params(False) * BYTES[precision] + self.embed_params * (1 if self.tied else 2) * emb
+
+    @classmethod
+    def from_hf_config(cls, d: dict[str, Any], name: str = "model") -> "ModelSpec":
+        try:
+            heads = d["num_attention_heads"]
+            hidden = d["hidden_size"]
+            experts = d.get("num_local_experts") or d.get("num_experts") or d.get("n_routed_experts") or 0
+            return cls(
+                name=name, hidden=hidden, layers=d["num_hidden_layers"], heads=heads,
+                kv_heads=d.get("num_key_value_heads", heads), head_dim=d.get("head_dim") or hidden // heads,
+                intermediate=d.get("intermediate_size", 0), vocab=d["vocab_size"],
+                tied=bool(d.get("tie_word_embeddings", False)), experts=experts,
+                experts_per_token=d.get("num_experts_per_tok", 0) if experts else 0,
+                expert_intermediate=(d.get("moe_intermediate_size") or d.get("intermediate_size", 0)) if experts else 0,
+                shared_expert_intermediate=(d.get("shared_expert_intermediate_size", 0)
+                                            or d.get("n_shared_experts", 0) * d.get("moe_intermediate_size", 0)),
+                max_context=d.get("max_position_embeddings", 131072),
+            )
+        except KeyError as e:
+            raise InvalidArgumentError(f"config.json lacks {e.args[0]!r}") from e
+
+
+def _llama(name, hidden, layers, heads, kv, inter, vocab, tied=False, ctx=131072):
+    return ModelSpec(name, hidden, layers, heads, kv, hidden // heads, inter, vocab, tied, max_context=ctx)
+
+
+PRESETS: dict[str, ModelSpec] = {
+    "llama-3.1-8b": _llama("Llama-3.1-8B", 4096, 32, 32, 8, 14336, 128256),
+    "llama-3.1-70b": _llama("Llama-3.1-70B", 8192, 80, 64, 8, 28672, 128256),
+    "qwen2.5-7b": _llama("Qwen2.5-7B", 3584, 28, 28, 4, 18944, 152064, ctx=32768),
+    "qwen2.5-72b": _llama("Qwen2.5-72B", 8192, 80, 64, 8, 29568, 152064, ctx=32768),
+    "smollm2-135m": _llama("SmolLM2-135M", 576, 30, 9, 3, 1536, 49152, tied=True, ctx=8192),
+    "mixtral-8x7b": ModelSpec("Mixtral-8x7B", 4096, 32, 32, 8, 128, 14336, 32000, experts=8, experts_per_token=2,
+                              expert_intermediate=14336, max_context=32768),
+}
+
+
+def get_model(spec: str) -> ModelSpec:
+    """A preset name, or a path to a config.json (or a folder holding one)."""
+    if spec.lower() in PRESETS:
+        return PRESETS[spec.lower()]
+    path = Path(spec)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise InvalidArgumentError(f"unknown model {spec!r}: a preset ({', '.join(PRESETS)}) or a config.json path")
+    try:
+        return ModelSpec.from_hf_config(json.loads(path.read_text()), name=path.parent.name or "model")
+    except json.JSONDecodeError as e:
+        raise InvalidArgumentError(f"{path} is not valid JSON: {e}") from e

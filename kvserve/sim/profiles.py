@@ -1,0 +1,72 @@
+"""Engine profiles: the knobs of the one scheduler and KV manager set the way each stack sets them.
+
+A profile is not a different scheduler: ``static`` is the scheduler with batch-then-wait on,
+``vllm`` and ``sglang`` differ in policy and budget, ``trtllm`` in precision, speculation and
+prefill/decode disaggregation, ``llamacpp`` in slots and unpaged KV (one block per slot).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from kvserve.errors import InvalidArgumentError
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    name: str
+    description: str
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    chunked_prefill: bool = True
+    static_batching: bool = False
+    prefix_caching: bool = True
+    schedule_policy: str = "fcfs"
+    weights: str = "bf16"
+    kv: str = "bf16"
+    # speculative decoding (MTP / draft): k tokens verified per decode, each accepted with this probability
+    spec_tokens: int = 0
+    acceptance: float = 0.0
+    draft_params_b: float = 0.0  # a separate draft model's size (billions), for the memory footprint
+    disaggregated: bool = False  # prefill and decode on separate device pools (twice the devices)
+    slots: int | None = None  # llama.cpp: a fixed number of slots, each reserving its whole context
+    block_size: int = 16
+    prefill_step_factor: float = 0.0
+
+    @property
+    def tokens_per_decode_step(self) -> float:
+        """Expected tokens a decode step emits: 1 + accepted drafts (a geometric run, capped at k)."""
+        if not self.spec_tokens:
+            return 1.0
+        a, k = self.acceptance, self.spec_tokens
+        return (1 - a ** (k + 1)) / (1 - a) if a < 1 else k + 1.0
+
+    def with_(self, **changes) -> "EngineProfile":
+        return replace(self, **changes)
+
+
+PROFILES: dict[str, EngineProfile] = {
+    "kvserve": EngineProfile("kvserve", "kvserve's defaults: continuous batching, 2048-token steps, radix cache, "
+                             "lpm, time-capped prefill of long prompts", max_num_seqs=128, max_num_batched_tokens=2048,
+                             schedule_policy="lpm", prefill_step_factor=2.0),
+    "static": EngineProfile("static", "batch-then-wait: a batch of whole prompts runs until every sequence ends",
+                            max_num_seqs=64, max_num_batched_tokens=1 << 20, chunked_prefill=False,
+                            static_batching=True, prefix_caching=False),
+    "vllm": EngineProfile("vllm", "vLLM V1: continuous batching, chunked prefill (8192), block-hash prefix "
+                          "cache, FCFS"),
+    "sglang": EngineProfile("sglang", "SGLang: radix cache, longest-prefix-match order, chunked prefill (8192)",
+                            schedule_policy="lpm"),
+    "trtllm": EngineProfile("trtllm", "TensorRT-LLM: in-flight batching, FP8 weights and KV, MTP (3 tokens, "
+                            "acceptance 0.7)", weights="fp8", kv="fp8", spec_tokens=3, acceptance=0.7),
+    "trtllm-disagg": EngineProfile("trtllm-disagg", "TensorRT-LLM with prefill/decode disaggregation (two pools)",
+                                   weights="fp8", kv="fp8", spec_tokens=3, acceptance=0.7, disaggregated=True),
+    "llamacpp": EngineProfile("llamacpp", "llama.cpp server: 4 slots, each reserving n_ctx/4 of unpaged KV, "
+                              "2048-token batches, no cross-request prefix cache", max_num_seqs=4,
+                              max_num_batched_tokens=2048, prefix_caching=False, slots=4),
+}
+
+
+def get_profile(name: str) -> EngineProfile:
+    if name not in PROFILES:
+        raise InvalidArgumentError(f"unknown engine profile {name!r}; known: {', '.join(PROFILES)}")
+    return PROFILES[name]

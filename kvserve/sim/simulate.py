@@ -1,0 +1,199 @@
+"""Run a workload through the real engine on a virtual clock: the simulator's main loop.
+
+``build_sim_engine`` wires the engine's own Scheduler, KVManager and RadixCache to a
+SimRunner; ``simulate`` replays a :class:`~kvserve.bench.datasets.Workload` (the same
+workloads ``kvserve bench serve`` sends to real servers) against it and reports what
+``bench serve`` reports: throughput, TTFT, ITL, TPOT, hit rate, and cost.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+from kvserve.bench.datasets import Workload
+from kvserve.bench.serve import Dist, session_starts
+from kvserve.engine.engine import Engine
+from kvserve.engine.request import SamplingParams
+from kvserve.engine.scheduler import SchedulerConfig
+from kvserve.errors import InvalidArgumentError
+from kvserve.kv.manager import KVManager
+from kvserve.kv.tiers import HostTier
+from kvserve.sim.cost_model import Roofline
+from kvserve.sim.hardware import Hardware
+from kvserve.sim.models import BYTES, ModelSpec
+from kvserve.sim.profiles import EngineProfile
+from kvserve.sim.runner import SimRunner, VirtualClock
+
+
+@dataclass
+class Footprint:
+    """Device memory of one replica, in GB."""
+
+    weights_gb: float
+    activations_gb: float
+    draft_gb: float
+    kv_gb_per_token: float
+    kv_budget_gb: float  # what is left for the KV cache
+
+    @property
+    def fixed_gb(self) -> float:
+        return self.weights_gb + self.activations_gb + self.draft_gb
+
+
+def footprint(model: ModelSpec, profile: EngineProfile, hw: Hardware, tp: int = 1,
+              mem_util: float = 0.9) -> Footprint:
+    weights = model.weight_bytes(profile.weights) / 1e9
+    # the largest step's activations: hidden states and MLP intermediates (16-bit), and fp32 logits
+    tokens = min(profile.max_num_batched_tokens, 16384)
+    inter = model.expert_intermediate * model.experts_per_token if model.experts else model.intermediate
+    act = (tokens * (4 * model.hidden + 2 * inter) * 2 + profile.max_num_seqs * model.vocab * 4) / 1e9
+    draft = profile.draft_params_b * BYTES[profile.weights]
+    kv_tok = model.kv_bytes_per_token(profile.kv) / 1e9
+    budget = hw.hbm_gb * tp * mem_util - weights - act - draft
+    return Footprint(weights, act, draft, kv_tok, budget)
+
+
+def build_sim_engine(model: ModelSpec, hw: Hardware, profile: EngineProfile, *, tp: int = 1,
+                     mem_util: float = 0.9, num_kv_blocks: int | None = None, host_tier_gb: float = 0.0,
+                     max_model_len: int | None = None) -> tuple[Engine, SimRunner, VirtualClock]:
+    clock = VirtualClock()
+    fp = footprint(model, profile, hw, tp, mem_util)
+    ctx = min(max_model_len or model.max_context, model.max_context)
+    if profile.slots:  # unpaged: each slot reserves ctx // slots tokens up front, one "block" per slot
+        block_size = max(1, ctx // profile.slots)
+        blocks = profile.slots
+        ctx = block_size
+    else:
+        block_size = profile.block_size
+        blocks = num_kv_blocks or int(fp.kv_budget_gb / (fp.kv_gb_per_token * block_size))
+    if blocks < 1 or (num_kv_blocks is None and fp.kv_budget_gb <= 0):
+        raise InvalidArgumentError(
+            f"{model.name} does not fit on {tp} x {hw.name} with {profile.name}'s precisions "
+            f"(weights {fp.weights_gb:.1f} GB, activations {fp.activations_gb:.1f} GB)")
+    ctx = min(ctx, blocks * block_size)
+    runner = SimRunner(Roofline(model, hw, profile.weights, profile.kv, tp), profile, clock,
+                       num_kv_blocks=blocks, block_size=block_size, max_model_len=ctx)
+    tiers = [HostTier(int(host_tier_gb * 1e9), bandwidth=hw.host_link_gbps * 1e9)] if host_tier_gb else []
+    kv = KVManager(blocks, block_size, enable_prefix_caching=profile.prefix_caching, tiers=tiers,
+                   fingerprint=runner.kv_fingerprint, block_bytes=runner.block_bytes)
+    sched = SchedulerConfig(max_num_seqs=profile.max_num_seqs, max_num_batched_tokens=profile.max_num_batched_tokens,
+                            chunked_prefill=profile.chunked_prefill, static_batching=profile.static_batching,
+                            schedule_policy=profile.schedule_policy if profile.prefix_caching else "fcfs",
+                            prefill_step_factor=profile.prefill_step_factor)
+    engine = Engine(runner, sched, vocab_size=model.vocab, eos_token_ids=(), kv=kv, clock=clock)
+    return engine, runner, clock
+
+
+@dataclass
+class SimRecord:
+    sent: float
+    prompt_tokens: int
+    token_times: list[float] = field(default_factory=list)
+    cached_tokens: int = 0
+
+
+@dataclass
+class SimResult:
+    profile: str
+    hardware: str
+    model: str
+    devices: int
+    requests: int
+    completed: int
+    rejected: int
+    duration_s: float
+    busy_fraction: float
+    input_tokens: int
+    output_tokens: int
+    output_tokens_per_s: float
+    request_throughput: float
+    ttft_ms: Dist | None
+    itl_ms: Dist | None
+    tpot_ms: Dist | None
+    e2e_ms: Dist | None
+    prefix_hit_rate: float
+    preemptions: int
+    kv_blocks: int
+    block_size: int
+    price_per_hour: float
+
+    def cost_per_million_output_tokens(self, utilization: float = 1.0) -> float:
+        """USD per 1M output tokens with the devices busy ``utilization`` of the time at this rate."""
+        per_s = self.output_tokens_per_s * utilization
+        return self.price_per_hour * self.devices / (per_s * 3600) * 1e6 if per_s else float("inf")
+
+
+def simulate(workload: Workload, model: ModelSpec, hw: Hardware, profile: EngineProfile, *, tp: int = 1,
+             request_rate: float = float("inf"), max_concurrency: int | None = None, seed: int = 0,
+             mem_util: float = 0.9, num_kv_blocks: int | None = None, host_tier_gb: float = 0.0,
+             max_model_len: int | None = None, max_steps: int = 5_000_000) -> SimResult:
+    engine, runner, clock = build_sim_engine(model, hw, profile, tp=tp, mem_util=mem_util, num_kv_blocks=num_kv_blocks,
+                                             host_tier_gb=host_tier_gb, max_model_len=max_model_len)
+    starts = session_starts(workload, request_rate, random.Random(seed))
+    arrivals = [(t, i, 0) for i, t in enumerate(starts)]
+    heapq.heapify(arrivals)
+    ready: deque[tuple[int, int]] = deque()
+    cap = max_concurrency or 1 << 30
+    in_flight, rejected = 0, 0
+    records: dict[str, SimRecord] = {}
+    steps = 0
+    while arrivals or ready or engine.has_unfinished():
+        while arrivals and arrivals[0][0] <= clock.now:
+            _, si, ti = heapq.heappop(arrivals)
+            ready.append((si, ti))
+        while ready and in_flight < cap:
+            si, ti = ready.popleft()
+            turn = workload.sessions[si].turns[ti]
+            rid = f"{si}:{ti}"
+            try:
+                engine.add_request(rid, turn.prompt, SamplingParams(max_tokens=turn.max_tokens, ignore_eos=True))
+            except InvalidArgumentError:
+                rejected += 1
+                continue
+            records[rid] = SimRecord(clock.now, len(turn.prompt))
+            in_flight += 1
+        if not engine.has_unfinished():
+            if arrivals:
+                clock.now = max(clock.now, arrivals[0][0])
+            continue
+        before = clock.now
+        for req in engine.step():
+            rec = records[req.request_id]
+            rec.token_times.append(clock.now)
+            rec.cached_tokens = req.num_cached_tokens
+            if req.is_finished:
+                in_flight -= 1
+                si, ti = map(int, req.request_id.split(":"))
+                if ti + 1 < len(workload.sessions[si].turns):
+                    heapq.heappush(arrivals, (clock.now, si, ti + 1))
+        steps += 1
+        if clock.now == before:  # nothing could be scheduled
+            if arrivals:
+                clock.now = max(clock.now, arrivals[0][0])
+            else:
+                raise RuntimeError("simulation stalled: requests wait but nothing can be scheduled")
+        if steps > max_steps:
+            raise RuntimeError(f"simulation exceeded {max_steps} steps")
+
+    done = [r for r in records.values() if r.token_times]
+    duration = max((r.token_times[-1] for r in done), default=0.0) - min((r.sent for r in done), default=0.0)
+    duration = max(duration, 1e-9)
+    n_out = sum(len(r.token_times) for r in done)
+    n_in = sum(r.prompt_tokens for r in done)
+    itls = [b - a for r in done for a, b in zip(r.token_times, r.token_times[1:])]
+    tpots = [(r.token_times[-1] - r.token_times[0]) / (len(r.token_times) - 1) for r in done if len(r.token_times) > 1]
+    devices = tp * (2 if profile.disaggregated else 1)
+    return SimResult(
+        profile=profile.name, hardware=hw.key, model=model.name, devices=devices, requests=workload.num_requests,
+        completed=len(done), rejected=rejected, duration_s=round(duration, 3),
+        busy_fraction=round(min(1.0, runner.busy_s / duration), 3), input_tokens=n_in, output_tokens=n_out,
+        output_tokens_per_s=round(n_out / duration, 2), request_throughput=round(len(done) / duration, 4),
+        ttft_ms=Dist.of([r.token_times[0] - r.sent for r in done]), itl_ms=Dist.of(itls), tpot_ms=Dist.of(tpots),
+        e2e_ms=Dist.of([r.token_times[-1] - r.sent for r in done]),
+        prefix_hit_rate=round(sum(r.cached_tokens for r in done) / max(1, n_in), 4),
+        preemptions=engine.scheduler.stats.num_preemptions, kv_blocks=runner.num_kv_blocks,
+        block_size=runner.block_size, price_per_hour=hw.price_per_hour,
+    )
