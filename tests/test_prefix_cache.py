@@ -266,3 +266,19 @@ def test_tier_restore_skipped_when_prefilling_again_is_cheaper():
     assert [t.kind for t in kv.take_transfers()] == ["load", "load"]
     kv, m = setup(prefill_s=0.001)
     assert m.num_tokens == 0 and kv.stats.restores_skipped == 2 and not kv.take_transfers()
+
+
+def test_a_prefix_being_prefilled_is_not_computed_twice():
+    """Two requests with one long shared prefix arrive together: the second waits for the first's
+    blocks instead of computing the same prefix beside it."""
+    kv = KVManager(64, 4)
+    s = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64), kv)
+    shared = list(range(1, 41))
+    s.add(Request("a", shared + [90], SamplingParams(max_tokens=2, ignore_eos=True)))
+    s.add(Request("b", shared + [91, 92], SamplingParams(max_tokens=2, ignore_eos=True)))
+    first = s.schedule()
+    assert [c.request.request_id for c in first.chunks] == ["a"]  # b is deferred, not dropped
+    s.update(first, StepOutput(token_ids={c.request.request_id: 7 for c in first.chunks if c.sample}))
+    second = s.schedule()
+    b = [c for c in second.chunks if c.request.request_id == "b"][0]
+    assert b.start == 40 and s.requests["b"].num_cached_tokens == 40

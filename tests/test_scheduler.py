@@ -103,14 +103,36 @@ def test_step_cost_model_recovers_a_linear_cost():
     from kvserve.engine.step_cost import StepCostModel, StepFeatures
 
     m = StepCostModel()
-    truth = lambda f: 0.01 + 0.002 * f.prefill_tokens + 0.001 * f.decode_seqs + 0.0005 * f.attention_work
-    for p, d, a in [(0, 8, 1.0), (0, 16, 2.5), (128, 0, 9.0), (64, 8, 5.0), (256, 4, 40.0), (0, 32, 6.0),
-                    (512, 0, 130.0), (32, 2, 1.5), (0, 1, 0.2), (100, 10, 20.0), (300, 3, 70.0), (0, 12, 3.0)]:
-        f = StepFeatures(p, d, a)
+
+    def truth(f):
+        return (0.01 + 0.001 * f.decode_seqs + 0.0005 * f.decode_attention + 0.002 * f.prefill_tokens
+                + 0.0003 * f.prefill_attention)
+
+    steps = [(0, 8, 1.0, 0), (0, 16, 2.5, 0), (0, 32, 6.0, 0), (0, 1, 0.2, 0), (0, 12, 3.0, 0), (0, 4, 4.0, 0),
+             (128, 0, 0, 9.0), (64, 8, 1.5, 5.0), (256, 4, 2.0, 40.0), (512, 0, 0, 130.0), (32, 2, 0.3, 1.5),
+             (100, 10, 3.0, 20.0), (300, 3, 0.5, 70.0)]
+    for p, d, da, pa in steps:
+        f = StepFeatures(p, d, da, pa)
         m.observe(f, truth(f))
     assert m.ready
-    probe = StepFeatures(1000, 20, 300.0)
+    probe = StepFeatures(1000, 20, 5.0, 300.0)
     assert m.predict(probe) == pytest.approx(truth(probe), rel=1e-3)
+    assert m.decode_seconds(20, 5.0) == pytest.approx(0.01 + 0.02 + 0.0025, rel=1e-3)
+
+
+def test_step_cost_model_keeps_prefill_priced_when_chunks_are_all_alike():
+    """Steps whose prefill chunks all have the same size: a single regression lets the intercept
+    absorb the prefill cost; the split fit still prices a prefill token."""
+    from kvserve.engine.step_cost import StepCostModel, StepFeatures
+
+    m = StepCostModel()
+    for d in (2, 4, 6, 8, 3, 5, 7):
+        m.observe(StepFeatures(0, d, d * 0.2), 0.05 + 0.002 * d)
+    for i in range(40):
+        d = 4 + i % 3
+        m.observe(StepFeatures(2048, d, d * 0.2, 2048 * 2048 / 1024), 0.05 + 0.002 * d + 0.0025 * 2048)
+    assert m.prefill_seconds(0, 2048) == pytest.approx(0.0025 * 2048, rel=0.05)
+    assert m.decode_seconds(8, 1.6) == pytest.approx(0.05 + 0.016, rel=0.05)
 
 
 def test_prefill_chunks_shrink_to_the_time_allowance_while_others_decode():

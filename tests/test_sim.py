@@ -167,3 +167,17 @@ def test_catalog_has_the_named_devices_and_a_clear_error():
         get_hardware("tpu-v9")
     with pytest.raises(InvalidArgumentError, match="does not fit"):
         build_sim_engine(get_model("llama-3.1-70b"), get_hardware("l4"), get_profile("vllm"))
+
+
+def test_cli_sim_and_plan(capsys):
+    from kvserve.cli import main
+
+    assert main(["sim", "footprint", "--params-b", "8", "--seq-len", "4096", "--stacks", "vllm", "trtllm"]) == 0
+    out = capsys.readouterr().out
+    assert "| vllm |" in out and "| trtllm |" in out
+    assert main(["sim", "run", "--profiles", "vllm", "sglang", "--dataset", "prefix-rag", "--num-prompts", "20",
+                 "--system-len", "200", "--tools-len", "50", "--doc-len", "300", "--output-len", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "| vllm |" in out and "| sglang |" in out
+    assert main(["sim", "run", "--hardware", "nope"]) == 2  # a one-line error, not a traceback
+    assert "unknown hardware" in capsys.readouterr().err

@@ -136,10 +136,8 @@ class Scheduler:
     def _fit_in_time(self, start: int, n: int, metered: bool = True) -> int:
         """The largest chunk (binary search) whose predicted cost fits the step's time allowance;
         an unmetered chunk goes whole and uses up allowance that metered ones then lack."""
-        w = self.cost.weights()
-
         def cost(k: int) -> float:
-            return w[1] * k + w[3] * k * (start + k) / 1024
+            return self.cost.prefill_seconds(start, k)
 
         if not metered:
             self._prefill_time_left -= cost(n)  # type: ignore[operator]
@@ -169,14 +167,28 @@ class Scheduler:
         decoding = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
         if not decoding:
             return
-        decode_only = StepFeatures(0, len(decoding), sum(r.num_tokens for r in decoding) / 1024)
-        self._prefill_time_left = (factor - 1.0) * self.cost.predict(decode_only)
+        decode_only = self.cost.decode_seconds(len(decoding), sum(r.num_tokens for r in decoding) / 1024)
+        self._prefill_time_left = (factor - 1.0) * decode_only
+
+    def _prefix_being_computed(self, req: Request, cached: int) -> bool:
+        """Whether a running request still prefilling shares at least one more full block with
+        ``req`` than the cache holds (SGLang's in-batch prefix check)."""
+        if self.kv.cache is None:
+            return False
+        bs = self.kv.block_size
+        want = req.token_ids[: req.num_prompt_tokens - 1]
+        for r in self.running:
+            if r.num_computed_tokens >= r.num_prompt_tokens:
+                continue
+            i = cached
+            if i + bs > min(len(want), r.num_prompt_tokens):
+                continue
+            if want[i : i + bs] == r.token_ids[i : i + bs] and want[:i] == r.token_ids[:i]:
+                return True
+        return False
 
     def _predict_prefill(self, start: int, n: int) -> float | None:
-        if not self.cost.ready:
-            return None
-        w = self.cost.weights()
-        return max(0.0, w[1] * n + w[3] * n * (start + n) / 1024)
+        return self.cost.prefill_seconds(start, n) if self.cost.ready else None
 
     def _order_waiting(self) -> None:
         """Cache-aware order of the waiting queue; requests past the starvation bound go first."""
@@ -254,10 +266,18 @@ class Scheduler:
             budget = 0  # batch-then-wait: nothing joins until the batch has drained
         if self.waiting and not batch.preempted and budget > 0:
             self._order_waiting()
+        deferred: list[Request] = []
         while self.waiting and budget > 0 and not batch.preempted and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
             match = self.kv.match_prefix(req.request_id, req.token_ids)
             req.num_computed_tokens = match.num_tokens
+            if self._prefix_being_computed(req, match.num_tokens):
+                # a running request is prefilling the same prefix right now: wait for its blocks
+                # to land in the cache instead of computing them a second time
+                self.kv.free(req.request_id)
+                req.num_computed_tokens = 0
+                deferred.append(self.waiting.popleft())
+                continue
             n = self._chunk_size(req, budget)
             if n == 0 or not self.kv.can_grow(req.request_id, req.num_computed_tokens + n):
                 self.kv.free(req.request_id)
@@ -272,6 +292,7 @@ class Scheduler:
             self.running.append(req)
             batch.chunks.append(ScheduledChunk(req, req.num_computed_tokens, n, self.kv.table(req.request_id)))
             budget -= n
+        self.waiting.extendleft(reversed(deferred))
 
         batch.kv_transfers = self.kv.take_transfers()
         self.stats.num_steps += 1

@@ -1,9 +1,16 @@
 """A step-time model learned online from measured steps; the scheduler sizes prefill chunks with it.
 
-seconds ≈ w0 + w1·prefill_tokens + w2·decode_seqs + w3·attention_work, where attention_work is
-(Σ decode contexts + Σ chunk tokens × chunk end) / 1024. The weights come from least squares over
-recent steps (older ones fade), so the model follows whatever machine and runner it is on. Plain
-Python: the simulator can drive the same scheduler with it.
+Two fits, so that neither can hide in the other:
+- decode: seconds of a decode-only step ≈ d0 + d1·sequences + d2·Σcontext/1024, fitted on
+  decode-only steps;
+- prefill: the extra seconds prefill adds to a step ≈ p1·tokens + p2·Σ(tokens·chunk end)/1024,
+  fitted with no intercept on what a step with prefill took beyond the decode fit's prediction
+  for its decodes (its fixed overhead included).
+One regression over all steps let the intercept absorb the prefill cost whenever recent steps
+carried prefill chunks of similar size, so a long chunk looked nearly free; splitting the fits
+keeps the marginal price of a prefill token honest. Recent steps weigh more (older ones fade),
+so the model follows whatever machine and runner it is on. Plain Python: the simulator drives
+the same scheduler with it.
 """
 
 from __future__ import annotations
@@ -12,78 +19,94 @@ from dataclasses import dataclass
 
 from kvserve.engine.batch import Batch
 
-NUM_FEATURES = 4
-
 
 @dataclass(frozen=True)
 class StepFeatures:
     prefill_tokens: int
     decode_seqs: int
-    attention_work: float
+    decode_attention: float  # Σ decode contexts / 1024
+    prefill_attention: float = 0.0  # Σ chunk tokens × chunk end / 1024
 
     @classmethod
     def of(cls, batch: Batch) -> "StepFeatures":
         prefill = [c for c in batch.chunks if not c.is_decode]
         decodes = [c for c in batch.chunks if c.is_decode]
-        work = sum(c.end for c in decodes) + sum(c.num_tokens * c.end for c in prefill)
-        return cls(sum(c.num_tokens for c in prefill), len(decodes), work / 1024)
+        return cls(sum(c.num_tokens for c in prefill), len(decodes), sum(c.end for c in decodes) / 1024,
+                   sum(c.num_tokens * c.end for c in prefill) / 1024)
 
-    def vector(self) -> tuple[float, ...]:
-        return (1.0, float(self.prefill_tokens), float(self.decode_seqs), self.attention_work)
+
+class _RecursiveLeastSquares:
+    """Non-negative least squares over exponentially fading observations."""
+
+    def __init__(self, n: int, forget: float):
+        self.n, self.forget = n, forget
+        self.count = 0
+        self._xtx = [[0.0] * n for _ in range(n)]
+        self._xty = [0.0] * n
+        self._w: list[float] | None = None
+
+    def observe(self, x: tuple[float, ...], y: float) -> None:
+        for i in range(self.n):
+            self._xty[i] = self.forget * self._xty[i] + x[i] * y
+            for j in range(self.n):
+                self._xtx[i][j] = self.forget * self._xtx[i][j] + x[i] * x[j]
+        self.count += 1
+        self._w = None
+
+    def weights(self) -> list[float]:
+        """Solve; drop the features whose weight comes out negative (a cost never shrinks with
+        more work) and solve again on the rest."""
+        if self._w is None:
+            active = list(range(self.n))
+            sol: list[float] = []
+            while active:
+                a = [[self._xtx[i][j] for j in active] + [self._xty[i]] for i in active]
+                for k in range(len(active)):
+                    a[k][k] += 1e-9  # keeps the system solvable before every feature has varied
+                sol = _solve(a)
+                if all(w >= 0 for w in sol):
+                    break
+                active = [i for i, w in zip(active, sol) if w >= 0]
+            w = [0.0] * self.n
+            for i, v in zip(active, sol):
+                w[i] = max(0.0, v)
+            self._w = w
+        return self._w
 
 
 class StepCostModel:
-    def __init__(self, forget: float = 0.98, min_observations: int = 12):
-        self.forget = forget
+    def __init__(self, forget: float = 0.98, min_observations: int = 4):
         self.min_observations = min_observations
-        self.num_observations = 0
-        self._xtx = [[0.0] * NUM_FEATURES for _ in range(NUM_FEATURES)]
-        self._xty = [0.0] * NUM_FEATURES
-        self._weights: list[float] | None = None
-        self._seen_prefill = self._seen_decode = False
+        self._decode = _RecursiveLeastSquares(3, forget)
+        self._prefill = _RecursiveLeastSquares(2, forget)
 
     @property
     def ready(self) -> bool:
-        """Enough varied steps seen to trust predictions, and a fit in which prefill costs something."""
-        if not (self.num_observations >= self.min_observations and self._seen_prefill and self._seen_decode):
-            return False
-        w = self.weights()
-        return w[1] > 0 or w[3] > 0
+        """Both fits have seen enough steps, and prefill costs something."""
+        return (self._decode.count >= self.min_observations and self._prefill.count >= self.min_observations
+                and any(w > 0 for w in self._prefill.weights()))
 
     def observe(self, f: StepFeatures, seconds: float) -> None:
-        x = f.vector()
-        for i in range(NUM_FEATURES):
-            self._xty[i] = self.forget * self._xty[i] + x[i] * seconds
-            for j in range(NUM_FEATURES):
-                self._xtx[i][j] = self.forget * self._xtx[i][j] + x[i] * x[j]
-        self.num_observations += 1
-        self._seen_prefill |= f.prefill_tokens > 0
-        self._seen_decode |= f.decode_seqs > 0 and f.prefill_tokens == 0
-        self._weights = None
+        if f.prefill_tokens == 0:
+            self._decode.observe((1.0, float(f.decode_seqs), f.decode_attention), seconds)
+        elif self._decode.count:
+            rest = seconds - self.decode_seconds(f.decode_seqs, f.decode_attention)
+            self._prefill.observe((float(f.prefill_tokens), f.prefill_attention), rest)
 
-    def weights(self) -> list[float]:
-        """Non-negative least squares (a cost never shrinks with more work): solve, drop the features
-        whose weight comes out negative, solve again on the rest. Clipping a negative weight to zero
-        instead would leave its correlated partner fitted to compensate for it, and so too small."""
-        if self._weights is None:
-            active = list(range(NUM_FEATURES))
-            while True:
-                ridge = 1e-9  # keeps the system solvable before every feature has varied
-                a = [[self._xtx[i][j] for j in active] + [self._xty[i]] for i in active]
-                for k in range(len(active)):
-                    a[k][k] += ridge
-                sol = _solve(a)
-                if all(w >= 0 for w in sol) or len(active) == 1:
-                    break
-                active = [i for i, w in zip(active, sol) if w >= 0]
-            weights = [0.0] * NUM_FEATURES
-            for i, w in zip(active, sol):
-                weights[i] = max(0.0, w)
-            self._weights = weights
-        return self._weights
+    def decode_seconds(self, seqs: int, attention: float) -> float:
+        """A step of ``seqs`` decodes (Σ contexts / 1024 = ``attention``), with the step's fixed cost."""
+        w = self._decode.weights()
+        return w[0] + w[1] * seqs + w[2] * attention
+
+    def prefill_seconds(self, start: int, n: int) -> float:
+        """What a prefill chunk of ``n`` tokens at position ``start`` adds to a step."""
+        w = self._prefill.weights()
+        return w[0] * n + w[1] * n * (start + n) / 1024
 
     def predict(self, f: StepFeatures) -> float:
-        return sum(w * x for w, x in zip(self.weights(), f.vector()))
+        w = self._prefill.weights()
+        return (self.decode_seconds(f.decode_seqs, f.decode_attention)
+                + w[0] * f.prefill_tokens + w[1] * f.prefill_attention)
 
 
 def _solve(a: list[list[float]]) -> list[float]:
