@@ -25,7 +25,7 @@ class EngineConfig:
     num_kv_blocks: int | None = field(default=None, metadata={"help": "exact KV pool size in blocks (overrides --kv-cache-memory-gb)"})
     max_num_seqs: int = field(default=128, metadata={"help": "most sequences in one step"})
     max_num_batched_tokens: int = field(default=2048, metadata={"help": "token budget of one step (chunked prefill fills it)"})
-    prefill_step_factor: float = field(default=2.0, metadata={"help": "while sequences decode, a step carrying the prefill "
+    prefill_step_factor: float = field(default=1.5, metadata={"help": "while sequences decode, a step carrying the prefill "
                                        "of a long prompt may cost at most this many decode-only steps (learned from measured "
                                        "step times), so streams stay smooth under long-prompt bursts; 0: off"})
     metered_prefill_min_tokens: int = field(default=1024, metadata={"help": "prompts with at most this many tokens left to "

@@ -37,6 +37,7 @@ workloads() {
 }
 stop() { kill -TERM "$1" 2>/dev/null; wait "$1" 2>/dev/null; waitclosed "$2"; }
 
+PREFIX_CFGS=${PREFIX_CFGS:-fcfs lpm dfs-weight lpm-host}
 for e in $ENGINES; do case $e in
 kvserve)
   $K serve --port 8100 & P=$!
@@ -55,16 +56,18 @@ prefix)
   # Cache-aware order vs FCFS with a device KV that holds only part of the working set (6 documents
   # of 1,000 tokens behind a 300-token prefix: ~6,300 tokens; the pool: 256 blocks = 4,096 tokens),
   # then lpm with a host tier under it.
-  RAG=(--dataset prefix-rag --num-prompts 48 --max-concurrency 8 --output-len 32 --system-len 200 --tools-len 100
+  # Poisson arrivals at 1 request/s with no client-side cap, so the server's queue builds and its order matters.
+  RAG=(--dataset prefix-rag --num-prompts 48 --request-rate 1 --output-len 32 --system-len 200 --tools-len 100
        --num-docs 6 --doc-len 1000 --question-len 60)
-  for cfg in "fcfs" "lpm" "dfs-weight" "lpm-host"; do
+  for cfg in $PREFIX_CFGS; do
     policy=${cfg%-host}; extra=""
     [ "$cfg" = lpm-host ] && extra="--kv-offload-memory-gb 2"
     $K serve --port 8100 --num-kv-blocks 256 --schedule-policy "$policy" $extra & P=$!
-    waitport 8100 && B --base-url http://127.0.0.1:8100 "${RAG[@]}" --request-rate 4 --save-result "$OUT/prefix_${cfg}.json"
+    waitport 8100 && B --base-url http://127.0.0.1:8100 "${RAG[@]}" --save-result "$OUT/prefix_${cfg}.json"
     curl -s http://127.0.0.1:8100/metrics | grep -E '^kvserve:(prefix_cache|kv_evicted|kv_offload)' > "$OUT/prefix_${cfg}.metrics"
     stop $P 8100
   done
+  [ -n "${SKIP_SCRAMBLED:-}" ] && continue
   # Scrambled prefixes (same content, shuffled pieces) and multi-turn chat, default engine
   $K serve --port 8100 & P=$!
   if waitport 8100; then

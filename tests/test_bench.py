@@ -161,8 +161,9 @@ def test_bench_serve_prefix_rag(tiny_server, tmp_path):
     s = bench_serve.run(a)
     assert s.errors == 0 and s.completed == 5 and 0.5 < s.shared_prefix_fraction < 1
     _check_tokens(s, a, out)
-    # the server's usage reports cached tokens; the run's hit rate cannot pass the achievable share
-    assert s.prefix_hit_rate is not None and 0 < s.prefix_hit_rate <= s.shared_prefix_fraction
+    # the server's usage reports cached tokens (the module's server is warm from earlier tests, so
+    # the rate is not bounded by this run's own shareable part)
+    assert s.prefix_hit_rate is not None and 0 < s.prefix_hit_rate <= 1
     # and `bench table` reads the saved result back
     from kvserve.bench import compare
 
@@ -224,3 +225,11 @@ def test_bench_compare_runs_each_server_and_writes_markdown(tiny_server, tmp_pat
     assert "| | a | b |" in text and "| completed | 2 | 2 |" in text
     with pytest.raises(InvalidArgumentError, match="name=url"):
         compare.parse_servers(["nourl"])
+
+
+def test_bench_serve_text_prompts(tiny_server, tmp_path, tiny_model_dir):
+    """--text-prompts sends strings decoded with the given tokenizer; the server's usage still counts."""
+    a = args(tiny_server.url, num_prompts=3, input_len=8, output_len=3, text_prompts=True,
+             tokenizer=str(tiny_model_dir))
+    s = bench_serve.run(a)
+    assert s.errors == 0 and s.completed == 3 and s.output_tokens == 9 and s.input_tokens > 0

@@ -175,3 +175,28 @@ def test_time_capped_prefill_keeps_outputs(grid_model):
     uncapped.generate(prompts(), GREEDY)
     # smaller prefill chunks beside decodes: the same work takes more steps
     assert len(llm.engine.stats.steps) > len(uncapped.engine.stats.steps)
+
+
+def test_decodes_of_very_different_lengths_are_grouped_and_exact(grid_model):
+    """A long sequence decoding beside short ones gets its own attention group (the short ones do
+    not gather padding up to its length), and every output still equals the prompt run alone."""
+    from kvserve.runner.torch_runner import TorchRunner
+
+    rng = random.Random(5)
+    ps = [[rng.randrange(3, 97) for _ in range(n)] for n in (10, 12, 400, 9)]
+    alone = make_llm(grid_model, block_size=16, max_num_batched_tokens=512)
+    want = [alone.generate([p], GREEDY)[0].token_ids for p in ps]
+    llm = make_llm(grid_model, block_size=4, max_num_batched_tokens=512)
+    groups = []
+    prepare = llm.engine.runner._prepare
+
+    def spy(decodes, prefills):
+        out = prepare(decodes, prefills)
+        groups.append(len(out[2].decode_groups))
+        return out
+
+    llm.engine.runner._prepare = spy
+    assert [o.token_ids for o in llm.generate(ps, GREEDY)] == want
+    assert max(groups) == 2
+    ends = TorchRunner._decode_group_ends
+    assert ends([]) == []

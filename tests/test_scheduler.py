@@ -161,7 +161,14 @@ def test_prefill_chunks_shrink_to_the_time_allowance_while_others_decode():
     b = s.schedule()
     sizes = {c.request.request_id: c.num_tokens for c in b.chunks}
     assert sizes["short"] == 200 and sizes["long"] == 16 and sum(c.is_decode for c in b.chunks) == 4
+    # the long prompt stays metered to its end: its last 256 tokens do not become a "short" prompt
+    long_sizes = []
+    for _ in range(40):
+        s.update(b, StepOutput(token_ids={c.request.request_id: 7 for c in b.chunks if c.sample}))
+        b = s.schedule()
+        long_sizes += [c.num_tokens for c in b.chunks if c.request.request_id == "long" and not c.is_decode]
+    assert long_sizes and max(long_sizes) <= 16
     s.config.prefill_step_factor = 0  # off: the whole token budget again
     s.update(b, StepOutput(token_ids={c.request.request_id: 7 for c in b.chunks if c.sample}))
     b = s.schedule()
-    assert [c.num_tokens for c in b.chunks if c.request.request_id == "long"] == [1000 - 32]
+    assert [c.num_tokens for c in b.chunks if c.request.request_id == "long"] == [1000 - 32 - sum(long_sizes)]

@@ -121,6 +121,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-records", default=None, help="write one JSON line per request to this file")
     p.add_argument("--plot", default=None, help="write TTFT and ITL distributions to this PNG")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--text-prompts", action="store_true",
+                   help="send prompts as text (decoded with --tokenizer) for servers that take only strings; also "
+                        "sends min_tokens = max_tokens, which such servers (llama.cpp) honour in place of ignore_eos")
+    p.add_argument("--tokenizer", default=None, help="model folder or .gguf whose tokenizer decodes --text-prompts "
+                                                     "(default: the embedded model's)")
 
 
 def meets_slo(r: RequestRecord, slo_ttft_ms: float | None, slo_itl_ms: float | None) -> bool:
@@ -188,6 +193,7 @@ async def stream_completion(client, url: str, body: dict, rec: RequestRecord, t0
     start = time.perf_counter()
     rec.start = start - t0
     last = start
+    chunks_seen, got_usage = 0, False
     try:
         async with client.stream("POST", url, json=body) as resp:
             if resp.status_code != 200:
@@ -204,12 +210,14 @@ async def stream_completion(client, url: str, body: dict, rec: RequestRecord, t0
                     rec.error = str(chunk["error"])[:200]
                     return
                 if chunk.get("usage"):
+                    got_usage = True
                     rec.prompt_tokens = chunk["usage"].get("prompt_tokens", 0)
                     rec.output_tokens = chunk["usage"].get("completion_tokens", 0)
                     details = chunk["usage"].get("prompt_tokens_details") or {}
                     if details.get("cached_tokens") is not None:
                         rec.cached_tokens = details["cached_tokens"]
                 if chunk.get("choices") and chunk["choices"][0].get("text"):
+                    chunks_seen += 1
                     now = time.perf_counter()
                     rec.token_times.append(now - t0)
                     if rec.ttft is None:
@@ -217,6 +225,8 @@ async def stream_completion(client, url: str, body: dict, rec: RequestRecord, t0
                     else:
                         rec.itls.append(now - last)
                     last = now
+        if not got_usage:  # a server without stream usage (llama.cpp): count the streamed chunks
+            rec.output_tokens = chunks_seen  # prompt_tokens keeps the workload's own count
         rec.ok = True
     except Exception as e:  # connection refused, reset, bad JSON: count it, keep going
         rec.error = f"{type(e).__name__}: {e}"[:200]
@@ -287,9 +297,15 @@ async def run_workload(a: argparse.Namespace, workload: Workload) -> tuple[Summa
                 raise KVServeError(f"cannot list models at {base}/v1/models ({type(e).__name__}: {e}); "
                                    "is the server up? --model skips this") from e
 
+        texts = _as_texts(workload, a.tokenizer) if a.text_prompts else None
+
         async def send(turn: Turn, rec: RequestRecord, t0: float) -> None:
             body = {"model": model, "prompt": turn.prompt, "max_tokens": turn.max_tokens, "temperature": 0.0,
                     "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+            rec.prompt_tokens = len(turn.prompt)  # the server's usage, when it sends one, replaces it
+            if texts is not None:
+                body["prompt"] = texts[id(turn)]
+                body["min_tokens"] = turn.max_tokens
             await stream_completion(client, base + "/v1/completions", body, rec, t0)
 
         with tqdm(total=workload.num_requests, unit="req", desc=workload.name,
@@ -308,6 +324,14 @@ async def run_workload(a: argparse.Namespace, workload: Workload) -> tuple[Summa
     summary = summarize(records, elapsed, workload, base_url=base, model=model, max_concurrency=a.max_concurrency,
                         request_rate=a.request_rate, slo_ttft_ms=a.slo_ttft_ms, slo_itl_ms=a.slo_itl_ms)
     return summary, records
+
+
+def _as_texts(workload: Workload, tokenizer: str | None) -> dict[int, str]:
+    """Each turn's prompt decoded to text (by turn identity), for servers that take only strings."""
+    from kvserve.model.loader import load_tokenizer, resolve_model_path
+
+    tok = load_tokenizer(resolve_model_path(tokenizer))
+    return {id(t): tok.decode(t.prompt) for s in workload.sessions for t in s.turns}
 
 
 def run(a: argparse.Namespace) -> Summary:

@@ -114,6 +114,9 @@ class Request:
     token_ids: list[int] = field(init=False)
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first schedule
+    # decided at first schedule: the uncached prompt is long, so its prefill is metered by the step
+    # time budget to the end (its last chunk is not "short" just because little is left)
+    long_prefill: bool | None = None
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None

@@ -69,6 +69,7 @@ class Scheduler:
         kv.prefill_seconds = self._predict_prefill
         self._prefill_time_left: float | None = None  # this step's time allowance for prefill
         self._prefill_chunks = 0
+        self._unready_cap = False  # the time cap is on but its model not ready: minimal chunks
 
     # -- queue management -------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -128,9 +129,13 @@ class Scheduler:
         cap = self.config.long_prefill_token_threshold
         if cap > 0:
             n = min(n, cap)
+        if req.long_prefill is None:
+            req.long_prefill = req.num_prompt_tokens - req.num_computed_tokens > self.config.metered_prefill_min_tokens
+        short = not req.long_prefill
         if self._prefill_time_left is not None:
-            short = req.num_tokens - req.num_computed_tokens <= self.config.metered_prefill_min_tokens
             n = self._fit_in_time(req.num_computed_tokens, n, metered=not short)
+        elif self._unready_cap and not short:
+            n = min(n, self.config.min_prefill_chunk)
         return n
 
     def _fit_in_time(self, start: int, n: int, metered: bool = True) -> int:
@@ -160,12 +165,15 @@ class Scheduler:
 
     def _plan_prefill_time(self) -> None:
         """While sequences decode, allow (long) prefill only (factor - 1) decode-steps' worth of time."""
-        self._prefill_time_left, self._prefill_chunks = None, 0
+        self._prefill_time_left, self._prefill_chunks, self._unready_cap = None, 0, False
         factor = self.config.prefill_step_factor
-        if factor <= 0 or not self.cost.ready:
+        if factor <= 0:
             return
         decoding = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
         if not decoding:
+            return
+        if not self.cost.ready:  # no trustworthy model yet: long prompts go in minimal chunks
+            self._unready_cap = True
             return
         decode_only = self.cost.decode_seconds(len(decoding), sum(r.num_tokens for r in decoding) / 1024)
         self._prefill_time_left = (factor - 1.0) * decode_only

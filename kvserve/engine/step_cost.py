@@ -89,8 +89,10 @@ class StepCostModel:
     def observe(self, f: StepFeatures, seconds: float) -> None:
         if f.prefill_tokens == 0:
             self._decode.observe((1.0, float(f.decode_seqs), f.decode_attention), seconds)
-        elif self._decode.count:
-            rest = seconds - self.decode_seconds(f.decode_seqs, f.decode_attention)
+        else:
+            # before any decode-only step is known, charge the whole step to prefill: an
+            # overestimate, so the first caps err on the side of smaller chunks
+            rest = seconds - self.decode_seconds(f.decode_seqs, f.decode_attention) if self._decode.count else seconds
             self._prefill.observe((float(f.prefill_tokens), f.prefill_attention), rest)
 
     def decode_seconds(self, seqs: int, attention: float) -> float:

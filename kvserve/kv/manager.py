@@ -101,7 +101,9 @@ class KVManager:
     def _allocate(self, n: int) -> list[int]:
         short = n - self.pool.num_free
         if short > 0 and self.cache is not None:
-            for node in self.cache.evict(short):
+            # Evict a little ahead (1/64 of the pool): finding LRU leaves scans the tree, and a pool
+            # that runs full would otherwise rescan it for every block a decode step adds.
+            for node in self.cache.evict(max(short, self.pool.num_blocks // 64)):
                 self.stats.evicted_blocks += 1
                 if self.tiers:
                     self._transfers.append(KVTransfer("save", node.block, node.key, node.tokens))

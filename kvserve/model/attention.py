@@ -25,6 +25,16 @@ class PrefillSpan:
 
 
 @dataclass
+class DecodeGroup:
+    """Decode rows [start, end) with contexts of similar length, gathered and attended together."""
+
+    start: int
+    end: int
+    slots: torch.Tensor  # [rows, max_context of the group]; padding points at the null slot
+    mask: torch.Tensor  # [rows, 1, 1, max_context] bool
+
+
+@dataclass
 class AttentionMetadata:
     """Built once per step by the runner and shared by every layer."""
 
@@ -33,6 +43,9 @@ class AttentionMetadata:
     decode_slots: torch.Tensor | None = None  # [num_decodes, max_context] (padding points at slot 0)
     decode_mask: torch.Tensor | None = None  # [num_decodes, 1, 1, max_context] bool
     decode_context_lens: torch.Tensor | None = None  # [num_decodes] int64
+    # Decodes split by context length, so one long sequence does not make every other decode in the
+    # step gather (and attend over) padding up to its length. Empty: one group, decode_slots/mask.
+    decode_groups: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillSpan] = field(default_factory=list)
 
 
@@ -74,8 +87,18 @@ def paged_attention(
 
 
 def _decode(q, k_cache, v_cache, meta: AttentionMetadata, gqa: bool) -> torch.Tensor:
+    groups = meta.decode_groups or [DecodeGroup(0, q.shape[0], meta.decode_slots, meta.decode_mask)]
+    if len(groups) == 1:
+        return _decode_group(q, k_cache, v_cache, groups[0], gqa)
+    out = torch.empty_like(q)
+    for g in groups:
+        out[g.start : g.end] = _decode_group(q[g.start : g.end], k_cache, v_cache, g, gqa)
+    return out
+
+
+def _decode_group(q, k_cache, v_cache, g: DecodeGroup, gqa: bool) -> torch.Tensor:
     # Gather each sequence's context through its block table: [B, L, kv_heads, d].
-    kd = k_cache[meta.decode_slots].transpose(1, 2)
-    vd = v_cache[meta.decode_slots].transpose(1, 2)
-    o = F.scaled_dot_product_attention(q.unsqueeze(2), kd, vd, attn_mask=meta.decode_mask, enable_gqa=gqa)
+    kd = k_cache[g.slots].transpose(1, 2)
+    vd = v_cache[g.slots].transpose(1, 2)
+    o = F.scaled_dot_product_attention(q.unsqueeze(2), kd, vd, attn_mask=g.mask, enable_gqa=gqa)
     return o.squeeze(2)

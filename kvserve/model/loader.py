@@ -432,6 +432,12 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Any:
     raise ModelLoadError(f"cannot load a tokenizer from {path}: expected a folder or a .gguf file")
 
 
+def load_tokenizer(path: str | os.PathLike[str]) -> Any:
+    """Only the tokenizer of a model folder or GGUF file (the benchmark's --text-prompts needs no weights)."""
+    path = Path(path)
+    return _gguf_tokenizer(path, None) if path.suffix == ".gguf" else _hf_folder_tokenizer(path)
+
+
 def _gguf_tokenizer(path: Path, chat_template: str | None) -> Any:
     """The tokenizer transformers builds from the GGUF metadata.
 

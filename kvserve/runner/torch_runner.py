@@ -15,7 +15,7 @@ import torch
 
 from kvserve.engine.batch import Batch, ScheduledChunk, StepOutput
 from kvserve.kv.manager import KVTransfer
-from kvserve.model.attention import AttentionMetadata, PrefillSpan
+from kvserve.model.attention import AttentionMetadata, DecodeGroup, PrefillSpan
 from kvserve.model.config import ModelConfig
 from kvserve.model.layers import cpu_packing_supported
 from kvserve.model.llama import LlamaForCausalLM
@@ -138,18 +138,19 @@ class TorchRunner:
             ids.append(c.request.token_ids[c.start])
             pos.append(c.start)
         meta = AttentionMetadata(slot_mapping=torch.empty(0), num_decodes=len(decodes))
-        if decodes:
+        start = 0
+        for end in self._decode_group_ends(decodes):
+            group = decodes[start:end]
             bs = self.block_size
-            ctx = torch.tensor([c.end for c in decodes], device=dev)
-            width = max(len(c.block_table) for c in decodes)
-            tables = torch.tensor([c.block_table + [0] * (width - len(c.block_table)) for c in decodes], device=dev)
-            max_ctx = int(ctx.max())
-            p = torch.arange(max_ctx, device=dev)
+            ctx = torch.tensor([c.end for c in group], device=dev)
+            width = max(len(c.block_table) for c in group)
+            tables = torch.tensor([c.block_table + [0] * (width - len(c.block_table)) for c in group], device=dev)
+            p = torch.arange(int(ctx.max()), device=dev)
             valid = p.unsqueeze(0) < ctx.unsqueeze(1)
-            meta.decode_slots = torch.where(valid, tables[:, p // bs] * bs + p % bs, self.null_slot)
-            meta.decode_mask = valid[:, None, None, :]
-            meta.decode_context_lens = ctx
-            slots.extend(meta.decode_slots[torch.arange(len(decodes), device=dev), ctx - 1].tolist())
+            g_slots = torch.where(valid, tables[:, p // bs] * bs + p % bs, self.null_slot)
+            meta.decode_groups.append(DecodeGroup(start, end, g_slots, valid[:, None, None, :]))
+            slots.extend(g_slots[torch.arange(len(group), device=dev), ctx - 1].tolist())
+            start = end
         row = len(decodes)
         for c in prefills:
             ids.extend(c.request.token_ids[c.start : c.end])
@@ -166,6 +167,23 @@ class TorchRunner:
         meta.slot_mapping = torch.tensor(slots, device=dev)
         return torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), meta
 
+    @staticmethod
+    def _decode_group_ends(decodes: list[ScheduledChunk]) -> list[int]:
+        """Cut the decodes (sorted by context length) where padding the next one's group to its
+        length would more than double the group's shortest context (and cost a gather of at least
+        a few blocks): bounds the wasted gather to 2x while keeping groups few."""
+        ends: list[int] = []
+        lo = None
+        for i, c in enumerate(decodes):
+            if lo is None:
+                lo = c.end
+            elif c.end > 2 * lo and c.end - lo > 256:
+                ends.append(i)
+                lo = c.end
+        if decodes:
+            ends.append(len(decodes))
+        return ends
+
     # -- one step ----------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, batch: Batch) -> StepOutput:
@@ -175,7 +193,7 @@ class TorchRunner:
         if not batch.chunks:
             return out
         # decodes first, then prefills: the order _prepare lays rows out in
-        decodes = [c for c in batch.chunks if c.is_decode]
+        decodes = sorted((c for c in batch.chunks if c.is_decode), key=lambda c: c.end)  # grouped by context
         prefills = [c for c in batch.chunks if not c.is_decode]
         input_ids, positions, meta = self._prepare(decodes, prefills)
         chunks = decodes + prefills  # the row order of the hidden states

@@ -33,6 +33,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--requests-per-level", type=int, default=None, help="default: 2 x concurrency, at least 4")
     p.add_argument("--output", default="cpu_calibration.json", help="where to write the fitted entry and the check")
+    p.add_argument("--steps-file", default=None, help="also save the measured steps here (JSON) for later refits")
 
 
 def workload(concurrency: int, n: int, input_len: int, output_len: int, seed: int = 0) -> Workload:
@@ -96,7 +97,10 @@ def fit(hw: Hardware, model: ModelSpec, weights: str, steps: list[tuple[list[Chu
         c = rf.step(shapes)
         rows.append([1.0, nseq, c.linear_flops, c.attention_flops, c.weight_bytes + c.kv_bytes])
         y.append(seconds)
+    # relative error: weigh each step by 1 / its time, so a 60 ms decode counts as much as a 5 s prefill
+    # (steps at low concurrency are many and short; absolute errors would fit the long ones only)
     x, t = np.array(rows), np.array(y)
+    x, t = x / t[:, None], np.ones_like(t)
     scale = x.max(axis=0)
     scale[scale == 0] = 1.0
     active = list(range(x.shape[1]))
@@ -132,6 +136,8 @@ def run(a: argparse.Namespace) -> dict:
         all_steps += steps
         print(f"measured c={c}: {measured['output_tokens_per_s']:.1f} tok/s, TTFT p50 {measured['ttft_p50_ms']:.0f} ms, "
               f"ITL p50 {measured['itl_p50_ms']:.1f} ms ({len(steps)} steps)")
+    if a.steps_file:
+        Path(a.steps_file).write_text(json.dumps([[[asdict(c) for c in sh], n, sec] for sh, n, sec in all_steps]))
     fitted = fit(hw, model, weights, all_steps)
     profile = get_profile("kvserve").with_(weights=weights, kv=weights, prefill_step_factor=0)
     rows = []

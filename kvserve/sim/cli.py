@@ -90,7 +90,7 @@ def add_parsers(sub) -> None:
 
     ca = ss.add_parser("cache-aware", help="fcfs vs lpm vs dfs-weight on RAG and scrambled RAG, tight KV")
     _common(ca)
-    ca.add_argument("--kv-tokens", type=int, default=60_000)
+    ca.add_argument("--kv-tokens", type=int, default=20_000)
     ca.add_argument("--request-rate", type=float, default=20.0)
     ca.set_defaults(func=lambda a: _print_comparison(
         planner.cache_aware_vs_fcfs(a.model, a.hardware, a.kv_tokens, a.request_rate), a.plot))

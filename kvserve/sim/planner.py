@@ -44,6 +44,20 @@ def make_workload(name: str, **overrides) -> Workload:
     return datasets.build(a)
 
 
+def _at_rate(name: str, rate: float | None, **overrides) -> tuple[Workload, float]:
+    """The workload offered at ``rate`` requests/s (None: all at once, for capacity), and the request
+    rate to pass to ``simulate``. A trace keeps its own arrival pattern, rescaled in time."""
+    spec = dict(WORKLOADS.get(name, {"dataset": name}), **overrides)
+    if not spec["dataset"].startswith("azure"):
+        return make_workload(name, **overrides), (rate or float("inf"))
+    if rate is None:
+        return make_workload(name, **overrides, time_scale=0.0), float("inf")
+    native = make_workload(name, **overrides)
+    starts = [s.start or 0.0 for s in native.sessions]
+    span = max(starts) - min(starts) or 1.0
+    return make_workload(name, **overrides, time_scale=len(starts) / rate / span), float("inf")
+
+
 def model_for_params(params_b: float, active_b: float | None = None) -> ModelSpec:
     """A preset of about this size, or a Llama-shaped model built to it (MoE when active < total)."""
     active_b = active_b or params_b
@@ -103,7 +117,8 @@ def cost_per_million_tokens(active_b: float, stack: str, hardware: str = "h100-s
     """USD per million output tokens: the stack's simulated saturated throughput on ``workload``
     for a model of ``active_b`` billion active parameters, the devices busy ``utilization`` of the time."""
     model = model_for_params(params_b or active_b, active_b)
-    res = simulate(make_workload(workload), model, get_hardware(hardware), get_profile(stack), tp=tp)
+    wl, rate = _at_rate(workload, None)
+    res = simulate(wl, model, get_hardware(hardware), get_profile(stack), tp=tp, request_rate=rate)
     return res.cost_per_million_output_tokens(utilization)
 
 
@@ -128,7 +143,7 @@ def static_vs_continuous(model: str = "llama-3.1-8b", hardware: str = "h100-sxm"
     return c
 
 
-def cache_aware_vs_fcfs(model: str = "llama-3.1-8b", hardware: str = "h100-sxm", kv_tokens: int = 60_000,
+def cache_aware_vs_fcfs(model: str = "llama-3.1-8b", hardware: str = "h100-sxm", kv_tokens: int = 20_000,
                         request_rate: float = 20.0) -> Comparison:
     """Radix-cache order on a RAG workload whose working set exceeds the KV budget, and the same with
     each prompt's prefix pieces shuffled (hit rate collapses whatever the order)."""
@@ -177,7 +192,6 @@ def pick_engine(hardware: str, scale: int, workload: str, model: str = "llama-3.
     at ``utilization`` of that capacity, for the latencies a user would see. Among the profiles meeting
     the SLOs, the cheapest wins (the cheapest overall where none does)."""
     m, hw = get_model(model), get_hardware(hardware)
-    wl = make_workload(workload, **workload_overrides)
     c = Comparison(f"pick an engine: {m.name} on {scale} x {hw.name}, {workload}")
     for name in ("vllm", "sglang", "trtllm", "llamacpp", "static"):
         prof = get_profile(name)
@@ -186,8 +200,10 @@ def pick_engine(hardware: str, scale: int, workload: str, model: str = "llama-3.
             c.notes.append(f"{name}: {m.name} does not fit on {scale} x {hw.key} at {prof.weights}")
             continue
         try:
-            sat = simulate(wl, m, hw, prof, tp=tp)
-            loaded = simulate(wl, m, hw, prof, tp=tp, request_rate=max(1e-3, utilization * sat.request_throughput))
+            wl_sat, rate = _at_rate(workload, None, **workload_overrides)
+            sat = simulate(wl_sat, m, hw, prof, tp=tp, request_rate=rate)
+            wl_load, rate = _at_rate(workload, max(1e-3, utilization * sat.request_throughput), **workload_overrides)
+            loaded = simulate(wl_load, m, hw, prof, tp=tp, request_rate=rate)
         except (InvalidArgumentError, RuntimeError) as e:
             c.notes.append(f"{name}: {e}")
             continue

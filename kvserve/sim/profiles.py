@@ -48,7 +48,7 @@ class EngineProfile:
 PROFILES: dict[str, EngineProfile] = {
     "kvserve": EngineProfile("kvserve", "kvserve's defaults: continuous batching, 2048-token steps, radix cache, "
                              "lpm, time-capped prefill of long prompts", max_num_seqs=128, max_num_batched_tokens=2048,
-                             schedule_policy="lpm", prefill_step_factor=2.0),
+                             schedule_policy="lpm", prefill_step_factor=1.5),
     "static": EngineProfile("static", "batch-then-wait: a batch of whole prompts runs until every sequence ends",
                             max_num_seqs=64, max_num_batched_tokens=1 << 20, chunked_prefill=False,
                             static_batching=True, prefix_caching=False),
