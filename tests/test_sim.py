@@ -169,12 +169,14 @@ def test_catalog_has_the_named_devices_and_a_clear_error():
         build_sim_engine(get_model("llama-3.1-70b"), get_hardware("l4"), get_profile("vllm"))
 
 
-def test_cli_sim_and_plan(capsys):
+def test_cli_sim_and_plan(capsys, tmp_path):
     from kvserve.cli import main
 
-    assert main(["sim", "footprint", "--params-b", "8", "--seq-len", "4096", "--stacks", "vllm", "trtllm"]) == 0
+    png = tmp_path / "fp.png"
+    assert main(["sim", "footprint", "--params-b", "8", "--seq-len", "4096", "--stacks", "vllm", "trtllm",
+                 "--plot", str(png)]) == 0
     out = capsys.readouterr().out
-    assert "| vllm |" in out and "| trtllm |" in out
+    assert "| vllm |" in out and "| trtllm |" in out and png.stat().st_size > 0
     assert main(["sim", "run", "--profiles", "vllm", "sglang", "--dataset", "prefix-rag", "--num-prompts", "20",
                  "--system-len", "200", "--tools-len", "50", "--doc-len", "300", "--output-len", "16"]) == 0
     out = capsys.readouterr().out

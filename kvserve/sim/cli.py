@@ -56,6 +56,21 @@ def _plot(c: planner.Comparison, path: str) -> None:
     plt.close(fig)
 
 
+def _bar_plot(labels: list[str], values: list[float], xlabel: str, title: str, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 0.4 * len(labels) + 1.2))
+    ax.barh(labels, values)
+    ax.set_xlabel(xlabel)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="llama-3.1-8b", help="a preset or a path to a Hugging Face config.json")
     p.add_argument("--hardware", default="h100-sxm", help=f"one of the catalog's: {', '.join(load_catalog())}")
@@ -108,6 +123,7 @@ def add_parsers(sub) -> None:
     fp.add_argument("--seq-len", type=int, default=8192)
     fp.add_argument("--hardware", default="h100-sxm")
     fp.add_argument("--stacks", nargs="+", default=list(PROFILES), choices=list(PROFILES))
+    fp.add_argument("--plot", default=None, help="write a PNG here")
     fp.set_defaults(func=_cmd_footprint)
 
     cost = ss.add_parser("cost", help="USD per million output tokens per stack")
@@ -118,6 +134,7 @@ def add_parsers(sub) -> None:
     cost.add_argument("--workload", default="chat")
     cost.add_argument("--stacks", nargs="+", default=["vllm", "sglang", "trtllm", "llamacpp", "static"],
                       choices=list(PROFILES))
+    cost.add_argument("--plot", default=None, help="write a PNG here")
     cost.set_defaults(func=_cmd_cost)
 
     from kvserve.sim import calibrate
@@ -134,6 +151,7 @@ def add_parsers(sub) -> None:
     plan.add_argument("--model", default="llama-3.1-8b")
     plan.add_argument("--slo-ttft-p99-ms", type=float, default=2000.0)
     plan.add_argument("--slo-itl-p50-ms", type=float, default=50.0)
+    plan.add_argument("--plot", default=None, help="write a PNG here")
     plan.set_defaults(func=_cmd_plan)
 
 
@@ -164,18 +182,26 @@ def _cmd_footprint(a: argparse.Namespace) -> None:
     print(f"{a.params_b:g}B parameters ({active:g}B active), {a.seq_len}-token sequences, one {a.hardware}")
     print("| stack | weights GB | KV GB / seq | activations GB | draft GB | total, 1 seq | seqs that fit |")
     print("|---|---:|---:|---:|---:|---:|---:|")
+    fits = []
     for s in a.stacks:
         r = planner.hbm_footprint_gb(a.params_b, active, a.seq_len, s, a.hardware)
+        fits.append(r.sequences_that_fit)
         print(f"| {s} | {r.weights_gb:.2f} | {r.kv_gb_per_sequence:.3f} | {r.activations_gb:.2f} | {r.draft_gb:.2f} "
               f"| {r.total_gb_one_sequence:.2f} | {r.sequences_that_fit} |")
+    if a.plot:
+        _bar_plot(a.stacks, fits, f"{a.seq_len}-token sequences that fit", f"{a.params_b:g}B on one {a.hardware}", a.plot)
 
 
 def _cmd_cost(a: argparse.Namespace) -> None:
     print(f"{a.active_b:g}B active on {a.hardware}, {a.workload}, {a.utilization:.0%} utilization")
     print("| stack | $ per 1M output tokens |\n|---|---:|")
+    costs = []
     for s in a.stacks:
         c = planner.cost_per_million_tokens(a.active_b, s, a.hardware, a.utilization, a.params_b, a.workload)
+        costs.append(c)
         print(f"| {s} | {c:.4f} |")
+    if a.plot:
+        _bar_plot(a.stacks, costs, "USD per 1M output tokens", f"{a.active_b:g}B active on {a.hardware}", a.plot)
 
 
 def _cmd_plan(a: argparse.Namespace) -> None:
@@ -187,3 +213,5 @@ def _cmd_plan(a: argparse.Namespace) -> None:
     print(f"\npick: {pick.engine}")
     for r in pick.reasons:
         print(f"- {r}")
+    if a.plot:
+        _plot(pick.comparison, a.plot)
