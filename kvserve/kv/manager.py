@@ -204,10 +204,6 @@ class KVManager:
                 self.tiers.put(t.key, t.tokens, payload)
                 self.stats.offload_bytes_out += len(payload)
 
-    def reset_prefix_cache(self) -> None:
-        if self.cache is not None:
-            self.cache.clear()
-
     def check(self) -> None:
         """Assert the block accounting is exact (tests call this after every step)."""
         refs = [0] * self.pool.num_blocks

@@ -182,10 +182,6 @@ class RadixCache:
         self.stats.evicted_blocks += len(freed)
         return freed
 
-    def clear(self) -> None:
-        for child in list(self.root.children.values()):
-            self._drop(child)
-
     def _nodes(self) -> Iterator[RadixNode]:
         stack = list(self.root.children.values())
         while stack:

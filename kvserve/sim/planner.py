@@ -16,7 +16,7 @@ from kvserve.bench.datasets import Workload
 from kvserve.errors import InvalidArgumentError
 from kvserve.sim.hardware import Hardware, get_hardware
 from kvserve.sim.models import BYTES, PRESETS, ModelSpec, get_model
-from kvserve.sim.profiles import PROFILES, EngineProfile, get_profile
+from kvserve.sim.profiles import EngineProfile, get_profile
 from kvserve.sim.simulate import SimResult, footprint, simulate
 
 WORKLOADS = {  # planner names -> bench datasets with their flags
@@ -247,7 +247,3 @@ def _tp_needed(m: ModelSpec, prof: EngineProfile, hw: Hardware, scale: int) -> i
             return tp
         tp *= 2
     return None
-
-
-def profiles_for(names: list[str] | None) -> list[EngineProfile]:
-    return [get_profile(n) for n in (names or list(PROFILES))]
