@@ -40,6 +40,17 @@ class EngineConfig:
     kv_offload_dir: str | None = field(default=None, metadata={"help": "directory of a disk tier for evicted KV blocks "
                                        "(kept across restarts)"})
     kv_offload_disk_gb: float = field(default=10.0, metadata={"help": "size bound of the disk tier, GiB"})
+    speculative_method: str | None = field(default=None, metadata={"help": "speculative decoding: ngram (prompt "
+                                           "lookup, no second model) or draft (--speculative-model); default off",
+                                           "choices": ("ngram", "draft")})
+    num_speculative_tokens: int = field(default=5, metadata={"help": "most tokens drafted per request and step"})
+    adaptive_speculation: bool = field(default=True, metadata={"help": "draft only as many tokens per request as "
+                                       "the measured acceptance and the step-time model say pay (down to none at "
+                                       "large batches); --no-adaptive-speculation always drafts the maximum"})
+    ngram_min: int = field(default=2, metadata={"help": "shortest tail that prompt lookup matches"})
+    ngram_max: int = field(default=4, metadata={"help": "longest tail that prompt lookup matches (tried first)"})
+    speculative_model: str | None = field(default=None, metadata={"help": "draft model for --speculative-method "
+                                          "draft: a Hugging Face folder or .gguf with the target's tokenizer"})
     max_model_len: int | None = field(default=None, metadata={"help": "context window (default: the model's, capped by the KV cache)"})
     seed: int = field(default=0, metadata={"help": "seed of the shared generator for unseeded sampling"})
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: all cores)"})
@@ -62,8 +73,23 @@ class EngineConfig:
                                        "(drop --no-enable-prefix-caching)", param="kv_offload_memory_gb")
         if self.starvation_timeout_s <= 0:
             raise InvalidArgumentError("--starvation-timeout-s must be positive", param="starvation_timeout_s")
+        self._check_speculation()
         if self.max_model_len is not None and self.max_model_len < 2:
             raise InvalidArgumentError("--max-model-len must be at least 2", param="max_model_len")
+
+    def _check_speculation(self) -> None:
+        m = self.speculative_method
+        if m not in (None, "ngram", "draft"):
+            raise InvalidArgumentError("--speculative-method must be ngram or draft", param="speculative_method")
+        if m == "draft" and not self.speculative_model:
+            raise InvalidArgumentError("--speculative-method draft needs --speculative-model PATH", param="speculative_model")
+        if self.speculative_model and m != "draft":
+            raise InvalidArgumentError("--speculative-model is used only with --speculative-method draft",
+                                       param="speculative_model")
+        if not 1 <= self.num_speculative_tokens <= 16:
+            raise InvalidArgumentError("--num-speculative-tokens must be in [1, 16]", param="num_speculative_tokens")
+        if not 1 <= self.ngram_min <= self.ngram_max <= 32:
+            raise InvalidArgumentError("need 1 <= --ngram-min <= --ngram-max <= 32", param="ngram_min")
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:

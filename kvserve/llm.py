@@ -13,11 +13,14 @@ from kvserve.engine.engine import Engine
 from kvserve.engine.output import OutputProcessor, RequestOutput
 from kvserve.engine.request import SamplingParams
 from kvserve.engine.scheduler import SchedulerConfig
-from kvserve.errors import InvalidArgumentError
+from kvserve.errors import InvalidArgumentError, ModelLoadError
 from kvserve.kv.manager import KVManager
 from kvserve.kv.tiers import DiskTier, HostTier
 from kvserve.model.config import ModelConfig
 from kvserve.runner.torch_runner import TorchRunner
+from kvserve.spec.draft import DraftProposer
+from kvserve.spec.ngram import NgramProposer
+from kvserve.spec.proposer import Proposer
 
 PromptLike = str | list[int]
 
@@ -44,15 +47,18 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
 
 
 def build_engine(cfg: EngineConfig, model_cfg: ModelConfig, weights: dict[str, torch.Tensor],
-                 eos_token_ids: list[int]) -> Engine:
-    """The torch runner and the engine loop around it, from a config and loaded weights."""
+                 eos_token_ids: list[int], draft_weights: tuple[ModelConfig, dict[str, torch.Tensor]] | None = None
+                 ) -> Engine:
+    """The torch runner and the engine loop around it, from a config and loaded weights.
+    ``draft_weights`` stands in for loading ``--speculative-model`` (tests pass tiny models)."""
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     device = resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
     runner = TorchRunner(
         model_cfg,
         weights,
-        dtype=resolve_dtype(cfg.dtype, device),
+        dtype=dtype,
         device=device,
         block_size=cfg.block_size,
         kv_cache_memory_gb=cfg.kv_cache_memory_gb,
@@ -60,13 +66,35 @@ def build_engine(cfg: EngineConfig, model_cfg: ModelConfig, weights: dict[str, t
         max_model_len=cfg.max_model_len,
         seed=cfg.seed,
     )
+    runner.proposer = build_proposer(cfg, model_cfg, runner, draft_weights)
     sched = SchedulerConfig(max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
                             prefill_step_factor=cfg.prefill_step_factor,
                             metered_prefill_min_tokens=cfg.metered_prefill_min_tokens, schedule_policy=cfg.schedule_policy,
-                            starvation_timeout_s=cfg.starvation_timeout_s)
+                            starvation_timeout_s=cfg.starvation_timeout_s,
+                            num_speculative_tokens=cfg.num_speculative_tokens if runner.proposer else 0,
+                            adaptive_speculation=cfg.adaptive_speculation)
     return Engine(runner, sched, vocab_size=model_cfg.vocab_size, eos_token_ids=tuple(eos_token_ids),
                   kv=build_kv_manager(cfg, runner.num_kv_blocks, runner.block_size, runner.block_bytes,
                                       runner.kv_fingerprint))
+
+
+def build_proposer(cfg: EngineConfig, model_cfg: ModelConfig, runner: TorchRunner,
+                   draft_weights: tuple[ModelConfig, dict[str, torch.Tensor]] | None) -> Proposer | None:
+    if cfg.speculative_method == "ngram":
+        return NgramProposer(cfg.ngram_min, cfg.ngram_max)
+    if cfg.speculative_method != "draft":
+        return None
+    if draft_weights is None:
+        from kvserve.model.loader import load_model, resolve_model_path
+
+        loaded = load_model(resolve_model_path(cfg.speculative_model))
+        draft_weights = (loaded.config, loaded.weights)
+    draft_cfg, weights = draft_weights
+    if draft_cfg.vocab_size != model_cfg.vocab_size:
+        raise ModelLoadError(f"the draft model's vocabulary has {draft_cfg.vocab_size} tokens and the target's "
+                             f"{model_cfg.vocab_size}: a draft model must share the target's tokenizer")
+    return DraftProposer(draft_cfg, weights, dtype=runner.dtype, device=runner.device,
+                         num_blocks=runner.num_kv_blocks, block_size=runner.block_size, seed=cfg.seed)
 
 
 def build_kv_manager(cfg: EngineConfig, num_blocks: int, block_size: int, block_bytes: int,
@@ -97,14 +125,14 @@ class LLM:
 
     @classmethod
     def from_weights(cls, model_config: ModelConfig, weights: dict[str, torch.Tensor], tokenizer=None,
-                     **engine_args: Any) -> "LLM":
+                     draft: tuple[ModelConfig, dict[str, torch.Tensor]] | None = None, **engine_args: Any) -> "LLM":
         """An LLM over weights already in memory (tests use tiny random models this way)."""
         self = cls.__new__(cls)
         self.config = EngineConfig.from_kwargs(**engine_args)
         self.tokenizer = tokenizer
         self.model_name = "in-memory"
         eos = tokenizer.eos_token_ids if tokenizer is not None else model_config.eos_token_ids
-        self.engine = build_engine(self.config, model_config, weights, eos)
+        self.engine = build_engine(self.config, model_config, weights, eos, draft)
         self._ids = itertools.count()
         return self
 

@@ -177,10 +177,10 @@ def test_time_capped_prefill_keeps_outputs(grid_model):
     assert len(llm.engine.stats.steps) > len(uncapped.engine.stats.steps)
 
 
-def test_decodes_of_very_different_lengths_are_grouped_and_exact(grid_model):
+def test_decodes_of_very_different_lengths_are_grouped_and_exact(grid_model, monkeypatch):
     """A long sequence decoding beside short ones gets its own attention group (the short ones do
     not gather padding up to its length), and every output still equals the prompt run alone."""
-    from kvserve.runner.torch_runner import TorchRunner
+    from kvserve.runner import inputs, torch_runner
 
     rng = random.Random(5)
     ps = [[rng.randrange(3, 97) for _ in range(n)] for n in (10, 12, 400, 9)]
@@ -188,15 +188,14 @@ def test_decodes_of_very_different_lengths_are_grouped_and_exact(grid_model):
     want = [alone.generate([p], GREEDY)[0].token_ids for p in ps]
     llm = make_llm(grid_model, block_size=4, max_num_batched_tokens=512)
     groups = []
-    prepare = llm.engine.runner._prepare
 
-    def spy(decodes, prefills):
-        out = prepare(decodes, prefills)
-        groups.append(len(out[2].decode_groups))
+    def spy(*args):
+        out = inputs.build_inputs(*args)
+        groups.append(len(out.meta.decode_groups))
         return out
 
-    llm.engine.runner._prepare = spy
+    monkeypatch.setattr(torch_runner, "build_inputs", spy)
     assert [o.token_ids for o in llm.generate(ps, GREEDY)] == want
     assert max(groups) == 2
-    ends = TorchRunner._decode_group_ends
+    ends = inputs._decode_group_ends
     assert ends([]) == []

@@ -144,7 +144,7 @@ def test_lpm_beats_fcfs_hit_rate_on_a_tight_budget():
             s.add(Request(f"q{i}", docs[i % 2] + [200 + i, 201 + i], SamplingParams(max_tokens=2, ignore_eos=True)))
         while s.has_unfinished():
             batch = s.schedule()
-            s.update(batch, StepOutput(token_ids={c.request.request_id: 7 for c in batch.chunks if c.sample}))
+            s.update(batch, StepOutput(token_ids={c.request.request_id: [7] for c in batch.chunks if c.sample}))
             kv.check()
         return kv.stats.hits / kv.stats.queries
 
@@ -163,7 +163,7 @@ def test_starvation_guard_bounds_every_wait():
 
     def step():
         batch = s.schedule()
-        s.update(batch, StepOutput(token_ids={c.request.request_id: 7 for c in batch.chunks if c.sample}))
+        s.update(batch, StepOutput(token_ids={c.request.request_id: [7] for c in batch.chunks if c.sample}))
 
     s.add(Request("warm", hot + [99], SamplingParams(max_tokens=1, ignore_eos=True), arrival_time=0.0))
     step()  # the hot prefix is now cached
@@ -278,7 +278,7 @@ def test_a_prefix_being_prefilled_is_not_computed_twice():
     s.add(Request("b", shared + [91, 92], SamplingParams(max_tokens=2, ignore_eos=True)))
     first = s.schedule()
     assert [c.request.request_id for c in first.chunks] == ["a"]  # b is deferred, not dropped
-    s.update(first, StepOutput(token_ids={c.request.request_id: 7 for c in first.chunks if c.sample}))
+    s.update(first, StepOutput(token_ids={c.request.request_id: [7] for c in first.chunks if c.sample}))
     second = s.schedule()
     b = [c for c in second.chunks if c.request.request_id == "b"][0]
     assert b.start == 40 and s.requests["b"].num_cached_tokens == 40

@@ -22,7 +22,7 @@ def req(rid, n_prompt, max_tokens=4):
 
 def fake_step(s: Scheduler):
     batch = s.schedule()
-    out = StepOutput(token_ids={c.request.request_id: 7 for c in batch.chunks if c.sample})
+    out = StepOutput(token_ids={c.request.request_id: [7] for c in batch.chunks if c.sample})
     s.update(batch, out)
     return batch
 
@@ -157,18 +157,18 @@ def test_prefill_chunks_shrink_to_the_time_allowance_while_others_decode():
     # a short prompt goes in whole beside them (metering it would only delay its first token),
     # and the long prompt's chunk gets what is left of the allowance: only the floor
     s.add(req("short", 200, max_tokens=2))
-    s.update(b, StepOutput(token_ids={c.request.request_id: 7 for c in b.chunks if c.sample}))
+    s.update(b, StepOutput(token_ids={c.request.request_id: [7] for c in b.chunks if c.sample}))
     b = s.schedule()
     sizes = {c.request.request_id: c.num_tokens for c in b.chunks}
     assert sizes["short"] == 200 and sizes["long"] == 16 and sum(c.is_decode for c in b.chunks) == 4
     # the long prompt stays metered to its end: its last 256 tokens do not become a "short" prompt
     long_sizes = []
     for _ in range(40):
-        s.update(b, StepOutput(token_ids={c.request.request_id: 7 for c in b.chunks if c.sample}))
+        s.update(b, StepOutput(token_ids={c.request.request_id: [7] for c in b.chunks if c.sample}))
         b = s.schedule()
         long_sizes += [c.num_tokens for c in b.chunks if c.request.request_id == "long" and not c.is_decode]
     assert long_sizes and max(long_sizes) <= 16
     s.config.prefill_step_factor = 0  # off: the whole token budget again
-    s.update(b, StepOutput(token_ids={c.request.request_id: 7 for c in b.chunks if c.sample}))
+    s.update(b, StepOutput(token_ids={c.request.request_id: [7] for c in b.chunks if c.sample}))
     b = s.schedule()
     assert [c.num_tokens for c in b.chunks if c.request.request_id == "long"] == [1000 - 32 - sum(long_sizes)]

@@ -14,12 +14,15 @@ class ScheduledChunk:
 
     The KV of positions < start is already in the cache. ``sample`` is true when the chunk
     reaches the end of the request's tokens, so a next token is drawn from its last logits.
+    A verify chunk is a decode followed by drafted tokens: all of them are scored at once.
     """
 
     request: Request
     start: int
     num_tokens: int
     block_table: list[int]
+    draft_token_ids: list[int] = field(default_factory=list)  # verified in this step
+    propose_k: int = 0  # tokens to draft after this step, for the next one
 
     @property
     def end(self) -> int:
@@ -27,11 +30,21 @@ class ScheduledChunk:
 
     @property
     def sample(self) -> bool:
-        return self.end == self.request.num_tokens
+        return self.end - len(self.draft_token_ids) == self.request.num_tokens
 
     @property
     def is_decode(self) -> bool:
         return self.num_tokens == 1 and self.start > 0
+
+    @property
+    def is_verify(self) -> bool:
+        return bool(self.draft_token_ids)
+
+    @property
+    def input_token_ids(self) -> list[int]:
+        if self.draft_token_ids:
+            return [self.request.token_ids[self.start]] + self.draft_token_ids
+        return self.request.token_ids[self.start : self.end]
 
 
 @dataclass
@@ -42,6 +55,8 @@ class Batch:
     preempted: list[Request] = field(default_factory=list)
     # block copies to and from the offload tiers, done in order before the forward pass
     kv_transfers: list[KVTransfer] = field(default_factory=list)
+    # requests gone since the last step (finished, aborted): the runner drops what it keeps for them
+    finished_request_ids: list[str] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -52,14 +67,20 @@ class Batch:
         return sum(1 for c in self.chunks if c.is_decode)
 
     @property
+    def num_prefill_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks if not c.is_decode and not c.is_verify)
+
+    @property
     def empty(self) -> bool:
-        return not self.chunks and not self.kv_transfers
+        return not self.chunks and not self.kv_transfers and not self.finished_request_ids
 
 
 @dataclass
 class StepOutput:
-    """The runner's answer: a sampled token (and optional logprobs) per sampling request."""
+    """The runner's answer, per sampling request: its new tokens (one, or with speculation the
+    accepted drafts and one more), their logprobs if asked for, and the draft for the next step."""
 
-    token_ids: dict[str, int] = field(default_factory=dict)
-    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    token_ids: dict[str, list[int]] = field(default_factory=dict)
+    logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+    draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
     saved_kv: dict[bytes, bytes] = field(default_factory=dict)  # payloads of the batch's "save" transfers

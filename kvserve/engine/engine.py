@@ -102,8 +102,8 @@ class Engine:
         for req in changed:
             if req.first_token_time is None:
                 req.first_token_time = now
-        self.stats.generation_tokens += len(changed)
-        self.stats.prompt_tokens += batch.num_tokens - batch.num_decode_tokens
+        self.stats.generation_tokens = self.scheduler.stats.num_generated_tokens
+        self.stats.prompt_tokens += batch.num_prefill_tokens
         if self.stats.keep_steps:
             self.stats.steps.append(StepRecord(batch.num_tokens, batch.num_decode_tokens, len(batch.chunks), elapsed))
         return changed

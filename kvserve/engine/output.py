@@ -27,6 +27,10 @@ class RequestOutput:
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     num_cached_tokens: int = 0
     prompt: str | None = None
+    # speculative decoding, so far: drafted tokens verified, of which accepted, in how many steps
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_verify_steps: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -44,6 +48,7 @@ class _TextState:
         self.text = ""
         self.sent_text = 0  # characters of text already handed out
         self.sent_tokens = 0
+        self.detok_tokens = 0  # output tokens already through the detokenizer
         self.holdback = max((len(s) for s in req.params.stop), default=1) - 1
 
 
@@ -66,13 +71,15 @@ class OutputProcessor:
     def drop(self, request_id: str) -> None:
         self._states.pop(request_id, None)
 
-    def process(self, req: Request, new_tokens: int = 1) -> tuple[RequestOutput, bool]:
-        """Returns the output for ``req`` and whether a stop string just finished it."""
+    def process(self, req: Request) -> tuple[RequestOutput, bool]:
+        """Returns the output for ``req`` (with every token it got since the last call; several
+        at once with speculative decoding) and whether a stop string just finished it."""
         st = self._states[req.request_id]
         out_ids = req.output_token_ids
         stopped_by_string = False
         if st.detok is not None:
-            for tok in out_ids[len(out_ids) - new_tokens :]:
+            for tok in out_ids[st.detok_tokens :]:
+                st.detok_tokens += 1
                 delta = st.detok.step(tok)
                 if not delta:
                     continue
@@ -84,6 +91,10 @@ class OutputProcessor:
                     st.text = st.text[: idx + len(stop)] if req.params.include_stop_str_in_output else st.text[:idx]
                     req.finish(FinishReason.STOP, stop_reason=stop)
                     stopped_by_string = True
+                    # tokens that came in the same step after the one completing the stop are not output
+                    del req.token_ids[req.num_prompt_tokens + st.detok_tokens :]
+                    del req.logprobs[st.detok_tokens :]
+                    out_ids = req.output_token_ids
                     break
         if req.is_finished and not stopped_by_string and st.detok is not None:
             st.text += st.detok.flush()  # bytes of a character the output ended inside
@@ -105,6 +116,9 @@ class OutputProcessor:
             stop_reason=req.stop_reason,
             logprobs=req.logprobs,
             num_cached_tokens=req.num_cached_tokens,
+            num_draft_tokens=req.spec.num_draft_tokens,
+            num_accepted_tokens=req.spec.num_accepted_tokens,
+            num_verify_steps=req.spec.num_verifies,
         )
         if finished:
             self.drop(req.request_id)

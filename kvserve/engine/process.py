@@ -37,6 +37,7 @@ from kvserve.engine.engine import check_prompt
 from kvserve.engine.output import OutputProcessor, RequestOutput
 from kvserve.engine.request import FinishReason, Request, SamplingParams, TokenLogprobs
 from kvserve.errors import EngineDeadError, InvalidArgumentError, KVServeError, ModelLoadError, ServerBusyError
+from kvserve.engine.scheduler import SpecStats
 from kvserve.kv.manager import PrefixCacheStats
 
 if TYPE_CHECKING:
@@ -102,6 +103,7 @@ class RequestDelta:
     stop_reason: int | str | None
     num_prompt_tokens: int
     num_cached_tokens: int
+    spec: tuple[int, int, int] = (0, 0, 0)  # verifies, draft tokens, accepted tokens (so far)
 
 
 @dataclass
@@ -125,6 +127,7 @@ class EngineStatsSnapshot:
     generation_tokens: int = 0
     kv_blocks_cached: int = 0  # blocks held by the prefix cache
     prefix_cache: PrefixCacheStats = field(default_factory=PrefixCacheStats)
+    spec: SpecStats = field(default_factory=SpecStats)
 
     @property
     def kv_cache_usage(self) -> float:
@@ -237,7 +240,8 @@ def _delta(req: Request, sent: dict[str, int]) -> RequestDelta:
         sent[req.request_id] = done + len(new)
     return RequestDelta(req.request_id, new, logprobs, req.is_finished,
                         req.finish_reason.value if req.finish_reason else None, req.stop_reason,
-                        req.num_prompt_tokens, req.num_cached_tokens)
+                        req.num_prompt_tokens, req.num_cached_tokens,
+                        (req.spec.num_verifies, req.spec.num_draft_tokens, req.spec.num_accepted_tokens))
 
 
 def _snapshot(engine: Engine) -> EngineStatsSnapshot:
@@ -252,6 +256,7 @@ def _snapshot(engine: Engine) -> EngineStatsSnapshot:
         generation_tokens=engine.stats.generation_tokens,
         kv_blocks_cached=engine.kv.num_cached_blocks,
         prefix_cache=copy.deepcopy(engine.kv.stats),
+        spec=copy.deepcopy(s.stats.spec),
     )
 
 
@@ -317,10 +322,11 @@ class RequestStream:
             m.token_ids.extend(item.new_token_ids)
             m.logprobs.extend(item.new_logprobs)
             m.num_cached_tokens = item.num_cached_tokens
+            m.spec.num_verifies, m.spec.num_draft_tokens, m.spec.num_accepted_tokens = item.spec
             num_new += len(item.new_token_ids)
             if item.finished:
                 m.finish(FinishReason(item.finish_reason), item.stop_reason)
-        out, stopped = self.client.processor.process(m, num_new)
+        out, stopped = self.client.processor.process(m)
         if stopped:  # a stop string ended it here; the engine still thinks it runs
             self.client._send(AbortRequests([self.request_id]))
         if obs is not None and num_new:

@@ -99,6 +99,22 @@ class TokenLogprobs:
     top: list[tuple[int, float]] = field(default_factory=list)
 
 
+@dataclass
+class SpecState:
+    """A request's speculative decoding: its pending draft and how well its drafts have fared."""
+
+    draft_token_ids: list[int] = field(default_factory=list)  # proposed after the last step, verified next
+    acceptance: float | None = None  # moving average of accepted / tried draft positions; None: unmeasured
+    num_verifies: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Tokens emitted per verify step (accepted drafts plus the target's own token)."""
+        return 1.0 + self.num_accepted_tokens / self.num_verifies if self.num_verifies else None
+
+
 @dataclass(eq=False)
 class Request:
     """One sequence as the scheduler sees it: token ids and how far the KV cache covers them."""
@@ -123,6 +139,7 @@ class Request:
     num_preemptions: int = 0
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     first_token_time: float | None = None
+    spec: SpecState = field(default_factory=SpecState)
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

@@ -7,6 +7,9 @@ request starts from its longest cached prefix and prefills only the rest; the wa
 queue is ordered by the schedule policy (fcfs, or cache-aware: lpm, dfs-weight) with a
 starvation guard. When a running request cannot get a block, the newest running request
 is preempted: its blocks are freed (its full blocks stay cached) and it waits again.
+With speculative decoding on, a decoding request's pending draft rides in its chunk to be
+verified, as many drafted tokens as the speculation policy finds worth their cost; after
+the step, the KV slots of rejected drafts are given back.
 """
 
 from __future__ import annotations
@@ -14,12 +17,13 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvserve.engine.batch import Batch, ScheduledChunk, StepOutput
 from kvserve.engine.request import FinishReason, Request, RequestStatus
 from kvserve.engine.step_cost import StepCostModel, StepFeatures
 from kvserve.kv.manager import KVManager
+from kvserve.spec.policy import SpecPolicy
 
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
 
@@ -46,12 +50,25 @@ class SchedulerConfig:
     # True: batch-then-wait (no admission until the running batch has drained), the baseline
     # that continuous batching is measured against
     static_batching: bool = False
+    num_speculative_tokens: int = 0  # most drafted tokens per request and step; 0: no speculation
+    adaptive_speculation: bool = True  # False: always draft num_speculative_tokens
+
+
+@dataclass
+class SpecStats:
+    num_verifies: int = 0  # verify chunks (a decode with at least one drafted token)
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_emitted_tokens: int = 0  # by verify chunks: accepted drafts plus the target's token
+    accepted_length_counts: list[int] = field(default_factory=list)  # [m]: verifies that accepted m drafts
 
 
 @dataclass
 class SchedulerStats:
     num_preemptions: int = 0
     num_steps: int = 0
+    num_generated_tokens: int = 0
+    spec: SpecStats = field(default_factory=SpecStats)
 
 
 class Scheduler:
@@ -70,6 +87,10 @@ class Scheduler:
         self._prefill_time_left: float | None = None  # this step's time allowance for prefill
         self._prefill_chunks = 0
         self._unready_cap = False  # the time cap is on but its model not ready: minimal chunks
+        k = config.num_speculative_tokens
+        self.spec = SpecPolicy(k, self.cost, adaptive=config.adaptive_speculation) if k > 0 else None
+        self.stats.spec.accepted_length_counts = [0] * (k + 1)
+        self._gone: list[str] = []  # requests removed since the last step
 
     # -- queue management -------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -106,6 +127,7 @@ class Scheduler:
             self.waiting.remove(req)
         self.kv.free(req.request_id)
         self.requests.pop(req.request_id, None)
+        self._gone.append(req.request_id)
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
@@ -113,6 +135,7 @@ class Scheduler:
         req.num_computed_tokens = 0
         req.status = RequestStatus.WAITING
         req.num_preemptions += 1
+        req.spec.draft_token_ids = []
         self.stats.num_preemptions += 1
         self.waiting.appendleft(req)
 
@@ -239,6 +262,24 @@ class Scheduler:
             stack.extend((c, False) for c in kids)
         return out
 
+    def _plan_speculation(self) -> dict[str, int]:
+        """Drafted tokens worth verifying (and drafting next) per decoding request."""
+        if self.spec is None:
+            return {}
+        decoding = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+        return self.spec.plan(decoding)
+
+    def _drafts(self, req: Request, budget: int, plan: dict[str, int]) -> list[int]:
+        """The part of ``req``'s pending draft to verify this step: within the policy's k, the
+        step's token budget, the context window and max_tokens (a verify emits up to k + 1)."""
+        drafts = req.spec.draft_token_ids
+        if not drafts or req.num_tokens - req.num_computed_tokens != 1:
+            return []
+        k = min(len(drafts), plan.get(req.request_id, 0), budget - 1, req.max_total_tokens - req.num_tokens)
+        if req.params.max_tokens is not None:
+            k = min(k, req.params.max_tokens - req.num_output_tokens - 1)
+        return drafts[: max(0, k)]
+
     def observe_step(self, batch: Batch, seconds: float) -> None:
         """Feed a measured step time to the cost model."""
         self.cost.observe(StepFeatures.of(batch), seconds)
@@ -247,6 +288,8 @@ class Scheduler:
         batch = Batch()
         budget = self.config.max_num_batched_tokens
         self._plan_prefill_time()
+        plan = self._plan_speculation()
+        fresh_k = max(plan.values(), default=self.config.num_speculative_tokens)  # for requests done prefilling
 
         i = 0
         while i < len(self.running) and budget > 0:
@@ -255,6 +298,9 @@ class Scheduler:
             if n == 0:  # a prefill that does not fit this step's time
                 i += 1
                 continue
+            drafts = self._drafts(req, budget, plan)
+            if drafts and not self.kv.can_grow(req.request_id, req.num_computed_tokens + n + len(drafts)):
+                drafts = []  # never preempt anyone for a draft
             while not self.kv.can_grow(req.request_id, req.num_computed_tokens + n):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -262,8 +308,12 @@ class Scheduler:
                 if victim is req:
                     break
             else:
+                n += len(drafts)
                 self.kv.grow(req.request_id, req.num_computed_tokens + n)
-                batch.chunks.append(ScheduledChunk(req, req.num_computed_tokens, n, self.kv.table(req.request_id)))
+                chunk = ScheduledChunk(req, req.num_computed_tokens, n, self.kv.table(req.request_id), drafts)
+                if self.spec is not None and chunk.sample:
+                    chunk.propose_k = plan.get(req.request_id, fresh_k)
+                batch.chunks.append(chunk)
                 budget -= n
                 i += 1
                 continue
@@ -298,11 +348,15 @@ class Scheduler:
             self.kv.grow(req.request_id, req.num_computed_tokens + n)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            batch.chunks.append(ScheduledChunk(req, req.num_computed_tokens, n, self.kv.table(req.request_id)))
+            chunk = ScheduledChunk(req, req.num_computed_tokens, n, self.kv.table(req.request_id))
+            if self.spec is not None and chunk.sample:
+                chunk.propose_k = fresh_k
+            batch.chunks.append(chunk)
             budget -= n
         self.waiting.extendleft(reversed(deferred))
 
         batch.kv_transfers = self.kv.take_transfers()
+        batch.finished_request_ids, self._gone = self._gone, []
         self.stats.num_steps += 1
         return batch
 
@@ -313,16 +367,43 @@ class Scheduler:
             req = chunk.request
             if req.is_finished:  # ended from outside while its step ran
                 continue
-            req.num_computed_tokens = chunk.end
-            self.kv.cache_blocks(req.request_id, req.token_ids, chunk.end)
             if not chunk.sample:
+                req.num_computed_tokens = chunk.end
+                self.kv.cache_blocks(req.request_id, req.token_ids, chunk.end)
                 continue
-            token = output.token_ids[req.request_id]
-            lp = output.logprobs.get(req.request_id)
-            if lp is not None:
-                req.logprobs.append(lp)
-            req.append_token(token)
+            tokens = output.token_ids[req.request_id]
+            logprobs = output.logprobs.get(req.request_id, [])
+            drafted = len(chunk.draft_token_ids)
+            # the KV of the chunk's first token and of the accepted drafts is valid; the rest is not
+            req.num_computed_tokens = chunk.end - drafted + len(tokens) - 1
+            for j, token in enumerate(tokens):
+                if j < len(logprobs):
+                    req.logprobs.append(logprobs[j])
+                req.append_token(token)
+                self.stats.num_generated_tokens += 1
+                if req.is_finished:
+                    break
+            self.kv.cache_blocks(req.request_id, req.token_ids, min(req.num_computed_tokens, req.num_tokens - 1))
+            if drafted:
+                self.kv.trim(req.request_id, req.num_tokens)  # give back the rejected drafts' slots
+                self._count_verify(req, drafted, len(tokens) - 1)
+            elif self.spec is not None and chunk.is_decode:
+                self.spec.idle(req)
+            req.spec.draft_token_ids = output.draft_token_ids.get(req.request_id, [])
             changed.append(req)
             if req.is_finished:
                 self._remove(req)
         return changed
+
+    def _count_verify(self, req: Request, drafted: int, accepted: int) -> None:
+        assert self.spec is not None
+        self.spec.observe(req, drafted, accepted)
+        req.spec.num_verifies += 1
+        req.spec.num_draft_tokens += drafted
+        req.spec.num_accepted_tokens += accepted
+        st = self.stats.spec
+        st.num_verifies += 1
+        st.num_draft_tokens += drafted
+        st.num_accepted_tokens += accepted
+        st.num_emitted_tokens += accepted + 1
+        st.accepted_length_counts[accepted] += 1

@@ -5,7 +5,11 @@ Two fits, so that neither can hide in the other:
   decode-only steps;
 - prefill: the extra seconds prefill adds to a step ≈ p1·tokens + p2·Σ(tokens·chunk end)/1024,
   fitted with no intercept on what a step with prefill took beyond the decode fit's prediction
-  for its decodes (its fixed overhead included).
+  for its decodes (its fixed overhead included);
+- drafts: a speculative verify chunk counts as a decode row plus its k drafted tokens, and
+  the drafts add ≈ v1·tokens + v2·Σ(tokens·chunk end)/1024, fitted like prefill on what steps
+  with drafts (and no prefill) took beyond the decode fit. Until it has data, the prefill
+  fit's price stands in.
 One regression over all steps let the intercept absorb the prefill cost whenever recent steps
 carried prefill chunks of similar size, so a long chunk looked nearly free; splitting the fits
 keeps the marginal price of a prefill token honest. Recent steps weigh more (older ones fade),
@@ -26,13 +30,18 @@ class StepFeatures:
     decode_seqs: int
     decode_attention: float  # Σ decode contexts / 1024
     prefill_attention: float = 0.0  # Σ chunk tokens × chunk end / 1024
+    draft_tokens: int = 0  # drafted tokens verified (their decode rows count as decodes)
+    draft_attention: float = 0.0  # Σ drafts × chunk end / 1024
 
     @classmethod
     def of(cls, batch: Batch) -> "StepFeatures":
-        prefill = [c for c in batch.chunks if not c.is_decode]
-        decodes = [c for c in batch.chunks if c.is_decode]
-        return cls(sum(c.num_tokens for c in prefill), len(decodes), sum(c.end for c in decodes) / 1024,
-                   sum(c.num_tokens * c.end for c in prefill) / 1024)
+        prefill = [c for c in batch.chunks if not c.is_decode and not c.is_verify]
+        decodes = [c for c in batch.chunks if c.is_decode or c.is_verify]
+        drafts = [(len(c.draft_token_ids), c.end) for c in batch.chunks if c.is_verify]
+        return cls(sum(c.num_tokens for c in prefill), len(decodes),
+                   sum(c.end - len(c.draft_token_ids) for c in decodes) / 1024,
+                   sum(c.num_tokens * c.end for c in prefill) / 1024,
+                   sum(k for k, _ in drafts), sum(k * end for k, end in drafts) / 1024)
 
 
 class _RecursiveLeastSquares:
@@ -79,6 +88,7 @@ class StepCostModel:
         self.min_observations = min_observations
         self._decode = _RecursiveLeastSquares(3, forget)
         self._prefill = _RecursiveLeastSquares(2, forget)
+        self._draft = _RecursiveLeastSquares(2, forget)
 
     @property
     def ready(self) -> bool:
@@ -86,8 +96,16 @@ class StepCostModel:
         return (self._decode.count >= self.min_observations and self._prefill.count >= self.min_observations
                 and any(w > 0 for w in self._prefill.weights()))
 
+    @property
+    def decode_ready(self) -> bool:
+        return self._decode.count >= self.min_observations
+
     def observe(self, f: StepFeatures, seconds: float) -> None:
-        if f.prefill_tokens == 0:
+        if f.draft_tokens:
+            if f.prefill_tokens == 0 and self._decode.count:  # steps with both teach neither
+                rest = seconds - self.decode_seconds(f.decode_seqs, f.decode_attention)
+                self._draft.observe((float(f.draft_tokens), f.draft_attention), rest)
+        elif f.prefill_tokens == 0:
             self._decode.observe((1.0, float(f.decode_seqs), f.decode_attention), seconds)
         else:
             # before any decode-only step is known, charge the whole step to prefill: an
@@ -99,6 +117,12 @@ class StepCostModel:
         """A step of ``seqs`` decodes (Σ contexts / 1024 = ``attention``), with the step's fixed cost."""
         w = self._decode.weights()
         return w[0] + w[1] * seqs + w[2] * attention
+
+    def draft_seconds(self, context: int, k: int) -> float:
+        """What verifying ``k`` drafted tokens after a decode row at ``context`` adds to a step."""
+        fit = self._draft if self._draft.count >= self.min_observations else self._prefill
+        w = fit.weights()
+        return w[0] * k + w[1] * k * (context + k) / 1024
 
     def prefill_seconds(self, start: int, n: int) -> float:
         """What a prefill chunk of ``n`` tokens at position ``start`` adds to a step."""

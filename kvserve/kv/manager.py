@@ -109,6 +109,14 @@ class KVManager:
                     self._transfers.append(KVTransfer("save", node.block, node.key, node.tokens))
         return self.pool.allocate(n)
 
+    def trim(self, seq_id: str, num_tokens: int) -> None:
+        """Give back the blocks past the first ``num_tokens`` tokens (rejected speculative slots)."""
+        table = self.tables.get(seq_id)
+        keep = self.pool.blocks_for(num_tokens)
+        if table and len(table) > keep:
+            self.pool.release(table[keep:])
+            del table[keep:]
+
     def free(self, seq_id: str) -> None:
         self._cached_upto.pop(seq_id, None)
         blocks = self.tables.pop(seq_id, None)

@@ -49,6 +49,23 @@ class AttentionMetadata:
     prefills: list[PrefillSpan] = field(default_factory=list)
 
 
+def allocate_kv_caches(num_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
+                       dtype: torch.dtype, device: torch.device) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
+    """Per layer, K and V tensors for ``num_blocks`` blocks plus one zeroed block past the pool; returns
+    them and the first slot of that extra block. Padded attention reads point there, so the rest of
+    the cache can stay uninitialised (never read before it is written) and the OS maps its pages
+    only as they fill."""
+    null_slot = num_blocks * block_size
+    shape = ((num_blocks + 1) * block_size, kv_heads, head_dim)
+    caches = []
+    for _ in range(num_layers):
+        k, v = (torch.empty(shape, dtype=dtype, device=device) for _ in range(2))
+        k[null_slot:].zero_()
+        v[null_slot:].zero_()
+        caches.append((k, v))
+    return caches, null_slot
+
+
 def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,

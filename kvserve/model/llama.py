@@ -54,6 +54,22 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = Rotary(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
 
+    @classmethod
+    def from_hf_weights(cls, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
+                        device: torch.device) -> "LlamaForCausalLM":
+        """Build on the meta device, load, cast, and pack the linears for oneDNN where it helps."""
+        from kvserve.model.layers import cpu_packing_supported
+
+        with torch.device("meta"):
+            model = cls(cfg)
+        model = model.to_empty(device=device)
+        model.load_hf_weights(weights)
+        model = model.to(dtype).eval()
+        model.rotary.to(device)
+        if device.type == "cpu" and cpu_packing_supported(dtype):
+            model.pack_for_cpu()
+        return model
+
     @torch.inference_mode()
     def forward(
         self,

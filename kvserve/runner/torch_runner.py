@@ -1,7 +1,8 @@
 """The torch runner: the model, its paged KV cache tensors, and the sampler.
 
 It turns a Batch into flat tensors (ragged: no padding between prompts), runs one
-forward, and samples only at the rows whose chunk ends a sequence.
+forward, and samples only at the rows whose chunk ends a sequence; a verify chunk's rows
+are checked against its draft. With a proposer, it then drafts the next step's tokens.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import torch
 
 from kvserve.engine.batch import Batch, ScheduledChunk, StepOutput
 from kvserve.kv.manager import KVTransfer
-from kvserve.model.attention import AttentionMetadata, DecodeGroup, PrefillSpan
+from kvserve.model.attention import allocate_kv_caches
 from kvserve.model.config import ModelConfig
-from kvserve.model.layers import cpu_packing_supported
 from kvserve.model.llama import LlamaForCausalLM
+from kvserve.runner.inputs import SeqRows, build_inputs
 from kvserve.sampling.sampler import Sampler
+from kvserve.spec.proposer import DraftRequest, Proposer
+from kvserve.spec.verify import verify
 
 log = logging.getLogger(__name__)
 
@@ -53,20 +56,14 @@ class TorchRunner:
         num_kv_blocks: int | None = None,
         max_model_len: int | None = None,
         seed: int = 0,
+        proposer: Proposer | None = None,
     ):
         self.device = torch.device(device)
         self.dtype = dtype
         self.cfg = cfg
         self.block_size = block_size
 
-        with torch.device("meta"):
-            model = LlamaForCausalLM(cfg)
-        model = model.to_empty(device=self.device)
-        model.load_hf_weights(weights)
-        self.model = model.to(dtype).eval()
-        self.model.rotary.to(self.device)
-        if self.device.type == "cpu" and cpu_packing_supported(dtype):
-            self.model.pack_for_cpu()
+        self.model = LlamaForCausalLM.from_hf_weights(cfg, weights, dtype, self.device)
 
         if num_kv_blocks is None:
             nbytes = int(kv_cache_memory_gb * (1 << 30)) if kv_cache_memory_gb else default_kv_cache_bytes()
@@ -76,20 +73,13 @@ class TorchRunner:
         self.num_kv_blocks = num_kv_blocks
         capacity = num_kv_blocks * block_size
         self.max_model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings, capacity)
-        # One extra, zeroed block past the pool: padded attention reads point there, so the
-        # rest of the cache can stay uninitialised (never read before it is written) and the
-        # OS maps its pages only as they fill.
-        self.null_slot = num_kv_blocks * block_size
-        shape = ((num_kv_blocks + 1) * block_size, cfg.num_key_value_heads, cfg.head_dim)
-        self.kv_caches = []
-        for _ in range(cfg.num_hidden_layers):
-            k, v = (torch.empty(shape, dtype=dtype, device=self.device) for _ in range(2))
-            k[self.null_slot :].zero_()
-            v[self.null_slot :].zero_()
-            self.kv_caches.append((k, v))
+        self.kv_caches, self.null_slot = allocate_kv_caches(cfg.num_hidden_layers, num_kv_blocks, block_size,
+                                                            cfg.num_key_value_heads, cfg.head_dim, dtype, self.device)
         self.block_bytes = kv_bytes_per_token(cfg, dtype) * block_size
         self.kv_fingerprint = self._fingerprint(weights)
         self.sampler = Sampler(self.device, seed)
+        self.proposer = proposer
+        self._draft_probs: dict[str, torch.Tensor] = {}  # a sampled draft's distributions, until verified
         log.info("KV cache: %d blocks of %d tokens (%.2f GiB)", num_kv_blocks, block_size,
                  num_kv_blocks * block_size * kv_bytes_per_token(cfg, dtype) / (1 << 30))
 
@@ -122,93 +112,69 @@ class TorchRunner:
                     kv[0][s].copy_(data[2 * i])
                     kv[1][s].copy_(data[2 * i + 1])
 
-    # -- batch → tensors ---------------------------------------------------------------
-    def _slots(self, chunk: ScheduledChunk, lo: int, hi: int) -> list[int]:
-        bs, table = self.block_size, chunk.block_table
-        return [table[p // bs] * bs + p % bs for p in range(lo, hi)]
-
-    def _prepare(self, decodes: list[ScheduledChunk], prefills: list[ScheduledChunk]
-                 ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        """Flat inputs with the decodes' rows first, then each prefill chunk's rows."""
-        dev = self.device
-        ids: list[int] = []
-        pos: list[int] = []
-        slots: list[int] = []
-        for c in decodes:
-            ids.append(c.request.token_ids[c.start])
-            pos.append(c.start)
-        meta = AttentionMetadata(slot_mapping=torch.empty(0), num_decodes=len(decodes))
-        start = 0
-        for end in self._decode_group_ends(decodes):
-            group = decodes[start:end]
-            bs = self.block_size
-            ctx = torch.tensor([c.end for c in group], device=dev)
-            width = max(len(c.block_table) for c in group)
-            tables = torch.tensor([c.block_table + [0] * (width - len(c.block_table)) for c in group], device=dev)
-            p = torch.arange(int(ctx.max()), device=dev)
-            valid = p.unsqueeze(0) < ctx.unsqueeze(1)
-            g_slots = torch.where(valid, tables[:, p // bs] * bs + p % bs, self.null_slot)
-            meta.decode_groups.append(DecodeGroup(start, end, g_slots, valid[:, None, None, :]))
-            slots.extend(g_slots[torch.arange(len(group), device=dev), ctx - 1].tolist())
-            start = end
-        row = len(decodes)
-        for c in prefills:
-            ids.extend(c.request.token_ids[c.start : c.end])
-            pos.extend(range(c.start, c.end))
-            slots.extend(self._slots(c, c.start, c.end))
-            span = PrefillSpan(q_start=row, num_tokens=c.num_tokens)
-            if c.start > 0:
-                span.context_slots = torch.tensor(self._slots(c, 0, c.end), device=dev)
-                k_pos = torch.arange(c.end, device=dev).unsqueeze(0)
-                q_pos = torch.arange(c.start, c.end, device=dev).unsqueeze(1)
-                span.mask = k_pos <= q_pos
-            meta.prefills.append(span)
-            row += c.num_tokens
-        meta.slot_mapping = torch.tensor(slots, device=dev)
-        return torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), meta
-
-    @staticmethod
-    def _decode_group_ends(decodes: list[ScheduledChunk]) -> list[int]:
-        """Cut the decodes (sorted by context length) where padding the next one's group to its
-        length would more than double the group's shortest context (and cost a gather of at least
-        a few blocks): bounds the wasted gather to 2x while keeping groups few."""
-        ends: list[int] = []
-        lo = None
-        for i, c in enumerate(decodes):
-            if lo is None:
-                lo = c.end
-            elif c.end > 2 * lo and c.end - lo > 256:
-                ends.append(i)
-                lo = c.end
-        if decodes:
-            ends.append(len(decodes))
-        return ends
-
     # -- one step ----------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, batch: Batch) -> StepOutput:
         out = StepOutput()
+        for rid in batch.finished_request_ids:
+            self._draft_probs.pop(rid, None)
+            if self.proposer is not None:
+                self.proposer.release(rid)
         if batch.kv_transfers:
             self._transfer(batch.kv_transfers, out)
         if not batch.chunks:
             return out
-        # decodes first, then prefills: the order _prepare lays rows out in
-        decodes = sorted((c for c in batch.chunks if c.is_decode), key=lambda c: c.end)  # grouped by context
-        prefills = [c for c in batch.chunks if not c.is_decode]
-        input_ids, positions, meta = self._prepare(decodes, prefills)
-        chunks = decodes + prefills  # the row order of the hidden states
-        hidden = self.model(input_ids, positions, meta, self.kv_caches)
-        rows, sampling = [], []
-        row = 0
-        for c in chunks:
-            row += c.num_tokens
-            if c.sample:
-                rows.append(row - 1)
-                sampling.append(c.request)
+        chunks = batch.chunks
+        seqs = [SeqRows(c.input_token_ids, c.start, c.block_table) for c in chunks]
+        inputs = build_inputs(seqs, self.block_size, self.null_slot, self.device)
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
+        # the rows to score: a sampling chunk's last row; all 1 + k rows of a verify chunk
+        rows: list[int] = []
+        sampling = [i for i in inputs.order if chunks[i].sample]
+        for i in sampling:
+            c, first = chunks[i], inputs.offsets[i]
+            n = 1 + len(c.draft_token_ids)
+            rows.extend(range(first + c.num_tokens - n, first + c.num_tokens))
         if not rows:
             return out
         logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)])
-        tokens, logprobs = self.sampler(logits, sampling)
-        out.token_ids = {r.request_id: t for r, t in zip(sampling, tokens)}
-        out.logprobs = logprobs
+        plain = [i for i in sampling if not chunks[i].is_verify]
+        if plain:
+            at = [j for j, i in enumerate(_row_owners(sampling, chunks)) if not chunks[i].is_verify]
+            reqs = [chunks[i].request for i in plain]
+            tokens, logprobs = self.sampler(logits[torch.tensor(at, device=self.device)], reqs)
+            for r, t in zip(reqs, tokens):
+                out.token_ids[r.request_id] = [t]
+                if r.request_id in logprobs:
+                    out.logprobs[r.request_id] = [logprobs[r.request_id]]
+        row = 0
+        for i in sampling:
+            c, r = chunks[i], chunks[i].request
+            n = 1 + len(c.draft_token_ids)
+            q = self._draft_probs.pop(r.request_id, None)  # this step replaces the draft either way
+            if c.is_verify:
+                tokens, lps = verify(logits[row : row + n], c.draft_token_ids, q, r, self.sampler.generator(r))
+                out.token_ids[r.request_id] = tokens
+                if lps:
+                    out.logprobs[r.request_id] = lps
+            row += n
+        if self.proposer is not None:
+            self._propose([chunks[i] for i in sampling], out)
         return out
+
+    def _propose(self, chunks: list[ScheduledChunk], out: StepOutput) -> None:
+        """Draft the next step's tokens for the chunks the scheduler asked it of."""
+        want = [DraftRequest(c.request, c.request.token_ids + out.token_ids[c.request.request_id], c.propose_k)
+                for c in chunks if c.propose_k > 0]
+        if not want:
+            return
+        assert self.proposer is not None
+        for rid, draft in self.proposer.propose(want).items():
+            out.draft_token_ids[rid] = draft.token_ids
+            if draft.probs is not None:
+                self._draft_probs[rid] = draft.probs
+
+
+def _row_owners(sampling: list[int], chunks: list[ScheduledChunk]) -> list[int]:
+    """For each scored row, the index of the chunk it belongs to."""
+    return [i for i in sampling for _ in range(1 + len(chunks[i].draft_token_ids))]

@@ -22,7 +22,7 @@ class Sampler:
         self.shared_generator.manual_seed(seed)
         self._generators: weakref.WeakKeyDictionary[Request, torch.Generator] = weakref.WeakKeyDictionary()
 
-    def _generator(self, req: Request) -> torch.Generator:
+    def generator(self, req: Request) -> torch.Generator:
         if req.params.seed is None:
             return self.shared_generator
         g = self._generators.get(req)
@@ -53,8 +53,7 @@ class Sampler:
             idx = torch.tensor(rand, device=logits.device)
             probs = filtered_probs(logits[idx], [requests[i] for i in rand])
             for row, i in enumerate(rand):
-                noise = torch.empty_like(probs[row]).exponential_(generator=self._generator(requests[i]))
-                tokens[i] = (probs[row] / noise).argmax()
+                tokens[i] = race_draw(probs[row], self.generator(requests[i]))
 
         token_list = tokens.tolist()
         logprobs: dict[str, TokenLogprobs] = {}
@@ -72,19 +71,27 @@ class Sampler:
         return token_list, logprobs
 
 
-def apply_penalties(logits: torch.Tensor, req: Request) -> None:
-    """In place, on one row, as vLLM defines them.
+def race_draw(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """One token from a (not necessarily normalised) distribution: argmax of p / Exp(1)."""
+    noise = torch.empty_like(probs).exponential_(generator=generator)
+    return int((probs / noise).argmax())
+
+
+def apply_penalties(logits: torch.Tensor, req: Request, token_ids: list[int] | None = None) -> None:
+    """In place, on one row, as vLLM defines them; ``token_ids`` (default: the request's) is the
+    sequence the row continues.
 
     Repetition divides positive (multiplies negative) logits of every token seen in the
     prompt or output; frequency subtracts per occurrence in the output; presence subtracts
     once per distinct output token.
     """
     p = req.params
+    seq = req.token_ids if token_ids is None else token_ids
     if p.repetition_penalty != 1.0:
-        seen = torch.tensor(sorted(set(req.token_ids)), device=logits.device, dtype=torch.long)
+        seen = torch.tensor(sorted(set(seq)), device=logits.device, dtype=torch.long)
         vals = logits[seen]
         logits[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-    out = req.output_token_ids
+    out = seq[req.num_prompt_tokens :]
     if out and (p.frequency_penalty or p.presence_penalty):
         counts = torch.bincount(torch.tensor(out, device=logits.device), minlength=logits.shape[-1]).to(logits.dtype)
         logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)

@@ -269,8 +269,17 @@ def _sse(model: Any) -> str:
 def _usage(prompt_lens: list[int], cached: list[int], outs: dict[int, RequestOutput]) -> P.Usage:
     prompt = sum(prompt_lens)
     completion = sum(len(o.token_ids) for o in outs.values())
-    return P.Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
-                   prompt_tokens_details=P.PromptTokensDetails(cached_tokens=sum(cached)))
+    usage = P.Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                    prompt_tokens_details=P.PromptTokensDetails(cached_tokens=sum(cached)))
+    drafted = sum(o.num_draft_tokens for o in outs.values())
+    if drafted:
+        accepted = sum(o.num_accepted_tokens for o in outs.values())
+        verifies = sum(o.num_verify_steps for o in outs.values())
+        usage.completion_tokens_details = P.CompletionTokensDetails(accepted_prediction_tokens=accepted,
+                                                                    rejected_prediction_tokens=drafted - accepted)
+        usage.speculative = P.SpeculativeUsage(draft_tokens=drafted, accepted_tokens=accepted, verify_steps=verifies,
+                                               mean_accepted_length=round(1 + accepted / verifies, 4))
+    return usage
 
 
 # --------------------------------------------------------------------------- the app

@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from kvserve.engine.process import AsyncEngineClient
+from kvserve.engine.scheduler import SpecStats
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                     10.0, 20.0, 40.0, 80.0, 160.0)
@@ -73,6 +74,34 @@ class _EngineCollector(Collector):
         yield moved
         yield counter("kvserve:kv_offload_restores_skipped", "Tier hits not restored because prefilling again "
                       "was predicted to be cheaper.", p.restores_skipped)
+        method = self.client.config.speculative_method
+        if method:
+            yield from _spec_metrics(s.spec, values + [method], labels + ["method"])
+
+
+def _spec_metrics(st: SpecStats, values: list[str], labels: list[str]) -> Iterator[Metric]:
+    """Speculative decoding, vLLM's names: drafts verified, tokens drafted, accepted and emitted,
+    and how many drafts each verify accepted."""
+    for name, doc, v in (
+        ("num_drafts", "Verify steps (a decode with at least one drafted token).", st.num_verifies),
+        ("num_draft_tokens", "Drafted tokens verified by the target model.", st.num_draft_tokens),
+        ("num_accepted_tokens", "Drafted tokens the target model accepted.", st.num_accepted_tokens),
+        ("num_emitted_tokens", "Tokens emitted by verify steps (accepted drafts plus the target's own).",
+         st.num_emitted_tokens),
+    ):
+        c = CounterMetricFamily(f"kvserve:spec_decode_{name}", doc, labels=labels)
+        c.add_metric(values, v)
+        yield c
+    h = HistogramMetricFamily("kvserve:spec_decode_accepted_length", "Drafted tokens accepted per verify step.",
+                              labels=labels)
+    cumulative, buckets = 0, []
+    for m, count in enumerate(st.accepted_length_counts):
+        cumulative += count
+        buckets.append((str(float(m)), cumulative))
+    buckets.append(("+Inf", cumulative))
+    total = sum(m * c for m, c in enumerate(st.accepted_length_counts))
+    h.add_metric(values, buckets, total)
+    yield h
 
 
 class _Histogram(Collector):

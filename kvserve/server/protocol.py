@@ -151,11 +151,29 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0
 
 
+class CompletionTokensDetails(BaseModel):
+    """OpenAI's names for drafted tokens (its Predicted Outputs): accepted and rejected drafts."""
+
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
+
+
+class SpeculativeUsage(BaseModel):
+    """kvserve's extension: how speculative decoding fared for this request."""
+
+    draft_tokens: int
+    accepted_tokens: int
+    verify_steps: int
+    mean_accepted_length: float | None  # tokens emitted per verify step (accepted drafts + 1)
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    completion_tokens_details: CompletionTokensDetails | None = None
+    speculative: SpeculativeUsage | None = None
 
 
 class CompletionLogprobs(BaseModel):

@@ -89,5 +89,5 @@ class SimRunner:
         for c in batch.chunks:
             if c.sample:  # a token of its own per request and position, so outputs share no cache blocks
                 rid = c.request.request_id
-                out.token_ids[rid] = (zlib.crc32(rid.encode()) + 7919 * c.request.num_tokens) % vocab
+                out.token_ids[rid] = [(zlib.crc32(rid.encode()) + 7919 * c.request.num_tokens) % vocab]
         return out

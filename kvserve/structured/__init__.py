@@ -1,0 +1,32 @@
+"""Structured output (constrained decoding): JSON schema, JSON object, regex, choice and EBNF.
+
+The grammar engine is xgrammar (docs/results/grammar-engines.md says why). Flow for a request:
+``GuidedSpec`` -> ``GrammarCache.get_or_compile`` / ``submit`` (compiled once, LRU-bounded) ->
+a ``GrammarMatcher`` per request -> each step ``fill_masks`` + ``apply_masks`` before sampling,
+``GrammarMatcher.accept`` after it.
+"""
+
+from kvserve.structured.compiler import CacheStats, GrammarCache, build_tokenizer_info, engine_reason
+from kvserve.structured.matcher import (
+    GrammarMatcher,
+    allocate_bitmask,
+    apply_masks,
+    bitmask_width,
+    fill_masks,
+)
+from kvserve.structured.spec import KINDS, GuidedSpec, choice_to_ebnf
+
+__all__ = [
+    "KINDS",
+    "CacheStats",
+    "GrammarCache",
+    "GrammarMatcher",
+    "GuidedSpec",
+    "allocate_bitmask",
+    "apply_masks",
+    "bitmask_width",
+    "build_tokenizer_info",
+    "choice_to_ebnf",
+    "engine_reason",
+    "fill_masks",
+]

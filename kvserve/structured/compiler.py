@@ -1,0 +1,230 @@
+"""Compiling ``GuidedSpec``s with xgrammar, behind a bounded, thread-safe LRU cache.
+
+xgrammar was chosen over llguidance on this project's measurements (docs/results/grammar-engines.md):
+its per-step token masks are several times cheaper; it compiles ahead instead (a realistic schema
+takes ~15 ms), which ``GrammarCache.submit`` keeps off the engine's thread (xgrammar releases the
+GIL while compiling).
+
+``build_tokenizer_info`` builds the tokenizer description once per model: it takes the model's
+logits width (which may exceed the tokenizer's size; extra ids are never allowed) and blanks the
+tokenizer's special tokens, which xgrammar would otherwise treat as literal text (so that, say,
+``<|im_start|>`` could be sampled inside a JSON string).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import xgrammar as xgr
+
+from kvserve.errors import InvalidArgumentError
+from kvserve.structured.spec import GuidedSpec, choice_to_ebnf
+
+CompiledGrammar = xgr.CompiledGrammar
+TokenizerInfo = xgr.TokenizerInfo
+
+
+def build_tokenizer_info(tokenizer: Any, vocab_size: int | None = None,
+                         stop_token_ids: Sequence[int] | None = None) -> xgr.TokenizerInfo:
+    """Describe a Hugging Face fast tokenizer to xgrammar (a few hundred ms: build it once).
+
+    ``vocab_size`` is the model's logits width (``ModelConfig.vocab_size``); ids at or above the
+    tokenizer's size are never allowed. ``stop_token_ids`` (default: the tokenizer's EOS) are
+    the only tokens allowed once the grammar is complete; a matcher can override them.
+    Special tokens that are not stop tokens are never allowed.
+    """
+    stops = list(stop_token_ids) if stop_token_ids else None
+    detected = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stops)
+    size = detected.vocab_size
+    encoded = [""] * size
+    for text, idx in tokenizer.get_vocab().items():
+        if idx < size:
+            encoded[idx] = text
+    decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    for idx, added in decoder.items():
+        if getattr(added, "special", False) and idx < size:
+            encoded[idx] = ""  # xgrammar treats empty tokens as special: never part of the text
+    return xgr.TokenizerInfo(encoded, detected.vocab_type, vocab_size=size,
+                             stop_token_ids=detected.stop_token_ids, add_prefix_space=detected.add_prefix_space)
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    size: int
+    max_size: int
+    compiles: int
+    hits: int
+    evictions: int
+    errors: int
+    compile_seconds_total: float
+    bytes: int  # memory of the cached compiled grammars, as xgrammar reports it
+
+
+class GrammarCache:
+    """Compiles specs once and keeps the ``max_size`` most recently used compiled grammars.
+
+    Thread-safe. Concurrent requests for one uncompiled spec compile it once (the others wait
+    and count as hits). Compile errors are not cached: they raise ``InvalidArgumentError`` each
+    time. ``submit`` compiles on a small pool of worker threads and returns a Future.
+
+    ``any_whitespace=False`` (default) makes JSON follow Python's ``json.dumps`` layout
+    (``{"a": 1, "b": [2, 3]}``); True allows any whitespace between tokens, which small models
+    can use to loop on newlines.
+    """
+
+    def __init__(self, tokenizer_info: xgr.TokenizerInfo, max_size: int = 128, *, any_whitespace: bool = False,
+                 compile_threads: int | None = None, workers: int = 1):
+        if max_size < 1:
+            raise ValueError("max_size must be >= 1")
+        self.tokenizer_info = tokenizer_info
+        self.max_size = max_size
+        self.any_whitespace = any_whitespace
+        threads = compile_threads or min(8, os.cpu_count() or 1)
+        # xgrammar's own cache is unbounded by default; this class is the cache
+        self._compiler = xgr.GrammarCompiler(tokenizer_info, max_threads=threads, cache_enabled=False)
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[str, xgr.CompiledGrammar] = OrderedDict()
+        self._inflight: dict[str, Future[xgr.CompiledGrammar]] = {}
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kvserve-grammar")
+        self.compiles = 0
+        self.hits = 0
+        self.evictions = 0
+        self.errors = 0
+        self.compile_seconds_total = 0.0
+        self._bytes = 0
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any, vocab_size: int | None = None,
+                       stop_token_ids: Sequence[int] | None = None, **kwargs: Any) -> GrammarCache:
+        return cls(build_tokenizer_info(tokenizer, vocab_size, stop_token_ids), **kwargs)
+
+    @property
+    def vocab_size(self) -> int:
+        """The token mask's width in tokens (the model's logits width given at setup)."""
+        return self.tokenizer_info.vocab_size
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def __contains__(self, spec: GuidedSpec) -> bool:
+        return spec.cache_key in self._cache
+
+    def stats(self) -> CacheStats:
+        with self._lock:
+            return CacheStats(len(self._cache), self.max_size, self.compiles, self.hits, self.evictions,
+                              self.errors, self.compile_seconds_total, self._bytes)
+
+    def get_or_compile(self, spec: GuidedSpec) -> xgr.CompiledGrammar:
+        """The compiled grammar for ``spec``, compiling it on this thread if needed."""
+        key = spec.cache_key
+        with self._lock:
+            compiled = self._cache.get(key)
+            if compiled is not None:
+                self._cache.move_to_end(key)
+                self.hits += 1
+                return compiled
+            waiting = self._inflight.get(key)
+            if waiting is None:
+                mine: Future[xgr.CompiledGrammar] = Future()
+                self._inflight[key] = mine
+            else:
+                self.hits += 1
+        if waiting is not None:
+            return waiting.result()
+        try:
+            compiled = self._compile_timed(spec)
+        except BaseException as e:
+            with self._lock:
+                del self._inflight[key]
+            mine.set_exception(e)
+            raise
+        with self._lock:
+            del self._inflight[key]
+            self._cache[key] = compiled
+            self._bytes += compiled.memory_size_bytes
+            while len(self._cache) > self.max_size:
+                _, old = self._cache.popitem(last=False)
+                self._bytes -= old.memory_size_bytes
+                self.evictions += 1
+        mine.set_result(compiled)
+        return compiled
+
+    def submit(self, spec: GuidedSpec) -> Future[xgr.CompiledGrammar]:
+        """Compile off the caller's thread; a cached spec gives an already finished Future."""
+        with self._lock:
+            compiled = self._cache.get(spec.cache_key)
+            if compiled is not None:
+                self._cache.move_to_end(spec.cache_key)
+                self.hits += 1
+        if compiled is not None:
+            done: Future[xgr.CompiledGrammar] = Future()
+            done.set_result(compiled)
+            return done
+        return self._pool.submit(self.get_or_compile, spec)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _compile_timed(self, spec: GuidedSpec) -> xgr.CompiledGrammar:
+        start = time.perf_counter()
+        try:
+            compiled = self.compile(spec)
+        finally:
+            with self._lock:
+                self.compile_seconds_total += time.perf_counter() - start
+        with self._lock:
+            self.compiles += 1
+        return compiled
+
+    def compile(self, spec: GuidedSpec) -> xgr.CompiledGrammar:
+        """Compile without the cache; an invalid spec raises ``InvalidArgumentError``."""
+        c, kind = self._compiler, spec.kind
+        try:
+            if kind in ("json_schema", "json_object"):
+                schema = spec.canonical if kind == "json_schema" else '{"type": "object"}'
+                return self._compile_json_schema(schema)
+            if kind == "regex":
+                return c.compile_regex(spec.canonical)
+            if kind == "choice":
+                return c.compile_grammar(choice_to_ebnf(json.loads(spec.canonical)))
+            return c.compile_grammar(spec.canonical)
+        except (RuntimeError, ValueError, TypeError) as e:
+            with self._lock:
+                self.errors += 1
+            what = {"json_schema": "JSON schema", "json_object": "JSON object", "regex": "regular expression",
+                    "choice": "choice", "grammar": "grammar"}[kind]
+            raise InvalidArgumentError(f"invalid {what}: {engine_reason(e)}", param=spec.param) from None
+
+    def _compile_json_schema(self, schema: str) -> xgr.CompiledGrammar:
+        grammar = str(xgr.Grammar.from_json_schema(schema, any_whitespace=self.any_whitespace))
+        if _BARE_STRING_CHAR in grammar:
+            # xgrammar <= 0.2.9 (issue mlc-ai/xgrammar#800) lowers a string with minLength /
+            # maxLength to a repeat of [^"\\\r\n], which admits raw control characters: invalid
+            # JSON (json.loads rejects it). Exclude them. Such strings still cannot hold escapes
+            # (\n, \", \uXXXX) as upstream; adding the escape branch made some masks ~100x slower.
+            return self._compiler.compile_grammar(grammar.replace(_BARE_STRING_CHAR, _JSON_STRING_CHAR))
+        return self._compiler.compile_json_schema(schema, any_whitespace=self.any_whitespace)
+
+
+# How xgrammar prints the character class above, and its replacement.
+_BARE_STRING_CHAR = r'[^\"\\\r\n]'
+_JSON_STRING_CHAR = r'[^\0-\x1f\"\\]'
+
+_LOG_PREFIX = re.compile(r"^\s*\[[\d:. ]+\]\s*\S+:\d+:\s*")
+_CHECK_PREFIX = re.compile(r"^Check failed: \(.*?\) is false:\s*")
+
+
+def engine_reason(error: BaseException) -> str:
+    """xgrammar's message without its C++ log prefix (time, source file and line)."""
+    text = str(error).strip()
+    text = _CHECK_PREFIX.sub("", _LOG_PREFIX.sub("", text))
+    return text.splitlines()[0].strip() if text else type(error).__name__

@@ -1,0 +1,144 @@
+"""What a request asks its output to match: a ``GuidedSpec`` and its stable cache key.
+
+Kinds (``GuidedSpec.kind``) and their ``value``:
+
+* ``json_schema``: a JSON Schema, as a dict or as JSON text. Canonical text: compact
+  ``json.dumps`` that keeps key order. Sorting keys would be wrong: the output lists an object's
+  properties in the schema's order, so ``{"b", "a"}`` and ``{"a", "b"}`` are different grammars;
+* ``json_object``: any JSON object; ``value`` is ignored;
+* ``regex``: a regular expression the whole output must match (xgrammar's regex dialect, close to
+  ECMAScript / Python ``re`` without lookaround or backreferences);
+* ``choice``: a list of strings; the output is exactly one of them;
+* ``grammar``: a GBNF-style EBNF grammar as xgrammar and llama.cpp accept it, with the start rule
+  named ``root`` (``root ::= "yes" | "no"``); see
+  https://github.com/ggml-org/llama.cpp/blob/master/grammars/README.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from kvserve.errors import InvalidArgumentError
+
+KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
+
+# The request parameter named in errors, unless the caller gives one (vLLM's / OpenAI's names).
+DEFAULT_PARAM = {
+    "json_schema": "response_format",
+    "json_object": "response_format",
+    "regex": "guided_regex",
+    "choice": "guided_choice",
+    "grammar": "guided_grammar",
+}
+
+
+class GuidedSpec:
+    """An immutable structured-output request; equal specs have equal ``cache_key``s.
+
+    ``param`` names the request field in error messages and takes no part in equality.
+    Malformed values (schema text that is not JSON, a choice list that is empty or not strings)
+    raise ``InvalidArgumentError`` here; what only the grammar engine can judge is raised when the
+    spec is compiled (``GrammarCache``).
+    """
+
+    __slots__ = ("kind", "value", "param", "canonical", "cache_key")
+
+    kind: str
+    value: Any
+    param: str
+    canonical: str  # the text that is compiled and hashed
+    cache_key: str  # sha256 hex of kind + canonical text
+
+    def __init__(self, kind: str, value: Any = None, *, param: str | None = None):
+        if kind not in KINDS:
+            raise InvalidArgumentError(f"unknown structured output kind {kind!r}; expected one of {', '.join(KINDS)}",
+                                       param=param)
+        param = param or DEFAULT_PARAM[kind]
+        canonical = _canonical(kind, value, param)
+        digest = hashlib.sha256(f"{kind}\n{canonical}".encode()).hexdigest()
+        for name, v in (("kind", kind), ("value", value), ("param", param), ("canonical", canonical),
+                        ("cache_key", digest)):
+            object.__setattr__(self, name, v)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("GuidedSpec is immutable")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, GuidedSpec) and other.cache_key == self.cache_key
+
+    def __hash__(self) -> int:
+        return hash(self.cache_key)
+
+    def __repr__(self) -> str:
+        text = self.canonical if len(self.canonical) <= 60 else self.canonical[:57] + "..."
+        return f"GuidedSpec({self.kind!r}, {text!r})"
+
+    @classmethod
+    def json_schema(cls, schema: dict[str, Any] | str, **kw: Any) -> GuidedSpec:
+        return cls("json_schema", schema, **kw)
+
+    @classmethod
+    def json_object(cls, **kw: Any) -> GuidedSpec:
+        return cls("json_object", None, **kw)
+
+    @classmethod
+    def regex(cls, pattern: str, **kw: Any) -> GuidedSpec:
+        return cls("regex", pattern, **kw)
+
+    @classmethod
+    def choice(cls, choices: Sequence[str], **kw: Any) -> GuidedSpec:
+        return cls("choice", choices, **kw)
+
+    @classmethod
+    def grammar(cls, ebnf: str, **kw: Any) -> GuidedSpec:
+        return cls("grammar", ebnf, **kw)
+
+
+def _canonical(kind: str, value: Any, param: str) -> str:
+    if kind == "json_object":
+        return ""
+    if kind == "json_schema":
+        if isinstance(value, (str, bytes)):
+            try:
+                value = json.loads(value)
+            except ValueError as e:
+                raise InvalidArgumentError(f"the JSON schema is not valid JSON: {e}", param=param) from None
+        if not isinstance(value, (dict, bool)):
+            raise InvalidArgumentError("the JSON schema must be a JSON object", param=param)
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)  # key order kept: see above
+    if kind == "choice":
+        if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value:
+            raise InvalidArgumentError("the choice must be a non-empty list of strings", param=param)
+        if not all(isinstance(c, str) for c in value):
+            raise InvalidArgumentError("every choice must be a string", param=param)
+        # the language is a set: order and repeats do not change it
+        return json.dumps(sorted(set(value)), ensure_ascii=False)
+    if not isinstance(value, str) or not value:
+        raise InvalidArgumentError(f"the {kind} must be a non-empty string", param=param)
+    return value
+
+
+def choice_to_ebnf(choices: Sequence[str]) -> str:
+    """An EBNF grammar whose language is exactly ``choices``."""
+    return "root ::= " + " | ".join(_ebnf_literal(c) for c in choices)
+
+
+def _ebnf_literal(text: str) -> str:
+    out = []
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
