@@ -321,6 +321,35 @@ def test_prefix_cache_reports_cached_tokens(tiny_server):
     assert metric(text, "kvserve:kv_cache_blocks_cached") >= 4
 
 
+def test_speculative_decoding_usage_and_metrics(tiny_model_dir, offline):
+    """A server drafting with a model loaded from a path (here the target itself, so every draft
+    is accepted) answers greedy requests exactly as without speculation, reports drafted and
+    accepted tokens in usage, and counts them in /metrics."""
+    cfg = EngineConfig(model=str(tiny_model_dir), speculative_method="draft", speculative_model=str(tiny_model_dir),
+                       adaptive_speculation=False, **TINY_ENGINE)
+    prompt = list(range(200, 230))
+    body = {"prompt": prompt, "max_tokens": 24, "ignore_eos": True, "temperature": 0}
+    want = offline.generate([prompt], SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))[0]
+    with ServerThread(AsyncEngineClient(cfg), ServerConfig(served_model_names=["tiny"])) as server:
+        r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).json()
+        _, events = stream_completion(server.url, {**body, "stream_options": {"include_usage": True}}, headers={})
+        text = httpx.get(f"{server.url}/metrics").text
+    assert r["choices"][0]["text"] == want.text
+    u = r["usage"]
+    spec = u["speculative"]
+    assert spec["draft_tokens"] > 0 and spec["accepted_tokens"] == spec["draft_tokens"]
+    assert u["completion_tokens_details"]["accepted_prediction_tokens"] == spec["accepted_tokens"]
+    assert u["completion_tokens_details"]["rejected_prediction_tokens"] == spec["draft_tokens"] - spec["accepted_tokens"]
+    assert spec["mean_accepted_length"] == pytest.approx(1 + spec["accepted_tokens"] / spec["verify_steps"], abs=1e-3)
+    assert events[-2]["usage"]["speculative"]["draft_tokens"] > 0
+    drafted = metric(text, "kvserve:spec_decode_num_draft_tokens_total", method="draft")
+    accepted = metric(text, "kvserve:spec_decode_num_accepted_tokens_total", method="draft")
+    verifies = metric(text, "kvserve:spec_decode_num_drafts_total", method="draft")
+    assert drafted >= 2 * spec["draft_tokens"] and accepted <= drafted
+    assert metric(text, "kvserve:spec_decode_num_emitted_tokens_total", method="draft") == accepted + verifies
+    assert metric(text, "kvserve:spec_decode_accepted_length_count", method="draft") == verifies
+
+
 # --------------------------------------------------------------------------- kvserve serve, SIGTERM
 
 
