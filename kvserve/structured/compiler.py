@@ -1,8 +1,8 @@
 """Compiling ``GuidedSpec``s with xgrammar, behind a bounded, thread-safe LRU cache.
 
 xgrammar was chosen over llguidance on this project's measurements (docs/results/grammar-engines.md):
-its per-step token masks are several times cheaper; it compiles ahead instead (a realistic schema
-takes ~15 ms), which ``GrammarCache.submit`` keeps off the engine's thread (xgrammar releases the
+its per-step token masks are ~3x cheaper; it compiles ahead instead (a realistic schema takes
+~20 ms here), which ``GrammarCache.submit`` keeps off the engine's thread (xgrammar releases the
 GIL while compiling).
 
 ``build_tokenizer_info`` builds the tokenizer description once per model: it takes the model's
@@ -38,9 +38,9 @@ def build_tokenizer_info(tokenizer: Any, vocab_size: int | None = None,
     """Describe a Hugging Face fast tokenizer to xgrammar (a few hundred ms: build it once).
 
     ``vocab_size`` is the model's logits width (``ModelConfig.vocab_size``); ids at or above the
-    tokenizer's size are never allowed. ``stop_token_ids`` (default: the tokenizer's EOS) are
-    the only tokens allowed once the grammar is complete; a matcher can override them.
-    Special tokens that are not stop tokens are never allowed.
+    tokenizer's size are never allowed. ``stop_token_ids`` (default: the tokenizer's EOS) become
+    allowed once the grammar is complete, and are the only ones allowed when nothing else can
+    follow; a matcher can override them. Other special tokens are never allowed.
     """
     stops = list(stop_token_ids) if stop_token_ids else None
     detected = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stops)
@@ -160,15 +160,19 @@ class GrammarCache:
 
     def submit(self, spec: GuidedSpec) -> Future[xgr.CompiledGrammar]:
         """Compile off the caller's thread; a cached spec gives an already finished Future."""
+        key = spec.cache_key
         with self._lock:
-            compiled = self._cache.get(spec.cache_key)
+            compiled = self._cache.get(key)
             if compiled is not None:
-                self._cache.move_to_end(spec.cache_key)
+                self._cache.move_to_end(key)
                 self.hits += 1
-        if compiled is not None:
-            done: Future[xgr.CompiledGrammar] = Future()
-            done.set_result(compiled)
-            return done
+                done: Future[xgr.CompiledGrammar] = Future()
+                done.set_result(compiled)
+                return done
+            waiting = self._inflight.get(key)
+            if waiting is not None:
+                self.hits += 1
+                return waiting
         return self._pool.submit(self.get_or_compile, spec)
 
     def close(self) -> None:

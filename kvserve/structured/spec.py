@@ -1,4 +1,4 @@
-"""What a request asks its output to match: a ``GuidedSpec`` and its stable cache key.
+r"""What a request asks its output to match: a ``GuidedSpec`` and its stable cache key.
 
 Kinds (``GuidedSpec.kind``) and their ``value``:
 
@@ -7,7 +7,7 @@ Kinds (``GuidedSpec.kind``) and their ``value``:
   properties in the schema's order, so ``{"b", "a"}`` and ``{"a", "b"}`` are different grammars;
 * ``json_object``: any JSON object; ``value`` is ignored;
 * ``regex``: a regular expression the whole output must match (xgrammar's regex dialect, close to
-  ECMAScript / Python ``re`` without lookaround or backreferences);
+  ECMAScript / Python ``re`` without lookaround, backreferences or ``\p{..}`` classes);
 * ``choice``: a list of strings; the output is exactly one of them;
 * ``grammar``: a GBNF-style EBNF grammar as xgrammar and llama.cpp accept it, with the start rule
   named ``root`` (``root ::= "yes" | "no"``); see
