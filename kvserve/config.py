@@ -51,6 +51,8 @@ class EngineConfig:
     ngram_max: int = field(default=4, metadata={"help": "longest tail that prompt lookup matches (tried first)"})
     speculative_model: str | None = field(default=None, metadata={"help": "draft model for --speculative-method "
                                           "draft: a Hugging Face folder or .gguf with the target's tokenizer"})
+    grammar_cache_size: int = field(default=128, metadata={"help": "compiled grammars (JSON schemas, regexes, ...) "
+                                    "kept for reuse, least recently used evicted first"})
     max_model_len: int | None = field(default=None, metadata={"help": "context window (default: the model's, capped by the KV cache)"})
     seed: int = field(default=0, metadata={"help": "seed of the shared generator for unseeded sampling"})
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: all cores)"})
@@ -74,6 +76,8 @@ class EngineConfig:
         if self.starvation_timeout_s <= 0:
             raise InvalidArgumentError("--starvation-timeout-s must be positive", param="starvation_timeout_s")
         self._check_speculation()
+        if self.grammar_cache_size < 1:
+            raise InvalidArgumentError("--grammar-cache-size must be at least 1", param="grammar_cache_size")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise InvalidArgumentError("--max-model-len must be at least 2", param="max_model_len")
 

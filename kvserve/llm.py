@@ -47,10 +47,11 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
 
 
 def build_engine(cfg: EngineConfig, model_cfg: ModelConfig, weights: dict[str, torch.Tensor],
-                 eos_token_ids: list[int], draft_weights: tuple[ModelConfig, dict[str, torch.Tensor]] | None = None
-                 ) -> Engine:
+                 eos_token_ids: list[int], draft_weights: tuple[ModelConfig, dict[str, torch.Tensor]] | None = None,
+                 hf_tokenizer: Any = None) -> Engine:
     """The torch runner and the engine loop around it, from a config and loaded weights.
-    ``draft_weights`` stands in for loading ``--speculative-model`` (tests pass tiny models)."""
+    ``draft_weights`` stands in for loading ``--speculative-model`` (tests pass tiny models);
+    ``hf_tokenizer`` (a transformers tokenizer) enables structured output."""
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     device = resolve_device(cfg.device)
@@ -73,9 +74,16 @@ def build_engine(cfg: EngineConfig, model_cfg: ModelConfig, weights: dict[str, t
                             starvation_timeout_s=cfg.starvation_timeout_s,
                             num_speculative_tokens=cfg.num_speculative_tokens if runner.proposer else 0,
                             adaptive_speculation=cfg.adaptive_speculation)
+    grammars = None
+    if hf_tokenizer is not None:
+        def grammars():  # built on first use: describing the vocabulary to xgrammar takes ~0.5 s
+            from kvserve.structured import GrammarCache
+
+            return GrammarCache.from_tokenizer(hf_tokenizer, model_cfg.vocab_size, list(eos_token_ids),
+                                               max_size=cfg.grammar_cache_size)
     return Engine(runner, sched, vocab_size=model_cfg.vocab_size, eos_token_ids=tuple(eos_token_ids),
                   kv=build_kv_manager(cfg, runner.num_kv_blocks, runner.block_size, runner.block_bytes,
-                                      runner.kv_fingerprint))
+                                      runner.kv_fingerprint), grammars=grammars)
 
 
 def build_proposer(cfg: EngineConfig, model_cfg: ModelConfig, runner: TorchRunner,
@@ -120,7 +128,8 @@ class LLM:
         loaded = load_model(resolve_model_path(model))
         self.tokenizer = Tokenizer(loaded.tokenizer, loaded.config)
         self.model_name = loaded.name
-        self.engine = build_engine(self.config, loaded.config, loaded.weights, self.tokenizer.eos_token_ids)
+        self.engine = build_engine(self.config, loaded.config, loaded.weights, self.tokenizer.eos_token_ids,
+                                   hf_tokenizer=loaded.tokenizer)
         self._ids = itertools.count()
 
     @classmethod
@@ -132,7 +141,8 @@ class LLM:
         self.tokenizer = tokenizer
         self.model_name = "in-memory"
         eos = tokenizer.eos_token_ids if tokenizer is not None else model_config.eos_token_ids
-        self.engine = build_engine(self.config, model_config, weights, eos, draft)
+        self.engine = build_engine(self.config, model_config, weights, eos, draft,
+                                   hf_tokenizer=tokenizer.hf if tokenizer is not None else None)
         self._ids = itertools.count()
         return self
 

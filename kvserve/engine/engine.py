@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvserve.engine.batch import Batch
 from kvserve.engine.request import FinishReason, Request, SamplingParams
@@ -56,7 +57,7 @@ def check_prompt(prompt_token_ids: list[int], max_model_len: int, vocab_size: in
 class Engine:
     def __init__(self, runner: Runner, scheduler_config: SchedulerConfig, vocab_size: int | None = None,
                  eos_token_ids: tuple[int, ...] = (), kv: KVManager | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, grammars: Callable[[], Any] | None = None):
         self.runner = runner
         self.kv = kv or KVManager(runner.num_kv_blocks, runner.block_size)
         # the wall clock here; the simulator's virtual clock, which its runner advances, there
@@ -66,12 +67,37 @@ class Engine:
         self.vocab_size = vocab_size
         self.eos_token_ids = tuple(eos_token_ids)
         self.stats = EngineStats()
+        self._grammar_factory = grammars
+        self._grammars: Any = None
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> Request:
-        """Validate and queue a request; raises InvalidArgumentError for what the user must fix."""
+    @property
+    def grammars(self) -> Any:
+        """The structured-output compile cache (a kvserve.structured.GrammarCache), built on first use."""
+        if self._grammars is None:
+            if self._grammar_factory is None:
+                raise InvalidArgumentError("structured output needs the model's tokenizer, and this engine has none",
+                                           param="guided")
+            self._grammars = self._grammar_factory()
+        return self._grammars
+
+    def grammar_stats(self) -> Any:
+        """The compile cache's counters (None until structured output was first asked for)."""
+        return self._grammars.stats() if self._grammars is not None else None
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    grammar: Any = None) -> Request:
+        """Validate and queue a request; raises InvalidArgumentError for what the user must fix.
+        ``grammar``: the compiled ``params.guided``, if the caller compiled it (off this thread);
+        otherwise it is compiled here."""
         check_prompt(prompt_token_ids, self.max_model_len, self.vocab_size)
         req = Request(request_id, list(prompt_token_ids), params, eos_token_ids=self.eos_token_ids,
                       max_total_tokens=self.max_model_len, arrival_time=self.clock())
+        if params.guided is not None:
+            from kvserve.structured import GrammarMatcher
+
+            compiled = grammar if grammar is not None else self.grammars.get_or_compile(params.guided)
+            # the grammar ends on EOS or a stop token (with ignore_eos too: a complete match is the end)
+            req.grammar = GrammarMatcher(compiled, stop_token_ids=[*self.eos_token_ids, *(params.stop_token_ids or ())])
         self.scheduler.add(req)
         return req
 

@@ -30,6 +30,7 @@ import signal
 import time
 import traceback
 import uuid
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 IDLE_POLL_S = 1.0  # an idle engine wakes this often to notice that its parent died
+COMPILE_POLL_S = 0.002  # while grammars compile and nothing runs, how often to look for them
 
 
 # --------------------------------------------------------------------------- messages
@@ -128,6 +130,7 @@ class EngineStatsSnapshot:
     kv_blocks_cached: int = 0  # blocks held by the prefix cache
     prefix_cache: PrefixCacheStats = field(default_factory=PrefixCacheStats)
     spec: SpecStats = field(default_factory=SpecStats)
+    grammar: Any = None  # kvserve.structured.CacheStats once a grammar was asked for
 
     @property
     def kv_cache_usage(self) -> float:
@@ -173,7 +176,8 @@ def _build(config: EngineConfig) -> tuple[Engine, str]:
 
     loaded = load_model(resolve_model_path(config.model))
     eos = Tokenizer(loaded.tokenizer, loaded.config).eos_token_ids
-    return build_engine(config, loaded.config, loaded.weights, eos), loaded.name
+    engine = build_engine(config, loaded.config, loaded.weights, eos, hf_tokenizer=loaded.tokenizer)
+    return engine, loaded.name
 
 
 def _send_failure(outputs: Connection, e: BaseException) -> None:
@@ -192,15 +196,18 @@ def _parent_alive() -> bool:
 
 def _loop(engine: Engine, commands: mp.Queue, outputs: Connection) -> None:
     sent: dict[str, int] = {}  # output tokens already sent, per request
+    # requests whose grammar compiles on the compile cache's threads, off this loop
+    compiling: dict[str, tuple[AddRequest, Future]] = {}
     while True:
         cmds: list[Any] = []
         if not engine.has_unfinished():
-            try:  # idle: sleep on the queue, never spin
-                cmds.append(commands.get(timeout=IDLE_POLL_S))
+            try:  # idle: sleep on the queue (briefly while grammars compile), never spin
+                cmds.append(commands.get(timeout=COMPILE_POLL_S if compiling else IDLE_POLL_S))
             except queue.Empty:
                 if not _parent_alive():
                     return
-                continue
+                if not compiling:
+                    continue
         while True:
             try:
                 cmds.append(commands.get_nowait())
@@ -208,24 +215,42 @@ def _loop(engine: Engine, commands: mp.Queue, outputs: Connection) -> None:
                 break
 
         rejected: list[RequestRejected] = []
+
+        def add(cmd: AddRequest, compiled: Future | None = None) -> None:
+            try:
+                grammar = compiled.result() if compiled is not None else None
+                engine.add_request(cmd.request_id, cmd.prompt_token_ids, cmd.params, grammar)
+                sent[cmd.request_id] = 0
+            except Exception as e:  # noqa: BLE001 - a bad request is rejected, never the engine's end
+                if not isinstance(e, KVServeError):
+                    log.exception("request %s could not be added", cmd.request_id)
+                rejected.append(RequestRejected(cmd.request_id, str(e), getattr(e, "param", None),
+                                                getattr(e, "code", None)))
+
         for cmd in cmds:
             if isinstance(cmd, AddRequest):
-                try:
-                    engine.add_request(cmd.request_id, cmd.prompt_token_ids, cmd.params)
-                    sent[cmd.request_id] = 0
-                except KVServeError as e:
-                    rejected.append(RequestRejected(cmd.request_id, str(e), getattr(e, "param", None),
-                                                    getattr(e, "code", None)))
+                if cmd.params.guided is not None:
+                    try:
+                        compiling[cmd.request_id] = (cmd, engine.grammars.submit(cmd.params.guided))
+                    except KVServeError as e:
+                        rejected.append(RequestRejected(cmd.request_id, str(e), getattr(e, "param", None), None))
+                else:
+                    add(cmd)
             elif isinstance(cmd, AbortRequests):
                 for rid in cmd.request_ids:
-                    engine.abort(rid)
+                    if compiling.pop(rid, None) is None:
+                        engine.abort(rid)
                     sent.pop(rid, None)
             elif isinstance(cmd, Shutdown):
                 return
+        for rid, (cmd, fut) in list(compiling.items()):
+            if fut.done():
+                del compiling[rid]
+                add(cmd, fut)
 
         changed = engine.step() if engine.has_unfinished() else []
         step_end = time.monotonic()
-        if changed or cmds:
+        if changed or cmds or rejected:
             deltas = [_delta(req, sent) for req in changed]
             outputs.send(StepMessage(deltas, rejected, _snapshot(engine), step_end))
 
@@ -257,6 +282,7 @@ def _snapshot(engine: Engine) -> EngineStatsSnapshot:
         kv_blocks_cached=engine.kv.num_cached_blocks,
         prefix_cache=copy.deepcopy(engine.kv.stats),
         spec=copy.deepcopy(s.stats.spec),
+        grammar=engine.grammar_stats(),
     )
 
 

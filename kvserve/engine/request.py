@@ -5,8 +5,12 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from kvserve.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from kvserve.structured.spec import GuidedSpec
 
 _INT32_MAX = (1 << 31) - 1
 
@@ -30,6 +34,7 @@ class SamplingParams:
     logprobs: int | None = None  # top-n logprobs per sampled token (0: only the sampled token's)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    guided: "GuidedSpec | None" = None  # structured output: what the text must match
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -140,6 +145,9 @@ class Request:
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     first_token_time: float | None = None
     spec: SpecState = field(default_factory=SpecState)
+    # structured output: the request's grammar state (a kvserve.structured.GrammarMatcher, opaque to
+    # the scheduler), advanced by the runner as tokens are sampled
+    grammar: Any = None
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
@@ -173,6 +181,8 @@ class Request:
             self.num_tokens >= self.max_total_tokens
         ):
             self.finish(FinishReason.LENGTH)
+        elif self.grammar is not None and self.grammar.is_terminated():
+            self.finish(FinishReason.STOP)  # the grammar is complete and took its stop token
 
     def finish(self, reason: FinishReason, stop_reason: int | str | None = None) -> None:
         self.status = RequestStatus.FINISHED

@@ -138,6 +138,7 @@ class TorchRunner:
         if not rows:
             return out
         logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)])
+        num_drafts = self._apply_grammars(logits, [chunks[i] for i in sampling])
         plain = [i for i in sampling if not chunks[i].is_verify]
         if plain:
             at = [j for j, i in enumerate(_row_owners(sampling, chunks)) if not chunks[i].is_verify]
@@ -153,14 +154,51 @@ class TorchRunner:
             n = 1 + len(c.draft_token_ids)
             q = self._draft_probs.pop(r.request_id, None)  # this step replaces the draft either way
             if c.is_verify:
-                tokens, lps = verify(logits[row : row + n], c.draft_token_ids, q, r, self.sampler.generator(r))
+                k = num_drafts.get(r.request_id, len(c.draft_token_ids))  # a grammar may have cut the draft short
+                tokens, lps = verify(logits[row : row + k + 1], c.draft_token_ids[:k], None if q is None else q[:k],
+                                     r, self.sampler.generator(r))
                 out.token_ids[r.request_id] = tokens
                 if lps:
                     out.logprobs[r.request_id] = lps
             row += n
+        for i in sampling:  # the grammars take the tokens sampled under their masks
+            m = chunks[i].request.grammar
+            if m is not None:
+                for t in out.token_ids[chunks[i].request.request_id]:
+                    if m.is_terminated() or not m.accept(t):
+                        break
         if self.proposer is not None:
             self._propose([chunks[i] for i in sampling], out)
         return out
+
+    def _apply_grammars(self, logits: torch.Tensor, chunks: list[ScheduledChunk]) -> dict[str, int]:
+        """Mask the scored rows of constrained requests to what their grammar allows (``logits``
+        holds each chunk's rows in turn: one, or 1 + k for a verify). A draft is checked first: the
+        grammar's valid prefix of it is verified, each of its rows masked with the grammar state
+        after the drafts before it. Returns {request id: drafts kept} for cut drafts."""
+        if all(c.request.grammar is None for c in chunks):
+            return {}
+        from kvserve.structured import allocate_bitmask, apply_masks
+
+        bitmask = allocate_bitmask(logits.shape[0], logits.shape[1])
+        masked: list[int] = []
+        kept: dict[str, int] = {}
+        row = 0
+        for c in chunks:
+            m, drafts = c.request.grammar, c.draft_token_ids
+            if m is not None and not m.is_terminated():
+                k = m.validate_tokens(drafts) if drafts else 0
+                if k < len(drafts):
+                    kept[c.request.request_id] = k
+                for j in range(k + 1):
+                    m.fill_mask(bitmask, row + j)
+                    masked.append(row + j)
+                    if j < k:
+                        m.accept(drafts[j])
+                m.rollback(k)
+            row += 1 + len(drafts)
+        apply_masks(logits, bitmask, masked)
+        return kept
 
     def _propose(self, chunks: list[ScheduledChunk], out: StepOutput) -> None:
         """Draft the next step's tokens for the chunks the scheduler asked it of."""

@@ -74,6 +74,15 @@ class _EngineCollector(Collector):
         yield moved
         yield counter("kvserve:kv_offload_restores_skipped", "Tier hits not restored because prefilling again "
                       "was predicted to be cheaper.", p.restores_skipped)
+        g = s.grammar
+        if g is not None:
+            yield counter("kvserve:grammar_compiles", "Structured-output grammars compiled.", g.compiles)
+            yield counter("kvserve:grammar_cache_hits", "Structured-output requests whose grammar was cached.", g.hits)
+            yield counter("kvserve:grammar_compile_seconds", "Time spent compiling grammars (off the engine loop).",
+                          g.compile_seconds_total)
+            yield counter("kvserve:grammar_cache_evictions", "Compiled grammars evicted (LRU).", g.evictions)
+            yield counter("kvserve:grammar_compile_errors", "Schemas and grammars refused as invalid.", g.errors)
+            yield gauge("kvserve:grammar_cache_size", "Compiled grammars cached.", g.size)
         method = self.client.config.speculative_method
         if method:
             yield from _spec_metrics(s.spec, values + [method], labels + ["method"])

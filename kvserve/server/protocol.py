@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from kvserve.engine.request import SamplingParams
 from kvserve.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from kvserve.structured.spec import GuidedSpec
 
 MAX_N = 64  # choices per request: each is an engine request of its own
 
@@ -24,6 +27,22 @@ MAX_N = 64  # choices per request: each is an engine request of its own
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class _SamplingRequest(BaseModel):
@@ -51,6 +70,37 @@ class _SamplingRequest(BaseModel):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # structured output: OpenAI's response_format, or one of vLLM's guided_* fields
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+
+    def guided_spec(self) -> GuidedSpec | None:
+        """The one output constraint the request asks for, if any; 400 if it asks for several."""
+        asked: list[tuple[str, str, Any]] = []
+        rf = self.response_format
+        if rf is not None and rf.type == "json_object":
+            asked.append(("response_format", "json_object", None))
+        elif rf is not None and rf.type == "json_schema":
+            if rf.json_schema is None or rf.json_schema.schema_ is None:
+                raise InvalidArgumentError("response_format json_schema needs json_schema.schema",
+                                           param="response_format")
+            asked.append(("response_format", "json_schema", rf.json_schema.schema_))
+        for param, kind in (("guided_json", "json_schema"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+                            ("guided_grammar", "grammar")):
+            if getattr(self, param) is not None:
+                asked.append((param, kind, getattr(self, param)))
+        if len(asked) > 1:
+            raise InvalidArgumentError(f"ask for one output constraint at a time, not {', '.join(a[0] for a in asked)}",
+                                       param=asked[1][0])
+        if not asked:
+            return None
+        from kvserve.structured.spec import GuidedSpec
+
+        param, kind, value = asked[0]
+        return GuidedSpec(kind, value, param=param)
 
     @property
     def include_usage(self) -> bool:
@@ -75,6 +125,7 @@ class _SamplingRequest(BaseModel):
             logprobs=logprobs,
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
+            guided=self.guided_spec(),
         )
 
 

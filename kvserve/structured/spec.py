@@ -66,6 +66,9 @@ class GuidedSpec:
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("GuidedSpec is immutable")
 
+    def __reduce__(self) -> tuple:  # pickled to the engine process; immutable, so rebuilt from its fields
+        return (_rebuild, (self.kind, self.value, self.param))
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, GuidedSpec) and other.cache_key == self.cache_key
 
@@ -119,6 +122,10 @@ def _canonical(kind: str, value: Any, param: str) -> str:
     if not isinstance(value, str) or not value:
         raise InvalidArgumentError(f"the {kind} must be a non-empty string", param=param)
     return value
+
+
+def _rebuild(kind: str, value: Any, param: str) -> GuidedSpec:
+    return GuidedSpec(kind, value, param=param)
 
 
 def choice_to_ebnf(choices: Sequence[str]) -> str:
