@@ -1,13 +1,14 @@
 """kvserve: a small, readable LLM serving engine.
 
-The public Python API is ``LLM`` and ``SamplingParams``; see ``kvserve.llm``.
+The public Python API is ``LLM``, ``SamplingParams`` and ``GuidedSpec`` (structured output);
+see ``kvserve.llm``.
 """
 
 from kvserve.engine.request import SamplingParams
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "SamplingParams", "__version__"]
+__all__ = ["LLM", "GuidedSpec", "SamplingParams", "__version__"]
 
 
 def __getattr__(name: str):
@@ -16,4 +17,8 @@ def __getattr__(name: str):
         from kvserve.llm import LLM
 
         return LLM
+    if name == "GuidedSpec":
+        from kvserve.structured.spec import GuidedSpec
+
+        return GuidedSpec
     raise AttributeError(name)

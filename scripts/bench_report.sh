@@ -3,7 +3,7 @@
 # cores, one server at a time (never two under load at once), the same workloads (same seed, so the
 # same prompts and arrivals) against each. Then kvserve alone for the prefix-cache scenarios.
 # Needs ../shared/peers (each peer installs itself under $PEERS_HOME). Results: $OUT (default bench-results/).
-# Usage: scripts/bench_report.sh [engines...]   (default: kvserve vllm llamacpp prefix)
+# Usage: scripts/bench_report.sh [engines...]   (default: kvserve vllm llamacpp prefix; also: spec)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench-results}; mkdir -p "$OUT"
@@ -78,4 +78,20 @@ prefix)
       --save-result "$OUT/kvserve_multi_turn.json"
   fi
   stop $P 8100 ;;
+spec)
+  # Speculation at high batch: the 64-concurrent random workload with prompt lookup on (adaptive),
+  # on with a fixed k (what backing off saves), and off, in turns; then the single-stream grounded task.
+  # Greedy (SmolLM2 often loops on random prompts: lookup is right) and at temperature 1 (rarely right).
+  for cfg in ${SPEC_CFGS:-off ngram off ngram ngram-fixed off-t1 ngram-t1 ngram-fixed-t1}; do
+    case $cfg in off*) extra="";; ngram-fixed*) extra="--speculative-method ngram --no-adaptive-speculation";;
+      ngram*) extra="--speculative-method ngram";; esac
+    temp=0; case $cfg in *-t1) temp=1;; esac
+    $K serve --port 8100 $extra & P=$!
+    waitport 8100 && B --base-url http://127.0.0.1:8100 --num-prompts 64 --input-len 128 --output-len 128 \
+      --temperature $temp --save-result "$OUT/spec_c64_${cfg}_$(date +%H%M%S).json"
+    curl -s http://127.0.0.1:8100/metrics | grep -E '^kvserve:spec_decode' > "$OUT/spec_c64_${cfg}_$(date +%H%M%S).metrics"
+    stop $P 8100
+  done
+  [ -z "${SKIP_SINGLE:-}" ] && .venv/bin/python scripts/bench_spec.py --json "$OUT/spec_single.json"
+  true ;;
 esac; done

@@ -404,3 +404,16 @@ def test_cli_serve_queue_limit_and_sigterm(tiny_model_dir):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_sse_events_survive_clients_that_split_on_unicode_line_breaks():
+    """A sampled token can be U+2028 or NEL; JSON may carry them raw, and clients that split lines
+    like str.splitlines (httpx's aiter_lines) would cut the event: the server escapes them."""
+    from kvserve.server import protocol as P
+    from kvserve.server.api import _sse
+
+    text = "a\u2028b\u2029c\x85d"
+    event = _sse(P.CompletionResponse(id="x", created=0, model="m",
+                                      choices=[P.CompletionChoice(index=0, text=text, finish_reason=None)]))
+    lines = [line for line in event.splitlines() if line]
+    assert len(lines) == 1 and json.loads(lines[0][len("data: "):])["choices"][0]["text"] == text

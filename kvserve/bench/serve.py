@@ -115,6 +115,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="sessions/s (Poisson) for datasets without arrival times; inf: all at once")
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature of every request "
+                   "(default: greedy)")
     p.add_argument("--slo-ttft-ms", type=float, default=None, help="goodput: time to first token at most this")
     p.add_argument("--slo-itl-ms", type=float, default=None, help="goodput: every inter-token gap at most this")
     p.add_argument("--save-result", default=None, help="write the summary and per-request records to this JSON file")
@@ -188,6 +190,19 @@ def summarize(records: list[RequestRecord], elapsed: float, workload: Workload, 
     )
 
 
+async def _sse_lines(resp):
+    """Lines of an event stream, split on newlines only: SSE's line ends are CR/LF, while httpx's
+    aiter_lines also splits on U+2028, U+0085 and the like, which JSON may carry raw."""
+    buf = ""
+    async for text in resp.aiter_text():
+        buf += text
+        *lines, buf = buf.split("\n")
+        for line in lines:
+            yield line.rstrip("\r")
+    if buf:
+        yield buf.rstrip("\r")
+
+
 async def stream_completion(client, url: str, body: dict, rec: RequestRecord, t0: float) -> None:
     """Send one streaming completion and fill ``rec``; any failure becomes ``rec.error``."""
     start = time.perf_counter()
@@ -199,7 +214,7 @@ async def stream_completion(client, url: str, body: dict, rec: RequestRecord, t0
             if resp.status_code != 200:
                 rec.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
                 return
-            async for line in resp.aiter_lines():
+            async for line in _sse_lines(resp):
                 if not line.startswith("data: "):
                     continue
                 data = line[6:]
@@ -282,7 +297,7 @@ async def drive(workload: Workload, send: Send, *, request_rate: float = float("
 
 async def run_workload(a: argparse.Namespace, workload: Workload) -> tuple[Summary, list[RequestRecord]]:
     """Drive ``workload`` against ``a.base_url`` with streaming completions (token-id prompts,
-    greedy, ignore_eos), a progress bar while it runs."""
+    greedy unless --temperature, ignore_eos), a progress bar while it runs."""
     import httpx
     from tqdm import tqdm
 
@@ -300,7 +315,7 @@ async def run_workload(a: argparse.Namespace, workload: Workload) -> tuple[Summa
         texts = _as_texts(workload, a.tokenizer) if a.text_prompts else None
 
         async def send(turn: Turn, rec: RequestRecord, t0: float) -> None:
-            body = {"model": model, "prompt": turn.prompt, "max_tokens": turn.max_tokens, "temperature": 0.0,
+            body = {"model": model, "prompt": turn.prompt, "max_tokens": turn.max_tokens, "temperature": a.temperature,
                     "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
             rec.prompt_tokens = len(turn.prompt)  # the server's usage, when it sends one, replaces it
             if texts is not None:

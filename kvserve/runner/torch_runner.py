@@ -188,14 +188,19 @@ class TorchRunner:
             m, drafts = c.request.grammar, c.draft_token_ids
             if m is not None and not m.is_terminated():
                 k = m.validate_tokens(drafts) if drafts else 0
-                if k < len(drafts):
-                    kept[c.request.request_id] = k
+                taken = 0
                 for j in range(k + 1):
+                    if m.is_terminated():  # a drafted stop token: the rows after it are not verified
+                        k = j
+                        break
                     m.fill_mask(bitmask, row + j)
                     masked.append(row + j)
                     if j < k:
                         m.accept(drafts[j])
-                m.rollback(k)
+                        taken += 1
+                m.rollback(taken)
+                if k < len(drafts):
+                    kept[c.request.request_id] = k
             row += 1 + len(drafts)
         apply_masks(logits, bitmask, masked)
         return kept

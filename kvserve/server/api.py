@@ -262,8 +262,13 @@ class _SSEResponse(StreamingResponse):
                 await aclose()
 
 
+# Characters JSON may leave raw that line-splitting clients (str.splitlines, httpx's aiter_lines)
+# take for line ends, cutting an event in two: escape them. A sampled token can be one of these.
+_LINE_BREAKERS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def _sse(model: Any) -> str:
-    return f"data: {model.model_dump_json()}\n\n"
+    return f"data: {model.model_dump_json().translate(_LINE_BREAKERS)}\n\n"
 
 
 def _usage(prompt_lens: list[int], cached: list[int], outs: dict[int, RequestOutput]) -> P.Usage:
