@@ -84,10 +84,12 @@ def main() -> None:
             if name == "json":
                 outs = got
         valid = sum(1 for o in outs if o.finish_reason == "stop" and _parses(o.text))
-        rounds.append({**res, "valid": valid, "tokens": sum(len(o.token_ids) for o in outs),
+        rounds.append({**res, "valid": valid, "cut_at_max_tokens": sum(o.finish_reason == "length" for o in outs),
+                       "tokens": sum(len(o.token_ids) for o in outs),
                        "overhead": 1 - res["json"] / res["free"]})
         print(f"round {r}: json {res['json']:.1f} tok/s, free {res['free']:.1f} tok/s, "
-              f"cost {rounds[-1]['overhead']:+.1%}, valid {valid}/{len(outs)}", flush=True)
+              f"cost {rounds[-1]['overhead']:+.1%}, complete and valid {valid}/{len(outs)}, "
+              f"cut at max_tokens {rounds[-1]['cut_at_max_tokens']}", flush=True)
     summary = {"cold_compile_ms": cold_ms, "cached_lookup_ms": warm_ms, "rounds": rounds,
                "median_overhead": statistics.median(r["overhead"] for r in rounds)}
     print(f"cold compile {cold_ms:.1f} ms (cached {warm_ms:.3f} ms); median cost of JSON-schema decoding "

@@ -14,6 +14,7 @@ the step, the KV slots of rejected drafts are given back.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -25,7 +26,10 @@ from kvserve.engine.step_cost import StepCostModel, StepFeatures
 from kvserve.kv.manager import KVManager
 from kvserve.spec.policy import SpecPolicy
 
+log = logging.getLogger(__name__)
+
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
+PREEMPTION_LOG_INTERVAL_S = 10.0  # preemptions are logged at most this often (they come in bursts)
 
 
 @dataclass
@@ -91,6 +95,8 @@ class Scheduler:
         self.spec = SpecPolicy(k, self.cost, adaptive=config.adaptive_speculation) if k > 0 else None
         self.stats.spec.accepted_length_counts = [0] * (k + 1)
         self._gone: list[str] = []  # requests removed since the last step
+        self._preemption_logged_at: float | None = None
+        self._preempted_since_log = 0
 
     # -- queue management -------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -357,8 +363,22 @@ class Scheduler:
 
         batch.kv_transfers = self.kv.take_transfers()
         batch.finished_request_ids, self._gone = self._gone, []
+        if batch.preempted:
+            self._log_preemptions(len(batch.preempted))
         self.stats.num_steps += 1
         return batch
+
+    def _log_preemptions(self, n: int) -> None:
+        """One line per burst of preemptions (at most one per PREEMPTION_LOG_INTERVAL_S), not one per
+        sequence: under KV pressure a log line per victim would flood the log."""
+        self._preempted_since_log += n
+        now = self.clock()
+        if self._preemption_logged_at is not None and now - self._preemption_logged_at < PREEMPTION_LOG_INTERVAL_S:
+            return
+        log.warning("KV cache full: %d request(s) preempted (their KV freed, to be recomputed) since the last "
+                    "such message; %d in all. Fewer concurrent sequences (--max-num-seqs) or a larger KV cache "
+                    "avoid it", self._preempted_since_log, self.stats.num_preemptions)
+        self._preemption_logged_at, self._preempted_since_log = now, 0
 
     def update(self, batch: Batch, output: StepOutput) -> list[Request]:
         """Advance the scheduled requests by the step's result; return those that changed."""
