@@ -123,23 +123,29 @@ class GrammarCache:
             return CacheStats(len(self._cache), self.max_size, self.compiles, self.hits, self.evictions,
                               self.errors, self.compile_seconds_total, self._bytes)
 
+    def _hit(self, key: str) -> xgr.CompiledGrammar | Future | None:
+        """Under the lock: the cached grammar (now most recently used) or the compile already in flight,
+        either counted as a hit; None on a miss."""
+        compiled = self._cache.get(key)
+        if compiled is not None:
+            self._cache.move_to_end(key)
+            self.hits += 1
+            return compiled
+        waiting = self._inflight.get(key)
+        if waiting is not None:
+            self.hits += 1
+        return waiting
+
     def get_or_compile(self, spec: GuidedSpec) -> xgr.CompiledGrammar:
         """The compiled grammar for ``spec``, compiling it on this thread if needed."""
         key = spec.cache_key
         with self._lock:
-            compiled = self._cache.get(key)
-            if compiled is not None:
-                self._cache.move_to_end(key)
-                self.hits += 1
-                return compiled
-            waiting = self._inflight.get(key)
-            if waiting is None:
+            hit = self._hit(key)
+            if hit is None:
                 mine: Future[xgr.CompiledGrammar] = Future()
                 self._inflight[key] = mine
-            else:
-                self.hits += 1
-        if waiting is not None:
-            return waiting.result()
+        if hit is not None:
+            return hit.result() if isinstance(hit, Future) else hit
         try:
             compiled = self._compile_timed(spec)
         except BaseException as e:
@@ -160,19 +166,14 @@ class GrammarCache:
 
     def submit(self, spec: GuidedSpec) -> Future[xgr.CompiledGrammar]:
         """Compile off the caller's thread; a cached spec gives an already finished Future."""
-        key = spec.cache_key
         with self._lock:
-            compiled = self._cache.get(key)
-            if compiled is not None:
-                self._cache.move_to_end(key)
-                self.hits += 1
-                done: Future[xgr.CompiledGrammar] = Future()
-                done.set_result(compiled)
-                return done
-            waiting = self._inflight.get(key)
-            if waiting is not None:
-                self.hits += 1
-                return waiting
+            hit = self._hit(spec.cache_key)
+        if isinstance(hit, Future):
+            return hit
+        if hit is not None:
+            done: Future[xgr.CompiledGrammar] = Future()
+            done.set_result(hit)
+            return done
         return self._pool.submit(self.get_or_compile, spec)
 
     def close(self) -> None:
