@@ -282,3 +282,25 @@ def test_a_prefix_being_prefilled_is_not_computed_twice():
     second = s.schedule()
     b = [c for c in second.chunks if c.request.request_id == "b"][0]
     assert b.start == 40 and s.requests["b"].num_cached_tokens == 40
+
+
+def test_a_disk_tier_that_cannot_write_turns_itself_off_with_one_warning(tmp_path: Path, monkeypatch, caplog):
+    """A full or read-only disk (ENOSPC/EROFS on write): the tier disables itself once, logs one
+    warning, and answers as empty from then on; nothing raises into the engine."""
+    import errno
+    import logging
+
+    from kvserve.kv.tiers import DiskTier
+
+    tier = DiskTier(tmp_path / "kv", 1 << 20, b"fp")
+
+    def full(self, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_bytes", full)
+    with caplog.at_level(logging.WARNING, logger="kvserve.kv.tiers"):
+        for i in range(3):
+            tier.put(bytes([i]) * 16, (1, 2, 3), b"x" * 64)
+    assert not tier.enabled and bytes([0]) * 16 not in tier
+    assert len([r for r in caplog.records if "turned off" in r.getMessage()]) == 1
+    assert not list((tmp_path / "kv").glob("*.tmp"))

@@ -417,3 +417,41 @@ def test_sse_events_survive_clients_that_split_on_unicode_line_breaks():
                                       choices=[P.CompletionChoice(index=0, text=text, finish_reason=None)]))
     lines = [line for line in event.splitlines() if line]
     assert len(lines) == 1 and json.loads(lines[0][len("data: "):])["choices"][0]["text"] == text
+
+
+def test_cli_serve_exits_non_zero_when_the_engine_dies(tiny_model_dir):
+    """The engine process killed under `kvserve serve`: the server exits non-zero by itself (so a
+    supervisor restarts it) instead of serving 503s forever. (What requests in flight see is
+    tested in test_engine_process.py: an EngineDeadError, not a hang.)"""
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    url = f"http://127.0.0.1:{port}"
+    here = str(Path(kvserve.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvserve", "serve", "--model", str(tiny_model_dir), "--port", str(port),
+         "--dtype", "float32", "--num-threads", "1", "--num-kv-blocks", "256", "--uvicorn-log-level", "warning"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "kvserve serve did not come up"
+            time.sleep(0.2)
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        engine_pid = next(int(c) for c in children  # not multiprocessing's resource tracker
+                          if b"resource_tracker" not in Path(f"/proc/{c}/cmdline").read_bytes())
+        os.kill(engine_pid, signal.SIGKILL)
+        code = proc.wait(60)
+        out = proc.stdout.read()
+        assert code != 0 and "engine process died" in out, (code, out[-500:])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

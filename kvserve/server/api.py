@@ -14,6 +14,7 @@ import hmac
 import logging
 import signal
 import socket
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -559,12 +560,17 @@ def _chat_logprobs(server: _Server, logprobs: list[TokenLogprobs], top_n: int | 
 # --------------------------------------------------------------------------- kvserve serve
 
 
+ENGINE_WATCH_INTERVAL_S = 0.5
+
+
 def serve(client_factory: Callable[[], AsyncEngineClient], config: ServerConfig, host: str, port: int, *,
           graceful_shutdown_timeout: float = 30.0, log_level: str = "info") -> None:
     """Bind, start the engine, and serve until SIGINT/SIGTERM.
 
     SIGTERM (and a first Ctrl-C) stop accepting connections, let requests in flight finish
-    (for at most ``graceful_shutdown_timeout`` seconds), stop the engine, and return.
+    (for at most ``graceful_shutdown_timeout`` seconds), stop the engine, and return. If the engine
+    process dies, the requests in it get an error, /health says 503, and the server stops and
+    raises EngineDeadError (the CLI exits non-zero), so that a supervisor restarts it.
     """
     import uvicorn
 
@@ -576,11 +582,24 @@ def serve(client_factory: Callable[[], AsyncEngineClient], config: ServerConfig,
         sock.close()
         raise InvalidArgumentError(f"cannot listen on {host}:{port}: {e.strerror}", param="port") from e
     client = client_factory()
+    died = threading.Event()
     try:
         app = create_app(client, config)
         uv_config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=graceful_shutdown_timeout,
                                    timeout_keep_alive=5)
         server = uvicorn.Server(uv_config)
+
+        def watch_engine() -> None:
+            while not server.should_exit:
+                if not client.is_alive:
+                    died.set()
+                    log.error("the engine process died: stopping the server (non-zero exit) so that a supervisor "
+                              "restarts it")
+                    server.should_exit = True
+                    return
+                died.wait(ENGINE_WATCH_INTERVAL_S)
+
+        threading.Thread(target=watch_engine, name="engine-watch", daemon=True).start()
         names = ", ".join(app.state.server.names)
         log.info("serving %s on http://%s:%d (OpenAI API under /v1)", names, host, port)
         # uvicorn re-raises the signal that stopped it once it is done; a no-op handler for
@@ -594,3 +613,5 @@ def serve(client_factory: Callable[[], AsyncEngineClient], config: ServerConfig,
         sock.close()
         if client.is_alive:
             client.shutdown()
+    if died.is_set():
+        raise EngineDeadError("the engine process died; the server stopped")
