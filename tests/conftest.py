@@ -48,6 +48,18 @@ def hf_weights(hf_model) -> dict[str, torch.Tensor]:
     return sd
 
 
+def check_every_step(llm) -> None:
+    """Make ``llm``'s engine assert exact block accounting after every step."""
+    engine, step = llm.engine, llm.engine.step
+
+    def checked():
+        out = step()
+        engine.kv.check()
+        return out
+
+    engine.step = checked
+
+
 def hf_greedy(hf_model, prompt: list[int], n: int) -> list[int]:
     out = hf_model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, min_new_tokens=n,
                             eos_token_id=None, pad_token_id=0)

@@ -14,6 +14,7 @@ import json
 
 import pytest
 
+from conftest import check_every_step
 from kvserve import SamplingParams
 from kvserve.errors import InvalidArgumentError
 from kvserve.structured import GuidedSpec
@@ -74,14 +75,8 @@ def test_cell(tiny_model_dir, cell):
             LLM(str(tiny_model_dir), **engine_args(cell))
         return
     llm = LLM(str(tiny_model_dir), **engine_args(cell))
-    eng, step = llm.engine, llm.engine.step
-
-    def checked():
-        out = step()
-        eng.kv.check()
-        return out
-
-    eng.step = checked
+    eng = llm.engine
+    check_every_step(llm)
     outs = llm.generate(PROMPTS, [params(cell, i) for i in range(len(PROMPTS))])
     for i, o in enumerate(outs):
         assert o.finish_reason in ("stop", "length")

@@ -353,9 +353,8 @@ def test_speculative_decoding_usage_and_metrics(tiny_model_dir, offline):
 # --------------------------------------------------------------------------- kvserve serve, SIGTERM
 
 
-def test_cli_serve_queue_limit_and_sigterm(tiny_model_dir):
-    """`kvserve serve` in a subprocess: 429 when the waiting queue is full; SIGTERM lets the
-    streams in flight finish and the process exit 0."""
+def start_cli_server(model_dir, *flags: str) -> tuple[subprocess.Popen, str]:
+    """`kvserve serve` on the tiny model in a subprocess, once /health answers: (process, url)."""
     sock = free_socket()
     port = sock.getsockname()[1]
     sock.close()
@@ -363,22 +362,29 @@ def test_cli_serve_queue_limit_and_sigterm(tiny_model_dir):
     here = str(Path(kvserve.__file__).resolve().parents[1])  # the subprocess imports this same kvserve
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvserve", "serve", "--model", str(tiny_model_dir), "--port", str(port),
-         "--dtype", "float32", "--num-threads", "1", "--num-kv-blocks", "256", "--max-num-seqs", "1",
-         "--max-waiting-requests", "1", "--uvicorn-log-level", "warning"],
+        [sys.executable, "-m", "kvserve", "serve", "--model", str(model_dir), "--port", str(port), "--dtype", "float32",
+         "--num-threads", "1", "--num-kv-blocks", "256", "--uvicorn-log-level", "warning", *flags],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "kvserve serve did not come up"
-            time.sleep(0.2)
+    deadline = time.monotonic() + 90
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(proc.stdout.read())
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("kvserve serve did not come up")
+        time.sleep(0.2)
 
+
+def test_cli_serve_queue_limit_and_sigterm(tiny_model_dir):
+    """`kvserve serve` in a subprocess: 429 when the waiting queue is full; SIGTERM lets the
+    streams in flight finish and the process exit 0."""
+    proc, url = start_cli_server(tiny_model_dir, "--max-num-seqs", "1", "--max-waiting-requests", "1")
+    try:
         long_body = {"prompt": [5, 6, 7], "max_tokens": 200, "temperature": 0, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", f"{url}/v1/completions", json=long_body, timeout=60) as r:
             lines = r.iter_lines()
@@ -423,27 +429,8 @@ def test_cli_serve_exits_non_zero_when_the_engine_dies(tiny_model_dir):
     """The engine process killed under `kvserve serve`: the server exits non-zero by itself (so a
     supervisor restarts it) instead of serving 503s forever. (What requests in flight see is
     tested in test_engine_process.py: an EngineDeadError, not a hang.)"""
-    sock = free_socket()
-    port = sock.getsockname()[1]
-    sock.close()
-    url = f"http://127.0.0.1:{port}"
-    here = str(Path(kvserve.__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kvserve", "serve", "--model", str(tiny_model_dir), "--port", str(port),
-         "--dtype", "float32", "--num-threads", "1", "--num-kv-blocks", "256", "--uvicorn-log-level", "warning"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc, _ = start_cli_server(tiny_model_dir)
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "kvserve serve did not come up"
-            time.sleep(0.2)
         children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
         engine_pid = next(int(c) for c in children  # not multiprocessing's resource tracker
                           if b"resource_tracker" not in Path(f"/proc/{c}/cmdline").read_bytes())

@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from conftest import hf_weights, kvserve_config, tiny_hf_model
+from conftest import check_every_step, hf_weights, kvserve_config, tiny_hf_model
 from kvserve import SamplingParams
 from kvserve.engine.request import Request
 from kvserve.engine.step_cost import StepCostModel, StepFeatures
@@ -44,18 +44,6 @@ def make(method: str | None = None, draft: str | None = None, **kw) -> LLM:
     elif method == "draft":
         spec = dict(speculative_method="draft", speculative_model="in-memory", draft=tiny(draft))
     return LLM.from_weights(cfg, w, num_kv_blocks=kw.pop("num_kv_blocks", 256), block_size=4, **spec, **kw)
-
-
-def check_every_step(llm: LLM) -> None:
-    """Assert exact block accounting after every engine step."""
-    engine, step = llm.engine, llm.engine.step
-
-    def checked():
-        out = step()
-        engine.kv.check()
-        return out
-
-    engine.step = checked
 
 
 _baseline: dict[str, list[list[int]]] = {}
