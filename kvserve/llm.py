@@ -74,16 +74,15 @@ def build_engine(cfg: EngineConfig, model_cfg: ModelConfig, weights: dict[str, t
                             starvation_timeout_s=cfg.starvation_timeout_s,
                             num_speculative_tokens=cfg.num_speculative_tokens if runner.proposer else 0,
                             adaptive_speculation=cfg.adaptive_speculation)
-    grammars = None
-    if hf_tokenizer is not None:
-        def grammars():  # built on first use: describing the vocabulary to xgrammar takes ~0.5 s
-            from kvserve.structured import GrammarCache
+    def grammars():  # built on first use: describing the vocabulary to xgrammar takes ~0.5 s
+        from kvserve.structured import GrammarCache
 
-            return GrammarCache.from_tokenizer(hf_tokenizer, model_cfg.vocab_size, list(eos_token_ids),
-                                               max_size=cfg.grammar_cache_size)
+        return GrammarCache.from_tokenizer(hf_tokenizer, model_cfg.vocab_size, list(eos_token_ids),
+                                           max_size=cfg.grammar_cache_size)
+
     return Engine(runner, sched, vocab_size=model_cfg.vocab_size, eos_token_ids=tuple(eos_token_ids),
                   kv=build_kv_manager(cfg, runner.num_kv_blocks, runner.block_size, runner.block_bytes,
-                                      runner.kv_fingerprint), grammars=grammars)
+                                      runner.kv_fingerprint), grammars=grammars if hf_tokenizer is not None else None)
 
 
 def build_proposer(cfg: EngineConfig, model_cfg: ModelConfig, runner: TorchRunner,

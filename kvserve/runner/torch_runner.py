@@ -130,10 +130,12 @@ class TorchRunner:
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
         # the rows to score: a sampling chunk's last row; all 1 + k rows of a verify chunk
         rows: list[int] = []
+        first_row: dict[int, int] = {}  # sampling chunk -> its first row in ``logits``
         sampling = [i for i in inputs.order if chunks[i].sample]
         for i in sampling:
             c, first = chunks[i], inputs.offsets[i]
             n = 1 + len(c.draft_token_ids)
+            first_row[i] = len(rows)
             rows.extend(range(first + c.num_tokens - n, first + c.num_tokens))
         if not rows:
             return out
@@ -141,17 +143,15 @@ class TorchRunner:
         num_drafts = self._apply_grammars(logits, [chunks[i] for i in sampling])
         plain = [i for i in sampling if not chunks[i].is_verify]
         if plain:
-            at = [j for j, i in enumerate(_row_owners(sampling, chunks)) if not chunks[i].is_verify]
+            at = [first_row[i] for i in plain]
             reqs = [chunks[i].request for i in plain]
             tokens, logprobs = self.sampler(logits[torch.tensor(at, device=self.device)], reqs)
             for r, t in zip(reqs, tokens):
                 out.token_ids[r.request_id] = [t]
                 if r.request_id in logprobs:
                     out.logprobs[r.request_id] = [logprobs[r.request_id]]
-        row = 0
         for i in sampling:
-            c, r = chunks[i], chunks[i].request
-            n = 1 + len(c.draft_token_ids)
+            c, r, row = chunks[i], chunks[i].request, first_row[i]
             q = self._draft_probs.pop(r.request_id, None)  # this step replaces the draft either way
             if c.is_verify:
                 k = num_drafts.get(r.request_id, len(c.draft_token_ids))  # a grammar may have cut the draft short
@@ -160,7 +160,6 @@ class TorchRunner:
                 out.token_ids[r.request_id] = tokens
                 if lps:
                     out.logprobs[r.request_id] = lps
-            row += n
         for i in sampling:  # the grammars take the tokens sampled under their masks
             m = chunks[i].request.grammar
             if m is not None:
@@ -217,7 +216,3 @@ class TorchRunner:
             if draft.probs is not None:
                 self._draft_probs[rid] = draft.probs
 
-
-def _row_owners(sampling: list[int], chunks: list[ScheduledChunk]) -> list[int]:
-    """For each scored row, the index of the chunk it belongs to."""
-    return [i for i in sampling for _ in range(1 + len(chunks[i].draft_token_ids))]
