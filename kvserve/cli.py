@@ -94,12 +94,16 @@ def cmd_serve(a: argparse.Namespace) -> None:
     engine_config = EngineConfig.from_cli_args(a)
     if a.max_waiting_requests is not None and a.max_waiting_requests < 0:
         raise InvalidArgumentError("--max-waiting-requests must be at least 0", param="max_waiting_requests")
-    if a.max_request_bytes < 1:
+    if a.max_request_bytes is not None and a.max_request_bytes < 1:
         raise InvalidArgumentError("--max-request-bytes must be positive", param="max_request_bytes")
+    if a.max_log_len < 0:
+        raise InvalidArgumentError("--max-log-len must be at least 0", param="max_log_len")
     logging.basicConfig(level=getattr(logging, a.uvicorn_log_level.upper(), logging.INFO),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = ServerConfig(served_model_names=a.served_model_name or [], api_key=a.api_key,
-                          max_request_bytes=a.max_request_bytes)
+                          log_requests=a.log_requests, max_log_len=a.max_log_len)
+    if a.max_request_bytes is not None:
+        config.max_request_bytes = a.max_request_bytes
     serve(lambda: AsyncEngineClient(engine_config, max_waiting_requests=a.max_waiting_requests), config,
           a.host, a.port, graceful_shutdown_timeout=a.graceful_shutdown_timeout, log_level=a.uvicorn_log_level)
 
@@ -123,7 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="require `Authorization: Bearer KEY` on /v1 routes (default: $KVSERVE_API_KEY)")
     s.add_argument("--max-waiting-requests", type=int, default=None,
                    help="answer 429 when this many requests already wait (default: no limit)")
-    s.add_argument("--max-request-bytes", type=int, default=32 << 20, help="largest request body (413 above)")
+    s.add_argument("--max-request-bytes", type=int, default=None,
+                   help="largest request body, 413 above (default: 8 MiB)")
+    s.add_argument("--log-requests", action="store_true",
+                   help="log each request's prompt and sampling parameters (debugging; without it, logs never "
+                        "hold prompt or answer text)")
+    s.add_argument("--max-log-len", type=int, default=200, help="with --log-requests, prompt characters logged")
     s.add_argument("--graceful-shutdown-timeout", type=float, default=30.0,
                    help="on SIGTERM, seconds to let requests in flight finish")
     s.add_argument("--uvicorn-log-level", default="info",

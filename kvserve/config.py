@@ -53,6 +53,9 @@ class EngineConfig:
                                           "draft: a Hugging Face folder or .gguf with the target's tokenizer"})
     grammar_cache_size: int = field(default=128, metadata={"help": "compiled grammars (JSON schemas, regexes, ...) "
                                     "kept for reuse, least recently used evicted first"})
+    grammar_compile_timeout_s: float = field(default=10.0, metadata={"help": "a grammar that takes longer to compile "
+                                             "is refused (400); compiles run in a child process, killed past this; "
+                                             "0: compile in the engine process, unbounded"})
     max_model_len: int | None = field(default=None, metadata={"help": "context window (default: the model's, capped by the KV cache)"})
     seed: int = field(default=0, metadata={"help": "seed of the shared generator for unseeded sampling"})
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: all cores)"})
@@ -78,6 +81,8 @@ class EngineConfig:
         self._check_speculation()
         if self.grammar_cache_size < 1:
             raise InvalidArgumentError("--grammar-cache-size must be at least 1", param="grammar_cache_size")
+        if self.grammar_compile_timeout_s < 0:
+            raise InvalidArgumentError("--grammar-compile-timeout-s must be >= 0", param="grammar_compile_timeout_s")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise InvalidArgumentError("--max-model-len must be at least 2", param="max_model_len")
 

@@ -78,7 +78,8 @@ def build_engine(cfg: EngineConfig, model_cfg: ModelConfig, weights: dict[str, t
         from kvserve.structured import GrammarCache
 
         return GrammarCache.from_tokenizer(hf_tokenizer, model_cfg.vocab_size, list(eos_token_ids),
-                                           max_size=cfg.grammar_cache_size)
+                                           max_size=cfg.grammar_cache_size,
+                                           compile_timeout_s=cfg.grammar_compile_timeout_s or None)
 
     return Engine(runner, sched, vocab_size=model_cfg.vocab_size, eos_token_ids=tuple(eos_token_ids),
                   kv=build_kv_manager(cfg, runner.num_kv_blocks, runner.block_size, runner.block_bytes,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import random
 import signal
@@ -261,6 +262,125 @@ def test_errors_are_openai_shaped_and_harmless(tiny_server, offline):
     in_flight.__exit__(None, None, None)
     assert got[-1] == "[DONE]"
     assert "".join(e["choices"][0]["text"] for e in got[:-1]) == want
+
+
+def test_absurd_parameters_are_refused_before_they_cost(tiny_server):
+    """Parameters whose cost is out of proportion are refused up front, with a 400 naming them."""
+    url, server = tiny_server.url, tiny_server.app.state.server
+    comp, chat = f"{url}/v1/completions", f"{url}/v1/chat/completions"
+    ok = {"prompt": "hi", "max_tokens": 2}
+    deep: dict = {"type": "string"}
+    for _ in range(100):  # 201 levels; ~25 s of xgrammar at 1,000
+        deep = {"type": "object", "properties": {"a": deep}}
+    tokenized: list[int] = []
+    encode = server.tokenizer.encode
+    server.tokenizer.encode = lambda text: tokenized.append(len(text)) or encode(text)
+    too_long = "x" * (server.max_prompt_chars + 1)  # cannot fit 512 tokens, whatever the tokenizer does
+    try:
+        cases = [
+            ({**ok, "stop": [f"s{i}" for i in range(65)]}, comp, "stop", "at most 64"),
+            ({**ok, "stop": ["s" * 1025]}, comp, "stop", "1024 characters"),
+            ({**ok, "stop_token_ids": list(range(1025))}, comp, "stop_token_ids", "at most 1024"),
+            ({**ok, "stop_token_ids": [1 << 40]}, comp, "stop_token_ids", "32-bit"),
+            ({**ok, "guided_json": deep}, comp, "guided_json", "deeper than 128"),
+            ({**ok, "guided_choice": [str(i) for i in range(4097)]}, comp, "guided_choice", "at most 4096"),
+            ({**ok, "prompt": too_long}, comp, "prompt", "characters"),
+            ({**ok, "prompt": ["a", too_long]}, comp, "prompt", "characters"),
+            ({**ok, "prompt": ["a"] * 1025}, comp, "prompt", "at most 1024"),
+            ({"messages": [{"role": "user", "content": too_long}]}, chat, "prompt", "characters"),
+        ]
+        for body, where, param, words in cases:
+            r = httpx.post(where, json=body, headers=AUTH, timeout=30)
+            assert r.status_code == 400, (param, r.text)
+            err = r.json()["error"]
+            assert err["param"] == param and words in err["message"], err
+        assert all(n < server.max_prompt_chars for n in tokenized)  # the long texts were never tokenized
+    finally:
+        server.tokenizer.encode = encode
+    assert httpx.post(comp, json=ok, headers=AUTH, timeout=30).status_code == 200
+
+
+def test_a_client_that_reads_slowly_does_not_stall_other_streams(tiny_server, offline):
+    """A stream whose client stops reading (a tiny receive window, nothing read) holds only its own
+    answer back: streams started after it finish with the right text, and the slow one, read at
+    last, is complete too."""
+    url = tiny_server.url
+    big = {"prompt": random_prompts(1, seed=11)[0], "max_tokens": 400, "temperature": 0, "ignore_eos": True,
+           "n": 4, "logprobs": 20, "stream": True}  # ~6 MB of events: more than the socket buffers hold
+    slow = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    slow.connect(("127.0.0.1", tiny_server.port))
+    payload = json.dumps(big).encode()
+    slow.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n"
+                  f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n").encode() + payload)
+    try:
+        wait_for_metrics(url, kvserve__num_requests_running=4.0)  # its four choices are being generated
+        prompts = random_prompts(6, seed=12)
+        want = [o.text for o in offline.generate(prompts, SamplingParams(max_tokens=60, temperature=0.0,
+                                                                         ignore_eos=True))]
+
+        async def fast(p: list[int]) -> str:
+            async with httpx.AsyncClient(timeout=120) as client:
+                body = {"prompt": p, "max_tokens": 60, "temperature": 0, "ignore_eos": True, "stream": True}
+                async with client.stream("POST", f"{url}/v1/completions", json=body, headers=AUTH) as r:
+                    lines = [line async for line in r.aiter_lines()]
+            events = list(sse_events(iter(lines)))
+            assert events[-1] == "[DONE]"
+            return "".join(e["choices"][0]["text"] for e in events[:-1])
+
+        async def run() -> list[str]:
+            return await asyncio.gather(*(fast(p) for p in prompts))
+
+        assert asyncio.run(run()) == want
+        slow.settimeout(120)
+        data = bytearray()
+        while not data.endswith(b"data: [DONE]\r\n\r\n0\r\n\r\n") and not data.endswith(b"data: [DONE]\n\n"):
+            chunk = slow.recv(1 << 16)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        slow.close()
+    assert len(data) > 1 << 20 and b"data: [DONE]" in data
+    head, _, body = bytes(data).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    texts = ["", "", "", ""]
+    for line in body.split(b"\n"):
+        if line.startswith(b"data: {"):
+            choice = json.loads(line[len(b"data: "):])["choices"][0]
+            texts[choice["index"]] += choice["text"]
+    want_big = offline.generate([big["prompt"]], SamplingParams(max_tokens=400, temperature=0.0,
+                                                                ignore_eos=True))[0].text
+    assert texts == [want_big] * 4
+
+
+def test_logs_hold_no_prompt_text_unless_asked(tiny_server, caplog, capfd):
+    """Every logger at DEBUG, requests that succeed, stream, fail and get refused: no prompt or
+    answer text in any log line (this process's or the engine's stderr), until --log-requests."""
+    url, server = tiny_server.url, tiny_server.app.state.server
+    secret = "zebra-quartz-7731"
+    comp, chat = f"{url}/v1/completions", f"{url}/v1/chat/completions"
+    requests = [
+        (comp, {"prompt": f"the code is {secret}", "max_tokens": 4}),
+        (comp, {"prompt": f"{secret} again", "max_tokens": 4, "stream": True, "logprobs": 2}),
+        (chat, {"messages": [{"role": "user", "content": secret}], "max_tokens": 4, "stream": True}),
+        (chat, {"messages": [{"role": "user", "content": secret}], "max_tokens": 0}),
+        (comp, {"prompt": secret, "guided_regex": f"({secret}"}),
+        (comp, {"prompt": secret * 200, "max_tokens": 4}),
+    ]
+    with caplog.at_level(logging.DEBUG):
+        for where, body in requests:
+            httpx.post(where, json=body, headers=AUTH, timeout=30)
+        wait_for_metrics(url, kvserve__num_requests_running=0.0)
+    logged = caplog.text + "".join(capfd.readouterr())
+    assert secret not in logged
+    server.config.log_requests = True
+    try:
+        with caplog.at_level(logging.INFO):
+            httpx.post(comp, json={"prompt": f"the code is {secret}", "max_tokens": 4}, headers=AUTH, timeout=30)
+    finally:
+        server.config.log_requests = False
+    assert secret in caplog.text and "prompt tokens" in caplog.text
 
 
 def test_aborted_streams_free_everything(tiny_server):

@@ -181,6 +181,52 @@ def test_cache_stays_bounded_over_1000_schemas(info):
     cache.close()
 
 
+COSTLY_REGEX = "(" + "(a|b)*" * 200 + ")"  # 1.2 KB; ~18 s to compile here
+
+
+def test_compile_time_limit_kills_the_compile_and_refuses_the_spec(tok, info):
+    """A grammar over the time limit is refused (400) without costing the engine its compile:
+    the child process is killed, the spec is refused at once afterwards, and the next compile runs
+    in a new child and matches an in-process compile."""
+    cache = GrammarCache(info, max_size=4, compile_threads=1, compile_timeout_s=1.0)
+    try:
+        schema = GuidedSpec.json_schema({"type": "object", "properties": {"n": {"type": "integer"}},
+                                         "required": ["n"]})
+        walked = walk(cache, schema, seed=1)  # compiled in the child, sent back serialized
+        with pytest.raises(InvalidArgumentError, match="took longer than 1 s to compile") as e:
+            cache.get_or_compile(GuidedSpec.regex(COSTLY_REGEX))
+        assert e.value.param == "guided_regex"
+        first = cache._worker.restarts
+        with pytest.raises(InvalidArgumentError, match="took longer"):
+            cache.get_or_compile(GuidedSpec.regex(COSTLY_REGEX))  # remembered: no second attempt
+        assert cache._worker.restarts == first
+        with pytest.raises(InvalidArgumentError, match="invalid regular expression"):
+            cache.get_or_compile(GuidedSpec.regex("(("))  # xgrammar's own refusal, from the new child
+        assert cache._worker.restarts == first + 1
+        regex = GuidedSpec.regex("[0-9]{2}-[a-z]{2}")
+        in_process = GrammarCache(info, max_size=4, compile_threads=1)
+        for seed in range(3):
+            assert walk(cache, regex, seed) == walk(in_process, regex, seed)
+        assert walk(in_process, schema, seed=1) == walked
+        in_process.close()
+        assert cache.stats().errors == 3
+    finally:
+        cache.close()
+
+
+def test_a_crashing_compile_costs_the_child_not_the_caller(info):
+    cache = GrammarCache(info, max_size=4, compile_threads=1, compile_timeout_s=60.0)
+    try:
+        cache.get_or_compile(GuidedSpec.regex("x+"))  # the child is up
+        proc = cache._worker._proc
+        threading.Timer(0.5, proc.kill).start()  # dies mid-compile, as a segfault would
+        with pytest.raises(InvalidArgumentError, match="crashed"):
+            cache.get_or_compile(GuidedSpec.regex(COSTLY_REGEX))
+        assert cache.get_or_compile(GuidedSpec.regex("y+")) is not None
+    finally:
+        cache.close()
+
+
 def test_concurrent_requests_compile_once(info):
     cache = GrammarCache(info, max_size=4, compile_threads=1, workers=4)
     spec = GuidedSpec.json_schema({"type": "array", "items": {"type": "number"}, "maxItems": 5})

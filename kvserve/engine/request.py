@@ -13,6 +13,11 @@ if TYPE_CHECKING:
     from kvserve.structured.spec import GuidedSpec
 
 _INT32_MAX = (1 << 31) - 1
+# Bounds on what a request may ask for, so that its cost stays bounded before any work starts
+# (stop strings are matched against the text after every token).
+MAX_STOP_STRINGS = 64
+MAX_STOP_STRING_CHARS = 1024
+MAX_STOP_TOKEN_IDS = 1024
 
 
 @dataclass
@@ -69,10 +74,14 @@ class SamplingParams:
             raise bad("logprobs", f"must be in [0, 20], got {self.logprobs}")
         if self.seed is not None and not -(1 << 63) <= self.seed < (1 << 64):
             raise bad("seed", "must fit in 64 bits")
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise bad("stop", "must be non-empty strings")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
-            raise bad("stop_token_ids", "must be non-negative token ids")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise bad("stop", f"may hold at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
+        if any(not isinstance(s, str) or not s or len(s) > MAX_STOP_STRING_CHARS for s in self.stop):
+            raise bad("stop", f"must be non-empty strings of at most {MAX_STOP_STRING_CHARS} characters")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise bad("stop_token_ids", f"may hold at most {MAX_STOP_TOKEN_IDS} ids, got {len(self.stop_token_ids)}")
+        if any(not isinstance(t, int) or not 0 <= t <= _INT32_MAX for t in self.stop_token_ids):
+            raise bad("stop_token_ids", "must be token ids (non-negative 32-bit integers)")
 
     @property
     def greedy(self) -> bool:

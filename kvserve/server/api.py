@@ -16,6 +16,7 @@ import signal
 import socket
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -43,7 +44,7 @@ from kvserve.server.metrics import ServerMetrics
 
 log = logging.getLogger("kvserve.server")
 
-DEFAULT_MAX_REQUEST_BYTES = 32 << 20
+DEFAULT_MAX_REQUEST_BYTES = 8 << 20  # a full 128K-token prompt as text is ~0.5-3 MB of JSON
 MAX_CHOICES = 1024  # engine requests one HTTP request may create (prompts x n)
 T = TypeVar("T")
 
@@ -53,6 +54,10 @@ class ServerConfig:
     served_model_names: list[str] = field(default_factory=list)  # default: the model's own name
     api_key: str | None = None  # when set, /v1 routes need "Authorization: Bearer <key>"
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    # Logs hold no prompt or answer text unless this is set (a debugging aid): then each request's
+    # prompt (its first ``max_log_len`` characters) and sampling parameters are logged at INFO.
+    log_requests: bool = False
+    max_log_len: int = 200
 
 
 # --------------------------------------------------------------------------- errors
@@ -301,12 +306,46 @@ class _Server:
         self.metrics = ServerMetrics(client, self.names[0])
         client.observer = self.metrics
         self.tokenizer = client.tokenizer
+        # A token never covers more characters of text than its vocabulary entry has (byte-level
+        # entries spell bytes, and a character is at least one), so a text longer than this cannot
+        # fit the context window: refused without tokenizing it (8 MB of text takes ~10 s here).
+        self.max_prompt_chars = client.max_model_len * max(map(len, self.tokenizer.hf.get_vocab()))
+        # Tokenizing runs on its own thread, so a long prompt does not stall other streams; one
+        # thread, because a Hugging Face tokenizer is not safe to call from several at once.
+        self._tokenize_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvserve-tokenize")
 
     def check_model(self, model: str | None) -> str:
         if model is not None and model not in self.names:
             raise InvalidArgumentError(f"the model {model!r} does not exist; this server serves "
                                        f"{', '.join(map(repr, self.names))}", param="model", code="model_not_found")
         return model or self.names[0]
+
+    def check_prompt_chars(self, num_chars: int) -> None:
+        if num_chars > self.max_prompt_chars:
+            raise InvalidArgumentError(
+                f"the prompt has {num_chars} characters: more than this model's context window of "
+                f"{self.client.max_model_len} tokens can hold", param="prompt", code="context_length_exceeded")
+
+    async def encode(self, texts: list[str]) -> list[list[int]]:
+        for text in texts:
+            self.check_prompt_chars(len(text))
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._tokenize_pool, lambda: [self.tokenizer.encode(t) for t in texts])
+
+    async def render_chat(self, body: P.ChatCompletionRequest) -> list[int]:
+        messages = body.template_messages()
+        self.check_prompt_chars(sum(len(m["content"]) for m in messages))
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._tokenize_pool, lambda: self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=body.add_generation_prompt))
+
+    def close(self) -> None:
+        self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
+
+    def log_request(self, request_id: str, prompt: list[int], params: Any) -> None:
+        text = self.tokenizer.decode(prompt[: self.config.max_log_len], skip_special_tokens=False)
+        log.info("request %s: %d prompt tokens %r, %s", request_id, len(prompt), text[: self.config.max_log_len],
+                 params)
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
@@ -326,6 +365,8 @@ class _Server:
             for p in prompts:
                 for i in range(body.n):
                     streams.append(self.client.add_request(p, params[i]))
+                    if self.config.log_requests:
+                        self.log_request(streams[-1].request_id, p, params[i])
         except BaseException:
             for s in streams:
                 s.abort()
@@ -388,6 +429,7 @@ def create_app(client: AsyncEngineClient, config: ServerConfig | None = None, *,
         try:
             yield
         finally:
+            server.close()
             if own_client:
                 client.shutdown()
 
@@ -426,7 +468,7 @@ def create_app(client: AsyncEngineClient, config: ServerConfig | None = None, *,
     @app.post("/v1/completions")
     async def completions(body: P.CompletionRequest, request: Request) -> Response:
         model = server.check_model(body.model)
-        prompts = _completion_prompts(body.prompt, server)
+        prompts = await _completion_prompts(body.prompt, server)
         streams = server.start(prompts, body, body.sampling_params)
         rid, created = P.new_id("cmpl"), P.now_s()
         want_logprobs = body.logprobs is not None
@@ -476,8 +518,7 @@ def create_app(client: AsyncEngineClient, config: ServerConfig | None = None, *,
     @app.post("/v1/chat/completions")
     async def chat_completions(body: P.ChatCompletionRequest, request: Request) -> Response:
         model = server.check_model(body.model)
-        prompt = server.tokenizer.apply_chat_template(body.template_messages(),
-                                                      add_generation_prompt=body.add_generation_prompt)
+        prompt = await server.render_chat(body)
         streams = server.start([prompt], body, body.sampling_params)
         rid, created = P.new_id("chatcmpl"), P.now_s()
         top_n = (body.top_logprobs or 0) if body.logprobs else None
@@ -525,13 +566,15 @@ def create_app(client: AsyncEngineClient, config: ServerConfig | None = None, *,
     return app
 
 
-def _completion_prompts(prompt: Any, server: _Server) -> list[list[int]]:
+async def _completion_prompts(prompt: Any, server: _Server) -> list[list[int]]:
     if isinstance(prompt, str):
-        return [server.tokenizer.encode(prompt)]
+        return await server.encode([prompt])
     if not prompt or isinstance(prompt[0], int):
         return [list(prompt)]
     if isinstance(prompt[0], str):
-        return [server.tokenizer.encode(p) for p in prompt]
+        if len(prompt) > MAX_CHOICES:
+            raise InvalidArgumentError(f"at most {MAX_CHOICES} prompts x n per request", param="prompt")
+        return await server.encode(prompt)
     return [list(p) for p in prompt]
 
 

@@ -28,6 +28,7 @@ import xgrammar as xgr
 
 from kvserve.errors import InvalidArgumentError
 from kvserve.structured.spec import GuidedSpec, choice_to_ebnf
+from kvserve.structured.worker import CompileCrashed, CompileTimeout, CompileWorker, InvalidGrammar, compile_grammar
 
 CompiledGrammar = xgr.CompiledGrammar
 TokenizerInfo = xgr.TokenizerInfo
@@ -74,7 +75,9 @@ class GrammarCache:
 
     Thread-safe. Concurrent requests for one uncompiled spec compile it once (the others wait
     and count as hits). Compile errors are not cached: they raise ``InvalidArgumentError`` each
-    time. ``submit`` compiles on a small pool of worker threads and returns a Future.
+    time. ``submit`` compiles on a small pool of worker threads and returns a Future. With
+    ``compile_timeout_s``, xgrammar runs in a child process (``CompileWorker``) and a compile that
+    outlasts the limit is refused; such specs are then refused at once.
 
     ``any_whitespace=False`` (default) makes JSON follow Python's ``json.dumps`` layout
     (``{"a": 1, "b": [2, 3]}``); True allows any whitespace between tokens, which small models
@@ -82,7 +85,7 @@ class GrammarCache:
     """
 
     def __init__(self, tokenizer_info: xgr.TokenizerInfo, max_size: int = 128, *, any_whitespace: bool = False,
-                 compile_threads: int | None = None, workers: int = 1):
+                 compile_threads: int | None = None, workers: int = 1, compile_timeout_s: float | None = None):
         if max_size < 1:
             raise ValueError("max_size must be >= 1")
         self.tokenizer_info = tokenizer_info
@@ -91,6 +94,9 @@ class GrammarCache:
         threads = compile_threads or min(8, os.cpu_count() or 1)
         # xgrammar's own cache is unbounded by default; this class is the cache
         self._compiler = xgr.GrammarCompiler(tokenizer_info, max_threads=threads, cache_enabled=False)
+        # with a time limit, compiles run in a child process that is killed past it
+        self._worker = CompileWorker(tokenizer_info, compile_timeout_s, threads) if compile_timeout_s else None
+        self._refused: OrderedDict[str, str] = OrderedDict()  # cache key -> why (timeouts and crashes)
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, xgr.CompiledGrammar] = OrderedDict()
         self._inflight: dict[str, Future[xgr.CompiledGrammar]] = {}
@@ -178,6 +184,8 @@ class GrammarCache:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._worker is not None:
+            self._worker.close()
 
     def _compile_timed(self, spec: GuidedSpec) -> xgr.CompiledGrammar:
         start = time.perf_counter()
@@ -191,38 +199,45 @@ class GrammarCache:
         return compiled
 
     def compile(self, spec: GuidedSpec) -> xgr.CompiledGrammar:
-        """Compile without the cache; an invalid spec raises ``InvalidArgumentError``."""
-        c, kind = self._compiler, spec.kind
+        """Compile without the cache; an invalid spec, or one over the compile time limit, raises
+        ``InvalidArgumentError``."""
+        kind, text = _grammar_text(spec)
+        what = _WHAT[spec.kind]
         try:
-            if kind in ("json_schema", "json_object"):
-                schema = spec.canonical if kind == "json_schema" else '{"type": "object"}'
-                return self._compile_json_schema(schema)
-            if kind == "regex":
-                return c.compile_regex(spec.canonical)
-            if kind == "choice":
-                return c.compile_grammar(choice_to_ebnf(json.loads(spec.canonical)))
-            return c.compile_grammar(spec.canonical)
-        except (RuntimeError, ValueError, TypeError) as e:
+            if self._worker is None:
+                return compile_grammar(self._compiler, kind, text, self.any_whitespace)
+            with self._lock:
+                refused = self._refused.get(spec.cache_key)
+            if refused is not None:
+                raise CompileTimeout(refused)
+            return self._worker.compile(kind, text, self.any_whitespace)
+        except (CompileTimeout, CompileCrashed) as e:
             with self._lock:
                 self.errors += 1
-            what = {"json_schema": "JSON schema", "json_object": "JSON object", "regex": "regular expression",
-                    "choice": "choice", "grammar": "grammar"}[kind]
+                # a spec that timed out would time out again: refuse it at once from now on
+                self._refused[spec.cache_key] = str(e)
+                while len(self._refused) > REFUSED_SPECS_KEPT:
+                    self._refused.popitem(last=False)
+            raise InvalidArgumentError(f"the {what} {e}; simplify it", param=spec.param) from None
+        except (InvalidGrammar, RuntimeError, ValueError, TypeError) as e:
+            with self._lock:
+                self.errors += 1
             raise InvalidArgumentError(f"invalid {what}: {engine_reason(e)}", param=spec.param) from None
 
-    def _compile_json_schema(self, schema: str) -> xgr.CompiledGrammar:
-        grammar = str(xgr.Grammar.from_json_schema(schema, any_whitespace=self.any_whitespace))
-        if _BARE_STRING_CHAR in grammar:
-            # xgrammar <= 0.2.9 (issue mlc-ai/xgrammar#800) lowers a string with minLength /
-            # maxLength to a repeat of [^"\\\r\n], which admits raw control characters: invalid
-            # JSON (json.loads rejects it). Exclude them. Such strings still cannot hold escapes
-            # (\n, \", \uXXXX) as upstream; adding the escape branch made some masks ~100x slower.
-            return self._compiler.compile_grammar(grammar.replace(_BARE_STRING_CHAR, _JSON_STRING_CHAR))
-        return self._compiler.compile_json_schema(schema, any_whitespace=self.any_whitespace)
+
+REFUSED_SPECS_KEPT = 1024  # specs remembered as too costly to compile
+_WHAT = {"json_schema": "JSON schema", "json_object": "JSON object", "regex": "regular expression",
+         "choice": "choice", "grammar": "grammar"}
 
 
-# How xgrammar prints the character class above, and its replacement.
-_BARE_STRING_CHAR = r'[^\"\\\r\n]'
-_JSON_STRING_CHAR = r'[^\0-\x1f\"\\]'
+def _grammar_text(spec: GuidedSpec) -> tuple[str, str]:
+    """What xgrammar compiles for ``spec``: ("json_schema" | "regex" | "grammar", text)."""
+    if spec.kind == "json_object":
+        return "json_schema", '{"type": "object"}'
+    if spec.kind == "choice":
+        return "grammar", choice_to_ebnf(json.loads(spec.canonical))
+    return spec.kind, spec.canonical
+
 
 _LOG_PREFIX = re.compile(r"^\s*\[[\d:. ]+\]\s*\S+:\d+:\s*")
 _CHECK_PREFIX = re.compile(r"^Check failed: \(.*?\) is false:\s*")
