@@ -13,6 +13,7 @@ from kvserve.engine.batch import Batch, StepOutput
 from kvserve.engine.engine import Engine
 from kvserve.engine.request import SamplingParams
 from kvserve.engine.scheduler import SchedulerConfig
+from kvserve.errors import InvalidArgumentError
 from kvserve.kv.manager import KVManager
 
 BLOCK = 4
@@ -75,3 +76,12 @@ def test_tight_pool_finishes_everything_with_bounded_slowdown(prefix_caching, ca
     # preemptions are logged once per burst, not once per preempted sequence
     warnings = [r for r in caplog.records if "preempt" in r.getMessage()]
     assert 0 < len(warnings) < tight.scheduler.stats.num_preemptions
+
+
+def test_no_chunked_prefill_needs_a_budget_that_holds_the_context():
+    """Without chunked prefill a prompt runs whole, and a preempted request recomputes its prompt
+    and output whole: a budget under the context window could leave one waiting forever, so such
+    a configuration is refused at start-up."""
+    with pytest.raises(InvalidArgumentError, match="must hold the context window"):
+        Engine(CountingRunner(34), SchedulerConfig(max_num_batched_tokens=32, chunked_prefill=False))
+    Engine(CountingRunner(8), SchedulerConfig(max_num_batched_tokens=32, chunked_prefill=False))

@@ -64,6 +64,11 @@ class Engine:
         self.clock = clock
         self.scheduler = Scheduler(scheduler_config, self.kv, clock)
         self.max_model_len = runner.max_model_len
+        if not scheduler_config.chunked_prefill and scheduler_config.max_num_batched_tokens < self.max_model_len:
+            # a prompt (or a preempted request's recompute) longer than the budget would never run
+            raise InvalidArgumentError(f"without chunked prefill the step budget ({scheduler_config.max_num_batched_tokens} "
+                                       f"tokens) must hold the context window ({self.max_model_len} tokens)",
+                                       param="max_num_batched_tokens")
         self.vocab_size = vocab_size
         self.eos_token_ids = tuple(eos_token_ids)
         self.stats = EngineStats()
