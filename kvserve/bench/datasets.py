@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import csv
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 
 from kvserve.errors import InvalidArgumentError

@@ -423,19 +423,14 @@ def _load_gguf(path: Path) -> LoadedModel:
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> Any:
-    """Only the tokenizer of a Hugging Face folder or GGUF file (no weights are read)."""
+    """Only the tokenizer of a Hugging Face folder or GGUF file (no weights are read: the benchmark's
+    --text-prompts and the tests need no more)."""
     path = Path(path)
     if path.is_dir():
         return _hf_folder_tokenizer(path)
     if path.is_file() and path.suffix.lower() == ".gguf":
         return _gguf_tokenizer(path, None)
     raise ModelLoadError(f"cannot load a tokenizer from {path}: expected a folder or a .gguf file")
-
-
-def load_tokenizer(path: str | os.PathLike[str]) -> Any:
-    """Only the tokenizer of a model folder or GGUF file (the benchmark's --text-prompts needs no weights)."""
-    path = Path(path)
-    return _gguf_tokenizer(path, None) if path.suffix == ".gguf" else _hf_folder_tokenizer(path)
 
 
 def _gguf_tokenizer(path: Path, chat_template: str | None) -> Any:

@@ -72,7 +72,6 @@ def model_for_params(params_b: float, active_b: float | None = None) -> ModelSpe
         return ModelSpec(f"dense-{params_b:g}B", hidden, layers, heads, max(1, heads // 8), 128, int(3.5 * hidden),
                          128256)
     experts, k = 64, 4  # size the experts so that total and active both come out right
-    attn = layers * (2 * hidden * hidden + 2 * hidden * hidden // 8)
     per_expert = (params_b - active_b) * 1e9 / (layers * (experts - k))
     inter = max(64, int(per_expert / (3 * hidden)))
     return ModelSpec(f"moe-{params_b:g}B-A{active_b:g}B", hidden, layers, heads, max(1, heads // 8), 128, inter,
