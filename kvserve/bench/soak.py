@@ -135,10 +135,12 @@ class Traffic:
         self.weights = [cfg.mix[k] for k in self.kinds]
         # room for a prompt of prefix_words words (~1.5 tokens each) and the chat template
         self.max_tokens = max(1, min(cfg.max_tokens, (max_model_len - 2 * words - 64) // 2))
+        self.words = words
 
-    def _text(self, rng: random.Random, shared: bool) -> str:
-        words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 30)))
-        return f"{rng.choice(self.prefixes)}\n\n{words}" if shared else words
+    def _text(self, rng: random.Random, shared: bool, with_prefix: bool = True) -> str:
+        """A short question after a shared prefix, or a prompt of its own of any length up to a prefix's."""
+        words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 30 if shared else self.words)))
+        return f"{rng.choice(self.prefixes)}\n\n{words}" if shared and with_prefix else words
 
     def _sampling(self, rng: random.Random, body: dict, plan: Plan, *, long: bool = False) -> None:
         plan.max_tokens = body["max_tokens"] = rng.randint(max(1, self.max_tokens // 2) if long else 1,
@@ -173,7 +175,7 @@ class Traffic:
                                                                               "schema": plan.schema}}
         if chat:
             body["messages"] = ([{"role": "system", "content": rng.choice(self.prefixes)}] if shared else []) + [
-                {"role": "user", "content": self._text(rng, False)}]
+                {"role": "user", "content": self._text(rng, shared, with_prefix=False)}]
         elif rng.random() < 0.1:
             plan.num_prompts = 2
             body["prompt"] = [self._text(rng, shared), self._text(rng, shared)]
@@ -483,6 +485,8 @@ async def run_soak(cfg: SoakConfig, *, progress: bool = True) -> dict:
             rng = random.Random(f"{cfg.seed}-{i}")
             while time.perf_counter() < deadline:
                 outcomes.append(await checker.run(traffic.draw(rng)))
+                if outcomes[-1].detail == "429 busy":  # back off, as a client should
+                    await asyncio.sleep(rng.uniform(0.1, 0.5))
 
         async def sampler(stop: asyncio.Event) -> None:
             last_print = 0.0
