@@ -198,3 +198,26 @@ def test_decodes_of_very_different_lengths_are_grouped_and_exact(grid_model, mon
     assert max(groups) == 2
     ends = inputs._decode_group_ends
     assert ends([]) == []
+
+
+def test_packed_linear_hands_onednn_few_row_counts():
+    """oneDNN compiles and keeps a kernel per input shape (~1 MiB each): a PackedLinear pads the
+    rows to a few sizes, else the engine's memory grew with every new step size (found by the
+    soak, scripts/soak.py). The outputs are those of F.linear."""
+    from kvserve.model.layers import PackedLinear, cpu_packing_supported, padded_rows
+
+    counts = range(1, 8193)
+    assert all(m <= padded_rows(m) <= 1.125 * m for m in counts)
+    assert all(padded_rows(m) == m for m in range(1, 17))  # small decode batches: exact
+    assert len({padded_rows(m) for m in counts}) <= 16 + 8 * 9  # 8 per octave up to 8192
+    if not cpu_packing_supported(torch.float32):
+        pytest.skip("no oneDNN here")
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(24, 8, generator=g), torch.randn(24, generator=g)
+    lin = PackedLinear(w, b)
+    with torch.inference_mode():
+        for m in (1, 16, 17, 33, 100, 513):
+            x = torch.randn(m, 8, generator=g)
+            out = lin(x)
+            assert out.shape == (m, 24) and out.is_contiguous()
+            torch.testing.assert_close(out, torch.nn.functional.linear(x, w, b))

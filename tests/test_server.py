@@ -426,6 +426,9 @@ def test_metrics_and_small_routes(tiny_server):
         metric(text, f"kvserve:{name}")
     assert metric(text, "kvserve:request_success_total", finished_reason="length") >= 1
     assert metric(text, "kvserve:generation_tokens_total") >= 3
+    # memory: the engine process's RSS from its snapshots, the API process's from prometheus_client
+    assert metric(text, "kvserve:engine_resident_memory_bytes") > 1 << 20
+    assert metric(text, "process_resident_memory_bytes") > 1 << 20
 
 
 def test_prefix_cache_reports_cached_tokens(tiny_server):

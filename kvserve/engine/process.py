@@ -25,6 +25,7 @@ import asyncio
 import copy
 import logging
 import multiprocessing as mp
+import os
 import queue
 import signal
 import time
@@ -83,6 +84,7 @@ class EngineReady:
     vocab_size: int | None
     num_kv_blocks: int
     block_size: int
+    resident_memory_bytes: int | None = None
 
 
 @dataclass
@@ -131,6 +133,7 @@ class EngineStatsSnapshot:
     prefix_cache: PrefixCacheStats = field(default_factory=PrefixCacheStats)
     spec: SpecStats = field(default_factory=SpecStats)
     grammar: Any = None  # kvserve.structured.CacheStats once a grammar was asked for
+    resident_memory_bytes: int | None = None  # the engine process's RSS (Linux only)
 
     @property
     def kv_cache_usage(self) -> float:
@@ -156,7 +159,7 @@ def run_engine_process(config: EngineConfig, commands: mp.Queue, outputs: Connec
     try:
         engine, name = _build(config)
         outputs.send(EngineReady(name, engine.max_model_len, engine.vocab_size, engine.kv.pool.num_blocks,
-                                 engine.kv.block_size))
+                                 engine.kv.block_size, resident_memory_bytes()))
     except BaseException as e:  # noqa: BLE001 - anything that stops start-up goes back to the parent
         _send_failure(outputs, e)
         return
@@ -283,7 +286,22 @@ def _snapshot(engine: Engine) -> EngineStatsSnapshot:
         prefix_cache=copy.deepcopy(engine.kv.stats),
         spec=copy.deepcopy(s.stats.spec),
         grammar=engine.grammar_stats(),
+        resident_memory_bytes=resident_memory_bytes(),
     )
+
+
+_statm: tuple[int, int] | None = None  # (pid, fd of its /proc/self/statm): one pread per snapshot
+
+
+def resident_memory_bytes() -> int | None:
+    """This process's resident set size from /proc/self/statm; None where there is no /proc (not Linux)."""
+    global _statm
+    try:
+        if _statm is None or _statm[0] != os.getpid():  # a forked child reopens its own
+            _statm = (os.getpid(), os.open("/proc/self/statm", os.O_RDONLY))
+        return int(os.pread(_statm[1], 128, 0).split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 # --------------------------------------------------------------------------- the API-process side
@@ -418,7 +436,8 @@ class AsyncEngineClient:
         self.model_name = ready.model_name
         self.max_model_len = ready.max_model_len
         self.vocab_size = ready.vocab_size
-        self.stats = EngineStatsSnapshot(kv_blocks_total=ready.num_kv_blocks)
+        self.stats = EngineStatsSnapshot(kv_blocks_total=ready.num_kv_blocks,
+                                         resident_memory_bytes=ready.resident_memory_bytes)
         self.processor = OutputProcessor(self.tokenizer)
 
     def _wait_ready(self, timeout: float) -> EngineReady:

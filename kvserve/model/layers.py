@@ -107,7 +107,28 @@ class PackedLinear(nn.Module):
         self.bias = None if bias is None else bias.detach().contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        m = x.shape[0]
+        rows = padded_rows(m) if x.dim() == 2 else m
+        if rows != m:
+            x = torch.cat([x, x.new_zeros(rows - m, x.shape[1])])
+        out = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return out[:m] if rows != m else out
+
+
+def padded_rows(m: int) -> int:
+    """The row count a PackedLinear hands oneDNN for ``m`` rows: exact up to 16, above that rounded
+    up to one of 8 sizes per octave (at most 12.5% more rows).
+
+    oneDNN compiles and caches a kernel for every input shape it sees (~0.5-1 MiB each, up to 1,024
+    kept). The rows of a step (its tokens) vary from step to step, so without this the engine's
+    memory grew for as long as new counts kept appearing (a soak saw ~1 MiB per new count), and a
+    full cache recompiled kernels (milliseconds each). Now each weight shape has at most ~8 kernels
+    per octave of batch sizes.
+    """
+    if m <= 16:
+        return m
+    step = 1 << (m.bit_length() - 4)
+    return -(-m // step) * step
 
 
 def cpu_packing_supported(dtype: torch.dtype) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -53,6 +53,9 @@ class _EngineCollector(Collector):
                     s.kv_cache_usage)
         yield gauge("kvserve:kv_cache_blocks_used", "KV cache blocks in use.", s.kv_blocks_used)
         yield gauge("kvserve:kv_cache_blocks_total", "KV cache blocks in the pool.", s.kv_blocks_total)
+        if s.resident_memory_bytes is not None:
+            yield gauge("kvserve:engine_resident_memory_bytes", "Resident memory of the engine process (RSS; "
+                        "process_resident_memory_bytes is the API process's).", s.resident_memory_bytes)
         yield counter("kvserve:num_preemptions", "Requests preempted (KV freed, recomputed later).",
                       s.num_preemptions)
         yield counter("kvserve:prompt_tokens", "Prefill tokens computed.", s.prompt_tokens)
@@ -147,6 +150,7 @@ class ServerMetrics:
     def __init__(self, client: AsyncEngineClient, model_name: str):
         self.registry = CollectorRegistry()
         self.registry.register(_EngineCollector(client, model_name))
+        ProcessCollector(registry=self.registry)  # process_resident_memory_bytes etc. of the API process
         reg, name = self.registry, model_name
         self.ttft = _Histogram("kvserve:time_to_first_token_seconds", "Time from arrival to the first token.",
                                _LATENCY_BUCKETS, name)
