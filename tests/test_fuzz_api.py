@@ -54,3 +54,35 @@ def test_fuzzed_requests_never_break_the_server(fuzz_server):
         assert report.statuses[f"POST {path}", 200] and report.statuses[f"POST {path}", 400], summary
     assert check_idle(fuzz_server.url) == []
     assert fuzz_server.client.is_alive and fuzz_server.client.num_in_flight == 0
+
+
+# --------------------------------------------------------------------------- what the fuzzer found
+
+
+def test_lone_surrogates_are_refused(fuzz_server):
+    """JSON's \\ud800 escape gives a str no UTF-8 text holds: the tokenizer and the grammar
+    spec raised TypeError / UnicodeEncodeError (500s); now a 400 naming the field."""
+    ok = b'"max_tokens": 2'
+    cases = [
+        ("/v1/completions", b'{"prompt": "a\\ud800", ' + ok + b"}", "prompt"),
+        ("/v1/completions", b'{"prompt": ["ok", "\\udfff"], ' + ok + b"}", "prompt"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud83d"}], ' + ok + b"}", "messages"),
+        ("/v1/chat/completions",
+         b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\ud800"}]}], ' + ok + b"}",
+         "messages"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x", "name": "\\ud800"}], ' + ok + b"}",
+         "messages"),
+        ("/v1/completions", b'{"prompt": "hi", "guided_regex": "\\ud800", ' + ok + b"}", "guided_regex"),
+        ("/v1/completions", b'{"prompt": "hi", "guided_choice": ["a", "\\ud800"], ' + ok + b"}", "guided_choice"),
+        ("/v1/completions", b'{"prompt": "hi", "guided_grammar": "root ::= \\"\\ud800\\"", ' + ok + b"}",
+         "guided_grammar"),
+        ("/v1/completions", b'{"prompt": "hi", "guided_json": {"enum": ["\\ud800"]}, ' + ok + b"}", "guided_json"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "response_format": '
+         b'{"type": "json_schema", "json_schema": {"schema": {"const": "\\udc00"}}}, ' + ok + b"}", "response_format"),
+    ]
+    for path, body, param in cases:
+        r = post(fuzz_server, path, body)
+        assert_400(r, param)
+        assert "surrogate" in r.json()["error"]["message"]
+    # a surrogate pair is one valid character
+    assert post(fuzz_server, "/v1/completions", b'{"prompt": "\\ud83d\\ude00", ' + ok + b"}").status_code == 200

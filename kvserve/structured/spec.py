@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvserve.errors import InvalidArgumentError
+from kvserve.model.tokenizer import check_unicode
 
 KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
 
@@ -58,6 +59,7 @@ class GuidedSpec:
                                        param=param)
         param = param or DEFAULT_PARAM[kind]
         canonical = _canonical(kind, value, param)
+        check_unicode(canonical, f"the {kind.replace('_', ' ')}", param)  # it is hashed and compiled as UTF-8
         digest = hashlib.sha256(f"{kind}\n{canonical}".encode()).hexdigest()
         for name, v in (("kind", kind), ("value", value), ("param", param), ("canonical", canonical),
                         ("cache_key", digest)):
