@@ -86,3 +86,25 @@ def test_lone_surrogates_are_refused(fuzz_server):
         assert "surrogate" in r.json()["error"]["message"]
     # a surrogate pair is one valid character
     assert post(fuzz_server, "/v1/completions", b'{"prompt": "\\ud83d\\ude00", ' + ok + b"}").status_code == 200
+
+
+def test_deeply_nested_guided_json_is_answered(fuzz_server):
+    """A schema nested a few hundred levels deep made pickle overflow its recursion limit in the
+    engine command queue's feeder thread, which dropped the request: the client waited forever.
+    Deeper, json.dumps overflowed in the API process (a 500)."""
+    deep = "1"
+    for _ in range(600):
+        deep = '{"a": ' + deep + "}"
+    r = post(fuzz_server, "/v1/completions",
+             b'{"prompt": "hi", "max_tokens": 2, "guided_json": {"type": "object", "default": ' + deep.encode() + b"}}")
+    assert r.status_code == 200, r.text
+
+    from kvserve.errors import InvalidArgumentError
+    from kvserve.structured.spec import GuidedSpec
+
+    deeper: dict = {}
+    for _ in range(5000):
+        deeper = {"a": deeper}
+    with pytest.raises(InvalidArgumentError, match="nested too deeply") as e:
+        GuidedSpec.json_schema(deeper, param="guided_json")
+    assert e.value.param == "guided_json"

@@ -60,6 +60,9 @@ class GuidedSpec:
         param = param or DEFAULT_PARAM[kind]
         canonical = _canonical(kind, value, param)
         check_unicode(canonical, f"the {kind.replace('_', ' ')}", param)  # it is hashed and compiled as UTF-8
+        self._fill(kind, value, param, canonical)
+
+    def _fill(self, kind: str, value: Any, param: str, canonical: str) -> None:
         digest = hashlib.sha256(f"{kind}\n{canonical}".encode()).hexdigest()
         for name, v in (("kind", kind), ("value", value), ("param", param), ("canonical", canonical),
                         ("cache_key", digest)):
@@ -68,8 +71,12 @@ class GuidedSpec:
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("GuidedSpec is immutable")
 
-    def __reduce__(self) -> tuple:  # pickled to the engine process; immutable, so rebuilt from its fields
-        return (_rebuild, (self.kind, self.value, self.param))
+    def __reduce__(self) -> tuple:
+        # Pickled to the engine process as its canonical text, not its value: a deeply nested
+        # schema would overflow pickle's recursion limit in the command queue's feeder thread,
+        # which drops what it cannot pickle (the request would never be answered). Rebuilt there
+        # without parsing it again: nothing may fail while the engine reads its commands.
+        return (_rebuild, (self.kind, self.canonical, self.param))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, GuidedSpec) and other.cache_key == self.cache_key
@@ -106,14 +113,17 @@ def _canonical(kind: str, value: Any, param: str) -> str:
     if kind == "json_object":
         return ""
     if kind == "json_schema":
-        if isinstance(value, (str, bytes)):
-            try:
-                value = json.loads(value)
-            except ValueError as e:
-                raise InvalidArgumentError(f"the JSON schema is not valid JSON: {e}", param=param) from None
-        if not isinstance(value, (dict, bool)):
-            raise InvalidArgumentError("the JSON schema must be a JSON object", param=param)
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)  # key order kept: see above
+        try:
+            if isinstance(value, (str, bytes)):
+                try:
+                    value = json.loads(value)
+                except ValueError as e:
+                    raise InvalidArgumentError(f"the JSON schema is not valid JSON: {e}", param=param) from None
+            if not isinstance(value, (dict, bool)):
+                raise InvalidArgumentError("the JSON schema must be a JSON object", param=param)
+            return json.dumps(value, separators=(",", ":"), ensure_ascii=False)  # key order kept: see above
+        except RecursionError:  # json's recursion, on a schema nested hundreds of levels deep
+            raise InvalidArgumentError("the JSON schema is nested too deeply", param=param) from None
     if kind == "choice":
         if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value:
             raise InvalidArgumentError("the choice must be a non-empty list of strings", param=param)
@@ -126,8 +136,13 @@ def _canonical(kind: str, value: Any, param: str) -> str:
     return value
 
 
-def _rebuild(kind: str, value: Any, param: str) -> GuidedSpec:
-    return GuidedSpec(kind, value, param=param)
+def _rebuild(kind: str, canonical: str, param: str) -> GuidedSpec:
+    """The spec of canonical text ``canonical``; its value is that text (JSON text is a valid JSON
+    schema value), the list for a choice (flat: safe to parse), None for a JSON object."""
+    value = json.loads(canonical) if kind == "choice" else canonical if kind != "json_object" else None
+    spec = object.__new__(GuidedSpec)
+    spec._fill(kind, value, param, canonical)
+    return spec
 
 
 def choice_to_ebnf(choices: Sequence[str]) -> str:
