@@ -13,8 +13,8 @@ import pytest
 from fuzz_utils import FUZZ_ENGINE, MODES, Fuzzer, check_idle
 from kvserve.config import EngineConfig
 from kvserve.engine.process import AsyncEngineClient
-from kvserve.server.api import ServerConfig
-from server_utils import ServerThread
+from kvserve.server.api import MIN_LOGPROB, ServerConfig
+from server_utils import ServerThread, sse_events
 
 NUM_REQUESTS = 200
 TIMEOUT = 60.0  # seconds a request may take before it counts as a hang
@@ -86,6 +86,28 @@ def test_lone_surrogates_are_refused(fuzz_server):
         assert "surrogate" in r.json()["error"]["message"]
     # a surrogate pair is one valid character
     assert post(fuzz_server, "/v1/completions", b'{"prompt": "\\ud83d\\ude00", ' + ok + b"}").status_code == 200
+
+
+def test_logprobs_of_tokens_a_grammar_masks_are_finite(fuzz_server):
+    """With a grammar, the top-n alternatives include tokens it masks (logprob -inf), which JSON
+    cannot carry: the answer was a 500 (a null in streams); now they show MIN_LOGPROB, as in vLLM."""
+    base = {"max_tokens": 3, "temperature": 0, "guided_choice": ["yes"]}
+    r = post(fuzz_server, "/v1/completions", {**base, "prompt": "hi", "logprobs": 5})
+    assert r.status_code == 200, r.text
+    top = r.json()["choices"][0]["logprobs"]["top_logprobs"][0]
+    assert len(top) == 5 and min(top.values()) == MIN_LOGPROB and max(top.values()) > MIN_LOGPROB
+
+    r = post(fuzz_server, "/v1/chat/completions", {**base, "messages": [{"role": "user", "content": "hi"}],
+                                                   "logprobs": True, "top_logprobs": 5})
+    assert r.status_code == 200, r.text
+    top = [t["logprob"] for t in r.json()["choices"][0]["logprobs"]["content"][0]["top_logprobs"]]
+    assert len(top) == 5 and min(top) == MIN_LOGPROB and max(top) > MIN_LOGPROB
+
+    with httpx.stream("POST", f"{fuzz_server.url}/v1/completions", timeout=TIMEOUT,
+                      json={**base, "prompt": "hi", "logprobs": 5, "stream": True}) as s:
+        events = list(sse_events(s.iter_lines()))
+    tops = [v for e in events[:-1] for t in e["choices"][0]["logprobs"]["top_logprobs"] for v in t.values()]
+    assert tops and None not in tops and MIN_LOGPROB in tops
 
 
 def test_deeply_nested_guided_json_is_answered(fuzz_server):
