@@ -130,3 +130,16 @@ def test_deeply_nested_guided_json_is_answered(fuzz_server):
     with pytest.raises(InvalidArgumentError, match="nested too deeply") as e:
         GuidedSpec.json_schema(deeper, param="guided_json")
     assert e.value.param == "guided_json"
+
+
+def test_stop_token_ids_beyond_the_vocabulary_are_refused(fuzz_server):
+    """With a grammar, stop ids >= the vocabulary made xgrammar raise (a 400 with its C++ message),
+    ids past 32 bits wrapped silently (2**40 became token 0); now any of them is a 400."""
+    vocab = fuzz_server.client.vocab_size
+    for extra in ({}, {"guided_choice": ["a", "b"]}):
+        for bad in (vocab, 2**40, 2**70):
+            r = post(fuzz_server, "/v1/completions", {"prompt": "hi", "max_tokens": 2, "stop_token_ids": [5, bad],
+                                                      **extra})
+            assert_400(r, "stop_token_ids")
+    ok = post(fuzz_server, "/v1/completions", {"prompt": "hi", "max_tokens": 2, "stop_token_ids": [vocab - 1]})
+    assert ok.status_code == 200
