@@ -143,3 +143,12 @@ def test_stop_token_ids_beyond_the_vocabulary_are_refused(fuzz_server):
             assert_400(r, "stop_token_ids")
     ok = post(fuzz_server, "/v1/completions", {"prompt": "hi", "max_tokens": 2, "stop_token_ids": [vocab - 1]})
     assert ok.status_code == 200
+
+
+def test_grammar_errors_at_a_non_ascii_character_say_what_is_wrong(fuzz_server):
+    """xgrammar's lexer error quotes one byte of a multi-byte character, so its message could not
+    be decoded: the 400 said "'utf-8' codec can't decode byte 0xc3"; now it is xgrammar's message."""
+    r = post(fuzz_server, "/v1/completions", {"prompt": "hi", "max_tokens": 2, "guided_grammar": "root ::= é"})
+    assert_400(r, "guided_grammar")
+    message = r.json()["error"]["message"]
+    assert "Unexpected character" in message and "codec" not in message, message
