@@ -51,6 +51,7 @@ class Tokenizer:
         """Token ids of ``text``, with BOS only if the tokenizer itself adds it (HF's default)."""
         if not isinstance(text, str):
             raise InvalidArgumentError(f"expected text as a string, got {type(text).__name__}", param="prompt")
+        check_unicode(text, "the prompt", "prompt")
         return list(self.hf.encode(text))
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
@@ -91,6 +92,19 @@ def _check_messages(messages: Any) -> None:
             )
         if not isinstance(message.get("content"), str):
             raise InvalidArgumentError(f"messages[{i}].content must be a string", param="messages")
+        for key in ("content", "name"):
+            if isinstance(message.get(key), str):
+                check_unicode(message[key], f"messages[{i}].{key}", "messages")
+
+
+def check_unicode(text: str, what: str, param: str) -> None:
+    """JSON's \\u escapes can spell a lone UTF-16 surrogate (\\ud800), which no UTF-8 text holds:
+    a Python str may carry one, but the tokenizer (and xgrammar) cannot take it."""
+    try:
+        text.encode()
+    except UnicodeEncodeError as e:
+        raise InvalidArgumentError(f"{what} is not valid Unicode: it holds a lone surrogate {text[e.start]!r}",
+                                   param=param) from None
 
 
 class IncrementalDetokenizer:

@@ -578,15 +578,22 @@ async def _completion_prompts(prompt: Any, server: _Server) -> list[list[int]]:
     return [list(p) for p in prompt]
 
 
+MIN_LOGPROB = -9999.0  # JSON has no -inf: what a token that cannot be sampled (a grammar masks it) shows, as in vLLM
+
+
+def _logprob(value: float) -> float:
+    return value if value >= MIN_LOGPROB else MIN_LOGPROB  # -inf, and NaN too
+
+
 def _completion_logprobs(server: _Server, logprobs: list[TokenLogprobs], offset: int) -> P.CompletionLogprobs:
     out = P.CompletionLogprobs()
     for lp in logprobs:
         text = server.token_text(lp.token_id)
         out.tokens.append(text)
-        out.token_logprobs.append(lp.logprob)
+        out.token_logprobs.append(_logprob(lp.logprob))
         out.text_offset.append(offset)
         offset += len(text)
-        out.top_logprobs.append({server.token_text(t): v for t, v in lp.top} if lp.top else None)
+        out.top_logprobs.append({server.token_text(t): _logprob(v) for t, v in lp.top} if lp.top else None)
     return out
 
 
@@ -594,9 +601,10 @@ def _chat_logprobs(server: _Server, logprobs: list[TokenLogprobs], top_n: int | 
     content = []
     for lp in logprobs:
         text = server.token_text(lp.token_id)
-        top = [P.TopLogprob(token=(t := server.token_text(i)), logprob=v, bytes=list(t.encode()))
+        top = [P.TopLogprob(token=(t := server.token_text(i)), logprob=_logprob(v), bytes=list(t.encode()))
                for i, v in lp.top[: top_n or 0]]
-        content.append(P.TokenLogprob(token=text, logprob=lp.logprob, bytes=list(text.encode()), top_logprobs=top))
+        content.append(P.TokenLogprob(token=text, logprob=_logprob(lp.logprob), bytes=list(text.encode()),
+                                      top_logprobs=top))
     return P.ChatLogprobs(content=content)
 
 

@@ -245,6 +245,9 @@ _CHECK_PREFIX = re.compile(r"^Check failed: \(.*?\) is false:\s*")
 
 def engine_reason(error: BaseException) -> str:
     """xgrammar's message without its C++ log prefix (time, source file and line)."""
-    text = str(error).strip()
+    if isinstance(error, UnicodeDecodeError):  # the message quotes one byte of a multi-byte character
+        text = error.object.decode(errors="replace").strip()
+    else:
+        text = str(error).strip()
     text = _CHECK_PREFIX.sub("", _LOG_PREFIX.sub("", text))
     return text.splitlines()[0].strip() if text else type(error).__name__

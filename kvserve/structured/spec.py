@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvserve.errors import InvalidArgumentError
+from kvserve.model.tokenizer import check_unicode
 
 KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
 # Nesting of a JSON schema document (objects and arrays); compile time grows fast with it (~70 ms at
@@ -63,6 +64,10 @@ class GuidedSpec:
                                        param=param)
         param = param or DEFAULT_PARAM[kind]
         canonical = _canonical(kind, value, param)
+        check_unicode(canonical, f"the {kind.replace('_', ' ')}", param)  # it is hashed and compiled as UTF-8
+        self._fill(kind, value, param, canonical)
+
+    def _fill(self, kind: str, value: Any, param: str, canonical: str) -> None:
         digest = hashlib.sha256(f"{kind}\n{canonical}".encode()).hexdigest()
         for name, v in (("kind", kind), ("value", value), ("param", param), ("canonical", canonical),
                         ("cache_key", digest)):
@@ -71,8 +76,12 @@ class GuidedSpec:
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("GuidedSpec is immutable")
 
-    def __reduce__(self) -> tuple:  # pickled to the engine process; immutable, so rebuilt from its fields
-        return (_rebuild, (self.kind, self.value, self.param))
+    def __reduce__(self) -> tuple:
+        # Pickled to the engine process as its canonical text, not its value: a deeply nested
+        # schema would overflow pickle's recursion limit in the command queue's feeder thread,
+        # which drops what it cannot pickle (the request would never be answered). Rebuilt there
+        # without parsing it again: nothing may fail while the engine reads its commands.
+        return (_rebuild, (self.kind, self.canonical, self.param))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, GuidedSpec) and other.cache_key == self.cache_key
@@ -148,8 +157,13 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def _rebuild(kind: str, value: Any, param: str) -> GuidedSpec:
-    return GuidedSpec(kind, value, param=param)
+def _rebuild(kind: str, canonical: str, param: str) -> GuidedSpec:
+    """The spec of canonical text ``canonical``; its value is that text (JSON text is a valid JSON
+    schema value), the list for a choice (flat: safe to parse), None for a JSON object."""
+    value = json.loads(canonical) if kind == "choice" else canonical if kind != "json_object" else None
+    spec = object.__new__(GuidedSpec)
+    spec._fill(kind, value, param, canonical)
+    return spec
 
 
 def choice_to_ebnf(choices: Sequence[str]) -> str:
