@@ -30,6 +30,13 @@ def test_engine_errors_and_death(tiny_model_dir):
             async for _ in client.add_request([5] * 600, greedy, validate=False):
                 pass
         assert e.value.param == "prompt"
+        # a request that cannot be pickled fails here and leaves nothing behind (the queue's feeder
+        # thread used to drop it silently, and its stream waited forever)
+        unpicklable = SamplingParams(max_tokens=4)
+        unpicklable.note = lambda: None
+        with pytest.raises(Exception, match="pickle"):
+            client.add_request([5, 6, 7], unpicklable)
+        assert client.num_in_flight == 0
         outs = [o async for o in client.add_request([5, 6, 7], greedy)]
         assert len(outs[-1].token_ids) == 4 and outs[-1].finish_reason == "length"
 

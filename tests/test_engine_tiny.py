@@ -3,6 +3,7 @@
 import random
 
 import pytest
+import torch
 
 from conftest import hf_greedy, hf_weights, kvserve_config, tiny_hf_model
 from kvserve import SamplingParams

@@ -26,6 +26,7 @@ import copy
 import logging
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import signal
 import time
@@ -205,7 +206,7 @@ def _loop(engine: Engine, commands: mp.Queue, outputs: Connection) -> None:
         cmds: list[Any] = []
         if not engine.has_unfinished():
             try:  # idle: sleep on the queue (briefly while grammars compile), never spin
-                cmds.append(commands.get(timeout=COMPILE_POLL_S if compiling else IDLE_POLL_S))
+                cmds.append(pickle.loads(commands.get(timeout=COMPILE_POLL_S if compiling else IDLE_POLL_S)))
             except queue.Empty:
                 if not _parent_alive():
                     return
@@ -213,7 +214,7 @@ def _loop(engine: Engine, commands: mp.Queue, outputs: Connection) -> None:
                     continue
         while True:
             try:
-                cmds.append(commands.get_nowait())
+                cmds.append(pickle.loads(commands.get_nowait()))
             except queue.Empty:
                 break
 
@@ -535,7 +536,11 @@ class AsyncEngineClient:
         stream = RequestStream(self, rid, list(prompt_token_ids), params, arrival_time or time.monotonic())
         self.processor.add(stream.mirror)
         self._requests[rid] = stream
-        self._send(AddRequest(rid, list(prompt_token_ids), params))
+        try:
+            self._send(AddRequest(rid, list(prompt_token_ids), params))
+        except BaseException:
+            self._forget(rid)
+            raise
         return stream
 
     def abort(self, request_id: str) -> None:
@@ -555,8 +560,11 @@ class AsyncEngineClient:
         return self._requests.pop(request_id, None)
 
     def _send(self, cmd: Any) -> None:
+        # Pickled here, not by the queue's feeder thread: that thread drops what it cannot pickle
+        # (a value nested past the recursion limit, say) and the request would wait forever.
+        payload = pickle.dumps(cmd, protocol=pickle.HIGHEST_PROTOCOL)
         try:
-            self._commands.put(cmd)
+            self._commands.put(payload)
         except (ValueError, OSError):  # queue closed during shutdown
             pass
 

@@ -28,7 +28,14 @@ import xgrammar as xgr
 
 from kvserve.errors import InvalidArgumentError
 from kvserve.structured.spec import GuidedSpec, choice_to_ebnf
-from kvserve.structured.worker import CompileCrashed, CompileTimeout, CompileWorker, InvalidGrammar, compile_grammar
+from kvserve.structured.worker import (
+    CompileCrashed,
+    CompileTimeout,
+    CompileWorker,
+    InvalidGrammar,
+    compile_grammar,
+    error_text,
+)
 
 CompiledGrammar = xgr.CompiledGrammar
 TokenizerInfo = xgr.TokenizerInfo
@@ -245,9 +252,6 @@ _CHECK_PREFIX = re.compile(r"^Check failed: \(.*?\) is false:\s*")
 
 def engine_reason(error: BaseException) -> str:
     """xgrammar's message without its C++ log prefix (time, source file and line)."""
-    if isinstance(error, UnicodeDecodeError):  # the message quotes one byte of a multi-byte character
-        text = error.object.decode(errors="replace").strip()
-    else:
-        text = str(error).strip()
+    text = error_text(error).strip()
     text = _CHECK_PREFIX.sub("", _LOG_PREFIX.sub("", text))
     return text.splitlines()[0].strip() if text else type(error).__name__

@@ -69,6 +69,13 @@ _BARE_STRING_CHAR = r'[^\"\\\r\n]'
 _JSON_STRING_CHAR = r'[^\0-\x1f\"\\]'
 
 
+def error_text(error: BaseException) -> str:
+    """xgrammar's message for ``error``."""
+    if isinstance(error, UnicodeDecodeError):  # its message quotes one byte of a multi-byte character
+        return error.object.decode(errors="replace")
+    return str(error)
+
+
 class CompileWorker:
     """The parent's handle on the child process; ``compile`` is thread-safe (one compile at a time)."""
 
@@ -177,7 +184,7 @@ def _serve() -> None:
         try:
             compiled = compile_grammar(compiler, kind, text, any_whitespace)
         except Exception as e:  # noqa: BLE001 - xgrammar's reasons go back to the parent
-            _send(replies, ("invalid", str(e)))
+            _send(replies, ("invalid", error_text(e)))
         else:
             _send(replies, ("ok", compiled.serialize_json()))
 
