@@ -562,3 +562,15 @@ def test_logits_wider_than_the_mask(tok, cache):
         apply_masks(logits, bitmask, rows)
         finite = torch.isfinite(logits[0]).nonzero().view(-1).tolist()
         assert finite and set(finite) == allowed_ids(bitmask) and max(finite) < cache.vocab_size
+
+
+def test_a_special_stop_token_is_refused_quietly(tok, cache, capfd):
+    """A request's stop_token_ids may name a special token; xgrammar refuses those with a warning
+    per call (the fuzzer's logs filled with them). The matcher refuses them itself, silently: the
+    request ends on such a token anyway."""
+    special = next(i for i in cache.tokenizer_info.special_token_ids if i != tok.eos_token_id)
+    m = GrammarMatcher(cache.get_or_compile(GuidedSpec.choice(["yes", "no"])),
+                       stop_token_ids=[tok.eos_token_id, special])
+    assert not m.accept(special) and m.validate_tokens([special]) == 0
+    assert m.accept(tok.encode("yes")[0])
+    assert "cannot accept special token" not in "".join(capfd.readouterr())

@@ -47,6 +47,9 @@ class GrammarMatcher:
         tokenizer info's; None or empty keeps them."""
         stops = list(stop_token_ids) if stop_token_ids else None
         self._m = xgr.GrammarMatcher(compiled, override_stop_tokens=stops)
+        # xgrammar refuses a special token even when it is a stop token, with a warning each time
+        # (the request's own stop_token_ids may name one); such a token ends the request anyway
+        self._special_stops = frozenset(stops or ()) & frozenset(compiled.tokenizer_info.special_token_ids)
         self.vocab_size: int = compiled.tokenizer_info.vocab_size
         self.num_accepted = 0  # tokens accepted and not rolled back (the stop token included)
 
@@ -62,6 +65,8 @@ class GrammarMatcher:
 
     def accept(self, token_id: int) -> bool:
         """Advance by one token; False (state unchanged) if the grammar does not allow it."""
+        if token_id in self._special_stops:
+            return False
         ok = self._m.accept_token(int(token_id))
         if ok:
             self.num_accepted += 1
@@ -79,7 +84,7 @@ class GrammarMatcher:
         """How many leading ``tokens`` the grammar allows in a row; the state is left unchanged."""
         n = 0
         for token in tokens:
-            if not self._m.accept_token(int(token)):
+            if token in self._special_stops or not self._m.accept_token(int(token)):
                 break
             n += 1
         if n:
