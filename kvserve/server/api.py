@@ -354,8 +354,7 @@ class _Server:
     def start(self, prompts: list[list[int]], body: P._SamplingRequest,
               params_for: Callable[[int], Any]) -> list[RequestStream]:
         """Validate everything, then add prompts x n engine requests (choice k = prompt * n + i)."""
-        if len(prompts) * body.n > MAX_CHOICES:
-            raise InvalidArgumentError(f"at most {MAX_CHOICES} prompts x n per request", param="prompt")
+        check_choices(len(prompts) * body.n)
         params = [params_for(i) for i in range(body.n)]
         for p in prompts:
             self.client.validate_prompt(p)
@@ -566,14 +565,18 @@ def create_app(client: AsyncEngineClient, config: ServerConfig | None = None, *,
     return app
 
 
+def check_choices(num_requests: int) -> None:
+    if num_requests > MAX_CHOICES:
+        raise InvalidArgumentError(f"at most {MAX_CHOICES} prompts x n per request", param="prompt")
+
+
 async def _completion_prompts(prompt: Any, server: _Server) -> list[list[int]]:
     if isinstance(prompt, str):
         return await server.encode([prompt])
     if not prompt or isinstance(prompt[0], int):
         return [list(prompt)]
     if isinstance(prompt[0], str):
-        if len(prompt) > MAX_CHOICES:
-            raise InvalidArgumentError(f"at most {MAX_CHOICES} prompts x n per request", param="prompt")
+        check_choices(len(prompt))  # before tokenizing them all
         return await server.encode(prompt)
     return [list(p) for p in prompt]
 

@@ -99,10 +99,11 @@ class GrammarCache:
         self.max_size = max_size
         self.any_whitespace = any_whitespace
         threads = compile_threads or min(8, os.cpu_count() or 1)
-        # xgrammar's own cache is unbounded by default; this class is the cache
-        self._compiler = xgr.GrammarCompiler(tokenizer_info, max_threads=threads, cache_enabled=False)
-        # with a time limit, compiles run in a child process that is killed past it
+        # With a time limit, compiles run in a child process that is killed past it; without, here.
+        # xgrammar's own cache is unbounded by default; this class is the cache.
         self._worker = CompileWorker(tokenizer_info, compile_timeout_s, threads) if compile_timeout_s else None
+        self._compiler = None if self._worker else xgr.GrammarCompiler(tokenizer_info, max_threads=threads,
+                                                                       cache_enabled=False)
         self._refused: OrderedDict[str, str] = OrderedDict()  # cache key -> why (timeouts and crashes)
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, xgr.CompiledGrammar] = OrderedDict()
@@ -211,8 +212,9 @@ class GrammarCache:
         kind, text = _grammar_text(spec)
         what = _WHAT[spec.kind]
         try:
-            if self._worker is None:
+            if self._compiler is not None:
                 return compile_grammar(self._compiler, kind, text, self.any_whitespace)
+            assert self._worker is not None
             with self._lock:
                 refused = self._refused.get(spec.cache_key)
             if refused is not None:
