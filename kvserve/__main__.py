@@ -1,3 +1,5 @@
+"""`python -m kvserve`: the same as the `kvserve` command."""
+
 import sys
 
 from kvserve.cli import main

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 
-from kvserve.config import EngineConfig
-from kvserve.errors import InvalidArgumentError, KVServeError
+from kvserve.config import PARTS, KVServeConfig
+from kvserve.errors import KVServeError
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -37,7 +36,7 @@ def _sampling_params(a: argparse.Namespace):
 def _llm(a: argparse.Namespace):
     from kvserve.llm import LLM
 
-    return LLM(**vars(EngineConfig.from_cli_args(a)))
+    return LLM(**KVServeConfig.from_cli_args(a).to_kwargs())
 
 
 def cmd_generate(a: argparse.Namespace) -> None:
@@ -88,24 +87,14 @@ def cmd_chat(a: argparse.Namespace) -> None:
 
 
 def cmd_serve(a: argparse.Namespace) -> None:
-    from kvserve.engine.process import AsyncEngineClient
-    from kvserve.server.api import ServerConfig, serve
+    from kvserve.server.api import serve
+    from kvserve.server.engine_client import AsyncEngineClient
 
-    engine_config = EngineConfig.from_cli_args(a)
-    if a.max_waiting_requests is not None and a.max_waiting_requests < 0:
-        raise InvalidArgumentError("--max-waiting-requests must be at least 0", param="max_waiting_requests")
-    if a.max_request_bytes is not None and a.max_request_bytes < 1:
-        raise InvalidArgumentError("--max-request-bytes must be positive", param="max_request_bytes")
-    if a.max_log_len < 0:
-        raise InvalidArgumentError("--max-log-len must be at least 0", param="max_log_len")
-    logging.basicConfig(level=getattr(logging, a.uvicorn_log_level.upper(), logging.INFO),
+    config = KVServeConfig.from_cli_args(a, tuple(PARTS))
+    srv = config.server
+    logging.basicConfig(level=getattr(logging, srv.uvicorn_log_level.upper(), logging.INFO),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    config = ServerConfig(served_model_names=a.served_model_name or [], api_key=a.api_key,
-                          log_requests=a.log_requests, max_log_len=a.max_log_len)
-    if a.max_request_bytes is not None:
-        config.max_request_bytes = a.max_request_bytes
-    serve(lambda: AsyncEngineClient(engine_config, max_waiting_requests=a.max_waiting_requests), config,
-          a.host, a.port, graceful_shutdown_timeout=a.graceful_shutdown_timeout, log_level=a.uvicorn_log_level)
+    serve(lambda: AsyncEngineClient(config), srv)
 
 
 def cmd_bench_offline(a: argparse.Namespace) -> None:
@@ -119,38 +108,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--served-model-name", nargs="+", default=None,
-                   help="name(s) clients use as `model` (default: the model's folder or file name)")
-    s.add_argument("--api-key", default=os.environ.get("KVSERVE_API_KEY"),
-                   help="require `Authorization: Bearer KEY` on /v1 routes (default: $KVSERVE_API_KEY)")
-    s.add_argument("--max-waiting-requests", type=int, default=None,
-                   help="answer 429 when this many requests already wait (default: no limit)")
-    s.add_argument("--max-request-bytes", type=int, default=None,
-                   help="largest request body, 413 above (default: 8 MiB)")
-    s.add_argument("--log-requests", action="store_true",
-                   help="log each request's prompt and sampling parameters (debugging; without it, logs never "
-                        "hold prompt or answer text)")
-    s.add_argument("--max-log-len", type=int, default=200, help="with --log-requests, prompt characters logged")
-    s.add_argument("--graceful-shutdown-timeout", type=float, default=30.0,
-                   help="on SIGTERM, seconds to let requests in flight finish")
-    s.add_argument("--uvicorn-log-level", default="info",
-                   choices=["critical", "error", "warning", "info", "debug", "trace"])
-    EngineConfig.add_cli_args(s)
+    KVServeConfig.add_cli_args(s, tuple(PARTS))
     s.set_defaults(func=cmd_serve)
 
     g = sub.add_parser("generate", help="complete one prompt and print the answer as it streams")
     g.add_argument("prompt")
     g.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
     _sampling_args(g)
-    EngineConfig.add_cli_args(g)
+    KVServeConfig.add_cli_args(g)
     g.set_defaults(func=cmd_generate)
 
     c = sub.add_parser("chat", help="interactive chat in the terminal")
     c.add_argument("--system", default=None, help="system prompt")
     _sampling_args(c)
-    EngineConfig.add_cli_args(c)
+    KVServeConfig.add_cli_args(c)
     c.set_defaults(func=cmd_chat)
 
     b = sub.add_parser("bench", help="benchmarks")

@@ -1,28 +1,85 @@
-"""EngineConfig: every engine knob, defined once and shared by the CLI, server and Python API.
+"""The configuration: one object with a part per concern, defined once.
 
-Flag names follow vLLM's where vLLM has the same knob (``--max-num-seqs`` and so on).
+``KVServeConfig`` holds every knob in nested parts (model, cache, scheduler, speculation,
+structured output, server). The same object generates the CLI flags (names follow vLLM's where
+vLLM has the same knob), takes the Python API's flat keyword arguments (``LLM(max_num_seqs=8)``),
+is handed whole to the engine process, and a simulator profile maps onto it. A new setting is one
+field in one part: its flag, its keyword and its place in every process follow.
+
+Fields whose metadata says ``cli: False`` are internal (tests, baselines, the simulator) and get
+no flag. No torch here.
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field, fields
+import os
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from kvserve.errors import InvalidArgumentError
 
 DTYPES = ("auto", "bfloat16", "float16", "float32", "float64")
+SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
+SPECULATIVE_METHODS = ("ngram", "draft")
+DEFAULT_MAX_REQUEST_BYTES = 8 << 20  # a full 128K-token prompt as text is ~0.5-3 MB of JSON
+
+
+def _check(ok: bool, message: str, param: str) -> None:
+    if not ok:
+        raise InvalidArgumentError(message, param=param)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 @dataclass
-class EngineConfig:
+class ModelOptions:
+    """Which model, in what precision, on which device."""
+
     model: str | None = field(default=None, metadata={"help": "a Hugging Face folder or a .gguf file; default: embedded SmolLM2-135M-Instruct"})
     dtype: str = field(default="auto", metadata={"help": "weights and KV cache dtype; auto: bfloat16 on CUDA and on CPUs "
                                                   "with native bf16 (AVX512-BF16/AMX), else float32", "choices": DTYPES})
     device: str = field(default="auto", metadata={"help": "cpu, cuda, or auto (cuda when available)"})
+    max_model_len: int | None = field(default=None, metadata={"help": "context window (default: the model's, capped by the KV cache)"})
+    seed: int = field(default=0, metadata={"help": "seed of the shared generator for unseeded sampling"})
+    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: all cores)"})
+
+    def __post_init__(self) -> None:
+        _check(self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}", "dtype")
+        _check(self.max_model_len is None or self.max_model_len >= 2, "--max-model-len must be at least 2",
+               "max_model_len")
+
+
+@dataclass
+class CacheConfig:
+    """The paged KV cache: its size and layout, the prefix cache, the offload tiers, the attention kernel."""
+
     block_size: int = field(default=16, metadata={"help": "tokens per KV cache block"})
     kv_cache_memory_gb: float | None = field(default=None, metadata={"help": "KV cache size in GiB (default: from free memory, at most 4)"})
     num_kv_blocks: int | None = field(default=None, metadata={"help": "exact KV pool size in blocks (overrides --kv-cache-memory-gb)"})
+    enable_prefix_caching: bool = field(default=True, metadata={"help": "reuse the KV of shared prompt prefixes (radix tree)"})
+    kv_offload_memory_gb: float = field(default=0.0, metadata={"help": "host-memory tier for evicted KV blocks, GiB (0: off)"})
+    kv_offload_dir: str | None = field(default=None, metadata={"help": "directory of a disk tier for evicted KV blocks "
+                                       "(kept across restarts)"})
+    kv_offload_disk_gb: float = field(default=10.0, metadata={"help": "size bound of the disk tier, GiB"})
+
+    def __post_init__(self) -> None:
+        _check(self.block_size >= 1, "--block-size must be at least 1", "block_size")
+        _check(self.kv_cache_memory_gb is None or self.kv_cache_memory_gb > 0, "--kv-cache-memory-gb must be positive",
+               "kv_cache_memory_gb")
+        _check(self.kv_offload_memory_gb >= 0 and self.kv_offload_disk_gb > 0,
+               "--kv-offload-memory-gb must be >= 0 and --kv-offload-disk-gb > 0", "kv_offload_memory_gb")
+        _check(not (self.kv_offload_memory_gb or self.kv_offload_dir) or self.enable_prefix_caching,
+               "the KV offload tiers keep prefix-cache blocks: they need prefix caching "
+               "(drop --no-enable-prefix-caching)", "kv_offload_memory_gb")
+
+
+@dataclass
+class SchedulerConfig:
+    """Continuous batching: the step's token budget, chunked prefill, the waiting queue's order."""
+
     max_num_seqs: int = field(default=128, metadata={"help": "most sequences in one step"})
     max_num_batched_tokens: int = field(default=2048, metadata={"help": "token budget of one step (chunked prefill fills it)"})
     prefill_step_factor: float = field(default=1.5, metadata={"help": "while sequences decode, a step carrying the prefill "
@@ -30,19 +87,35 @@ class EngineConfig:
                                        "step times), so streams stay smooth under long-prompt bursts; 0: off"})
     metered_prefill_min_tokens: int = field(default=1024, metadata={"help": "prompts with at most this many tokens left to "
                                             "prefill go in whole, outside the --prefill-step-factor budget"})
-    enable_prefix_caching: bool = field(default=True, metadata={"help": "reuse the KV of shared prompt prefixes (radix tree)"})
     schedule_policy: str = field(default="lpm", metadata={"help": "order of waiting requests: fcfs; lpm (longest cached "
                                  "prefix first); dfs-weight (SGLang's, keeps one branch of the tree hot)",
-                                 "choices": ("fcfs", "lpm", "dfs-weight")})
+                                 "choices": SCHEDULE_POLICIES})
     starvation_timeout_s: float = field(default=10.0, metadata={"help": "a request waiting longer than this goes first, "
                                         "whatever the cache-aware order"})
-    kv_offload_memory_gb: float = field(default=0.0, metadata={"help": "host-memory tier for evicted KV blocks, GiB (0: off)"})
-    kv_offload_dir: str | None = field(default=None, metadata={"help": "directory of a disk tier for evicted KV blocks "
-                                       "(kept across restarts)"})
-    kv_offload_disk_gb: float = field(default=10.0, metadata={"help": "size bound of the disk tier, GiB"})
+    # internal knobs (no flag): tests, the batching baselines and the simulator's profiles set them
+    long_prefill_token_threshold: int = field(default=0, metadata={"cli": False})  # cap on one prefill chunk; 0: none
+    min_prefill_chunk: int = field(default=16, metadata={"cli": False})  # a step's first prefill chunk gets this much
+    max_reorder_queue: int = field(default=256, metadata={"cli": False})  # longer waiting queues stay fcfs (cost)
+    chunked_prefill: bool = field(default=True, metadata={"cli": False})  # False: a prompt's prefill runs whole
+    static_batching: bool = field(default=False, metadata={"cli": False})  # batch-then-wait baseline
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            _check(getattr(self, name) >= 1, f"{_flag(name)} must be at least 1", name)
+        _check(self.prefill_step_factor == 0 or self.prefill_step_factor >= 1,
+               "--prefill-step-factor must be 0 (off) or at least 1", "prefill_step_factor")
+        _check(self.schedule_policy in SCHEDULE_POLICIES,
+               f"--schedule-policy must be one of {', '.join(SCHEDULE_POLICIES)}", "schedule_policy")
+        _check(self.starvation_timeout_s > 0, "--starvation-timeout-s must be positive", "starvation_timeout_s")
+
+
+@dataclass
+class SpeculationConfig:
+    """Speculative decoding: who drafts, how many tokens, whether the count adapts."""
+
     speculative_method: str | None = field(default=None, metadata={"help": "speculative decoding: ngram (prompt "
                                            "lookup, no second model) or draft (--speculative-model); default off",
-                                           "choices": ("ngram", "draft")})
+                                           "choices": SPECULATIVE_METHODS})
     num_speculative_tokens: int = field(default=5, metadata={"help": "most tokens drafted per request and step"})
     adaptive_speculation: bool = field(default=True, metadata={"help": "draft only as many tokens per request as "
                                        "the measured acceptance and the step-time model say pay (down to none at "
@@ -51,73 +124,155 @@ class EngineConfig:
     ngram_max: int = field(default=4, metadata={"help": "longest tail that prompt lookup matches (tried first)"})
     speculative_model: str | None = field(default=None, metadata={"help": "draft model for --speculative-method "
                                           "draft: a Hugging Face folder or .gguf with the target's tokenizer"})
+
+    def __post_init__(self) -> None:
+        m = self.speculative_method
+        _check(m is None or m in SPECULATIVE_METHODS, "--speculative-method must be ngram or draft", "speculative_method")
+        _check(m != "draft" or bool(self.speculative_model), "--speculative-method draft needs --speculative-model PATH",
+               "speculative_model")
+        _check(not self.speculative_model or m == "draft",
+               "--speculative-model is used only with --speculative-method draft", "speculative_model")
+        _check(1 <= self.num_speculative_tokens <= 16, "--num-speculative-tokens must be in [1, 16]",
+               "num_speculative_tokens")
+        _check(1 <= self.ngram_min <= self.ngram_max <= 32, "need 1 <= --ngram-min <= --ngram-max <= 32", "ngram_min")
+
+    @property
+    def enabled(self) -> bool:
+        return self.speculative_method is not None
+
+
+@dataclass
+class StructuredOutputConfig:
+    """Grammar-constrained decoding: the compile cache and its time limit."""
+
     grammar_cache_size: int = field(default=128, metadata={"help": "compiled grammars (JSON schemas, regexes, ...) "
                                     "kept for reuse, least recently used evicted first"})
     grammar_compile_timeout_s: float = field(default=10.0, metadata={"help": "a grammar that takes longer to compile "
                                              "is refused (400); compiles run in a child process, killed past this; "
                                              "0: compile in the engine process, unbounded"})
-    max_model_len: int | None = field(default=None, metadata={"help": "context window (default: the model's, capped by the KV cache)"})
-    seed: int = field(default=0, metadata={"help": "seed of the shared generator for unseeded sampling"})
-    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: all cores)"})
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
-            if getattr(self, name) < 1:
-                raise InvalidArgumentError(f"--{name.replace('_', '-')} must be at least 1", param=name)
-        if self.dtype not in DTYPES:
-            raise InvalidArgumentError(f"--dtype must be one of {', '.join(DTYPES)}", param="dtype")
-        if self.kv_cache_memory_gb is not None and self.kv_cache_memory_gb <= 0:
-            raise InvalidArgumentError("--kv-cache-memory-gb must be positive", param="kv_cache_memory_gb")
-        if self.prefill_step_factor != 0 and self.prefill_step_factor < 1:
-            raise InvalidArgumentError("--prefill-step-factor must be 0 (off) or at least 1", param="prefill_step_factor")
-        if self.kv_offload_memory_gb < 0 or self.kv_offload_disk_gb <= 0:
-            raise InvalidArgumentError("--kv-offload-memory-gb must be >= 0 and --kv-offload-disk-gb > 0",
-                                       param="kv_offload_memory_gb")
-        if (self.kv_offload_memory_gb or self.kv_offload_dir) and not self.enable_prefix_caching:
-            raise InvalidArgumentError("the KV offload tiers keep prefix-cache blocks: they need prefix caching "
-                                       "(drop --no-enable-prefix-caching)", param="kv_offload_memory_gb")
-        if self.starvation_timeout_s <= 0:
-            raise InvalidArgumentError("--starvation-timeout-s must be positive", param="starvation_timeout_s")
-        self._check_speculation()
-        if self.grammar_cache_size < 1:
-            raise InvalidArgumentError("--grammar-cache-size must be at least 1", param="grammar_cache_size")
-        if self.grammar_compile_timeout_s < 0:
-            raise InvalidArgumentError("--grammar-compile-timeout-s must be >= 0", param="grammar_compile_timeout_s")
-        if self.max_model_len is not None and self.max_model_len < 2:
-            raise InvalidArgumentError("--max-model-len must be at least 2", param="max_model_len")
+        _check(self.grammar_cache_size >= 1, "--grammar-cache-size must be at least 1", "grammar_cache_size")
+        _check(self.grammar_compile_timeout_s >= 0, "--grammar-compile-timeout-s must be >= 0",
+               "grammar_compile_timeout_s")
 
-    def _check_speculation(self) -> None:
-        m = self.speculative_method
-        if m not in (None, "ngram", "draft"):
-            raise InvalidArgumentError("--speculative-method must be ngram or draft", param="speculative_method")
-        if m == "draft" and not self.speculative_model:
-            raise InvalidArgumentError("--speculative-method draft needs --speculative-model PATH", param="speculative_model")
-        if self.speculative_model and m != "draft":
-            raise InvalidArgumentError("--speculative-model is used only with --speculative-method draft",
-                                       param="speculative_model")
-        if not 1 <= self.num_speculative_tokens <= 16:
-            raise InvalidArgumentError("--num-speculative-tokens must be in [1, 16]", param="num_speculative_tokens")
-        if not 1 <= self.ngram_min <= self.ngram_max <= 32:
-            raise InvalidArgumentError("need 1 <= --ngram-min <= --ngram-max <= 32", param="ngram_min")
 
+@dataclass
+class ServerConfig:
+    """The HTTP server: where it listens, who may call it, what it refuses, what it logs."""
+
+    host: str = field(default="127.0.0.1", metadata={"help": "address to listen on"})
+    port: int = field(default=8000, metadata={"help": "port to listen on"})
+    served_model_names: list[str] = field(default_factory=list, metadata={
+        "help": "name(s) clients use as `model` (default: the model's folder or file name)", "nargs": "+",
+        "flag": "--served-model-name"})
+    # when set, /v1 routes need "Authorization: Bearer <key>"
+    api_key: str | None = field(default=None, metadata={
+        "help": "require `Authorization: Bearer KEY` on /v1 routes (default: $KVSERVE_API_KEY)",
+        "env": "KVSERVE_API_KEY"})
+    max_waiting_requests: int | None = field(default=None, metadata={
+        "help": "answer 429 when this many requests already wait (default: no limit)"})
+    max_request_bytes: int = field(default=DEFAULT_MAX_REQUEST_BYTES, metadata={
+        "help": "largest request body, 413 above (default: 8 MiB)"})
+    # Logs hold no prompt or answer text unless this is set (a debugging aid): then each request's
+    # prompt (its first ``max_log_len`` characters) and sampling parameters are logged at INFO.
+    log_requests: bool = field(default=False, metadata={
+        "help": "log each request's prompt and sampling parameters (debugging; without it, logs never hold "
+                "prompt or answer text)", "store_true": True})
+    max_log_len: int = field(default=200, metadata={"help": "with --log-requests, prompt characters logged"})
+    graceful_shutdown_timeout: float = field(default=30.0, metadata={
+        "help": "on SIGTERM, seconds to let requests in flight finish"})
+    uvicorn_log_level: str = field(default="info", metadata={
+        "help": "log level of the server", "choices": ("critical", "error", "warning", "info", "debug", "trace")})
+
+    def __post_init__(self) -> None:
+        _check(self.max_waiting_requests is None or self.max_waiting_requests >= 0,
+               "--max-waiting-requests must be at least 0", "max_waiting_requests")
+        _check(self.max_request_bytes >= 1, "--max-request-bytes must be positive", "max_request_bytes")
+        _check(self.max_log_len >= 0, "--max-log-len must be at least 0", "max_log_len")
+
+
+# the parts, by attribute name on KVServeConfig; ENGINE_PARTS are those the engine itself uses
+PARTS: dict[str, type] = {"model": ModelOptions, "cache": CacheConfig, "scheduler": SchedulerConfig,
+                          "speculation": SpeculationConfig, "structured": StructuredOutputConfig,
+                          "server": ServerConfig}
+ENGINE_PARTS = ("model", "cache", "scheduler", "speculation", "structured")
+
+
+@dataclass
+class KVServeConfig:
+    model: ModelOptions = field(default_factory=ModelOptions)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
+    structured: StructuredOutputConfig = field(default_factory=StructuredOutputConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+
+    # -- flat names: the CLI and the Python API ----------------------------------------------
     @classmethod
-    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
-        for f in fields(cls):
-            flag = "--" + f.name.replace("_", "-")
-            if f.type in (bool, "bool"):
-                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata.get("help"))
-                continue
-            kind = {"int": int, "float": float, "str": str}[str(f.type).split(" ")[0].replace("|", "").strip()]
-            parser.add_argument(flag, type=kind, default=f.default, help=f.metadata.get("help"), choices=f.metadata.get("choices"))
-
-    @classmethod
-    def from_cli_args(cls, args: argparse.Namespace) -> "EngineConfig":
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
-
-    @classmethod
-    def from_kwargs(cls, **kwargs: Any) -> "EngineConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = set(kwargs) - known
+    def from_kwargs(cls, **kwargs: Any) -> KVServeConfig:
+        """From flat keyword arguments (``model=..., max_num_seqs=8``): each names one field of one part."""
+        where = _field_parts()
+        unknown = set(kwargs) - set(where)
         if unknown:
             raise InvalidArgumentError(f"unknown engine argument(s): {', '.join(sorted(unknown))}")
-        return cls(**kwargs)
+        by_part: dict[str, dict[str, Any]] = {p: {} for p in PARTS}
+        for name, value in kwargs.items():
+            by_part[where[name]][name] = value
+        return cls(**{p: PARTS[p](**values) for p, values in by_part.items()})
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser, parts: tuple[str, ...] = ENGINE_PARTS) -> None:
+        """A flag for every field of ``parts`` (in a group per part), with the field's default and help."""
+        for part in parts:
+            group = parser.add_argument_group(part, PARTS[part].__doc__)
+            for f in fields(PARTS[part]):
+                if f.metadata.get("cli", True):
+                    _add_flag(group, f)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace, parts: tuple[str, ...] = ENGINE_PARTS) -> KVServeConfig:
+        """The config of parsed flags; parts without flags keep their defaults."""
+        values = {}
+        for part in parts:
+            values[part] = PARTS[part](**{f.name: getattr(args, f.name) for f in fields(PARTS[part])
+                                          if f.metadata.get("cli", True)})
+        return cls(**values)
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The flat keyword arguments of the engine parts (the inverse of ``from_kwargs``)."""
+        return {f.name: getattr(getattr(self, p), f.name) for p in ENGINE_PARTS for f in fields(PARTS[p])}
+
+    def with_(self, **kwargs: Any) -> KVServeConfig:
+        """A copy with some flat fields changed."""
+        where = _field_parts()
+        out = replace(self)
+        for name, value in kwargs.items():
+            if name not in where:
+                raise InvalidArgumentError(f"unknown engine argument: {name}")
+            setattr(out, where[name], replace(getattr(out, where[name]), **{name: value}))
+        return out
+
+
+def _field_parts() -> dict[str, str]:
+    """field name -> the part that holds it (names are unique across parts)."""
+    return {f.name: p for p, cls in PARTS.items() for f in fields(cls)}
+
+
+def _add_flag(group: Any, f: Any) -> None:
+    meta = f.metadata
+    flag = meta.get("flag", _flag(f.name))
+    default = f.default_factory() if callable(f.default_factory) else f.default
+    if meta.get("env"):
+        default = os.environ.get(meta["env"], default)
+    if meta.get("store_true"):
+        group.add_argument(flag, dest=f.name, action="store_true", help=meta.get("help"))
+    elif f.type in (bool, "bool"):
+        group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
+                           help=meta.get("help"))
+    elif meta.get("nargs"):
+        group.add_argument(flag, dest=f.name, nargs=meta["nargs"], default=default, help=meta.get("help"))
+    else:
+        kind = {"int": int, "float": float, "str": str}[str(f.type).split(" ")[0].replace("|", "").strip()]
+        group.add_argument(flag, dest=f.name, type=kind, default=default, help=meta.get("help"),
+                           choices=meta.get("choices"))

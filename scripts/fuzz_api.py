@@ -71,13 +71,13 @@ def main() -> int:
     else:
         from server_utils import ServerThread
 
-        from kvserve.config import EngineConfig
-        from kvserve.engine.process import AsyncEngineClient
-        from kvserve.server.api import ServerConfig
+        from kvserve.config import KVServeConfig
+        from kvserve.server.engine_client import AsyncEngineClient
+        from kvserve.config import ServerConfig
 
         with tempfile.TemporaryDirectory() as tmp:
             folder = tiny_model_dir(Path(tmp))
-            client = AsyncEngineClient(EngineConfig(model=str(folder), **FUZZ_ENGINE))
+            client = AsyncEngineClient(KVServeConfig.from_kwargs(model=str(folder), **FUZZ_ENGINE))
             with ServerThread(client, ServerConfig(served_model_names=["tiny"])) as server:
                 fuzzer, problems = fuzz(server.url, args, headers)
                 alive = client.is_alive and client.num_in_flight == 0

@@ -12,8 +12,9 @@ from collections.abc import Iterator
 import httpx
 import uvicorn
 
-from kvserve.engine.process import AsyncEngineClient
-from kvserve.server.api import ServerConfig, create_app
+from kvserve.server.engine_client import AsyncEngineClient
+from kvserve.config import ServerConfig
+from kvserve.server.api import create_app
 
 
 def free_socket() -> socket.socket:

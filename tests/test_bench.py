@@ -12,10 +12,10 @@ from kvserve.bench import serve as bench_serve
 from kvserve.bench.datasets import Session, TraceRow, Turn, Workload
 from kvserve.bench.offline import percentile
 from kvserve.bench.serve import RequestRecord, summarize
-from kvserve.config import EngineConfig
-from kvserve.engine.process import AsyncEngineClient
+from kvserve.config import KVServeConfig
+from kvserve.server.engine_client import AsyncEngineClient
 from kvserve.errors import InvalidArgumentError, KVServeError
-from kvserve.server.api import ServerConfig
+from kvserve.config import ServerConfig
 from server_utils import ServerThread, free_socket
 
 
@@ -106,7 +106,7 @@ def args(url: str, **kw) -> argparse.Namespace:
 
 @pytest.fixture(scope="module")
 def tiny_server(tiny_model_dir):
-    client = AsyncEngineClient(EngineConfig(model=str(tiny_model_dir), dtype="float32", num_threads=1,
+    client = AsyncEngineClient(KVServeConfig.from_kwargs(model=str(tiny_model_dir), dtype="float32", num_threads=1,
                                             num_kv_blocks=256, max_num_batched_tokens=256))
     with ServerThread(client, ServerConfig(served_model_names=["tiny"])) as server:
         yield server

@@ -8,14 +8,14 @@ import httpx
 import pytest
 
 from kvserve import SamplingParams
-from kvserve.config import EngineConfig
-from kvserve.engine.process import AsyncEngineClient
+from kvserve.config import KVServeConfig
+from kvserve.server.engine_client import AsyncEngineClient
 from kvserve.errors import EngineDeadError, InvalidArgumentError
 from kvserve.server.api import create_app
 
 
 def test_engine_errors_and_death(tiny_model_dir):
-    client = AsyncEngineClient(EngineConfig(model=str(tiny_model_dir), dtype="float32", num_threads=1,
+    client = AsyncEngineClient(KVServeConfig.from_kwargs(model=str(tiny_model_dir), dtype="float32", num_threads=1,
                                             num_kv_blocks=64))
     app = create_app(client, own_client=False)
 

@@ -11,9 +11,10 @@ import httpx
 import pytest
 
 from fuzz_utils import FUZZ_ENGINE, MODES, Fuzzer, check_idle
-from kvserve.config import EngineConfig
-from kvserve.engine.process import AsyncEngineClient
-from kvserve.server.api import MIN_LOGPROB, ServerConfig
+from kvserve.config import KVServeConfig
+from kvserve.server.engine_client import AsyncEngineClient
+from kvserve.config import ServerConfig
+from kvserve.server.api import MIN_LOGPROB
 from server_utils import ServerThread, sse_events
 
 NUM_REQUESTS = 200
@@ -22,7 +23,7 @@ TIMEOUT = 60.0  # seconds a request may take before it counts as a hang
 
 @pytest.fixture(scope="module")
 def fuzz_server(tiny_model_dir):
-    client = AsyncEngineClient(EngineConfig(model=str(tiny_model_dir), **FUZZ_ENGINE))
+    client = AsyncEngineClient(KVServeConfig.from_kwargs(model=str(tiny_model_dir), **FUZZ_ENGINE))
     with ServerThread(client, ServerConfig(served_model_names=["tiny"])) as server:
         yield server
 

@@ -12,7 +12,7 @@ import pytest
 from kvserve.engine.batch import Batch, StepOutput
 from kvserve.engine.engine import Engine
 from kvserve.engine.request import SamplingParams
-from kvserve.engine.scheduler import SchedulerConfig
+from kvserve.config import SchedulerConfig
 from kvserve.errors import InvalidArgumentError
 from kvserve.kv.manager import KVManager
 
@@ -40,7 +40,7 @@ class CountingRunner:
 def run(num_blocks: int, prefix_caching: bool) -> tuple[Engine, int, list[str]]:
     runner = CountingRunner(num_blocks)
     kv = KVManager(num_blocks, BLOCK, enable_prefix_caching=prefix_caching)
-    eng = Engine(runner, SchedulerConfig(max_num_batched_tokens=32), kv=kv)
+    eng = Engine(runner, SchedulerConfig(max_num_batched_tokens=32, prefill_step_factor=0.0), kv=kv)
     params = SamplingParams(max_tokens=OUT, temperature=0.0, ignore_eos=True)
     ids = []
     eng.add_request("long", [3 + i % 50 for i in range(LONG_PROMPT)], params)

@@ -13,7 +13,8 @@ from conftest import hf_weights, kvserve_config, tiny_hf_model
 from kvserve import SamplingParams
 from kvserve.engine.batch import StepOutput
 from kvserve.engine.request import Request
-from kvserve.engine.scheduler import Scheduler, SchedulerConfig
+from kvserve.config import SchedulerConfig
+from kvserve.engine.scheduler import Scheduler
 from kvserve.kv.manager import KVManager
 from kvserve.kv.radix_cache import RadixCache
 from kvserve.kv.block_pool import BlockPool
@@ -138,7 +139,7 @@ def test_lpm_beats_fcfs_hit_rate_on_a_tight_budget():
 
     def hit_rate(policy: str) -> float:
         kv = KVManager(14, 4)  # one document (10 blocks) and one request's own blocks
-        s = Scheduler(SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=64, schedule_policy=policy), kv)
+        s = Scheduler(SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=64, schedule_policy=policy, prefill_step_factor=0.0), kv)
         docs = [[d * 50 + i for i in range(40)] for d in (1, 2)]
         for i in range(16):
             s.add(Request(f"q{i}", docs[i % 2] + [200 + i, 201 + i], SamplingParams(max_tokens=2, ignore_eos=True)))
@@ -157,7 +158,7 @@ def test_starvation_guard_bounds_every_wait():
     cache hits under lpm; past the bound it goes first."""
     now = [0.0]
     kv = KVManager(64, 4)
-    s = Scheduler(SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=64, schedule_policy="lpm",
+    s = Scheduler(SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=64, schedule_policy="lpm", prefill_step_factor=0.0,
                                   starvation_timeout_s=5.0), kv, clock=lambda: now[0])
     hot = list(range(1, 33))
 
@@ -272,7 +273,7 @@ def test_a_prefix_being_prefilled_is_not_computed_twice():
     """Two requests with one long shared prefix arrive together: the second waits for the first's
     blocks instead of computing the same prefix beside it."""
     kv = KVManager(64, 4)
-    s = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64), kv)
+    s = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, prefill_step_factor=0.0), kv)
     shared = list(range(1, 41))
     s.add(Request("a", shared + [90], SamplingParams(max_tokens=2, ignore_eos=True)))
     s.add(Request("b", shared + [91, 92], SamplingParams(max_tokens=2, ignore_eos=True)))

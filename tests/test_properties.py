@@ -30,7 +30,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from kvserve.engine.batch import Batch, StepOutput
 from kvserve.engine.engine import Engine
 from kvserve.engine.request import FinishReason, Request, RequestStatus, SamplingParams
-from kvserve.engine.scheduler import SCHEDULE_POLICIES, SchedulerConfig
+from kvserve.config import SCHEDULE_POLICIES, SchedulerConfig, SpeculationConfig
 from kvserve.kv.manager import KVManager
 from kvserve.kv.tiers import HostTier
 
@@ -189,9 +189,9 @@ class EngineMachine(RuleBasedStateMachine):
             starvation_timeout_s=draw(st.sampled_from([10.0, 0.05]), "starvation_timeout_s"),
             chunked_prefill=chunked,
             static_batching=draw(st.sampled_from([False, False, False, True]), "static_batching"),
-            num_speculative_tokens=k,
-            adaptive_speculation=False,  # always draft k: drafts are really verified
         )
+        # always draft k: drafts are really verified
+        spec = SpeculationConfig("ngram", num_speculative_tokens=k, adaptive_speculation=False) if k else None
         p_eos = draw(st.sampled_from([0.0, 0.1, 0.3]), "p_eos")
         tiers = []
         if host:
@@ -201,7 +201,8 @@ class EngineMachine(RuleBasedStateMachine):
         self.clock = FakeClock()
         self.kv = KVManager(nb, bs, enable_prefix_caching=caching, tiers=tiers, block_bytes=8 * bs)
         self.runner = FakeRunner(self.kv, nb, bs, self.clock, p_eos)
-        self.engine = Engine(self.runner, cfg, eos_token_ids=(EOS,), kv=self.kv, clock=self.clock)
+        self.engine = Engine(self.runner, cfg, eos_token_ids=(EOS,), kv=self.kv, clock=self.clock,
+                             speculation=spec)
         self.cfg = cfg
         self.capacity = nb * bs
         self.bases = [draw(st.lists(st.sampled_from(VOCAB), min_size=bs, max_size=4 * bs), f"base{i}") for i in range(3)]

@@ -25,9 +25,9 @@ import pytest
 
 import kvserve
 from kvserve import SamplingParams
-from kvserve.config import EngineConfig
-from kvserve.engine.process import AsyncEngineClient
-from kvserve.server.api import ServerConfig
+from kvserve.config import KVServeConfig
+from kvserve.server.engine_client import AsyncEngineClient
+from kvserve.config import ServerConfig
 from server_utils import ServerThread, free_socket, metric, sse_events, wait_for_metrics
 
 API_KEY = "test-key"
@@ -38,7 +38,7 @@ TINY_ENGINE = dict(dtype="float32", num_threads=1, num_kv_blocks=512, max_num_se
 
 @pytest.fixture(scope="module")
 def tiny_server(tiny_model_dir):
-    client = AsyncEngineClient(EngineConfig(model=str(tiny_model_dir), **TINY_ENGINE))
+    client = AsyncEngineClient(KVServeConfig.from_kwargs(model=str(tiny_model_dir), **TINY_ENGINE))
     with ServerThread(client, ServerConfig(served_model_names=["tiny"], api_key=API_KEY, max_request_bytes=MAX_BODY)) as server:
         yield server
 
@@ -74,7 +74,7 @@ def test_openai_client_on_embedded_model(embedded_hf_tokenizer):
 
     from kvserve.model.tokenizer import Tokenizer
 
-    client = AsyncEngineClient(EngineConfig(dtype="float32", num_threads=1, kv_cache_memory_gb=0.25,
+    client = AsyncEngineClient(KVServeConfig.from_kwargs(dtype="float32", num_threads=1, kv_cache_memory_gb=0.25,
                                             max_num_batched_tokens=256),
                                tokenizer=Tokenizer(embedded_hf_tokenizer))
     with ServerThread(client, ServerConfig(served_model_names=["smol"])) as server:
@@ -448,7 +448,7 @@ def test_speculative_decoding_usage_and_metrics(tiny_model_dir, offline):
     """A server drafting with a model loaded from a path (here the target itself, so every draft
     is accepted) answers greedy requests exactly as without speculation, reports drafted and
     accepted tokens in usage, and counts them in /metrics."""
-    cfg = EngineConfig(model=str(tiny_model_dir), speculative_method="draft", speculative_model=str(tiny_model_dir),
+    cfg = KVServeConfig.from_kwargs(model=str(tiny_model_dir), speculative_method="draft", speculative_model=str(tiny_model_dir),
                        adaptive_speculation=False, **TINY_ENGINE)
     prompt = list(range(200, 230))
     body = {"prompt": prompt, "max_tokens": 24, "ignore_eos": True, "temperature": 0}

@@ -293,16 +293,16 @@ def test_acceptance_estimate_tracks_verifies_and_recovers_when_idle():
 
 # -- configuration ---------------------------------------------------------------------------
 def test_bad_speculation_settings_are_refused_with_a_clear_message():
-    from kvserve.config import EngineConfig
+    from kvserve.config import KVServeConfig
 
     with pytest.raises(InvalidArgumentError, match="--speculative-model"):
-        EngineConfig(speculative_method="draft")
+        KVServeConfig.from_kwargs(speculative_method="draft")
     with pytest.raises(InvalidArgumentError, match="only with"):
-        EngineConfig(speculative_model="/x")
+        KVServeConfig.from_kwargs(speculative_model="/x")
     with pytest.raises(InvalidArgumentError, match="num-speculative-tokens"):
-        EngineConfig(speculative_method="ngram", num_speculative_tokens=0)
+        KVServeConfig.from_kwargs(speculative_method="ngram", num_speculative_tokens=0)
     with pytest.raises(InvalidArgumentError, match="ngram-min"):
-        EngineConfig(speculative_method="ngram", ngram_min=5, ngram_max=2)
+        KVServeConfig.from_kwargs(speculative_method="ngram", ngram_min=5, ngram_max=2)
     hf = tiny_hf_model(vocab=50)
     with pytest.raises(ModelLoadError, match="tokenizer"):
         LLM.from_weights(*tiny("target"), speculative_method="draft", speculative_model="x",

@@ -10,10 +10,10 @@ import httpx
 import pytest
 
 from kvserve import SamplingParams
-from kvserve.config import EngineConfig
-from kvserve.engine.process import AsyncEngineClient
+from kvserve.config import KVServeConfig
+from kvserve.server.engine_client import AsyncEngineClient
 from kvserve.errors import InvalidArgumentError
-from kvserve.server.api import ServerConfig
+from kvserve.config import ServerConfig
 from kvserve.structured import GuidedSpec
 from server_utils import ServerThread, metric
 
@@ -201,7 +201,7 @@ def test_server_1000_distinct_schemas_bounded_cache_and_valid_answers(tiny_model
     and the engine process's memory stays bounded. Bad ones get a 400 with the reason."""
     import asyncio
 
-    cfg = EngineConfig(model=str(tiny_model_dir), dtype="float32", num_threads=1, num_kv_blocks=512,
+    cfg = KVServeConfig.from_kwargs(model=str(tiny_model_dir), dtype="float32", num_threads=1, num_kv_blocks=512,
                        grammar_cache_size=16)
     client = AsyncEngineClient(cfg)
     with ServerThread(client, ServerConfig(served_model_names=["tiny"])) as server:

@@ -8,7 +8,7 @@ import random
 import statistics
 import time
 
-from kvserve.config import EngineConfig
+from kvserve.config import KVServeConfig
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -17,7 +17,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--warmup", type=int, default=1, help="warm-up requests run before timing")
     p.add_argument("--output-json", default=None, help="also write the figures to this file")
-    EngineConfig.add_cli_args(p)
+    KVServeConfig.add_cli_args(p)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> dict:
     for name in ("num_prompts", "input_len", "output_len"):
         if getattr(args, name) < 1:
             raise InvalidArgumentError(f"--{name.replace('_', '-')} must be at least 1")
-    llm = LLM(**vars(EngineConfig.from_cli_args(args)))
+    llm = LLM(**KVServeConfig.from_cli_args(args).to_kwargs())
     vocab = llm.engine.vocab_size or 32000
     rng = random.Random(0)
     prompts = [[rng.randrange(100, vocab - 100) for _ in range(args.input_len)] for _ in range(args.num_prompts)]

@@ -11,9 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvserve.config import SchedulerConfig, SpeculationConfig
 from kvserve.engine.batch import Batch
 from kvserve.engine.request import FinishReason, Request, SamplingParams
-from kvserve.engine.scheduler import Scheduler, SchedulerConfig
+from kvserve.engine.scheduler import Scheduler
 from kvserve.errors import InvalidArgumentError
 from kvserve.kv.manager import KVManager
 from kvserve.runner.base import Runner
@@ -57,12 +58,14 @@ def check_prompt(prompt_token_ids: list[int], max_model_len: int, vocab_size: in
 class Engine:
     def __init__(self, runner: Runner, scheduler_config: SchedulerConfig, vocab_size: int | None = None,
                  eos_token_ids: tuple[int, ...] = (), kv: KVManager | None = None,
-                 clock: Callable[[], float] = time.monotonic, grammars: Callable[[], Any] | None = None):
+                 clock: Callable[[], float] = time.monotonic, grammars: Callable[[], Any] | None = None,
+                 speculation: SpeculationConfig | None = None):
+        """``speculation``: the drafts the runner's proposer makes are verified as it says (None: off)."""
         self.runner = runner
         self.kv = kv or KVManager(runner.num_kv_blocks, runner.block_size)
         # the wall clock here; the simulator's virtual clock, which its runner advances, there
         self.clock = clock
-        self.scheduler = Scheduler(scheduler_config, self.kv, clock)
+        self.scheduler = Scheduler(scheduler_config, self.kv, clock, speculation)
         self.max_model_len = runner.max_model_len
         if not scheduler_config.chunked_prefill and scheduler_config.max_num_batched_tokens < self.max_model_len:
             # a prompt (or a preempted request's recompute) longer than the budget would never run

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from kvserve.engine.messages import RequestDelta
 from kvserve.engine.request import FinishReason, Request, TokenLogprobs
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ class RequestOutput:
 
 class _TextState:
     def __init__(self, req: Request, tokenizer: "Tokenizer | None"):
+        self.req = req
         self.detok = None
         if tokenizer is not None:
             from kvserve.model.tokenizer import IncrementalDetokenizer
@@ -55,10 +57,11 @@ class _TextState:
 class OutputProcessor:
     """Detokenizes each new token, finds stop strings, and builds RequestOutputs.
 
-    A stop string ends the request: ``process`` reports it so the caller can tell the
-    engine (in a server the engine lives in another process). While a request streams,
-    the last ``len(longest stop) - 1`` characters are held back, since they may be the
-    start of a stop string that the next token completes.
+    The one place a client learns that a request is finished: the engine ends it on EOS, a
+    stop token or a length limit (a delta says so), a stop string ends it here. ``apply``
+    reports the latter so the caller can abort it in the engine, which still thinks it runs.
+    While a request streams, the last ``len(longest stop) - 1`` characters are held back,
+    since they may be the start of a stop string that the next token completes.
     """
 
     def __init__(self, tokenizer: "Tokenizer | None"):
@@ -70,6 +73,19 @@ class OutputProcessor:
 
     def drop(self, request_id: str) -> None:
         self._states.pop(request_id, None)
+
+    def apply(self, request_id: str, deltas: list[RequestDelta]) -> tuple[RequestOutput, bool]:
+        """Bring the client's copy of a request (the Request given to ``add``) up to date with the
+        engine's deltas, then ``process`` it."""
+        req = self._states[request_id].req
+        for d in deltas:
+            req.token_ids.extend(d.new_token_ids)
+            req.logprobs.extend(d.new_logprobs)
+            req.num_cached_tokens = d.num_cached_tokens
+            req.spec.num_verifies, req.spec.num_draft_tokens, req.spec.num_accepted_tokens = d.spec
+            if d.finished:
+                req.finish(FinishReason(d.finish_reason), d.stop_reason)
+        return self.process(req)
 
     def process(self, req: Request) -> tuple[RequestOutput, bool]:
         """Returns the output for ``req`` (with every token it got since the last call; several

@@ -8,8 +8,9 @@ queue is ordered by the schedule policy (fcfs, or cache-aware: lpm, dfs-weight) 
 starvation guard. When a running request cannot get a block, the newest running request
 is preempted: its blocks are freed (its full blocks stay cached) and it waits again.
 With speculative decoding on, a decoding request's pending draft rides in its chunk to be
-verified, as many drafted tokens as the speculation policy finds worth their cost; after
-the step, the KV slots of rejected drafts are given back.
+verified, as many drafted tokens as the speculation policy (``kvserve.spec.policy``, called
+at a few named points) finds worth their cost; after the step, the KV slots of rejected
+drafts are given back.
 """
 
 from __future__ import annotations
@@ -20,51 +21,16 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kvserve.config import SchedulerConfig, SpeculationConfig
 from kvserve.engine.batch import Batch, ScheduledChunk, StepOutput
 from kvserve.engine.request import FinishReason, Request, RequestStatus
 from kvserve.engine.step_cost import StepCostModel, StepFeatures
 from kvserve.kv.manager import KVManager
-from kvserve.spec.policy import SpecPolicy
+from kvserve.spec.policy import NoSpeculation, SpecPolicy, SpecStats, is_decoding
 
 log = logging.getLogger(__name__)
 
-SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
 PREEMPTION_LOG_INTERVAL_S = 10.0  # preemptions are logged at most this often (they come in bursts)
-
-
-@dataclass
-class SchedulerConfig:
-    max_num_seqs: int = 128
-    max_num_batched_tokens: int = 2048
-    # cap on one request's prefill chunk, so a long prompt never takes the whole budget
-    long_prefill_token_threshold: int = 0  # 0: no cap beyond the budget
-    # while sequences decode, a step carrying prefill may cost at most this many decode-only
-    # steps (predicted by a model learned from measured step times); 0 turns the time cap off
-    prefill_step_factor: float = 0.0
-    min_prefill_chunk: int = 16  # the first prefill chunk of a step always gets this much
-    # a prompt with at most this many tokens left to prefill goes in whole: it finishes in one step
-    # and metering it would only delay its first token; longer ones are metered
-    metered_prefill_min_tokens: int = 1024
-    schedule_policy: str = "lpm"
-    # a request waiting longer than this goes ahead of any cache-aware reordering
-    starvation_timeout_s: float = 10.0
-    max_reorder_queue: int = 256  # longer queues fall back to fcfs (ordering cost)
-    # False: a prompt's prefill runs whole in one step (it waits until the budget holds it)
-    chunked_prefill: bool = True
-    # True: batch-then-wait (no admission until the running batch has drained), the baseline
-    # that continuous batching is measured against
-    static_batching: bool = False
-    num_speculative_tokens: int = 0  # most drafted tokens per request and step; 0: no speculation
-    adaptive_speculation: bool = True  # False: always draft num_speculative_tokens
-
-
-@dataclass
-class SpecStats:
-    num_verifies: int = 0  # verify chunks (a decode with at least one drafted token)
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    num_emitted_tokens: int = 0  # by verify chunks: accepted drafts plus the target's token
-    accepted_length_counts: list[int] = field(default_factory=list)  # [m]: verifies that accepted m drafts
 
 
 @dataclass
@@ -76,9 +42,9 @@ class SchedulerStats:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVManager, clock: Callable[[], float] = time.monotonic):
-        if config.schedule_policy not in SCHEDULE_POLICIES:
-            raise ValueError(f"unknown schedule policy {config.schedule_policy!r}; choose from {', '.join(SCHEDULE_POLICIES)}")
+    def __init__(self, config: SchedulerConfig, kv: KVManager, clock: Callable[[], float] = time.monotonic,
+                 speculation: SpeculationConfig | None = None):
+        """``speculation``: verify drafts as that config says (the runner must have a proposer); None: off."""
         self.config = config
         self.kv = kv
         self.clock = clock  # the simulator passes its virtual clock
@@ -91,9 +57,11 @@ class Scheduler:
         self._prefill_time_left: float | None = None  # this step's time allowance for prefill
         self._prefill_chunks = 0
         self._unready_cap = False  # the time cap is on but its model not ready: minimal chunks
-        k = config.num_speculative_tokens
-        self.spec = SpecPolicy(k, self.cost, adaptive=config.adaptive_speculation) if k > 0 else None
-        self.stats.spec.accepted_length_counts = [0] * (k + 1)
+        self.spec: SpecPolicy | NoSpeculation = NoSpeculation()
+        if speculation is not None:
+            self.spec = SpecPolicy(speculation.num_speculative_tokens, self.cost,
+                                   adaptive=speculation.adaptive_speculation)
+        self.stats.spec = self.spec.stats
         self._gone: list[str] = []  # requests removed since the last step
         self._preemption_logged_at: float | None = None
         self._preempted_since_log = 0
@@ -141,7 +109,7 @@ class Scheduler:
         req.num_computed_tokens = 0
         req.status = RequestStatus.WAITING
         req.num_preemptions += 1
-        req.spec.draft_token_ids = []
+        self.spec.on_preempt(req)
         self.stats.num_preemptions += 1
         self.waiting.appendleft(req)
 
@@ -198,7 +166,7 @@ class Scheduler:
         factor = self.config.prefill_step_factor
         if factor <= 0:
             return
-        decoding = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+        decoding = [r for r in self.running if is_decoding(r)]
         if not decoding:
             return
         if not self.cost.ready:  # no trustworthy model yet: long prompts go in minimal chunks
@@ -268,24 +236,6 @@ class Scheduler:
             stack.extend((c, False) for c in kids)
         return out
 
-    def _plan_speculation(self) -> dict[str, int]:
-        """Drafted tokens worth verifying (and drafting next) per decoding request."""
-        if self.spec is None:
-            return {}
-        decoding = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
-        return self.spec.plan(decoding)
-
-    def _drafts(self, req: Request, budget: int, plan: dict[str, int]) -> list[int]:
-        """The part of ``req``'s pending draft to verify this step: within the policy's k, the
-        step's token budget, the context window and max_tokens (a verify emits up to k + 1)."""
-        drafts = req.spec.draft_token_ids
-        if not drafts or req.num_tokens - req.num_computed_tokens != 1:
-            return []
-        k = min(len(drafts), plan.get(req.request_id, 0), budget - 1, req.max_total_tokens - req.num_tokens)
-        if req.params.max_tokens is not None:
-            k = min(k, req.params.max_tokens - req.num_output_tokens - 1)
-        return drafts[: max(0, k)]
-
     def observe_step(self, batch: Batch, seconds: float) -> None:
         """Feed a measured step time to the cost model."""
         self.cost.observe(StepFeatures.of(batch), seconds)
@@ -294,8 +244,7 @@ class Scheduler:
         batch = Batch()
         budget = self.config.max_num_batched_tokens
         self._plan_prefill_time()
-        plan = self._plan_speculation()
-        fresh_k = max(plan.values(), default=self.config.num_speculative_tokens)  # for requests done prefilling
+        self.spec.begin_step(self.running)
 
         i = 0
         while i < len(self.running) and budget > 0:
@@ -304,7 +253,7 @@ class Scheduler:
             if n == 0:  # a prefill that does not fit this step's time
                 i += 1
                 continue
-            drafts = self._drafts(req, budget, plan)
+            drafts = self.spec.drafts_to_verify(req, budget)
             if drafts and not self.kv.can_grow(req.request_id, req.num_computed_tokens + n + len(drafts)):
                 drafts = []  # never preempt anyone for a draft
             while not self.kv.can_grow(req.request_id, req.num_computed_tokens + n):
@@ -316,10 +265,7 @@ class Scheduler:
             else:
                 n += len(drafts)
                 self.kv.grow(req.request_id, req.num_computed_tokens + n)
-                chunk = ScheduledChunk(req, req.num_computed_tokens, n, self.kv.table(req.request_id), drafts)
-                if self.spec is not None and chunk.sample:
-                    chunk.propose_k = plan.get(req.request_id, fresh_k)
-                batch.chunks.append(chunk)
+                self._add_chunk(batch, req, n, drafts)
                 budget -= n
                 i += 1
                 continue
@@ -354,10 +300,7 @@ class Scheduler:
             self.kv.grow(req.request_id, req.num_computed_tokens + n)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            chunk = ScheduledChunk(req, req.num_computed_tokens, n, self.kv.table(req.request_id))
-            if self.spec is not None and chunk.sample:
-                chunk.propose_k = fresh_k
-            batch.chunks.append(chunk)
+            self._add_chunk(batch, req, n)
             budget -= n
         self.waiting.extendleft(reversed(deferred))
 
@@ -367,6 +310,12 @@ class Scheduler:
             self._log_preemptions(len(batch.preempted))
         self.stats.num_steps += 1
         return batch
+
+    def _add_chunk(self, batch: Batch, req: Request, n: int, drafts: list[int] | None = None) -> None:
+        chunk = ScheduledChunk(req, req.num_computed_tokens, n, self.kv.table(req.request_id), drafts or [])
+        if chunk.sample:
+            chunk.propose_k = self.spec.propose_k(req)
+        batch.chunks.append(chunk)
 
     def _log_preemptions(self, n: int) -> None:
         """One line per burst of preemptions (at most one per PREEMPTION_LOG_INTERVAL_S), not one per
@@ -406,24 +355,9 @@ class Scheduler:
             self.kv.cache_blocks(req.request_id, req.token_ids, min(req.num_computed_tokens, req.num_tokens - 1))
             if drafted:
                 self.kv.trim(req.request_id, req.num_tokens)  # give back the rejected drafts' slots
-                self._count_verify(req, drafted, len(tokens) - 1)
-            elif self.spec is not None and chunk.is_decode:
-                self.spec.idle(req)
+            self.spec.on_result(req, chunk.is_decode, drafted, len(tokens) - 1)
             req.spec.draft_token_ids = output.draft_token_ids.get(req.request_id, [])
             changed.append(req)
             if req.is_finished:
                 self._remove(req)
         return changed
-
-    def _count_verify(self, req: Request, drafted: int, accepted: int) -> None:
-        assert self.spec is not None
-        self.spec.observe(req, drafted, accepted)
-        req.spec.num_verifies += 1
-        req.spec.num_draft_tokens += drafted
-        req.spec.num_accepted_tokens += accepted
-        st = self.stats.spec
-        st.num_verifies += 1
-        st.num_draft_tokens += drafted
-        st.num_accepted_tokens += accepted
-        st.num_emitted_tokens += accepted + 1
-        st.accepted_length_counts[accepted] += 1

@@ -18,7 +18,6 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -29,7 +28,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import kvserve
 from kvserve.engine.output import RequestOutput
-from kvserve.engine.process import AsyncEngineClient, RequestStream
+from kvserve.config import ServerConfig
+from kvserve.server.engine_client import AsyncEngineClient
+from kvserve.server.request_stream import RequestStream
 from kvserve.engine.request import TokenLogprobs
 from kvserve.errors import (
     AuthenticationError,
@@ -44,20 +45,8 @@ from kvserve.server.metrics import ServerMetrics
 
 log = logging.getLogger("kvserve.server")
 
-DEFAULT_MAX_REQUEST_BYTES = 8 << 20  # a full 128K-token prompt as text is ~0.5-3 MB of JSON
 MAX_CHOICES = 1024  # engine requests one HTTP request may create (prompts x n)
 T = TypeVar("T")
-
-
-@dataclass
-class ServerConfig:
-    served_model_names: list[str] = field(default_factory=list)  # default: the model's own name
-    api_key: str | None = None  # when set, /v1 routes need "Authorization: Bearer <key>"
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
-    # Logs hold no prompt or answer text unless this is set (a debugging aid): then each request's
-    # prompt (its first ``max_log_len`` characters) and sampling parameters are logged at INFO.
-    log_requests: bool = False
-    max_log_len: int = 200
 
 
 # --------------------------------------------------------------------------- errors
@@ -617,17 +606,17 @@ def _chat_logprobs(server: _Server, logprobs: list[TokenLogprobs], top_n: int | 
 ENGINE_WATCH_INTERVAL_S = 0.5
 
 
-def serve(client_factory: Callable[[], AsyncEngineClient], config: ServerConfig, host: str, port: int, *,
-          graceful_shutdown_timeout: float = 30.0, log_level: str = "info") -> None:
+def serve(client_factory: Callable[[], AsyncEngineClient], config: ServerConfig) -> None:
     """Bind, start the engine, and serve until SIGINT/SIGTERM.
 
     SIGTERM (and a first Ctrl-C) stop accepting connections, let requests in flight finish
-    (for at most ``graceful_shutdown_timeout`` seconds), stop the engine, and return. If the engine
+    (for at most ``config.graceful_shutdown_timeout`` seconds), stop the engine, and return. If the engine
     process dies, the requests in it get an error, /health says 503, and the server stops and
     raises EngineDeadError (the CLI exits non-zero), so that a supervisor restarts it.
     """
     import uvicorn
 
+    host, port = config.host, config.port
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -639,7 +628,8 @@ def serve(client_factory: Callable[[], AsyncEngineClient], config: ServerConfig,
     died = threading.Event()
     try:
         app = create_app(client, config)
-        uv_config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=graceful_shutdown_timeout,
+        uv_config = uvicorn.Config(app, log_level=config.uvicorn_log_level,
+                                   timeout_graceful_shutdown=config.graceful_shutdown_timeout,
                                    timeout_keep_alive=5)
         server = uvicorn.Server(uv_config)
 

@@ -15,8 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, ProcessCollector, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kvserve.engine.process import AsyncEngineClient
-from kvserve.engine.scheduler import SpecStats
+from kvserve.server.engine_client import EngineClient
+from kvserve.spec.policy import SpecStats
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                     10.0, 20.0, 40.0, 80.0, 160.0)
@@ -28,7 +28,7 @@ _HANDOFF_BUCKETS = (5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 
 class _EngineCollector(Collector):
     """Reads the engine's latest snapshot at each scrape."""
 
-    def __init__(self, client: AsyncEngineClient, model_name: str):
+    def __init__(self, client: EngineClient, model_name: str):
         self.client = client
         self.model_name = model_name
 
@@ -86,7 +86,7 @@ class _EngineCollector(Collector):
             yield counter("kvserve:grammar_cache_evictions", "Compiled grammars evicted (LRU).", g.evictions)
             yield counter("kvserve:grammar_compile_errors", "Schemas and grammars refused as invalid.", g.errors)
             yield gauge("kvserve:grammar_cache_size", "Compiled grammars cached.", g.size)
-        method = self.client.config.speculative_method
+        method = self.client.config.speculation.speculative_method
         if method:
             yield from _spec_metrics(s.spec, values + [method], labels + ["method"])
 
@@ -145,9 +145,9 @@ class _Histogram(Collector):
 
 
 class ServerMetrics:
-    """The app's registry; also the client's RequestObserver (see kvserve.engine.process)."""
+    """The app's registry; also the client's RequestObserver (see kvserve.server.request_stream)."""
 
-    def __init__(self, client: AsyncEngineClient, model_name: str):
+    def __init__(self, client: EngineClient, model_name: str):
         self.registry = CollectorRegistry()
         self.registry.register(_EngineCollector(client, model_name))
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes etc. of the API process

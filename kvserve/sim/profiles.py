@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from kvserve.config import CacheConfig, KVServeConfig, SchedulerConfig
 from kvserve.errors import InvalidArgumentError
 
 
@@ -43,6 +44,15 @@ class EngineProfile:
 
     def with_(self, **changes) -> "EngineProfile":
         return replace(self, **changes)
+
+    def to_config(self) -> KVServeConfig:
+        """The engine configuration this profile stands for: what the simulated engine runs with."""
+        return KVServeConfig(
+            cache=CacheConfig(block_size=self.block_size, enable_prefix_caching=self.prefix_caching),
+            scheduler=SchedulerConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+                                      chunked_prefill=self.chunked_prefill, static_batching=self.static_batching,
+                                      schedule_policy=self.schedule_policy if self.prefix_caching else "fcfs",
+                                      prefill_step_factor=self.prefill_step_factor))
 
 
 PROFILES: dict[str, EngineProfile] = {

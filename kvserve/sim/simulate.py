@@ -17,7 +17,6 @@ from kvserve.bench.datasets import Workload
 from kvserve.bench.serve import Dist, session_starts
 from kvserve.engine.engine import Engine
 from kvserve.engine.request import SamplingParams
-from kvserve.engine.scheduler import SchedulerConfig
 from kvserve.errors import InvalidArgumentError
 from kvserve.kv.manager import KVManager
 from kvserve.kv.tiers import HostTier
@@ -77,13 +76,10 @@ def build_sim_engine(model: ModelSpec, hw: Hardware, profile: EngineProfile, *, 
     runner = SimRunner(Roofline(model, hw, profile.weights, profile.kv, tp), profile, clock,
                        num_kv_blocks=blocks, block_size=block_size, max_model_len=ctx)
     tiers = [HostTier(int(host_tier_gb * 1e9), bandwidth=hw.host_link_gbps * 1e9)] if host_tier_gb else []
-    kv = KVManager(blocks, block_size, enable_prefix_caching=profile.prefix_caching, tiers=tiers,
+    config = profile.to_config()
+    kv = KVManager(blocks, block_size, enable_prefix_caching=config.cache.enable_prefix_caching, tiers=tiers,
                    fingerprint=runner.kv_fingerprint, block_bytes=runner.block_bytes)
-    sched = SchedulerConfig(max_num_seqs=profile.max_num_seqs, max_num_batched_tokens=profile.max_num_batched_tokens,
-                            chunked_prefill=profile.chunked_prefill, static_batching=profile.static_batching,
-                            schedule_policy=profile.schedule_policy if profile.prefix_caching else "fcfs",
-                            prefill_step_factor=profile.prefill_step_factor)
-    engine = Engine(runner, sched, vocab_size=model.vocab, eos_token_ids=(), kv=kv, clock=clock)
+    engine = Engine(runner, config.scheduler, vocab_size=model.vocab, eos_token_ids=(), kv=kv, clock=clock)
     return engine, runner, clock
 
 

@@ -1,0 +1,121 @@
+"""Building an engine from a config: device and dtype resolution, the runner, the proposer,
+the KV manager, and the engine core around them.
+
+Everything that turns a ``KVServeConfig`` into running objects is here, above both the engine
+(which knows no torch) and its clients (the in-process ``LLM``, the server's engine process).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kvserve.config import KVServeConfig
+from kvserve.engine.core import EngineCore
+from kvserve.engine.engine import Engine
+from kvserve.errors import InvalidArgumentError, ModelLoadError
+from kvserve.kv.manager import KVManager
+from kvserve.kv.tiers import DiskTier, HostTier
+from kvserve.model.config import ModelConfig
+from kvserve.runner.torch_runner import TorchRunner
+from kvserve.spec.draft import DraftProposer
+from kvserve.spec.ngram import NgramProposer
+from kvserve.spec.proposer import Proposer
+
+Weights = dict[str, torch.Tensor]
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise InvalidArgumentError("--device cuda was asked for, but torch sees no CUDA device", param="device")
+    return device
+
+
+def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    """``auto`` picks bfloat16 only where matmuls run natively in it.
+
+    On a CPU without AVX512-BF16 or AMX, oneDNN emulates bf16 and a bf16 GEMM is several
+    times slower than float32 (measured 7x on this project's AVX2 machines).
+    """
+    if dtype != "auto":
+        return getattr(torch, dtype)
+    if device.startswith("cuda"):
+        return torch.bfloat16
+    return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
+
+
+def build_engine(config: KVServeConfig, model_cfg: ModelConfig, weights: Weights, eos_token_ids: list[int],
+                 draft_weights: tuple[ModelConfig, Weights] | None = None, hf_tokenizer: Any = None) -> Engine:
+    """The torch runner and the engine loop around it, from a config and loaded weights.
+    ``draft_weights`` stands in for loading ``--speculative-model`` (tests pass tiny models);
+    ``hf_tokenizer`` (a transformers tokenizer) enables structured output."""
+    m, cache = config.model, config.cache
+    if m.num_threads:
+        torch.set_num_threads(m.num_threads)
+    device = resolve_device(m.device)
+    dtype = resolve_dtype(m.dtype, device)
+    runner = TorchRunner(model_cfg, weights, dtype=dtype, device=device, block_size=cache.block_size,
+                         kv_cache_memory_gb=cache.kv_cache_memory_gb, num_kv_blocks=cache.num_kv_blocks,
+                         max_model_len=m.max_model_len, seed=m.seed)
+    runner.proposer = build_proposer(config, model_cfg, runner, draft_weights)
+
+    def grammars():  # built on first use: describing the vocabulary to xgrammar takes ~0.5 s
+        from kvserve.structured import GrammarCache
+
+        s = config.structured
+        return GrammarCache.from_tokenizer(hf_tokenizer, model_cfg.vocab_size, list(eos_token_ids),
+                                           max_size=s.grammar_cache_size,
+                                           compile_timeout_s=s.grammar_compile_timeout_s or None)
+
+    return Engine(runner, config.scheduler, vocab_size=model_cfg.vocab_size, eos_token_ids=tuple(eos_token_ids),
+                  kv=build_kv_manager(config, runner.num_kv_blocks, runner.block_size, runner.block_bytes,
+                                      runner.kv_fingerprint),
+                  grammars=grammars if hf_tokenizer is not None else None,
+                  speculation=config.speculation if runner.proposer is not None else None)
+
+
+def build_proposer(config: KVServeConfig, model_cfg: ModelConfig, runner: TorchRunner,
+                   draft_weights: tuple[ModelConfig, Weights] | None) -> Proposer | None:
+    spec = config.speculation
+    if spec.speculative_method == "ngram":
+        return NgramProposer(spec.ngram_min, spec.ngram_max)
+    if spec.speculative_method != "draft":
+        return None
+    if draft_weights is None:
+        from kvserve.model.loader import load_model, resolve_model_path
+
+        loaded = load_model(resolve_model_path(spec.speculative_model))
+        draft_weights = (loaded.config, loaded.weights)
+    draft_cfg, weights = draft_weights
+    if draft_cfg.vocab_size != model_cfg.vocab_size:
+        raise ModelLoadError(f"the draft model's vocabulary has {draft_cfg.vocab_size} tokens and the target's "
+                             f"{model_cfg.vocab_size}: a draft model must share the target's tokenizer")
+    return DraftProposer(draft_cfg, weights, dtype=runner.dtype, device=runner.device,
+                         num_blocks=runner.num_kv_blocks, block_size=runner.block_size, seed=config.model.seed)
+
+
+def build_kv_manager(config: KVServeConfig, num_blocks: int, block_size: int, block_bytes: int,
+                     fingerprint: bytes) -> KVManager:
+    """The KV manager with the prefix cache and the offload tiers the config asks for."""
+    cache = config.cache
+    tiers: list[HostTier | DiskTier] = []
+    if cache.kv_offload_memory_gb:
+        tiers.append(HostTier(int(cache.kv_offload_memory_gb * (1 << 30))))
+    if cache.kv_offload_dir:
+        tiers.append(DiskTier(cache.kv_offload_dir, int(cache.kv_offload_disk_gb * (1 << 30)), fingerprint))
+    return KVManager(num_blocks, block_size, enable_prefix_caching=cache.enable_prefix_caching, tiers=tiers,
+                     fingerprint=fingerprint, block_bytes=block_bytes)
+
+
+def build_engine_core(config: KVServeConfig) -> EngineCore:
+    """Load the configured model and build its engine core (the engine process's start-up)."""
+    from kvserve.model.loader import load_model, resolve_model_path
+    from kvserve.model.tokenizer import Tokenizer
+
+    loaded = load_model(resolve_model_path(config.model.model))
+    eos = Tokenizer(loaded.tokenizer, loaded.config).eos_token_ids
+    return EngineCore(build_engine(config, loaded.config, loaded.weights, eos, hf_tokenizer=loaded.tokenizer),
+                      loaded.name)

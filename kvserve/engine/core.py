@@ -1,0 +1,151 @@
+"""The engine core: the engine as a service that speaks messages, with no transport in it.
+
+Commands go in (``add``, ``abort``); each ``step`` runs one engine step and returns one
+``StepMessage``: per-request deltas (new token ids, logprobs, finish), the requests refused,
+and a stats snapshot. A request whose grammar must first compile waits off the step path
+(the compile cache's thread) and joins the engine once it is ready. Transports wrap it: the
+multiprocessing worker (``kvserve.engine.worker``), the in-process ``LLM``, a Ray actor.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+
+from kvserve.engine.engine import Engine
+from kvserve.engine.memory import resident_memory_bytes
+from kvserve.engine.messages import (
+    AbortRequests,
+    AddRequest,
+    EngineReady,
+    EngineStatsSnapshot,
+    RequestDelta,
+    RequestRejected,
+    Shutdown,
+    StepMessage,
+)
+from kvserve.engine.request import Request
+from kvserve.errors import KVServeError
+
+log = logging.getLogger(__name__)
+
+
+class EngineCore:
+    def __init__(self, engine: Engine, model_name: str):
+        self.engine = engine
+        self.model_name = model_name
+        self._sent: dict[str, int] = {}  # output tokens already reported, per request
+        # requests whose grammar compiles on the compile cache's threads, off the step path
+        self._compiling: dict[str, tuple[AddRequest, Future]] = {}
+        self._rejected: list[RequestRejected] = []
+        self._commands_since_message = False  # a message goes out after commands, even with no tokens
+
+    def ready(self) -> EngineReady:
+        e = self.engine
+        return EngineReady(self.model_name, e.max_model_len, e.vocab_size, e.kv.pool.num_blocks, e.kv.block_size,
+                           resident_memory_bytes())
+
+    @property
+    def has_work(self) -> bool:
+        """Requests to step or refusals to report (requests waiting for a grammar not counted)."""
+        return self.engine.has_unfinished() or bool(self._rejected)
+
+    @property
+    def is_compiling(self) -> bool:
+        return bool(self._compiling)
+
+    # -- commands -----------------------------------------------------------------------------
+    def handle(self, cmd: AddRequest | AbortRequests | Shutdown) -> bool:
+        """Apply one command; False for Shutdown."""
+        if isinstance(cmd, AddRequest):
+            self.add(cmd)
+        elif isinstance(cmd, AbortRequests):
+            self.abort(cmd.request_ids)
+        elif isinstance(cmd, Shutdown):
+            return False
+        return True
+
+    def add(self, cmd: AddRequest) -> None:
+        """Queue a request. A user error (a bad prompt, an invalid grammar) is reported in the next
+        step message as a RequestRejected, never raised."""
+        self._commands_since_message = True
+        if cmd.params.guided is None:
+            self._admit(cmd)
+            return
+        try:
+            self._compiling[cmd.request_id] = (cmd, self.engine.grammars.submit(cmd.params.guided))
+        except KVServeError as e:
+            self._reject(cmd.request_id, e)
+
+    def abort(self, request_ids: list[str]) -> None:
+        self._commands_since_message = True
+        for rid in request_ids:
+            if self._compiling.pop(rid, None) is None:
+                self.engine.abort(rid)
+            self._sent.pop(rid, None)
+
+    def wait_for_grammars(self, timeout: float) -> None:
+        """Block until a pending grammar compile ends (or ``timeout``): for callers with nothing else to do."""
+        if self._compiling:
+            wait([f for _, f in self._compiling.values()], timeout, return_when=FIRST_COMPLETED)
+
+    def _admit(self, cmd: AddRequest, compiled: Future | None = None) -> None:
+        try:
+            grammar = compiled.result() if compiled is not None else None
+            self.engine.add_request(cmd.request_id, cmd.prompt_token_ids, cmd.params, grammar)
+            self._sent[cmd.request_id] = 0
+        except Exception as e:  # noqa: BLE001 - a bad request is rejected, never the engine's end
+            if not isinstance(e, KVServeError):
+                log.exception("request %s could not be added", cmd.request_id)
+            self._reject(cmd.request_id, e)
+
+    def _reject(self, request_id: str, e: Exception) -> None:
+        self._rejected.append(RequestRejected(request_id, str(e), getattr(e, "param", None), getattr(e, "code", None)))
+
+    # -- one step -------------------------------------------------------------------------------
+    def step(self) -> StepMessage | None:
+        """Admit requests whose grammar is ready, run one step if there is work, and return what
+        changed (None when nothing did and no command came in since the last message)."""
+        for rid, (cmd, fut) in list(self._compiling.items()):
+            if fut.done():
+                del self._compiling[rid]
+                self._admit(cmd, fut)
+        changed = self.engine.step() if self.engine.has_unfinished() else []
+        step_end = time.monotonic()
+        if not (changed or self._rejected or self._commands_since_message):
+            return None
+        deltas = [self._delta(req) for req in changed]
+        rejected, self._rejected, self._commands_since_message = self._rejected, [], False
+        return StepMessage(deltas, rejected, self.snapshot(), step_end)
+
+    def _delta(self, req: Request) -> RequestDelta:
+        done = self._sent.get(req.request_id, 0)
+        new = req.token_ids[req.num_prompt_tokens + done :]
+        logprobs = req.logprobs[done:] if req.params.logprobs is not None else []
+        if req.is_finished:
+            self._sent.pop(req.request_id, None)
+        else:
+            self._sent[req.request_id] = done + len(new)
+        return RequestDelta(req.request_id, new, logprobs, req.is_finished,
+                            req.finish_reason.value if req.finish_reason else None, req.stop_reason,
+                            req.num_prompt_tokens, req.num_cached_tokens,
+                            (req.spec.num_verifies, req.spec.num_draft_tokens, req.spec.num_accepted_tokens))
+
+    def snapshot(self) -> EngineStatsSnapshot:
+        e, s = self.engine, self.engine.scheduler
+        return EngineStatsSnapshot(
+            num_running=s.num_running,
+            num_waiting=s.num_waiting,
+            kv_blocks_used=e.kv.pool.num_blocks - e.kv.num_available_blocks,
+            kv_blocks_total=e.kv.pool.num_blocks,
+            num_preemptions=s.stats.num_preemptions,
+            prompt_tokens=e.stats.prompt_tokens,
+            generation_tokens=e.stats.generation_tokens,
+            kv_blocks_cached=e.kv.num_cached_blocks,
+            prefix_cache=copy.deepcopy(e.kv.stats),
+            spec=copy.deepcopy(s.stats.spec),
+            grammar=e.grammar_stats(),
+            resident_memory_bytes=resident_memory_bytes(),
+        )

@@ -1,0 +1,109 @@
+"""What crosses between the engine core and its clients: commands in, step messages out.
+
+Plain picklable dataclasses over token ids, so any transport (a multiprocessing queue and
+pipe, a Ray actor call, a direct call in-process) can carry them unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvserve.engine.request import SamplingParams, TokenLogprobs
+from kvserve.kv.manager import PrefixCacheStats
+from kvserve.spec.policy import SpecStats
+
+# --------------------------------------------------------------------------- commands
+
+
+@dataclass
+class AddRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass
+class AbortRequests:
+    request_ids: list[str]
+
+
+@dataclass
+class Shutdown:
+    pass
+
+
+# --------------------------------------------------------------------------- answers
+
+
+@dataclass
+class EngineReady:
+    """The engine's first message: what a client must know to validate requests."""
+
+    model_name: str
+    max_model_len: int
+    vocab_size: int | None
+    num_kv_blocks: int
+    block_size: int
+    resident_memory_bytes: int | None = None
+
+
+@dataclass
+class EngineFailed:
+    """The engine could not start, or a step raised: the engine is gone after sending this."""
+
+    message: str
+    user_error: bool  # a KVServeError (e.g. the model could not be loaded) rather than a bug
+
+
+@dataclass
+class RequestDelta:
+    """What one step did to one request."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[TokenLogprobs]
+    finished: bool
+    finish_reason: str | None
+    stop_reason: int | str | None
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    spec: tuple[int, int, int] = (0, 0, 0)  # verifies, draft tokens, accepted tokens (so far)
+
+
+@dataclass
+class RequestRejected:
+    """Adding this request raised a user error."""
+
+    request_id: str
+    message: str
+    param: str | None
+    code: str | None
+
+
+@dataclass
+class EngineStatsSnapshot:
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+    num_preemptions: int = 0
+    prompt_tokens: int = 0  # prefill tokens computed (recomputation after preemption included)
+    generation_tokens: int = 0
+    kv_blocks_cached: int = 0  # blocks held by the prefix cache
+    prefix_cache: PrefixCacheStats = field(default_factory=PrefixCacheStats)
+    spec: SpecStats = field(default_factory=SpecStats)
+    grammar: Any = None  # kvserve.structured.CacheStats once a grammar was asked for
+    resident_memory_bytes: int | None = None  # the engine process's RSS (Linux only)
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+
+@dataclass
+class StepMessage:
+    deltas: list[RequestDelta]
+    rejected: list[RequestRejected]
+    stats: EngineStatsSnapshot
+    step_end: float  # time.monotonic() where the engine runs (CLOCK_MONOTONIC is system-wide)

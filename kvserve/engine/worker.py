@@ -1,0 +1,87 @@
+"""The engine process: a multiprocessing transport around an ``EngineCore``, and nothing else.
+
+Commands arrive pickled on a ``multiprocessing.Queue``; step messages leave through a one-way
+``Pipe`` written by this process's own thread, so nothing sits between the end of a step and
+the bytes leaving the process. The process ignores SIGINT/SIGTERM (its client decides when it
+stops, after in-flight requests finish) and exits by itself if its parent dies.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import pickle
+import queue
+import signal
+import traceback
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from kvserve.engine.core import EngineCore
+from kvserve.engine.messages import EngineFailed
+from kvserve.errors import KVServeError
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
+IDLE_POLL_S = 1.0  # an idle engine wakes this often to notice that its parent died
+COMPILE_POLL_S = 0.002  # while grammars compile and nothing runs, how often to look for them
+
+
+def run_engine_process(build: Callable[[Any], EngineCore], config: Any, commands: mp.Queue,
+                       outputs: Connection) -> None:
+    """Entry point: ``build(config)`` the core, report ready, then serve commands until told to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s engine %(levelname)s %(message)s")
+    try:
+        core = build(config)
+        outputs.send(core.ready())
+    except BaseException as e:  # noqa: BLE001 - anything that stops start-up goes back to the parent
+        _send_failure(outputs, e)
+        return
+    try:
+        _serve(core, commands, outputs)
+    except (BrokenPipeError, EOFError):
+        pass  # the client is gone
+    except BaseException as e:  # noqa: BLE001
+        _send_failure(outputs, e)
+        raise SystemExit(1) from e
+
+
+def _serve(core: EngineCore, commands: mp.Queue, outputs: Connection) -> None:
+    while True:
+        cmds: list[Any] = []
+        if not core.has_work:
+            try:  # idle: sleep on the queue (briefly while grammars compile), never spin
+                cmds.append(pickle.loads(commands.get(timeout=COMPILE_POLL_S if core.is_compiling else IDLE_POLL_S)))
+            except queue.Empty:
+                if not _parent_alive():
+                    return
+                if not core.is_compiling:
+                    continue
+        while True:
+            try:
+                cmds.append(pickle.loads(commands.get_nowait()))
+            except queue.Empty:
+                break
+        for cmd in cmds:
+            if not core.handle(cmd):
+                return
+        msg = core.step()
+        if msg is not None:
+            outputs.send(msg)
+
+
+def _send_failure(outputs: Connection, e: BaseException) -> None:
+    user = isinstance(e, KVServeError)
+    message = str(e) if user else "".join(traceback.format_exception(e)).rstrip()
+    try:
+        outputs.send(EngineFailed(message, user))
+    except OSError:
+        pass
+
+
+def _parent_alive() -> bool:
+    parent = mp.parent_process()
+    return parent is None or parent.is_alive()
