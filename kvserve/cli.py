@@ -89,7 +89,8 @@ def cmd_chat(a: argparse.Namespace) -> None:
 
 def cmd_serve(a: argparse.Namespace) -> None:
     from kvserve.engine.process import AsyncEngineClient
-    from kvserve.server.api import ServerConfig, serve
+    from kvserve.server.app import ServerConfig
+    from kvserve.server.launch import serve
 
     engine_config = EngineConfig.from_cli_args(a)
     if a.max_waiting_requests is not None and a.max_waiting_requests < 0:

@@ -73,7 +73,7 @@ def main() -> int:
 
         from kvserve.config import EngineConfig
         from kvserve.engine.process import AsyncEngineClient
-        from kvserve.server.api import ServerConfig
+        from kvserve.server.app import ServerConfig
 
         with tempfile.TemporaryDirectory() as tmp:
             folder = tiny_model_dir(Path(tmp))

@@ -13,7 +13,7 @@ import httpx
 import uvicorn
 
 from kvserve.engine.process import AsyncEngineClient
-from kvserve.server.api import ServerConfig, create_app
+from kvserve.server.app import ServerConfig, create_app
 
 
 def free_socket() -> socket.socket:

@@ -15,7 +15,7 @@ from kvserve.bench.serve import RequestRecord, summarize
 from kvserve.config import EngineConfig
 from kvserve.engine.process import AsyncEngineClient
 from kvserve.errors import InvalidArgumentError, KVServeError
-from kvserve.server.api import ServerConfig
+from kvserve.server.app import ServerConfig
 from server_utils import ServerThread, free_socket
 
 

@@ -13,7 +13,8 @@ import pytest
 from fuzz_utils import FUZZ_ENGINE, MODES, Fuzzer, check_idle
 from kvserve.config import EngineConfig
 from kvserve.engine.process import AsyncEngineClient
-from kvserve.server.api import MIN_LOGPROB, ServerConfig
+from kvserve.server.app import ServerConfig
+from kvserve.server.render import MIN_LOGPROB
 from server_utils import ServerThread, sse_events
 
 NUM_REQUESTS = 200

@@ -13,7 +13,7 @@ from kvserve import SamplingParams
 from kvserve.config import EngineConfig
 from kvserve.engine.process import AsyncEngineClient
 from kvserve.errors import InvalidArgumentError
-from kvserve.server.api import ServerConfig
+from kvserve.server.app import ServerConfig
 from kvserve.structured import GuidedSpec
 from server_utils import ServerThread, metric
 
