@@ -87,8 +87,8 @@ def cmd_chat(a: argparse.Namespace) -> None:
 
 
 def cmd_serve(a: argparse.Namespace) -> None:
-    from kvserve.server.api import serve
     from kvserve.server.engine_client import AsyncEngineClient
+    from kvserve.server.launch import serve
 
     config = KVServeConfig.from_cli_args(a, tuple(PARTS))
     srv = config.server

@@ -1,7 +1,7 @@
 """Errors a user can cause: each carries a message meant for that user.
 
 The CLI prints them as one line; the server maps them to HTTP statuses in one place
-(``kvserve.server.api.error_response``).
+(``kvserve.server.errors.error_response``).
 """
 
 

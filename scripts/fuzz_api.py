@@ -71,9 +71,8 @@ def main() -> int:
     else:
         from server_utils import ServerThread
 
-        from kvserve.config import KVServeConfig
+        from kvserve.config import KVServeConfig, ServerConfig
         from kvserve.server.engine_client import AsyncEngineClient
-        from kvserve.config import ServerConfig
 
         with tempfile.TemporaryDirectory() as tmp:
             folder = tiny_model_dir(Path(tmp))

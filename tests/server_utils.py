@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import httpx
 import uvicorn
 
-from kvserve.server.engine_client import AsyncEngineClient
 from kvserve.config import ServerConfig
-from kvserve.server.api import create_app
+from kvserve.server.app import create_app
+from kvserve.server.engine_client import AsyncEngineClient
 
 
 def free_socket() -> socket.socket:

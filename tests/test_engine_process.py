@@ -11,7 +11,7 @@ from kvserve import SamplingParams
 from kvserve.config import KVServeConfig
 from kvserve.server.engine_client import AsyncEngineClient
 from kvserve.errors import EngineDeadError, InvalidArgumentError
-from kvserve.server.api import create_app
+from kvserve.server.app import create_app
 
 
 def test_engine_errors_and_death(tiny_model_dir):

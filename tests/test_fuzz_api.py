@@ -11,10 +11,9 @@ import httpx
 import pytest
 
 from fuzz_utils import FUZZ_ENGINE, MODES, Fuzzer, check_idle
-from kvserve.config import KVServeConfig
+from kvserve.config import KVServeConfig, ServerConfig
 from kvserve.server.engine_client import AsyncEngineClient
-from kvserve.config import ServerConfig
-from kvserve.server.api import MIN_LOGPROB
+from kvserve.server.render import MIN_LOGPROB
 from server_utils import ServerThread, sse_events
 
 NUM_REQUESTS = 200

@@ -25,9 +25,8 @@ import pytest
 
 import kvserve
 from kvserve import SamplingParams
-from kvserve.config import KVServeConfig
+from kvserve.config import KVServeConfig, ServerConfig
 from kvserve.server.engine_client import AsyncEngineClient
-from kvserve.config import ServerConfig
 from server_utils import ServerThread, free_socket, metric, sse_events, wait_for_metrics
 
 API_KEY = "test-key"
@@ -539,7 +538,7 @@ def test_sse_events_survive_clients_that_split_on_unicode_line_breaks():
     """A sampled token can be U+2028 or NEL; JSON may carry them raw, and clients that split lines
     like str.splitlines (httpx's aiter_lines) would cut the event: the server escapes them."""
     from kvserve.server import protocol as P
-    from kvserve.server.api import _sse
+    from kvserve.server.streaming import sse_event as _sse
 
     text = "a\u2028b\u2029c\x85d"
     event = _sse(P.CompletionResponse(id="x", created=0, model="m",

@@ -1,0 +1,1 @@
+"""The app's routes, one APIRouter per group: the OpenAI API (``openai``) and operations (``admin``)."""
