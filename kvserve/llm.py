@@ -10,7 +10,7 @@ import torch
 
 from kvserve.config import EngineConfig
 from kvserve.engine.engine import Engine
-from kvserve.engine.output import OutputProcessor, RequestOutput
+from kvserve.text.output import OutputProcessor, RequestOutput
 from kvserve.engine.request import SamplingParams
 from kvserve.engine.scheduler import SchedulerConfig
 from kvserve.errors import InvalidArgumentError, ModelLoadError
@@ -122,7 +122,7 @@ class LLM:
 
     def __init__(self, model: str | None = None, **engine_args: Any):
         from kvserve.model.loader import load_model, resolve_model_path
-        from kvserve.model.tokenizer import Tokenizer
+        from kvserve.text.tokenizer import Tokenizer
 
         self.config = EngineConfig.from_kwargs(model=model, **engine_args)
         loaded = load_model(resolve_model_path(model))

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kvserve.engine.engine import check_prompt
-from kvserve.engine.output import OutputProcessor, RequestOutput
+from kvserve.text.output import OutputProcessor, RequestOutput
 from kvserve.engine.request import FinishReason, Request, SamplingParams, TokenLogprobs
 from kvserve.errors import EngineDeadError, InvalidArgumentError, KVServeError, ModelLoadError, ServerBusyError
 from kvserve.engine.scheduler import SpecStats
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
     from kvserve.config import EngineConfig
     from kvserve.engine.engine import Engine
-    from kvserve.model.tokenizer import Tokenizer
+    from kvserve.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +176,7 @@ def run_engine_process(config: EngineConfig, commands: mp.Queue, outputs: Connec
 def _build(config: EngineConfig) -> tuple[Engine, str]:
     from kvserve.llm import build_engine
     from kvserve.model.loader import load_model, resolve_model_path
-    from kvserve.model.tokenizer import Tokenizer
+    from kvserve.text.tokenizer import Tokenizer
 
     loaded = load_model(resolve_model_path(config.model))
     eos = Tokenizer(loaded.tokenizer, loaded.config).eos_token_ids
@@ -427,7 +427,7 @@ class AsyncEngineClient:
             # The engine process starts first: these imports (torch among them) and the tokenizer
             # load overlap with its own start-up.
             from kvserve.model.loader import load_tokenizer, resolve_model_path
-            from kvserve.model.tokenizer import Tokenizer
+            from kvserve.text.tokenizer import Tokenizer
 
             self.tokenizer = tokenizer or Tokenizer(load_tokenizer(resolve_model_path(config.model)))
             ready = self._wait_ready(startup_timeout)

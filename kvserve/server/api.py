@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import kvserve
-from kvserve.engine.output import RequestOutput
+from kvserve.text.output import RequestOutput
 from kvserve.engine.process import AsyncEngineClient, RequestStream
 from kvserve.engine.request import TokenLogprobs
 from kvserve.errors import (

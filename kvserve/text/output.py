@@ -6,9 +6,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvserve.engine.request import FinishReason, Request, TokenLogprobs
+from kvserve.text.detokenizer import IncrementalDetokenizer
 
 if TYPE_CHECKING:
-    from kvserve.model.tokenizer import Tokenizer
+    from kvserve.text.tokenizer import Tokenizer
 
 
 @dataclass
@@ -41,8 +42,6 @@ class _TextState:
     def __init__(self, req: Request, tokenizer: "Tokenizer | None"):
         self.detok = None
         if tokenizer is not None:
-            from kvserve.model.tokenizer import IncrementalDetokenizer
-
             self.detok = IncrementalDetokenizer(tokenizer, req.prompt_token_ids,
                                                 skip_special_tokens=req.params.skip_special_tokens)
         self.text = ""
