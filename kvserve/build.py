@@ -113,7 +113,7 @@ def build_kv_manager(config: KVServeConfig, num_blocks: int, block_size: int, bl
 def build_engine_core(config: KVServeConfig) -> EngineCore:
     """Load the configured model and build its engine core (the engine process's start-up)."""
     from kvserve.model.loader import load_model, resolve_model_path
-    from kvserve.model.tokenizer import Tokenizer
+    from kvserve.text.tokenizer import Tokenizer
 
     loaded = load_model(resolve_model_path(config.model.model))
     eos = Tokenizer(loaded.tokenizer, loaded.config).eos_token_ids

@@ -18,10 +18,10 @@ from kvserve.config import KVServeConfig
 from kvserve.engine.core import EngineCore
 from kvserve.engine.engine import Engine
 from kvserve.engine.messages import AbortRequests, AddRequest
-from kvserve.engine.output import OutputProcessor, RequestOutput
 from kvserve.engine.request import Request, SamplingParams
 from kvserve.errors import InvalidArgumentError
 from kvserve.model.config import ModelConfig
+from kvserve.text.output import OutputProcessor, RequestOutput
 
 PromptLike = str | list[int]
 GRAMMAR_WAIT_S = 0.05  # with nothing to step, how long to sleep on a compiling grammar before looking again
@@ -32,7 +32,7 @@ class LLM:
 
     def __init__(self, model: str | None = None, **engine_args: Any):
         from kvserve.model.loader import load_model, resolve_model_path
-        from kvserve.model.tokenizer import Tokenizer
+        from kvserve.text.tokenizer import Tokenizer
 
         self.config = KVServeConfig.from_kwargs(model=model, **engine_args)
         loaded = load_model(resolve_model_path(model))

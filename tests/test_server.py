@@ -71,7 +71,7 @@ def stream_completion(url: str, body: dict, headers: dict = AUTH) -> tuple[str, 
 def test_openai_client_on_embedded_model(embedded_hf_tokenizer):
     import openai
 
-    from kvserve.model.tokenizer import Tokenizer
+    from kvserve.text.tokenizer import Tokenizer
 
     client = AsyncEngineClient(KVServeConfig.from_kwargs(dtype="float32", num_threads=1, kv_cache_memory_gb=0.25,
                                             max_num_batched_tokens=256),

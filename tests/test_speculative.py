@@ -135,7 +135,7 @@ def test_kv_accounting_stays_exact_through_rejections_preemptions_and_aborts():
 
 
 def test_stop_string_inside_a_multi_token_step_drops_the_tokens_after_it():
-    from kvserve.engine.output import OutputProcessor
+    from kvserve.text.output import OutputProcessor
 
     class Chars:  # one character per token id, enough for the output processor
         def decode(self, ids, skip_special_tokens=True):

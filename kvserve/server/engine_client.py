@@ -26,14 +26,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 from kvserve.config import KVServeConfig
 from kvserve.engine.engine import check_prompt
 from kvserve.engine.messages import AbortRequests, AddRequest, EngineFailed, EngineReady, EngineStatsSnapshot, Shutdown, StepMessage
-from kvserve.engine.output import OutputProcessor
+from kvserve.text.output import OutputProcessor
 from kvserve.engine.request import Request, SamplingParams
 from kvserve.engine.worker import run_engine_process
 from kvserve.errors import EngineDeadError, InvalidArgumentError, ModelLoadError, ServerBusyError
 from kvserve.server.request_stream import RequestObserver, RequestStream
 
 if TYPE_CHECKING:
-    from kvserve.model.tokenizer import Tokenizer
+    from kvserve.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class AsyncEngineClient:
             # The engine process starts first: these imports (torch among them) and the tokenizer
             # load overlap with its own start-up.
             from kvserve.model.loader import load_tokenizer, resolve_model_path
-            from kvserve.model.tokenizer import Tokenizer
+            from kvserve.text.tokenizer import Tokenizer
 
             self.tokenizer = tokenizer or Tokenizer(load_tokenizer(resolve_model_path(config.model.model)))
             ready = self._wait_ready(startup_timeout)

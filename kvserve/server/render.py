@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from kvserve.engine.output import RequestOutput
+from kvserve.text.output import RequestOutput
 from kvserve.engine.request import TokenLogprobs
 from kvserve.server import protocol as P
 from kvserve.server.state import ServerState

@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING, Protocol
 
 from kvserve.engine.messages import RequestDelta
-from kvserve.engine.output import RequestOutput
+from kvserve.text.output import RequestOutput
 from kvserve.engine.request import FinishReason
 
 if TYPE_CHECKING:

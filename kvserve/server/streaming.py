@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 from starlette.types import Receive, Scope, Send
 
-from kvserve.engine.output import RequestOutput
+from kvserve.text.output import RequestOutput
 from kvserve.server.request_stream import RequestStream
 from kvserve.errors import KVServeError
 from kvserve.server.errors import ClientDisconnected, error_body

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvserve.errors import InvalidArgumentError
-from kvserve.model.tokenizer import check_unicode
+from kvserve.text.tokenizer import check_unicode
 
 KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
 # Nesting of a JSON schema document (objects and arrays); compile time grows fast with it (~70 ms at

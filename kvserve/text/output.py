@@ -7,9 +7,10 @@ from typing import TYPE_CHECKING
 
 from kvserve.engine.messages import RequestDelta
 from kvserve.engine.request import FinishReason, Request, TokenLogprobs
+from kvserve.text.detokenizer import IncrementalDetokenizer
 
 if TYPE_CHECKING:
-    from kvserve.model.tokenizer import Tokenizer
+    from kvserve.text.tokenizer import Tokenizer
 
 
 @dataclass
@@ -43,8 +44,6 @@ class _TextState:
         self.req = req
         self.detok = None
         if tokenizer is not None:
-            from kvserve.model.tokenizer import IncrementalDetokenizer
-
             self.detok = IncrementalDetokenizer(tokenizer, req.prompt_token_ids,
                                                 skip_special_tokens=req.params.skip_special_tokens)
         self.text = ""

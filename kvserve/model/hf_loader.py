@@ -1,0 +1,92 @@
+"""Loading a Hugging Face model folder: config.json (+ generation_config.json), safetensors, tokenizer.
+
+Weights are read as stored (bf16/fp16/fp32), from one ``model.safetensors`` or an indexed set of
+shards; the tokenizer is whatever ``AutoTokenizer`` builds from the folder, offline.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvserve.errors import ModelLoadError
+from kvserve.model.checkpoint import LoadedModel, expected_weight_shapes
+from kvserve.model.config import ModelConfig
+
+# Architectures whose checkpoints use exactly the Llama parameter names (Qwen2 adds q/k/v biases).
+HF_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelLoadError(f"cannot read {path}: {e}") from e
+
+
+def load_hf_folder(folder: Path) -> LoadedModel:
+    """Config, weights and tokenizer of a Hugging Face folder (weights not yet checked)."""
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise ModelLoadError(f"folder {folder} has no config.json")
+    try:
+        config = ModelConfig.from_hf_dict(_read_json(config_path))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ModelLoadError(f"{config_path}: unusable config ({type(e).__name__}: {e})") from e
+    if config.architecture not in HF_ARCHITECTURES:
+        raise ModelLoadError(
+            f"{folder}: architecture {config.architecture} is not supported (only {', '.join(HF_ARCHITECTURES)})"
+        )
+    generation_path = folder / "generation_config.json"
+    if generation_path.is_file():
+        eos = _read_json(generation_path).get("eos_token_id")
+        extra = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        config.eos_token_ids = list(dict.fromkeys([*config.eos_token_ids, *extra]))
+
+    wanted = expected_weight_shapes(config)
+    weights = _read_safetensors(folder, wanted)
+    tokenizer = hf_folder_tokenizer(folder)
+    return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, name=folder.resolve().name)
+
+
+def _read_safetensors(folder: Path, wanted: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """Read the wanted tensors, as stored (bf16/fp16/fp32), from one file or an indexed set of shards."""
+    from safetensors import safe_open
+
+    single = folder / "model.safetensors"
+    index = folder / "model.safetensors.index.json"
+    if single.is_file():
+        files = [single]
+    elif index.is_file():
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ModelLoadError(f"{index} has no weight_map")
+        files = [folder / shard for shard in dict.fromkeys(weight_map.values())]
+    else:
+        raise ModelLoadError(f"{folder} has neither model.safetensors nor model.safetensors.index.json")
+
+    weights: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():
+                    # Extra entries (a tied lm_head, rotary buffers of old checkpoints) are not needed.
+                    if name in wanted:
+                        weights[name] = f.get_tensor(name)
+        except (OSError, ValueError, RuntimeError) as e:  # safetensors raises SafetensorError(ValueError)
+            raise ModelLoadError(f"cannot read {file}: {e}") from e
+    return weights
+
+
+def hf_folder_tokenizer(folder: Path) -> Any:
+    """The tokenizer ``AutoTokenizer`` builds from ``folder``, without touching the hub."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise ModelLoadError(f"cannot load the tokenizer in {folder}: {e}") from e
