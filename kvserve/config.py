@@ -23,6 +23,11 @@ class EngineConfig:
     block_size: int = field(default=16, metadata={"help": "tokens per KV cache block"})
     kv_cache_memory_gb: float | None = field(default=None, metadata={"help": "KV cache size in GiB (default: from free memory, at most 4)"})
     num_kv_blocks: int | None = field(default=None, metadata={"help": "exact KV pool size in blocks (overrides --kv-cache-memory-gb)"})
+    kv_cache_dtype: str = field(default="auto", metadata={"help": "how the KV cache stores K and V: auto (in the "
+                                "model's --dtype); other KV pools register by name (kvserve.attention.register_kv_pool)"})
+    attention_backend: str = field(default="gather-sdpa", metadata={"help": "attention implementation: gather-sdpa "
+                                   "(gathers each sequence's KV through its block table, then torch SDPA); others "
+                                   "register by name (kvserve.attention.register_attention_backend)"})
     max_num_seqs: int = field(default=128, metadata={"help": "most sequences in one step"})
     max_num_batched_tokens: int = field(default=2048, metadata={"help": "token budget of one step (chunked prefill fills it)"})
     prefill_step_factor: float = field(default=1.5, metadata={"help": "while sequences decode, a step carrying the prefill "

@@ -66,6 +66,8 @@ def build_engine(cfg: EngineConfig, model_cfg: ModelConfig, weights: dict[str, t
         num_kv_blocks=cfg.num_kv_blocks,
         max_model_len=cfg.max_model_len,
         seed=cfg.seed,
+        attention_backend=cfg.attention_backend,
+        kv_cache_dtype=cfg.kv_cache_dtype,
     )
     runner.proposer = build_proposer(cfg, model_cfg, runner, draft_weights)
     sched = SchedulerConfig(max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
@@ -102,7 +104,8 @@ def build_proposer(cfg: EngineConfig, model_cfg: ModelConfig, runner: TorchRunne
         raise ModelLoadError(f"the draft model's vocabulary has {draft_cfg.vocab_size} tokens and the target's "
                              f"{model_cfg.vocab_size}: a draft model must share the target's tokenizer")
     return DraftProposer(draft_cfg, weights, dtype=runner.dtype, device=runner.device,
-                         num_blocks=runner.num_kv_blocks, block_size=runner.block_size, seed=cfg.seed)
+                         num_blocks=runner.num_kv_blocks, block_size=runner.block_size, seed=cfg.seed,
+                         attention_backend=cfg.attention_backend, kv_cache_dtype=cfg.kv_cache_dtype)
 
 
 def build_kv_manager(cfg: EngineConfig, num_blocks: int, block_size: int, block_bytes: int,
