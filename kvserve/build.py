@@ -52,14 +52,13 @@ def build_engine(config: KVServeConfig, model_cfg: ModelConfig, weights: Weights
     """The torch runner and the engine loop around it, from a config and loaded weights.
     ``draft_weights`` stands in for loading ``--speculative-model`` (tests pass tiny models);
     ``hf_tokenizer`` (a transformers tokenizer) enables structured output."""
-    m, cache = config.model, config.cache
+    m = config.model
     if m.num_threads:
         torch.set_num_threads(m.num_threads)
     device = resolve_device(m.device)
     dtype = resolve_dtype(m.dtype, device)
-    runner = TorchRunner(model_cfg, weights, dtype=dtype, device=device, block_size=cache.block_size,
-                         kv_cache_memory_gb=cache.kv_cache_memory_gb, num_kv_blocks=cache.num_kv_blocks,
-                         max_model_len=m.max_model_len, seed=m.seed)
+    runner = TorchRunner(model_cfg, weights, config.cache, dtype=dtype, device=device, max_model_len=m.max_model_len,
+                         seed=m.seed)
     runner.proposer = build_proposer(config, model_cfg, runner, draft_weights)
 
     def grammars():  # built on first use: describing the vocabulary to xgrammar takes ~0.5 s
@@ -94,7 +93,8 @@ def build_proposer(config: KVServeConfig, model_cfg: ModelConfig, runner: TorchR
         raise ModelLoadError(f"the draft model's vocabulary has {draft_cfg.vocab_size} tokens and the target's "
                              f"{model_cfg.vocab_size}: a draft model must share the target's tokenizer")
     return DraftProposer(draft_cfg, weights, dtype=runner.dtype, device=runner.device,
-                         num_blocks=runner.num_kv_blocks, block_size=runner.block_size, seed=config.model.seed)
+                         num_blocks=runner.num_kv_blocks, block_size=runner.block_size, seed=config.model.seed,
+                         attention_backend=config.cache.attention_backend, kv_cache_dtype=config.cache.kv_cache_dtype)
 
 
 def build_kv_manager(config: KVServeConfig, num_blocks: int, block_size: int, block_bytes: int,

@@ -2,8 +2,8 @@
 
 import torch
 
-from kvserve.model import attention
-from kvserve.model.attention import AttentionMetadata
+from kvserve.attention import sdpa
+from kvserve.attention.sdpa import DecodeGroup, SdpaMetadata
 
 
 def scattered_case(dtype, heads=6, kv_heads=2, d=32, block=4, seed=0):
@@ -20,17 +20,17 @@ def scattered_case(dtype, heads=6, kv_heads=2, d=32, block=4, seed=0):
         table = [perm.pop() for _ in range(-(-n // block))]
         rows.append([table[t // block] * block + t % block if t < n else num_blocks * block for t in range(width)])
     slots = torch.tensor(rows)
-    meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long), num_decodes=len(ctx), decode_slots=slots,
-                             decode_mask=(p.unsqueeze(0) < ctx.unsqueeze(1))[:, None, None, :], decode_context_lens=ctx)
+    group = DecodeGroup(0, len(ctx), slots, (p.unsqueeze(0) < ctx.unsqueeze(1))[:, None, None, :])
+    meta = SdpaMetadata(slot_mapping=torch.empty(0, dtype=torch.long), num_decodes=len(ctx), decode_groups=[group])
     q = torch.randn(len(ctx), heads, d, generator=g).to(dtype)
-    return q, k_cache, v_cache, meta
+    return q, k_cache, v_cache, meta, ctx
 
 
 def test_decode_attention_reads_through_scattered_block_tables():
-    q, kc, vc, meta = scattered_case(torch.float64)
-    got = attention._decode(q, kc, vc, meta, gqa=True)
-    for b, n in enumerate(meta.decode_context_lens.tolist()):
-        s = meta.decode_slots[b, :n]
+    q, kc, vc, meta, ctx = scattered_case(torch.float64)
+    got = sdpa._decode(q, kc, vc, meta, gqa=True)
+    for b, n in enumerate(ctx.tolist()):
+        s = meta.decode_groups[0].slots[b, :n]
         k = kc[s].repeat_interleave(3, dim=1).transpose(0, 1)  # [heads, n, d]
         v = vc[s].repeat_interleave(3, dim=1).transpose(0, 1)
         w = torch.softmax(q[b].unsqueeze(1) @ k.transpose(1, 2) / q.shape[-1] ** 0.5, dim=-1)

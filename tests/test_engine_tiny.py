@@ -180,6 +180,7 @@ def test_time_capped_prefill_keeps_outputs(grid_model):
 def test_decodes_of_very_different_lengths_are_grouped_and_exact(grid_model, monkeypatch):
     """A long sequence decoding beside short ones gets its own attention group (the short ones do
     not gather padding up to its length), and every output still equals the prompt run alone."""
+    from kvserve.attention import sdpa
     from kvserve.runner import inputs, torch_runner
 
     rng = random.Random(5)
@@ -197,7 +198,7 @@ def test_decodes_of_very_different_lengths_are_grouped_and_exact(grid_model, mon
     monkeypatch.setattr(torch_runner, "build_inputs", spy)
     assert [o.token_ids for o in llm.generate(ps, GREEDY)] == want
     assert max(groups) == 2
-    ends = inputs._decode_group_ends
+    ends = sdpa._decode_group_ends
     assert ends([]) == []
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kvserve.model.attention import AttentionMetadata, paged_attention
+from kvserve.attention import AttentionBackend, AttentionMetadata
 from kvserve.model.config import ModelConfig
 from kvserve.model.layers import RMSNorm, Rotary, SwiGLU, PackedLinear, apply_rotary, pack_linears
 
@@ -21,13 +21,14 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, meta: AttentionMetadata, kv_cache: tuple[torch.Tensor, torch.Tensor]):
+    def forward(self, x, cos, sin, attn: AttentionBackend, meta: AttentionMetadata,
+                kv_cache: tuple[torch.Tensor, torch.Tensor]):
         t = x.shape[0]
         q, k, v = self.qkv(x).split(self.split, dim=-1)
         q = apply_rotary(q.view(t, self.num_heads, self.head_dim), cos, sin)
         k = apply_rotary(k.view(t, self.num_kv_heads, self.head_dim), cos, sin)
         v = v.view(t, self.num_kv_heads, self.head_dim)
-        o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta)
+        o = attn.forward(q, k, v, kv_cache, meta)
         return self.o_proj(o.reshape(t, -1))
 
 
@@ -39,8 +40,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, h, cos, sin, meta, kv_cache):
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, meta, kv_cache)
+    def forward(self, h, cos, sin, attn, meta, kv_cache):
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, attn, meta, kv_cache)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -75,14 +76,16 @@ class LlamaForCausalLM(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
+        attn: AttentionBackend,
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
     ) -> torch.Tensor:
-        """Hidden states [T, hidden] after the final norm, for a flat ragged batch of T tokens."""
+        """Hidden states [T, hidden] after the final norm, for a flat ragged batch of T tokens;
+        ``attn`` attends over ``kv_caches`` (per layer K, V) with the step's ``meta``."""
         h = self.embed_tokens(input_ids)
         cos, sin = self.rotary.tables(positions, h.dtype)
         for layer, kv in zip(self.layers, kv_caches):
-            h = layer(h, cos, sin, meta, kv)
+            h = layer(h, cos, sin, attn, meta, kv)
         return self.norm(h)
 
     @torch.inference_mode()

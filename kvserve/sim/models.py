@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from kvserve.errors import InvalidArgumentError
+from kvserve.kv.layout import KVLayout
 
-BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp4": 0.5625}  # fp4: 4 bits + a scale per 16
+BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp4": 0.5625}  # weights; fp4: 4 bits + a scale per 16
+KV_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn"}  # KV precision -> layout dtype
 
 
 @dataclass
@@ -61,8 +63,11 @@ class ModelSpec:
     def active_params(self) -> int:
         return self.layer_params(True) + self.embed_params * (1 if self.tied else 2)
 
+    def kv_layout(self, kv_precision: str, block_size: int = 16) -> KVLayout:
+        return KVLayout(self.layers, self.kv_heads, self.head_dim, block_size, KV_DTYPES[kv_precision])
+
     def kv_bytes_per_token(self, kv_precision: str) -> float:
-        return 2 * self.layers * self.kv_heads * self.head_dim * BYTES[kv_precision]
+        return float(self.kv_layout(kv_precision).bytes_per_token)
 
     def weight_bytes(self, precision: str) -> float:
         """Weights in memory: layers at ``precision``; embeddings and lm_head stay 16-bit

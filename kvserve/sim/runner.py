@@ -48,7 +48,7 @@ class SimRunner:
         self.num_kv_blocks = num_kv_blocks
         self.block_size = block_size
         self.max_model_len = max_model_len
-        self.block_bytes = int(roofline.model.kv_bytes_per_token(roofline.kv) * block_size)
+        self.block_bytes = roofline.model.kv_layout(roofline.kv, block_size).block_bytes
         self.kv_fingerprint = b"sim:" + roofline.model.name.encode()
         self.busy_s = 0.0  # time spent in steps (the rest of the virtual time was idle)
 

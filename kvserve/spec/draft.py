@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvserve.attention import DEFAULT_ATTENTION_BACKEND, SeqRows, get_attention_backend, get_kv_pool
 from kvserve.kv.block_pool import BlockPool
-from kvserve.model.attention import allocate_kv_caches
 from kvserve.model.config import ModelConfig
 from kvserve.model.llama import LlamaForCausalLM
-from kvserve.runner.inputs import SeqRows, build_inputs
+from kvserve.runner.inputs import build_inputs
 from kvserve.sampling.sampler import filtered_probs, race_draw
 from kvserve.spec.proposer import Draft, DraftRequest
 
@@ -37,13 +37,16 @@ class DraftProposer:
     method = "draft"
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], *, dtype: torch.dtype,
-                 device: torch.device, num_blocks: int, block_size: int, seed: int = 0):
+                 device: torch.device, num_blocks: int, block_size: int, seed: int = 0,
+                 attention_backend: str = DEFAULT_ATTENTION_BACKEND, kv_cache_dtype: str = "auto"):
+        pool_cls, backend_cls = get_kv_pool(kv_cache_dtype), get_attention_backend(attention_backend)
         self.model = LlamaForCausalLM.from_hf_weights(cfg, weights, dtype, device)
         self.device = device
         self.block_size = block_size
         self.max_positions = cfg.max_position_embeddings
-        self.kv_caches, self.null_slot = allocate_kv_caches(cfg.num_hidden_layers, num_blocks, block_size,
-                                                            cfg.num_key_value_heads, cfg.head_dim, dtype, device)
+        # the same kind of KV pool and attention as the target's, over the draft model's own blocks
+        self.kv_pool = pool_cls(pool_cls.layout_for(cfg, dtype, block_size), num_blocks, device)
+        self.attention = backend_cls(self.kv_pool, dtype)
         self.pool = BlockPool(num_blocks, block_size)
         self.seqs: dict[str, _DraftSeq] = {}
         self.generator = torch.Generator(device=device)
@@ -78,8 +81,8 @@ class DraftProposer:
                 active = [(d, s, k) for d, s, k in active if k > step]
                 rows = [SeqRows([drafts[d.request.request_id][-1]], len(d.token_ids) + step - 1, s.table)
                         for d, s, _ in active]
-            inputs = build_inputs(rows, self.block_size, self.null_slot, self.device)
-            hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
+            inputs = build_inputs(rows, self.attention)
+            hidden = self.model(inputs.input_ids, inputs.positions, self.attention, inputs.meta, self.kv_pool.layers)
             last = torch.tensor([inputs.offsets[i] + len(r.tokens) - 1 for i, r in enumerate(rows)], device=self.device)
             logits = self.model.logits(hidden[last])
             self._sample(logits, active, drafts, probs)

@@ -3,7 +3,7 @@
 The grammar engine is xgrammar (docs/results/grammar-engines.md says why). Flow for a request:
 ``GuidedSpec`` -> ``GrammarCache.get_or_compile`` / ``submit`` (compiled once, LRU-bounded) ->
 a ``GrammarMatcher`` per request -> each step ``fill_masks`` + ``apply_masks`` before sampling,
-``GrammarMatcher.accept`` after it.
+``GrammarMatcher.accept`` after it (the runner does both through ``masking``).
 """
 
 from kvserve.structured.compiler import (

@@ -1,0 +1,69 @@
+"""The attention backend interface: per step, metadata from the scheduled rows; per layer, attention.
+
+A step's rows are ragged (no padding between sequences): single-token decodes first, sorted by
+context length, then multi-token rows (prefill chunks, speculative verification).
+``build_metadata`` turns them into whatever the backend's kernels need (at least where each
+new token's K/V goes); ``forward`` writes a layer's new K/V into the paged cache and attends.
+Backends are registered by name and chosen with ``--attention-backend``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kvserve.attention.kv_pool import KVPool
+from kvserve.attention.registry import Registry
+
+DEFAULT_ATTENTION_BACKEND = "gather-sdpa"
+
+
+@dataclass
+class SeqRows:
+    """``tokens`` of one sequence go through the model at positions ``start``.. ; the KV of
+    positions < start is in the cache, reached through ``block_table``."""
+
+    tokens: list[int]
+    start: int
+    block_table: list[int]
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
+    @property
+    def is_decode(self) -> bool:
+        return len(self.tokens) == 1 and self.start > 0
+
+
+@dataclass
+class AttentionMetadata:
+    """Built once per step and shared by every layer; backends extend it."""
+
+    slot_mapping: torch.Tensor  # [T] where each new token's K/V is written
+
+
+class AttentionBackend(ABC):
+    def __init__(self, pool: KVPool, model_dtype: torch.dtype):
+        self.pool = pool
+        self.device = pool.device
+        self.model_dtype = model_dtype
+
+    @abstractmethod
+    def build_metadata(self, seqs: Sequence[SeqRows], num_decodes: int) -> AttentionMetadata:
+        """``seqs`` in row order: the first ``num_decodes`` are decodes, sorted by context length."""
+
+    @abstractmethod
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                layer_kv: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
+        """q: [T, heads, d]; k, v: [T, kv_heads, d] for the new tokens; ``layer_kv``: the layer's
+        (K, V) cache from the pool. Writes k, v to their slots; returns [T, heads, d]."""
+
+
+_BACKENDS: Registry[AttentionBackend] = Registry("attention backend", "attention_backend")
+register_attention_backend = _BACKENDS.register  # (name, cls)
+get_attention_backend = _BACKENDS.get  # (name) -> cls; InvalidArgumentError listing the names
+attention_backend_names = _BACKENDS.names

@@ -1,0 +1,98 @@
+"""KVPool: the paged KV cache's tensors, and the block payloads the offload tiers store.
+
+Per layer, K and V are tensors [num_slots, kv_heads, head_dim]; a slot is
+``block_id * block_size + offset``. One zeroed block past the pool holds the null slot, where
+padded attention reads point, so the rest of the cache can stay uninitialised (never read
+before it is written) and the OS maps its pages only as they fill.
+
+Pools are registered by KV cache dtype name (``--kv-cache-dtype``). "auto" stores K and V in
+the model's dtype; a pool that stores them otherwise (8-bit with per-block scales, say) is a
+subclass registered under its own name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict
+
+import torch
+
+from kvserve.attention.registry import Registry
+from kvserve.kv.layout import KVLayout
+from kvserve.model.config import ModelConfig
+
+
+class KVPool:
+    def __init__(self, layout: KVLayout, num_blocks: int, device: torch.device):
+        self.layout = layout
+        self.num_blocks = num_blocks
+        self.device = device
+        self.dtype: torch.dtype = getattr(torch, layout.dtype)
+        self.block_size = layout.block_size
+        self.null_slot = num_blocks * layout.block_size
+        self.layers = self._allocate()  # per layer (K, V)
+        self.scales: list[torch.Tensor] | None = None  # per-layer scales of a quantized pool; none here
+
+    @classmethod
+    def storage_dtype(cls, model_dtype: torch.dtype) -> torch.dtype:
+        """What this pool stores K and V as, for a model running in ``model_dtype``."""
+        return model_dtype
+
+    @classmethod
+    def layout_for(cls, cfg: ModelConfig, model_dtype: torch.dtype, block_size: int) -> KVLayout:
+        dtype = str(cls.storage_dtype(model_dtype)).removeprefix("torch.")
+        return KVLayout(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, block_size, dtype)
+
+    @property
+    def block_bytes(self) -> int:
+        return self.layout.block_bytes
+
+    def _allocate(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        shape = ((self.num_blocks + 1) * self.block_size, self.layout.num_kv_heads, self.layout.head_dim)
+        layers = []
+        for _ in range(self.layout.num_layers):
+            k, v = (torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(2))
+            k[self.null_slot :].zero_()
+            v[self.null_slot :].zero_()
+            layers.append((k, v))
+        return layers
+
+    # -- offload tiers: a block as bytes, [2 * layers, block_size, kv_heads, head_dim] (K0, V0, K1, ...)
+    def _slots(self, block: int) -> slice:
+        return slice(block * self.block_size, (block + 1) * self.block_size)
+
+    def read_block(self, block: int) -> bytes:
+        s = self._slots(block)
+        data = torch.stack([c[s] for kv in self.layers for c in kv]).cpu()
+        return data.view(torch.uint8).numpy().tobytes()
+
+    def write_block(self, block: int, payload: bytes) -> None:
+        assert len(payload) == self.block_bytes
+        s = self._slots(block)
+        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(self.dtype)
+        data = data.view(2 * len(self.layers), self.block_size, self.layout.num_kv_heads, self.layout.head_dim)
+        for i, (k, v) in enumerate(self.layers):
+            k[s].copy_(data[2 * i])
+            v[s].copy_(data[2 * i + 1])
+
+    def fingerprint(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], model_dtype: torch.dtype) -> bytes:
+        """Identifies the model and the KV layout, so stored KV never meets another model or layout."""
+        h = hashlib.blake2b(digest_size=16)
+        h.update(json.dumps(asdict(cfg), sort_keys=True, default=str).encode())
+        tag = f"{model_dtype}|{self.block_size}|{self.layout.num_kv_heads}x{self.layout.head_dim}"
+        if self.dtype != model_dtype:  # "auto" keeps the tag KV stored before pools existed was keyed by
+            tag += f"|kv {self.dtype}"
+        h.update(tag.encode())
+        for name in sorted(weights)[:4]:  # a sample of the weights themselves
+            h.update(name.encode())
+            h.update(weights[name].flatten()[:4096].float().cpu().numpy().tobytes())
+        return h.digest()
+
+
+_POOLS: Registry[KVPool] = Registry("KV cache dtype", "kv_cache_dtype")
+register_kv_pool = _POOLS.register  # (name, cls)
+get_kv_pool = _POOLS.get  # (name) -> cls; InvalidArgumentError listing the names
+kv_pool_names = _POOLS.names
+
+register_kv_pool("auto", KVPool)

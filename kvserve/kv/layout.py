@@ -1,0 +1,48 @@
+"""KVLayout: the one definition of how many bytes the KV cache takes, per token and per block.
+
+No torch: the simulator sizes its virtual KV cache with it, and the torch KV pool sizes and
+allocates its tensors with it. A block holds, for every layer, K and V of ``block_size``
+tokens; that is also the payload an offload tier stores per block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Bytes per stored element, by dtype name (torch's spelling: ``getattr(torch, name)``).
+ELEMENT_BYTES: dict[str, int] = {
+    "float64": 8,
+    "float32": 4,
+    "bfloat16": 2,
+    "float16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "int8": 1,
+    "uint8": 1,
+}
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int  # tokens per block
+    dtype: str  # what K and V are stored as, a key of ELEMENT_BYTES
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ELEMENT_BYTES:
+            raise ValueError(f"unknown KV storage dtype {self.dtype!r}: one of {', '.join(ELEMENT_BYTES)}")
+
+    @property
+    def element_bytes(self) -> int:
+        return ELEMENT_BYTES[self.dtype]
+
+    @property
+    def bytes_per_token(self) -> int:
+        """K and V of one token in every layer."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.element_bytes
+
+    @property
+    def block_bytes(self) -> int:
+        return self.bytes_per_token * self.block_size
