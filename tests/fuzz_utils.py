@@ -35,6 +35,9 @@ from typing import Any
 
 import httpx
 
+from kvserve.bench import sse
+from kvserve.bench.prometheus import metric
+
 # The engine the test and the script fuzz: the tests' tiny model with a short context, which also
 # bounds what a request may cost (a fuzzed max_tokens past it ends at the context window).
 FUZZ_ENGINE = dict(dtype="float32", num_threads=1, num_kv_blocks=512, max_num_seqs=64, max_num_batched_tokens=512,
@@ -368,8 +371,7 @@ class Fuzzer:
         with self.http.stream("POST", f"{self.url}/v1/chat/completions", json=CANARY_CHAT, headers=self.headers) as s:
             if s.status_code != 200:
                 raise AssertionError(f"canary chat: {s.status_code} {s.read()[:500]!r}")
-            events = [json.loads(line[6:]) for line in s.iter_lines()
-                      if line.startswith("data: ") and line != "data: [DONE]"]
+            events = [e for e in sse.events(sse.lines(s.iter_text())) if e != sse.DONE]
         chat = "".join(e["choices"][0]["delta"].get("content", "") for e in events if e.get("choices"))
         return completion, chat
 
@@ -388,8 +390,6 @@ def check_idle(url: str, timeout: float = 30.0) -> list[str]:
     """After the fuzzing: /health answers 200, and once nothing runs or waits no KV block is held
     (``kv_cache_blocks_used`` counts blocks held by requests; blocks only the prefix cache holds
     count as free). Returns what is wrong."""
-    from server_utils import metric
-
     problems = []
     health = httpx.get(f"{url}/health", timeout=10)
     if health.status_code != 200:
@@ -446,15 +446,15 @@ def _check_body(endpoint: str, status: int, body: bytes) -> str | None:
 def _check_stream(r: httpx.Response, deadline: float) -> str | None:
     """Read a server-sent event stream to its end: JSON events, no error event, then [DONE]."""
     done = False
-    for line in r.iter_lines():
+    for line in sse.lines(r.iter_text()):
         if time.monotonic() > deadline:
             raise _StreamTooLong()
-        if not line.startswith("data: "):
+        data = sse.payload(line)
+        if data is None:
             continue
-        data = line[len("data: "):]
         if done:
             return f"an event after [DONE]: {data[:200]!r}"
-        if data == "[DONE]":
+        if data == sse.DONE:
             done = True
             continue
         try:

@@ -37,7 +37,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvserve.bench.serve import Dist, _sse_lines
+from kvserve.bench import prometheus, sse
+from kvserve.bench.stats import Dist
 
 # kind: weight in the mix
 MIX: dict[str, float] = {
@@ -362,15 +363,15 @@ class Checker:
         usage: Any = None
         events = text_chunks = 0
         done = False
-        async for line in _sse_lines(resp):
-            if not line.startswith("data: "):
+        async for line in sse.alines(resp.aiter_text()):
+            data = sse.payload(line)
+            if data is None:
                 if line and not line.startswith(":"):
                     raise Unexpected(f"not an SSE data line: {line[:200]!r}")
                 continue
             if done:
                 raise Unexpected(f"data after [DONE]: {line[:200]!r}")
-            data = line[6:]
-            if data == "[DONE]":
+            if data == sse.DONE:
                 done = True
                 continue
             chunk = json.loads(data)
@@ -419,21 +420,8 @@ class Checker:
 # --------------------------------------------------------------------------- /metrics
 
 
-_LINE = re.compile(r"^([^\s{#]+)(?:\{[^}]*\})?\s+(\S+)")
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Sample values of a Prometheus text exposition, summed over labels."""
-    values: dict[str, float] = {}
-    for line in text.splitlines():
-        m = _LINE.match(line)
-        if m:
-            values[m.group(1)] = values.get(m.group(1), 0.0) + float(m.group(2))
-    return values
-
-
 async def sample(client: Any, base: str, t: float) -> dict[str, float | None]:
-    got = parse_metrics((await client.get(base + "/metrics", timeout=30)).text)
+    got = prometheus.totals((await client.get(base + "/metrics", timeout=30)).text)
     return {"t": round(t, 2), **{k: got.get(name) for k, name in _METRICS.items()}}
 
 
