@@ -1,5 +1,5 @@
 """Soak a kvserve server: mixed traffic for a set time, then requests served, errors, RSS over time,
-leaked KV blocks and latencies (the code and the full description: kvserve/bench/soak.py).
+leaked KV blocks and latencies (the code and the full description: kvserve/bench/soak/).
 
     python scripts/soak.py --model PATH --duration 1200 --concurrency 16 --json-out soak.json
     python scripts/soak.py --model PATH --serve-args "--num-kv-blocks 64 --max-num-seqs 8" --duration 120

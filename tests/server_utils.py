@@ -1,17 +1,18 @@
-"""Helpers for the server tests: uvicorn in a thread on a free port, SSE parsing, metric reading."""
+"""Helpers for the server tests: uvicorn in a thread on a free port, waiting for /metrics values.
+
+(Event streams are read with kvserve.bench.sse, metric values with kvserve.bench.prometheus.)
+"""
 
 from __future__ import annotations
 
-import json
-import re
 import socket
 import threading
 import time
-from collections.abc import Iterator
 
 import httpx
 import uvicorn
 
+from kvserve.bench.prometheus import metric
 from kvserve.config import ServerConfig
 from kvserve.server.app import create_app
 from kvserve.server.engine_client import AsyncEngineClient
@@ -51,31 +52,6 @@ class ServerThread:
         self.sock.close()
         if self.client.is_alive:  # the lifespan did not run to its end
             self.client._kill()
-
-
-def sse_events(lines: Iterator[str]) -> Iterator[dict | str]:
-    """The JSON payloads of an SSE stream, then the string "[DONE]"."""
-    for line in lines:
-        if not line.startswith("data: "):
-            continue
-        data = line[len("data: "):]
-        yield "[DONE]" if data == "[DONE]" else json.loads(data)
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    """The value of one sample in a Prometheus text exposition (summed over unmatched labels)."""
-    total, found = 0.0, False
-    for line in text.splitlines():
-        m = re.match(r"^([^\s{]+)(\{[^}]*\})?\s+(\S+)$", line)
-        if not m or m.group(1) != name:
-            continue
-        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
-        if all(got.get(k) == v for k, v in labels.items()):
-            total += float(m.group(3))
-            found = True
-    if not found:
-        raise KeyError(name)
-    return total
 
 
 def wait_for_metrics(url: str, timeout: float = 15.0, headers: dict | None = None, **expected: float) -> str:

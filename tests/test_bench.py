@@ -10,7 +10,7 @@ import pytest
 from kvserve.bench import datasets, report
 from kvserve.bench import serve as bench_serve
 from kvserve.bench.datasets import Session, TraceRow, Turn, Workload
-from kvserve.bench.offline import percentile
+from kvserve.bench.stats import percentile
 from kvserve.bench.serve import RequestRecord, summarize
 from kvserve.config import KVServeConfig
 from kvserve.server.engine_client import AsyncEngineClient

@@ -11,10 +11,11 @@ import httpx
 import pytest
 
 from fuzz_utils import FUZZ_ENGINE, MODES, Fuzzer, check_idle
+from kvserve.bench import sse
 from kvserve.config import KVServeConfig, ServerConfig
 from kvserve.server.engine_client import AsyncEngineClient
 from kvserve.server.render import MIN_LOGPROB
-from server_utils import ServerThread, sse_events
+from server_utils import ServerThread
 
 NUM_REQUESTS = 200
 TIMEOUT = 60.0  # seconds a request may take before it counts as a hang
@@ -105,7 +106,7 @@ def test_logprobs_of_tokens_a_grammar_masks_are_finite(fuzz_server):
 
     with httpx.stream("POST", f"{fuzz_server.url}/v1/completions", timeout=TIMEOUT,
                       json={**base, "prompt": "hi", "logprobs": 5, "stream": True}) as s:
-        events = list(sse_events(s.iter_lines()))
+        events = list(sse.events(sse.lines(s.iter_text())))
     tops = [v for e in events[:-1] for t in e["choices"][0]["logprobs"]["top_logprobs"] for v in t.values()]
     assert tops and None not in tops and MIN_LOGPROB in tops
 

@@ -25,9 +25,11 @@ import pytest
 
 import kvserve
 from kvserve import SamplingParams
+from kvserve.bench import sse
+from kvserve.bench.prometheus import metric
 from kvserve.config import KVServeConfig, ServerConfig
 from kvserve.server.engine_client import AsyncEngineClient
-from server_utils import ServerThread, free_socket, metric, sse_events, wait_for_metrics
+from server_utils import ServerThread, free_socket, wait_for_metrics
 
 API_KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -59,7 +61,7 @@ def stream_completion(url: str, body: dict, headers: dict = AUTH) -> tuple[str, 
     with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, headers=headers,
                       timeout=60) as r:
         assert r.status_code == 200, r.read()
-        events = list(sse_events(r.iter_lines()))
+        events = list(sse.events(sse.lines(r.iter_text())))
     assert events[-1] == "[DONE]"
     return "".join(e["choices"][0]["text"] for e in events[:-1] if e["choices"]), events
 
@@ -197,7 +199,7 @@ def test_errors_are_openai_shaped_and_harmless(tiny_server, offline):
     # a stream in flight while the bad requests come in (read to its end afterwards)
     in_flight = httpx.stream("POST", f"{url}/v1/completions", headers=AUTH, timeout=60, json={
         "prompt": prompt, "max_tokens": 100, "temperature": 0, "ignore_eos": True, "stream": True})
-    events = sse_events(in_flight.__enter__().iter_lines())
+    events = sse.events(sse.lines(in_flight.__enter__().iter_text()))
     got = [next(events)]
 
     comp, chat = f"{url}/v1/completions", f"{url}/v1/chat/completions"
@@ -322,8 +324,8 @@ def test_a_client_that_reads_slowly_does_not_stall_other_streams(tiny_server, of
             async with httpx.AsyncClient(timeout=120) as client:
                 body = {"prompt": p, "max_tokens": 60, "temperature": 0, "ignore_eos": True, "stream": True}
                 async with client.stream("POST", f"{url}/v1/completions", json=body, headers=AUTH) as r:
-                    lines = [line async for line in r.aiter_lines()]
-            events = list(sse_events(iter(lines)))
+                    lines = [line async for line in sse.alines(r.aiter_text())]
+            events = list(sse.events(lines))
             assert events[-1] == "[DONE]"
             return "".join(e["choices"][0]["text"] for e in events[:-1])
 
@@ -509,8 +511,8 @@ def test_cli_serve_queue_limit_and_sigterm(tiny_model_dir):
     try:
         long_body = {"prompt": [5, 6, 7], "max_tokens": 200, "temperature": 0, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", f"{url}/v1/completions", json=long_body, timeout=60) as r:
-            lines = r.iter_lines()
-            first = next(e for e in sse_events(lines))
+            lines = sse.lines(r.iter_text())
+            first = next(e for e in sse.events(lines))
             # a second request waits (one sequence at a time), a third finds the queue full
             waiting: dict = {}
             t = threading.Thread(target=lambda: waiting.update(r=httpx.post(
@@ -521,7 +523,7 @@ def test_cli_serve_queue_limit_and_sigterm(tiny_model_dir):
             assert busy.status_code == 429 and busy.json()["error"]["type"] == "rate_limit_error"
 
             proc.send_signal(signal.SIGTERM)
-            rest = list(sse_events(lines))
+            rest = list(sse.events(lines))
         assert rest[-1] == "[DONE]"
         chunks = [first, *rest[:-1]]
         assert chunks[-1]["choices"][0]["finish_reason"] == "length"

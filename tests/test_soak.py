@@ -1,6 +1,6 @@
 """A short soak: mixed traffic against `kvserve serve` on the tiny model with a tight KV pool.
 
-The same code as scripts/soak.py (kvserve/bench/soak.py), for ~30 s instead of 20 minutes: every
+The same code as scripts/soak.py (kvserve/bench/soak/), for ~30 s instead of 20 minutes: every
 kind of request is served, nothing fails that should not, every KV block comes back, and the
 server is still healthy and stops cleanly. (RSS figures come from the long run; here only a
 loose bound.)

@@ -10,12 +10,13 @@ import httpx
 import pytest
 
 from kvserve import SamplingParams
+from kvserve.bench.prometheus import metric
 from kvserve.config import KVServeConfig
 from kvserve.server.engine_client import AsyncEngineClient
 from kvserve.errors import InvalidArgumentError
 from kvserve.config import ServerConfig
 from kvserve.structured import GuidedSpec
-from server_utils import ServerThread, metric
+from server_utils import ServerThread
 
 jsonschema = pytest.importorskip("jsonschema")
 

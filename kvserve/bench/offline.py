@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import time
 
+from kvserve.bench.stats import median, percentile
 from kvserve.config import KVServeConfig
 
 
@@ -18,15 +18,6 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=1, help="warm-up requests run before timing")
     p.add_argument("--output-json", default=None, help="also write the figures to this file")
     KVServeConfig.add_cli_args(p)
-
-
-def percentile(values: list[float], q: float) -> float:
-    s = sorted(values)
-    if not s:
-        return float("nan")
-    k = (len(s) - 1) * q / 100
-    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -75,10 +66,10 @@ def run(args: argparse.Namespace) -> dict:
         "total_tokens_per_s": round((total + args.num_prompts * args.input_len) / elapsed, 1),
         "steps": len(steps),
         "decode_steps": len(decode),
-        "decode_step_ms_p50": round(statistics.median(decode), 2) if decode else None,
+        "decode_step_ms_p50": round(median(decode), 2) if decode else None,
         "decode_step_ms_p90": round(percentile(decode, 90), 2) if decode else None,
         "prefill_steps": len(mixed),
-        "prefill_step_ms_p50": round(statistics.median(mixed), 2) if mixed else None,
+        "prefill_step_ms_p50": round(median(mixed), 2) if mixed else None,
         "preemptions": eng.scheduler.stats.num_preemptions,
     }
     print(f"\noutput tokens/s: {result['output_tokens_per_s']}   total tokens/s: {result['total_tokens_per_s']}   "

@@ -8,7 +8,8 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kvserve.bench.serve import Dist, RequestRecord, Summary
+    from kvserve.bench.serve import RequestRecord, Summary
+    from kvserve.bench.stats import Dist
 
 _DISTS = [("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL", "itl_ms"), ("E2E latency", "e2e_ms")]
 
@@ -98,7 +99,8 @@ def plot(runs: dict[str, list[RequestRecord]], path: str) -> None:
 
 def load_summary(path: str) -> Summary:
     """A Summary back from a ``--save-result`` JSON file."""
-    from kvserve.bench.serve import Dist, Interference, Summary
+    from kvserve.bench.serve import Interference, Summary
+    from kvserve.bench.stats import Dist
 
     with open(path) as f:
         d = json.load(f)["summary"]

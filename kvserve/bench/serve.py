@@ -15,14 +15,13 @@ import argparse
 import asyncio
 import json
 import random
-import statistics
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 
-from kvserve.bench import datasets
+from kvserve.bench import datasets, sse
 from kvserve.bench.datasets import Turn, Workload
-from kvserve.bench.offline import percentile
+from kvserve.bench.stats import Dist, percentile
 from kvserve.errors import KVServeError
 
 
@@ -48,23 +47,6 @@ class RequestRecord:
         if self.ttft is None or self.output_tokens < 2:
             return None
         return (self.latency - self.ttft) / (self.output_tokens - 1)
-
-
-@dataclass
-class Dist:
-    """A latency distribution in milliseconds."""
-    mean: float
-    p50: float
-    p90: float
-    p99: float
-
-    @classmethod
-    def of(cls, seconds: list[float]) -> Dist | None:
-        if not seconds:
-            return None
-        ms = [v * 1e3 for v in seconds]
-        return cls(round(statistics.fmean(ms), 2), round(percentile(ms, 50), 2), round(percentile(ms, 90), 2),
-                   round(percentile(ms, 99), 2))
 
 
 @dataclass
@@ -190,19 +172,6 @@ def summarize(records: list[RequestRecord], elapsed: float, workload: Workload, 
     )
 
 
-async def _sse_lines(resp):
-    """Lines of an event stream, split on newlines only: SSE's line ends are CR/LF, while httpx's
-    aiter_lines also splits on U+2028, U+0085 and the like, which JSON may carry raw."""
-    buf = ""
-    async for text in resp.aiter_text():
-        buf += text
-        *lines, buf = buf.split("\n")
-        for line in lines:
-            yield line.rstrip("\r")
-    if buf:
-        yield buf.rstrip("\r")
-
-
 async def stream_completion(client, url: str, body: dict, rec: RequestRecord, t0: float) -> None:
     """Send one streaming completion and fill ``rec``; any failure becomes ``rec.error``."""
     start = time.perf_counter()
@@ -214,11 +183,11 @@ async def stream_completion(client, url: str, body: dict, rec: RequestRecord, t0
             if resp.status_code != 200:
                 rec.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
                 return
-            async for line in _sse_lines(resp):
-                if not line.startswith("data: "):
+            async for line in sse.alines(resp.aiter_text()):
+                data = sse.payload(line)
+                if data is None:
                     continue
-                data = line[6:]
-                if data == "[DONE]":
+                if data == sse.DONE:
                     break
                 chunk = json.loads(data)
                 if "error" in chunk:

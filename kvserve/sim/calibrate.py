@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 from dataclasses import asdict, replace
 from pathlib import Path
 
 from kvserve.bench.datasets import Session, Turn, Workload
+from kvserve.bench.stats import median
 from kvserve.sim.cost_model import ChunkShape, Roofline
 from kvserve.sim.hardware import Hardware, get_hardware
 from kvserve.sim.models import ModelSpec, get_model
@@ -83,8 +83,8 @@ def measure(wl: Workload, concurrency: int, llm) -> tuple[dict, list[tuple[list[
     n_out = sum(len(t) for t in times.values())
     ttft = [times[r][0] - sent[r] for r in times]
     itl = [b - a for t in times.values() for a, b in zip(t, t[1:])]
-    return {"output_tokens_per_s": n_out / elapsed, "ttft_p50_ms": statistics.median(ttft) * 1e3,
-            "itl_p50_ms": statistics.median(itl) * 1e3}, steps
+    return {"output_tokens_per_s": n_out / elapsed, "ttft_p50_ms": median(ttft) * 1e3,
+            "itl_p50_ms": median(itl) * 1e3}, steps
 
 
 def fit(hw: Hardware, model: ModelSpec, weights: str, steps: list[tuple[list[ChunkShape], int, float]]) -> Hardware:

@@ -14,7 +14,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from kvserve.bench.datasets import Workload
-from kvserve.bench.serve import Dist, session_starts
+from kvserve.bench.serve import session_starts
+from kvserve.bench.stats import Dist
 from kvserve.engine.engine import Engine
 from kvserve.engine.request import SamplingParams
 from kvserve.errors import InvalidArgumentError
