@@ -47,7 +47,7 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
 
 def _graph() -> dict[str, set[str]]:
     modules = _modules()
-    return {name: _imports(path, modules) for name, path in modules.items()}
+    return {name: _imports(path, modules) - {name} for name, path in modules.items()}
 
 
 def test_no_import_cycles_between_modules():

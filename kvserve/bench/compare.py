@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 
 from kvserve.bench import datasets, report
 from kvserve.bench import serve as bench_serve
-from kvserve.bench.serve import RequestRecord, Summary
+from kvserve.bench.serve import Interference, RequestRecord, Summary
+from kvserve.bench.stats import Dist
 from kvserve.errors import InvalidArgumentError
 
 
@@ -58,6 +60,16 @@ def table(items: list[str]) -> str:
     """``kvserve bench table``: the side-by-side markdown of results saved by earlier runs."""
     paths = parse_servers(items)  # the same name=value form
     try:
-        return report.compare_markdown({name: report.load_summary(p) for name, p in paths.items()})
+        return report.compare_markdown({name: load_summary(p) for name, p in paths.items()})
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise InvalidArgumentError(f"cannot read a saved result: {e}") from e
+
+
+def load_summary(path: str) -> Summary:
+    """A Summary back from a ``--save-result`` JSON file."""
+    with open(path) as f:
+        d = json.load(f)["summary"]
+    for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        d[k] = Dist(**d[k]) if d.get(k) else None
+    d["interference"] = Interference(**d["interference"]) if d.get("interference") else None
+    return Summary(**d)

@@ -97,19 +97,6 @@ def plot(runs: dict[str, list[RequestRecord]], path: str) -> None:
     plt.close(fig)
 
 
-def load_summary(path: str) -> Summary:
-    """A Summary back from a ``--save-result`` JSON file."""
-    from kvserve.bench.serve import Interference, Summary
-    from kvserve.bench.stats import Dist
-
-    with open(path) as f:
-        d = json.load(f)["summary"]
-    for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
-        d[k] = Dist(**d[k]) if d.get(k) else None
-    d["interference"] = Interference(**d["interference"]) if d.get("interference") else None
-    return Summary(**d)
-
-
 def compare_markdown(summaries: dict[str, Summary]) -> str:
     """One column per server, one row per figure."""
     names = list(summaries)

@@ -1,8 +1,10 @@
-"""What crosses between the scheduler and a runner: the batch of one step and its result."""
+"""What crosses between the scheduler and a runner: the batch of one step, its result, and the
+``Runner`` protocol (the only thing the engine loop needs from whatever executes a batch)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from kvserve.engine.request import Request, TokenLogprobs
 from kvserve.kv.manager import KVTransfer
@@ -84,3 +86,17 @@ class StepOutput:
     logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
     draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
     saved_kv: dict[bytes, bytes] = field(default_factory=dict)  # payloads of the batch's "save" transfers
+
+
+class Runner(Protocol):
+    """Executes batches: the torch runner (``kvserve.runner``) or the simulator's (``kvserve.sim``)."""
+
+    num_kv_blocks: int
+    block_bytes: int  # bytes of one KV block (all layers), what an offload tier stores per block
+    kv_fingerprint: bytes  # identifies model + KV layout; keys stored KV
+    block_size: int
+    max_model_len: int
+
+    def execute(self, batch: Batch) -> StepOutput:
+        """Run one step: write the chunks' KV, and sample for the chunks that end a sequence."""
+        ...

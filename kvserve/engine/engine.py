@@ -12,12 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvserve.config import SchedulerConfig, SpeculationConfig
-from kvserve.engine.batch import Batch
+from kvserve.engine.batch import Batch, Runner
 from kvserve.engine.request import FinishReason, Request, SamplingParams
 from kvserve.engine.scheduler import Scheduler
 from kvserve.errors import InvalidArgumentError
 from kvserve.kv.manager import KVManager
-from kvserve.runner.base import Runner
 
 
 @dataclass

@@ -112,9 +112,8 @@ def soak_with_server(cfg: SoakConfig, model: str, serve_args: list[str], log_pat
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from kvserve.bench import soak
-
-    ap = argparse.ArgumentParser(description=soak.__doc__.splitlines()[0],
+    ap = argparse.ArgumentParser(description="Soak: mixed traffic against a server for a set time, then the books "
+                                             "are checked (see kvserve.bench.soak).",
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     where = ap.add_mutually_exclusive_group(required=True)
     where.add_argument("--url", help="a running server")
