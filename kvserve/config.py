@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from kvserve.errors import InvalidArgumentError
@@ -247,16 +247,6 @@ class KVServeConfig:
     def to_kwargs(self) -> dict[str, Any]:
         """The flat keyword arguments of the engine parts (the inverse of ``from_kwargs``)."""
         return {f.name: getattr(getattr(self, p), f.name) for p in ENGINE_PARTS for f in fields(PARTS[p])}
-
-    def with_(self, **kwargs: Any) -> KVServeConfig:
-        """A copy with some flat fields changed."""
-        where = _field_parts()
-        out = replace(self)
-        for name, value in kwargs.items():
-            if name not in where:
-                raise InvalidArgumentError(f"unknown engine argument: {name}")
-            setattr(out, where[name], replace(getattr(out, where[name]), **{name: value}))
-        return out
 
 
 def _field_parts() -> dict[str, str]:

@@ -17,7 +17,7 @@ from kvserve.build import build_engine
 from kvserve.config import KVServeConfig
 from kvserve.engine.core import EngineCore
 from kvserve.engine.engine import Engine
-from kvserve.engine.messages import AbortRequests, AddRequest
+from kvserve.engine.messages import AddRequest
 from kvserve.engine.request import Request, SamplingParams
 from kvserve.errors import InvalidArgumentError
 from kvserve.model.config import ModelConfig
@@ -105,9 +105,6 @@ class LLM:
     def _busy(self) -> bool:
         return self.core.has_work or self.core.is_compiling
 
-    def _abort(self, request_ids: list[str]) -> None:
-        self.core.handle(AbortRequests(request_ids))
-
     # -- generation -------------------------------------------------------------------
     def generate(
         self,
@@ -143,7 +140,7 @@ class LLM:
             if bar is not None:
                 bar.close()
         except BaseException:
-            self._abort(order)  # leave no half-run request behind (Ctrl-C, errors)
+            self.core.abort(order)  # leave no half-run request behind (Ctrl-C, errors)
             raise
         for rid, text in zip(order, items):
             finals[rid].prompt = text if isinstance(text, str) else None
@@ -161,7 +158,7 @@ class LLM:
                         if out.finished:
                             return
         finally:
-            self._abort([rid])
+            self.core.abort([rid])
 
     def chat(
         self,
