@@ -1,5 +1,5 @@
-"""Building an engine from a config: device and dtype resolution, the runner, the proposer,
-the KV manager, and the engine core around them.
+"""Building an engine from a config: the runner (on the device and dtype ``kvserve.device``
+resolves), the proposer, the KV manager, and the engine core around them.
 
 Everything that turns a ``KVServeConfig`` into running objects is here, above both the engine
 (which knows no torch) and its clients (the in-process ``LLM``, the server's engine process).
@@ -12,9 +12,10 @@ from typing import Any
 import torch
 
 from kvserve.config import KVServeConfig
+from kvserve.device import resolve_device, resolve_dtype
 from kvserve.engine.core import EngineCore
 from kvserve.engine.engine import Engine
-from kvserve.errors import InvalidArgumentError, ModelLoadError
+from kvserve.errors import ModelLoadError
 from kvserve.kv.manager import KVManager
 from kvserve.kv.tiers import DiskTier, HostTier
 from kvserve.model.config import ModelConfig
@@ -24,27 +25,6 @@ from kvserve.spec.ngram import NgramProposer
 from kvserve.spec.proposer import Proposer
 
 Weights = dict[str, torch.Tensor]
-
-
-def resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise InvalidArgumentError("--device cuda was asked for, but torch sees no CUDA device", param="device")
-    return device
-
-
-def resolve_dtype(dtype: str, device: str) -> torch.dtype:
-    """``auto`` picks bfloat16 only where matmuls run natively in it.
-
-    On a CPU without AVX512-BF16 or AMX, oneDNN emulates bf16 and a bf16 GEMM is several
-    times slower than float32 (measured 7x on this project's AVX2 machines).
-    """
-    if dtype != "auto":
-        return getattr(torch, dtype)
-    if device.startswith("cuda"):
-        return torch.bfloat16
-    return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
 
 
 def build_engine(config: KVServeConfig, model_cfg: ModelConfig, weights: Weights, eos_token_ids: list[int],

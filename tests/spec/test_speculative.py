@@ -43,6 +43,7 @@ def make(method: str | None = None, draft: str | None = None, **kw) -> LLM:
         spec = dict(speculative_method="ngram")
     elif method == "draft":
         spec = dict(speculative_method="draft", speculative_model="in-memory", draft=tiny(draft))
+    kw.setdefault("dtype", "float32")  # exact token equality: bf16 output depends on the batch's shape
     return LLM.from_weights(cfg, w, num_kv_blocks=kw.pop("num_kv_blocks", 256), block_size=4, **spec, **kw)
 
 

@@ -1,0 +1,61 @@
+"""Which device and dtype a run uses: ``--device auto`` and ``--dtype auto`` resolved, and why.
+
+``auto`` picks bfloat16 only where matmuls run natively in it: on CUDA, and on CPUs whose flags
+show AVX512-BF16 or AMX-BF16. Elsewhere oneDNN emulates bf16 (it reports bf16 "supported" on any
+AVX512 CPU), and a bf16 GEMM is several times slower than float32 (measured 7x on both this
+project's AVX2 machines and an AVX512 Ice Lake without AVX512-BF16), so ``auto`` is float32.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from kvserve.errors import InvalidArgumentError
+
+log = logging.getLogger(__name__)
+
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo names of native bf16 instructions
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none: not Linux)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def native_bf16_flags(flags: set[str]) -> list[str]:
+    """The native bf16 instruction sets among ``flags``."""
+    return [f for f in NATIVE_BF16_FLAGS if f in flags]
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise InvalidArgumentError("--device cuda was asked for, but torch sees no CUDA device", param="device")
+    return device
+
+
+def resolve_dtype(dtype: str, device: str, flags: set[str] | None = None) -> torch.dtype:
+    """The torch dtype of ``--dtype`` on ``device``; ``auto`` is decided (and logged) as the module says.
+    ``flags``: the CPU's flags (default: this machine's)."""
+    if dtype != "auto":
+        return getattr(torch, dtype)
+    if device.startswith("cuda"):
+        log.info("dtype auto: bfloat16 (CUDA)")
+        return torch.bfloat16
+    native = native_bf16_flags(cpu_flags() if flags is None else flags)
+    if native:
+        log.info("dtype auto: bfloat16 (this CPU has native bf16: %s)", ", ".join(native))
+        return torch.bfloat16
+    log.info("dtype auto: float32 (this CPU has no AVX512-BF16 or AMX: bf16 would be emulated, ~7x slower; "
+             "--dtype bfloat16 forces it)")
+    return torch.float32

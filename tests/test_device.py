@@ -1,0 +1,41 @@
+"""--dtype auto on each kind of CPU: bfloat16 only where the CPU has native bf16 instructions."""
+
+import logging
+
+import pytest
+import torch
+
+from kvserve.device import cpu_flags, resolve_dtype
+
+AMD_AVX2 = {"fpu", "sse4_2", "avx", "avx2", "fma", "f16c"}
+ICE_LAKE = AMD_AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_vbmi2"}  # oneDNN emulates bf16 here
+COOPER_LAKE = ICE_LAKE | {"avx512_bf16"}
+SAPPHIRE_RAPIDS = COOPER_LAKE | {"amx_tile", "amx_bf16", "amx_int8"}
+ZEN4 = AMD_AVX2 | {"avx512f", "avx512_bf16"}
+
+
+@pytest.mark.parametrize("flags,want", [
+    (AMD_AVX2, torch.float32),
+    (ICE_LAKE, torch.float32),
+    (COOPER_LAKE, torch.bfloat16),
+    (SAPPHIRE_RAPIDS, torch.bfloat16),
+    (ZEN4, torch.bfloat16),
+    (set(), torch.float32),  # no /proc/cpuinfo: the safe choice
+])
+def test_auto_dtype_follows_the_cpus_native_bf16(flags, want, caplog):
+    with caplog.at_level(logging.INFO, logger="kvserve.device"):
+        assert resolve_dtype("auto", "cpu", flags) == want
+    assert "dtype auto: " + str(want).removeprefix("torch.") in caplog.text  # the start-up log says what and why
+
+
+def test_an_explicit_dtype_is_kept_and_cuda_auto_is_bfloat16():
+    assert resolve_dtype("bfloat16", "cpu", AMD_AVX2) == torch.bfloat16
+    assert resolve_dtype("float32", "cpu", SAPPHIRE_RAPIDS) == torch.float32
+    assert resolve_dtype("auto", "cuda", set()) == torch.bfloat16
+
+
+def test_this_machines_flags_are_read():
+    flags = cpu_flags()
+    if not flags:
+        pytest.skip("no /proc/cpuinfo")
+    assert "sse2" in flags or "fp" in flags or "asimd" in flags  # x86 or ARM: some flag we know
