@@ -48,6 +48,7 @@ def _build_core(config: KVServeConfig) -> Any:
 class EngineClient(Protocol):
     """What the server, its metrics (and a router or a Ray replica) need from an engine."""
 
+    config: KVServeConfig
     model_name: str
     max_model_len: int
     vocab_size: int | None
