@@ -132,6 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_args(off)
     off.set_defaults(func=cmd_bench_offline)
 
+    from kvserve.bench import roofline as bench_roofline
+
+    roof = bsub.add_parser("roofline", help="this machine's GEMM rate and memory bandwidth -> the model's decode ceilings")
+    bench_roofline.add_args(roof)
+    roof.set_defaults(func=lambda a: bench_roofline.run(a))
+
     from kvserve.bench import serve as bench_serve
 
     srv = bsub.add_parser("serve", help="load an OpenAI-compatible server with streaming requests")

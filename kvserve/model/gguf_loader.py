@@ -194,6 +194,12 @@ def _gguf_config(meta: dict[str, Any], tensors: dict[str, Any], source: Path) ->
     )
 
 
+def gguf_config(path: Path) -> ModelConfig:
+    """Only the ``ModelConfig`` of a GGUF file (metadata and tensor shapes; no tensor is read)."""
+    reader = _fast_gguf_reader(path)
+    return _gguf_config(_gguf_metadata(reader), {t.name: t for t in reader.tensors}, path)
+
+
 def load_gguf(path: Path) -> LoadedModel:
     """Config, dense weights and tokenizer of a GGUF file (weights not yet checked)."""
     reader = _fast_gguf_reader(path)

@@ -28,8 +28,8 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise ModelLoadError(f"cannot read {path}: {e}") from e
 
 
-def load_hf_folder(folder: Path) -> LoadedModel:
-    """Config, weights and tokenizer of a Hugging Face folder (weights not yet checked)."""
+def hf_folder_config(folder: Path) -> ModelConfig:
+    """Only the ``ModelConfig`` of a Hugging Face folder (config.json and generation_config.json)."""
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise ModelLoadError(f"folder {folder} has no config.json")
@@ -46,7 +46,12 @@ def load_hf_folder(folder: Path) -> LoadedModel:
         eos = _read_json(generation_path).get("eos_token_id")
         extra = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
         config.eos_token_ids = list(dict.fromkeys([*config.eos_token_ids, *extra]))
+    return config
 
+
+def load_hf_folder(folder: Path) -> LoadedModel:
+    """Config, weights and tokenizer of a Hugging Face folder (weights not yet checked)."""
+    config = hf_folder_config(folder)
     wanted = expected_weight_shapes(config)
     weights = _read_safetensors(folder, wanted)
     tokenizer = hf_folder_tokenizer(folder)

@@ -15,11 +15,12 @@ from typing import Any
 
 from kvserve.errors import ModelLoadError
 from kvserve.model.checkpoint import LoadedModel, check_weights
-from kvserve.model.gguf_loader import gguf_tokenizer, load_gguf
-from kvserve.model.hf_loader import hf_folder_tokenizer, load_hf_folder
+from kvserve.model.config import ModelConfig
+from kvserve.model.gguf_loader import gguf_config, gguf_tokenizer, load_gguf
+from kvserve.model.hf_loader import hf_folder_config, hf_folder_tokenizer, load_hf_folder
 from kvserve.model.locate import resolve_model_path
 
-__all__ = ["LoadedModel", "load_model", "load_tokenizer", "resolve_model_path"]
+__all__ = ["LoadedModel", "load_model", "load_model_config", "load_tokenizer", "resolve_model_path"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,17 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
     check_weights(loaded.config, loaded.weights, str(path))
     logger.info("loaded %s (%d tensors) in %.1fs", path, len(loaded.weights), time.perf_counter() - start)
     return loaded
+
+
+def load_model_config(path: str | os.PathLike[str]) -> ModelConfig:
+    """Only the ``ModelConfig`` of a Hugging Face folder or GGUF file (no weights are read: what
+    ``bench roofline`` needs)."""
+    path = Path(path)
+    if path.is_dir():
+        return hf_folder_config(path)
+    if _is_gguf_file(path):
+        return gguf_config(path)
+    raise ModelLoadError(f"cannot load {path}: expected a folder with config.json or a .gguf file")
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> Any:

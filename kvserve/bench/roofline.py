@@ -1,0 +1,310 @@
+"""``kvserve bench roofline``: what this machine allows for the served model.
+
+Owns three measurements and the arithmetic on them. The GEMM rate at the model's own linear shapes
+(fused qkv, o_proj, gate_up, down, LM head) for a few row counts M, through the engine's kernel
+(``PackedLinear`` where ``cpu_packing_supported``, else ``F.linear``); the memory read bandwidth
+(summing a tensor much larger than the last-level cache); and the ceilings they give: batch-1 decode
+bound by bytes read per token, a batch of N decodes bound by its GEMMs (or its bytes, the larger).
+With ``--offline-json`` it says what fraction of each ceiling a ``bench offline`` run reached.
+The arithmetic (``linear_shapes`` .. ``ceilings``, ``achieved``) is pure; only ``measure_*`` time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from kvserve.bench.stats import median
+from kvserve.config import KVServeConfig
+from kvserve.kv.layout import ELEMENT_BYTES, KVLayout
+from kvserve.model.config import ModelConfig
+
+DEFAULT_ROWS = (1, 8, 64)
+SMALL_BUDGET = 512  # the step's token budget joins the row counts when at most this
+COLD_MIB = 256  # decoder-layer weight copies cycled in the GEMM timing: more than the LLC, like the real model
+
+
+@dataclass(frozen=True)
+class LinearShape:
+    name: str
+    k: int  # input features
+    n: int  # output features
+    count: int  # how many of it one forward runs (layers, or 1 for the LM head)
+    bias: bool = False
+
+
+def linear_shapes(cfg: ModelConfig) -> list[LinearShape]:
+    """The GEMMs of one forward, as ``model/llama.py`` fuses them."""
+    h, hd, layers = cfg.hidden_size, cfg.head_dim or cfg.hidden_size // cfg.num_attention_heads, cfg.num_hidden_layers
+    q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+    return [
+        LinearShape("qkv", h, q + 2 * kv, layers, cfg.attention_bias),
+        LinearShape("o_proj", q, h, layers),
+        LinearShape("gate_up", h, 2 * cfg.intermediate_size, layers),
+        LinearShape("down", cfg.intermediate_size, h, layers),
+        LinearShape("lm_head", h, cfg.vocab_size, 1),
+    ]
+
+
+def forward_flops(shapes: list[LinearShape], m: int) -> float:
+    """2*M*K*N per linear, all linears of one forward of M rows summed."""
+    return sum(2.0 * m * s.k * s.n * s.count for s in shapes)
+
+
+def weight_bytes(cfg: ModelConfig, dtype: str) -> int:
+    """Bytes of the weights one decode step reads: every linear (LM head included; a tied head reads the
+    embedding) and the norms, in ``dtype``. The embedding lookup reads one row per token: left out."""
+    shapes = linear_shapes(cfg)
+    params = sum(s.k * s.n * s.count for s in shapes) + (2 * cfg.num_hidden_layers + 1) * cfg.hidden_size
+    return params * ELEMENT_BYTES[dtype]
+
+
+def kv_layout(cfg: ModelConfig, dtype: str, block_size: int = 16) -> KVLayout:
+    return KVLayout(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim or 0, block_size, dtype)
+
+
+def gemm_rate(shapes: list[LinearShape], m: int, seconds_per_call: dict[str, float]) -> float:
+    """GFLOP/s of a whole forward's GEMMs at M rows from each linear's measured time per call."""
+    total = sum(seconds_per_call[s.name] * s.count for s in shapes)
+    return forward_flops(shapes, m) / total / 1e9
+
+
+def ceilings(cfg: ModelConfig, dtype: str, bandwidth_gbs: float, gflops_at_batch: float, batch: int,
+             context_len: int, kv_dtype: str | None = None) -> dict[str, Any]:
+    """The decode ceilings: batch 1 (bytes read per token / bandwidth) and a batch of ``batch``
+    decodes (max of GEMM time and bytes time per step), each sequence ``context_len`` tokens deep."""
+    w = weight_bytes(cfg, dtype)
+    kv_token = kv_layout(cfg, kv_dtype or dtype).bytes_per_token * context_len  # one sequence's KV read
+    b1_s = (w + kv_token) / (bandwidth_gbs * 1e9)
+    gemm_s = forward_flops(linear_shapes(cfg), batch) / (gflops_at_batch * 1e9)
+    bytes_s = (w + batch * kv_token) / (bandwidth_gbs * 1e9)
+    step_s = max(gemm_s, bytes_s)
+    return {
+        "weight_bytes": w,
+        "kv_bytes_per_sequence": kv_token,
+        "context_len": context_len,
+        "batch1": {"bytes_per_token": w + kv_token, "min_ms_per_token": b1_s * 1e3, "max_tokens_per_s": 1 / b1_s},
+        "batch": {"n": batch, "flops_per_step": forward_flops(linear_shapes(cfg), batch),
+                  "gemm_ms": gemm_s * 1e3, "bytes_ms": bytes_s * 1e3, "min_step_ms": step_s * 1e3,
+                  "bound": "compute" if gemm_s >= bytes_s else "memory", "max_tokens_per_s": batch / step_s},
+    }
+
+
+def achieved(offline: dict[str, Any], gemm_step_ms: float, ceiling_tokens_per_s: float) -> dict[str, Any]:
+    """What fraction of the ceilings a ``bench offline`` result reached (1.0: the ceiling itself)."""
+    p50 = offline.get("decode_step_ms_p50")
+    tps = offline.get("output_tokens_per_s")
+    return {
+        "decode_step_ms_p50": p50,
+        "gemm_only_step_ms": gemm_step_ms,
+        "step_fraction": gemm_step_ms / p50 if p50 else None,  # GEMM-only time / measured step
+        "output_tokens_per_s": tps,
+        "ceiling_tokens_per_s": ceiling_tokens_per_s,
+        "tokens_fraction": tps / ceiling_tokens_per_s if tps else None,
+    }
+
+
+def row_counts(batch: int, token_budget: int, extra: list[int] | None = None) -> list[int]:
+    rows = set(DEFAULT_ROWS) | {batch} | set(extra or [])
+    if token_budget <= SMALL_BUDGET:
+        rows.add(token_budget)
+    return sorted(r for r in rows if r >= 1)
+
+
+# ---- measurements (torch) ----
+
+def _timed(fn: Callable[[], None], min_time_s: float, repeats: int) -> float:
+    """Median over ``repeats`` of the mean seconds per call, each repeat calling ``fn`` for ``min_time_s``."""
+    fn()  # warm-up: oneDNN compiles its kernel for this shape here
+    out = []
+    for _ in range(repeats):
+        n, t0 = 0, time.perf_counter()
+        while True:
+            fn()
+            n += 1
+            elapsed = time.perf_counter() - t0
+            if elapsed >= min_time_s:
+                break
+        out.append(elapsed / n)
+    return median(out)
+
+
+def make_linear(weight: Any, bias: Any) -> Callable[[Any], Any]:
+    """The engine's kernel for this weight: PackedLinear where packing is supported, else F.linear."""
+    import torch
+
+    from kvserve.model.layers import PackedLinear, cpu_packing_supported
+
+    if cpu_packing_supported(weight.dtype):
+        return PackedLinear(weight, bias)
+    return lambda x: torch.nn.functional.linear(x, weight, bias)
+
+
+def measure_gemms(cfg: ModelConfig, dtype: Any, rows: list[int], repeats: int, min_time_s: float = 0.05,
+                  cold_mib: int = COLD_MIB) -> dict[int, dict[str, float]]:
+    """Seconds per call of each linear at each row count. Decoder linears cycle through several
+    layers' worth of distinct weights (up to ``cold_mib``), so a weight is not cache-hot on every call."""
+    import torch
+
+    shapes = linear_shapes(cfg)
+    esize = torch.empty((), dtype=dtype).element_size()
+    layer_bytes = sum(s.k * s.n for s in shapes if s.count > 1) * esize
+    copies = max(1, min(cfg.num_hidden_layers, math.ceil(cold_mib * 2**20 / max(layer_bytes, 1))))
+    gen = torch.Generator().manual_seed(0)
+    kernels: dict[str, list[Callable[[Any], Any]]] = {}
+    with torch.inference_mode():
+        for s in shapes:
+            n_copies = copies if s.count > 1 else 1
+            kernels[s.name] = [make_linear(torch.randn(s.n, s.k, generator=gen).mul_(0.02).to(dtype),
+                                           torch.zeros(s.n, dtype=dtype) if s.bias else None)
+                               for _ in range(n_copies)]
+        result: dict[int, dict[str, float]] = {}
+        for m in rows:
+            result[m] = {}
+            for s in shapes:
+                x = torch.randn(m, s.k, generator=gen).to(dtype)
+                ks = kernels[s.name]
+
+                def run(ks: list = ks, x: Any = x) -> None:
+                    for k in ks:
+                        k(x)
+
+                result[m][s.name] = _timed(run, min_time_s, repeats) / len(ks)
+    return result
+
+
+def measure_bandwidth(mib: int, repeats: int) -> float:
+    """Read bandwidth in GB/s: a float32 tensor of ``mib`` MiB summed, median of ``repeats``."""
+    import torch
+
+    t = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
+    t.sum()  # warm-up: pages touched, threads started
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        t.sum()
+        times.append(time.perf_counter() - t0)
+    return t.numel() * 4 / median(times) / 1e9
+
+
+# ---- the command ----
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--batch", type=int, default=64, help="decodes per step for the batch ceiling")
+    p.add_argument("--context-len", type=int, default=None, help="tokens of KV each decode reads "
+                   "(default: 1024, or input_len + output_len/2 of --offline-json)")
+    p.add_argument("--rows", type=int, nargs="+", default=None, help="extra row counts M to time the GEMMs at")
+    p.add_argument("--repeats", type=int, default=3, help="repetitions of each timing (their median is kept)")
+    p.add_argument("--min-time-ms", type=float, default=50.0, help="each GEMM timing repetition runs this long")
+    p.add_argument("--bandwidth-mib", type=int, default=512, help="size of the tensor read for the bandwidth")
+    p.add_argument("--offline-json", default=None, help="a `bench offline --output-json` result to compare")
+    p.add_argument("--output-json", default=None, help="also write the figures to this file")
+    KVServeConfig.add_cli_args(p)
+
+
+def _model_and_dtype(args: argparse.Namespace, offline: dict[str, Any] | None) -> tuple[ModelConfig, Any, str]:
+    import torch
+
+    from kvserve.device import resolve_device, resolve_dtype
+    from kvserve.errors import InvalidArgumentError
+    from kvserve.model.loader import load_model_config, resolve_model_path
+
+    cfg = KVServeConfig.from_cli_args(args)
+    if cfg.model.num_threads:
+        torch.set_num_threads(cfg.model.num_threads)
+    device = resolve_device(cfg.model.device)
+    if device != "cpu":
+        raise InvalidArgumentError("bench roofline measures the CPU only (--device cpu)", param="device")
+    dtype_name = cfg.model.dtype
+    if dtype_name == "auto" and offline and offline.get("dtype") in ELEMENT_BYTES:
+        dtype_name = offline["dtype"]  # compare against the run in the precision it ran
+    dtype = resolve_dtype(dtype_name, device)
+    from kvserve.attention.kv_pool import get_kv_pool
+
+    kv_dtype = str(get_kv_pool(cfg.cache.kv_cache_dtype).storage_dtype(dtype)).removeprefix("torch.")
+    return load_model_config(resolve_model_path(cfg.model.model)), dtype, kv_dtype
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from kvserve.errors import InvalidArgumentError
+
+    for name in ("batch", "repeats", "bandwidth_mib"):
+        if getattr(args, name) < 1:
+            raise InvalidArgumentError(f"--{name.replace('_', '-')} must be at least 1")
+    offline = None
+    if args.offline_json:
+        try:
+            with open(args.offline_json) as f:
+                offline = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise InvalidArgumentError(f"cannot read --offline-json {args.offline_json}: {e}") from e
+    model, dtype, kv_dtype = _model_and_dtype(args, offline)
+    dtype_name = str(dtype).replace("torch.", "")
+    budget = KVServeConfig.from_cli_args(args).scheduler.max_num_batched_tokens
+    max_seqs = KVServeConfig.from_cli_args(args).scheduler.max_num_seqs
+    offline_batch = min(int(offline["num_prompts"]), max_seqs) if offline and offline.get("num_prompts") else None
+    context = args.context_len
+    if context is None:
+        context = (int(offline["input_len"] + offline["output_len"] / 2)
+                   if offline and offline.get("input_len") and offline.get("output_len") else 1024)
+    rows = row_counts(args.batch, budget, (args.rows or []) + ([offline_batch] if offline_batch else []))
+
+    from kvserve.model.layers import cpu_packing_supported
+
+    kernel = "PackedLinear (oneDNN)" if cpu_packing_supported(dtype) else "F.linear"
+    shapes = linear_shapes(model)
+    print(f"model: {model.num_hidden_layers} layers, hidden {model.hidden_size}, vocab {model.vocab_size}   "
+          f"dtype: {dtype_name}   kernel: {kernel}   threads: {torch.get_num_threads()}")
+    print("linears (K x N): " + ", ".join(f"{s.name} {s.k}x{s.n}" + (f" x{s.count}" if s.count > 1 else "")
+                                          for s in shapes))
+    bw = measure_bandwidth(args.bandwidth_mib, max(args.repeats, 3))
+    print(f"memory read bandwidth: {bw:.1f} GB/s ({args.bandwidth_mib} MiB float32 summed)")
+    times = measure_gemms(model, dtype, rows, args.repeats, args.min_time_ms / 1e3)
+    rates = {m: gemm_rate(shapes, m, times[m]) for m in rows}
+    print("GEMM rate, all linears of one forward:")
+    for m in rows:
+        per = "  ".join(f"{s.name} {2 * m * s.k * s.n / times[m][s.name] / 1e9:.1f}" for s in shapes)
+        print(f"  M={m:<5} {rates[m]:8.1f} GFLOP/s   forward GEMMs {forward_flops(shapes, m) / rates[m] / 1e6:8.2f} ms"
+              f"   ({per})")
+
+    ceil = ceilings(model, dtype_name, bw, rates[args.batch], args.batch, context, kv_dtype)
+    b1, bn = ceil["batch1"], ceil["batch"]
+    print(f"ceilings at context {context} (weights {ceil['weight_bytes'] / 2**20:.1f} MiB, "
+          f"KV {ceil['kv_bytes_per_sequence'] / 2**20:.2f} MiB per sequence, {kv_dtype}):")
+    print(f"  batch 1 decode: >= {b1['min_ms_per_token']:.2f} ms/token, <= {b1['max_tokens_per_s']:.1f} tokens/s "
+          f"(memory bound)")
+    print(f"  batch {args.batch} decode: >= {bn['min_step_ms']:.2f} ms/step (GEMMs {bn['gemm_ms']:.2f} ms, "
+          f"bytes {bn['bytes_ms']:.2f} ms: {bn['bound']} bound), <= {bn['max_tokens_per_s']:.1f} tokens/s")
+    result: dict[str, Any] = {
+        "model": {"layers": model.num_hidden_layers, "hidden": model.hidden_size,
+                  "intermediate": model.intermediate_size, "vocab": model.vocab_size},
+        "dtype": dtype_name, "kv_dtype": kv_dtype, "kernel": kernel, "threads": torch.get_num_threads(),
+        "linears": [{"name": s.name, "k": s.k, "n": s.n, "count": s.count} for s in shapes],
+        "bandwidth_gbs": bw,
+        "gemm": {str(m): {"gflops": rates[m], "forward_gemm_ms": forward_flops(shapes, m) / rates[m] / 1e6,
+                          "us_per_call": {k: v * 1e6 for k, v in times[m].items()}} for m in rows},
+        "ceilings": ceil,
+    }
+    if offline is not None and offline_batch:
+        gemm_ms = forward_flops(shapes, offline_batch) / rates[offline_batch] / 1e6
+        at = ceilings(model, dtype_name, bw, rates[offline_batch], offline_batch, context, kv_dtype)
+        result["offline"] = achieved(offline, gemm_ms, at["batch"]["max_tokens_per_s"])
+        result["offline"]["batch"] = offline_batch
+        o = result["offline"]
+        print(f"offline run ({args.offline_json}, {offline_batch} decodes per step, dtype {offline.get('dtype')}):")
+        if o["step_fraction"] is not None:
+            print(f"  decode step p50 {o['decode_step_ms_p50']} ms vs GEMM-only {gemm_ms:.2f} ms: "
+                  f"{100 * o['step_fraction']:.0f}% of the step is GEMM time at the measured rate")
+        if o["tokens_fraction"] is not None:
+            print(f"  output {o['output_tokens_per_s']} tokens/s vs ceiling {o['ceiling_tokens_per_s']:.1f}: "
+                  f"{100 * o['tokens_fraction']:.0f}% (prefill steps included in the run's figure)")
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump(result, f, indent=2)
+    return result

@@ -1,0 +1,117 @@
+"""bench roofline: the ceilings' arithmetic by hand on a made-up model, the kernel path, and the CLI end to end.
+No timing is asserted: the measured figures only have to exist and be positive."""
+
+import json
+
+import pytest
+import torch
+
+from kvserve.bench import roofline as rf
+from kvserve.cli import main
+from kvserve.model.config import ModelConfig
+
+# layers 2, hidden 8, intermediate 16, heads 2 (head_dim 4), 1 KV head, vocab 100
+CFG = ModelConfig(vocab_size=100, hidden_size=8, intermediate_size=16, num_hidden_layers=2,
+                  num_attention_heads=2, num_key_value_heads=1)
+
+
+def test_linear_shapes_follow_the_fused_decoder():
+    shapes = {s.name: (s.k, s.n, s.count) for s in rf.linear_shapes(CFG)}
+    assert shapes == {"qkv": (8, 16, 2), "o_proj": (8, 8, 2), "gate_up": (8, 32, 2), "down": (16, 8, 2),
+                      "lm_head": (8, 100, 1)}
+    # linear params: 2 * (128 + 64 + 256 + 128) + 800 = 1952; 2 FLOPs each per row
+    assert rf.forward_flops(rf.linear_shapes(CFG), 1) == 3904
+    assert rf.forward_flops(rf.linear_shapes(CFG), 4) == 4 * 3904
+
+
+def test_weight_and_kv_bytes():
+    # 1952 linear params + (2 norms per layer + final) * hidden = 1952 + 40
+    assert rf.weight_bytes(CFG, "float32") == 1992 * 4
+    assert rf.weight_bytes(CFG, "bfloat16") == 1992 * 2
+    # K and V, 2 layers, 1 KV head of 4, float32
+    assert rf.kv_layout(CFG, "float32").bytes_per_token == 2 * 2 * 1 * 4 * 4
+
+
+def test_gemm_rate_sums_every_linear_of_a_forward():
+    per_call = {name: 1e-6 for name in ("qkv", "o_proj", "gate_up", "down", "lm_head")}
+    # 4 decoder linears x 2 layers + the head = 9 calls of 1 us; 3904 FLOPs at M=1
+    assert rf.gemm_rate(rf.linear_shapes(CFG), 1, per_call) == pytest.approx(3904 / 9e-6 / 1e9)
+
+
+def test_ceilings_by_hand():
+    c = rf.ceilings(CFG, "float32", bandwidth_gbs=1.0, gflops_at_batch=0.001, batch=4, context_len=10)
+    w, kv = 7968, 640  # weights; 64 B of KV per token x 10 tokens
+    assert c["weight_bytes"] == w and c["kv_bytes_per_sequence"] == kv
+    b1 = c["batch1"]
+    assert b1["bytes_per_token"] == w + kv
+    assert b1["min_ms_per_token"] == pytest.approx((w + kv) / 1e9 * 1e3)
+    assert b1["max_tokens_per_s"] == pytest.approx(1e9 / (w + kv))
+    bn = c["batch"]
+    assert bn["flops_per_step"] == 4 * 3904
+    assert bn["gemm_ms"] == pytest.approx(4 * 3904 / 1e6 * 1e3)  # 1 MFLOP/s
+    assert bn["bytes_ms"] == pytest.approx((w + 4 * kv) / 1e9 * 1e3)
+    assert bn["bound"] == "compute" and bn["min_step_ms"] == pytest.approx(bn["gemm_ms"])
+    assert bn["max_tokens_per_s"] == pytest.approx(4 / (4 * 3904 / 1e6))
+    # a fast GEMM and slow memory: the bytes bound the step
+    m = rf.ceilings(CFG, "float32", bandwidth_gbs=1e-6, gflops_at_batch=1e6, batch=4, context_len=10)["batch"]
+    assert m["bound"] == "memory" and m["min_step_ms"] == pytest.approx(m["bytes_ms"])
+    # the KV may be stored in another dtype than the weights
+    assert rf.ceilings(CFG, "float32", 1.0, 1.0, 1, 10, kv_dtype="bfloat16")["kv_bytes_per_sequence"] == 320
+
+
+def test_achieved_fractions():
+    a = rf.achieved({"decode_step_ms_p50": 20.0, "output_tokens_per_s": 128.0}, gemm_step_ms=15.616,
+                    ceiling_tokens_per_s=256.0)
+    assert a["step_fraction"] == pytest.approx(15.616 / 20.0)
+    assert a["tokens_fraction"] == pytest.approx(0.5)
+    none = rf.achieved({"decode_step_ms_p50": None}, 1.0, 1.0)
+    assert none["step_fraction"] is None and none["tokens_fraction"] is None
+
+
+def test_row_counts():
+    assert rf.row_counts(64, 2048) == [1, 8, 64]  # a large token budget is left out
+    assert rf.row_counts(16, 256, [3]) == [1, 3, 8, 16, 64, 256]
+
+
+def test_make_linear_is_the_engines_linear():
+    torch.manual_seed(0)
+    w, b, x = torch.randn(24, 16), torch.randn(24), torch.randn(3, 16)
+    torch.testing.assert_close(rf.make_linear(w, b)(x), torch.nn.functional.linear(x, w, b), rtol=1e-4, atol=1e-4)
+
+
+def test_measure_gemms_and_bandwidth_give_positive_figures():
+    times = rf.measure_gemms(CFG, torch.float32, [1, 5], repeats=1, min_time_s=0.0)
+    assert set(times) == {1, 5}
+    assert all(t > 0 for per in times.values() for t in per.values())
+    assert set(times[1]) == {"qkv", "o_proj", "gate_up", "down", "lm_head"}
+    assert rf.measure_bandwidth(8, 1) > 0
+
+
+def test_cli_end_to_end_with_an_offline_result(tiny_model_dir, tmp_path):
+    offline = tmp_path / "offline.json"
+    offline.write_text(json.dumps({"num_prompts": 4, "input_len": 8, "output_len": 8, "dtype": "float32",
+                                   "output_tokens_per_s": 100.0, "decode_step_ms_p50": 5.0}))
+    out = tmp_path / "roof.json"
+    rc = main(["bench", "roofline", "--model", str(tiny_model_dir), "--bandwidth-mib", "64", "--repeats", "1",
+               "--min-time-ms", "1", "--batch", "2", "--max-num-batched-tokens", "32",
+               "--offline-json", str(offline), "--output-json", str(out)])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert r["dtype"] == "float32" and r["kv_dtype"] == "float32"
+    assert r["model"] == {"layers": 2, "hidden": 64, "intermediate": 128, "vocab": 49152}
+    assert set(r["gemm"]) == {"1", "2", "4", "8", "32", "64"}  # defaults, --batch, the offline batch, the budget
+    assert all(g["gflops"] > 0 and g["forward_gemm_ms"] > 0 for g in r["gemm"].values())
+    assert r["bandwidth_gbs"] > 0
+    c = r["ceilings"]
+    assert c["context_len"] == 12  # input_len + output_len / 2 of the offline run
+    assert c["batch"]["n"] == 2 and c["batch1"]["max_tokens_per_s"] > 0
+    assert r["offline"]["batch"] == 4 and r["offline"]["decode_step_ms_p50"] == 5.0
+    assert r["offline"]["step_fraction"] == pytest.approx(r["offline"]["gemm_only_step_ms"] / 5.0)
+    assert r["offline"]["tokens_fraction"] == pytest.approx(100.0 / r["offline"]["ceiling_tokens_per_s"])
+
+
+def test_cli_refuses_an_unreadable_offline_result(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert main(["bench", "roofline", "--offline-json", str(bad)]) == 2
+    assert "cannot read --offline-json" in capsys.readouterr().err
