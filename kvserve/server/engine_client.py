@@ -195,8 +195,9 @@ class AsyncEngineClient:
                     validate: bool = True) -> RequestStream:
         """Queue a request in the engine and return the stream of its outputs.
 
-        Validation happens here, so a bad request never reaches the engine; ``validate=False``
-        exists for tests of the engine's own checks.
+        Validation happens here, so a bad request never reaches the engine; ``validate=False`` is for
+        callers that already validated the prompt (the server checks all of a request's prompts
+        before adding any) and for tests of the engine's own checks.
         """
         self._check_alive()
         if self._loop is None:
