@@ -20,7 +20,7 @@ from kvserve.kv.block_pool import BlockPool
 from kvserve.model.config import ModelConfig
 from kvserve.model.llama import LlamaForCausalLM
 from kvserve.runner.inputs import build_inputs
-from kvserve.sampling.sampler import filtered_probs, race_draw
+from kvserve.sampling.sampler import filtered_probs, draw_one
 from kvserve.spec.proposer import Draft, DraftRequest
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ class DraftProposer:
                 drafts[rid].append(int(logits[row].argmax()))
             else:
                 q = filtered_probs(logits[row : row + 1], [d.request])[0]
-                drafts[rid].append(race_draw(q, self.generator))
+                drafts[rid].append(draw_one(q, self.generator))
                 probs[rid].append(q)
 
     def _prepare(self, d: DraftRequest, k: int, busy: set[str]) -> _DraftSeq | None:

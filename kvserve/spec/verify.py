@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from kvserve.engine.request import Request, TokenLogprobs
-from kvserve.sampling.sampler import apply_penalties, filtered_probs, race_draw
+from kvserve.sampling.sampler import apply_penalties, filtered_probs, draw_one
 
 
 def verify(logits: torch.Tensor, drafts: list[int], draft_probs: torch.Tensor | None, req: Request,
@@ -50,10 +50,10 @@ def verify(logits: torch.Tensor, drafts: list[int], draft_probs: torch.Tensor | 
                 residual = (probs[i] - draft_probs[i]).clamp_(min=0.0)
             if float(residual.sum()) <= 0.0:  # p == q up to rounding: p itself is the residual
                 residual = probs[i]
-            tokens.append(race_draw(residual, generator))
+            tokens.append(draw_one(residual, generator))
             break
         else:
-            tokens.append(race_draw(probs[len(drafts)], generator))
+            tokens.append(draw_one(probs[len(drafts)], generator))
     return tokens, _logprobs(raw, tokens, p.logprobs)
 
 
