@@ -203,6 +203,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bandwidth-mib", type=int, default=512, help="size of the tensor read for the bandwidth")
     p.add_argument("--offline-json", default=None, help="a `bench offline --output-json` result to compare")
     p.add_argument("--output-json", default=None, help="also write the figures to this file")
+    p.add_argument("--measure-step", action="store_true", help="also run --batch sequences of --step-prompt-len "
+                   "tokens and split their decode steps into GEMMs, attention, sampling and the rest")
+    p.add_argument("--step-prompt-len", type=int, default=128, help="prompt tokens of each --measure-step sequence")
+    p.add_argument("--step-output-len", type=int, default=32, help="output tokens of each --measure-step sequence")
     KVServeConfig.add_cli_args(p)
 
 
@@ -304,7 +308,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if o["tokens_fraction"] is not None:
             print(f"  output {o['output_tokens_per_s']} tokens/s vs ceiling {o['ceiling_tokens_per_s']:.1f}: "
                   f"{100 * o['tokens_fraction']:.0f}% (prefill steps included in the run's figure)")
+    if args.measure_step:
+        result["step_split"] = _measure_step(args, shapes, rates[args.batch])
     if args.output_json:
         with open(args.output_json, "w") as f:
             json.dump(result, f, indent=2)
     return result
+
+
+def _measure_step(args: argparse.Namespace, shapes: list[LinearShape], gflops: float) -> dict[str, Any]:
+    from kvserve.bench.step_split import measure_step_split
+
+    kwargs = KVServeConfig.from_cli_args(args).to_kwargs()
+    kwargs["max_num_seqs"] = max(kwargs.get("max_num_seqs") or 0, args.batch)
+    split = measure_step_split(kwargs, args.batch, args.step_prompt_len, args.step_output_len)
+    if not split["steps"]:
+        print(f"live decode step: no step ran {args.batch} decodes together (raise --max-num-seqs?)")
+        return split
+    ms = split["ms_p50"]
+    gemm_only = forward_flops(shapes, args.batch) / gflops / 1e6
+    split["gemm_only_ms"] = gemm_only
+    split["step_over_gemm_only"] = ms["total"] / gemm_only
+    parts = "  ".join(f"{p} {ms[p]:.1f} ({100 * ms[p] / ms['total']:.0f}%)" for p in ("gemm", "attention", "sampling", "rest"))
+    print(f"live decode step, {args.batch} sequences of {args.step_prompt_len}+ tokens, p50 of {split['steps']} steps: "
+          f"{ms['total']:.1f} ms = {split['step_over_gemm_only']:.2f}x GEMM-only {gemm_only:.1f} ms")
+    print(f"  {parts}")
+    return split

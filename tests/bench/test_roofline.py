@@ -115,3 +115,22 @@ def test_cli_refuses_an_unreadable_offline_result(tmp_path, capsys):
     bad.write_text("{not json")
     assert main(["bench", "roofline", "--offline-json", str(bad)]) == 2
     assert "cannot read --offline-json" in capsys.readouterr().err
+
+
+def test_step_timer_splits_full_batch_decode_steps():
+    from conftest import hf_weights, kvserve_config, tiny_hf_model
+
+    from kvserve import SamplingParams
+    from kvserve.bench.step_split import PARTS, StepTimer
+    from kvserve.llm import LLM
+
+    hf = tiny_hf_model()
+    llm = LLM.from_weights(kvserve_config(hf), hf_weights(hf), dtype="float32", num_kv_blocks=64, block_size=4)
+    timer = StepTimer(llm.engine.runner, batch=3)
+    outs = llm.generate([[1, 2, 3], [4, 5, 6, 7], [8, 9]], SamplingParams(max_tokens=6, temperature=1.0, ignore_eos=True))
+    assert all(len(o.token_ids) == 6 for o in outs)  # the timers change nothing the runner returns
+    assert len(timer.steps) == 5  # the first token comes from the prefill step; 5 decode steps follow
+    for step in timer.steps:
+        assert all(step[p] > 0 for p in PARTS)
+        assert step["total"] >= step["gemm"] + step["attention"] + step["sampling"]
+        assert step["rest"] == pytest.approx(step["total"] - sum(step[p] for p in PARTS))
