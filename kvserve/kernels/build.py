@@ -92,9 +92,9 @@ def _try_load(verbose: bool) -> bool:
             verbose=verbose,
         )
     except Exception as e:  # a failed build must never stop the engine: the fallbacks cover it
-        msg = str(e).strip().splitlines()
-        log.warning("native kernels: build failed (%s); using the torch fallbacks",
-                    msg[-1] if msg else type(e).__name__)
+        lines = str(e).strip().splitlines()
+        errors = [ln.strip() for ln in lines if "error" in ln.lower()] or lines or [type(e).__name__]
+        log.warning("native kernels: build failed (%s); using the torch fallbacks", errors[0][:300])
         return False
     log.info("native kernels: loaded (%s)", build_dir)
     return True

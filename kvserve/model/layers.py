@@ -16,12 +16,22 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.native = False  # True: the fused kernels of kvserve.kernels (CPU, set by the model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.native:
+            return torch.ops.kvserve.rms_norm(x, self.weight, self.eps)
         # Normalise in float32 and cast back before the scale, exactly as the reference does.
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
+
+    def add_forward(self, residual: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        """residual += delta (in place), then the norm of the sum: one kernel where native."""
+        if self.native:
+            return torch.ops.kvserve.add_rms_norm(residual, delta, self.weight, self.eps)
+        residual.add_(delta)
+        return self.forward(residual)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
@@ -70,6 +80,27 @@ class Rotary:
         """cos, sin of shape [T, 1, head_dim] for the given positions (computed once per step)."""
         return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
 
+    def for_step(self, positions: torch.Tensor, dtype: torch.dtype, native: bool) -> "RotaryStep":
+        if native:  # the kernel indexes the float32 tables itself
+            return RotaryStep(positions, self.cos, self.sin, native=True)
+        cos, sin = self.tables(positions, dtype)
+        return RotaryStep(positions, cos, sin, native=False)
+
+
+class RotaryStep:
+    """One step's rotary embedding: the tables gathered at its positions (or, native, the whole
+    tables and the positions, rotated in place by one kernel for q and k together)."""
+
+    def __init__(self, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, native: bool):
+        self.positions, self.cos, self.sin, self.native = positions, cos, sin, native
+
+    def apply(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q: [T, heads, head_dim], k: [T, kv_heads, head_dim]."""
+        if self.native:
+            torch.ops.kvserve.rotary_(q, k, self.positions, self.cos, self.sin)
+            return q, k
+        return apply_rotary(q, self.cos, self.sin), apply_rotary(k, self.cos, self.sin)
+
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [T, heads, head_dim]."""
@@ -86,9 +117,12 @@ class SwiGLU(nn.Module):
         self.gate_up = nn.Linear(hidden, 2 * intermediate, bias=False)
         self.down = nn.Linear(intermediate, hidden, bias=False)
         self.intermediate = intermediate
+        self.native = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gu = self.gate_up(x)
+        if self.native:
+            return self.down(torch.ops.kvserve.silu_mul(gu))
         return self.down(F.silu(gu[..., : self.intermediate]) * gu[..., self.intermediate :])
 
 

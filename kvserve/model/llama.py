@@ -7,7 +7,7 @@ from torch import nn
 
 from kvserve.attention import AttentionBackend, AttentionMetadata
 from kvserve.model.config import ModelConfig
-from kvserve.model.layers import RMSNorm, Rotary, SwiGLU, PackedLinear, apply_rotary, pack_linears
+from kvserve.model.layers import PackedLinear, RMSNorm, Rotary, RotaryStep, SwiGLU, pack_linears
 
 
 class Attention(nn.Module):
@@ -21,12 +21,11 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, attn: AttentionBackend, meta: AttentionMetadata,
+    def forward(self, x, rope: RotaryStep, attn: AttentionBackend, meta: AttentionMetadata,
                 kv_cache: tuple[torch.Tensor, torch.Tensor]):
         t = x.shape[0]
         q, k, v = self.qkv(x).split(self.split, dim=-1)
-        q = apply_rotary(q.view(t, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rotary(k.view(t, self.num_kv_heads, self.head_dim), cos, sin)
+        q, k = rope.apply(q.view(t, self.num_heads, self.head_dim), k.view(t, self.num_kv_heads, self.head_dim))
         v = v.view(t, self.num_kv_heads, self.head_dim)
         o = attn.forward(q, k, v, kv_cache, meta)
         return self.o_proj(o.reshape(t, -1))
@@ -40,9 +39,11 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, h, cos, sin, attn, meta, kv_cache):
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, attn, meta, kv_cache)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, h, rope, attn, meta, kv_cache):
+        """Adds the layer's attention and MLP outputs to the residual stream ``h``, in place."""
+        x = self.self_attn(self.input_layernorm(h), rope, attn, meta, kv_cache)
+        x = self.post_attention_layernorm.add_forward(h, x)
+        return h.add_(self.mlp(x))
 
 
 class LlamaForCausalLM(nn.Module):
@@ -54,6 +55,7 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = Rotary(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+        self.native = False
 
     @classmethod
     def from_hf_weights(cls, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
@@ -69,7 +71,18 @@ class LlamaForCausalLM(nn.Module):
         model.rotary.to(device)
         if device.type == "cpu" and cpu_packing_supported(dtype):
             model.pack_for_cpu()
+        if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
+            from kvserve.kernels import load_kernels
+
+            model.use_native_ops(load_kernels())
         return model
+
+    def use_native_ops(self, on: bool = True) -> None:
+        """Norms, rotary and the MLP's activation through the fused CPU kernels (kvserve.kernels)."""
+        self.native = on
+        for m in self.modules():
+            if isinstance(m, (RMSNorm, SwiGLU)):
+                m.native = on
 
     @torch.inference_mode()
     def forward(
@@ -82,10 +95,10 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """Hidden states [T, hidden] after the final norm, for a flat ragged batch of T tokens;
         ``attn`` attends over ``kv_caches`` (per layer K, V) with the step's ``meta``."""
-        h = self.embed_tokens(input_ids)
-        cos, sin = self.rotary.tables(positions, h.dtype)
+        h = self.embed_tokens(input_ids)  # a fresh tensor: the layers add to it in place
+        rope = self.rotary.for_step(positions, h.dtype, self.native)
         for layer, kv in zip(self.layers, kv_caches):
-            h = layer(h, cos, sin, attn, meta, kv)
+            h = layer(h, rope, attn, meta, kv)
         return self.norm(h)
 
     @torch.inference_mode()

@@ -1,0 +1,83 @@
+"""The fused CPU kernels (norms, rotary, silu*mul) compute what the torch code they replace does."""
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kvserve.model.layers import RMSNorm, Rotary, apply_rotary
+
+pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernels():
+    from kvserve.kernels import load_kernels
+
+    assert load_kernels()
+
+
+def _norm(dtype, native):
+    torch.manual_seed(0)
+    n = RMSNorm(48, 1e-5)
+    n.weight.data = torch.randn(48)
+    n = n.to(dtype)
+    n.native = native
+    return n
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+def test_rms_norm_and_fused_add(dtype, tol):
+    x = torch.randn(5, 48, dtype=dtype)
+    d = torch.randn(5, 48, dtype=dtype)
+    ref, fused = _norm(dtype, False), _norm(dtype, True)
+    torch.testing.assert_close(fused(x), ref(x), atol=tol, rtol=tol)
+    r1, r2 = x.clone(), x.clone()
+    out_ref, out_fused = ref.add_forward(r1, d), fused.add_forward(r2, d)
+    torch.testing.assert_close(r2, r1, atol=0, rtol=0)  # the residual sum is exact
+    torch.testing.assert_close(out_fused, out_ref, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 2e-2)])
+def test_rotary_in_place_on_strided_q_and_k(dtype, tol):
+    rot = Rotary(16, 64, 10000.0, None)
+    positions = torch.tensor([0, 5, 6, 63, 7])
+    qkv = torch.randn(5, (4 + 2 + 2) * 16, dtype=dtype)  # q, k, v side by side, as the fused projection makes them
+    q, k, _ = qkv.split([64, 32, 32], dim=-1)
+    q, k = q.view(5, 4, 16), k.view(5, 2, 16)
+    cos, sin = rot.tables(positions, dtype)
+    want_q, want_k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    got_q, got_k = rot.for_step(positions, dtype, native=True).apply(q, k)
+    torch.testing.assert_close(got_q, want_q, atol=tol, rtol=tol)
+    torch.testing.assert_close(got_k, want_k, atol=tol, rtol=tol)
+    assert got_q.data_ptr() == q.data_ptr()  # in place, inside the projection's output
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+def test_silu_mul(dtype, tol):
+    gu = torch.randn(7, 2 * 40, dtype=dtype) * 4
+    want = F.silu(gu[:, :40]) * gu[:, 40:]
+    torch.testing.assert_close(torch.ops.kvserve.silu_mul(gu), want, atol=tol, rtol=tol)
+
+
+def test_native_model_forward_matches_the_torch_one():
+    from conftest import hf_weights, kvserve_config, tiny_hf_model
+
+    from kvserve.attention import SeqRows, get_attention_backend, get_kv_pool
+    from kvserve.model.llama import LlamaForCausalLM
+    from kvserve.runner.inputs import build_inputs
+
+    hf = tiny_hf_model()
+    cfg = kvserve_config(hf)
+    outs = []
+    for native in (False, True):
+        model = LlamaForCausalLM.from_hf_weights(cfg, hf_weights(hf), torch.float32, torch.device("cpu"))
+        model.use_native_ops(native)
+        pool_cls = get_kv_pool("auto")
+        pool = pool_cls(pool_cls.layout_for(cfg, torch.float32, 4), 16, torch.device("cpu"))
+        backend = get_attention_backend("gather-sdpa")(pool, torch.float32)
+        seqs = [SeqRows([3, 4, 5, 6, 7], 0, [0, 1]), SeqRows([9, 10], 0, [2])]
+        inputs = build_inputs(seqs, backend)
+        outs.append(model(inputs.input_ids, inputs.positions, backend, inputs.meta, pool.layers))
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
