@@ -91,13 +91,13 @@ def quantize(weight: torch.Tensor, kind: str) -> QuantWeight:
         raise ValueError(f"cannot quantize a weight of {k} columns in blocks of {BLOCK}")
     w = weight.detach().float().reshape(n, k // BLOCK, BLOCK)
     if kind == "q8_0":
-        d = w.abs().amax(-1) / 127
-        inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+        d16 = (w.abs().amax(-1) / 127).half()  # quantize against the fp16 scale the kernels multiply by
+        inv = torch.where(d16 > 0, 1 / d16.float(), torch.zeros_like(d16, dtype=torch.float32))
         q = (w * inv.unsqueeze(-1)).round().clamp(-127, 127).to(torch.int8)
-        return QuantWeight(kind, q.reshape(n, k).contiguous(), d.half().contiguous())
+        return QuantWeight(kind, q.reshape(n, k).contiguous(), d16.contiguous())
     lo, hi = w.amin(-1), w.amax(-1)
     d = (hi - lo) / 15
-    # quantize against the fp16-rounded scale and min: those are what the kernels multiply by
+    # as above: against the fp16-rounded scale and min
     d16, m16 = d.half(), lo.half()
     inv = torch.where(d16 > 0, 1 / d16.float(), torch.zeros_like(d))
     q = ((w - m16.float().unsqueeze(-1)) * inv.unsqueeze(-1)).round().clamp(0, 15).to(torch.uint8)

@@ -160,18 +160,61 @@ void tile(const Weights& w, const QuantizedRows& a, int64_t K, int64_t m0, int64
 }
 #endif
 
-constexpr int NR = 4;  // columns per tile
-constexpr int MR = 2;  // rows per tile (MR * NR accumulators must fit the 16 vector registers)
+#if defined(__AVX2__)
+constexpr int NR = 8;  // columns per tile: one lane each of an 8-float accumulator
+
+// Lane j = the sum of the 8 int32 lanes of p[j]: 8 dot products reduced at once.
+inline __m256i reduce8(const __m256i p[8]) {
+  const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+  const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+  // a = [cols 0-3 low half | cols 0-3 high half], b the same for cols 4-7
+  return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+// Columns [n0, n0+8) for every row. Each weight block is unpacked once and serves all M rows;
+// the 8 columns' partial sums of a row live in one vector (kept in ``acc``, M x 8 floats), so a
+// block costs one convert and one scale-multiply per row, not one per column.
+template <bool Q4>
+void tile8(const Weights& w, const QuantizedRows& a, int64_t M, int64_t K, int64_t n0, float* y, int64_t N,
+           std::vector<float>& acc) {
+  acc.assign(M * NR, 0.f);
+  for (int64_t b = 0; b < w.nb; ++b) {
+    __m256i wq[NR], wabs[NR];
+    alignas(32) float dw[NR], mw[NR];
+    for (int j = 0; j < NR; ++j) {
+      wq[j] = load_block<Q4>(w, n0 + j, b);
+      wabs[j] = Q4 ? wq[j] : _mm256_sign_epi8(wq[j], wq[j]);
+      dw[j] = half_to_float(w.d[(n0 + j) * w.nb + b]);
+      mw[j] = Q4 ? half_to_float(w.m[(n0 + j) * w.nb + b]) : 0.f;
+    }
+    const __m256 dwv = _mm256_load_ps(dw), mwv = _mm256_load_ps(mw);
+    for (int64_t row = 0; row < M; ++row) {
+      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q.data() + row * K + b * QK));
+      __m256i p[NR];
+      for (int j = 0; j < NR; ++j)  // Q8: s8 * s8 as |w| * (x with w's sign); Q4 values are unsigned already
+        p[j] = dot_u8s8(wabs[j], Q4 ? xq : _mm256_sign_epi8(xq, wq[j]));
+      float* out = acc.data() + row * NR;
+      __m256 sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(p)),
+                                   _mm256_mul_ps(dwv, _mm256_set1_ps(a.d[row * w.nb + b])), _mm256_loadu_ps(out));
+      if constexpr (Q4) sum = _mm256_fmadd_ps(mwv, _mm256_set1_ps(a.s[row * w.nb + b]), sum);
+      _mm256_storeu_ps(out, sum);
+    }
+  }
+  for (int64_t row = 0; row < M; ++row)
+    for (int j = 0; j < NR; ++j) y[row * N + n0 + j] = acc[row * NR + j];
+}
+#else
+constexpr int NR = 8;
+#endif
 
 template <bool Q4>
 void columns(const Weights& w, const QuantizedRows& a, int64_t M, int64_t K, int64_t c0, int64_t c1, float* y,
              int64_t N) {
   int64_t n = c0;
-  for (; n + NR <= c1; n += NR) {
-    int64_t m = 0;
-    for (; m + MR <= M; m += MR) tile<Q4, MR, NR>(w, a, K, m, n, y, N);
-    for (; m < M; ++m) tile<Q4, 1, NR>(w, a, K, m, n, y, N);
-  }
+#if defined(__AVX2__)
+  std::vector<float> acc;
+  for (; n + NR <= c1; n += NR) tile8<Q4>(w, a, M, K, n, y, N, acc);
+#endif
   for (; n < c1; ++n)
     for (int64_t m = 0; m < M; ++m) tile<Q4, 1, 1>(w, a, K, m, n, y, N);
 }
@@ -194,9 +237,9 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& qs, const at::Ten
   const Weights w{reinterpret_cast<const uint8_t*>(qs.data_ptr()), reinterpret_cast<const uint16_t*>(d.data_ptr()),
                   m != nullptr ? reinterpret_cast<const uint16_t*>(m->data_ptr()) : nullptr, K / QK};
   float* out = y.data_ptr<float>();
-  // Work is split by column tiles; a grain of 8 tiles keeps small layers from paying for threads.
+  // Work is split by column tiles; a grain of 4 tiles keeps small layers from paying for threads.
   const int64_t tiles = (N + NR - 1) / NR;
-  at::parallel_for(0, tiles, 8, [&](int64_t t0, int64_t t1) {
+  at::parallel_for(0, tiles, 4, [&](int64_t t0, int64_t t1) {
     columns<Q4>(w, a, M, K, t0 * NR, std::min(N, t1 * NR), out, N);
   });
   return y;
