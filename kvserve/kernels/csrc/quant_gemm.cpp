@@ -66,8 +66,8 @@ struct Weights {
 };
 
 #if defined(__AVX2__)
-// 8 int32 lanes, each the sum of 4 products u8 * s8 (no overflow: |u| <= 255 only when |s| <= 127
-// and the pairwise i16 sums stay below 2^15 for our operand ranges: u <= 15 (Q4) or |q| <= 127 (Q8)).
+// 8 int32 lanes, each the sum of 4 products u8 * s8. maddubs saturates its pairwise i16 sums, which
+// our operands never reach: u <= 15 (Q4) or u = |q| <= 128 (Q8), times |x| <= 127, twice < 2^15.
 inline __m256i dot_u8s8(__m256i u, __m256i s) {
 #if defined(__AVXVNNI__)
   return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
