@@ -38,7 +38,7 @@ def build_engine(config: KVServeConfig, model_cfg: ModelConfig, weights: Weights
     device = resolve_device(m.device)
     dtype = resolve_dtype(m.dtype, device)
     runner = TorchRunner(model_cfg, weights, config.cache, dtype=dtype, device=device, max_model_len=m.max_model_len,
-                         seed=m.seed)
+                         seed=m.seed, quantization=m.quantization)
     runner.proposer = build_proposer(config, model_cfg, runner, draft_weights)
 
     def grammars():  # built on first use: describing the vocabulary to xgrammar takes ~0.5 s
@@ -95,7 +95,7 @@ def build_engine_core(config: KVServeConfig) -> EngineCore:
     from kvserve.model.loader import load_model, resolve_model_path
     from kvserve.text.tokenizer import Tokenizer
 
-    loaded = load_model(resolve_model_path(config.model.model))
+    loaded = load_model(resolve_model_path(config.model.model), keep_quantized=config.model.quantization != "none")
     eos = Tokenizer(loaded.tokenizer, loaded.config).eos_token_ids
     return EngineCore(build_engine(config, loaded.config, loaded.weights, eos, hf_tokenizer=loaded.tokenizer),
                       loaded.name)

@@ -20,6 +20,7 @@ from typing import Any
 from kvserve.errors import InvalidArgumentError
 
 DTYPES = ("auto", "bfloat16", "float16", "float32", "float64")
+QUANTIZATIONS = ("auto", "none", "int8", "int4")
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
 SPECULATIVE_METHODS = ("ngram", "draft")
 DEFAULT_MAX_REQUEST_BYTES = 8 << 20  # a full 128K-token prompt as text is ~0.5-3 MB of JSON
@@ -43,11 +44,17 @@ class ModelOptions:
                                                   "with native bf16 (AVX512-BF16/AMX), else float32", "choices": DTYPES})
     device: str = field(default="auto", metadata={"help": "cpu, cuda, or auto (cuda when available)"})
     max_model_len: int | None = field(default=None, metadata={"help": "context window (default: the model's, capped by the KV cache)"})
+    quantization: str = field(default="auto", metadata={"help": "weight-only quantized linear layers on CPU (blocks "
+                              "of 32, native kernels): auto keeps a GGUF's Q8_0/Q4_0/Q4_1 weights as stored and "
+                              "other weights dense; none dequantizes everything to --dtype; int8 / int4 quantize "
+                              "every linear layer at load (Q8_0 / Q4_1)", "choices": QUANTIZATIONS})
     seed: int = field(default=0, metadata={"help": "seed of the shared generator for unseeded sampling"})
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: all cores)"})
 
     def __post_init__(self) -> None:
         _check(self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}", "dtype")
+        _check(self.quantization in QUANTIZATIONS, f"--quantization must be one of {', '.join(QUANTIZATIONS)}",
+               "quantization")
         _check(self.max_model_len is None or self.max_model_len >= 2, "--max-model-len must be at least 2",
                "max_model_len")
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict
+from typing import Any
 
 import torch
 
@@ -76,17 +77,24 @@ class KVPool:
             k[s].copy_(data[2 * i])
             v[s].copy_(data[2 * i + 1])
 
-    def fingerprint(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], model_dtype: torch.dtype) -> bytes:
-        """Identifies the model and the KV layout, so stored KV never meets another model or layout."""
+    def fingerprint(self, cfg: ModelConfig, weights: dict[str, Any], model_dtype: torch.dtype,
+                    quantization: str = "") -> bytes:
+        """Identifies the model and the KV layout, so stored KV never meets another model or layout.
+        ``quantization`` names the quantized layers' formats (empty: all dense); weights may be
+        ``QuantWeight``s (anything with ``dequantize()``)."""
         h = hashlib.blake2b(digest_size=16)
         h.update(json.dumps(asdict(cfg), sort_keys=True, default=str).encode())
         tag = f"{model_dtype}|{self.block_size}|{self.layout.num_kv_heads}x{self.layout.head_dim}"
         if self.dtype != model_dtype:  # "auto" keeps the tag KV stored before pools existed was keyed by
             tag += f"|kv {self.dtype}"
+        if quantization:
+            tag += f"|quant {quantization}"
         h.update(tag.encode())
         for name in sorted(weights)[:4]:  # a sample of the weights themselves
             h.update(name.encode())
-            h.update(weights[name].flatten()[:4096].float().cpu().numpy().tobytes())
+            w = weights[name]
+            w = w if isinstance(w, torch.Tensor) else w.dequantize()
+            h.update(w.flatten()[:4096].float().cpu().numpy().tobytes())
         return h.digest()
 
 

@@ -1,7 +1,7 @@
-"""Loading a GGUF file: metadata -> ``ModelConfig``, tensors -> dense float32, and its tokenizer.
+"""Loading a GGUF file: metadata -> ``ModelConfig``, tensors -> torch weights, and its tokenizer.
 
-Tensors of type F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q4_K/Q6_K are dequantized to float32 at load and
-renamed to Hugging Face's Llama names; llama.cpp's rotary reordering of q/k rows is undone, so a
+Tensors of type F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q4_K/Q6_K are dequantized to float32 at load (or,
+asked to, Q8_0/Q4_0/Q4_1 ones are kept quantized as ``QuantWeight``s) and renamed to Hugging Face's Llama names; llama.cpp's rotary reordering of q/k rows is undone, so a
 GGUF file gives the same layout as a Hugging Face folder. The tokenizer is the one transformers
 builds from the GGUF metadata.
 """
@@ -20,6 +20,7 @@ import torch
 from kvserve.errors import ModelLoadError
 from kvserve.model.checkpoint import LoadedModel
 from kvserve.model.config import ModelConfig
+from kvserve.model.quant import QuantWeight, from_gguf_blocks
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +79,19 @@ def dequantize_gguf_tensor(tensor: gguf.ReaderTensor) -> np.ndarray:
     shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
     # F32 comes back as a read-only view of the file mapping: copy it so nothing keeps the file mapped.
     return np.require(values.reshape(shape), dtype=np.float32, requirements=["C", "W"])
+
+
+KEPT_QUANTIZED = frozenset({_QT.Q8_0, _QT.Q4_0, _QT.Q4_1})
+
+
+def _quant_weight(tensor: gguf.ReaderTensor, heads: int | None) -> QuantWeight:
+    """A Q8_0/Q4_0/Q4_1 tensor as a QuantWeight, its q/k rows un-permuted like the dense ones."""
+    shape = (int(tensor.shape[1]), int(tensor.shape[0]))  # GGUF lists dimensions fastest-first
+    qw = from_gguf_blocks(tensor.data, tensor.tensor_type.name, shape)
+    if heads is not None:
+        order = unpermute_rotary_rows(np.arange(shape[0]), heads)  # where each output row comes from
+        qw = qw.rows(torch.from_numpy(order))
+    return qw
 
 
 def unpermute_rotary_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -200,8 +214,12 @@ def gguf_config(path: Path) -> ModelConfig:
     return _gguf_config(_gguf_metadata(reader), {t.name: t for t in reader.tensors}, path)
 
 
-def load_gguf(path: Path) -> LoadedModel:
-    """Config, dense weights and tokenizer of a GGUF file (weights not yet checked)."""
+def load_gguf(path: Path, keep_quantized: bool = False) -> LoadedModel:
+    """Config, weights and tokenizer of a GGUF file (weights not yet checked).
+
+    Weights are dense float32, except with ``keep_quantized``: then 2-D Q8_0/Q4_0/Q4_1 tensors
+    come as ``QuantWeight`` (Q4_0 as the equivalent Q4_1), as the file stores them.
+    """
     reader = _fast_gguf_reader(path)
     meta = _gguf_metadata(reader)
     tensors = {t.name: t for t in reader.tensors}
@@ -215,11 +233,20 @@ def load_gguf(path: Path) -> LoadedModel:
         if hf_name is None:
             logger.debug("%s: skipping tensor %s", path, name)
             continue
-        values = dequantize_gguf_tensor(tensor)
+        heads = None
         if permuted and ".attn_q." in name:
-            values = unpermute_rotary_rows(values, config.num_attention_heads)
+            heads = config.num_attention_heads
         elif permuted and ".attn_k." in name:
-            values = unpermute_rotary_rows(values, config.num_key_value_heads)
+            heads = config.num_key_value_heads
+        if keep_quantized and tensor.tensor_type in KEPT_QUANTIZED and len(tensor.shape) == 2:
+            weights[hf_name] = _quant_weight(tensor, heads)
+            continue
+        if keep_quantized and tensor.tensor_type not in (_QT.F32, _QT.F16, _QT.BF16) and len(tensor.shape) == 2:
+            logger.info("%s: %s is %s, which stays dequantized (kept quantized: Q8_0, Q4_0, Q4_1)",
+                        path, name, tensor.tensor_type.name)
+        values = dequantize_gguf_tensor(tensor)
+        if heads is not None:
+            values = unpermute_rotary_rows(values, heads)
         weights[hf_name] = torch.from_numpy(values)
     del reader, tensors  # drop the file mapping
 

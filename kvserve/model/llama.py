@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
 from kvserve.attention import AttentionBackend, AttentionMetadata
 from kvserve.model.config import ModelConfig
 from kvserve.model.layers import PackedLinear, RMSNorm, Rotary, RotaryStep, SwiGLU, pack_linears
+from kvserve.model.quant import QuantWeight
+from kvserve.model.quant_linear import QuantEmbedding, QuantLinear, fused_linear_sources, quantized_modules
 
 
 class Attention(nn.Module):
@@ -58,17 +62,33 @@ class LlamaForCausalLM(nn.Module):
         self.native = False
 
     @classmethod
-    def from_hf_weights(cls, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
-                        device: torch.device) -> "LlamaForCausalLM":
-        """Build on the meta device, load, cast, and pack the linears for oneDNN where it helps."""
+    def from_hf_weights(cls, cfg: ModelConfig, weights: dict[str, Any], dtype: torch.dtype,
+                        device: torch.device, quantization: str = "none") -> "LlamaForCausalLM":
+        """Build on the meta device, load, cast, and pack the linears for oneDNN where it helps.
+
+        ``weights`` may hold ``QuantWeight``s (a GGUF loaded with ``keep_quantized``);
+        ``quantization`` (see ``quantized_modules``) says which layers stay or become quantized,
+        the rest is dequantized to ``dtype``.
+        """
         from kvserve.model.layers import cpu_packing_supported
 
+        quantized = quantized_modules(cfg, weights, quantization, device)
+        weights = {k: v.dequantize() if isinstance(v, QuantWeight) else v for k, v in weights.items()
+                   if not (isinstance(v, QuantWeight) and _only_in(k, quantized, cfg))}
         with torch.device("meta"):
             model = cls(cfg)
+            for path in quantized:  # no dense storage for these: they are built below
+                _set_module(model, path, nn.Identity())
         model = model.to_empty(device=device)
         model.load_hf_weights(weights)
         model = model.to(dtype).eval()
         model.rotary.to(device)
+        for path, qw in quantized.items():
+            if path == "embed_tokens":
+                _set_module(model, path, QuantEmbedding(qw, dtype))
+            else:
+                bias = _fused_bias(cfg, weights, path)
+                _set_module(model, path, QuantLinear(qw, bias, dtype))
         if device.type == "cpu" and cpu_packing_supported(dtype):
             model.pack_for_cpu()
         if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
@@ -107,6 +127,12 @@ class LlamaForCausalLM(nn.Module):
             return torch.nn.functional.linear(hidden, self.embed_tokens.weight).float()
         return self.lm_head(hidden).float()
 
+    def quantization_tag(self) -> str:
+        """The formats of the quantized layers, e.g. "q4_1,q8_0" (empty when all are dense)."""
+        kinds = {m.weight.kind for m in self.modules() if isinstance(m, QuantLinear)}
+        kinds |= {m.weight_q.kind for m in self.modules() if isinstance(m, QuantEmbedding)}
+        return ",".join(sorted(kinds))
+
     def pack_for_cpu(self) -> None:
         """Swap the linear layers (and the LM head, tied or not) for oneDNN-packed ones."""
         pack_linears(self)
@@ -118,7 +144,10 @@ class LlamaForCausalLM(nn.Module):
         own = dict(self.named_parameters())
         done: set[str] = set()
 
-        def put(name: str, tensor: torch.Tensor) -> None:
+        def put(name: str, *parts: torch.Tensor) -> None:
+            if name not in own:  # a quantized layer holds this weight (see from_hf_weights)
+                return
+            tensor = torch.cat(parts) if len(parts) > 1 else parts[0]
             p = own[name]
             if p.shape != tensor.shape:
                 raise ValueError(f"{name}: expected shape {tuple(p.shape)}, file has {tuple(tensor.shape)}")
@@ -126,22 +155,45 @@ class LlamaForCausalLM(nn.Module):
                 p.copy_(tensor)
             done.add(name)
 
-        put("embed_tokens.weight", weights["model.embed_tokens.weight"])
+        put("embed_tokens.weight", weights.get("model.embed_tokens.weight"))
         put("norm.weight", weights["model.norm.weight"])
         if self.lm_head is not None:
-            put("lm_head.weight", weights.get("lm_head.weight", weights["model.embed_tokens.weight"]))
+            put("lm_head.weight", weights.get("lm_head.weight", weights.get("model.embed_tokens.weight")))
         for i in range(self.config.num_hidden_layers):
             src, dst = f"model.layers.{i}.", f"layers.{i}."
             put(dst + "input_layernorm.weight", weights[src + "input_layernorm.weight"])
             put(dst + "post_attention_layernorm.weight", weights[src + "post_attention_layernorm.weight"])
             attn = src + "self_attn."
-            put(dst + "self_attn.qkv.weight", torch.cat([weights[attn + f"{p}_proj.weight"] for p in "qkv"]))
+            put(dst + "self_attn.qkv.weight", *[weights.get(attn + f"{p}_proj.weight") for p in "qkv"])
             if self.config.attention_bias:
-                put(dst + "self_attn.qkv.bias", torch.cat([weights[attn + f"{p}_proj.bias"] for p in "qkv"]))
-            put(dst + "self_attn.o_proj.weight", weights[attn + "o_proj.weight"])
+                put(dst + "self_attn.qkv.bias", *[weights[attn + f"{p}_proj.bias"] for p in "qkv"])
+            put(dst + "self_attn.o_proj.weight", weights.get(attn + "o_proj.weight"))
             mlp = src + "mlp."
-            put(dst + "mlp.gate_up.weight", torch.cat([weights[mlp + "gate_proj.weight"], weights[mlp + "up_proj.weight"]]))
-            put(dst + "mlp.down.weight", weights[mlp + "down_proj.weight"])
+            put(dst + "mlp.gate_up.weight", weights.get(mlp + "gate_proj.weight"), weights.get(mlp + "up_proj.weight"))
+            put(dst + "mlp.down.weight", weights.get(mlp + "down_proj.weight"))
         missing = set(own) - done
         if missing:
             raise ValueError(f"weights missing from the checkpoint: {sorted(missing)[:5]}")
+
+
+def _only_in(name: str, quantized: dict[str, QuantWeight], cfg: ModelConfig) -> bool:
+    """Whether weight ``name`` is used only by quantized layers (so it need not be dequantized)."""
+    users = [path for path, names in fused_linear_sources(cfg).items() if name in names]
+    if name == "model.embed_tokens.weight":
+        return "embed_tokens" in quantized and (cfg.tie_word_embeddings is False or "lm_head" in quantized)
+    if name == "lm_head.weight":
+        return "lm_head" in quantized
+    return bool(users) and all(u in quantized for u in users)
+
+
+def _fused_bias(cfg: ModelConfig, weights: dict[str, Any], path: str) -> torch.Tensor | None:
+    if path.endswith("self_attn.qkv") and cfg.attention_bias:
+        prefix = "model." + path.removesuffix("qkv")
+        return torch.cat([weights[prefix + f"{p}_proj.bias"] for p in "qkv"])
+    return None
+
+
+def _set_module(model: nn.Module, path: str, module: nn.Module) -> None:
+    """``model.<path> = module``; unlike ``set_submodule`` it may replace a None (a tied LM head)."""
+    parent, _, name = path.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, name, module)

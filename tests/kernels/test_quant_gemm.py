@@ -1,0 +1,103 @@
+"""The Q8_0 / Q4_1 formats and their native linear kernels against a torch reference."""
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from kvserve.model.quant import QuantWeight, from_gguf_blocks, pack_q4, quantize, unpack_q4
+from kvserve.model.quant_linear import QuantLinear
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    if shutil.which("c++") is None:
+        pytest.skip("no C++ compiler")
+    from kvserve.kernels import load_kernels
+
+    if not load_kernels():
+        pytest.skip("native kernels did not build")
+    return torch.ops.kvserve
+
+
+def test_pack_and_unpack_q4_are_inverse():
+    q = torch.randint(0, 16, (5, 64), dtype=torch.uint8)
+    assert torch.equal(unpack_q4(pack_q4(q)), q)
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
+def test_quantize_error_is_within_half_a_step(kind):
+    torch.manual_seed(0)
+    w = torch.randn(16, 96)
+    qw = quantize(w, kind)
+    assert qw.shape == w.shape
+    step = qw.d.float().repeat_interleave(32, dim=1)
+    assert ((qw.dequantize() - w).abs() <= step * 0.5 + 1e-3 * step + 1e-6).all()
+
+
+def test_quantize_refuses_k_not_a_multiple_of_32():
+    with pytest.raises(ValueError, match="blocks of 32"):
+        quantize(torch.randn(4, 40), "q8_0")
+
+
+def test_gguf_blocks_read_as_gguf_dequantizes_them():
+    import gguf
+    import gguf.quants
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((6, 64)).astype(np.float32)
+    for qt in (gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1):
+        try:
+            raw = gguf.quants.quantize(w, qt)
+        except NotImplementedError:
+            continue  # an older gguf-py quantizes fewer types; the embedded model's test covers Q4_1
+        ref = gguf.quants.dequantize(raw, qt).reshape(6, 64)
+        qw = from_gguf_blocks(raw, qt.name, (6, 64))
+        np.testing.assert_array_equal(qw.dequantize().numpy(), ref)
+
+
+def _reference(x: torch.Tensor, qw: QuantWeight) -> torch.Tensor:
+    return (x.double() @ qw.dequantize().double().T).float()
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
+@pytest.mark.parametrize("m", [1, 2, 5, 8, 33, 64])
+@pytest.mark.parametrize("n,k", [(8, 32), (13, 64), (96, 576), (40, 1536)])
+def test_kernel_matches_the_dequantized_gemm(kernels, kind, m, n, k):
+    torch.manual_seed(m * 1000 + n + k)
+    qw = quantize(torch.randn(n, k), kind)
+    x = torch.randn(m, k)
+    if kind == "q8_0":
+        y = kernels.q8_0_linear(x, qw.qs, qw.d)
+    else:
+        y = kernels.q4_1_linear(x, qw.qs, qw.d, qw.m)
+    ref = _reference(x, qw)
+    # the activations are quantized to int8 per block of 32: ~0.5-1.5% relative error measured
+    assert (y - ref).norm() / ref.norm() < 0.03
+    assert y.shape == (m, n)
+
+
+def test_kernel_handles_zero_rows_and_zero_blocks(kernels):
+    qw = quantize(torch.zeros(8, 64), "q4_1")
+    assert kernels.q4_1_linear(torch.zeros(0, 64), qw.qs, qw.d, qw.m).shape == (0, 8)
+    assert torch.equal(kernels.q4_1_linear(torch.zeros(3, 64), qw.qs, qw.d, qw.m), torch.zeros(3, 8))
+
+
+def test_kernel_refuses_k_not_a_multiple_of_32(kernels):
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        kernels.q8_0_linear(torch.randn(2, 40), torch.zeros(4, 40, dtype=torch.int8),
+                            torch.zeros(4, 1, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
+def test_quant_linear_kernel_and_fallback_agree(kernels, kind):
+    torch.manual_seed(1)
+    qw = quantize(torch.randn(24, 128), kind)
+    bias = torch.randn(24)
+    x = torch.randn(2, 3, 128)
+    fast = QuantLinear(qw, bias, torch.float32, use_kernels=True)(x)
+    slow = QuantLinear(qw, bias, torch.float32, use_kernels=False)(x)
+    torch.testing.assert_close(slow, torch.nn.functional.linear(x, qw.dequantize(), bias))
+    assert fast.shape == slow.shape == (2, 3, 24)
+    assert (fast - slow).norm() / slow.norm() < 0.03
