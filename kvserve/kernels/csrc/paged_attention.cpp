@@ -7,7 +7,7 @@
 //   seq_info:      int32 [S, 3]             (first q row, number of q rows, context length incl. them)
 //
 // Query row i of sequence s sits at position ctx - n + i and attends to keys 0..that position.
-// Work items are (sequence, kv head, tile of query tokens): all the GQA heads of one kv head and
+// Work items are (sequence, kv heads, tile of query tokens): all the GQA heads of their kv heads and
 // up to kTile tokens share each pass over a K/V block, so each K/V row is read once per item.
 // Items are cut into per-thread chunks of equal estimated cost, so a few long contexts among
 // many short ones do not leave threads idle.
@@ -136,8 +136,61 @@ inline float dot(const float* a, const T* b, int d_rt) {
   return sum;
 }
 
+#if defined(__AVX2__) && !defined(__AVX512F__)
+// The 8 horizontal sums of a[0..7], as one vector.
+inline vf reduce8(const vf* a) {
+  vf t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+  vf t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+  vf u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);  // per 128-bit half: sums of a0..3, a4..7
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+#endif
+
+// s[j] = q . k_j for the n keys at k, kstride elements apart
+template <int DS, typename T>
+inline void scores(const float* q, const T* k, int64_t kstride, int n, int d_rt, float* s) {
+  const int d = DS > 0 ? DS : d_rt;
+  int j = 0;
+#if defined(__AVX2__) && !defined(__AVX512F__)
+  if (d % W == 0) {
+    for (; j + 8 <= n; j += 8) {  // 8 keys at once: independent FMA chains, one reduction for all
+      vf a[8];
+      for (int u = 0; u < 8; ++u) a[u] = vzero();
+      for (int i = 0; i < d; i += W) {
+        const vf qi = vload(q + i);
+        for (int u = 0; u < 8; ++u) a[u] = vfma(qi, vload(k + (j + u) * kstride + i), a[u]);
+      }
+      vstore(s + j, reduce8(a));
+    }
+  }
+#endif
+  for (; j < n; ++j) s[j] = dot<DS>(q, k + j * kstride, d);
+}
+
+// acc += sum_j p[j] v_j over the n rows at v, vstride elements apart. Keys outer, up to 8 vectors
+// of acc held in registers: independent FMA chains (a chain along the keys would wait on latency).
+template <int DS, typename T>
+inline void accumulate(float* acc, const float* p, const T* v, int64_t vstride, int n, int d_rt) {
+  const int d = DS > 0 ? DS : d_rt;
+  int i = 0;
+  while (i + W <= d) {
+    const int nc = std::min(8, (d - i) / W);
+    vf a[8];
+    for (int c = 0; c < nc; ++c) a[c] = vload(acc + i + c * W);
+    for (int j = 0; j < n; ++j) {
+      const vf pj = vset1(p[j]);
+      const T* vj = v + j * vstride + i;
+      for (int c = 0; c < nc; ++c) a[c] = vfma(pj, vload(vj + c * W), a[c]);
+    }
+    for (int c = 0; c < nc; ++c) vstore(acc + i + c * W, a[c]);
+    i += nc * W;
+  }
+  for (; i < d; ++i)
+    for (int j = 0; j < n; ++j) acc[i] += p[j] * to_f32(v[j * vstride + i]);
+}
+
 struct Item {
-  int32_t seq, head, t0, t1;  // sequence, kv head, query tokens [t0, t1) of the sequence's rows
+  int32_t seq, h0, h1, t0, t1;  // sequence, kv heads [h0, h1), query tokens [t0, t1) of its rows
 };
 
 struct Args {
@@ -164,11 +217,12 @@ void run_item(const Args& a, const Item& it, Scratch& sc) {
   const int bs = static_cast<int>(a.bs);
   const int32_t* info = a.info + 3 * it.seq;
   const int row0 = info[0], first_pos = info[2] - info[1];
-  const int R = (it.t1 - it.t0) * G;  // rows: token-major, the G heads of this kv head inside
+  const int HG = (it.h1 - it.h0) * G;  // query heads per token: those of kv heads h0..h1, in order
+  const int R = (it.t1 - it.t0) * HG;  // rows: token-major
   float *qb = sc.q.data(), *acc = sc.acc.data(), *m = sc.m.data(), *l = sc.l.data(), *s = sc.s.data();
   const TQ* q = static_cast<const TQ*>(a.q);
   for (int r = 0; r < R; ++r) {
-    const TQ* src = q + (row0 + it.t0 + r / G) * a.q_s0 + (it.head * G + r % G) * a.q_s1;
+    const TQ* src = q + (row0 + it.t0 + r / HG) * a.q_s0 + (it.h0 * G + r % HG) * a.q_s1;
     for (int i = 0; i < d; ++i) qb[r * d + i] = to_f32(src[i]) * a.scale;
     std::fill(acc + r * d, acc + (r + 1) * d, 0.f);
     m[r] = kNegInf;
@@ -176,22 +230,21 @@ void run_item(const Args& a, const Item& it, Scratch& sc) {
   }
   const int n_keys = first_pos + it.t1;  // keys 0..the last row's position
   const int32_t* table = a.tables + it.seq * a.width;
-  const int64_t kstride = a.kv_heads * d;  // from one slot's row of this head to the next slot's
+  const int64_t kstride = a.kv_heads * d;  // from one slot's row of a head to the next slot's
   for (int kb = 0; kb < n_keys; kb += bs) {
     const int n = std::min(bs, n_keys - kb);
-    const int64_t base = (static_cast<int64_t>(table[kb / bs]) * bs * a.kv_heads + it.head) * d;
-    const TKV* kp = static_cast<const TKV*>(a.k) + base;
-    const TKV* vp = static_cast<const TKV*>(a.v) + base;
+    const int64_t block = static_cast<int64_t>(table[kb / bs]) * bs * kstride;
     for (int r = 0; r < R; ++r) {
-      const int nv = std::min(n, first_pos + it.t0 + r / G + 1 - kb);  // causal: keys <= the row's position
+      const int nv = std::min(n, first_pos + it.t0 + r / HG + 1 - kb);  // causal: keys <= the row's position
       if (nv <= 0) continue;
+      const int64_t base = block + (it.h0 + (r % HG) / G) * d;
+      const TKV* kp = static_cast<const TKV*>(a.k) + base;
+      const TKV* vp = static_cast<const TKV*>(a.v) + base;
       const float* qr = qb + r * d;
       float* ar = acc + r * d;
       float bm = kNegInf;
-      for (int j = 0; j < nv; ++j) {
-        s[j] = dot<DS>(qr, kp + j * kstride, d);
-        bm = std::max(bm, s[j]);
-      }
+      scores<DS>(qr, kp, kstride, nv, d, s);
+      for (int j = 0; j < nv; ++j) bm = std::max(bm, s[j]);
       if (bm > m[r]) {  // a new running max: rescale what was accumulated under the old one
         if (m[r] != kNegInf) {
           const float alpha = std::exp(m[r] - bm);
@@ -206,19 +259,12 @@ void run_item(const Args& a, const Item& it, Scratch& sc) {
       float sum = 0.f;
       for (int j = 0; j < nv; ++j) sum += s[j];
       l[r] += sum;
-      int i = 0;
-      for (; i + W <= d; i += W) {  // acc += sum_j p_j v_j, one vector of the row in a register
-        vf acc_i = vload(ar + i);
-        for (int j = 0; j < nv; ++j) acc_i = vfma(vset1(s[j]), vload(vp + j * kstride + i), acc_i);
-        vstore(ar + i, acc_i);
-      }
-      for (; i < d; ++i)
-        for (int j = 0; j < nv; ++j) ar[i] += s[j] * to_f32(vp[j * kstride + i]);
+      accumulate<DS>(ar, s, vp, kstride, nv, d);
     }
   }
   TQ* out = static_cast<TQ*>(a.out);
   for (int r = 0; r < R; ++r) {
-    TQ* dst = out + (row0 + it.t0 + r / G) * a.o_s0 + (it.head * G + r % G) * a.o_s1;
+    TQ* dst = out + (row0 + it.t0 + r / HG) * a.o_s0 + (it.h0 * G + r % HG) * a.o_s1;
     const float inv = 1.f / l[r];
     for (int i = 0; i < d; ++i) dst[i] = static_cast<TQ>(acc[r * d + i] * inv);
   }
@@ -229,7 +275,7 @@ void run_all(const Args& a, const std::vector<Item>& items, const std::vector<in
   const int64_t G = a.heads / a.kv_heads;
   const int64_t chunks = static_cast<int64_t>(bounds.size()) - 1;
   at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-    Scratch sc(kTile * G, a.d, a.bs);
+    Scratch sc(std::max<int64_t>(kTile, a.kv_heads) * G, a.d, a.bs);
     for (int64_t c = begin; c < end; ++c)
       for (int64_t i = bounds[c]; i < bounds[c + 1]; ++i) run_item<DS, TQ, TKV>(a, items[i], sc);
   });
@@ -249,7 +295,7 @@ std::vector<int64_t> balance(const std::vector<Item>& items, const int32_t* info
   for (size_t i = 0; i < items.size(); ++i) {
     const Item& it = items[i];
     const int32_t first_pos = info[3 * it.seq + 2] - info[3 * it.seq + 1];
-    cum[i + 1] = cum[i] + static_cast<double>((it.t1 - it.t0) * G) * (first_pos + it.t1) + 64.0;
+    cum[i + 1] = cum[i] + static_cast<double>((it.t1 - it.t0) * (it.h1 - it.h0) * G) * (first_pos + it.t1) + 64.0;
   }
   const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(threads, items.size()));
   std::vector<int64_t> bounds{0};
@@ -288,6 +334,12 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
   const int64_t num_blocks = k_cache.size(0) / block_size;
   const int32_t* info = seq_info.data_ptr<int32_t>();
   const int32_t* tables = block_tables.data_ptr<int32_t>();
+  // A decode item takes the G heads of hp kv heads, so it streams whole slot rows of the cache
+  // (per kv head, strided reads cost 2.5x at 64 decodes); fewer when there are few sequences,
+  // so every thread has items. Multi-token items take one kv head and a tile of tokens.
+  const int64_t threads = at::get_num_threads();
+  int64_t hp = kv_heads;
+  while (hp > 1 && S * ((kv_heads + hp - 1) / hp) < 4 * threads) --hp;
   std::vector<Item> items;
   for (int64_t s = 0; s < S; ++s) {  // check every index the kernel will follow, then build the items
     const int32_t row0 = info[3 * s], nq = info[3 * s + 1], ctx = info[3 * s + 2];
@@ -297,14 +349,19 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
       const int32_t blk = tables[s * width + b];
       TORCH_CHECK(blk >= 0 && blk < num_blocks, "paged_attention: block id out of range, row ", s);
     }
-    for (int32_t h = 0; h < kv_heads; ++h)
-      for (int32_t t0 = 0; t0 < nq; t0 += kTile) items.push_back({static_cast<int32_t>(s), h, t0, std::min(nq, t0 + kTile)});
+    const int32_t si = static_cast<int32_t>(s);
+    if (nq == 1) {
+      for (int32_t h = 0; h < kv_heads; h += hp) items.push_back({si, h, static_cast<int32_t>(std::min(kv_heads, h + hp)), 0, 1});
+    } else {
+      for (int32_t h = 0; h < kv_heads; ++h)
+        for (int32_t t0 = 0; t0 < nq; t0 += kTile) items.push_back({si, h, h + 1, t0, std::min(nq, t0 + kTile)});
+    }
   }
   if (items.empty()) return;
   Args a{q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), tables, info,
          width, heads, kv_heads, d, block_size, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
          static_cast<float>(scale)};
-  const auto bounds = balance(items, info, heads / kv_heads, at::get_num_threads());
+  const auto bounds = balance(items, info, heads / kv_heads, threads);
   const bool q_f32 = q.scalar_type() == at::kFloat, kv_f32 = k_cache.scalar_type() == at::kFloat;
   if (q_f32 && kv_f32) dispatch_d<float, float>(a, items, bounds);
   else if (q_f32) dispatch_d<float, BF16>(a, items, bounds);
