@@ -2,7 +2,7 @@
 heads, head_dim 64, block 16): per case, the median of interleaved runs of build_metadata and of
 forward (KV write + attention), in milliseconds.
 
-    python scripts/bench_attention.py [--dtype float32] [--runs 15]
+    python scripts/bench_attention.py [--dtype float32] [--runs 15] [--threads N]
 """
 
 from __future__ import annotations
@@ -73,7 +73,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     assert load_kernels(), "the native kernels did not build"
     print(f"threads {torch.get_num_threads()}, simd {torch.ops.kvserve.simd_level()}, {args.dtype}")
@@ -84,6 +87,7 @@ def main() -> None:
                                                  key=lambda r: r[1]), dtype, args.runs)
     bench("chunk 256 after 1024 cached", [(256, 1024)], dtype, args.runs)
     bench("16 decodes@300 + chunk 128@512", [(1, 300)] * 16 + [(128, 512)], dtype, args.runs)
+    bench("fresh prefill 2048", [(2048, 0)], dtype, max(3, args.runs // 3))
     bench("fresh prefill 512", [(512, 0)], dtype, args.runs)
     bench("fresh prefill 64", [(64, 0)], dtype, args.runs)
 

@@ -41,8 +41,9 @@ def paged_unsupported(device: torch.device, model_dtype: torch.dtype, kv_dtype: 
 
 @dataclass
 class PagedMetadata(AttentionMetadata):
-    block_tables: torch.Tensor = field(default_factory=lambda: torch.empty(0, 0, dtype=torch.int32))  # [S, width]
-    seq_info: torch.Tensor = field(default_factory=lambda: torch.empty(0, 3, dtype=torch.int32))  # first row, rows, context
+    # the kernel's rows: every table one after another, and per sequence (first row, rows, context, table offset)
+    block_tables: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int32))
+    seq_info: torch.Tensor = field(default_factory=lambda: torch.empty(0, 4, dtype=torch.int32))
     fresh: list[tuple[int, int]] = field(default_factory=list)  # (first row, rows) of chunks starting a sequence
 
 
@@ -65,7 +66,7 @@ class PagedBackend(AttentionBackend):
         bs = self.pool.block_size
         slots: list[int] = []
         info: list[int] = []
-        tables: list[list[int]] = []
+        tables: list[int] = []  # concatenated, not padded: one long context costs the others nothing
         fresh: list[tuple[int, int]] = []
         row = 0
         for s in seqs:
@@ -78,18 +79,13 @@ class PagedBackend(AttentionBackend):
             if s.start == 0 and n > 1 and self.fresh_prefill_sdpa:
                 fresh.append((row, n))
             else:
-                info += (row, n, s.end)
-                tables.append(table)
+                info += (row, n, s.end, len(tables))
+                tables += table
             row += n
-        width = max((len(t) for t in tables), default=0)
-        flat: list[int] = []
-        for t in tables:
-            flat += t
-            flat += [0] * (width - len(t))
         return PagedMetadata(
             slot_mapping=torch.tensor(slots, device=self.device),
-            block_tables=torch.tensor(flat, dtype=torch.int32).view(len(tables), width),
-            seq_info=torch.tensor(info, dtype=torch.int32).view(-1, 3),
+            block_tables=torch.tensor(tables, dtype=torch.int32),
+            seq_info=torch.tensor(info, dtype=torch.int32).view(-1, 4),
             fresh=fresh,
         )
 

@@ -3,8 +3,8 @@
 //
 //   out, q:        [T, heads, d]            (float32 or bfloat16; out written for the listed rows only)
 //   k/v_cache:     [slots, kv_heads, d]     (float32 or bfloat16), slot = block * block_size + offset
-//   block_tables:  int32 [S, width]         sequence s's blocks, padded
-//   seq_info:      int32 [S, 3]             (first q row, number of q rows, context length incl. them)
+//   block_tables:  int32 [N]                every sequence's blocks, one table after another
+//   seq_info:      int32 [S, 4]             (first q row, q rows, context length incl. them, table offset)
 //
 // Query row i of sequence s sits at position ctx - n + i and attends to keys 0..that position.
 // Work items are (sequence, kv heads, tile of query tokens): all the GQA heads of their kv heads and
@@ -197,7 +197,7 @@ struct Args {
   const void *q, *k, *v;
   void* out;
   const int32_t *tables, *info;
-  int64_t width, heads, kv_heads, d, bs;
+  int64_t heads, kv_heads, d, bs;
   int64_t q_s0, q_s1, o_s0, o_s1;  // row and head strides of q and out
   float scale;
 };
@@ -215,7 +215,7 @@ void run_item(const Args& a, const Item& it, Scratch& sc) {
   const int d = DS > 0 ? DS : static_cast<int>(a.d);
   const int G = static_cast<int>(a.heads / a.kv_heads);
   const int bs = static_cast<int>(a.bs);
-  const int32_t* info = a.info + 3 * it.seq;
+  const int32_t* info = a.info + 4 * it.seq;
   const int row0 = info[0], first_pos = info[2] - info[1];
   const int HG = (it.h1 - it.h0) * G;  // query heads per token: those of kv heads h0..h1, in order
   const int R = (it.t1 - it.t0) * HG;  // rows: token-major
@@ -229,7 +229,7 @@ void run_item(const Args& a, const Item& it, Scratch& sc) {
     l[r] = 0.f;
   }
   const int n_keys = first_pos + it.t1;  // keys 0..the last row's position
-  const int32_t* table = a.tables + it.seq * a.width;
+  const int32_t* table = a.tables + info[3];
   const int64_t kstride = a.kv_heads * d;  // from one slot's row of a head to the next slot's
   for (int kb = 0; kb < n_keys; kb += bs) {
     const int n = std::min(bs, n_keys - kb);
@@ -294,7 +294,7 @@ std::vector<int64_t> balance(const std::vector<Item>& items, const int32_t* info
   std::vector<double> cum(items.size() + 1, 0.0);
   for (size_t i = 0; i < items.size(); ++i) {
     const Item& it = items[i];
-    const int32_t first_pos = info[3 * it.seq + 2] - info[3 * it.seq + 1];
+    const int32_t first_pos = info[4 * it.seq + 2] - info[4 * it.seq + 1];
     cum[i + 1] = cum[i] + static_cast<double>((it.t1 - it.t0) * (it.h1 - it.h0) * G) * (first_pos + it.t1) + 64.0;
   }
   const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(threads, items.size()));
@@ -326,11 +326,11 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
   const int64_t heads = q.size(1), kv_heads = k_cache.size(1), d = q.size(2);
   TORCH_CHECK(k_cache.size(2) == d && heads % kv_heads == 0, "paged_attention: heads/kv_heads/d mismatch");
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && seq_info.scalar_type() == at::kInt &&
-                  block_tables.dim() == 2 && seq_info.dim() == 2 && seq_info.size(1) == 3 &&
-                  block_tables.size(0) == seq_info.size(0) && block_tables.is_contiguous() && seq_info.is_contiguous(),
-              "paged_attention: block_tables int32 [S, width] and seq_info int32 [S, 3], contiguous");
+                  block_tables.dim() == 1 && seq_info.dim() == 2 && seq_info.size(1) == 4 &&
+                  block_tables.is_contiguous() && seq_info.is_contiguous(),
+              "paged_attention: block_tables int32 [N] and seq_info int32 [S, 4], contiguous");
   TORCH_CHECK(block_size >= 1, "paged_attention: block_size must be positive");
-  const int64_t S = seq_info.size(0), width = block_tables.size(1), T = q.size(0);
+  const int64_t S = seq_info.size(0), num_entries = block_tables.size(0), T = q.size(0);
   const int64_t num_blocks = k_cache.size(0) / block_size;
   const int32_t* info = seq_info.data_ptr<int32_t>();
   const int32_t* tables = block_tables.data_ptr<int32_t>();
@@ -342,11 +342,12 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
   while (hp > 1 && S * ((kv_heads + hp - 1) / hp) < 4 * threads) --hp;
   std::vector<Item> items;
   for (int64_t s = 0; s < S; ++s) {  // check every index the kernel will follow, then build the items
-    const int32_t row0 = info[3 * s], nq = info[3 * s + 1], ctx = info[3 * s + 2];
+    const int32_t row0 = info[4 * s], nq = info[4 * s + 1], ctx = info[4 * s + 2], offset = info[4 * s + 3];
+    const int64_t used = (ctx + block_size - 1) / block_size;
     TORCH_CHECK(row0 >= 0 && nq >= 1 && row0 + nq <= T && ctx >= nq, "paged_attention: bad seq_info row ", s);
-    TORCH_CHECK((ctx + block_size - 1) / block_size <= width, "paged_attention: block table too short, row ", s);
-    for (int64_t b = 0; b < (ctx + block_size - 1) / block_size; ++b) {
-      const int32_t blk = tables[s * width + b];
+    TORCH_CHECK(offset >= 0 && offset + used <= num_entries, "paged_attention: block table too short, row ", s);
+    for (int64_t b = 0; b < used; ++b) {
+      const int32_t blk = tables[offset + b];
       TORCH_CHECK(blk >= 0 && blk < num_blocks, "paged_attention: block id out of range, row ", s);
     }
     const int32_t si = static_cast<int32_t>(s);
@@ -358,8 +359,7 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
     }
   }
   if (items.empty()) return;
-  Args a{q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), tables, info,
-         width, heads, kv_heads, d, block_size, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+  Args a{q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), tables, info, heads, kv_heads, d, block_size, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
          static_cast<float>(scale)};
   const auto bounds = balance(items, info, heads / kv_heads, threads);
   const bool q_f32 = q.scalar_type() == at::kFloat, kv_f32 = k_cache.scalar_type() == at::kFloat;
