@@ -73,8 +73,9 @@ class CacheConfig:
     kv_offload_disk_gb: float = field(default=10.0, metadata={"help": "size bound of the disk tier, GiB"})
     kv_cache_dtype: str = field(default="auto", metadata={"help": "how the KV cache stores K and V: auto (in the "
                                 "model's --dtype); other KV pools register by name (kvserve.attention.register_kv_pool)"})
-    attention_backend: str = field(default="gather-sdpa", metadata={"help": "attention implementation: gather-sdpa "
-                                   "(gathers each sequence's KV through its block table, then torch SDPA); others "
+    attention_backend: str = field(default="auto", metadata={"help": "attention implementation: auto (paged where "
+                                   "its native CPU kernel runs, else gather-sdpa), paged (reads KV in place through the "
+                                   "block tables), gather-sdpa (gathers each sequence's KV, then torch SDPA); others "
                                    "register by name (kvserve.attention.register_attention_backend)"})
 
     def __post_init__(self) -> None:

@@ -1,6 +1,6 @@
 """Attention on the paged KV cache: the KV pool that owns the cache tensors, and the backends
 that attend over it, each chosen by name from a registry (``--kv-cache-dtype``,
-``--attention-backend``)."""
+``--attention-backend``; ``auto`` picks one for the device and KV dtype)."""
 
 from kvserve.attention.backend import (
     DEFAULT_ATTENTION_BACKEND,
@@ -12,7 +12,8 @@ from kvserve.attention.backend import (
     register_attention_backend,
 )
 from kvserve.attention.kv_pool import KVPool, get_kv_pool, kv_pool_names, register_kv_pool
-from kvserve.attention import sdpa  # noqa: F401  (registers the default backend)
+from kvserve.attention import paged, sdpa  # noqa: F401  (register the backends)
+from kvserve.attention.auto import choose_attention_backend
 
 __all__ = [
     "DEFAULT_ATTENTION_BACKEND",
@@ -21,6 +22,7 @@ __all__ = [
     "KVPool",
     "SeqRows",
     "attention_backend_names",
+    "choose_attention_backend",
     "get_attention_backend",
     "get_kv_pool",
     "kv_pool_names",

@@ -18,7 +18,7 @@ import torch
 from kvserve.attention.kv_pool import KVPool
 from kvserve.attention.registry import Registry
 
-DEFAULT_ATTENTION_BACKEND = "gather-sdpa"
+DEFAULT_ATTENTION_BACKEND = "auto"  # resolved by kvserve.attention.auto: paged where it runs
 
 
 @dataclass

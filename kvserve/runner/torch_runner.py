@@ -11,7 +11,7 @@ import logging
 
 import torch
 
-from kvserve.attention import SeqRows, get_attention_backend, get_kv_pool
+from kvserve.attention import SeqRows, choose_attention_backend, get_kv_pool
 from kvserve.config import CacheConfig
 from kvserve.engine.batch import Batch, ScheduledChunk, StepOutput
 from kvserve.kv.manager import KVTransfer
@@ -48,7 +48,8 @@ class TorchRunner:
         self.cfg = cfg
         self.block_size = block_size = cache.block_size
         num_kv_blocks = cache.num_kv_blocks
-        pool_cls, backend_cls = get_kv_pool(cache.kv_cache_dtype), get_attention_backend(cache.attention_backend)
+        pool_cls = get_kv_pool(cache.kv_cache_dtype)
+        backend_cls = choose_attention_backend(cache.attention_backend, self.device, dtype, pool_cls.storage_dtype(dtype))
 
         self.model = LlamaForCausalLM.from_hf_weights(cfg, weights, dtype, self.device, quantization)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvserve.attention import DEFAULT_ATTENTION_BACKEND, SeqRows, get_attention_backend, get_kv_pool
+from kvserve.attention import DEFAULT_ATTENTION_BACKEND, SeqRows, choose_attention_backend, get_kv_pool
 from kvserve.kv.block_pool import BlockPool
 from kvserve.model.config import ModelConfig
 from kvserve.model.llama import LlamaForCausalLM
@@ -39,7 +39,8 @@ class DraftProposer:
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], *, dtype: torch.dtype,
                  device: torch.device, num_blocks: int, block_size: int, seed: int = 0,
                  attention_backend: str = DEFAULT_ATTENTION_BACKEND, kv_cache_dtype: str = "auto"):
-        pool_cls, backend_cls = get_kv_pool(kv_cache_dtype), get_attention_backend(attention_backend)
+        pool_cls = get_kv_pool(kv_cache_dtype)
+        backend_cls = choose_attention_backend(attention_backend, device, dtype, pool_cls.storage_dtype(dtype))
         self.model = LlamaForCausalLM.from_hf_weights(cfg, weights, dtype, device)
         self.device = device
         self.block_size = block_size

@@ -1,0 +1,378 @@
+// kvserve::paged_attention: causal attention for a flat ragged batch of query rows, reading each
+// sequence's K/V in place through its block table (no gather), with a streaming softmax in fp32.
+//
+//   out, q:        [T, heads, d]            (float32 or bfloat16; out written for the listed rows only)
+//   k/v_cache:     [slots, kv_heads, d]     (float32 or bfloat16), slot = block * block_size + offset
+//   block_tables:  int32 [N]                every sequence's blocks, one table after another
+//   seq_info:      int32 [S, 4]             (first q row, q rows, context length incl. them, table offset)
+//
+// Query row i of sequence s sits at position ctx - n + i and attends to keys 0..that position.
+// Work items are (sequence, kv heads, tile of query tokens): all the GQA heads of their kv heads and
+// up to kTile tokens share each pass over a K/V block, so each K/V row is read once per item.
+// Items are cut into per-thread chunks of equal estimated cost, so a few long contexts among
+// many short ones do not leave threads idle.
+#include "common.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+using BF16 = c10::BFloat16;
+constexpr int kTile = 16;  // query tokens per work item (multi-token rows)
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// ---- one vector of floats: AVX512 (16 lanes), AVX2 (8 lanes) or scalar (1 lane) -------------
+#if defined(__AVX512F__)
+constexpr int W = 16;
+using vf = __m512;
+inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
+inline vf vload(const BF16* p) {  // bf16 -> fp32 is a 16-bit shift
+  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline void vstore(float* p, vf x) { _mm512_storeu_ps(p, x); }
+inline vf vset1(float x) { return _mm512_set1_ps(x); }
+inline vf vzero() { return _mm512_setzero_ps(); }
+inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
+inline float vsum(vf x) { return _mm512_reduce_add_ps(x); }
+inline vf vround(vf x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline vf vscale2(vf p, vf n) {  // p * 2^n, n integral
+  __m512i e = _mm512_slli_epi32(_mm512_cvtps_epi32(n), 23);
+  return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), e));
+}
+#elif defined(__AVX2__)
+constexpr int W = 8;
+using vf = __m256;
+inline vf vload(const float* p) { return _mm256_loadu_ps(p); }
+inline vf vload(const BF16* p) {
+  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline void vstore(float* p, vf x) { _mm256_storeu_ps(p, x); }
+inline vf vset1(float x) { return _mm256_set1_ps(x); }
+inline vf vzero() { return _mm256_setzero_ps(); }
+#if defined(__FMA__)
+inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+#else
+inline vf vfma(vf a, vf b, vf c) { return _mm256_add_ps(_mm256_mul_ps(a, b), c); }
+#endif
+inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
+inline vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
+inline float vsum(vf x) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
+}
+inline vf vround(vf x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline vf vscale2(vf p, vf n) {
+  __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+  return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
+}
+#else
+constexpr int W = 1;
+using vf = float;
+inline vf vload(const float* p) { return *p; }
+inline vf vload(const BF16* p) { return static_cast<float>(*p); }
+inline void vstore(float* p, vf x) { *p = x; }
+inline vf vset1(float x) { return x; }
+inline vf vzero() { return 0.f; }
+inline vf vfma(vf a, vf b, vf c) { return a * b + c; }
+inline vf vmul(vf a, vf b) { return a * b; }
+inline vf vadd(vf a, vf b) { return a + b; }
+inline vf vmax(vf a, vf b) { return std::max(a, b); }
+inline float vsum(vf x) { return x; }
+#endif
+
+// exp(x) for x <= 0 (scores minus their running max). Vector paths: 2^(x log2 e) split into an
+// integer power (exponent bits) and 2^f, |f| <= 1/2, by its degree-7 Taylor polynomial (relative
+// error ~1e-8, below fp32's epsilon). Inputs below -87 give ~1e-38 instead of 0: negligible.
+inline vf vexp(vf x) {
+#if defined(__AVX2__) || defined(__AVX512F__)
+  x = vmax(x, vset1(-87.0f));
+  vf t = vmul(x, vset1(1.4426950408889634f));
+  vf n = vround(t);
+  vf f = vfma(n, vset1(-1.0f), t);
+  vf p = vset1(1.525273380405984e-05f);
+  p = vfma(p, f, vset1(1.5403530393381606e-04f));
+  p = vfma(p, f, vset1(1.3333558146428443e-03f));
+  p = vfma(p, f, vset1(9.618129107628477e-03f));
+  p = vfma(p, f, vset1(5.550410866482158e-02f));
+  p = vfma(p, f, vset1(2.402265069591007e-01f));
+  p = vfma(p, f, vset1(6.931471805599453e-01f));
+  p = vfma(p, f, vset1(1.0f));
+  return vscale2(p, n);
+#else
+  return std::exp(x);
+#endif
+}
+
+template <typename T>
+inline float to_f32(T x) { return static_cast<float>(x); }
+
+// a . b over d floats
+template <int DS, typename T>
+inline float dot(const float* a, const T* b, int d_rt) {
+  const int d = DS > 0 ? DS : d_rt;
+  vf s0 = vzero(), s1 = vzero();
+  int i = 0;
+  for (; i + 2 * W <= d; i += 2 * W) {
+    s0 = vfma(vload(a + i), vload(b + i), s0);
+    s1 = vfma(vload(a + i + W), vload(b + i + W), s1);
+  }
+  for (; i + W <= d; i += W) s0 = vfma(vload(a + i), vload(b + i), s0);
+  float sum = vsum(vadd(s0, s1));
+  for (; i < d; ++i) sum += a[i] * to_f32(b[i]);  // a head_dim that is not a multiple of W
+  return sum;
+}
+
+#if defined(__AVX2__) && !defined(__AVX512F__)
+// The 8 horizontal sums of a[0..7], as one vector.
+inline vf reduce8(const vf* a) {
+  vf t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+  vf t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+  vf u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);  // per 128-bit half: sums of a0..3, a4..7
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+#endif
+
+// s[j] = q . k_j for the n keys at k, kstride elements apart
+template <int DS, typename T>
+inline void scores(const float* q, const T* k, int64_t kstride, int n, int d_rt, float* s) {
+  const int d = DS > 0 ? DS : d_rt;
+  int j = 0;
+#if defined(__AVX2__) && !defined(__AVX512F__)
+  if (d % W == 0) {
+    for (; j + 8 <= n; j += 8) {  // 8 keys at once: independent FMA chains, one reduction for all
+      vf a[8];
+      for (int u = 0; u < 8; ++u) a[u] = vzero();
+      for (int i = 0; i < d; i += W) {
+        const vf qi = vload(q + i);
+        for (int u = 0; u < 8; ++u) a[u] = vfma(qi, vload(k + (j + u) * kstride + i), a[u]);
+      }
+      vstore(s + j, reduce8(a));
+    }
+  }
+#endif
+  for (; j < n; ++j) s[j] = dot<DS>(q, k + j * kstride, d);
+}
+
+// acc += sum_j p[j] v_j over the n rows at v, vstride elements apart. Keys outer, up to 8 vectors
+// of acc held in registers: independent FMA chains (a chain along the keys would wait on latency).
+template <int DS, typename T>
+inline void accumulate(float* acc, const float* p, const T* v, int64_t vstride, int n, int d_rt) {
+  const int d = DS > 0 ? DS : d_rt;
+  int i = 0;
+  while (i + W <= d) {
+    const int nc = std::min(8, (d - i) / W);
+    vf a[8];
+    for (int c = 0; c < nc; ++c) a[c] = vload(acc + i + c * W);
+    for (int j = 0; j < n; ++j) {
+      const vf pj = vset1(p[j]);
+      const T* vj = v + j * vstride + i;
+      for (int c = 0; c < nc; ++c) a[c] = vfma(pj, vload(vj + c * W), a[c]);
+    }
+    for (int c = 0; c < nc; ++c) vstore(acc + i + c * W, a[c]);
+    i += nc * W;
+  }
+  for (; i < d; ++i)
+    for (int j = 0; j < n; ++j) acc[i] += p[j] * to_f32(v[j * vstride + i]);
+}
+
+struct Item {
+  int32_t seq, h0, h1, t0, t1;  // sequence, kv heads [h0, h1), query tokens [t0, t1) of its rows
+};
+
+struct Args {
+  const void *q, *k, *v;
+  void* out;
+  const int32_t *tables, *info;
+  int64_t heads, kv_heads, d, bs;
+  int64_t q_s0, q_s1, o_s0, o_s1;  // row and head strides of q and out
+  float scale;
+};
+
+// Per-thread scratch: the item's query rows (fp32, pre-scaled), their accumulators and softmax
+// state, and one block's scores (padded to whole vectors).
+struct Scratch {
+  std::vector<float> q, acc, m, l, s;
+  Scratch(int64_t rows, int64_t d, int64_t bs)
+      : q(rows * d), acc(rows * d), m(rows), l(rows), s((bs + W - 1) / W * W) {}
+};
+
+template <int DS, typename TQ, typename TKV>
+void run_item(const Args& a, const Item& it, Scratch& sc) {
+  const int d = DS > 0 ? DS : static_cast<int>(a.d);
+  const int G = static_cast<int>(a.heads / a.kv_heads);
+  const int bs = static_cast<int>(a.bs);
+  const int32_t* info = a.info + 4 * it.seq;
+  const int row0 = info[0], first_pos = info[2] - info[1];
+  const int HG = (it.h1 - it.h0) * G;  // query heads per token: those of kv heads h0..h1, in order
+  const int R = (it.t1 - it.t0) * HG;  // rows: token-major
+  float *qb = sc.q.data(), *acc = sc.acc.data(), *m = sc.m.data(), *l = sc.l.data(), *s = sc.s.data();
+  const TQ* q = static_cast<const TQ*>(a.q);
+  for (int r = 0; r < R; ++r) {
+    const TQ* src = q + (row0 + it.t0 + r / HG) * a.q_s0 + (it.h0 * G + r % HG) * a.q_s1;
+    for (int i = 0; i < d; ++i) qb[r * d + i] = to_f32(src[i]) * a.scale;
+    std::fill(acc + r * d, acc + (r + 1) * d, 0.f);
+    m[r] = kNegInf;
+    l[r] = 0.f;
+  }
+  const int n_keys = first_pos + it.t1;  // keys 0..the last row's position
+  const int32_t* table = a.tables + info[3];
+  const int64_t kstride = a.kv_heads * d;  // from one slot's row of a head to the next slot's
+  for (int kb = 0; kb < n_keys; kb += bs) {
+    const int n = std::min(bs, n_keys - kb);
+    const int64_t block = static_cast<int64_t>(table[kb / bs]) * bs * kstride;
+    for (int r = 0; r < R; ++r) {
+      const int nv = std::min(n, first_pos + it.t0 + r / HG + 1 - kb);  // causal: keys <= the row's position
+      if (nv <= 0) continue;
+      const int64_t base = block + (it.h0 + (r % HG) / G) * d;
+      const TKV* kp = static_cast<const TKV*>(a.k) + base;
+      const TKV* vp = static_cast<const TKV*>(a.v) + base;
+      const float* qr = qb + r * d;
+      float* ar = acc + r * d;
+      float bm = kNegInf;
+      scores<DS>(qr, kp, kstride, nv, d, s);
+      for (int j = 0; j < nv; ++j) bm = std::max(bm, s[j]);
+      if (bm > m[r]) {  // a new running max: rescale what was accumulated under the old one
+        if (m[r] != kNegInf) {
+          const float alpha = std::exp(m[r] - bm);
+          l[r] *= alpha;
+          for (int i = 0; i < d; ++i) ar[i] *= alpha;
+        }
+        m[r] = bm;
+      }
+      const vf neg_m = vset1(-m[r]);
+      for (int j = nv; j % W; ++j) s[j] = kNegInf;  // pad to whole vectors; never summed
+      for (int j = 0; j < nv; j += W) vstore(s + j, vexp(vadd(vload(s + j), neg_m)));
+      float sum = 0.f;
+      for (int j = 0; j < nv; ++j) sum += s[j];
+      l[r] += sum;
+      accumulate<DS>(ar, s, vp, kstride, nv, d);
+    }
+  }
+  TQ* out = static_cast<TQ*>(a.out);
+  for (int r = 0; r < R; ++r) {
+    TQ* dst = out + (row0 + it.t0 + r / HG) * a.o_s0 + (it.h0 * G + r % HG) * a.o_s1;
+    const float inv = 1.f / l[r];
+    for (int i = 0; i < d; ++i) dst[i] = static_cast<TQ>(acc[r * d + i] * inv);
+  }
+}
+
+template <int DS, typename TQ, typename TKV>
+void run_all(const Args& a, const std::vector<Item>& items, const std::vector<int64_t>& bounds) {
+  const int64_t G = a.heads / a.kv_heads;
+  const int64_t chunks = static_cast<int64_t>(bounds.size()) - 1;
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    Scratch sc(std::max<int64_t>(kTile, a.kv_heads) * G, a.d, a.bs);
+    for (int64_t c = begin; c < end; ++c)
+      for (int64_t i = bounds[c]; i < bounds[c + 1]; ++i) run_item<DS, TQ, TKV>(a, items[i], sc);
+  });
+}
+
+template <typename TQ, typename TKV>
+void dispatch_d(const Args& a, const std::vector<Item>& items, const std::vector<int64_t>& bounds) {
+  if (a.d == 64) return run_all<64, TQ, TKV>(a, items, bounds);  // the common head sizes, unrolled
+  if (a.d == 128) return run_all<128, TQ, TKV>(a, items, bounds);
+  run_all<0, TQ, TKV>(a, items, bounds);
+}
+
+// Items in sequence order, cut into one contiguous chunk per thread of about equal cost: rows x
+// keys read, plus a fixed cost per item.
+std::vector<int64_t> balance(const std::vector<Item>& items, const int32_t* info, int64_t G, int64_t threads) {
+  std::vector<double> cum(items.size() + 1, 0.0);
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Item& it = items[i];
+    const int32_t first_pos = info[4 * it.seq + 2] - info[4 * it.seq + 1];
+    cum[i + 1] = cum[i] + static_cast<double>((it.t1 - it.t0) * (it.h1 - it.h0) * G) * (first_pos + it.t1) + 64.0;
+  }
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(threads, items.size()));
+  std::vector<int64_t> bounds{0};
+  for (int64_t c = 1; c < chunks; ++c) {
+    const double target = cum.back() * c / chunks;
+    size_t i = bounds.back();
+    while (i < items.size() && (cum[i] + cum[i + 1]) / 2 < target) ++i;  // an item goes where its middle falls
+    bounds.push_back(i);
+  }
+  bounds.push_back(items.size());
+  return bounds;
+}
+
+bool float_or_bf16(const at::Tensor& t) {
+  return t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16;
+}
+
+void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                     const at::Tensor& block_tables, const at::Tensor& seq_info, int64_t block_size, double scale) {
+  TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu(), "paged_attention: CPU tensors only");
+  TORCH_CHECK(q.dim() == 3 && out.sizes() == q.sizes() && out.scalar_type() == q.scalar_type(),
+              "paged_attention: q and out must be [T, heads, d] of one dtype");
+  TORCH_CHECK(q.stride(2) == 1 && out.stride(2) == 1, "paged_attention: q and out need a contiguous last dim");
+  TORCH_CHECK(k_cache.dim() == 3 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  k_cache.sizes() == v_cache.sizes() && k_cache.scalar_type() == v_cache.scalar_type(),
+              "paged_attention: k_cache and v_cache must be contiguous [slots, kv_heads, d] of one dtype");
+  TORCH_CHECK(float_or_bf16(q) && float_or_bf16(k_cache), "paged_attention: float32 or bfloat16 only");
+  const int64_t heads = q.size(1), kv_heads = k_cache.size(1), d = q.size(2);
+  TORCH_CHECK(k_cache.size(2) == d && heads % kv_heads == 0, "paged_attention: heads/kv_heads/d mismatch");
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt && seq_info.scalar_type() == at::kInt &&
+                  block_tables.dim() == 1 && seq_info.dim() == 2 && seq_info.size(1) == 4 &&
+                  block_tables.is_contiguous() && seq_info.is_contiguous(),
+              "paged_attention: block_tables int32 [N] and seq_info int32 [S, 4], contiguous");
+  TORCH_CHECK(block_size >= 1, "paged_attention: block_size must be positive");
+  const int64_t S = seq_info.size(0), num_entries = block_tables.size(0), T = q.size(0);
+  const int64_t num_blocks = k_cache.size(0) / block_size;
+  const int32_t* info = seq_info.data_ptr<int32_t>();
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  // A decode item takes the G heads of hp kv heads, so it streams whole slot rows of the cache
+  // (per kv head, strided reads cost 2.5x at 64 decodes); fewer when there are few sequences,
+  // so every thread has items. Multi-token items take one kv head and a tile of tokens.
+  const int64_t threads = at::get_num_threads();
+  int64_t hp = kv_heads;
+  while (hp > 1 && S * ((kv_heads + hp - 1) / hp) < 4 * threads) --hp;
+  std::vector<Item> items;
+  for (int64_t s = 0; s < S; ++s) {  // check every index the kernel will follow, then build the items
+    const int32_t row0 = info[4 * s], nq = info[4 * s + 1], ctx = info[4 * s + 2], offset = info[4 * s + 3];
+    const int64_t used = (ctx + block_size - 1) / block_size;
+    TORCH_CHECK(row0 >= 0 && nq >= 1 && row0 + nq <= T && ctx >= nq, "paged_attention: bad seq_info row ", s);
+    TORCH_CHECK(offset >= 0 && offset + used <= num_entries, "paged_attention: block table too short, row ", s);
+    for (int64_t b = 0; b < used; ++b) {
+      const int32_t blk = tables[offset + b];
+      TORCH_CHECK(blk >= 0 && blk < num_blocks, "paged_attention: block id out of range, row ", s);
+    }
+    const int32_t si = static_cast<int32_t>(s);
+    if (nq == 1) {
+      for (int32_t h = 0; h < kv_heads; h += hp) items.push_back({si, h, static_cast<int32_t>(std::min(kv_heads, h + hp)), 0, 1});
+    } else {
+      for (int32_t h = 0; h < kv_heads; ++h)
+        for (int32_t t0 = 0; t0 < nq; t0 += kTile) items.push_back({si, h, h + 1, t0, std::min(nq, t0 + kTile)});
+    }
+  }
+  if (items.empty()) return;
+  Args a{q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), tables, info, heads, kv_heads, d, block_size, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+         static_cast<float>(scale)};
+  const auto bounds = balance(items, info, heads / kv_heads, threads);
+  const bool q_f32 = q.scalar_type() == at::kFloat, kv_f32 = k_cache.scalar_type() == at::kFloat;
+  if (q_f32 && kv_f32) dispatch_d<float, float>(a, items, bounds);
+  else if (q_f32) dispatch_d<float, BF16>(a, items, bounds);
+  else if (kv_f32) dispatch_d<BF16, float>(a, items, bounds);
+  else dispatch_d<BF16, BF16>(a, items, bounds);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(kvserve, m) {
+  m.def("paged_attention(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+        "Tensor seq_info, int block_size, float scale) -> ()",
+        &paged_attention);
+}

@@ -1,0 +1,133 @@
+"""The paged attention op against a plain torch reference (gather through the block table, then a
+masked softmax in float64): ragged decodes, scattered tables, partial blocks, GQA and MHA,
+multi-token rows continuing a context, mixed batches, float32 and bfloat16."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernels():
+    from kvserve.kernels import load_kernels
+
+    if not load_kernels():
+        pytest.skip("native kernels did not build")
+
+
+def make_case(seqs: list[tuple[int, int]], *, heads=6, kv_heads=2, d=64, bs=16, dtype=torch.float32, seed=0,
+              pad_width=3):
+    """``seqs``: (query rows, context length incl. them) per sequence; the blocks of all sequences
+    are one shuffled pool, so every table is non-contiguous."""
+    g = torch.Generator().manual_seed(seed)
+    need = [math.ceil(ctx / bs) for _, ctx in seqs]
+    num_blocks = sum(need) + 5
+    k = torch.randn(num_blocks * bs, kv_heads, d, generator=g).to(dtype)
+    v = torch.randn(num_blocks * bs, kv_heads, d, generator=g).to(dtype)
+    perm = torch.randperm(num_blocks, generator=g).tolist()
+    tables: list[int] = []
+    info = []
+    row = 0
+    for (n, ctx), nb in zip(seqs, need):
+        info.append([row, n, ctx, len(tables)])
+        tables += [perm.pop() for _ in range(nb)] + [0] * pad_width  # tables may hold more than the context needs
+        row += n
+    q = torch.randn(row, heads, d, generator=g).to(dtype)
+    return q, k, v, torch.tensor(tables, dtype=torch.int32), torch.tensor(info, dtype=torch.int32), bs
+
+
+def reference(q, k, v, tables, info, bs) -> torch.Tensor:
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    rep = q.shape[1] // k.shape[1]
+    for row, n, ctx, offset in info.tolist():
+        table = tables[offset:].tolist()
+        slots = torch.tensor([table[p // bs] * bs + p % bs for p in range(ctx)])
+        kc = k[slots].double().repeat_interleave(rep, dim=1).transpose(0, 1)  # [heads, ctx, d]
+        vc = v[slots].double().repeat_interleave(rep, dim=1).transpose(0, 1)
+        qs = q[row : row + n].double().transpose(0, 1)  # [heads, n, d]
+        scores = qs @ kc.transpose(1, 2) / math.sqrt(q.shape[-1])
+        causal = torch.arange(ctx)[None, :] <= torch.arange(ctx - n, ctx)[:, None]
+        scores = scores.masked_fill(~causal, float("-inf"))
+        out[row : row + n] = (torch.softmax(scores, dim=-1) @ vc).transpose(0, 1)
+    return out
+
+
+def run_op(q, k, v, tables, info, bs) -> torch.Tensor:
+    out = torch.full_like(q, float("nan"))
+    torch.ops.kvserve.paged_attention(out, q, k, v, tables, info, bs, 1 / math.sqrt(q.shape[-1]))
+    return out
+
+
+def check(seqs, tol=2e-5, **kw):
+    q, k, v, tables, info, bs = make_case(seqs, **kw)
+    got = run_op(q, k, v, tables, info, bs)
+    want = reference(q, k, v, tables, info, bs)
+    torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
+
+
+def test_decodes_with_very_different_contexts_and_partial_blocks():
+    check([(1, c) for c in (1, 2, 15, 16, 17, 33, 130, 700, 1500)])
+
+
+@pytest.mark.parametrize("heads, kv_heads", [(9, 3), (4, 4), (8, 1)])
+def test_gqa_and_mha(heads, kv_heads):
+    check([(1, 40), (1, 5), (1, 200)], heads=heads, kv_heads=kv_heads)
+
+
+@pytest.mark.parametrize("d, bs", [(64, 16), (128, 4), (32, 1), (80, 7), (20, 5)])
+def test_head_dims_and_block_sizes(d, bs):
+    check([(1, 23), (3, 30), (1, 1)], d=d, bs=bs)
+
+
+def test_multi_token_rows_continue_a_cached_context():
+    # chunks longer than a tile, a tile boundary inside a block, a chunk that starts the sequence
+    check([(5, 12), (37, 100), (16, 16), (50, 50), (2, 300)])
+
+
+def test_mixed_batch_of_decodes_chunks_and_a_fresh_prefill():
+    check([(1, 9), (1, 64), (1, 513), (20, 90), (4, 4), (33, 33), (6, 1006)], heads=9, kv_heads=3)
+
+
+def test_bfloat16_q_and_kv():
+    check([(1, 17), (1, 300), (9, 60), (18, 18)], dtype=torch.bfloat16, tol=2e-2)
+
+
+def test_float32_q_with_bfloat16_kv():
+    q, k, v, tables, info, bs = make_case([(1, 50), (7, 70)])
+    kb, vb = k.bfloat16(), v.bfloat16()
+    got = run_op(q, kb, vb, tables, info, bs)
+    torch.testing.assert_close(got.double(), reference(q, kb.float(), vb.float(), tables, info, bs), atol=2e-5, rtol=2e-5)
+
+
+def test_only_the_listed_rows_are_written_and_strided_q_works():
+    q, k, v, tables, info, bs = make_case([(1, 30), (4, 40)])
+    wide = torch.randn(q.shape[0], q.shape[1], q.shape[2] * 2)
+    wide[..., : q.shape[2]] = q
+    qs = wide[..., : q.shape[2]]  # a view with a row stride twice the contiguous one
+    out = torch.full((q.shape[0] + 3, *q.shape[1:]), 7.0)
+    info_shifted = info.clone()
+    info_shifted[:, 0] += 3
+    qpad = torch.cat([torch.zeros(3, *q.shape[1:]), q])
+    torch.ops.kvserve.paged_attention(out, qpad, k, v, tables, info_shifted, bs, 1 / 8)
+    assert (out[:3] == 7.0).all()
+    got = run_op(qs, k, v, tables, info, bs)
+    torch.testing.assert_close(out[3:], got)
+    torch.testing.assert_close(got.double(), reference(q, k, v, tables, info, bs), atol=2e-5, rtol=2e-5)
+
+
+def test_bad_indices_are_refused_not_followed():
+    q, k, v, tables, info, bs = make_case([(1, 30)])
+    bad = tables.clone()
+    bad[0] = 10_000
+    with pytest.raises(RuntimeError, match="block id out of range"):
+        run_op(q, k, v, bad, info, bs)
+    info_long = info.clone()
+    info_long[0, 2] = 10_000
+    with pytest.raises(RuntimeError, match="block table too short"):
+        run_op(q, k, v, tables, info_long, bs)

@@ -1,0 +1,158 @@
+"""The paged attention backend: same outputs and cache writes as gather-sdpa on one step's mixed
+rows, the same greedy tokens end to end (chunked prefill, prefix-cache hits, speculative verify
+rows, a draft model), and ``auto`` choosing it only where its kernel runs."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import hf_weights, kvserve_config, tiny_hf_model
+from kvserve import SamplingParams
+from kvserve.attention import KVPool, SeqRows, choose_attention_backend, get_attention_backend
+from kvserve.attention.paged import PagedBackend
+from kvserve.attention.sdpa import GatherSdpaBackend
+from kvserve.errors import InvalidArgumentError
+from kvserve.kv.layout import KVLayout
+from kvserve.llm import LLM
+
+needs_kernels = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler")
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    from kvserve.kernels import load_kernels
+
+    if not load_kernels():
+        pytest.skip("native kernels did not build")
+
+
+def step_case(dtype=torch.float32, heads=9, kv_heads=3, d=64, bs=16, seed=0):
+    """A pool with cached context and one step: decodes (sorted by context), a chunk continuing a
+    context, a fresh prefill, a one-token fresh prompt; block tables drawn from a shuffled pool."""
+    rng = random.Random(seed)
+    layout = KVLayout(1, kv_heads, d, bs, str(dtype).removeprefix("torch."))
+    pool = KVPool(layout, num_blocks=200, device=CPU)
+    g = torch.Generator().manual_seed(seed)
+    for t in pool.layers[0]:
+        t[: pool.null_slot] = torch.randn(pool.null_slot, kv_heads, d, generator=g).to(dtype)
+    free = list(range(200))
+    rng.shuffle(free)
+    rows = [(1, 5), (1, 17), (1, 130), (1, 700), (40, 90), (25, 0), (1, 0)]  # (tokens, start)
+    seqs = [SeqRows([1] * n, start, [free.pop() for _ in range(-(-(start + n) // bs))]) for n, start in rows]
+    t = sum(n for n, _ in rows)
+    q = torch.randn(t, heads, d, generator=g).to(dtype)
+    k = torch.randn(t, kv_heads, d, generator=g).to(dtype)
+    v = torch.randn(t, kv_heads, d, generator=g).to(dtype)
+    return pool, seqs, 4, q, k, v
+
+
+@needs_kernels
+@pytest.mark.parametrize("fresh_sdpa", [True, False])
+def test_one_step_matches_gather_sdpa(kernels, fresh_sdpa, monkeypatch):
+    monkeypatch.setattr(PagedBackend, "fresh_prefill_sdpa", fresh_sdpa)
+    pool, seqs, nd, q, k, v = step_case()
+    results = []
+    for cls in (GatherSdpaBackend, PagedBackend):
+        layer = tuple(t.clone() for t in pool.layers[0])
+        backend = cls(pool, torch.float32)
+        out = backend.forward(q, k, v, layer, backend.build_metadata(seqs, nd))
+        results.append((out, layer))
+    (want, want_kv), (got, got_kv) = results
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert all(torch.equal(a, b) for a, b in zip(got_kv, want_kv))  # the same slots written
+
+
+@needs_kernels
+def test_one_step_in_bfloat16(kernels):
+    pool, seqs, nd, q, k, v = step_case(torch.bfloat16)
+    want = GatherSdpaBackend(pool, torch.bfloat16)
+    got = PagedBackend(pool, torch.bfloat16)
+    layer = pool.layers[0]
+    a = want.forward(q, k, v, layer, want.build_metadata(seqs, nd))
+    b = got.forward(q, k, v, layer, got.build_metadata(seqs, nd))
+    torch.testing.assert_close(b.float(), a.float(), atol=3e-2, rtol=3e-2)
+
+
+# -- end to end: a tiny random model, greedy, float32 -------------------------------------------
+_model: list = []
+GREEDY = SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True)
+
+
+def tiny():
+    if not _model:
+        hf = tiny_hf_model(kv_heads=2)
+        _model.append((kvserve_config(hf), hf_weights(hf)))
+    return _model[0]
+
+
+def prompts() -> list[list[int]]:
+    rng = random.Random(5)
+    shared = [rng.randrange(3, 97) for _ in range(21)]  # a prefix the second round finds cached
+    own = [[rng.randrange(3, 97) for _ in range(n)] for n in (1, 6, 17, 40, 9)]
+    return own + [shared + p for p in own[1:3]] + [shared + [5, 6, 7, 5, 6, 7, 5, 6]]
+
+
+def generate(backend: str, **kw) -> list[list[int]]:
+    cfg, w = tiny()
+    llm = LLM.from_weights(cfg, w, dtype="float32", block_size=4, num_kv_blocks=128, max_num_batched_tokens=24,
+                           attention_backend=backend, **kw)
+    first = [o.token_ids for o in llm.generate(prompts(), GREEDY)]
+    again = [o.token_ids for o in llm.generate(prompts()[::-1], GREEDY)]  # prefix-cache hits, other order
+    assert type(llm.engine.runner.attention) is get_attention_backend(backend)
+    return first + again
+
+
+@needs_kernels
+@pytest.mark.parametrize("spec", [{}, {"speculative_method": "ngram"}], ids=["plain", "ngram"])
+def test_greedy_tokens_equal_gather_sdpa(kernels, spec):
+    assert generate("paged", **spec) == generate("gather-sdpa", **spec)
+
+
+@needs_kernels
+def test_draft_model_uses_paged_too(kernels):
+    cfg, w = tiny()
+    spec = dict(speculative_method="draft", speculative_model="in-memory", draft=(cfg, w))
+    assert generate("paged", **spec) == generate("gather-sdpa", **spec)
+
+
+# -- auto --------------------------------------------------------------------------------------
+@needs_kernels
+def test_auto_picks_paged_on_cpu_with_a_supported_kv_dtype(kernels):
+    assert choose_attention_backend("auto", CPU, torch.float32, torch.float32) is PagedBackend
+    assert choose_attention_backend("auto", CPU, torch.bfloat16, torch.bfloat16) is PagedBackend
+
+
+def test_auto_falls_back_to_gather_sdpa_where_paged_cannot_run():
+    gather = GatherSdpaBackend
+    assert choose_attention_backend("auto", torch.device("cuda"), torch.bfloat16, torch.bfloat16) is gather
+    assert choose_attention_backend("auto", CPU, torch.float32, torch.float16) is gather  # KV stored otherwise
+    assert choose_attention_backend("auto", CPU, torch.float16, torch.float16) is gather
+    assert choose_attention_backend("gather-sdpa", CPU, torch.float32, torch.float32) is gather
+
+
+def test_paged_refuses_clearly_where_it_cannot_run():
+    pool = KVPool(KVLayout(1, 2, 16, 4, "float16"), num_blocks=2, device=CPU)
+    with pytest.raises(InvalidArgumentError, match="paged attention backend cannot run here.*float16") as e:
+        PagedBackend(pool, torch.float16)
+    assert e.value.param == "attention_backend"
+
+
+def test_without_kernels_auto_says_gather_sdpa_and_paged_refuses():
+    code = ("import logging,torch;logging.basicConfig(level=logging.INFO)\n"
+            "from kvserve.attention import KVPool, choose_attention_backend\n"
+            "from kvserve.attention.paged import PagedBackend\nfrom kvserve.kv.layout import KVLayout\n"
+            "print(choose_attention_backend('auto', torch.device('cpu'), torch.float32, torch.float32).__name__)\n"
+            "try:\n PagedBackend(KVPool(KVLayout(1, 2, 16, 4, 'float32'), 2, torch.device('cpu')), torch.float32)\n"
+            "except Exception as e:\n print(e)\n")
+    r = subprocess.run([sys.executable, "-c", code], env={"KVSERVE_KERNELS": "0", "PATH": ""}, capture_output=True,
+                       text=True, timeout=120)
+    assert r.stdout.splitlines()[0] == "GatherSdpaBackend", r.stderr
+    assert "native kernels are not available" in r.stdout
+    assert "attention backend: gather-sdpa (auto: the native kernels are not available" in r.stderr
