@@ -6,7 +6,10 @@ New keys and values are written to their slots first; then one call of
 ``torch.ops.kvserve.paged_attention`` (kvserve/kernels/csrc/paged_attention.cpp) attends every
 row that reads the cache: decodes, prefill chunks continuing a context, speculative verify rows.
 A chunk that starts its sequence has no cached context: torch SDPA attends over its fresh k/v,
-whose GEMMs beat the kernel's dot products on a whole prompt.
+whose GEMMs beat the kernel's dot products on a whole prompt. A long chunk that continues a
+cached context (over LONG_CHUNK tokens) gathers that context and goes to SDPA too: there the
+GEMMs win again (256 tokens after 1,024 cached: 0.75x with the kernel), and the gather is
+small beside the chunk's own work.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from kvserve.attention.kv_pool import KVPool
 from kvserve.errors import InvalidArgumentError
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
+LONG_CHUNK = 128
 
 
 def paged_unsupported(device: torch.device, model_dtype: torch.dtype, kv_dtype: torch.dtype) -> str | None:
@@ -45,6 +49,8 @@ class PagedMetadata(AttentionMetadata):
     block_tables: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int32))
     seq_info: torch.Tensor = field(default_factory=lambda: torch.empty(0, 4, dtype=torch.int32))
     fresh: list[tuple[int, int]] = field(default_factory=list)  # (first row, rows) of chunks starting a sequence
+    # long chunks continuing a context: (first row, rows, the context's slots, causal mask [rows, context])
+    gathered: list[tuple[int, int, torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
 
 class PagedBackend(AttentionBackend):
@@ -68,6 +74,7 @@ class PagedBackend(AttentionBackend):
         info: list[int] = []
         tables: list[int] = []  # concatenated, not padded: one long context costs the others nothing
         fresh: list[tuple[int, int]] = []
+        gathered: list[tuple[int, int, torch.Tensor, torch.Tensor]] = []
         row = 0
         for s in seqs:
             n, table = len(s.tokens), s.block_table
@@ -78,6 +85,10 @@ class PagedBackend(AttentionBackend):
                 slots.extend(_slot_range(table, bs, s.start, s.end))
             if s.start == 0 and n > 1 and self.fresh_prefill_sdpa:
                 fresh.append((row, n))
+            elif s.start > 0 and n > LONG_CHUNK:
+                context = torch.tensor(_slot_range(table, bs, 0, s.end), device=self.device)
+                mask = torch.arange(s.end, device=self.device) <= torch.arange(s.start, s.end, device=self.device)[:, None]
+                gathered.append((row, n, context, mask))
             else:
                 info += (row, n, s.end, len(tables))
                 tables += table
@@ -87,6 +98,7 @@ class PagedBackend(AttentionBackend):
             block_tables=torch.tensor(tables, dtype=torch.int32),
             seq_info=torch.tensor(info, dtype=torch.int32).view(-1, 4),
             fresh=fresh,
+            gathered=gathered,
         )
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -105,6 +117,12 @@ class PagedBackend(AttentionBackend):
             rows = slice(first, first + n)
             o = F.scaled_dot_product_attention(q[rows].transpose(0, 1).unsqueeze(0), k[rows].transpose(0, 1).unsqueeze(0),
                                                v[rows].transpose(0, 1).unsqueeze(0), is_causal=True, enable_gqa=gqa)
+            out[rows] = o[0].transpose(0, 1)
+        for first, n, context, mask in meta.gathered:
+            rows = slice(first, first + n)
+            o = F.scaled_dot_product_attention(q[rows].transpose(0, 1).unsqueeze(0),
+                                               k_cache[context].transpose(0, 1).unsqueeze(0),
+                                               v_cache[context].transpose(0, 1).unsqueeze(0), attn_mask=mask, enable_gqa=gqa)
             out[rows] = o[0].transpose(0, 1)
         return out
 

@@ -55,8 +55,12 @@ def step_case(dtype=torch.float32, heads=9, kv_heads=3, d=64, bs=16, seed=0):
 
 @needs_kernels
 @pytest.mark.parametrize("fresh_sdpa", [True, False])
-def test_one_step_matches_gather_sdpa(kernels, fresh_sdpa, monkeypatch):
+@pytest.mark.parametrize("long_chunk", [30, 1000])  # the 40-token continuing chunk: gathered + SDPA, or the kernel
+def test_one_step_matches_gather_sdpa(kernels, fresh_sdpa, long_chunk, monkeypatch):
+    import kvserve.attention.paged as paged
+
     monkeypatch.setattr(PagedBackend, "fresh_prefill_sdpa", fresh_sdpa)
+    monkeypatch.setattr(paged, "LONG_CHUNK", long_chunk)
     pool, seqs, nd, q, k, v = step_case()
     results = []
     for cls in (GatherSdpaBackend, PagedBackend):
