@@ -23,6 +23,10 @@ log = logging.getLogger(__name__)
 QUANTIZATION_MODES = ("auto", "none", "int8", "int4")
 # the format each mode converts weights to; auto keeps a GGUF's as stored and leaves dense ones dense
 _TARGET = {"int8": "q8_0", "int4": "q4_1"}
+# From this many rows (prefill) the GEMM is compute bound: dequantizing the weight (natively, ~1% of
+# the GEMM) and running oneDNN/MKL's fp32 GEMM beats the integer-dot kernels (~1.25x at 1,024 rows
+# here), and below it the kernels win or tie (measured: docs/benchmarks.md, issue 16).
+DENSE_ROWS = 384
 
 
 class QuantLinear(nn.Module):
@@ -48,7 +52,9 @@ class QuantLinear(nn.Module):
             return F.linear(x, self.dense, self.bias)
         w = self.weight
         flat = x.reshape(-1, self.in_features).float()
-        if w.kind == "q8_0":
+        if flat.shape[0] >= DENSE_ROWS:
+            y = F.linear(flat, torch.ops.kvserve.dequantize_q(w.qs, w.d, w.m))
+        elif w.kind == "q8_0":
             y = torch.ops.kvserve.q8_0_linear(flat, w.qs, w.d)
         else:
             y = torch.ops.kvserve.q4_1_linear(flat, w.qs, w.d, w.m)

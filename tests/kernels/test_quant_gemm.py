@@ -101,3 +101,17 @@ def test_quant_linear_kernel_and_fallback_agree(kernels, kind):
     torch.testing.assert_close(slow, torch.nn.functional.linear(x, qw.dequantize(), bias))
     assert fast.shape == slow.shape == (2, 3, 24)
     assert (fast - slow).norm() / slow.norm() < 0.03
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
+def test_native_dequantize_is_exact_and_many_rows_take_the_dense_gemm(kernels, kind):
+    from kvserve.model.quant_linear import DENSE_ROWS
+
+    torch.manual_seed(2)
+    qw = quantize(torch.randn(40, 96), kind)
+    assert torch.equal(kernels.dequantize_q(qw.qs, qw.d, qw.m), qw.dequantize())
+    bias = torch.randn(40)
+    x = torch.randn(DENSE_ROWS + 3, 96)
+    y = QuantLinear(qw, bias, torch.float32, use_kernels=True)(x)
+    # the dense path has no activation quantization: it equals the dequantized GEMM to float rounding
+    torch.testing.assert_close(y, torch.nn.functional.linear(x, qw.dequantize(), bias), atol=1e-4, rtol=1e-4)
