@@ -179,7 +179,8 @@ def test_time_capped_prefill_keeps_outputs(grid_model):
 
 def test_decodes_of_very_different_lengths_are_grouped_and_exact(grid_model, monkeypatch):
     """A long sequence decoding beside short ones gets its own attention group (the short ones do
-    not gather padding up to its length), and every output still equals the prompt run alone."""
+    not gather padding up to its length), and every output still equals the prompt run alone.
+    (The gather-sdpa backend's grouping: the paged backend reads contexts in place.)"""
     from kvserve.attention import sdpa
     from kvserve.runner import inputs, torch_runner
 
@@ -187,7 +188,7 @@ def test_decodes_of_very_different_lengths_are_grouped_and_exact(grid_model, mon
     ps = [[rng.randrange(3, 97) for _ in range(n)] for n in (10, 12, 400, 9)]
     alone = make_llm(grid_model, block_size=16, max_num_batched_tokens=512)
     want = [alone.generate([p], GREEDY)[0].token_ids for p in ps]
-    llm = make_llm(grid_model, block_size=4, max_num_batched_tokens=512)
+    llm = make_llm(grid_model, block_size=4, max_num_batched_tokens=512, attention_backend="gather-sdpa")
     groups = []
 
     def spy(*args):
