@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 import pytest
@@ -58,6 +59,13 @@ def check_every_step(llm) -> None:
         return out
 
     engine.step = checked
+
+
+@functools.lru_cache(maxsize=4)
+def tiny_weights(kv_heads: int = 2) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """A tiny random model's config and weights, built once per test session and shared."""
+    hf = tiny_hf_model(kv_heads=kv_heads)
+    return kvserve_config(hf), hf_weights(hf)
 
 
 def hf_greedy(hf_model, prompt: list[int], n: int) -> list[int]:

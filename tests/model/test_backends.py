@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from conftest import hf_weights, kvserve_config, tiny_hf_model
+from conftest import tiny_weights
 from kvserve import SamplingParams
 from kvserve.attention import (
     AttentionBackend,
@@ -85,14 +85,8 @@ class Float16KVPool(KVPool):
 register_attention_backend("test-loop", LoopBackend)
 register_kv_pool("test-f16", Float16KVPool)
 
-_model: list = []
-
-
 def tiny():
-    if not _model:
-        hf = tiny_hf_model(kv_heads=2)
-        _model.append((kvserve_config(hf), hf_weights(hf)))
-    return _model[0]
+    return tiny_weights(kv_heads=2)
 
 
 def prompts() -> list[list[int]]:

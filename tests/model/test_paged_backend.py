@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from conftest import hf_weights, kvserve_config, tiny_hf_model
+from conftest import tiny_weights
 from kvserve import SamplingParams
 from kvserve.attention import KVPool, SeqRows, choose_attention_backend, get_attention_backend
 from kvserve.attention.paged import PagedBackend
@@ -85,15 +85,11 @@ def test_one_step_in_bfloat16(kernels):
 
 
 # -- end to end: a tiny random model, greedy, float32 -------------------------------------------
-_model: list = []
 GREEDY = SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True)
 
 
 def tiny():
-    if not _model:
-        hf = tiny_hf_model(kv_heads=2)
-        _model.append((kvserve_config(hf), hf_weights(hf)))
-    return _model[0]
+    return tiny_weights(kv_heads=2)
 
 
 def prompts() -> list[list[int]]:
