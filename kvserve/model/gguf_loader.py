@@ -81,11 +81,11 @@ def dequantize_gguf_tensor(tensor: gguf.ReaderTensor) -> np.ndarray:
     return np.require(values.reshape(shape), dtype=np.float32, requirements=["C", "W"])
 
 
-KEPT_QUANTIZED = frozenset({_QT.Q8_0, _QT.Q4_0, _QT.Q4_1})
+KEPT_QUANTIZED = frozenset({_QT.Q8_0, _QT.Q4_0, _QT.Q4_1, _QT.Q4_K})
 
 
 def _quant_weight(tensor: gguf.ReaderTensor, heads: int | None) -> QuantWeight:
-    """A Q8_0/Q4_0/Q4_1 tensor as a QuantWeight, its q/k rows un-permuted like the dense ones."""
+    """A Q8_0/Q4_0/Q4_1/Q4_K tensor as a QuantWeight, its q/k rows un-permuted like the dense ones."""
     shape = (int(tensor.shape[1]), int(tensor.shape[0]))  # GGUF lists dimensions fastest-first
     qw = from_gguf_blocks(tensor.data, tensor.tensor_type.name, shape)
     if heads is not None:
@@ -217,8 +217,8 @@ def gguf_config(path: Path) -> ModelConfig:
 def load_gguf(path: Path, keep_quantized: bool = False) -> LoadedModel:
     """Config, weights and tokenizer of a GGUF file (weights not yet checked).
 
-    Weights are dense float32, except with ``keep_quantized``: then 2-D Q8_0/Q4_0/Q4_1 tensors
-    come as ``QuantWeight`` (Q4_0 as the equivalent Q4_1), as the file stores them.
+    Weights are dense float32, except with ``keep_quantized``: then 2-D Q8_0/Q4_0/Q4_1/Q4_K tensors
+    come as ``QuantWeight`` (Q4_0 and Q4_K as the equivalent Q4_1), as the file stores them.
     """
     reader = _fast_gguf_reader(path)
     meta = _gguf_metadata(reader)
@@ -242,7 +242,7 @@ def load_gguf(path: Path, keep_quantized: bool = False) -> LoadedModel:
             weights[hf_name] = _quant_weight(tensor, heads)
             continue
         if keep_quantized and tensor.tensor_type not in (_QT.F32, _QT.F16, _QT.BF16) and len(tensor.shape) == 2:
-            logger.info("%s: %s is %s, which stays dequantized (kept quantized: Q8_0, Q4_0, Q4_1)",
+            logger.info("%s: %s is %s, which stays dequantized (kept quantized: Q8_0, Q4_0, Q4_1, Q4_K)",
                         path, name, tensor.tensor_type.name)
         values = dequantize_gguf_tensor(tensor)
         if heads is not None:

@@ -105,8 +105,10 @@ def quantize(weight: torch.Tensor, kind: str) -> QuantWeight:
 
 
 def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> QuantWeight:
-    """A GGUF Q8_0 / Q4_0 / Q4_1 tensor's raw bytes (any shape) as a QuantWeight of ``shape`` [N, K]."""
+    """A GGUF Q8_0 / Q4_0 / Q4_1 / Q4_K tensor's raw bytes (any shape) as a QuantWeight of ``shape`` [N, K]."""
     n, k = shape
+    if type_name == "Q4_K":
+        return _from_q4_k(raw, n, k)
     nb = k // BLOCK
     block_bytes = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}[type_name]
     b = np.ascontiguousarray(raw).view(np.uint8).reshape(n, nb, block_bytes)
@@ -121,3 +123,30 @@ def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) ->
         m = (d.astype(np.float32) * -8).astype(np.float16)
         qs = b[..., 2:].copy().reshape(n, k // 2)
     return QuantWeight("q4_1", torch.from_numpy(qs), torch.from_numpy(d), torch.from_numpy(m))
+
+
+Q4_K_BLOCK = 256  # a super-block: 8 sub-blocks of 32, each with a 6-bit scale and min
+
+
+def _from_q4_k(raw: np.ndarray, n: int, k: int) -> QuantWeight:
+    """GGUF Q4_K as q4_1: a super-block of 256 (fp16 d and dmin, twelve bytes packing 8 six-bit
+    scales sc and mins mn, 128 bytes of nibbles) is 8 blocks of 32 with w = (d*sc) q - (dmin*mn),
+    so each sub-block becomes a q4_1 block with scale d*sc and min -dmin*mn (rounded to fp16: a
+    relative 2^-11 on the scale, far below the 4-bit step). The 4-bit values are kept as they are."""
+    nsb = k // Q4_K_BLOCK
+    b = np.ascontiguousarray(raw).view(np.uint8).reshape(n, nsb, 144)
+    d = b[..., 0:2].copy().view(np.float16).astype(np.float32)  # [n, nsb, 1]
+    dmin = b[..., 2:4].copy().view(np.float16).astype(np.float32)
+    sc_bytes = b[..., 4:16].astype(np.uint16)  # [n, nsb, 12]
+    lo, hi = sc_bytes[..., 0:4], sc_bytes[..., 4:8]
+    tail = sc_bytes[..., 8:12]
+    # sub-blocks 0-3: the low 6 bits of bytes 0-3 (scales) and 4-7 (mins); sub-blocks 4-7: a nibble of
+    # bytes 8-11 below the top two bits of bytes 0-3 (scales) and 4-7 (mins)
+    scales = np.concatenate([lo & 63, (tail & 0xF) | ((lo >> 6) << 4)], axis=-1).astype(np.float32)
+    mins = np.concatenate([hi & 63, (tail >> 4) | ((hi >> 6) << 4)], axis=-1).astype(np.float32)
+    block_d = (d * scales).astype(np.float16).reshape(n, nsb * 8)
+    block_m = (-(dmin * mins)).astype(np.float16).reshape(n, nsb * 8)
+    qs = b[..., 16:].reshape(n, nsb, 4, 32)  # 4 chunks of 32 bytes: sub-block 2j low nibbles, 2j+1 high
+    values = np.stack([qs & 0x0F, qs >> 4], axis=3).reshape(n, k)  # element order
+    q = pack_q4(torch.from_numpy(np.ascontiguousarray(values)))
+    return QuantWeight("q4_1", q, torch.from_numpy(block_d), torch.from_numpy(block_m))

@@ -41,6 +41,22 @@ def test_quantize_refuses_k_not_a_multiple_of_32():
         quantize(torch.randn(4, 40), "q8_0")
 
 
+def test_gguf_q4_k_becomes_q4_1_blocks_that_dequantize_as_gguf_does():
+    import gguf
+    import gguf.quants
+
+    rng = np.random.default_rng(1)
+    n, k = 5, 512  # two super-blocks per row
+    raw = rng.integers(0, 256, size=(n, k // 256, 144), dtype=np.uint8)  # any scale and nibble bytes
+    raw[..., 0:2] = np.full((n, k // 256, 1), 0.01, np.float16).view(np.uint8)  # d, dmin: finite, like a file's
+    raw[..., 2:4] = np.full((n, k // 256, 1), 0.002, np.float16).view(np.uint8)
+    ref = gguf.quants.dequantize(raw.reshape(n, -1), gguf.GGMLQuantizationType.Q4_K).reshape(n, k)
+    qw = from_gguf_blocks(raw, "Q4_K", (n, k))
+    assert qw.kind == "q4_1" and qw.shape == (n, k)
+    # the sub-block scale d*sc and min dmin*mn are rounded to fp16 once: 2^-11 relative at most
+    np.testing.assert_allclose(qw.dequantize().numpy(), ref, rtol=2e-3, atol=2e-3 * np.abs(ref).max())
+
+
 def test_gguf_blocks_read_as_gguf_dequantizes_them():
     import gguf
     import gguf.quants
