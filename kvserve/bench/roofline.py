@@ -1,8 +1,9 @@
 """``kvserve bench roofline``: what this machine allows for the served model.
 
 Owns three measurements and the arithmetic on them. The GEMM rate at the model's own linear shapes
-(fused qkv, o_proj, gate_up, down, LM head) for a few row counts M, through the engine's kernel
-(``PackedLinear`` where ``cpu_packing_supported``, else ``F.linear``); the memory read bandwidth
+(fused qkv, o_proj, gate_up, down, LM head) for a few row counts M, through the engine's kernel in the
+weight format ``--quantization`` gives each linear (``QuantLinear`` for Q8_0/Q4_1, ``PackedLinear``
+where ``cpu_packing_supported``, else ``F.linear``); the memory read bandwidth
 (summing a tensor much larger than the last-level cache); and the ceilings they give: batch-1 decode
 bound by bytes read per token, a batch of N decodes bound by its GEMMs (or its bytes, the larger).
 With ``--offline-json`` it says what fraction of each ceiling a ``bench offline`` run reached.
@@ -55,12 +56,39 @@ def forward_flops(shapes: list[LinearShape], m: int) -> float:
     return sum(2.0 * m * s.k * s.n * s.count for s in shapes)
 
 
-def weight_bytes(cfg: ModelConfig, dtype: str) -> int:
+# bytes per weight of the quantized formats (kvserve/model/quant.py): 32 values + fp16 scale (and min)
+FORMAT_BYTES = {"q8_0": 34 / 32, "q4_1": 20 / 32}
+
+
+def weight_bytes(cfg: ModelConfig, dtype: str, formats: dict[str, str | None] | None = None) -> int:
     """Bytes of the weights one decode step reads: every linear (LM head included; a tied head reads the
-    embedding) and the norms, in ``dtype``. The embedding lookup reads one row per token: left out."""
-    shapes = linear_shapes(cfg)
-    params = sum(s.k * s.n * s.count for s in shapes) + (2 * cfg.num_hidden_layers + 1) * cfg.hidden_size
-    return params * ELEMENT_BYTES[dtype]
+    embedding) in its format (``formats``: linear name -> q8_0/q4_1, absent or None: ``dtype``) and the
+    norms in ``dtype``. The embedding lookup reads one row per token: left out."""
+    formats = formats or {}
+    linear = sum(s.k * s.n * s.count * FORMAT_BYTES.get(formats.get(s.name) or "", ELEMENT_BYTES[dtype])
+                 for s in linear_shapes(cfg))
+    return int(linear + (2 * cfg.num_hidden_layers + 1) * cfg.hidden_size * ELEMENT_BYTES[dtype])
+
+
+_GGUF_TENSOR = {"qkv": "blk.0.attn_q.weight", "o_proj": "blk.0.attn_output.weight", "gate_up": "blk.0.ffn_gate.weight",
+                "down": "blk.0.ffn_down.weight"}
+_GGUF_FORMAT = {"Q8_0": "q8_0", "Q4_0": "q4_1", "Q4_1": "q4_1", "Q4_K": "q4_1"}
+
+
+def weight_formats(quantization: str, model_path: str) -> dict[str, str | None]:
+    """Linear name -> the format the engine runs it in (None: dense), as ``--quantization`` decides."""
+    names = ("qkv", "o_proj", "gate_up", "down", "lm_head")
+    if quantization == "int8":
+        return dict.fromkeys(names, "q8_0")
+    if quantization == "int4":
+        return {**dict.fromkeys(names, "q4_1"), "lm_head": "q8_0"}
+    if quantization != "auto" or not str(model_path).endswith(".gguf"):
+        return dict.fromkeys(names)
+    import gguf
+
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(model_path).tensors}
+    head = types.get("output.weight", types.get("token_embd.weight", ""))
+    return {**{n: _GGUF_FORMAT.get(types.get(t, "")) for n, t in _GGUF_TENSOR.items()}, "lm_head": _GGUF_FORMAT.get(head)}
 
 
 def kv_layout(cfg: ModelConfig, dtype: str, block_size: int = 16) -> KVLayout:
@@ -74,10 +102,10 @@ def gemm_rate(shapes: list[LinearShape], m: int, seconds_per_call: dict[str, flo
 
 
 def ceilings(cfg: ModelConfig, dtype: str, bandwidth_gbs: float, gflops_at_batch: float, batch: int,
-             context_len: int, kv_dtype: str | None = None) -> dict[str, Any]:
+             context_len: int, kv_dtype: str | None = None, formats: dict[str, str | None] | None = None) -> dict[str, Any]:
     """The decode ceilings: batch 1 (bytes read per token / bandwidth) and a batch of ``batch``
     decodes (max of GEMM time and bytes time per step), each sequence ``context_len`` tokens deep."""
-    w = weight_bytes(cfg, dtype)
+    w = weight_bytes(cfg, dtype, formats)
     kv_token = kv_layout(cfg, kv_dtype or dtype).bytes_per_token * context_len  # one sequence's KV read
     b1_s = (w + kv_token) / (bandwidth_gbs * 1e9)
     gemm_s = forward_flops(linear_shapes(cfg), batch) / (gflops_at_batch * 1e9)
@@ -133,19 +161,25 @@ def _timed(fn: Callable[[], None], min_time_s: float, repeats: int) -> float:
     return median(out)
 
 
-def make_linear(weight: Any, bias: Any) -> Callable[[Any], Any]:
-    """The engine's kernel for this weight: PackedLinear where packing is supported, else F.linear."""
+def make_linear(weight: Any, bias: Any, fmt: str | None = None) -> Callable[[Any], Any]:
+    """The engine's kernel for this weight: QuantLinear in a quantized format, PackedLinear where
+    packing is supported, else F.linear."""
     import torch
 
     from kvserve.model.layers import PackedLinear, cpu_packing_supported
 
+    if fmt is not None:
+        from kvserve.model.quant import quantize
+        from kvserve.model.quant_linear import QuantLinear
+
+        return QuantLinear(quantize(weight.float(), fmt), bias, weight.dtype)
     if cpu_packing_supported(weight.dtype):
         return PackedLinear(weight, bias)
     return lambda x: torch.nn.functional.linear(x, weight, bias)
 
 
 def measure_gemms(cfg: ModelConfig, dtype: Any, rows: list[int], repeats: int, min_time_s: float = 0.05,
-                  cold_mib: int = COLD_MIB) -> dict[int, dict[str, float]]:
+                  cold_mib: int = COLD_MIB, formats: dict[str, str | None] | None = None) -> dict[int, dict[str, float]]:
     """Seconds per call of each linear at each row count. Decoder linears cycle through several
     layers' worth of distinct weights (up to ``cold_mib``), so a weight is not cache-hot on every call."""
     import torch
@@ -160,7 +194,7 @@ def measure_gemms(cfg: ModelConfig, dtype: Any, rows: list[int], repeats: int, m
         for s in shapes:
             n_copies = copies if s.count > 1 else 1
             kernels[s.name] = [make_linear(torch.randn(s.n, s.k, generator=gen).mul_(0.02).to(dtype),
-                                           torch.zeros(s.n, dtype=dtype) if s.bias else None)
+                                           torch.zeros(s.n, dtype=dtype) if s.bias else None, (formats or {}).get(s.name))
                                for _ in range(n_copies)]
         result: dict[int, dict[str, float]] = {}
         for m in rows:
@@ -261,7 +295,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from kvserve.model.layers import cpu_packing_supported
 
-    kernel = "PackedLinear (oneDNN)" if cpu_packing_supported(dtype) else "F.linear"
+    from kvserve.model.loader import resolve_model_path
+
+    engine_cfg = KVServeConfig.from_cli_args(args)
+    formats = weight_formats(engine_cfg.model.quantization, str(resolve_model_path(engine_cfg.model.model)))
+    dense = "PackedLinear (oneDNN)" if cpu_packing_supported(dtype) else "F.linear"
+    kernel = ", ".join(f"{n} {f or dense}" for n, f in formats.items()) if any(formats.values()) else dense
     shapes = linear_shapes(model)
     print(f"model: {model.num_hidden_layers} layers, hidden {model.hidden_size}, vocab {model.vocab_size}   "
           f"dtype: {dtype_name}   kernel: {kernel}   threads: {torch.get_num_threads()}")
@@ -269,7 +308,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                           for s in shapes))
     bw = measure_bandwidth(args.bandwidth_mib, max(args.repeats, 3))
     print(f"memory read bandwidth: {bw:.1f} GB/s ({args.bandwidth_mib} MiB float32 summed)")
-    times = measure_gemms(model, dtype, rows, args.repeats, args.min_time_ms / 1e3)
+    times = measure_gemms(model, dtype, rows, args.repeats, args.min_time_ms / 1e3, formats=formats)
     rates = {m: gemm_rate(shapes, m, times[m]) for m in rows}
     print("GEMM rate, all linears of one forward:")
     for m in rows:
@@ -277,7 +316,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"  M={m:<5} {rates[m]:8.1f} GFLOP/s   forward GEMMs {forward_flops(shapes, m) / rates[m] / 1e6:8.2f} ms"
               f"   ({per})")
 
-    ceil = ceilings(model, dtype_name, bw, rates[args.batch], args.batch, context, kv_dtype)
+    ceil = ceilings(model, dtype_name, bw, rates[args.batch], args.batch, context, kv_dtype, formats)
     b1, bn = ceil["batch1"], ceil["batch"]
     print(f"ceilings at context {context} (weights {ceil['weight_bytes'] / 2**20:.1f} MiB, "
           f"KV {ceil['kv_bytes_per_sequence'] / 2**20:.2f} MiB per sequence, {kv_dtype}):")
@@ -288,7 +327,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {
         "model": {"layers": model.num_hidden_layers, "hidden": model.hidden_size,
                   "intermediate": model.intermediate_size, "vocab": model.vocab_size},
-        "dtype": dtype_name, "kv_dtype": kv_dtype, "kernel": kernel, "threads": torch.get_num_threads(),
+        "dtype": dtype_name, "kv_dtype": kv_dtype, "kernel": kernel, "weight_formats": formats, "threads": torch.get_num_threads(),
         "linears": [{"name": s.name, "k": s.k, "n": s.n, "count": s.count} for s in shapes],
         "bandwidth_gbs": bw,
         "gemm": {str(m): {"gflops": rates[m], "forward_gemm_ms": forward_flops(shapes, m) / rates[m] / 1e6,
@@ -297,7 +336,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     if offline is not None and offline_batch:
         gemm_ms = forward_flops(shapes, offline_batch) / rates[offline_batch] / 1e6
-        at = ceilings(model, dtype_name, bw, rates[offline_batch], offline_batch, context, kv_dtype)
+        at = ceilings(model, dtype_name, bw, rates[offline_batch], offline_batch, context, kv_dtype, formats)
         result["offline"] = achieved(offline, gemm_ms, at["batch"]["max_tokens_per_s"])
         result["offline"]["batch"] = offline_batch
         o = result["offline"]

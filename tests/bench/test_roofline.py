@@ -134,3 +134,21 @@ def test_step_timer_splits_full_batch_decode_steps():
         assert all(step[p] > 0 for p in PARTS)
         assert step["total"] >= step["gemm"] + step["attention"] + step["sampling"]
         assert step["rest"] == pytest.approx(step["total"] - sum(step[p] for p in PARTS))
+
+
+def test_quantized_formats_lower_the_bytes_and_follow_the_mode(tmp_path):
+    dense = rf.weight_bytes(CFG, "float32")
+    q4 = rf.weight_formats("int4", "unused")
+    assert q4["lm_head"] == "q8_0" and q4["qkv"] == "q4_1"
+    # linears: 1152 params at 20/32 bytes + the 800-param head at 34/32; the 40 norm params stay float32
+    assert rf.weight_bytes(CFG, "float32", q4) == int(1152 * 20 / 32 + 800 * 34 / 32 + 40 * 4)
+    assert rf.weight_bytes(CFG, "float32", rf.weight_formats("none", "m.gguf")) == dense
+    assert rf.weight_formats("auto", str(tmp_path)) == dict.fromkeys(["qkv", "o_proj", "gate_up", "down", "lm_head"])
+
+
+def test_quantized_linear_timing_runs_through_the_kernel_path():
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1)  # K a multiple of the 32-value blocks
+    times = rf.measure_gemms(cfg, torch.float32, [1, 3], repeats=1, min_time_s=0.001,
+                             formats=rf.weight_formats("int8", "unused"))
+    assert set(times) == {1, 3} and all(t > 0 for per in times.values() for t in per.values())
