@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+
+from kvserve.engine.worker import ENGINE_ENV
+
+# In-process engines (generate, chat, bench offline) too: set before torch, and so OpenMP, loads.
+for _key, _value in ENGINE_ENV.items():
+    os.environ.setdefault(_key, _value)
 
 from kvserve.config import PARTS, KVServeConfig
 from kvserve.errors import KVServeError

@@ -28,7 +28,7 @@ from kvserve.engine.engine import check_prompt
 from kvserve.engine.messages import AbortRequests, AddRequest, EngineFailed, EngineReady, EngineStatsSnapshot, Shutdown, StepMessage
 from kvserve.text.output import OutputProcessor
 from kvserve.engine.request import Request, SamplingParams
-from kvserve.engine.worker import run_engine_process
+from kvserve.engine.worker import engine_environment, run_engine_process
 from kvserve.errors import EngineDeadError, InvalidArgumentError, ModelLoadError, ServerBusyError
 from kvserve.server.request_stream import RequestObserver, RequestStream
 
@@ -92,7 +92,8 @@ class AsyncEngineClient:
         self._outputs, child_end = ctx.Pipe(duplex=False)
         self._proc = ctx.Process(target=run_engine_process, args=(_build_core, config, self._commands, child_end),
                                  name="kvserve-engine", daemon=True)
-        self._proc.start()
+        with engine_environment():
+            self._proc.start()
         child_end.close()  # so that the engine's death reads as EOF here
         try:
             # The engine process starts first: these imports (torch among them) and the tokenizer

@@ -6,6 +6,11 @@
 
 namespace {
 
+// Rows per thread chunk: below ~64k elements an op runs on one thread. Each parallel region costs a
+// wake-up of every thread, and one whose core is taken (the server's API process on a 2-core machine)
+// stalls the region; these ops take microseconds, so they only split when the work is large.
+inline int64_t grain_rows(int64_t row_elems) { return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, row_elems)); }
+
 template <typename T>
 inline float to_f(T v) { return static_cast<float>(v); }
 
@@ -13,7 +18,7 @@ inline float to_f(T v) { return static_cast<float>(v); }
 // (the order Hugging Face's LlamaRMSNorm uses)
 template <typename T>
 void rms_norm_rows(const T* x, const T* w, T* out, int64_t rows, int64_t h, float eps) {
-  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+  at::parallel_for(0, rows, grain_rows(h), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const T* xr = x + r * h;
       T* orow = out + r * h;
@@ -49,7 +54,7 @@ template <typename T>
 void rotary_rows(T* x, int64_t t, int64_t heads, int64_t d, int64_t row_stride, const int64_t* pos,
                  const float* cos, const float* sin) {
   const int64_t half = d / 2;
-  at::parallel_for(0, t, 16, [&](int64_t t0, int64_t t1) {
+  at::parallel_for(0, t, grain_rows(heads * d), [&](int64_t t0, int64_t t1) {
     for (int64_t i = t0; i < t1; ++i) {
       const float* c = cos + pos[i] * d;
       const float* s = sin + pos[i] * d;
@@ -82,7 +87,7 @@ void rotary_(at::Tensor& q, at::Tensor& k, const at::Tensor& positions, const at
 
 template <typename T>
 void silu_mul_rows(const T* src, T* dst, int64_t t, int64_t inter) {
-  at::parallel_for(0, t, 8, [&](int64_t r0, int64_t r1) {
+  at::parallel_for(0, t, grain_rows(2 * inter), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const T* g = src + r * 2 * inter;
       const T* u = g + inter;

@@ -40,7 +40,8 @@ struct QuantizedRows {
 QuantizedRows quantize_rows(const float* x, int64_t M, int64_t K) {
   const int64_t nb = K / QK;
   QuantizedRows r{std::vector<int8_t>(M * K), std::vector<float>(M * nb), std::vector<float>(M * nb)};
-  at::parallel_for(0, M * nb, 256, [&](int64_t begin, int64_t end) {
+  // 2,048 blocks (64k values) per thread: smaller inputs quantize on one thread (a region costs more)
+  at::parallel_for(0, M * nb, 2048, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const float* v = x + (i / nb) * K + (i % nb) * QK;  // block i % nb of row i / nb
       float amax = 0.f, sum = 0.f;
