@@ -131,3 +131,14 @@ def test_native_dequantize_is_exact_and_many_rows_take_the_dense_gemm(kernels, k
     y = QuantLinear(qw, bias, torch.float32, use_kernels=True)(x)
     # the dense path has no activation quantization: it equals the dequantized GEMM to float rounding
     torch.testing.assert_close(y, torch.nn.functional.linear(x, qw.dequantize(), bias), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
+def test_quant_linear_decoder_fast_path_matches_the_general_one(kernels, kind):
+    torch.manual_seed(3)
+    qw = quantize(torch.randn(24, 128), kind)
+    layer = QuantLinear(qw, None, torch.float32, use_kernels=True)
+    x = torch.randn(5, 128)  # 2-D float32 without bias: straight to the kernel
+    y = layer(x)
+    assert torch.equal(y, layer(x.unsqueeze(0))[0])  # the general path (3-D input), the same kernel
+    assert (y - torch.nn.functional.linear(x, qw.dequantize())).norm() / y.norm() < 0.03
