@@ -145,11 +145,12 @@ def _top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> 
     vocab = logits.shape[-1]
     n = min(CANDIDATES, vocab)
     vals, order = logits.topk(n, dim=-1)  # sorted, descending
-    mass = (vals - logits.logsumexp(dim=-1, keepdim=True)).exp().sum(dim=-1)
+    cand_probs = (vals - logits.logsumexp(dim=-1, keepdim=True)).exp()  # over the whole vocabulary
+    mass = cand_probs.sum(dim=-1)
     # the candidates decide a row exactly when its top-k fits in them, or its top-p mass is in them
     exact = [(0 < k <= n) or (k == 0 and p < 1.0 and m >= p) for k, p, m in zip(top_k, top_p, mass.tolist())]
     if all(exact):
-        kept = _filter_sorted(vals, order, top_k, top_p, vocab, logits.softmax(dim=-1).gather(1, order))
+        kept = _filter_sorted(vals, order, top_k, top_p, vocab, cand_probs)
         return torch.full_like(logits, float("-inf")).scatter(1, order, kept)
     vals, order = logits.sort(dim=-1, descending=True)
     kept = _filter_sorted(vals, order, top_k, top_p, vocab, vals.softmax(dim=-1))
