@@ -129,7 +129,7 @@ class LlamaForCausalLM(nn.Module):
 
     def quantization_tag(self) -> str:
         """The formats of the quantized layers, e.g. "q4_1,q8_0" (empty when all are dense)."""
-        kinds = {m.weight.kind for m in self.modules() if isinstance(m, QuantLinear)}
+        kinds = {m.kind for m in self.modules() if isinstance(m, QuantLinear)}
         kinds |= {m.weight_q.kind for m in self.modules() if isinstance(m, QuantEmbedding)}
         return ",".join(sorted(kinds))
 

@@ -32,43 +32,51 @@ DENSE_ROWS = 384
 class QuantLinear(nn.Module):
     """y = x @ W^T (+ bias) with W kept quantized, through the ``kvserve`` native kernels.
 
-    Without them (no compiler, KVSERVE_KERNELS=0) the weight is dequantized once to the model's
-    dtype and an ordinary GEMM runs: the same weights, slower and bigger.
+    The kernels read a packed copy of the weight (``torch.ops.kvserve.pack_quant``: tiles of 8
+    output columns, each a sequential stream with its scales inline), made here; the QuantWeight
+    itself is not kept. Without the kernels (no compiler, KVSERVE_KERNELS=0) the weight is
+    dequantized once to the model's dtype and an ordinary GEMM runs: the same weights, slower and
+    bigger.
     """
 
     def __init__(self, weight: QuantWeight, bias: torch.Tensor | None, dtype: torch.dtype,
                  use_kernels: bool | None = None):
         super().__init__()
-        self.weight = weight  # plain attributes, not buffers: ``Module.to(dtype)`` must not cast scales
+        self.kind = weight.kind
         self.out_features, self.in_features = weight.shape
         self.bias = None if bias is None else bias.detach().to(dtype)
         self.use_kernels = kernels_available() if use_kernels is None else use_kernels
+        # plain attributes, not buffers: ``Module.to(dtype)`` must not cast them
+        self.packed: torch.Tensor | None = None
         self.dense: torch.Tensor | None = None
-        if not self.use_kernels:
+        if self.use_kernels:
+            self.packed = torch.ops.kvserve.pack_quant(weight.qs, weight.d, weight.m)
+        else:
             self.dense = weight.dequantize(dtype)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weight [N, K] as ``dtype``."""
+        if self.dense is not None:
+            return self.dense.to(dtype)
+        return torch.ops.kvserve.dequantize_packed(self.packed, self.kind, self.out_features, self.in_features).to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.dense is not None:
             return F.linear(x, self.dense, self.bias)
-        w = self.weight
         if x.dim() == 2 and x.dtype == torch.float32 and x.shape[0] < DENSE_ROWS and self.bias is None:
             # the decoder's case, with as few torch calls as possible (a decode step makes ~120 of these)
-            if w.m is None:
-                return torch.ops.kvserve.q8_0_linear(x, w.qs, w.d)
-            return torch.ops.kvserve.q4_1_linear(x, w.qs, w.d, w.m)
+            return torch.ops.kvserve.packed_linear(x, self.packed, self.kind, self.out_features)
         flat = x.reshape(-1, self.in_features).float()
         if flat.shape[0] >= DENSE_ROWS:
-            y = F.linear(flat, torch.ops.kvserve.dequantize_q(w.qs, w.d, w.m))
-        elif w.kind == "q8_0":
-            y = torch.ops.kvserve.q8_0_linear(flat, w.qs, w.d)
+            y = F.linear(flat, self.dequantize())
         else:
-            y = torch.ops.kvserve.q4_1_linear(flat, w.qs, w.d, w.m)
+            y = torch.ops.kvserve.packed_linear(flat, self.packed, self.kind, self.out_features)
         if self.bias is not None:
             y += self.bias
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"{self.in_features}, {self.out_features}, {self.weight.kind}, kernels={self.use_kernels}"
+        return f"{self.in_features}, {self.out_features}, {self.kind}, kernels={self.use_kernels}"
 
 
 class QuantEmbedding(nn.Module):

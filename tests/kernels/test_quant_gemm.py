@@ -77,17 +77,29 @@ def _reference(x: torch.Tensor, qw: QuantWeight) -> torch.Tensor:
     return (x.double() @ qw.dequantize().double().T).float()
 
 
+def _linear(kernels, x: torch.Tensor, qw: QuantWeight) -> torch.Tensor:
+    return kernels.packed_linear(x, kernels.pack_quant(qw.qs, qw.d, qw.m), qw.kind, qw.shape[0])
+
+
 @pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
-@pytest.mark.parametrize("m", [1, 2, 5, 8, 33, 64])
-@pytest.mark.parametrize("n,k", [(8, 32), (13, 64), (96, 576), (40, 1536)])
+@pytest.mark.parametrize("n", [8, 13, 40])
+def test_packing_keeps_every_weight(kernels, kind, n):
+    torch.manual_seed(n)
+    qw = quantize(torch.randn(n, 96), kind)
+    packed = kernels.pack_quant(qw.qs, qw.d, qw.m)
+    tiles = -(-n // 8)  # a partial last tile is padded with zero columns
+    assert packed.numel() == tiles * 3 * (272 if kind == "q8_0" else 160)
+    assert torch.equal(kernels.dequantize_packed(packed, kind, n, 96), qw.dequantize())
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 33, 64])
+@pytest.mark.parametrize("n,k", [(8, 32), (13, 64), (96, 576), (40, 1536), (4100, 64)])
 def test_kernel_matches_the_dequantized_gemm(kernels, kind, m, n, k):
     torch.manual_seed(m * 1000 + n + k)
     qw = quantize(torch.randn(n, k), kind)
     x = torch.randn(m, k)
-    if kind == "q8_0":
-        y = kernels.q8_0_linear(x, qw.qs, qw.d)
-    else:
-        y = kernels.q4_1_linear(x, qw.qs, qw.d, qw.m)
+    y = _linear(kernels, x, qw)
     ref = _reference(x, qw)
     # the activations are quantized to int8 per block of 32: ~0.5-1.5% relative error measured
     assert (y - ref).norm() / ref.norm() < 0.03
@@ -96,14 +108,23 @@ def test_kernel_matches_the_dequantized_gemm(kernels, kind, m, n, k):
 
 def test_kernel_handles_zero_rows_and_zero_blocks(kernels):
     qw = quantize(torch.zeros(8, 64), "q4_1")
-    assert kernels.q4_1_linear(torch.zeros(0, 64), qw.qs, qw.d, qw.m).shape == (0, 8)
-    assert torch.equal(kernels.q4_1_linear(torch.zeros(3, 64), qw.qs, qw.d, qw.m), torch.zeros(3, 8))
+    assert _linear(kernels, torch.zeros(0, 64), qw).shape == (0, 8)
+    assert torch.equal(_linear(kernels, torch.zeros(3, 64), qw), torch.zeros(3, 8))
 
 
-def test_kernel_refuses_k_not_a_multiple_of_32(kernels):
+def test_kernel_refuses_bad_shapes_and_kinds(kernels):
     with pytest.raises(RuntimeError, match="multiple of 32"):
-        kernels.q8_0_linear(torch.randn(2, 40), torch.zeros(4, 40, dtype=torch.int8),
-                            torch.zeros(4, 1, dtype=torch.float16))
+        kernels.pack_quant(torch.zeros(4, 40, dtype=torch.int8), torch.zeros(4, 1, dtype=torch.float16), None)
+    qw = quantize(torch.randn(8, 64), "q8_0")
+    packed = kernels.pack_quant(qw.qs, qw.d, qw.m)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        kernels.packed_linear(torch.randn(2, 40), packed, "q8_0", 8)
+    with pytest.raises(RuntimeError, match="does not hold"):
+        kernels.packed_linear(torch.randn(2, 64), packed, "q4_1", 8)  # the bytes of another format
+    with pytest.raises(RuntimeError, match="does not hold"):
+        kernels.packed_linear(torch.randn(2, 96), packed, "q8_0", 8)  # another K
+    with pytest.raises(RuntimeError, match="unknown quantized format"):
+        kernels.packed_linear(torch.randn(2, 64), packed, "q5_0", 8)
 
 
 @pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
@@ -125,7 +146,6 @@ def test_native_dequantize_is_exact_and_many_rows_take_the_dense_gemm(kernels, k
 
     torch.manual_seed(2)
     qw = quantize(torch.randn(40, 96), kind)
-    assert torch.equal(kernels.dequantize_q(qw.qs, qw.d, qw.m), qw.dequantize())
     bias = torch.randn(40)
     x = torch.randn(DENSE_ROWS + 3, 96)
     y = QuantLinear(qw, bias, torch.float32, use_kernels=True)(x)

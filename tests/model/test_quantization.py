@@ -37,8 +37,8 @@ def test_tiny_model_quantized_at_load(mode, bound, tie):
     dense, quant = _runner(cfg, weights, "none"), _runner(cfg, weights, mode)
     layers = [m for m in quant.model.modules() if isinstance(m, QuantLinear)]
     assert len(layers) == 4 * cfg.num_hidden_layers + 1  # qkv, o, gate_up, down per layer; the LM head
-    kinds = {m.weight.kind for m in layers[:-1]}
-    assert kinds == {"q8_0" if mode == "int8" else "q4_1"} and quant.model.lm_head.weight.kind == "q8_0"
+    kinds = {m.kind for m in layers[:-1]}
+    assert kinds == {"q8_0" if mode == "int8" else "q4_1"} and quant.model.lm_head.kind == "q8_0"
     assert not any(isinstance(m, QuantLinear) for m in dense.model.modules())
     ids = list(range(3, 40))
     ref, got = sequence_logits(dense, ids), sequence_logits(quant, ids)
@@ -46,7 +46,7 @@ def test_tiny_model_quantized_at_load(mode, bound, tie):
     # the torch fallback (the same quantized weights, dequantized) is as close; the kernels differ
     # from it by quantizing activations to int8 per block, which these random nets amplify
     for m in layers:
-        m.dense = m.weight.dequantize(torch.float32)
+        m.dense = m.dequantize(torch.float32)
     exact = sequence_logits(quant, ids)
     assert (exact - ref).norm() / ref.norm() < bound and (got - exact).norm() / exact.norm() < bound
     # auto on dense weights quantizes nothing

@@ -1,18 +1,30 @@
-// Weight-only quantized linear layers: y[M,N] = x[M,K] @ W[N,K]^T with W in blocks of 32 along K.
+// Weight-only quantized linear layers: y[M,N] = x[M,K] @ W[N,K]^T with W in blocks of 32 along K,
+// read from a packed copy made once at load.
 //
-//   kvserve::q8_0_linear(x, qs, d)     W = d * q,      qs int8  [N, K],   d fp16 [N, K/32]
-//   kvserve::q4_1_linear(x, qs, d, m)  W = d * q + m,  qs uint8 [N, K/2], d, m fp16 [N, K/32]
-//                                      (byte j of a block: q[j] low nibble, q[j+16] high nibble)
+//   kvserve::pack_quant(qs, d, m?)                  the layout of kvserve/model/quant.py -> packed bytes
+//   kvserve::packed_linear(x, packed, kind, n)      y = x @ W^T, x float32 [M, K]
+//   kvserve::dequantize_packed(packed, kind, n, k)  W as float32 [N, K]
 //
-// Decode is bound by the bytes of the weights, so they stay quantized in memory and are never
-// expanded to floats. Each row of x is quantized on the fly to int8 per 32-block (one scale per
-// block, plus the block's float sum for Q4_1's min term), so a block's dot product is integer
-// (u8 x s8 multiply-adds) and is scaled once: sum_k w_k x_k = dw*dx*sum(q*qx) + m*sum(x).
-// Output columns are split across threads; each thread computes tiles of a few rows x a few
-// columns so that a weight block loaded into registers serves several rows.
+// kind "q8_0": W = d * q (q int8); kind "q4_1": W = d * q + m (q 0..15, two per byte: byte j of a
+// column's block holds q[j] low and q[j + 16] high, as in GGUF).
+//
+// Packed layout: output columns in tiles of 8, one tile after another; within a tile its K/32
+// blocks one after another, and a block holds the 8 columns' values and then their fp16 scales:
+//   q8_0: 8 x 32 bytes of q (column order), 8 fp16 d                   272 bytes
+//   q4_1: 8 x 16 bytes of nibbles, 8 fp16 d, 8 fp16 m (column order)   160 bytes
+// (Q4_1's nibbles pair columns k and k + 4 in each 32 bytes, k = 0..3: see q4_block.) So a thread
+// reads its columns as one sequential stream, and a block's scales are one vector load. Decode
+// (M = 1) is bound by these bytes; with the scattered per-column layout it was bound by the
+// instructions that gathered scales and reduced columns one by one (~8 GB/s per core, hot in cache).
+//
+// Each row of x is quantized on the fly to int8 per 32-block (a scale and the block's float sum for
+// Q4_1's min term), so a block's dot product is integer (u8 x s8 multiply-adds) and is scaled once:
+// sum_k w_k x_k = dw * dx * sum(q * qx) + m * sum(x).
 #include "common.h"
 
 #include <cmath>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #if defined(__AVX2__)
@@ -22,53 +34,187 @@
 namespace {
 
 constexpr int64_t QK = 32;  // weights per block
+constexpr int64_t NR = 8;   // output columns per tile
 
-inline float half_to_float(uint16_t bits) {
-#if defined(__F16C__)
-  return _cvtsh_ss(bits);
-#else
-  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
-#endif
+struct Format {
+  bool q4;
+  int64_t q_bytes;      // one column's quantized values in a block
+  int64_t block_bytes;  // one block of a tile: 8 columns' values and scales
+};
+
+Format format_of(const std::string& kind) {
+  if (kind == "q8_0") return {false, 32, NR * 32 + NR * 2};
+  if (kind == "q4_1") return {true, 16, NR * 16 + NR * 4};
+  TORCH_CHECK(false, "unknown quantized format '", kind, "' (q8_0 or q4_1)");
 }
 
-// x quantized per 32-block: q int8 [M, K], d (scale) and s (float sum of the block) [M, K/32]
+// Where column j of a tile (0..7) keeps its values within a block: Q4_1 interleaves 0,4,1,5,2,6,3,7.
+inline int64_t column_slot(bool q4, int64_t j) { return q4 ? (j % 4) * 2 + j / 4 : j; }
+
+inline float half_to_float(uint16_t bits) { return static_cast<float>(c10::Half(bits, c10::Half::from_bits())); }
+
+// ---- packing ---------------------------------------------------------------------------------
+
+at::Tensor pack_quant(const at::Tensor& qs, const at::Tensor& d, const c10::optional<at::Tensor>& m) {
+  const bool q4 = m.has_value();
+  const Format f = format_of(q4 ? "q4_1" : "q8_0");
+  TORCH_CHECK(qs.dim() == 2 && qs.is_contiguous() && qs.device().is_cpu(), "pack_quant: qs contiguous [N, K(/2)] on CPU");
+  TORCH_CHECK(qs.scalar_type() == (q4 ? at::kByte : at::kChar), "pack_quant: qs is uint8 (q4_1) or int8 (q8_0)");
+  const int64_t n = qs.size(0), k = q4 ? qs.size(1) * 2 : qs.size(1), nb = k / QK;
+  TORCH_CHECK(k % QK == 0, "pack_quant: K (", k, ") must be a multiple of 32");
+  TORCH_CHECK(d.scalar_type() == at::kHalf && d.is_contiguous() && d.numel() == n * nb, "pack_quant: d fp16 [N, K/32]");
+  if (q4) TORCH_CHECK(m->scalar_type() == at::kHalf && m->is_contiguous() && m->numel() == n * nb, "pack_quant: m fp16 [N, K/32]");
+  const int64_t tiles = (n + NR - 1) / NR;
+  at::Tensor packed = at::zeros({tiles * nb * f.block_bytes}, at::TensorOptions().dtype(at::kByte));  // padding columns: zeros
+  uint8_t* out = packed.data_ptr<uint8_t>();
+  const uint8_t* src = reinterpret_cast<const uint8_t*>(qs.data_ptr());
+  const uint16_t* dp = reinterpret_cast<const uint16_t*>(d.data_ptr());
+  const uint16_t* mp = q4 ? reinterpret_cast<const uint16_t*>(m->data_ptr()) : nullptr;
+  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t b = 0; b < nb; ++b) {
+        uint8_t* blk = out + (t * nb + b) * f.block_bytes;
+        uint16_t* scales = reinterpret_cast<uint16_t*>(blk + NR * f.q_bytes);
+        for (int64_t j = 0; j < NR && t * NR + j < n; ++j) {
+          const int64_t col = t * NR + j;
+          std::memcpy(blk + column_slot(q4, j) * f.q_bytes, src + (col * nb + b) * f.q_bytes, f.q_bytes);
+          scales[j] = dp[col * nb + b];
+          if (q4) scales[NR + j] = mp[col * nb + b];
+        }
+      }
+  });
+  return packed;
+}
+
+at::Tensor dequantize_packed(const at::Tensor& packed, const std::string& kind, int64_t n, int64_t k) {
+  const Format f = format_of(kind);
+  const int64_t nb = k / QK, tiles = (n + NR - 1) / NR;
+  TORCH_CHECK(k % QK == 0 && packed.numel() == tiles * nb * f.block_bytes && packed.is_contiguous(),
+              "dequantize_packed: packed does not hold a [", n, ", ", k, "] ", kind, " weight");
+  at::Tensor out = at::empty({n, k}, at::TensorOptions().dtype(at::kFloat));
+  float* o = out.data_ptr<float>();
+  const uint8_t* p = packed.data_ptr<uint8_t>();
+  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = p + (t * nb + b) * f.block_bytes;
+        const uint16_t* scales = reinterpret_cast<const uint16_t*>(blk + NR * f.q_bytes);
+        for (int64_t j = 0; j < NR && t * NR + j < n; ++j) {
+          const uint8_t* q = blk + column_slot(f.q4, j) * f.q_bytes;
+          const float dw = half_to_float(scales[j]);
+          float* row = o + (t * NR + j) * k + b * QK;
+          if (f.q4) {
+            const float mw = half_to_float(scales[NR + j]);
+            for (int64_t i = 0; i < QK / 2; ++i) {
+              row[i] = dw * static_cast<float>(q[i] & 0x0F) + mw;
+              row[i + QK / 2] = dw * static_cast<float>(q[i] >> 4) + mw;
+            }
+          } else {
+            for (int64_t i = 0; i < QK; ++i) row[i] = dw * static_cast<float>(static_cast<int8_t>(q[i]));
+          }
+        }
+      }
+  });
+  return out;
+}
+
+// ---- activations -----------------------------------------------------------------------------
+
+// x quantized per 32-block: q int8 [M, K], d (scale) and s (float sum of the block) [M, K/32].
+// Buffers of the calling thread, reused across calls (a decode step makes ~120 of these).
 struct QuantizedRows {
   std::vector<int8_t> q;
   std::vector<float> d, s;
+  int64_t K = 0, nb = 0;
 };
 
-QuantizedRows quantize_rows(const float* x, int64_t M, int64_t K) {
+inline void quantize_block(const float* v, int8_t* q, float* d, float* s) {
+#if defined(__AVX2__)
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 x[4], amax = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    x[i] = _mm256_loadu_ps(v + 8 * i);
+    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, x[i]));
+    sum = _mm256_add_ps(sum, x[i]);
+  }
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+  s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
+  const float mx = _mm_cvtss_f32(m4);
+  const __m256 inv = _mm256_set1_ps(mx > 0.f ? 127.f / mx : 0.f);
+  __m256i i32[4];
+  for (int i = 0; i < 4; ++i) i32[i] = _mm256_cvtps_epi32(_mm256_mul_ps(x[i], inv));  // round to nearest even
+  // pack to int8; packs works per 128-bit lane, so restore the order with one permute
+  const __m256i i16 = _mm256_packs_epi32(i32[0], i32[1]), j16 = _mm256_packs_epi32(i32[2], i32[3]);
+  const __m256i i8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(i16, j16), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), i8);
+  *d = mx / 127.f;
+  *s = _mm_cvtss_f32(s4);
+#else
+  float amax = 0.f, sum = 0.f;
+  for (int k = 0; k < QK; ++k) {
+    amax = std::max(amax, std::fabs(v[k]));
+    sum += v[k];
+  }
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  for (int k = 0; k < QK; ++k) q[k] = static_cast<int8_t>(std::nearbyint(v[k] * inv));
+  *d = amax / 127.f;
+  *s = sum;
+#endif
+}
+
+const QuantizedRows& quantize_rows(const float* x, int64_t M, int64_t K) {
+  thread_local QuantizedRows r;
   const int64_t nb = K / QK;
-  QuantizedRows r{std::vector<int8_t>(M * K), std::vector<float>(M * nb), std::vector<float>(M * nb)};
+  if (static_cast<int64_t>(r.q.size()) < M * K) r.q.resize(M * K);
+  if (static_cast<int64_t>(r.d.size()) < M * nb) {
+    r.d.resize(M * nb);
+    r.s.resize(M * nb);
+  }
+  r.K = K;
+  r.nb = nb;
+  int8_t* q = r.q.data();
+  float *d = r.d.data(), *s = r.s.data();
   // 2,048 blocks (64k values) per thread: smaller inputs quantize on one thread (a region costs more)
   at::parallel_for(0, M * nb, 2048, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const float* v = x + (i / nb) * K + (i % nb) * QK;  // block i % nb of row i / nb
-      float amax = 0.f, sum = 0.f;
-      for (int k = 0; k < QK; ++k) {
-        amax = std::max(amax, std::fabs(v[k]));
-        sum += v[k];
-      }
-      const float inv = amax > 0.f ? 127.f / amax : 0.f;
-      int8_t* q = r.q.data() + (i / nb) * K + (i % nb) * QK;
-      for (int k = 0; k < QK; ++k) q[k] = static_cast<int8_t>(std::nearbyint(v[k] * inv));
-      r.d[i] = amax / 127.f;
-      r.s[i] = sum;
-    }
+    for (int64_t i = begin; i < end; ++i) quantize_block(x + i * QK, q + i * QK, d + i, s + i);
   });
   return r;
 }
 
-struct Weights {
-  const uint8_t* qs;     // row n, block b at qs + (n * nb + b) * block_bytes
-  const uint16_t* d;     // fp16 bits [N, nb]
-  const uint16_t* m;     // fp16 bits [N, nb], Q4_1 only
-  int64_t nb;
+// ---- the kernels: one tile of 8 columns for MR rows --------------------------------------------
+
+struct TileArgs {
+  const uint8_t* tile;  // the tile's first block
+  const QuantizedRows* a;
+  int64_t row0;         // first row
+  float* y;             // y[row0, first column of the tile]
+  int64_t ldy;          // row stride of y
+  int64_t cols;         // valid columns in the tile (8 except in a last, partial one)
 };
 
+inline void store_row(float* dst, const float* src, int64_t cols) {
+  for (int64_t j = 0; j < cols; ++j) dst[j] = src[j];
+}
+
 #if defined(__AVX2__)
-// 8 int32 lanes, each the sum of 4 products u8 * s8. maddubs saturates its pairwise i16 sums, which
-// our operands never reach: u <= 15 (Q4) or u = |q| <= 128 (Q8), times |x| <= 127, twice < 2^15.
+// Lane i of the result: the sum of u8 x s8 products over the 4 bytes of lane i of (u1, s1) and (u2, s2).
+// maddubs saturates its pairwise i16 sums, which our operands never reach: u <= 15 (Q4) or
+// u = |q| <= 128 (Q8), times |x| <= 127, twice, (twice again when two Q4 sums are added) < 2^15.
+inline __m256i dot2_u8s8(__m256i u1, __m256i s1, __m256i u2, __m256i s2) {
+#if defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u1, s1), u2, s2);
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u1, s1), u2, s2);
+#else
+  const __m256i sum16 = _mm256_add_epi16(_mm256_maddubs_epi16(u1, s1), _mm256_maddubs_epi16(u2, s2));
+  return _mm256_madd_epi16(sum16, _mm256_set1_epi16(1));
+#endif
+}
+
 inline __m256i dot_u8s8(__m256i u, __m256i s) {
 #if defined(__AVXVNNI__)
   return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
@@ -79,202 +225,181 @@ inline __m256i dot_u8s8(__m256i u, __m256i s) {
 #endif
 }
 
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-// One block of 32 weights of column n as 32 bytes in element order (Q4: values 0..15).
-template <bool Q4>
-inline __m256i load_block(const Weights& w, int64_t n, int64_t b) {
-  if constexpr (Q4) {
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.qs + (n * w.nb + b) * 16));
-    const __m128i mask = _mm_set1_epi8(0x0F);
-    const __m128i lo = _mm_and_si128(packed, mask);
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
-    return _mm256_set_m128i(hi, lo);
-  } else {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.qs + (n * w.nb + b) * 32));
-  }
-}
-
-// Rows [m0, m0+MR) x columns [n0, n0+NR) of y.
-template <bool Q4, int MR, int NR>
-void tile(const Weights& w, const QuantizedRows& a, int64_t K, int64_t m0, int64_t n0, float* y, int64_t N) {
-  __m256 acc[MR][NR];
-  float min_acc[MR][NR] = {};
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < w.nb; ++b) {
-    __m256i wq[NR];
-    float dw[NR], mw[NR];
-    for (int j = 0; j < NR; ++j) {
-      wq[j] = load_block<Q4>(w, n0 + j, b);
-      dw[j] = half_to_float(w.d[(n0 + j) * w.nb + b]);
-      if constexpr (Q4) mw[j] = half_to_float(w.m[(n0 + j) * w.nb + b]);
-    }
-    for (int i = 0; i < MR; ++i) {
-      const int64_t row = m0 + i;
-      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q.data() + row * K + b * QK));
-      const float dx = a.d[row * w.nb + b];
-      for (int j = 0; j < NR; ++j) {
-        __m256i p;
-        if constexpr (Q4) {
-          p = dot_u8s8(wq[j], xq);  // Q4 values are unsigned already
-        } else {  // s8 * s8 as |w| * (x with w's sign): maddubs wants one unsigned operand
-          p = dot_u8s8(_mm256_sign_epi8(wq[j], wq[j]), _mm256_sign_epi8(xq, wq[j]));
-        }
-        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw[j] * dx), acc[i][j]);
-        if constexpr (Q4) min_acc[i][j] += mw[j] * a.s[row * w.nb + b];
-      }
-    }
-  }
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) y[(m0 + i) * N + n0 + j] = hsum(acc[i][j]) + min_acc[i][j];
-}
-#else
-template <bool Q4, int MR, int NR>
-void tile(const Weights& w, const QuantizedRows& a, int64_t K, int64_t m0, int64_t n0, float* y, int64_t N) {
-  for (int i = 0; i < MR; ++i) {
-    const int64_t row = m0 + i;
-    for (int j = 0; j < NR; ++j) {
-      const int64_t n = n0 + j;
-      float total = 0.f;
-      for (int64_t b = 0; b < w.nb; ++b) {
-        const int8_t* xq = a.q.data() + row * K + b * QK;
-        int32_t dot = 0;
-        if constexpr (Q4) {
-          const uint8_t* p = w.qs + (n * w.nb + b) * 16;
-          for (int k = 0; k < 16; ++k) dot += (p[k] & 0x0F) * xq[k] + (p[k] >> 4) * xq[k + 16];
-        } else {
-          const int8_t* p = reinterpret_cast<const int8_t*>(w.qs + (n * w.nb + b) * 32);
-          for (int k = 0; k < 32; ++k) dot += p[k] * xq[k];
-        }
-        total += half_to_float(w.d[n * w.nb + b]) * a.d[row * w.nb + b] * static_cast<float>(dot);
-        if constexpr (Q4) total += half_to_float(w.m[n * w.nb + b]) * a.s[row * w.nb + b];
-      }
-      y[row * N + n] = total;
-    }
-  }
-}
-#endif
-
-#if defined(__AVX2__)
-constexpr int NR = 8;  // columns per tile: one lane each of an 8-float accumulator
-constexpr int PREFETCH_TILES = 2;  // how far ahead tile8 prefetches
-
-// Lane j = the sum of the 8 int32 lanes of p[j]: 8 dot products reduced at once.
+// Lane j = the sum of the 8 int32 lanes of p[j].
 inline __m256i reduce8(const __m256i p[8]) {
   const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
   const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
-  // a = [cols 0-3 low half | cols 0-3 high half], b the same for cols 4-7
   return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
-// Columns [n0, n0+8) for every row. Each weight block is unpacked once and serves all M rows;
-// the 8 columns' partial sums of a row live in one vector (kept in ``acc``, M x 8 floats), so a
-// block costs one convert and one scale-multiply per row, not one per column.
-template <bool Q4>
-void tile8(const Weights& w, const QuantizedRows& a, int64_t M, int64_t K, int64_t n0, float* y, int64_t N,
-           std::vector<float>& acc) {
-  acc.assign(M * NR, 0.f);
-  // Prefetch a tile ahead, a share of its cache lines per block step. A tile's 8 columns are one
-  // contiguous run of bytes, read here as 8 interleaved streams of a few lines each: too short for
-  // the hardware prefetcher to ramp up, so a decode (M=1, bound by bytes) waited on memory.
-  constexpr int64_t block_bytes = Q4 ? QK / 2 : QK;
-  const int64_t tile_bytes = NR * w.nb * block_bytes;
-  const char* ahead = reinterpret_cast<const char*>(w.qs) + (n0 + PREFETCH_TILES * NR) * w.nb * block_bytes;
-  const char* ahead_d = reinterpret_cast<const char*>(w.d + (n0 + PREFETCH_TILES * NR) * w.nb);
-  const char* ahead_m = Q4 ? reinterpret_cast<const char*>(w.m + (n0 + PREFETCH_TILES * NR) * w.nb) : nullptr;
-  for (int64_t b = 0; b < w.nb; ++b) {
-    for (int64_t off = b * tile_bytes / w.nb & ~int64_t{63}; off < (b + 1) * tile_bytes / w.nb; off += 64)
-      _mm_prefetch(ahead + off, _MM_HINT_T0);  // a prefetch never faults, even past the end
-    if (b * 64 < NR * w.nb * 2) {  // the scales: 2 bytes a block
-      _mm_prefetch(ahead_d + b * 64, _MM_HINT_T0);
-      if constexpr (Q4) _mm_prefetch(ahead_m + b * 64, _MM_HINT_T0);
+constexpr int64_t PREFETCH_BYTES = 1024;  // how far ahead of its stream a tile reads
+
+template <int MR>
+void q4_tile(const TileArgs& t) {
+  const QuantizedRows& a = *t.a;
+  const int64_t nb = a.nb;
+  __m256 acc[MR];
+  for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = t.tile + b * 160;
+    _mm_prefetch(reinterpret_cast<const char*>(blk + PREFETCH_BYTES), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(blk + PREFETCH_BYTES + 64), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(blk + PREFETCH_BYTES + 128), _MM_HINT_T0);
+    // 32 bytes k = column k's 16 bytes, then column k + 4's: low nibbles are elements 0..15 of both
+    // columns, high nibbles 16..31, so each is one multiply-add against x's half broadcast twice,
+    // and lane 0 (1) of the product holds column k's (k + 4's) partial sums.
+    __m256i lo[4], hi[4];
+    for (int k = 0; k < 4; ++k) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 * k));
+      lo[k] = _mm256_and_si256(v, mask);
+      hi[k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
     }
-    __m256i wq[NR], wabs[NR];
-    alignas(32) float dw[NR], mw[NR];
-    for (int j = 0; j < NR; ++j) {
-      wq[j] = load_block<Q4>(w, n0 + j, b);
-      wabs[j] = Q4 ? wq[j] : _mm256_sign_epi8(wq[j], wq[j]);
-      dw[j] = half_to_float(w.d[(n0 + j) * w.nb + b]);
-      mw[j] = Q4 ? half_to_float(w.m[(n0 + j) * w.nb + b]) : 0.f;
-    }
-    const __m256 dwv = _mm256_load_ps(dw), mwv = _mm256_load_ps(mw);
-    for (int64_t row = 0; row < M; ++row) {
-      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q.data() + row * K + b * QK));
-      __m256i p[NR];
-      for (int j = 0; j < NR; ++j)  // Q8: s8 * s8 as |w| * (x with w's sign); Q4 values are unsigned already
-        p[j] = dot_u8s8(wabs[j], Q4 ? xq : _mm256_sign_epi8(xq, wq[j]));
-      float* out = acc.data() + row * NR;
-      __m256 sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(p)),
-                                   _mm256_mul_ps(dwv, _mm256_set1_ps(a.d[row * w.nb + b])), _mm256_loadu_ps(out));
-      if constexpr (Q4) sum = _mm256_fmadd_ps(mwv, _mm256_set1_ps(a.s[row * w.nb + b]), sum);
-      _mm256_storeu_ps(out, sum);
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 128)));
+    const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 144)));
+    for (int i = 0; i < MR; ++i) {
+      const int64_t row = t.row0 + i;
+      const int8_t* xq = a.q.data() + row * a.K + b * QK;
+      const __m256i xl = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq)));
+      const __m256i xh = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq + 16)));
+      const __m256i p0 = dot2_u8s8(lo[0], xl, hi[0], xh), p1 = dot2_u8s8(lo[1], xl, hi[1], xh);
+      const __m256i p2 = dot2_u8s8(lo[2], xl, hi[2], xh), p3 = dot2_u8s8(lo[3], xl, hi[3], xh);
+      // per 128-bit lane hadds: [c0 c1 c2 c3 | c4 c5 c6 c7], the columns in order
+      const __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+      const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(a.d[row * nb + b]));
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[i]);
+      acc[i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s[row * nb + b]), acc[i]);
     }
   }
-  for (int64_t row = 0; row < M; ++row)
-    for (int j = 0; j < NR; ++j) y[row * N + n0 + j] = acc[row * NR + j];
+  for (int i = 0; i < MR; ++i) {
+    if (t.cols == NR) {
+      _mm256_storeu_ps(t.y + i * t.ldy, acc[i]);
+    } else {
+      alignas(32) float tmp[NR];
+      _mm256_store_ps(tmp, acc[i]);
+      store_row(t.y + i * t.ldy, tmp, t.cols);
+    }
+  }
 }
-#else
-constexpr int NR = 8;
+
+template <int MR>
+void q8_tile(const TileArgs& t) {
+  const QuantizedRows& a = *t.a;
+  const int64_t nb = a.nb;
+  __m256 acc[MR];
+  for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = t.tile + b * 272;
+    for (int64_t off = 0; off < 320; off += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(blk + PREFETCH_BYTES + off), _MM_HINT_T0);
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 256)));
+    for (int i = 0; i < MR; ++i) {
+      const int64_t row = t.row0 + i;
+      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q.data() + row * a.K + b * QK));
+      __m256i p[NR];
+      for (int j = 0; j < NR; ++j) {  // s8 x s8 as |w| x (x with w's sign): maddubs wants one unsigned side
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 * j));
+        p[j] = dot_u8s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xq, w));
+      }
+      const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(a.d[row * nb + b]));
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(p)), scale, acc[i]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    alignas(32) float tmp[NR];
+    _mm256_store_ps(tmp, acc[i]);
+    store_row(t.y + i * t.ldy, tmp, t.cols);
+  }
+}
 #endif
 
-template <bool Q4>
-void columns(const Weights& w, const QuantizedRows& a, int64_t M, int64_t K, int64_t c0, int64_t c1, float* y,
-             int64_t N) {
-  int64_t n = c0;
+// Any CPU: the same sums, one column and one row at a time.
+template <bool Q4, int MR>
+void scalar_tile(const TileArgs& t) {
+  const QuantizedRows& a = *t.a;
+  const int64_t nb = a.nb, q_bytes = Q4 ? 16 : 32, block_bytes = Q4 ? 160 : 272;
+  for (int i = 0; i < MR; ++i) {
+    const int64_t row = t.row0 + i;
+    for (int64_t j = 0; j < t.cols; ++j) {
+      float total = 0.f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = t.tile + b * block_bytes;
+        const uint8_t* q = blk + column_slot(Q4, j) * q_bytes;
+        const uint16_t* scales = reinterpret_cast<const uint16_t*>(blk + NR * q_bytes);
+        const int8_t* xq = a.q.data() + row * a.K + b * QK;
+        int32_t dot = 0;
+        if constexpr (Q4) {
+          for (int k = 0; k < 16; ++k) dot += (q[k] & 0x0F) * xq[k] + (q[k] >> 4) * xq[k + 16];
+        } else {
+          for (int k = 0; k < 32; ++k) dot += static_cast<int8_t>(q[k]) * xq[k];
+        }
+        total += half_to_float(scales[j]) * a.d[row * nb + b] * static_cast<float>(dot);
+        if constexpr (Q4) total += half_to_float(scales[NR + j]) * a.s[row * nb + b];
+      }
+      t.y[i * t.ldy + j] = total;
+    }
+  }
+}
+
+template <bool Q4, int MR>
+inline void run_tile(const TileArgs& t) {
 #if defined(__AVX2__)
-  std::vector<float> acc;
-  for (; n + NR <= c1; n += NR) tile8<Q4>(w, a, M, K, n, y, N, acc);
+  if constexpr (Q4) q4_tile<MR>(t); else q8_tile<MR>(t);
+#else
+  scalar_tile<Q4, MR>(t);
 #endif
-  for (; n < c1; ++n)
-    for (int64_t m = 0; m < M; ++m) tile<Q4, 1, 1>(w, a, K, m, n, y, N);
 }
 
+// Tiles [t0, t1) for every row: rows in groups of 4, so a block's unpacked weights serve 4 rows
+// from registers; a tile's bytes (a few KB) stay in L1 across the groups.
 template <bool Q4>
-at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d, const at::Tensor* m) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be a 2-D float32 tensor");
-  TORCH_CHECK(x.device().is_cpu() && qs.device().is_cpu(), "quantized linear: CPU tensors only");
-  const int64_t M = x.size(0), K = x.size(1), N = qs.size(0);
-  TORCH_CHECK(K % QK == 0, "quantized linear: K (", K, ") must be a multiple of 32");
-  TORCH_CHECK(qs.dim() == 2 && qs.size(1) == (Q4 ? K / 2 : K) && qs.is_contiguous(), "qs has the wrong shape");
-  TORCH_CHECK(qs.scalar_type() == (Q4 ? at::kByte : at::kChar), "qs has the wrong dtype");
-  TORCH_CHECK(d.scalar_type() == at::kHalf && d.is_contiguous() && d.numel() == N * (K / QK), "d: fp16 [N, K/32]");
-  if (m != nullptr)
-    TORCH_CHECK(m->scalar_type() == at::kHalf && m->is_contiguous() && m->numel() == N * (K / QK), "m: fp16 [N, K/32]");
+void tiles(const uint8_t* packed, int64_t block_bytes, const QuantizedRows& a, int64_t M, int64_t N, int64_t t0,
+           int64_t t1, float* y) {
+  for (int64_t t = t0; t < t1; ++t) {
+    TileArgs args{packed + t * a.nb * block_bytes, &a, 0, y + t * NR, N, std::min(NR, N - t * NR)};
+    int64_t r = 0;
+    for (; r + 4 <= M; r += 4) {
+      args.row0 = r, args.y = y + r * N + t * NR;
+      run_tile<Q4, 4>(args);
+    }
+    args.row0 = r, args.y = y + r * N + t * NR;
+    switch (M - r) {
+      case 3: run_tile<Q4, 3>(args); break;
+      case 2: run_tile<Q4, 2>(args); break;
+      case 1: run_tile<Q4, 1>(args); break;
+      default: break;
+    }
+  }
+}
+
+at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const std::string& kind, int64_t n) {
+  const Format f = format_of(kind);
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "packed_linear: x must be a 2-D float32 tensor");
+  TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "packed_linear: CPU tensors only");
+  const int64_t M = x.size(0), K = x.size(1), nb = K / QK, tiles_n = (n + NR - 1) / NR;
+  TORCH_CHECK(K % QK == 0, "packed_linear: K (", K, ") must be a multiple of 32");
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.numel() == tiles_n * nb * f.block_bytes,
+              "packed_linear: packed does not hold a [", n, ", ", K, "] ", kind, " weight");
   const at::Tensor xc = x.contiguous();
-  at::Tensor y = at::empty({M, N}, x.options());
-  if (M == 0) return y;
-  const QuantizedRows a = quantize_rows(xc.data_ptr<float>(), M, K);
-  const Weights w{reinterpret_cast<const uint8_t*>(qs.data_ptr()), reinterpret_cast<const uint16_t*>(d.data_ptr()),
-                  m != nullptr ? reinterpret_cast<const uint16_t*>(m->data_ptr()) : nullptr, K / QK};
+  at::Tensor y = at::empty({M, n}, x.options());
+  if (M == 0 || n == 0) return y;
+  const QuantizedRows& a = quantize_rows(xc.data_ptr<float>(), M, K);
+  const uint8_t* p = packed.data_ptr<uint8_t>();
   float* out = y.data_ptr<float>();
-  // Work is split by column tiles, at least ~256 KB of weights x rows per thread: a decode's small
+  // Work is split by tiles, at least ~256 KB of weights x rows per thread: a decode's small
   // layers (M=1, a few hundred KB) run on one thread, since waking another costs more than it saves.
-  const int64_t tiles = (N + NR - 1) / NR;
-  const int64_t tile_bytes = NR * (K / QK) * (Q4 ? QK / 2 : QK);
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / (tile_bytes * M));
-  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
-    columns<Q4>(w, a, M, K, t0 * NR, std::min(N, t1 * NR), out, N);
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / (nb * f.block_bytes * M));
+  at::parallel_for(0, tiles_n, grain, [&](int64_t t0, int64_t t1) {
+    if (f.q4) tiles<true>(p, f.block_bytes, a, M, n, t0, t1, out);
+    else tiles<false>(p, f.block_bytes, a, M, n, t0, t1, out);
   });
   return y;
-}
-
-at::Tensor q8_0_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d) {
-  return quant_linear<false>(x, qs, d, nullptr);
-}
-
-at::Tensor q4_1_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m) {
-  return quant_linear<true>(x, qs, d, &m);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(kvserve, m) {
-  m.def("q8_0_linear(Tensor x, Tensor qs, Tensor d) -> Tensor", &q8_0_linear);
-  m.def("q4_1_linear(Tensor x, Tensor qs, Tensor d, Tensor m) -> Tensor", &q4_1_linear);
+  m.def("pack_quant(Tensor qs, Tensor d, Tensor? m) -> Tensor", &pack_quant);
+  m.def("packed_linear(Tensor x, Tensor packed, str kind, int n) -> Tensor", &packed_linear);
+  m.def("dequantize_packed(Tensor packed, str kind, int n, int k) -> Tensor", &dequantize_packed);
 }
