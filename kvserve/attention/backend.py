@@ -46,6 +46,18 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] where each new token's K/V is written
 
 
+@dataclass
+class NativeAttention:
+    """What the native decode stack (``kvserve.model.native_stack``) needs to attend a step itself:
+    the paged kernel's arguments."""
+
+    slot_mapping: torch.Tensor  # int64 [T]
+    block_tables: torch.Tensor  # int32, every sequence's table one after another
+    seq_info: torch.Tensor  # int32 [S, 4]
+    block_size: int
+    scale: float
+
+
 class AttentionBackend(ABC):
     def __init__(self, pool: KVPool, model_dtype: torch.dtype):
         self.pool = pool
@@ -61,6 +73,11 @@ class AttentionBackend(ABC):
                 layer_kv: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
         """q: [T, heads, d]; k, v: [T, kv_heads, d] for the new tokens; ``layer_kv``: the layer's
         (K, V) cache from the pool. Writes k, v to their slots; returns [T, heads, d]."""
+
+    def native_step(self, meta: AttentionMetadata) -> NativeAttention | None:
+        """The arguments of the native paged kernel when it can attend every row of this step
+        (then the model may run whole layers natively); None, the default, when it cannot."""
+        return None
 
 
 _BACKENDS: Registry[AttentionBackend] = Registry("attention backend", "attention_backend")

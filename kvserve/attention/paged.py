@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from kvserve.attention.backend import AttentionBackend, AttentionMetadata, SeqRows, register_attention_backend
+from kvserve.attention.backend import (AttentionBackend, AttentionMetadata, NativeAttention, SeqRows,
+                                      register_attention_backend)
 from kvserve.attention.kv_pool import KVPool
 from kvserve.errors import InvalidArgumentError
 
@@ -100,6 +101,11 @@ class PagedBackend(AttentionBackend):
             fresh=fresh,
             gathered=gathered,
         )
+
+    def native_step(self, meta: PagedMetadata) -> NativeAttention | None:  # type: ignore[override]
+        if meta.fresh or meta.gathered or not meta.seq_info.shape[0]:
+            return None  # some rows go to SDPA
+        return NativeAttention(meta.slot_mapping, meta.block_tables, meta.seq_info, self.pool.block_size, self.scale)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 layer_kv: tuple[torch.Tensor, torch.Tensor], meta: PagedMetadata) -> torch.Tensor:  # type: ignore[override]

@@ -9,6 +9,7 @@ from torch import nn
 
 from kvserve.attention import AttentionBackend, AttentionMetadata
 from kvserve.model.config import ModelConfig
+from kvserve.model.native_stack import build_native_stack, run_native_stack
 from kvserve.model.layers import PackedLinear, RMSNorm, Rotary, RotaryStep, SwiGLU, pack_linears
 from kvserve.model.quant import QuantWeight
 from kvserve.model.quant_linear import QuantEmbedding, QuantLinear, fused_linear_sources, quantized_modules
@@ -60,6 +61,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = Rotary(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
         self.native = False
+        self.native_stack: Any | None = None  # every layer in one native call (kvserve.model.native_stack)
 
     @classmethod
     def from_hf_weights(cls, cfg: ModelConfig, weights: dict[str, Any], dtype: torch.dtype,
@@ -103,6 +105,7 @@ class LlamaForCausalLM(nn.Module):
         for m in self.modules():
             if isinstance(m, (RMSNorm, SwiGLU)):
                 m.native = on
+        self.native_stack = build_native_stack(self) if on else None
 
     @torch.inference_mode()
     def forward(
@@ -116,6 +119,8 @@ class LlamaForCausalLM(nn.Module):
         """Hidden states [T, hidden] after the final norm, for a flat ragged batch of T tokens;
         ``attn`` attends over ``kv_caches`` (per layer K, V) with the step's ``meta``."""
         h = self.embed_tokens(input_ids)  # a fresh tensor: the layers add to it in place
+        if self.native_stack is not None and run_native_stack(self.native_stack, h, positions, self, attn, meta, kv_caches):
+            return self.norm(h)
         rope = self.rotary.for_step(positions, h.dtype, self.native)
         for layer, kv in zip(self.layers, kv_caches):
             h = layer(h, rope, attn, meta, kv)

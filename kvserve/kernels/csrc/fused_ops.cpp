@@ -2,8 +2,9 @@
 // rms_norm, add_rms_norm (residual add then norm), rotary_ (in place on q and k), silu_mul.
 // At decode batch sizes each torch op costs more in dispatch than in arithmetic, so a layer's
 // ~50 small ops were a fifth of a single-stream step. float32 and bfloat16 (computed in float).
-#include "common.h"
+#include "ops.h"
 
+namespace kvserve {
 namespace {
 
 // Rows per thread chunk: below ~64k elements an op runs on one thread. Each parallel region costs a
@@ -31,6 +32,8 @@ void rms_norm_rows(const T* x, const T* w, T* out, int64_t rows, int64_t h, floa
   });
 }
 
+}  // namespace
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && w.is_contiguous() && x.size(1) == w.size(0), "rms_norm: bad shapes");
   auto out = at::empty_like(x);
@@ -48,6 +51,8 @@ at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& delta, const at:
   residual.add_(delta);
   return rms_norm(residual, w, eps);
 }
+
+namespace {
 
 // x: [T, heads, d] (rows of a contiguous last dim), rotate-half convention, positions index the tables
 template <typename T>
@@ -71,6 +76,8 @@ void rotary_rows(T* x, int64_t t, int64_t heads, int64_t d, int64_t row_stride, 
   });
 }
 
+}  // namespace
+
 // q: [T, heads, d], k: [T, kv_heads, d], rotated in place; cos, sin: float32 [max_pos, d]
 void rotary_(at::Tensor& q, at::Tensor& k, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin) {
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
@@ -84,6 +91,8 @@ void rotary_(at::Tensor& q, at::Tensor& k, const at::Tensor& positions, const at
     });
   }
 }
+
+namespace {
 
 template <typename T>
 void silu_mul_rows(const T* src, T* dst, int64_t t, int64_t inter) {
@@ -102,6 +111,8 @@ void silu_mul_rows(const T* src, T* dst, int64_t t, int64_t inter) {
   });
 }
 
+}  // namespace
+
 // gu: [T, 2I] (gate then up) -> silu(gate) * up: [T, I]
 at::Tensor silu_mul(const at::Tensor& gu) {
   TORCH_CHECK(gu.dim() == 2 && gu.is_contiguous() && gu.size(1) % 2 == 0, "silu_mul: [T, 2I] contiguous");
@@ -113,11 +124,11 @@ at::Tensor silu_mul(const at::Tensor& gu) {
   return out;
 }
 
-}  // namespace
+}  // namespace kvserve
 
 TORCH_LIBRARY_FRAGMENT(kvserve, m) {
-  m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor", &rms_norm);
-  m.def("add_rms_norm(Tensor(a!) residual, Tensor delta, Tensor w, float eps) -> Tensor", &add_rms_norm);
-  m.def("rotary_(Tensor(a!) q, Tensor(b!) k, Tensor positions, Tensor cos, Tensor sin) -> ()", &rotary_);
-  m.def("silu_mul(Tensor gu) -> Tensor", &silu_mul);
+  m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor", &kvserve::rms_norm);
+  m.def("add_rms_norm(Tensor(a!) residual, Tensor delta, Tensor w, float eps) -> Tensor", &kvserve::add_rms_norm);
+  m.def("rotary_(Tensor(a!) q, Tensor(b!) k, Tensor positions, Tensor cos, Tensor sin) -> ()", &kvserve::rotary_);
+  m.def("silu_mul(Tensor gu) -> Tensor", &kvserve::silu_mul);
 }

@@ -11,7 +11,7 @@
 // up to kTile tokens share each pass over a K/V block, so each K/V row is read once per item.
 // Items are cut into per-thread chunks of equal estimated cost, so a few long contexts among
 // many short ones do not leave threads idle.
-#include "common.h"
+#include "ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -371,8 +371,15 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
 
 }  // namespace
 
+namespace kvserve {
+void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                     const at::Tensor& block_tables, const at::Tensor& seq_info, int64_t block_size, double scale) {
+  ::paged_attention(out, q, k_cache, v_cache, block_tables, seq_info, block_size, scale);
+}
+}  // namespace kvserve
+
 TORCH_LIBRARY_FRAGMENT(kvserve, m) {
   m.def("paged_attention(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor seq_info, int block_size, float scale) -> ()",
-        &paged_attention);
+        &kvserve::paged_attention);
 }

@@ -20,7 +20,7 @@
 // Each row of x is quantized on the fly to int8 per 32-block (a scale and the block's float sum for
 // Q4_1's min term), so a block's dot product is integer (u8 x s8 multiply-adds) and is scaled once:
 // sum_k w_k x_k = dw * dx * sum(q * qx) + m * sum(x).
-#include "common.h"
+#include "ops.h"
 
 #include <cmath>
 #include <cstring>
@@ -31,6 +31,7 @@
 #include <immintrin.h>
 #endif
 
+namespace kvserve {
 namespace {
 
 constexpr int64_t QK = 32;  // weights per block
@@ -372,6 +373,8 @@ void tiles(const uint8_t* packed, int64_t block_bytes, const QuantizedRows& a, i
   }
 }
 
+}  // namespace
+
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const std::string& kind, int64_t n) {
   const Format f = format_of(kind);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "packed_linear: x must be a 2-D float32 tensor");
@@ -396,10 +399,10 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const st
   return y;
 }
 
-}  // namespace
+}  // namespace kvserve
 
 TORCH_LIBRARY_FRAGMENT(kvserve, m) {
-  m.def("pack_quant(Tensor qs, Tensor d, Tensor? m) -> Tensor", &pack_quant);
-  m.def("packed_linear(Tensor x, Tensor packed, str kind, int n) -> Tensor", &packed_linear);
-  m.def("dequantize_packed(Tensor packed, str kind, int n, int k) -> Tensor", &dequantize_packed);
+  m.def("pack_quant(Tensor qs, Tensor d, Tensor? m) -> Tensor", &kvserve::pack_quant);
+  m.def("packed_linear(Tensor x, Tensor packed, str kind, int n) -> Tensor", &kvserve::packed_linear);
+  m.def("dequantize_packed(Tensor packed, str kind, int n, int k) -> Tensor", &kvserve::dequantize_packed);
 }

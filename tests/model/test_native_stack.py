@@ -1,0 +1,113 @@
+"""The native decode stack (kvserve.model.native_stack): on one step it gives the Python layers'
+hidden states and cache writes bit for bit; end to end the same greedy tokens; and the Python
+layers run wherever it does not apply (fresh prefills, dense or bfloat16 weights)."""
+
+from __future__ import annotations
+
+import random
+import shutil
+
+import pytest
+import torch
+
+from kvserve import SamplingParams
+from kvserve.attention import SeqRows
+from kvserve.config import CacheConfig
+from kvserve.llm import LLM
+from kvserve.runner.inputs import build_inputs
+from kvserve.runner.torch_runner import TorchRunner
+from tests.conftest import hf_weights, kvserve_config, tiny_hf_model
+
+pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernels():
+    from kvserve.kernels import load_kernels
+
+    if not load_kernels():
+        pytest.skip("native kernels did not build")
+
+
+def _runner(quantization: str, *, bias: bool = False, dtype=torch.float32, backend: str = "auto") -> TorchRunner:
+    hf = tiny_hf_model(bias=bias, kv_heads=2, hidden=64, layers=2)
+    return TorchRunner(kvserve_config(hf), hf_weights(hf), CacheConfig(num_kv_blocks=64, attention_backend=backend),
+                       dtype=dtype, quantization=quantization)
+
+
+def _step(runner: TorchRunner, rows: list[tuple[int, int]], seed: int = 0):
+    """Random cached K/V and one step of (tokens, start) rows over shuffled block tables."""
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    pool = runner.kv_pool
+    for k, v in pool.layers:
+        k[: pool.null_slot] = torch.randn(k[: pool.null_slot].shape, generator=g)
+        v[: pool.null_slot] = torch.randn(v[: pool.null_slot].shape, generator=g)
+    free = list(range(pool.num_blocks))
+    rng.shuffle(free)
+    bs = pool.block_size
+    vocab = runner.cfg.vocab_size
+    return [SeqRows([rng.randrange(vocab) for _ in range(n)], start, [free.pop() for _ in range(-(-(start + n) // bs))])
+            for n, start in rows]
+
+
+def _forward(runner: TorchRunner, seqs: list[SeqRows], native: bool):
+    model = runner.model
+    stack = model.native_stack
+    caches = [(k.clone(), v.clone()) for k, v in runner.kv_pool.layers]
+    inputs = build_inputs(seqs, runner.attention)
+    model.native_stack = stack if native else None
+    try:
+        hidden = model(inputs.input_ids, inputs.positions, runner.attention, inputs.meta, caches)
+    finally:
+        model.native_stack = stack
+    return hidden, caches
+
+
+@pytest.mark.parametrize("quantization,bias", [("int4", False), ("int8", False), ("int4", True)])
+def test_one_step_equals_the_python_layers(quantization, bias):
+    runner = _runner(quantization, bias=bias)
+    assert runner.model.native_stack is not None and runner.model.native_stack.num_layers() == 2
+    # decodes over ragged contexts and a 20-token chunk continuing a context: every row in the paged kernel
+    seqs = _step(runner, [(1, 3), (1, 17), (1, 150), (20, 40), (1, 33)])
+    assert runner.attention.native_step(build_inputs(seqs, runner.attention).meta) is not None
+    ref, ref_caches = _forward(runner, seqs, native=False)
+    got, got_caches = _forward(runner, seqs, native=True)
+    assert torch.equal(got, ref)
+    for (k1, v1), (k2, v2) in zip(got_caches, ref_caches):
+        assert torch.equal(k1, k2) and torch.equal(v1, v2)
+
+
+def test_steps_with_a_fresh_prefill_run_the_python_layers():
+    runner = _runner("int4")
+    seqs = _step(runner, [(1, 20), (12, 0)])  # the fresh 12-token prompt goes to SDPA
+    meta = build_inputs(seqs, runner.attention).meta
+    assert runner.attention.native_step(meta) is None
+    seqs = _step(runner, [(1, 20), (3, 16)])
+    assert runner.attention.native_step(build_inputs(seqs, runner.attention).meta) is not None
+
+
+@pytest.mark.parametrize("quantization,dtype,backend", [("none", torch.float32, "auto"),
+                                                        ("int4", torch.bfloat16, "auto"),
+                                                        ("int4", torch.float32, "gather-sdpa")])
+def test_no_stack_or_no_native_steps_where_it_cannot_run(quantization, dtype, backend):
+    runner = _runner(quantization, dtype=dtype, backend=backend)
+    seqs = _step(runner, [(1, 20), (1, 5)]) if dtype == torch.float32 else None
+    usable = runner.model.native_stack is not None and runner.attention.native_step(
+        build_inputs(seqs, runner.attention).meta) is not None
+    assert not usable
+
+
+def test_greedy_tokens_equal_the_python_layers_end_to_end():
+    hf = tiny_hf_model(kv_heads=2, hidden=64, layers=2)
+    cfg, weights = kvserve_config(hf), hf_weights(hf)
+    prompts = [[random.Random(i).randrange(3, 97) for _ in range(5 + 7 * i)] for i in range(6)]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    outs = []
+    for native in (True, False):
+        llm = LLM.from_weights(cfg, weights, dtype="float32", quantization="int4", num_kv_blocks=64)
+        assert llm.engine.runner.model.native_stack is not None
+        if not native:
+            llm.engine.runner.model.native_stack = None
+        outs.append([o.token_ids for o in llm.generate(prompts, params)])
+    assert outs[0] == outs[1]
