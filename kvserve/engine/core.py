@@ -9,10 +9,10 @@ multiprocessing worker (``kvserve.engine.worker``), the in-process ``LLM``, a Ra
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import replace
 
 from kvserve.engine.engine import Engine
 from kvserve.engine.memory import resident_memory_bytes
@@ -144,8 +144,9 @@ class EngineCore:
             prompt_tokens=e.stats.prompt_tokens,
             generation_tokens=e.stats.generation_tokens,
             kv_blocks_cached=e.kv.num_cached_blocks,
-            prefix_cache=copy.deepcopy(e.kv.stats),
-            spec=copy.deepcopy(s.stats.spec),
+            # copies (the engine keeps counting), field by field: deepcopy cost ~0.2 ms a step
+            prefix_cache=replace(e.kv.stats, tier_hits=dict(e.kv.stats.tier_hits)),
+            spec=replace(s.stats.spec, accepted_length_counts=list(s.stats.spec.accepted_length_counts)),
             grammar=e.grammar_stats(),
             resident_memory_bytes=resident_memory_bytes(),
         )

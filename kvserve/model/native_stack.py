@@ -33,7 +33,7 @@ def build_native_stack(model: "LlamaForCausalLM") -> Any | None:
         if any(m.bias is not None for m in linears[1:]):
             return None
     stack = torch.classes.kvserve.DecodeStack(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-                                              cfg.intermediate_size, cfg.rms_norm_eps)
+                                              cfg.hidden_size, cfg.intermediate_size, cfg.rms_norm_eps)
     for layer in model.layers:
         a, mlp = layer.self_attn, layer.mlp
         stack.add_layer(layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach(),

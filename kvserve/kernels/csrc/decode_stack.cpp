@@ -1,59 +1,103 @@
 // kvserve.DecodeStack: every decoder layer of a Llama-family model for one step of rows that all
 // read the paged KV cache (decodes, short chunks continuing a context), in one call from Python.
 //
-// A layer is ~12 small ops; from Python each costs a few microseconds of interpreter and dispatch
-// on top of its work, which at decode sizes is most of the step: a single-stream token of the
-// embedded 30-layer model spent ~3 ms of ~13 there. Here the same kernels (ops.h) run back to
-// back, with the layer's weights held by the stack (built once at load). The maths is the Python
-// layer's (kvserve/model/llama.py), op for op; tests check the two agree.
+// A layer is ~12 small ops. From Python each costs a few microseconds of interpreter and dispatch
+// on top of its work, which at decode sizes is most of the step; and each op that splits across
+// threads opens an OpenMP region, whose sleeping threads (OMP_WAIT_POLICY=PASSIVE, see
+// kvserve/engine/worker.py) take tens of microseconds to wake: together ~8 ms of a ~13 ms
+// single-stream token of the embedded model. Here the whole step is one region: its threads run
+// the same kernels (ops.h) on their share of each op's rows or output columns, and meet at a
+// spinning barrier between ops (a few hundred per step). The maths is the Python layer's
+// (kvserve/model/llama.py), op for op; tests check the two agree bit for bit.
 #include "ops.h"
 
+#include <omp.h>
+
+#include <atomic>
 #include <cstring>
+#include <exception>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <torch/custom_class.h>
 
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
+
 namespace {
 
-struct Layer {
-  at::Tensor input_norm, post_norm;    // [hidden]
-  at::Tensor qkv, o, gate_up, down;    // packed quantized weights (pack_quant)
-  std::string qkv_kind, o_kind, gate_up_kind, down_kind;
-  std::optional<at::Tensor> qkv_bias;  // Qwen2-style q/k/v bias
+// Threads wait for each other between ops by spinning, then yielding: a thread whose partner was
+// preempted (by the server's API process on a small machine) gives its core back to the scheduler
+// instead of burning its time slice.
+class SpinBarrier {
+ public:
+  void set_threads(int n) { n_ = n; }
+  void wait() {
+    const int phase = phase_.load(std::memory_order_acquire);
+    if (arrived_.fetch_add(1, std::memory_order_acq_rel) == n_ - 1) {
+      arrived_.store(0, std::memory_order_relaxed);
+      phase_.store(phase + 1, std::memory_order_release);
+      return;
+    }
+    for (int spins = 0; phase_.load(std::memory_order_acquire) == phase; ++spins) {
+      if (spins < kSpins) {
+#if defined(__SSE2__)
+        _mm_pause();
+#endif
+      } else {
+        std::this_thread::yield();
+      }
+    }
+  }
+
+ private:
+  static constexpr int kSpins = 2000;  // ~10-50 us of pauses before yielding
+  std::atomic<int> arrived_{0}, phase_{0};
+  int n_ = 1;
 };
 
-// Rows [t] of src ([T, kv_heads * d] with row stride ``stride``) into cache slots ``slots[t]``.
-void write_kv(at::Tensor& cache, const at::Tensor& src, const int64_t* slots, int64_t rows) {
-  const int64_t width = cache.size(1) * cache.size(2), slots_n = cache.size(0);
-  float* dst = cache.data_ptr<float>();
-  const float* s = src.data_ptr<float>();
-  const int64_t stride = src.stride(0);
-  for (int64_t t = 0; t < rows; ++t) {
-    TORCH_CHECK(slots[t] >= 0 && slots[t] < slots_n, "DecodeStack: slot ", slots[t], " out of range");
-    std::memcpy(dst + slots[t] * width, s + t * stride, width * sizeof(float));
-  }
+// [begin, end) of thread `tid`'s share of n items
+inline std::pair<int64_t, int64_t> share(int64_t n, int tid, int threads) {
+  return {n * tid / threads, n * (tid + 1) / threads};
 }
+
+struct Layer {
+  at::Tensor input_norm, post_norm;  // [hidden]
+  at::Tensor qkv, o, gate_up, down;  // packed quantized weights (pack_quant)
+  kvserve::PackedWeight qkv_w, o_w, gate_up_w, down_w;
+  std::optional<at::Tensor> qkv_bias;  // Qwen2-style q/k/v bias
+};
 
 }  // namespace
 
 namespace kvserve {
 
 struct DecodeStack : torch::CustomClassHolder {
-  int64_t heads, kv_heads, head_dim, intermediate;
+  int64_t heads, kv_heads, head_dim, hidden, intermediate;
   double eps;
   std::vector<Layer> layers;
 
-  DecodeStack(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate, double eps)
-      : heads(heads), kv_heads(kv_heads), head_dim(head_dim), intermediate(intermediate), eps(eps) {}
+  DecodeStack(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t hidden, int64_t intermediate, double eps)
+      : heads(heads), kv_heads(kv_heads), head_dim(head_dim), hidden(hidden), intermediate(intermediate), eps(eps) {}
 
   void add_layer(at::Tensor input_norm, at::Tensor post_norm, at::Tensor qkv, std::string qkv_kind,
                  std::optional<at::Tensor> qkv_bias, at::Tensor o, std::string o_kind, at::Tensor gate_up,
                  std::string gate_up_kind, at::Tensor down, std::string down_kind) {
-    TORCH_CHECK(input_norm.scalar_type() == at::kFloat && post_norm.scalar_type() == at::kFloat,
-                "DecodeStack: float32 models only");
-    layers.push_back({input_norm, post_norm, qkv, o, gate_up, down, qkv_kind, o_kind, gate_up_kind, down_kind, qkv_bias});
+    const int64_t q_size = heads * head_dim, kv_size = kv_heads * head_dim;
+    for (const at::Tensor* w : {&input_norm, &post_norm})
+      TORCH_CHECK(w->scalar_type() == at::kFloat && w->is_contiguous() && w->numel() == hidden,
+                  "DecodeStack: float32 norm weights of the hidden size");
+    if (qkv_bias)
+      TORCH_CHECK(qkv_bias->scalar_type() == at::kFloat && qkv_bias->is_contiguous() &&
+                      qkv_bias->numel() == q_size + 2 * kv_size, "DecodeStack: qkv bias float32 [q + 2 kv]");
+    Layer L{input_norm, post_norm, qkv, o, gate_up, down,
+            packed_weight(qkv, qkv_kind, q_size + 2 * kv_size, hidden), packed_weight(o, o_kind, hidden, q_size),
+            packed_weight(gate_up, gate_up_kind, 2 * intermediate, hidden),
+            packed_weight(down, down_kind, hidden, intermediate), qkv_bias};
+    layers.push_back(std::move(L));
   }
 
   int64_t num_layers() const { return static_cast<int64_t>(layers.size()); }
@@ -64,43 +108,119 @@ struct DecodeStack : torch::CustomClassHolder {
   void forward(at::Tensor h, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
                std::vector<at::Tensor> k_caches, std::vector<at::Tensor> v_caches, const at::Tensor& slot_mapping,
                const at::Tensor& block_tables, const at::Tensor& seq_info, int64_t block_size, double scale) {
-    TORCH_CHECK(h.dim() == 2 && h.is_contiguous() && h.scalar_type() == at::kFloat, "DecodeStack: h float32 [T, hidden]");
+    const int64_t T = h.size(0), q_size = heads * head_dim, kv_size = kv_heads * head_dim, W = q_size + 2 * kv_size;
+    TORCH_CHECK(h.dim() == 2 && h.is_contiguous() && h.scalar_type() == at::kFloat && h.size(1) == hidden,
+                "DecodeStack: h float32 [T, hidden]");
     TORCH_CHECK(k_caches.size() == layers.size() && v_caches.size() == layers.size(), "DecodeStack: one K and V cache per layer");
-    TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous() && slot_mapping.numel() == h.size(0),
+    TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous() && slot_mapping.numel() == T,
                 "DecodeStack: slot_mapping int64 [T]");
-    const int64_t T = h.size(0), q_size = heads * head_dim, kv_size = kv_heads * head_dim;
+    TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous() && positions.numel() == T,
+                "DecodeStack: positions int64 [T]");
+    TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
+                    sin.is_contiguous() && cos.size(1) == head_dim, "DecodeStack: cos/sin float32 [max_pos, d]");
     const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+    const int64_t* pos = positions.data_ptr<int64_t>();
     for (size_t i = 0; i < layers.size(); ++i) {
-      const Layer& L = layers[i];
-      at::Tensor& kc = k_caches[i];
-      at::Tensor& vc = v_caches[i];
-      TORCH_CHECK(kc.is_contiguous() && vc.is_contiguous() && kc.scalar_type() == at::kFloat && kc.size(1) == kv_heads &&
-                      kc.size(2) == head_dim && vc.sizes() == kc.sizes(), "DecodeStack: caches float32 [slots, kv_heads, d]");
-      // attention
-      at::Tensor x = rms_norm(h, L.input_norm, eps);
-      at::Tensor qkv = packed_linear(x, L.qkv, L.qkv_kind, q_size + 2 * kv_size);
-      if (L.qkv_bias) qkv.add_(*L.qkv_bias);
-      at::Tensor q = qkv.narrow(1, 0, q_size).view({T, heads, head_dim});
-      at::Tensor k = qkv.narrow(1, q_size, kv_size).view({T, kv_heads, head_dim});
-      rotary_(q, k, positions, cos, sin);
-      write_kv(kc, qkv.narrow(1, q_size, kv_size), slots, T);
-      write_kv(vc, qkv.narrow(1, q_size + kv_size, kv_size), slots, T);
-      at::Tensor attn = at::empty({T, heads, head_dim}, h.options());
-      paged_attention(attn, q, kc, vc, block_tables, seq_info, block_size, scale);
-      at::Tensor o = packed_linear(attn.view({T, q_size}), L.o, L.o_kind, h.size(1));
-      // MLP
-      x = add_rms_norm(h, o, L.post_norm, eps);
-      at::Tensor gu = packed_linear(x, L.gate_up, L.gate_up_kind, 2 * intermediate);
-      h.add_(packed_linear(silu_mul(gu), L.down, L.down_kind, h.size(1)));
+      const at::Tensor &kc = k_caches[i], &vc = v_caches[i];
+      TORCH_CHECK(kc.is_contiguous() && vc.is_contiguous() && kc.scalar_type() == at::kFloat && kc.dim() == 3 &&
+                      kc.size(1) == kv_heads && kc.size(2) == head_dim && vc.sizes() == kc.sizes() &&
+                      vc.scalar_type() == at::kFloat, "DecodeStack: caches float32 [slots, kv_heads, d]");
     }
+    for (int64_t t = 0; t < T; ++t) {
+      TORCH_CHECK(slots[t] >= 0 && slots[t] < k_caches[0].size(0), "DecodeStack: slot ", slots[t], " out of range");
+      TORCH_CHECK(pos[t] >= 0 && pos[t] < cos.size(0), "DecodeStack: position ", pos[t], " beyond the rotary tables");
+    }
+    if (T == 0) return;
+
+    // one buffer per intermediate, reused by every layer
+    const auto f32 = h.options();
+    at::Tensor x = at::empty({T, hidden}, f32), qkv = at::empty({T, W}, f32), attn = at::empty({T, heads, head_dim}, f32);
+    at::Tensor delta = at::empty({T, hidden}, f32), gu = at::empty({T, 2 * intermediate}, f32);
+    at::Tensor act = at::empty({T, intermediate}, f32);
+    const at::Tensor q_view = qkv.narrow(1, 0, q_size).view({T, heads, head_dim});
+    float *hp = h.data_ptr<float>(), *xp = x.data_ptr<float>(), *qkvp = qkv.data_ptr<float>();
+    float *attnp = attn.data_ptr<float>(), *dp = delta.data_ptr<float>(), *gup = gu.data_ptr<float>();
+    float* actp = act.data_ptr<float>();
+    qa_hidden.reserve(T, hidden);
+    qa_attn.reserve(T, q_size);
+    qa_inter.reserve(T, intermediate);
+    const float feps = static_cast<float>(eps);
+    const float *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
+
+    SpinBarrier barrier;
+    std::exception_ptr error;
+#pragma omp parallel num_threads(at::get_num_threads())
+    {
+      const int tid = omp_get_thread_num();
+#pragma omp single
+      barrier.set_threads(omp_get_num_threads());  // (an implicit barrier ends the single)
+      const int nt = omp_get_num_threads();
+      const auto [r0, r1] = share(T, tid, nt);  // this thread's rows of row-wise ops
+      // y = a @ w^T, a already quantized: this thread's tiles of output columns
+      auto linear = [&](const PackedWeight& w, const QuantizedRows& a, float* y) {
+        const auto [t0, t1] = share(num_tiles(w.n), tid, nt);
+        linear_tiles_range(w, a, T, y, t0, t1);
+        barrier.wait();
+      };
+      for (size_t i = 0; i < layers.size(); ++i) {
+        const Layer& L = layers[i];
+        // attention: norm, q/k/v, rotary, the new K/V into the cache, paged attention, o_proj
+        rows::rms_norm(hp, L.input_norm.data_ptr<float>(), xp, hidden, feps, r0, r1);
+        quantize_rows_range(xp, qa_hidden, r0, r1);
+        barrier.wait();
+        linear(L.qkv_w, qa_hidden, qkvp);
+        if (L.qkv_bias) {
+          const float* b = L.qkv_bias->data_ptr<float>();
+          for (int64_t t = r0; t < r1; ++t)
+            for (int64_t j = 0; j < W; ++j) qkvp[t * W + j] += b[j];
+        }
+        rows::rotary(qkvp, heads, head_dim, W, pos, cp, sp, r0, r1);
+        rows::rotary(qkvp + q_size, kv_heads, head_dim, W, pos, cp, sp, r0, r1);
+        float *kcp = k_caches[i].data_ptr<float>(), *vcp = v_caches[i].data_ptr<float>();
+        for (int64_t t = r0; t < r1; ++t) {
+          std::memcpy(kcp + slots[t] * kv_size, qkvp + t * W + q_size, kv_size * sizeof(float));
+          std::memcpy(vcp + slots[t] * kv_size, qkvp + t * W + q_size + kv_size, kv_size * sizeof(float));
+        }
+        barrier.wait();
+        if (tid == 0) {
+          try {
+            paged_attention(attn, q_view, k_caches[i], v_caches[i], block_tables, seq_info, block_size, scale);
+          } catch (...) {
+            error = std::current_exception();
+          }
+        }
+        barrier.wait();
+        quantize_rows_range(attnp, qa_attn, r0, r1);
+        barrier.wait();
+        linear(L.o_w, qa_attn, dp);
+        // MLP: residual add and norm, gate/up, SiLU * up, down, residual add
+        for (int64_t t = r0; t < r1; ++t)
+          for (int64_t j = 0; j < hidden; ++j) hp[t * hidden + j] += dp[t * hidden + j];
+        rows::rms_norm(hp, L.post_norm.data_ptr<float>(), xp, hidden, feps, r0, r1);
+        quantize_rows_range(xp, qa_hidden, r0, r1);
+        barrier.wait();
+        linear(L.gate_up_w, qa_hidden, gup);
+        rows::silu_mul(gup, actp, intermediate, r0, r1);
+        quantize_rows_range(actp, qa_inter, r0, r1);
+        barrier.wait();
+        linear(L.down_w, qa_inter, dp);
+        for (int64_t t = r0; t < r1; ++t)
+          for (int64_t j = 0; j < hidden; ++j) hp[t * hidden + j] += dp[t * hidden + j];
+      }
+    }
+    if (error) std::rethrow_exception(error);
   }
+
+ private:
+  // the quantized inputs of the linears, by input width; kept across steps (never shrink)
+  QuantizedRows qa_hidden, qa_attn, qa_inter;
 };
 
 }  // namespace kvserve
 
 TORCH_LIBRARY_FRAGMENT(kvserve, m) {
   m.class_<kvserve::DecodeStack>("DecodeStack")
-      .def(torch::init<int64_t, int64_t, int64_t, int64_t, double>())
+      .def(torch::init<int64_t, int64_t, int64_t, int64_t, int64_t, double>())
       .def("add_layer", &kvserve::DecodeStack::add_layer)
       .def("num_layers", &kvserve::DecodeStack::num_layers)
       .def("forward", &kvserve::DecodeStack::forward);

@@ -2,7 +2,14 @@
 // rms_norm, add_rms_norm (residual add then norm), rotary_ (in place on q and k), silu_mul.
 // At decode batch sizes each torch op costs more in dispatch than in arithmetic, so a layer's
 // ~50 small ops were a fifth of a single-stream step. float32 and bfloat16 (computed in float).
+//
+// Each op is a loop over a range of rows (kvserve::rows, float32, for decode_stack.cpp, which
+// splits rows across its own threads) wrapped by the registered op, which splits them with
+// at::parallel_for.
 #include "ops.h"
+
+#include <cmath>
+#include <type_traits>
 
 namespace kvserve {
 namespace {
@@ -15,31 +22,90 @@ inline int64_t grain_rows(int64_t row_elems) { return std::max<int64_t>(1, (int6
 template <typename T>
 inline float to_f(T v) { return static_cast<float>(v); }
 
-// out[t] = w * (x[t] / rms(x[t])) with the normalisation in float, cast to T before the scale
+// out[r] = w * (x[r] / rms(x[r])) with the normalisation in float, cast to T before the scale
 // (the order Hugging Face's LlamaRMSNorm uses)
 template <typename T>
-void rms_norm_rows(const T* x, const T* w, T* out, int64_t rows, int64_t h, float eps) {
-  at::parallel_for(0, rows, grain_rows(h), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const T* xr = x + r * h;
-      T* orow = out + r * h;
-      float ss = 0.f;
+void rms_norm_range(const T* x, const T* w, T* out, int64_t h, float eps, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* xr = x + r * h;
+    T* orow = out + r * h;
+    float ss = 0.f;
 #pragma omp simd reduction(+ : ss)
-      for (int64_t i = 0; i < h; ++i) ss += to_f(xr[i]) * to_f(xr[i]);
-      const float inv = 1.0f / std::sqrt(ss / static_cast<float>(h) + eps);
-      for (int64_t i = 0; i < h; ++i) orow[i] = static_cast<T>(to_f(w[i]) * to_f(static_cast<T>(to_f(xr[i]) * inv)));
+    for (int64_t i = 0; i < h; ++i) ss += to_f(xr[i]) * to_f(xr[i]);
+    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(h) + eps);
+    for (int64_t i = 0; i < h; ++i) orow[i] = static_cast<T>(to_f(w[i]) * to_f(static_cast<T>(to_f(xr[i]) * inv)));
+  }
+}
+
+// x: rows of [heads, d] (a contiguous last dim), rotate-half convention, positions index the tables
+template <typename T>
+void rotary_range(T* x, int64_t heads, int64_t d, int64_t row_stride, const int64_t* pos, const float* cos,
+                  const float* sin, int64_t t0, int64_t t1) {
+  const int64_t half = d / 2;
+  for (int64_t i = t0; i < t1; ++i) {
+    const float* c = cos + pos[i] * d;
+    const float* s = sin + pos[i] * d;
+    for (int64_t hh = 0; hh < heads; ++hh) {
+      T* v = x + i * row_stride + hh * d;
+#pragma omp simd
+      for (int64_t j = 0; j < half; ++j) {
+        const float a = to_f(v[j]), b = to_f(v[j + half]);
+        v[j] = static_cast<T>(a * c[j] - b * s[j]);
+        v[j + half] = static_cast<T>(b * c[j + half] + a * s[j + half]);
+      }
     }
-  });
+  }
+}
+
+// silu(gate) * up per row of gu = [gate | up], silu rounded to T before the product, as torch does
+template <typename T>
+void silu_mul_range(const T* src, T* dst, int64_t inter, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* g = src + r * 2 * inter;
+    const T* u = g + inter;
+    T* o = dst + r * inter;
+    int64_t j = 0;
+#if defined(KVSERVE_EXP_PS)
+    if constexpr (std::is_same_v<T, float>) {
+      const __m256 one = _mm256_set1_ps(1.f);
+      for (; j + 8 <= inter; j += 8) {
+        const __m256 a = _mm256_loadu_ps(g + j);
+        const __m256 e = exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), a));
+        _mm256_storeu_ps(o + j, _mm256_mul_ps(_mm256_div_ps(a, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + j)));
+      }
+    }
+#endif
+    for (; j < inter; ++j) {
+      const float a = to_f(g[j]);
+      o[j] = static_cast<T>(to_f(static_cast<T>(a / (1.0f + std::exp(-a)))) * to_f(u[j]));
+    }
+  }
 }
 
 }  // namespace
 
+namespace rows {
+void rms_norm(const float* x, const float* w, float* out, int64_t h, float eps, int64_t r0, int64_t r1) {
+  rms_norm_range<float>(x, w, out, h, eps, r0, r1);
+}
+void rotary(float* x, int64_t heads, int64_t d, int64_t row_stride, const int64_t* pos, const float* cos,
+            const float* sin, int64_t r0, int64_t r1) {
+  rotary_range<float>(x, heads, d, row_stride, pos, cos, sin, r0, r1);
+}
+void silu_mul(const float* gu, float* out, int64_t inter, int64_t r0, int64_t r1) {
+  silu_mul_range<float>(gu, out, inter, r0, r1);
+}
+}  // namespace rows
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && w.is_contiguous() && x.size(1) == w.size(0), "rms_norm: bad shapes");
   auto out = at::empty_like(x);
+  const int64_t h = x.size(1);
   AT_DISPATCH_FLOATING_TYPES_AND(at::ScalarType::BFloat16, x.scalar_type(), "rms_norm", [&] {
-    rms_norm_rows<scalar_t>(x.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), x.size(0),
-                            x.size(1), static_cast<float>(eps));
+    at::parallel_for(0, x.size(0), grain_rows(h), [&](int64_t r0, int64_t r1) {
+      rms_norm_range<scalar_t>(x.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), h,
+                               static_cast<float>(eps), r0, r1);
+    });
   });
   return out;
 }
@@ -52,32 +118,6 @@ at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& delta, const at:
   return rms_norm(residual, w, eps);
 }
 
-namespace {
-
-// x: [T, heads, d] (rows of a contiguous last dim), rotate-half convention, positions index the tables
-template <typename T>
-void rotary_rows(T* x, int64_t t, int64_t heads, int64_t d, int64_t row_stride, const int64_t* pos,
-                 const float* cos, const float* sin) {
-  const int64_t half = d / 2;
-  at::parallel_for(0, t, grain_rows(heads * d), [&](int64_t t0, int64_t t1) {
-    for (int64_t i = t0; i < t1; ++i) {
-      const float* c = cos + pos[i] * d;
-      const float* s = sin + pos[i] * d;
-      for (int64_t hh = 0; hh < heads; ++hh) {
-        T* v = x + i * row_stride + hh * d;
-#pragma omp simd
-        for (int64_t j = 0; j < half; ++j) {
-          const float a = to_f(v[j]), b = to_f(v[j + half]);
-          v[j] = static_cast<T>(a * c[j] - b * s[j]);
-          v[j + half] = static_cast<T>(b * c[j + half] + a * s[j + half]);
-        }
-      }
-    }
-  });
-}
-
-}  // namespace
-
 // q: [T, heads, d], k: [T, kv_heads, d], rotated in place; cos, sin: float32 [max_pos, d]
 void rotary_(at::Tensor& q, at::Tensor& k, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin) {
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
@@ -85,33 +125,15 @@ void rotary_(at::Tensor& q, at::Tensor& k, const at::Tensor& positions, const at
   TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous(), "rotary_: positions must be int64");
   for (at::Tensor* x : {&q, &k}) {
     TORCH_CHECK(x->dim() == 3 && x->stride(2) == 1 && x->stride(1) == x->size(2), "rotary_: [T, heads, d] rows");
+    const int64_t heads = x->size(1), d = x->size(2);
     AT_DISPATCH_FLOATING_TYPES_AND(at::ScalarType::BFloat16, x->scalar_type(), "rotary_", [&] {
-      rotary_rows<scalar_t>(x->data_ptr<scalar_t>(), x->size(0), x->size(1), x->size(2), x->stride(0),
-                            positions.data_ptr<int64_t>(), cos.data_ptr<float>(), sin.data_ptr<float>());
+      at::parallel_for(0, x->size(0), grain_rows(heads * d), [&](int64_t t0, int64_t t1) {
+        rotary_range<scalar_t>(x->data_ptr<scalar_t>(), heads, d, x->stride(0), positions.data_ptr<int64_t>(),
+                               cos.data_ptr<float>(), sin.data_ptr<float>(), t0, t1);
+      });
     });
   }
 }
-
-namespace {
-
-template <typename T>
-void silu_mul_rows(const T* src, T* dst, int64_t t, int64_t inter) {
-  at::parallel_for(0, t, grain_rows(2 * inter), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const T* g = src + r * 2 * inter;
-      const T* u = g + inter;
-      T* o = dst + r * inter;
-#pragma omp simd
-      for (int64_t j = 0; j < inter; ++j) {
-        const float a = to_f(g[j]);
-        // silu is rounded to T before the product, as torch computes silu(gate) * up
-        o[j] = static_cast<T>(to_f(static_cast<T>(a / (1.0f + std::exp(-a)))) * to_f(u[j]));
-      }
-    }
-  });
-}
-
-}  // namespace
 
 // gu: [T, 2I] (gate then up) -> silu(gate) * up: [T, I]
 at::Tensor silu_mul(const at::Tensor& gu) {
@@ -119,7 +141,9 @@ at::Tensor silu_mul(const at::Tensor& gu) {
   const int64_t t = gu.size(0), inter = gu.size(1) / 2;
   auto out = at::empty({t, inter}, gu.options());
   AT_DISPATCH_FLOATING_TYPES_AND(at::ScalarType::BFloat16, gu.scalar_type(), "silu_mul", [&] {
-    silu_mul_rows<scalar_t>(gu.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), t, inter);
+    at::parallel_for(0, t, grain_rows(2 * inter), [&](int64_t r0, int64_t r1) {
+      silu_mul_range<scalar_t>(gu.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), inter, r0, r1);
+    });
   });
   return out;
 }

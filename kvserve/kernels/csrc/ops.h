@@ -4,6 +4,7 @@
 #include "common.h"
 
 #include <string>
+#include <vector>
 
 namespace kvserve {
 
@@ -15,6 +16,32 @@ at::Tensor silu_mul(const at::Tensor& gu);
 
 // quant_gemm.cpp
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const std::string& kind, int64_t n);
+
+// Activations quantized per 32-block: q int8 [M, K], d (scale) and s (the block's float sum) [M, K/32].
+struct QuantizedRows {
+  std::vector<int8_t> q;
+  std::vector<float> d, s;
+  int64_t K = 0, nb = 0;
+  void reserve(int64_t M, int64_t K);  // sized for M rows of K (never shrinks); sets K
+};
+// A weight packed by pack_quant: [n, k] in tiles of 8 output columns.
+struct PackedWeight {
+  const uint8_t* data;
+  bool q4;  // q4_1, else q8_0
+  int64_t n, k;
+};
+PackedWeight packed_weight(const at::Tensor& packed, const std::string& kind, int64_t n, int64_t k);  // checked
+inline int64_t num_tiles(int64_t n) { return (n + 7) / 8; }
+void quantize_rows_range(const float* x, QuantizedRows& a, int64_t r0, int64_t r1);  // rows of x [M, a.K]
+void linear_tiles_range(const PackedWeight& w, const QuantizedRows& a, int64_t M, float* y, int64_t t0, int64_t t1);
+
+// fused_ops.cpp, float32 rows [r0, r1) on the calling thread
+namespace rows {
+void rms_norm(const float* x, const float* w, float* out, int64_t h, float eps, int64_t r0, int64_t r1);
+void rotary(float* x, int64_t heads, int64_t d, int64_t row_stride, const int64_t* pos, const float* cos,
+            const float* sin, int64_t r0, int64_t r1);
+void silu_mul(const float* gu, float* out, int64_t inter, int64_t r0, int64_t r1);
+}  // namespace rows
 
 // paged_attention.cpp
 void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,

@@ -121,14 +121,6 @@ at::Tensor dequantize_packed(const at::Tensor& packed, const std::string& kind, 
 
 // ---- activations -----------------------------------------------------------------------------
 
-// x quantized per 32-block: q int8 [M, K], d (scale) and s (float sum of the block) [M, K/32].
-// Buffers of the calling thread, reused across calls (a decode step makes ~120 of these).
-struct QuantizedRows {
-  std::vector<int8_t> q;
-  std::vector<float> d, s;
-  int64_t K = 0, nb = 0;
-};
-
 inline void quantize_block(const float* v, int8_t* q, float* d, float* s) {
 #if defined(__AVX2__)
   const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -165,25 +157,6 @@ inline void quantize_block(const float* v, int8_t* q, float* d, float* s) {
   *d = amax / 127.f;
   *s = sum;
 #endif
-}
-
-const QuantizedRows& quantize_rows(const float* x, int64_t M, int64_t K) {
-  thread_local QuantizedRows r;
-  const int64_t nb = K / QK;
-  if (static_cast<int64_t>(r.q.size()) < M * K) r.q.resize(M * K);
-  if (static_cast<int64_t>(r.d.size()) < M * nb) {
-    r.d.resize(M * nb);
-    r.s.resize(M * nb);
-  }
-  r.K = K;
-  r.nb = nb;
-  int8_t* q = r.q.data();
-  float *d = r.d.data(), *s = r.s.data();
-  // 2,048 blocks (64k values) per thread: smaller inputs quantize on one thread (a region costs more)
-  at::parallel_for(0, M * nb, 2048, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) quantize_block(x + i * QK, q + i * QK, d + i, s + i);
-  });
-  return r;
 }
 
 // ---- the kernels: one tile of 8 columns for MR rows --------------------------------------------
@@ -375,27 +348,56 @@ void tiles(const uint8_t* packed, int64_t block_bytes, const QuantizedRows& a, i
 
 }  // namespace
 
-at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const std::string& kind, int64_t n) {
+void QuantizedRows::reserve(int64_t M, int64_t K_) {
+  K = K_;
+  nb = K_ / QK;
+  if (static_cast<int64_t>(q.size()) < M * K) q.resize(M * K);
+  if (static_cast<int64_t>(d.size()) < M * nb) {
+    d.resize(M * nb);
+    s.resize(M * nb);
+  }
+}
+
+void quantize_rows_range(const float* x, QuantizedRows& a, int64_t r0, int64_t r1) {
+  for (int64_t i = r0 * a.nb; i < r1 * a.nb; ++i) quantize_block(x + i * QK, a.q.data() + i * QK, a.d.data() + i, a.s.data() + i);
+}
+
+PackedWeight packed_weight(const at::Tensor& packed, const std::string& kind, int64_t n, int64_t k) {
   const Format f = format_of(kind);
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "packed_linear: x must be a 2-D float32 tensor");
-  TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "packed_linear: CPU tensors only");
-  const int64_t M = x.size(0), K = x.size(1), nb = K / QK, tiles_n = (n + NR - 1) / NR;
-  TORCH_CHECK(K % QK == 0, "packed_linear: K (", K, ") must be a multiple of 32");
-  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.numel() == tiles_n * nb * f.block_bytes,
-              "packed_linear: packed does not hold a [", n, ", ", K, "] ", kind, " weight");
+  TORCH_CHECK(k % QK == 0, "packed_linear: K (", k, ") must be a multiple of 32");
+  TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+                  packed.numel() == num_tiles(n) * (k / QK) * f.block_bytes,
+              "packed_linear: packed does not hold a [", n, ", ", k, "] ", kind, " weight");
+  return {packed.data_ptr<uint8_t>(), f.q4, n, k};
+}
+
+void linear_tiles_range(const PackedWeight& w, const QuantizedRows& a, int64_t M, float* y, int64_t t0, int64_t t1) {
+  const int64_t block_bytes = format_of(w.q4 ? "q4_1" : "q8_0").block_bytes;
+  if (w.q4) tiles<true>(w.data, block_bytes, a, M, w.n, t0, t1, y);
+  else tiles<false>(w.data, block_bytes, a, M, w.n, t0, t1, y);
+}
+
+at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const std::string& kind, int64_t n) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(),
+              "packed_linear: x must be a 2-D float32 CPU tensor");
+  const int64_t M = x.size(0), K = x.size(1);
+  const PackedWeight w = packed_weight(packed, kind, n, K);
   const at::Tensor xc = x.contiguous();
   at::Tensor y = at::empty({M, n}, x.options());
   if (M == 0 || n == 0) return y;
-  const QuantizedRows& a = quantize_rows(xc.data_ptr<float>(), M, K);
-  const uint8_t* p = packed.data_ptr<uint8_t>();
-  float* out = y.data_ptr<float>();
+  // the calling thread's buffers, reused across calls (a decode step makes ~120 of these)
+  thread_local QuantizedRows buffers;
+  QuantizedRows& a = buffers;  // the lambdas below run on other threads: they must see this thread's
+  a.reserve(M, K);
+  const float* xp = xc.data_ptr<float>();
+  // 64 rows of 32 blocks (64k values) per thread: smaller inputs quantize on one thread (a region costs more)
+  at::parallel_for(0, M, std::max<int64_t>(1, 2048 / a.nb), [&](int64_t r0, int64_t r1) { quantize_rows_range(xp, a, r0, r1); });
   // Work is split by tiles, at least ~256 KB of weights x rows per thread: a decode's small
   // layers (M=1, a few hundred KB) run on one thread, since waking another costs more than it saves.
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / (nb * f.block_bytes * M));
-  at::parallel_for(0, tiles_n, grain, [&](int64_t t0, int64_t t1) {
-    if (f.q4) tiles<true>(p, f.block_bytes, a, M, n, t0, t1, out);
-    else tiles<false>(p, f.block_bytes, a, M, n, t0, t1, out);
-  });
+  const int64_t tile_bytes = packed.numel() / num_tiles(n);
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / (tile_bytes * M));
+  float* out = y.data_ptr<float>();
+  at::parallel_for(0, num_tiles(n), grain, [&](int64_t t0, int64_t t1) { linear_tiles_range(w, a, M, out, t0, t1); });
   return y;
 }
 
