@@ -1,6 +1,7 @@
 """The paged attention op against a plain torch reference (gather through the block table, then a
 masked softmax in float64): ragged decodes, scattered tables, partial blocks, GQA and MHA,
-multi-token rows continuing a context, mixed batches, float32 and bfloat16."""
+multi-token rows continuing a context, mixed batches, float32 and bfloat16, and decodes whose
+context the kernel splits into parts across threads (flash-decoding) and merges."""
 
 from __future__ import annotations
 
@@ -119,6 +120,58 @@ def test_only_the_listed_rows_are_written_and_strided_q_works():
     got = run_op(qs, k, v, tables, info, bs)
     torch.testing.assert_close(out[3:], got)
     torch.testing.assert_close(got.double(), reference(q, k, v, tables, info, bs), atol=2e-5, rtol=2e-5)
+
+
+@pytest.fixture
+def threads(request):
+    """Runs the test with request.param threads (the kernel splits long decodes only with more than one)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4], indirect=True)
+@pytest.mark.parametrize("ctx", [200, 1000, 4096, 1023])
+def test_one_long_decode_split_across_threads(threads, ctx):
+    check([(1, ctx)], heads=9, kv_heads=3)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4], indirect=True)
+def test_one_long_decode_among_short_ones(threads):
+    # the long one mid-batch (its merged rows land at a row offset), short ones that stay whole
+    check([(1, 7), (1, 33), (1, 2500), (1, 16), (1, 90)], heads=9, kv_heads=3)
+    check([(1, 20), (5, 40), (1, 1500), (18, 18), (1, 300)], heads=9, kv_heads=3)  # with multi-token rows
+
+
+@pytest.mark.parametrize("threads", [2], indirect=True)
+@pytest.mark.parametrize("heads, kv_heads, d, bs", [(8, 1, 64, 16), (4, 4, 128, 16), (6, 2, 80, 7), (6, 3, 20, 1)])
+def test_split_decode_shapes(threads, heads, kv_heads, d, bs):
+    check([(1, 777)], heads=heads, kv_heads=kv_heads, d=d, bs=bs)
+
+
+@pytest.mark.parametrize("threads", [2, 4], indirect=True)
+def test_split_decode_bfloat16(threads):
+    check([(1, 1234)], heads=9, kv_heads=3, dtype=torch.bfloat16, tol=2e-2)
+    q, k, v, tables, info, bs = make_case([(1, 999), (1, 3)], heads=9, kv_heads=3)
+    kb, vb = k.bfloat16(), v.bfloat16()  # float32 q, bfloat16 K/V
+    got = run_op(q, kb, vb, tables, info, bs)
+    torch.testing.assert_close(got.double(), reference(q, kb.float(), vb.float(), tables, info, bs), atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("threads", [2, 4], indirect=True)
+@pytest.mark.parametrize("ctx", [1, 15, 40, 64, 100])
+def test_decode_shorter_than_a_part_is_not_split(threads, ctx):
+    check([(1, ctx)], heads=9, kv_heads=3)
+
+
+@pytest.mark.parametrize("threads", [2], indirect=True)
+def test_split_decode_is_repeatable(threads):
+    # the kernel keeps scratch between calls: a second call, and one after a larger one, agree
+    q, k, v, tables, info, bs = make_case([(1, 2000)], heads=9, kv_heads=3)
+    first = run_op(q, k, v, tables, info, bs)
+    check([(1, 3000), (1, 2900), (1, 100)], heads=9, kv_heads=3)
+    torch.testing.assert_close(run_op(q, k, v, tables, info, bs), first, atol=0, rtol=0)
 
 
 def test_bad_indices_are_refused_not_followed():

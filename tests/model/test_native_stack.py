@@ -64,12 +64,27 @@ def _forward(runner: TorchRunner, seqs: list[SeqRows], native: bool):
     return hidden, caches
 
 
+# decodes over ragged contexts and a 20-token chunk continuing a context (every row in the paged
+# kernel); one long decode alone, which the kernel splits along its keys when threads allow
+STEPS = {"mixed": [(1, 3), (1, 17), (1, 150), (20, 40), (1, 33)], "long": [(1, 500)]}
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("rows", STEPS)
 @pytest.mark.parametrize("quantization,bias", [("int4", False), ("int8", False), ("int4", True)])
-def test_one_step_equals_the_python_layers(quantization, bias):
+def test_one_step_equals_the_python_layers(quantization, bias, rows, threads):
     runner = _runner(quantization, bias=bias)
     assert runner.model.native_stack is not None and runner.model.native_stack.num_layers() == 2
-    # decodes over ragged contexts and a 20-token chunk continuing a context: every row in the paged kernel
-    seqs = _step(runner, [(1, 3), (1, 17), (1, 150), (20, 40), (1, 33)])
+    seqs = _step(runner, STEPS[rows])
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _check_one_step(runner, seqs)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _check_one_step(runner: TorchRunner, seqs: list[SeqRows]) -> None:
     assert runner.attention.native_step(build_inputs(seqs, runner.attention).meta) is not None
     ref, ref_caches = _forward(runner, seqs, native=False)
     got, got_caches = _forward(runner, seqs, native=True)

@@ -15,7 +15,6 @@
 
 #include <atomic>
 #include <cstring>
-#include <exception>
 #include <optional>
 #include <string>
 #include <thread>
@@ -147,9 +146,10 @@ struct DecodeStack : torch::CustomClassHolder {
     const float feps = static_cast<float>(eps);
     const float *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
 
+    const int threads = at::get_num_threads();
+    const PagedAttentionPlan plan(attn, q_view, k_caches[0], v_caches[0], block_tables, seq_info, block_size, scale, threads);
     SpinBarrier barrier;
-    std::exception_ptr error;
-#pragma omp parallel num_threads(at::get_num_threads())
+#pragma omp parallel num_threads(threads)
     {
       const int tid = omp_get_thread_num();
 #pragma omp single
@@ -182,12 +182,11 @@ struct DecodeStack : torch::CustomClassHolder {
           std::memcpy(vcp + slots[t] * kv_size, qkvp + t * W + q_size + kv_size, kv_size * sizeof(float));
         }
         barrier.wait();
-        if (tid == 0) {
-          try {
-            paged_attention(attn, q_view, k_caches[i], v_caches[i], block_tables, seq_info, block_size, scale);
-          } catch (...) {
-            error = std::current_exception();
-          }
+        for (int64_t c = tid; c < plan.num_chunks(); c += nt) plan.run_chunk(attn, q_view, k_caches[i], v_caches[i], c);
+        if (plan.num_merges() > 0) {  // split decodes: combine their parts
+          barrier.wait();
+          const auto [m0, m1] = share(plan.num_merges(), tid, nt);
+          plan.run_merges(attn, m0, m1);
         }
         barrier.wait();
         quantize_rows_range(attnp, qa_attn, r0, r1);
@@ -208,7 +207,6 @@ struct DecodeStack : torch::CustomClassHolder {
           for (int64_t j = 0; j < hidden; ++j) hp[t * hidden + j] += dp[t * hidden + j];
       }
     }
-    if (error) std::rethrow_exception(error);
   }
 
  private:

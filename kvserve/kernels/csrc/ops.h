@@ -3,6 +3,7 @@
 #pragma once
 #include "common.h"
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -46,5 +47,24 @@ void silu_mul(const float* gu, float* out, int64_t inter, int64_t r0, int64_t r1
 // paged_attention.cpp
 void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_tables, const at::Tensor& seq_info, int64_t block_size, double scale);
+
+// One step's paged attention cut into work: built (and every index checked) once, then run for any
+// layer's q, out and caches of the same shapes. Chunks (one per thread) may run concurrently; the
+// merges of split decodes run after every chunk is done.
+class PagedAttentionPlan {
+ public:
+  PagedAttentionPlan(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                     const at::Tensor& block_tables, const at::Tensor& seq_info, int64_t block_size, double scale,
+                     int64_t threads);
+  int64_t num_chunks() const;
+  int64_t num_merges() const;
+  void run_chunk(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                 int64_t c) const;
+  void run_merges(const at::Tensor& out, int64_t begin, int64_t end) const;
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+};
 
 }  // namespace kvserve

@@ -10,7 +10,9 @@
 // Work items are (sequence, kv heads, tile of query tokens): all the GQA heads of their kv heads and
 // up to kTile tokens share each pass over a K/V block, so each K/V row is read once per item.
 // Items are cut into per-thread chunks of equal estimated cost, so a few long contexts among
-// many short ones do not leave threads idle.
+// many short ones do not leave threads idle. A decode that is a large share of the call (few
+// sequences, long context) is also split along its keys into parts run as separate items, whose
+// softmax states are merged afterwards (flash-decoding; see paged_attention()).
 #include "ops.h"
 
 #include <algorithm>
@@ -26,6 +28,7 @@ namespace {
 
 using BF16 = c10::BFloat16;
 constexpr int kTile = 16;  // query tokens per work item (multi-token rows)
+constexpr int kMinPartKeys = 64;  // a split decode's parts have at least this many keys
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // ---- one vector of floats: AVX512 (16 lanes), AVX2 (8 lanes) or scalar (1 lane) -------------
@@ -189,8 +192,18 @@ inline void accumulate(float* acc, const float* p, const T* v, int64_t vstride, 
     for (int j = 0; j < n; ++j) acc[i] += p[j] * to_f32(v[j * vstride + i]);
 }
 
+constexpr int32_t kAllKeys = std::numeric_limits<int32_t>::max();
+
 struct Item {
   int32_t seq, h0, h1, t0, t1;  // sequence, kv heads [h0, h1), query tokens [t0, t1) of its rows
+  int32_t k0 = 0, k1 = kAllKeys;  // keys [k0, k1) (k0 on a block boundary): a part of a split decode
+  int32_t part = -1;              // -1: rows go to out; else their first row in Args::partial
+};
+
+// A decode whose keys were cut into `parts` items: part p leaves query head h's state in
+// Args::partial row base + p * heads + h.
+struct Split {
+  int32_t seq, parts, base;
 };
 
 struct Args {
@@ -200,15 +213,20 @@ struct Args {
   int64_t heads, kv_heads, d, bs;
   int64_t q_s0, q_s1, o_s0, o_s1;  // row and head strides of q and out
   float scale;
+  float* partial;  // split decodes' partial states: rows of d + 2 floats (acc[d], m, l)
 };
 
-// Per-thread scratch: the item's query rows (fp32, pre-scaled), their accumulators and softmax
-// state, and one block's scores (padded to whole vectors).
+// Per-thread scratch, kept between calls: the item's query rows (fp32, pre-scaled), their
+// accumulators and softmax state, and one block's scores (padded to whole vectors).
 struct Scratch {
   std::vector<float> q, acc, m, l, s;
-  Scratch(int64_t rows, int64_t d, int64_t bs)
-      : q(rows * d), acc(rows * d), m(rows), l(rows), s((bs + W - 1) / W * W) {}
+  void fit(int64_t rows, int64_t d, int64_t bs) {
+    if (static_cast<int64_t>(q.size()) < rows * d) q.resize(rows * d), acc.resize(rows * d);
+    if (static_cast<int64_t>(m.size()) < rows) m.resize(rows), l.resize(rows);
+    if (static_cast<int64_t>(s.size()) < (bs + W - 1) / W * W) s.resize((bs + W - 1) / W * W);
+  }
 };
+thread_local Scratch tl_scratch;
 
 template <int DS, typename TQ, typename TKV>
 void run_item(const Args& a, const Item& it, Scratch& sc) {
@@ -228,10 +246,10 @@ void run_item(const Args& a, const Item& it, Scratch& sc) {
     m[r] = kNegInf;
     l[r] = 0.f;
   }
-  const int n_keys = first_pos + it.t1;  // keys 0..the last row's position
+  const int n_keys = std::min(first_pos + it.t1, it.k1);  // keys up to the last row's position
   const int32_t* table = a.tables + info[3];
   const int64_t kstride = a.kv_heads * d;  // from one slot's row of a head to the next slot's
-  for (int kb = 0; kb < n_keys; kb += bs) {
+  for (int kb = it.k0; kb < n_keys; kb += bs) {
     const int n = std::min(bs, n_keys - kb);
     const int64_t block = static_cast<int64_t>(table[kb / bs]) * bs * kstride;
     for (int r = 0; r < R; ++r) {
@@ -262,6 +280,15 @@ void run_item(const Args& a, const Item& it, Scratch& sc) {
       accumulate<DS>(ar, s, vp, kstride, nv, d);
     }
   }
+  if (it.part >= 0) {  // a part of a split decode: its rows' state, for merge_parts
+    for (int r = 0; r < R; ++r) {
+      float* p = a.partial + (it.part + r) * (d + 2);
+      std::copy(acc + r * d, acc + (r + 1) * d, p);
+      p[d] = m[r];
+      p[d + 1] = l[r];
+    }
+    return;
+  }
   TQ* out = static_cast<TQ*>(a.out);
   for (int r = 0; r < R; ++r) {
     TQ* dst = out + (row0 + it.t0 + r / HG) * a.o_s0 + (it.h0 * G + r % HG) * a.o_s1;
@@ -270,22 +297,44 @@ void run_item(const Args& a, const Item& it, Scratch& sc) {
   }
 }
 
-template <int DS, typename TQ, typename TKV>
-void run_all(const Args& a, const std::vector<Item>& items, const std::vector<int64_t>& bounds) {
-  const int64_t G = a.heads / a.kv_heads;
-  const int64_t chunks = static_cast<int64_t>(bounds.size()) - 1;
-  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-    Scratch sc(std::max<int64_t>(kTile, a.kv_heads) * G, a.d, a.bs);
-    for (int64_t c = begin; c < end; ++c)
-      for (int64_t i = bounds[c]; i < bounds[c + 1]; ++i) run_item<DS, TQ, TKV>(a, items[i], sc);
-  });
+// One query head of a split decode: its parts' states (acc_p, m_p, l_p) are each relative to
+// their own max; with m = max m_p and e_p = exp(m_p - m), out = sum e_p acc_p / sum e_p l_p.
+// Summed into part 0's row in place.
+template <typename TQ>
+void merge_parts(const Args& a, const Split& sp, int64_t h) {
+  const int64_t d = a.d, pstride = a.heads * (d + 2);  // from one part's row of head h to the next part's
+  float* r0 = a.partial + (sp.base + h) * (d + 2);
+  float m = kNegInf;
+  for (int p = 0; p < sp.parts; ++p) m = std::max(m, r0[p * pstride + d]);
+  float e = std::exp(r0[d] - m), l = r0[d + 1] * e;
+  for (int64_t i = 0; i < d; ++i) r0[i] *= e;
+  for (int p = 1; p < sp.parts; ++p) {
+    const float* rp = r0 + p * pstride;
+    e = std::exp(rp[d] - m);
+    l += rp[d + 1] * e;
+    for (int64_t i = 0; i < d; ++i) r0[i] += rp[i] * e;
+  }
+  TQ* dst = static_cast<TQ*>(a.out) + a.info[4 * sp.seq] * a.o_s0 + h * a.o_s1;
+  const float inv = 1.f / l;
+  for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<TQ>(r0[i] * inv);
 }
 
+// Items [i0, i1) on the calling thread.
+template <int DS, typename TQ, typename TKV>
+void run_items(const Args& a, const std::vector<Item>& items, int64_t i0, int64_t i1) {
+  Scratch& sc = tl_scratch;
+  sc.fit(std::max<int64_t>(kTile, a.kv_heads) * (a.heads / a.kv_heads), a.d, a.bs);
+  for (int64_t i = i0; i < i1; ++i) run_item<DS, TQ, TKV>(a, items[i], sc);
+}
+
+using RunItems = void (*)(const Args&, const std::vector<Item>&, int64_t, int64_t);
+using MergeParts = void (*)(const Args&, const Split&, int64_t);
+
 template <typename TQ, typename TKV>
-void dispatch_d(const Args& a, const std::vector<Item>& items, const std::vector<int64_t>& bounds) {
-  if (a.d == 64) return run_all<64, TQ, TKV>(a, items, bounds);  // the common head sizes, unrolled
-  if (a.d == 128) return run_all<128, TQ, TKV>(a, items, bounds);
-  run_all<0, TQ, TKV>(a, items, bounds);
+RunItems run_items_for(int64_t d) {
+  if (d == 64) return &run_items<64, TQ, TKV>;  // the common head sizes, unrolled
+  if (d == 128) return &run_items<128, TQ, TKV>;
+  return &run_items<0, TQ, TKV>;
 }
 
 // Items in sequence order, cut into one contiguous chunk per thread of about equal cost: rows x
@@ -295,7 +344,8 @@ std::vector<int64_t> balance(const std::vector<Item>& items, const int32_t* info
   for (size_t i = 0; i < items.size(); ++i) {
     const Item& it = items[i];
     const int32_t first_pos = info[4 * it.seq + 2] - info[4 * it.seq + 1];
-    cum[i + 1] = cum[i] + static_cast<double>((it.t1 - it.t0) * (it.h1 - it.h0) * G) * (first_pos + it.t1) + 64.0;
+    const int32_t keys = std::min(first_pos + it.t1, it.k1) - it.k0;
+    cum[i + 1] = cum[i] + static_cast<double>((it.t1 - it.t0) * (it.h1 - it.h0) * G) * keys + 64.0;
   }
   const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(threads, items.size()));
   std::vector<int64_t> bounds{0};
@@ -313,8 +363,31 @@ bool float_or_bf16(const at::Tensor& t) {
   return t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16;
 }
 
-void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                     const at::Tensor& block_tables, const at::Tensor& seq_info, int64_t block_size, double scale) {
+}  // namespace
+
+namespace kvserve {
+
+struct PagedAttentionPlan::Impl {
+  std::vector<Item> items;
+  std::vector<int64_t> bounds;  // chunk c: items [bounds[c], bounds[c + 1])
+  std::vector<Split> splits;
+  std::vector<float> partial;  // split decodes' partial states
+  const int32_t *tables, *info;
+  int64_t heads, kv_heads, d, bs;
+  float scale;
+  RunItems run;
+  MergeParts merge;
+
+  Args args(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache) {
+    return Args{q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), tables, info, heads, kv_heads, d, bs,
+                q.stride(0), q.stride(1), out.stride(0), out.stride(1), scale, partial.data()};
+  }
+};
+
+PagedAttentionPlan::PagedAttentionPlan(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
+                                       const at::Tensor& v_cache, const at::Tensor& block_tables,
+                                       const at::Tensor& seq_info, int64_t block_size, double scale, int64_t threads)
+    : impl_(std::make_shared<Impl>()) {
   TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu(), "paged_attention: CPU tensors only");
   TORCH_CHECK(q.dim() == 3 && out.sizes() == q.sizes() && out.scalar_type() == q.scalar_type(),
               "paged_attention: q and out must be [T, heads, d] of one dtype");
@@ -337,10 +410,21 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
   // A decode item takes the G heads of hp kv heads, so it streams whole slot rows of the cache
   // (per kv head, strided reads cost 2.5x at 64 decodes); fewer when there are few sequences,
   // so every thread has items. Multi-token items take one kv head and a tile of tokens.
-  const int64_t threads = at::get_num_threads();
   int64_t hp = kv_heads;
   while (hp > 1 && S * ((kv_heads + hp - 1) / hp) < 4 * threads) --hp;
-  std::vector<Item> items;
+  // Flash-decoding (split-K). A decode's work is one pass over its context: with few sequences
+  // the items above are too few to balance (3 kv heads on 2 threads: one thread does 2/3), and
+  // each streams its K/V from memory one block after another. So a decode costing more than half
+  // a thread's share of the call is cut along its keys into parts of whole blocks (about half a
+  // share each, at least kMinPartKeys keys), one item per part over all kv heads (whole,
+  // contiguous slot rows: faster than a kv head per item here). Each part leaves its rows'
+  // softmax state (max m, sum l, unnormalised acc) in `partial`; merge_parts combines them.
+  double total = 0;  // rows x keys
+  for (int64_t s = 0; s < S; ++s) total += std::max(info[4 * s + 1], 1) * static_cast<double>(std::max(info[4 * s + 2], 1));
+  Impl& p = *impl_;
+  std::vector<Item>& items = p.items;
+  std::vector<Split>& splits = p.splits;
+  int32_t partial_rows = 0;
   for (int64_t s = 0; s < S; ++s) {  // check every index the kernel will follow, then build the items
     const int32_t row0 = info[4 * s], nq = info[4 * s + 1], ctx = info[4 * s + 2], offset = info[4 * s + 3];
     const int64_t used = (ctx + block_size - 1) / block_size;
@@ -351,31 +435,65 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
       TORCH_CHECK(blk >= 0 && blk < num_blocks, "paged_attention: block id out of range, row ", s);
     }
     const int32_t si = static_cast<int32_t>(s);
-    if (nq == 1) {
+    int64_t parts = 1;
+    if (nq == 1 && threads > 1) {
+      const int64_t want = static_cast<int64_t>(std::ceil(2 * threads * ctx / total - 1e-9));
+      parts = std::min(want, used / ((kMinPartKeys + block_size - 1) / block_size));
+    }
+    if (parts >= 2) {
+      splits.push_back({si, static_cast<int32_t>(parts), partial_rows});
+      for (int64_t p = 0; p < parts; ++p) {  // blocks [used * p / parts, used * (p + 1) / parts)
+        const int32_t k0 = static_cast<int32_t>(used * p / parts * block_size);
+        const int32_t k1 = static_cast<int32_t>(std::min<int64_t>(ctx, used * (p + 1) / parts * block_size));
+        items.push_back({si, 0, static_cast<int32_t>(kv_heads), 0, 1, k0, k1, static_cast<int32_t>(partial_rows + p * heads)});
+      }
+      partial_rows += static_cast<int32_t>(parts * heads);
+    } else if (nq == 1) {
       for (int32_t h = 0; h < kv_heads; h += hp) items.push_back({si, h, static_cast<int32_t>(std::min(kv_heads, h + hp)), 0, 1});
     } else {
       for (int32_t h = 0; h < kv_heads; ++h)
         for (int32_t t0 = 0; t0 < nq; t0 += kTile) items.push_back({si, h, h + 1, t0, std::min(nq, t0 + kTile)});
     }
   }
-  if (items.empty()) return;
-  Args a{q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), tables, info, heads, kv_heads, d, block_size, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-         static_cast<float>(scale)};
-  const auto bounds = balance(items, info, heads / kv_heads, threads);
+  p.partial.resize(partial_rows * (d + 2));
+  p.bounds = items.empty() ? std::vector<int64_t>{0} : balance(items, info, heads / kv_heads, threads);
+  p.tables = tables;
+  p.info = info;
+  p.heads = heads, p.kv_heads = kv_heads, p.d = d, p.bs = block_size;
+  p.scale = static_cast<float>(scale);
   const bool q_f32 = q.scalar_type() == at::kFloat, kv_f32 = k_cache.scalar_type() == at::kFloat;
-  if (q_f32 && kv_f32) dispatch_d<float, float>(a, items, bounds);
-  else if (q_f32) dispatch_d<float, BF16>(a, items, bounds);
-  else if (kv_f32) dispatch_d<BF16, float>(a, items, bounds);
-  else dispatch_d<BF16, BF16>(a, items, bounds);
+  if (q_f32 && kv_f32) p.run = run_items_for<float, float>(d);
+  else if (q_f32) p.run = run_items_for<float, BF16>(d);
+  else if (kv_f32) p.run = run_items_for<BF16, float>(d);
+  else p.run = run_items_for<BF16, BF16>(d);
+  p.merge = q_f32 ? &merge_parts<float> : &merge_parts<BF16>;
 }
 
-}  // namespace
+int64_t PagedAttentionPlan::num_chunks() const { return static_cast<int64_t>(impl_->bounds.size()) - 1; }
 
-namespace kvserve {
+int64_t PagedAttentionPlan::num_merges() const { return static_cast<int64_t>(impl_->splits.size()) * impl_->heads; }
+
+void PagedAttentionPlan::run_chunk(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
+                                   const at::Tensor& v_cache, int64_t c) const {
+  Impl& p = *impl_;
+  p.run(p.args(out, q, k_cache, v_cache), p.items, p.bounds[c], p.bounds[c + 1]);
+}
+
+void PagedAttentionPlan::run_merges(const at::Tensor& out, int64_t begin, int64_t end) const {
+  Impl& p = *impl_;
+  const Args a = p.args(out, out, out, out);  // merging reads only partial and writes out
+  for (int64_t i = begin; i < end; ++i) p.merge(a, p.splits[i / p.heads], i % p.heads);
+}
+
 void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_tables, const at::Tensor& seq_info, int64_t block_size, double scale) {
-  ::paged_attention(out, q, k_cache, v_cache, block_tables, seq_info, block_size, scale);
+  const PagedAttentionPlan plan(out, q, k_cache, v_cache, block_tables, seq_info, block_size, scale, at::get_num_threads());
+  at::parallel_for(0, plan.num_chunks(), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) plan.run_chunk(out, q, k_cache, v_cache, c);
+  });
+  at::parallel_for(0, plan.num_merges(), 64, [&](int64_t begin, int64_t end) { plan.run_merges(out, begin, end); });
 }
+
 }  // namespace kvserve
 
 TORCH_LIBRARY_FRAGMENT(kvserve, m) {
