@@ -2,9 +2,11 @@
 
 Runs a batch of sequences through the in-process ``LLM`` and times, inside each step whose chunks
 are all decodes (the full batch of them), every linear layer's forward (the LM head included),
-the attention backend's forward, and the sampler; "rest" is the step minus those (embedding,
-norms, rotary, the runner's Python and input building). CPU ops are synchronous, so wall-clock
-timers around them measure them. Used by ``kvserve bench roofline --measure-step``.
+the attention backend's forward, the native decode stack (every layer in one call, where the
+model runs one: its GEMMs and attention are inside it, not in those parts), and the sampler;
+"rest" is the step minus those (embedding, norms, rotary, the runner's Python and input
+building). CPU ops are synchronous, so wall-clock timers around them measure them. Used by
+``kvserve bench roofline --measure-step``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any, Callable
 
 from kvserve.bench.stats import median
 
-PARTS = ("gemm", "attention", "sampling")
+PARTS = ("gemm", "attention", "native_layers", "sampling")
 
 
 class StepTimer:
@@ -30,6 +32,8 @@ class StepTimer:
             if type(module).__name__.endswith("Linear"):
                 module.forward = self._timed(module.forward, "gemm")
         runner.attention.forward = self._timed(runner.attention.forward, "attention")
+        if runner.model.native_stack is not None:
+            runner.model.native_stack = _TimedStack(self._timed(runner.model.native_stack.forward, "native_layers"))
         # the runner calls self.sampler(...): swap in a stand-in whose calls are timed
         runner.sampler = _Callable(self._timed(runner.sampler.__call__, "sampling"), runner.sampler)
         execute = runner.execute
@@ -60,6 +64,13 @@ class StepTimer:
                 acc[part] += time.perf_counter() - t0
 
         return wrapper
+
+
+class _TimedStack:
+    """Stands in for the model's native decode stack: its forward goes through the timer."""
+
+    def __init__(self, forward: Callable[..., Any]):
+        self.forward = forward
 
 
 class _Callable:

@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -45,6 +46,9 @@ def sources() -> list[Path]:
 def build_key() -> str:
     h = hashlib.blake2b(digest_size=8)
     h.update(torch.__version__.encode())
+    # the checkout too: ninja's build file names the sources by path, so two checkouts sharing one
+    # build directory would rebuild each other's library on every load
+    h.update(str(CSRC.resolve()).encode())
     h.update(_cpu_signature().encode())
     for src in sorted(CSRC.iterdir()):
         if src.suffix in (".cpp", ".h"):
@@ -65,6 +69,22 @@ def load_kernels(verbose: bool = False) -> bool:
         return ok
 
 
+STALE_LOCK_S = 600  # a build takes 1-3 minutes; an older lock was left by a killed build
+
+
+def _clear_stale_lock(build_dir: Path) -> None:
+    """torch's build lock is a file that a killed build leaves behind, and every later load would
+    wait on it forever: remove one older than any build takes."""
+    lock = build_dir / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    if age > STALE_LOCK_S:
+        log.warning("native kernels: removing a build lock left %.0f s ago by a build that did not finish", age)
+        lock.unlink(missing_ok=True)
+
+
 def kernels_available() -> bool:
     return load_kernels()
 
@@ -81,6 +101,7 @@ def _try_load(verbose: bool) -> bool:
 
         build_dir = cache_dir() / build_key()
         build_dir.mkdir(parents=True, exist_ok=True)
+        _clear_stale_lock(build_dir)
         flags = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fno-finite-math-only", "-Wno-unused-function"]
         cpp_extension.load(
             name="kvserve_kernels",

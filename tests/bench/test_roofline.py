@@ -131,9 +131,31 @@ def test_step_timer_splits_full_batch_decode_steps():
     assert all(len(o.token_ids) == 6 for o in outs)  # the timers change nothing the runner returns
     assert len(timer.steps) == 5  # the first token comes from the prefill step; 5 decode steps follow
     for step in timer.steps:
-        assert all(step[p] > 0 for p in PARTS)
+        assert all(step[p] > 0 for p in PARTS if p != "native_layers") and step["native_layers"] == 0
         assert step["total"] >= step["gemm"] + step["attention"] + step["sampling"]
         assert step["rest"] == pytest.approx(step["total"] - sum(step[p] for p in PARTS))
+
+
+def test_step_timer_times_the_native_decode_stack_as_one_part():
+    from kvserve.kernels import load_kernels
+
+    if not load_kernels():
+        pytest.skip("native kernels did not build")
+    from conftest import hf_weights, kvserve_config, tiny_hf_model
+
+    from kvserve import SamplingParams
+    from kvserve.bench.step_split import StepTimer
+    from kvserve.llm import LLM
+
+    hf = tiny_hf_model()
+    llm = LLM.from_weights(kvserve_config(hf), hf_weights(hf), dtype="float32", quantization="int4", num_kv_blocks=64,
+                           block_size=4)
+    assert llm.engine.runner.model.native_stack is not None
+    timer = StepTimer(llm.engine.runner, batch=2)
+    llm.generate([[1, 2, 3], [4, 5]], SamplingParams(max_tokens=5, temperature=1.0, ignore_eos=True))
+    assert len(timer.steps) == 4
+    for step in timer.steps:  # the layers run natively: only the LM head is a Python linear
+        assert step["native_layers"] > 0 and step["gemm"] > 0 and step["attention"] == 0
 
 
 def test_quantized_formats_lower_the_bytes_and_follow_the_mode(tmp_path):
