@@ -7,6 +7,7 @@
 // splits rows across its own threads) wrapped by the registered op, which splits them with
 // at::parallel_for.
 #include "ops.h"
+#include "vec.h"
 
 #include <cmath>
 #include <type_traits>
@@ -65,13 +66,13 @@ void silu_mul_range(const T* src, T* dst, int64_t inter, int64_t r0, int64_t r1)
     const T* u = g + inter;
     T* o = dst + r * inter;
     int64_t j = 0;
-#if defined(KVSERVE_EXP_PS)
+#if defined(__AVX2__) || defined(__AVX512F__)
     if constexpr (std::is_same_v<T, float>) {
-      const __m256 one = _mm256_set1_ps(1.f);
-      for (; j + 8 <= inter; j += 8) {
-        const __m256 a = _mm256_loadu_ps(g + j);
-        const __m256 e = exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), a));
-        _mm256_storeu_ps(o + j, _mm256_mul_ps(_mm256_div_ps(a, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + j)));
+      using namespace vec;
+      const vf one = vset1(1.f), minus_one = vset1(-1.f);
+      for (; j + W <= inter; j += W) {
+        const vf a = vload(g + j);
+        vstore(o + j, vmul(vdiv(a, vadd(one, vexp(vmul(a, minus_one)))), vload(u + j)));
       }
     }
 #endif

@@ -14,6 +14,7 @@
 // sequences, long context) is also split along its keys into parts run as separate items, whose
 // softmax states are merged afterwards (flash-decoding; see paged_attention()).
 #include "ops.h"
+#include "vec.h"
 
 #include <algorithm>
 #include <cmath>
@@ -26,99 +27,11 @@
 
 namespace {
 
-using BF16 = c10::BFloat16;
 constexpr int kTile = 16;  // query tokens per work item (multi-token rows)
 constexpr int kMinPartKeys = 64;  // a split decode's parts have at least this many keys
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// ---- one vector of floats: AVX512 (16 lanes), AVX2 (8 lanes) or scalar (1 lane) -------------
-#if defined(__AVX512F__)
-constexpr int W = 16;
-using vf = __m512;
-inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
-inline vf vload(const BF16* p) {  // bf16 -> fp32 is a 16-bit shift
-  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-inline void vstore(float* p, vf x) { _mm512_storeu_ps(p, x); }
-inline vf vset1(float x) { return _mm512_set1_ps(x); }
-inline vf vzero() { return _mm512_setzero_ps(); }
-inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
-inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
-inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
-inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
-inline float vsum(vf x) { return _mm512_reduce_add_ps(x); }
-inline vf vround(vf x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-inline vf vscale2(vf p, vf n) {  // p * 2^n, n integral
-  __m512i e = _mm512_slli_epi32(_mm512_cvtps_epi32(n), 23);
-  return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), e));
-}
-#elif defined(__AVX2__)
-constexpr int W = 8;
-using vf = __m256;
-inline vf vload(const float* p) { return _mm256_loadu_ps(p); }
-inline vf vload(const BF16* p) {
-  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-inline void vstore(float* p, vf x) { _mm256_storeu_ps(p, x); }
-inline vf vset1(float x) { return _mm256_set1_ps(x); }
-inline vf vzero() { return _mm256_setzero_ps(); }
-#if defined(__FMA__)
-inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
-#else
-inline vf vfma(vf a, vf b, vf c) { return _mm256_add_ps(_mm256_mul_ps(a, b), c); }
-#endif
-inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
-inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
-inline vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
-inline float vsum(vf x) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
-}
-inline vf vround(vf x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-inline vf vscale2(vf p, vf n) {
-  __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
-  return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
-}
-#else
-constexpr int W = 1;
-using vf = float;
-inline vf vload(const float* p) { return *p; }
-inline vf vload(const BF16* p) { return static_cast<float>(*p); }
-inline void vstore(float* p, vf x) { *p = x; }
-inline vf vset1(float x) { return x; }
-inline vf vzero() { return 0.f; }
-inline vf vfma(vf a, vf b, vf c) { return a * b + c; }
-inline vf vmul(vf a, vf b) { return a * b; }
-inline vf vadd(vf a, vf b) { return a + b; }
-inline vf vmax(vf a, vf b) { return std::max(a, b); }
-inline float vsum(vf x) { return x; }
-#endif
-
-// exp(x) for x <= 0 (scores minus their running max). Vector paths: 2^(x log2 e) split into an
-// integer power (exponent bits) and 2^f, |f| <= 1/2, by its degree-7 Taylor polynomial (relative
-// error ~1e-8, below fp32's epsilon). Inputs below -87 give ~1e-38 instead of 0: negligible.
-inline vf vexp(vf x) {
-#if defined(__AVX2__) || defined(__AVX512F__)
-  x = vmax(x, vset1(-87.0f));
-  vf t = vmul(x, vset1(1.4426950408889634f));
-  vf n = vround(t);
-  vf f = vfma(n, vset1(-1.0f), t);
-  vf p = vset1(1.525273380405984e-05f);
-  p = vfma(p, f, vset1(1.5403530393381606e-04f));
-  p = vfma(p, f, vset1(1.3333558146428443e-03f));
-  p = vfma(p, f, vset1(9.618129107628477e-03f));
-  p = vfma(p, f, vset1(5.550410866482158e-02f));
-  p = vfma(p, f, vset1(2.402265069591007e-01f));
-  p = vfma(p, f, vset1(6.931471805599453e-01f));
-  p = vfma(p, f, vset1(1.0f));
-  return vscale2(p, n);
-#else
-  return std::exp(x);
-#endif
-}
+using namespace kvserve::vec;
 
 template <typename T>
 inline float to_f32(T x) { return static_cast<float>(x); }

@@ -206,6 +206,20 @@ inline __m256i reduce8(const __m256i p[8]) {
   return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
+// The MR rows of a tile's 8 sums into y (fewer columns in a last, partial tile).
+template <int MR>
+inline void store_tile(const __m256 (&acc)[MR], const TileArgs& t) {
+  for (int i = 0; i < MR; ++i) {
+    if (t.cols == NR) {
+      _mm256_storeu_ps(t.y + i * t.ldy, acc[i]);
+    } else {
+      alignas(32) float tmp[NR];
+      _mm256_store_ps(tmp, acc[i]);
+      store_row(t.y + i * t.ldy, tmp, t.cols);
+    }
+  }
+}
+
 constexpr int64_t PREFETCH_BYTES = 1024;  // how far ahead of its stream a tile reads
 
 template <int MR>
@@ -245,15 +259,7 @@ void q4_tile(const TileArgs& t) {
       acc[i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s[row * nb + b]), acc[i]);
     }
   }
-  for (int i = 0; i < MR; ++i) {
-    if (t.cols == NR) {
-      _mm256_storeu_ps(t.y + i * t.ldy, acc[i]);
-    } else {
-      alignas(32) float tmp[NR];
-      _mm256_store_ps(tmp, acc[i]);
-      store_row(t.y + i * t.ldy, tmp, t.cols);
-    }
-  }
+  store_tile<MR>(acc, t);
 }
 
 template <int MR>
@@ -279,11 +285,7 @@ void q8_tile(const TileArgs& t) {
       acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(p)), scale, acc[i]);
     }
   }
-  for (int i = 0; i < MR; ++i) {
-    alignas(32) float tmp[NR];
-    _mm256_store_ps(tmp, acc[i]);
-    store_row(t.y + i * t.ldy, tmp, t.cols);
-  }
+  store_tile<MR>(acc, t);
 }
 #endif
 
