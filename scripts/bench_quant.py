@@ -43,13 +43,13 @@ def main() -> None:
     for name, (n, k) in SHAPES.items():
         w = torch.randn(n, k)
         packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
-        q8, q4 = quantize(w, "q8_0"), quantize(w, "q4_1")
+        q8, q4 = (ops.pack_quant(q.qs, q.d, q.m) for q in (quantize(w, "q8_0"), quantize(w, "q4_1")))
         for m in args.rows:
             x = torch.randn(m, k)
             reps = 9 if n * m > 1 << 20 else 41
             f = median_ms(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), reps)
-            a = median_ms(lambda: ops.q8_0_linear(x, q8.qs, q8.d), reps)
-            b = median_ms(lambda: ops.q4_1_linear(x, q4.qs, q4.d, q4.m), reps)
+            a = median_ms(lambda: ops.packed_linear(x, q8, "q8_0", n), reps)
+            b = median_ms(lambda: ops.packed_linear(x, q4, "q4_1", n), reps)
             print(f"{name:>8} {n:>5}x{k:<5} {m:>4} {f:8.3f} {a:8.3f} {b:8.3f} {f / a:7.2f} {f / b:7.2f}")
 
 
