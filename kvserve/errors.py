@@ -18,6 +18,15 @@ class InvalidArgumentError(KVServeError, ValueError):
         self.code = code
 
 
+class NotFoundError(KVServeError):
+    """What the request names does not exist: a model, a route (HTTP 404)."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
 class ModelLoadError(KVServeError):
     """The model could not be found or read."""
 

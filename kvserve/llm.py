@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -22,6 +23,7 @@ from kvserve.engine.request import Request, SamplingParams
 from kvserve.errors import InvalidArgumentError
 from kvserve.model.config import ModelConfig
 from kvserve.text.output import OutputProcessor, RequestOutput
+from kvserve.text.tokenizer import bad_words_token_ids
 
 PromptLike = str | list[int]
 GRAMMAR_WAIT_S = 0.05  # with nothing to step, how long to sleep on a compiling grammar before looking again
@@ -80,6 +82,11 @@ class LLM:
     # -- running requests through the core --------------------------------------------
     def _add(self, processor: OutputProcessor, prompt_token_ids: list[int], params: SamplingParams) -> str:
         rid = str(next(self._ids))
+        if params.bad_words and params.bad_words_token_ids is None:
+            if self.tokenizer is None:
+                raise InvalidArgumentError("bad_words need a tokenizer: pass bad_words_token_ids", param="bad_words")
+            # this tokenizer's ids, on a copy: the caller may use its params with another model
+            params = replace(params, bad_words_token_ids=bad_words_token_ids(params.bad_words, self.tokenizer))
         processor.add(Request(rid, prompt_token_ids, params, max_total_tokens=self.engine.max_model_len))
         self.core.add(AddRequest(rid, prompt_token_ids, params))
         return rid

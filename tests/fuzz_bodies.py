@@ -148,7 +148,13 @@ def valid_ranges(vocab_size: int) -> dict[str, dict[str, Any]]:
         "stop_token_ids": _array(token, 0, 4),
         "logprobs": _num(0, 5, integer=True),  # completions: top-n
         "top_logprobs": _num(0, 5, integer=True),
-        "echo": {"const": False},
+        "echo": {"type": "boolean"},
+        "prompt_logprobs": _num(0, 5, integer=True),
+        "min_tokens": _num(0, 4, integer=True),
+        "logit_bias": {"type": "object", "maxProperties": 4, "additionalProperties": _num(-100, 100),
+                       "propertyNames": {"pattern": f"^[0-9]{{1,{len(str(vocab_size - 1)) - 1}}}$"}},
+        "allowed_token_ids": _array(token, 1, 8),
+        "bad_words": _array(text, 0, 3),
         "prompt": {"anyOf": [
             {"type": "string", "minLength": 1, "maxLength": 100},
             _array(token, 1, 60),

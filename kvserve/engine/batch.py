@@ -86,6 +86,8 @@ class StepOutput:
     logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
     draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
     saved_kv: dict[bytes, bytes] = field(default_factory=dict)  # payloads of the batch's "save" transfers
+    # requests asking for prompt logprobs: those of the prompt tokens this step's chunk predicted
+    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
 
 
 class Runner(Protocol):

@@ -128,10 +128,12 @@ class EngineCore:
             self._sent.pop(req.request_id, None)
         else:
             self._sent[req.request_id] = done + len(new)
+        prompt_logprobs = req.prompt_logprobs if done == 0 and req.params.prompt_logprobs is not None else None
         return RequestDelta(req.request_id, new, logprobs, req.is_finished,
                             req.finish_reason.value if req.finish_reason else None, req.stop_reason,
                             req.num_prompt_tokens, req.num_cached_tokens,
-                            (req.spec.num_verifies, req.spec.num_draft_tokens, req.spec.num_accepted_tokens))
+                            (req.spec.num_verifies, req.spec.num_draft_tokens, req.spec.num_accepted_tokens),
+                            prompt_logprobs)
 
     def snapshot(self) -> EngineStatsSnapshot:
         e, s = self.engine, self.engine.scheduler

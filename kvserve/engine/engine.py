@@ -97,9 +97,8 @@ class Engine:
         ``grammar``: the compiled ``params.guided``, if the caller compiled it (off this thread);
         otherwise it is compiled here."""
         check_prompt(prompt_token_ids, self.max_model_len, self.vocab_size)
-        if self.vocab_size is not None and any(t >= self.vocab_size for t in params.stop_token_ids or ()):
-            # not only pointless: a grammar's matcher rejects them, or wraps ids past 32 bits
-            raise InvalidArgumentError(f"stop_token_ids must be in [0, {self.vocab_size})", param="stop_token_ids")
+        if self.vocab_size is not None:
+            params.check_vocab(self.vocab_size)
         req = Request(request_id, list(prompt_token_ids), params, eos_token_ids=self.eos_token_ids,
                       max_total_tokens=self.max_model_len, arrival_time=self.clock())
         if params.guided is not None:

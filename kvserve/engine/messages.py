@@ -69,6 +69,7 @@ class RequestDelta:
     num_prompt_tokens: int
     num_cached_tokens: int
     spec: tuple[int, int, int] = (0, 0, 0)  # verifies, draft tokens, accepted tokens (so far)
+    prompt_logprobs: list[TokenLogprobs] | None = None  # once, in the request's first delta, if asked for
 
 
 @dataclass

@@ -18,6 +18,9 @@ _INT32_MAX = (1 << 31) - 1
 MAX_STOP_STRINGS = 64
 MAX_STOP_STRING_CHARS = 1024
 MAX_STOP_TOKEN_IDS = 1024
+MAX_BAD_WORDS = 128
+MAX_LOGPROBS = 20  # top-n alternatives per token, sampled and prompt alike (vLLM's default max_logprobs)
+LOGIT_BIAS_RANGE = 100.0  # OpenAI's bound on a logit_bias value
 
 
 @dataclass
@@ -40,6 +43,13 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     guided: "GuidedSpec | None" = None  # structured output: what the text must match
+    # vLLM's extras: logprobs of the prompt's tokens (top-n each), and per-token logit processing
+    prompt_logprobs: int | None = None
+    min_tokens: int = 0  # EOS and the stop token ids cannot be sampled before this many tokens
+    logit_bias: dict[int, float] | None = None  # added to the logits of these token ids
+    allowed_token_ids: list[int] | None = None  # only these can be sampled
+    bad_words: list[str] | None = None  # never produced (their token ids: text.tokenizer.bad_words_token_ids)
+    bad_words_token_ids: list[list[int]] | None = None  # token sequences the output never ends with
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -49,6 +59,7 @@ class SamplingParams:
         if self.top_k == -1:
             self.top_k = 0
         self._check()
+        self._check_logit_processing()
 
     def _check(self) -> None:
         def bad(param: str, why: str) -> InvalidArgumentError:
@@ -70,8 +81,10 @@ class SamplingParams:
             raise bad("presence_penalty", f"must be in [-2, 2], got {self.presence_penalty}")
         if not -2.0 <= self.frequency_penalty <= 2.0:
             raise bad("frequency_penalty", f"must be in [-2, 2], got {self.frequency_penalty}")
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            raise bad("logprobs", f"must be in [0, 20], got {self.logprobs}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise bad("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
+            raise bad("prompt_logprobs", f"must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}")
         if self.seed is not None and not -(1 << 63) <= self.seed < (1 << 64):
             raise bad("seed", "must fit in 64 bits")
         if len(self.stop) > MAX_STOP_STRINGS:
@@ -83,6 +96,56 @@ class SamplingParams:
         if any(not isinstance(t, int) or not 0 <= t <= _INT32_MAX for t in self.stop_token_ids):
             raise bad("stop_token_ids", "must be token ids (non-negative 32-bit integers)")
 
+    def _check_logit_processing(self) -> None:
+        def bad(param: str, why: str) -> InvalidArgumentError:
+            return InvalidArgumentError(f"{param} {why}", param=param)
+
+        def is_token_id(t: Any) -> bool:
+            return isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= _INT32_MAX
+
+        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            raise bad("min_tokens", f"must be at least 0, got {self.min_tokens}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise bad("min_tokens", f"must be at most max_tokens ({self.max_tokens}), got {self.min_tokens}")
+        if self.logit_bias:
+            bias = {}
+            for t, v in self.logit_bias.items():
+                try:  # OpenAI's keys are token ids written as strings
+                    t = int(t)
+                except (TypeError, ValueError):
+                    raise bad("logit_bias", f"keys must be token ids, got {t!r}") from None
+                if not is_token_id(t):
+                    raise bad("logit_bias", f"keys must be token ids (non-negative 32-bit integers), got {t}")
+                if not isinstance(v, (int, float)) or not -LOGIT_BIAS_RANGE <= v <= LOGIT_BIAS_RANGE:
+                    raise bad("logit_bias", f"values must be in [-{LOGIT_BIAS_RANGE:g}, {LOGIT_BIAS_RANGE:g}], "
+                                            f"got {v!r} for token {t}")
+                bias[t] = float(v)
+            self.logit_bias = bias
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = list(self.allowed_token_ids)
+            if not self.allowed_token_ids:
+                raise bad("allowed_token_ids", "must not be empty")
+            if not all(is_token_id(t) for t in self.allowed_token_ids):
+                raise bad("allowed_token_ids", "must be token ids (non-negative 32-bit integers)")
+        if self.bad_words:
+            check_bad_words(self.bad_words)
+        if self.bad_words_token_ids is not None:
+            seqs = [list(s) for s in self.bad_words_token_ids]
+            if any(not s or not all(is_token_id(t) for t in s) for s in seqs):
+                raise bad("bad_words", "each bad word must be a non-empty sequence of token ids")
+            self.bad_words_token_ids = seqs
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Raise InvalidArgumentError for a token id the model cannot produce (engine-side check)."""
+        for param, ids in (("stop_token_ids", self.stop_token_ids or ()),
+                           ("logit_bias", (self.logit_bias or {}).keys()),
+                           ("allowed_token_ids", self.allowed_token_ids or ()),
+                           ("bad_words", [t for s in self.bad_words_token_ids or () for t in s])):
+            # beyond the vocabulary is not only pointless: a grammar's matcher rejects such ids,
+            # and an index past the logits' width would raise in the sampler
+            if any(t >= vocab_size for t in ids):
+                raise InvalidArgumentError(f"{param} must hold token ids in [0, {vocab_size})", param=param)
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
@@ -90,6 +153,19 @@ class SamplingParams:
     @property
     def has_penalties(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def has_logit_processing(self) -> bool:
+        """Whether logits need more than the penalties: a bias, an allow-list, bad words, min_tokens."""
+        return bool(self.logit_bias or self.allowed_token_ids or self.bad_words_token_ids or self.min_tokens)
+
+
+def check_bad_words(words: Any) -> None:
+    if not isinstance(words, list) or len(words) > MAX_BAD_WORDS:
+        raise InvalidArgumentError(f"bad_words must be a list of at most {MAX_BAD_WORDS} words", param="bad_words")
+    if any(not isinstance(w, str) or not w.strip() or len(w) > MAX_STOP_STRING_CHARS for w in words):
+        raise InvalidArgumentError(f"bad_words must be non-blank strings of at most {MAX_STOP_STRING_CHARS} "
+                                   "characters", param="bad_words")
 
 
 class RequestStatus(enum.Enum):
@@ -111,6 +187,7 @@ class TokenLogprobs:
     token_id: int
     logprob: float
     top: list[tuple[int, float]] = field(default_factory=list)
+    rank: int | None = None  # the token's rank in its distribution (1: most likely); prompt logprobs only
 
 
 @dataclass
@@ -152,6 +229,8 @@ class Request:
     stop_reason: int | str | None = None
     num_preemptions: int = 0
     logprobs: list[TokenLogprobs] = field(default_factory=list)
+    # with params.prompt_logprobs: those of prompt tokens 1, 2, ... (token 0 has none), as computed
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
     first_token_time: float | None = None
     spec: SpecState = field(default_factory=SpecState)
     # structured output: the request's grammar state (a kvserve.structured.GrammarMatcher, opaque to
@@ -177,6 +256,12 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Prompt logprobs are asked for and not all computed yet (the prompt must then run through
+        the model: no prefix cache hit can stand in for it)."""
+        return self.params.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens - 1
 
     def append_token(self, token_id: int) -> None:
         """Add a sampled token and decide whether that ends the request."""

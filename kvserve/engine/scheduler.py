@@ -25,7 +25,7 @@ from kvserve.config import SchedulerConfig, SpeculationConfig
 from kvserve.engine.batch import Batch, ScheduledChunk, StepOutput
 from kvserve.engine.request import FinishReason, Request, RequestStatus
 from kvserve.engine.step_cost import StepCostModel, StepFeatures
-from kvserve.kv.manager import KVManager
+from kvserve.kv.manager import KVManager, PrefixMatch
 from kvserve.spec.policy import NoSpeculation, SpecPolicy, SpecStats, is_decoding
 
 log = logging.getLogger(__name__)
@@ -279,9 +279,11 @@ class Scheduler:
         deferred: list[Request] = []
         while self.waiting and budget > 0 and not batch.preempted and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
-            match = self.kv.match_prefix(req.request_id, req.token_ids)
+            # a request that wants its prompt's logprobs runs the whole prompt, as in vLLM
+            uncached = req.needs_prompt_logprobs
+            match = PrefixMatch() if uncached else self.kv.match_prefix(req.request_id, req.token_ids)
             req.num_computed_tokens = match.num_tokens
-            if self._prefix_being_computed(req, match.num_tokens):
+            if not uncached and self._prefix_being_computed(req, match.num_tokens):
                 # a running request is prefilling the same prefix right now: wait for its blocks
                 # to land in the cache instead of computing them a second time
                 self.kv.free(req.request_id)
@@ -294,7 +296,8 @@ class Scheduler:
                 req.num_computed_tokens = 0
                 break
             self.waiting.popleft()
-            self.kv.record_admission(req.num_prompt_tokens, match)
+            if not uncached:
+                self.kv.record_admission(req.num_prompt_tokens, match)
             if req.num_preemptions == 0:
                 req.num_cached_tokens = match.num_tokens
             self.kv.grow(req.request_id, req.num_computed_tokens + n)
@@ -336,6 +339,8 @@ class Scheduler:
             req = chunk.request
             if req.is_finished:  # ended from outside while its step ran
                 continue
+            if req.request_id in output.prompt_logprobs:
+                req.prompt_logprobs.extend(output.prompt_logprobs[req.request_id])
             if not chunk.sample:
                 req.num_computed_tokens = chunk.end
                 self.kv.cache_blocks(req.request_id, req.token_ids, chunk.end)

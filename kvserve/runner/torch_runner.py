@@ -18,11 +18,13 @@ from kvserve.kv.manager import KVTransfer
 from kvserve.model.config import ModelConfig
 from kvserve.model.llama import LlamaForCausalLM
 from kvserve.runner.inputs import build_inputs
-from kvserve.sampling.sampler import Sampler
+from kvserve.sampling.sampler import Sampler, prompt_logprobs
 from kvserve.spec.proposer import DraftRequest, Proposer
 from kvserve.spec.verify import verify
 
 log = logging.getLogger(__name__)
+
+PROMPT_LOGPROBS_ROWS = 256  # prompt rows whose logits are computed at once (each row: vocab floats)
 
 
 def default_kv_cache_bytes() -> int:
@@ -98,6 +100,8 @@ class TorchRunner:
         seqs = [SeqRows(c.input_token_ids, c.start, c.block_table) for c in chunks]
         inputs = build_inputs(seqs, self.attention)
         hidden = self.model(inputs.input_ids, inputs.positions, self.attention, inputs.meta, self.kv_pool.layers)
+        if any(c.request.needs_prompt_logprobs for c in chunks):
+            self._prompt_logprobs(hidden, chunks, inputs.offsets, out)
         # the rows to score: a sampling chunk's last row; all 1 + k rows of a verify chunk
         rows: list[int] = []
         first_row: dict[int, int] = {}  # sampling chunk -> its first row in ``logits``
@@ -133,7 +137,7 @@ class TorchRunner:
             if c.is_verify:
                 k = num_drafts.get(r.request_id, len(c.draft_token_ids))  # a grammar may have cut the draft short
                 tokens, lps = verify(logits[row : row + k + 1], c.draft_token_ids[:k], None if q is None else q[:k],
-                                     r, self.sampler.generator(r))
+                                     r, self.sampler.generator(r), self.sampler.processing)
                 out.token_ids[r.request_id] = tokens
                 if lps:
                     out.logprobs[r.request_id] = lps
@@ -142,6 +146,26 @@ class TorchRunner:
         if self.proposer is not None:
             self._propose(scored, out)
         return out
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, chunks: list[ScheduledChunk], offsets: list[int],
+                         out: StepOutput) -> None:
+        """The logprobs of the prompt tokens that the rows of each chunk asking for them predict
+        (row j predicts the token at position start + j + 1), the ones not computed before: a
+        preempted request runs its prompt again, and keeps what it had."""
+        for i, c in enumerate(chunks):
+            r = c.request
+            if not r.needs_prompt_logprobs:
+                continue
+            first = max(c.start + 1, len(r.prompt_logprobs) + 1)  # positions of the targets
+            last = min(c.end, r.num_prompt_tokens - 1)
+            if first > last:
+                continue
+            got = []
+            for lo in range(first, last + 1, PROMPT_LOGPROBS_ROWS):  # bounded memory: rows x vocab floats
+                hi = min(lo + PROMPT_LOGPROBS_ROWS, last + 1)
+                rows = hidden[offsets[i] + lo - 1 - c.start : offsets[i] + hi - 1 - c.start]
+                got += prompt_logprobs(self.model.logits(rows), r.token_ids[lo:hi], r.params.prompt_logprobs or 0)
+            out.prompt_logprobs[r.request_id] = got
 
     def _propose(self, chunks: list[ScheduledChunk], out: StepOutput) -> None:
         """Draft the next step's tokens for the chunks the scheduler asked it of."""

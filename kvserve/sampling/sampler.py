@@ -15,6 +15,7 @@ import weakref
 import torch
 
 from kvserve.engine.request import Request, TokenLogprobs
+from kvserve.sampling.processors import LogitProcessing
 
 
 class Sampler:
@@ -23,6 +24,7 @@ class Sampler:
         self.shared_generator = torch.Generator(device=device)
         self.shared_generator.manual_seed(seed)
         self._generators: weakref.WeakKeyDictionary[Request, torch.Generator] = weakref.WeakKeyDictionary()
+        self.processing = LogitProcessing()  # logit_bias, allowed_token_ids, bad_words, min_tokens
 
     def generator(self, req: Request) -> torch.Generator:
         if req.params.seed is None:
@@ -47,12 +49,14 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> tuple[list[int], dict[str, TokenLogprobs]]:
         """logits: float32 [len(requests), vocab]. Returns token ids and optional logprobs."""
-        raw = logits
-        if any(r.params.has_penalties for r in requests):
+        raw = logits  # logprobs describe the model's distribution, before penalties and processing
+        if any(r.params.has_penalties or r.params.has_logit_processing for r in requests):
             logits = logits.clone()
             for i, r in enumerate(requests):
                 if r.params.has_penalties:
                     apply_penalties(logits[i], r)
+                if r.params.has_logit_processing:
+                    self.processing.apply(logits[i], r)
 
         greedy = [i for i, r in enumerate(requests) if r.params.greedy]
         tokens = torch.empty(len(requests), dtype=torch.long, device=logits.device)
@@ -81,6 +85,20 @@ class Sampler:
                     top = list(zip(ids.tolist(), vals.tolist()))
                 logprobs[requests[i].request_id] = TokenLogprobs(tok, lp[row, tok].item(), top)
         return token_list, logprobs
+
+
+def prompt_logprobs(logits: torch.Tensor, targets: list[int], n: int) -> list[TokenLogprobs]:
+    """The logprob and rank of each target token under its row of ``logits`` [rows, vocab] (row i
+    predicts targets[i]), with the ``n`` most likely tokens of the row."""
+    lp = torch.log_softmax(logits, dim=-1)
+    ids = torch.tensor(targets, dtype=torch.long, device=lp.device).unsqueeze(1)
+    chosen = lp.gather(1, ids)
+    ranks = ((lp > chosen).sum(dim=-1) + 1).tolist()
+    top: list[list[tuple[int, float]]] = [[] for _ in targets]
+    if n:
+        vals, top_ids = lp.topk(n, dim=-1)
+        top = [list(zip(i, v)) for i, v in zip(top_ids.tolist(), vals.tolist())]
+    return [TokenLogprobs(t, v, tp, rank) for t, v, tp, rank in zip(targets, chosen.squeeze(1).tolist(), top, ranks)]
 
 
 def inverse_cdf_draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

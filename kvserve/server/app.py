@@ -22,7 +22,7 @@ from kvserve.config import ServerConfig
 from kvserve.server.engine_client import EngineClient
 from kvserve.server.errors import HANDLED_EXCEPTIONS, handle_error
 from kvserve.server.middleware import GuardMiddleware
-from kvserve.server.routes import admin, openai
+from kvserve.server.routes import admin, openai, tokenize
 from kvserve.server.state import ServerState
 
 def create_app(client: EngineClient, config: ServerConfig | None = None, *, own_client: bool = True) -> FastAPI:
@@ -47,4 +47,5 @@ def create_app(client: EngineClient, config: ServerConfig | None = None, *, own_
         app.add_exception_handler(exc_class, handle_error)
     app.include_router(admin.router)
     app.include_router(openai.router)
+    app.include_router(tokenize.router)
     return app

@@ -20,6 +20,7 @@ from kvserve.errors import (
     EngineDeadError,
     InvalidArgumentError,
     KVServeError,
+    NotFoundError,
     RequestTooLargeError,
     ServerBusyError,
 )
@@ -31,6 +32,7 @@ log = logging.getLogger("kvserve.server")
 _ERROR_STATUS: list[tuple[type[BaseException], int, str]] = [
     (InvalidArgumentError, 400, "invalid_request_error"),
     (AuthenticationError, 401, "authentication_error"),
+    (NotFoundError, 404, "invalid_request_error"),  # OpenAI's type for an unknown model
     (RequestTooLargeError, 413, "invalid_request_error"),
     (ServerBusyError, 429, "rate_limit_error"),
     (EngineDeadError, 503, "service_unavailable_error"),
@@ -76,8 +78,12 @@ def error_response(exc: BaseException) -> JSONResponse:
     return JSONResponse(body.model_dump(), status_code=status)
 
 
-async def handle_error(_request: Request, exc: Exception) -> Response:
+async def handle_error(request: Request, exc: Exception) -> Response:
     """The app's exception handler for each of ``HANDLED_EXCEPTIONS``."""
+    if isinstance(exc, StarletteHTTPException) and exc.status_code == 404 and exc.detail == "Not Found":
+        # routing's bare 404: say which route, as OpenAI does ("Invalid URL (POST /v1/x)")
+        exc = NotFoundError(f"there is no route {request.method} {request.url.path} on this server "
+                            "(docs/openai-api.md lists what it serves)", code="unknown_url")
     return error_response(exc)
 
 

@@ -1,8 +1,8 @@
 """The OpenAI wire format: pydantic models of the requests the server accepts and the responses it sends.
 
-Field names and defaults follow OpenAI's API, plus vLLM's extra sampling fields (``top_k``,
-``min_p``, ``repetition_penalty``, ``ignore_eos``, ...). The models check types only: ranges are
-checked once, by ``SamplingParams``, whose ``InvalidArgumentError`` the server turns into a 400.
+Field names and defaults follow OpenAI's API plus vLLM's extra fields (docs/openai-api.md lists them
+all). The models check types; a request's ``check`` its rules across fields; ranges are checked once,
+by ``SamplingParams``. Their ``InvalidArgumentError`` the server turns into a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_serializer
 
 from kvserve.engine.request import SamplingParams
 from kvserve.errors import InvalidArgumentError
+from kvserve.server.protocol_extras import OmitsNone, PromptLogprob, PromptLogprobs, StructuredOutputs  # noqa: F401
 
 if TYPE_CHECKING:
     from kvserve.structured.spec import GuidedSpec
@@ -27,6 +28,7 @@ MAX_N = 64  # choices per request: each is an engine request of its own
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: with include_usage, usage on every chunk too
 
 
 class JsonSchemaFormat(BaseModel):
@@ -76,6 +78,31 @@ class _SamplingRequest(BaseModel):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    structured_outputs: StructuredOutputs | None = None
+    # vLLM's extras
+    prompt_logprobs: int | None = None
+    min_tokens: int = 0
+    logit_bias: dict[str, float] | None = None  # OpenAI's: token id (as a string) -> bias in [-100, 100]
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    return_token_ids: bool = False
+    use_beam_search: bool = False  # not supported yet: refused rather than sampled instead
+    # bad_words as token ids (text.tokenizer.bad_words_token_ids), filled by ServerState.prepare
+    _bad_words_token_ids: list[list[int]] | None = PrivateAttr(default=None)
+
+    def check(self) -> None:
+        """Checks across fields that need no tokenizer (400s naming the field)."""
+        if self.stream_options is not None and not self.stream:
+            raise InvalidArgumentError("stream_options can only be set when stream is true", param="stream_options")
+        if self.stream and self.prompt_logprobs:  # vLLM's rule: they are not streamed
+            raise InvalidArgumentError("prompt_logprobs are not available with stream", param="prompt_logprobs")
+        if self.use_beam_search:
+            raise InvalidArgumentError("beam search is not supported yet", param="use_beam_search")
+        self.guided_spec()  # conflicting or malformed constraints
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.include_usage and self.stream_options is not None and self.stream_options.continuous_usage_stats
 
     def guided_spec(self) -> GuidedSpec | None:
         """The one output constraint the request asks for, if any; 400 if it asks for several."""
@@ -92,8 +119,11 @@ class _SamplingRequest(BaseModel):
                             ("guided_grammar", "grammar")):
             if getattr(self, param) is not None:
                 asked.append((param, kind, getattr(self, param)))
+        if self.structured_outputs is not None:
+            asked += [("structured_outputs", kind, value) for kind, value in self.structured_outputs.asked()]
         if len(asked) > 1:
-            raise InvalidArgumentError(f"ask for one output constraint at a time, not {', '.join(a[0] for a in asked)}",
+            names = [a[0] if a[0] != "structured_outputs" else f"structured_outputs.{a[1]}" for a in asked]
+            raise InvalidArgumentError(f"ask for one output constraint at a time, not {', '.join(names)}",
                                        param=asked[1][0])
         if not asked:
             return None
@@ -106,7 +136,8 @@ class _SamplingRequest(BaseModel):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
-    def _sampling_params(self, index: int, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def _sampling_params(self, index: int, max_tokens: int | None, logprobs: int | None,
+                         prompt_logprobs: int | None = None) -> SamplingParams:
         # n choices are n engine requests; with a seed, choice i > 0 gets seed + i
         seed = self.seed if self.seed is None or index == 0 else (self.seed + index) % (1 << 64)
         return SamplingParams(
@@ -126,6 +157,12 @@ class _SamplingRequest(BaseModel):
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
             guided=self.guided_spec(),
+            prompt_logprobs=prompt_logprobs,
+            min_tokens=self.min_tokens,
+            logit_bias=self.logit_bias,  # type: ignore[arg-type]  # SamplingParams turns the keys into ints
+            allowed_token_ids=self.allowed_token_ids,
+            bad_words=self.bad_words,
+            bad_words_token_ids=self._bad_words_token_ids,
         )
 
 
@@ -134,12 +171,26 @@ class CompletionRequest(_SamplingRequest):
     prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int | None = 16  # OpenAI's default for completions
     logprobs: int | None = None  # top-n per token
-    echo: bool = False
+    echo: bool = False  # the prompt comes first in the text (and, with logprobs, in the logprobs)
+    suffix: str | None = None  # not supported (as in vLLM): refused rather than ignored
+
+    def check(self) -> None:
+        super().check()
+        if self.suffix:
+            raise InvalidArgumentError("suffix is not supported", param="suffix")
+
+    @property
+    def echo_only(self) -> bool:
+        """echo with max_tokens 0: the answer is the prompt alone (OpenAI's way to score a text)."""
+        return self.echo and self.max_tokens == 0
 
     def sampling_params(self, index: int) -> SamplingParams:
-        if self.echo:
-            raise InvalidArgumentError("echo is not supported", param="echo")
-        return self._sampling_params(index, self.max_tokens, self.logprobs)
+        # the engine samples one token for echo_only, which the answer leaves out
+        max_tokens = 1 if self.echo_only else self.max_tokens
+        prompt_logprobs = None if self.stream else self.prompt_logprobs  # streamed: only echo's are sent
+        if self.echo and self.logprobs is not None:  # the echoed prompt's tokens come with logprobs
+            prompt_logprobs = max(prompt_logprobs or 0, self.logprobs)
+        return self._sampling_params(index, max_tokens, self.logprobs, prompt_logprobs)
 
 
 class ContentPart(BaseModel):
@@ -174,14 +225,23 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: int | None = None  # the newer name of max_tokens; wins when both are set
     logprobs: bool = False
     top_logprobs: int | None = None
-    add_generation_prompt: bool = True  # vLLM's extra
+    # vLLM's extras: how the template ends the prompt; echo (the assistant's last message opens the answer)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    echo: bool = False
+
+    def check(self) -> None:
+        super().check()
+        if self.continue_final_message and self.add_generation_prompt:
+            raise InvalidArgumentError("continue_final_message and add_generation_prompt cannot both be true "
+                                       "(set add_generation_prompt to false)", param="continue_final_message")
 
     def sampling_params(self, index: int) -> SamplingParams:
-        if self.top_logprobs is not None and not self.logprobs:
+        if self.top_logprobs and not self.logprobs:  # top_logprobs 0 without logprobs is harmless (vLLM)
             raise InvalidArgumentError("top_logprobs needs logprobs set to true", param="top_logprobs")
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        return self._sampling_params(index, max_tokens, logprobs)
+        return self._sampling_params(index, max_tokens, logprobs, None if self.stream else self.prompt_logprobs)
 
     def template_messages(self) -> list[dict[str, Any]]:
         return [m.to_template_dict(i) for i, m in enumerate(self.messages)]
@@ -218,7 +278,9 @@ class SpeculativeUsage(BaseModel):
     mean_accepted_length: float | None  # tokens emitted per verify step (accepted drafts + 1)
 
 
-class Usage(BaseModel):
+class Usage(OmitsNone):
+    OMIT_IF_NONE = ("completion_tokens_details", "speculative")
+
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
@@ -234,12 +296,18 @@ class CompletionLogprobs(BaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
-class CompletionChoice(BaseModel):
+class CompletionChoice(OmitsNone):
+    OMIT_IF_NONE = ("prompt_logprobs", "prompt_token_ids", "token_ids")
+
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None  # vLLM's: the stop string or token id that ended it
+    # vLLM's extras: prompt_logprobs, and return_token_ids (a stream sends prompt_token_ids once)
+    prompt_logprobs: PromptLogprobs | None = None
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -270,21 +338,28 @@ class ChatMessageOut(BaseModel):
     content: str | None = None
 
 
-class ChatChoice(BaseModel):
+class ChatChoice(OmitsNone):
+    OMIT_IF_NONE = ("token_ids",)
+
     index: int
     message: ChatMessageOut
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # vLLM's return_token_ids
 
 
-class ChatCompletionResponse(BaseModel):
+class ChatCompletionResponse(OmitsNone):
+    OMIT_IF_NONE = ("prompt_logprobs", "prompt_token_ids")
+
     id: str
     object: Literal["chat.completion"] = "chat.completion"
     created: int
     model: str
     choices: list[ChatChoice]
     usage: Usage | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # vLLM's extras
+    prompt_token_ids: list[int] | None = None
 
 
 class DeltaMessage(BaseModel):
@@ -296,21 +371,27 @@ class DeltaMessage(BaseModel):
         return {k: v for k, v in handler(self).items() if v is not None}
 
 
-class ChatStreamChoice(BaseModel):
+class ChatStreamChoice(OmitsNone):
+    OMIT_IF_NONE = ("token_ids",)
+
     index: int
     delta: DeltaMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None
 
 
-class ChatCompletionChunk(BaseModel):
+class ChatCompletionChunk(OmitsNone):
+    OMIT_IF_NONE = ("prompt_token_ids",)
+
     id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     created: int
     model: str
     choices: list[ChatStreamChoice]
     usage: Usage | None = None
+    prompt_token_ids: list[int] | None = None  # on the first chunk, with return_token_ids
 
 
 class ModelCard(BaseModel):
@@ -336,3 +417,4 @@ class ErrorInfo(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorInfo
+

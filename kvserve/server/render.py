@@ -29,8 +29,18 @@ def _logprob(value: float) -> float:
     return value if value >= MIN_LOGPROB else MIN_LOGPROB  # -inf, and NaN too
 
 
-def completion_logprobs(state: ServerState, logprobs: list[TokenLogprobs], offset: int) -> P.CompletionLogprobs:
-    """The completions API's logprobs of ``logprobs``, whose text starts at ``offset`` in the choice's."""
+def _top_logprobs(state: ServerState, lp: TokenLogprobs, n: int | None) -> dict[str, float]:
+    """A completions top_logprobs entry: the n most likely tokens and the token itself, as OpenAI
+    promises (so up to n + 1 entries; with logprobs 0, the token alone)."""
+    top = {state.token_text(t): _logprob(v) for t, v in lp.top[:n]}
+    top.setdefault(state.token_text(lp.token_id), _logprob(lp.logprob))
+    return top
+
+
+def completion_logprobs(state: ServerState, logprobs: list[TokenLogprobs], offset: int,
+                        n: int | None = None) -> P.CompletionLogprobs:
+    """The completions API's logprobs of ``logprobs``, whose text starts at ``offset`` in the choice's,
+    with the ``n`` (default: all there are) most likely tokens of each."""
     out = P.CompletionLogprobs()
     for lp in logprobs:
         text = state.token_text(lp.token_id)
@@ -38,7 +48,45 @@ def completion_logprobs(state: ServerState, logprobs: list[TokenLogprobs], offse
         out.token_logprobs.append(_logprob(lp.logprob))
         out.text_offset.append(offset)
         offset += len(text)
-        out.top_logprobs.append({state.token_text(t): _logprob(v) for t, v in lp.top} if lp.top else None)
+        out.top_logprobs.append(_top_logprobs(state, lp, n))
+    return out
+
+
+def echo_logprobs(state: ServerState, prompt: list[int], logprobs: list[TokenLogprobs] | None,
+                  n: int | None) -> P.CompletionLogprobs:
+    """The completions logprobs of an echoed prompt: its first token has none (nor has any token
+    when ``logprobs`` is None); the text starts at 0."""
+    out = P.CompletionLogprobs()
+    offset = 0
+    for i, token in enumerate(prompt):
+        text = state.token_text(token)
+        out.tokens.append(text)
+        out.text_offset.append(offset)
+        offset += len(text)
+        lp = logprobs[i - 1] if logprobs is not None and 0 < i <= len(logprobs) else None
+        out.token_logprobs.append(None if lp is None else _logprob(lp.logprob))
+        out.top_logprobs.append(None if lp is None else _top_logprobs(state, lp, n))
+    return out
+
+
+def _join(head: P.CompletionLogprobs, tail: P.CompletionLogprobs) -> P.CompletionLogprobs:
+    return P.CompletionLogprobs(text_offset=head.text_offset + tail.text_offset,
+                                token_logprobs=head.token_logprobs + tail.token_logprobs,
+                                tokens=head.tokens + tail.tokens, top_logprobs=head.top_logprobs + tail.top_logprobs)
+
+
+def prompt_logprobs(state: ServerState, logprobs: list[TokenLogprobs] | None, n: int) -> P.PromptLogprobs | None:
+    """vLLM's ``prompt_logprobs``: per prompt token (the first has None) the token's logprob and
+    rank, then the ``n`` most likely tokens', keyed by token id."""
+    if logprobs is None:
+        return None
+    out: P.PromptLogprobs = [None]
+    for lp in logprobs:
+        entry = {lp.token_id: P.PromptLogprob(logprob=_logprob(lp.logprob), rank=lp.rank,
+                                              decoded_token=state.token_text(lp.token_id))}
+        for rank, (t, v) in enumerate(lp.top[:n], 1):
+            entry.setdefault(t, P.PromptLogprob(logprob=_logprob(v), rank=rank, decoded_token=state.token_text(t)))
+        out.append(entry)
     return out
 
 
@@ -97,12 +145,25 @@ class _Renderer(ABC, Generic[Logprobs]):
         cached = [outs[k].num_cached_tokens for k in range(0, self.num_choices, self.body.n) if k in outs]
         return usage(self.prompt_lens, cached, outs)
 
+    def _choice_usage(self, k: int, out: RequestOutput) -> P.Usage | None:
+        """With stream_options.continuous_usage_stats: the usage of choice k so far (as vLLM's
+        chunks carry it: that choice's prompt and tokens); else None."""
+        if not self.body.continuous_usage:
+            return None
+        prompt, done = self.prompt_lens[k // self.body.n], self._num_tokens(out)
+        return P.Usage(prompt_tokens=prompt, completion_tokens=done, total_tokens=prompt + done,
+                       prompt_tokens_details=P.PromptTokensDetails(cached_tokens=out.num_cached_tokens))
+
+    def _num_tokens(self, out: RequestOutput) -> int:
+        """The tokens of ``out`` that the answer holds."""
+        return len(out.token_ids)
+
     def response(self, outs: dict[int, RequestOutput]) -> BaseModel:
         choices = [self._choice(k, outs[k]) for k in range(self.num_choices)]
         return self._response(choices, self.usage(outs))
 
     async def events(self, events: AsyncIterator[Event], first: Event) -> AsyncIterator[str]:
-        for event in self._opening_events():
+        for event in self._opening_events(first[1]):
             yield event
         last: dict[int, RequestOutput] = {}
         item: Event | None = first
@@ -110,7 +171,7 @@ class _Renderer(ABC, Generic[Logprobs]):
             k, out = item
             last[k] = out
             lp = self._delta_logprobs(k, out)
-            if out.delta_text or out.finished or lp is not None:
+            if out.delta_text or out.finished or lp is not None or self._has_news(k, out):
                 yield self._delta_event(k, out, lp)
             item = await anext(events, None)  # type: ignore[arg-type]
         if self.body.include_usage:
@@ -125,9 +186,13 @@ class _Renderer(ABC, Generic[Logprobs]):
     def _response(self, choices: list[Any], usage: P.Usage) -> BaseModel:
         ...
 
-    def _opening_events(self) -> list[str]:
-        """Events sent before the first output's."""
+    def _opening_events(self, first: RequestOutput) -> list[str]:
+        """Events sent before the first output's (``first``)."""
         return []
+
+    def _has_news(self, k: int, out: RequestOutput) -> bool:
+        """Whether ``out`` needs an event even with no new text or logprobs (token ids, an echo)."""
+        return self.body.return_token_ids and bool(out.delta_token_ids)
 
     @abstractmethod
     def _delta_logprobs(self, k: int, out: RequestOutput) -> Logprobs | None:
@@ -153,30 +218,84 @@ class CompletionRenderer(_Renderer[P.CompletionLogprobs]):
         super().__init__(state, body, model, prompt_lens)
         self.want_logprobs = body.logprobs is not None
         self.offsets: dict[int, int] = {}  # per choice: where its next delta's text starts
+        self.started: set[int] = set()  # choices whose first event went out (echo, prompt_token_ids)
+        # the prompts as the client wrote them, when it sent text
+        prompt = body.prompt
+        self.prompt_texts = [prompt] if isinstance(prompt, str) else prompt if isinstance(prompt[0], str) else None
+
+    def _prompt_text(self, k: int, out: RequestOutput) -> str:
+        """Choice k's prompt as echo repeats it: as sent, or decoded when it came as token ids."""
+        if self.prompt_texts is not None:
+            return self.prompt_texts[k // self.body.n]
+        return self.state.tokenizer.decode(out.prompt_token_ids, skip_special_tokens=False)
+
+    def _num_tokens(self, out: RequestOutput) -> int:
+        return 0 if self.body.echo_only else len(out.token_ids)
+
+    def usage(self, outs: dict[int, RequestOutput]) -> P.Usage:
+        result = super().usage(outs)
+        if self.body.echo_only:  # the one token the engine sampled is not part of the answer
+            result.completion_tokens, result.total_tokens = 0, result.prompt_tokens
+        return result
+
+    def _finish(self, out: RequestOutput) -> tuple[str | None, int | str | None]:
+        if not out.finished:
+            return None, None
+        return ("length", None) if self.body.echo_only else (out.finish_reason, out.stop_reason)
 
     def _choice(self, k: int, out: RequestOutput) -> P.CompletionChoice:
-        lp = completion_logprobs(self.state, out.logprobs, 0) if self.want_logprobs else None
-        return P.CompletionChoice(index=k, text=out.text, logprobs=lp, finish_reason=out.finish_reason,
-                                  stop_reason=out.stop_reason)
+        body = self.body
+        text, token_ids, logprobs = ("", [], []) if body.echo_only else (out.text, out.token_ids, out.logprobs)
+        lp = None
+        if self.want_logprobs:
+            n = body.logprobs
+            head = echo_logprobs(self.state, out.prompt_token_ids, out.prompt_logprobs, n) if body.echo else None
+            lp = completion_logprobs(self.state, logprobs, sum(map(len, head.tokens)) if head else 0, n)
+            lp = lp if head is None else _join(head, lp)
+        if body.echo:
+            text = self._prompt_text(k, out) + text
+        finish_reason, stop_reason = self._finish(out)
+        return P.CompletionChoice(
+            index=k, text=text, logprobs=lp, finish_reason=finish_reason, stop_reason=stop_reason,
+            prompt_logprobs=(prompt_logprobs(self.state, out.prompt_logprobs, body.prompt_logprobs)
+                             if body.prompt_logprobs is not None else None),
+            prompt_token_ids=out.prompt_token_ids if body.return_token_ids else None,
+            token_ids=token_ids if body.return_token_ids else None)
 
     def _response(self, choices: list[P.CompletionChoice], usage: P.Usage) -> P.CompletionResponse:
         return P.CompletionResponse(id=self.id, created=self.created, model=self.model, choices=choices, usage=usage)
 
+    def _has_news(self, k: int, out: RequestOutput) -> bool:
+        first = k not in self.started and (self.body.echo or self.body.return_token_ids)
+        return first or super()._has_news(k, out)
+
     def _delta_logprobs(self, k: int, out: RequestOutput) -> P.CompletionLogprobs | None:
         if not self.want_logprobs:
             return None
-        lp = completion_logprobs(self.state, _delta_logprobs(out), self.offsets.get(k, 0))
+        n = self.body.logprobs
+        head = None
+        if self.body.echo and k not in self.started:  # this output's event opens with the prompt
+            head = echo_logprobs(self.state, out.prompt_token_ids, out.prompt_logprobs, n)
+            self.offsets[k] = sum(map(len, head.tokens))
+        lp = completion_logprobs(self.state, [] if self.body.echo_only else _delta_logprobs(out),
+                                 self.offsets.get(k, 0), n)
         self.offsets[k] = self.offsets.get(k, 0) + sum(len(t) for t in lp.tokens)
-        return lp
+        return lp if head is None else _join(head, lp)
 
     def _delta_event(self, k: int, out: RequestOutput, lp: P.CompletionLogprobs | None) -> str:
+        body, first = self.body, k not in self.started
+        self.started.add(k)
+        text, token_ids = ("", []) if body.echo_only else (out.delta_text, out.delta_token_ids)
+        if body.echo and first:
+            text = self._prompt_text(k, out) + text
+        finish_reason, stop_reason = self._finish(out)
         # model_construct: per-token path, values of our own making need no validation
         choice = P.CompletionChoice.model_construct(
-            index=k, text=out.delta_text, logprobs=lp,
-            finish_reason=out.finish_reason if out.finished else None,
-            stop_reason=out.stop_reason if out.finished else None)
+            index=k, text=text, logprobs=lp, finish_reason=finish_reason, stop_reason=stop_reason,
+            prompt_token_ids=out.prompt_token_ids if body.return_token_ids and first else None,
+            token_ids=token_ids if body.return_token_ids else None)
         return sse_event(P.CompletionResponse.model_construct(id=self.id, created=self.created, model=self.model,
-                                                              choices=[choice]))
+                                                              choices=[choice], usage=self._choice_usage(k, out)))
 
     def _usage_event(self, usage: P.Usage) -> str:
         return sse_event(P.CompletionResponse(id=self.id, created=self.created, model=self.model, choices=[],
@@ -192,23 +311,49 @@ class ChatRenderer(_Renderer[P.ChatLogprobs]):
     def __init__(self, state: ServerState, body: P.ChatCompletionRequest, model: str, prompt_lens: list[int]):
         super().__init__(state, body, model, prompt_lens)
         self.top_n = (body.top_logprobs or 0) if body.logprobs else None  # None: no logprobs
+        last = len(body.messages) - 1  # echo: the assistant's last message opens the answer
+        echo = body.echo and body.messages[last].role == "assistant"
+        self.echoed = body.messages[last].to_template_dict(last)["content"] if echo else ""
 
     def _choice(self, k: int, out: RequestOutput) -> P.ChatChoice:
         lp = chat_logprobs(self.state, out.logprobs, self.top_n) if self.top_n is not None else None
-        return P.ChatChoice(index=k, message=P.ChatMessageOut(content=out.text), logprobs=lp,
-                            finish_reason=out.finish_reason, stop_reason=out.stop_reason)
+        return P.ChatChoice(index=k, message=P.ChatMessageOut(content=self.echoed + out.text), logprobs=lp,
+                            finish_reason=out.finish_reason, stop_reason=out.stop_reason,
+                            token_ids=out.token_ids if self.body.return_token_ids else None)
+
+    def response(self, outs: dict[int, RequestOutput]) -> BaseModel:
+        result = super().response(outs)
+        assert isinstance(result, P.ChatCompletionResponse)
+        body, first = self.body, outs[0]
+        if body.prompt_logprobs is not None:
+            result.prompt_logprobs = prompt_logprobs(self.state, first.prompt_logprobs, body.prompt_logprobs)
+        if body.return_token_ids:
+            result.prompt_token_ids = first.prompt_token_ids
+        return result
 
     def _response(self, choices: list[P.ChatChoice], usage: P.Usage) -> P.ChatCompletionResponse:
         return P.ChatCompletionResponse(id=self.id, created=self.created, model=self.model, choices=choices,
                                         usage=usage)
 
-    def _chunk(self, choices: list[P.ChatStreamChoice], usage: P.Usage | None = None) -> str:
+    def _chunk(self, choices: list[P.ChatStreamChoice], usage: P.Usage | None = None,
+               prompt_token_ids: list[int] | None = None) -> str:
         return sse_event(P.ChatCompletionChunk.model_construct(id=self.id, created=self.created, model=self.model,
-                                                               choices=choices, usage=usage))
+                                                               choices=choices, usage=usage,
+                                                               prompt_token_ids=prompt_token_ids))
 
-    def _opening_events(self) -> list[str]:
-        return [self._chunk([P.ChatStreamChoice(index=k, delta=P.DeltaMessage(role="assistant", content=""))])
-                for k in range(self.num_choices)]
+    def _opening_events(self, first: RequestOutput) -> list[str]:
+        # the role, then the echoed text; with return_token_ids, the prompt's ids on the first chunk
+        ids = first.prompt_token_ids if self.body.return_token_ids else None
+        prompt = self.prompt_lens[0]
+        usage = (P.Usage(prompt_tokens=prompt, completion_tokens=0, total_tokens=prompt,
+                         prompt_tokens_details=P.PromptTokensDetails(cached_tokens=first.num_cached_tokens))
+                 if self.body.continuous_usage else None)
+        events = [self._chunk([P.ChatStreamChoice(index=k, delta=P.DeltaMessage(role="assistant", content=""))],
+                              usage, ids if k == 0 else None) for k in range(self.num_choices)]
+        if self.echoed:
+            events += [self._chunk([P.ChatStreamChoice(index=k, delta=P.DeltaMessage(content=self.echoed))], usage)
+                       for k in range(self.num_choices)]
+        return events
 
     def _delta_logprobs(self, k: int, out: RequestOutput) -> P.ChatLogprobs | None:
         return chat_logprobs(self.state, _delta_logprobs(out), self.top_n) if self.top_n is not None else None
@@ -217,7 +362,8 @@ class ChatRenderer(_Renderer[P.ChatLogprobs]):
         return self._chunk([P.ChatStreamChoice.model_construct(
             index=k, delta=P.DeltaMessage.model_construct(content=out.delta_text or None), logprobs=lp,
             finish_reason=out.finish_reason if out.finished else None,
-            stop_reason=out.stop_reason if out.finished else None)])
+            stop_reason=out.stop_reason if out.finished else None,
+            token_ids=out.delta_token_ids if self.body.return_token_ids else None)], self._choice_usage(k, out))
 
     def _usage_event(self, usage: P.Usage) -> str:
         return self._chunk([], usage=usage)

@@ -12,20 +12,22 @@ import asyncio
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
 
 from kvserve.config import ServerConfig
-from kvserve.errors import InvalidArgumentError
+from kvserve.errors import InvalidArgumentError, NotFoundError
 from kvserve.server import protocol as P
 from kvserve.server.engine_client import EngineClient
 from kvserve.server.metrics import ServerMetrics
 from kvserve.server.request_stream import RequestStream
+from kvserve.text.tokenizer import bad_words_token_ids
 
 log = logging.getLogger("kvserve.server")
 
 MAX_CHOICES = 1024  # engine requests one HTTP request may create (prompts x n)
+T = TypeVar("T")
 
 
 def check_choices(num_requests: int) -> None:
@@ -55,10 +57,18 @@ class ServerState:
         self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
 
     def check_model(self, model: str | None) -> str:
-        if model is not None and model not in self.names:
-            raise InvalidArgumentError(f"the model {model!r} does not exist; this server serves "
-                                       f"{', '.join(map(repr, self.names))}", param="model", code="model_not_found")
+        if model is not None and model not in self.names:  # a 404, as OpenAI and vLLM answer
+            raise NotFoundError(f"the model {model!r} does not exist; this server serves "
+                                f"{', '.join(map(repr, self.names))}", param="model", code="model_not_found")
         return model or self.names[0]
+
+    async def prepare(self, body: P._SamplingRequest) -> None:
+        """Check what a request asks across its fields, and tokenize its bad_words."""
+        body.check()
+        if body.bad_words:
+            words = body.bad_words
+            body._bad_words_token_ids = await self.in_tokenizer_thread(
+                lambda: bad_words_token_ids(words, self.tokenizer))
 
     def check_prompt_chars(self, num_chars: int) -> None:
         if num_chars > self.max_prompt_chars:
@@ -67,6 +77,10 @@ class ServerState:
                 f"{self.client.max_model_len} tokens can hold", param="prompt", code="context_length_exceeded")
 
     # -- tokenizing --------------------------------------------------------------------------
+    async def in_tokenizer_thread(self, work: Callable[[], T]) -> T:
+        """Run ``work`` (which uses the tokenizer) on the tokenizer's thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._tokenize_pool, work)
+
     async def encode(self, texts: list[str]) -> list[list[int]]:
         for text in texts:
             self.check_prompt_chars(len(text))
@@ -90,7 +104,8 @@ class ServerState:
         self.check_prompt_chars(sum(len(m["content"]) for m in messages))
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._tokenize_pool, lambda: self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=body.add_generation_prompt))
+            messages, add_generation_prompt=body.add_generation_prompt,
+            continue_final_message=body.continue_final_message))
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)

@@ -15,19 +15,28 @@ from __future__ import annotations
 import torch
 
 from kvserve.engine.request import Request, TokenLogprobs
+from kvserve.sampling.processors import LogitProcessing
 from kvserve.sampling.sampler import apply_penalties, filtered_probs, draw_one
 
 
 def verify(logits: torch.Tensor, drafts: list[int], draft_probs: torch.Tensor | None, req: Request,
-           generator: torch.Generator) -> tuple[list[int], list[TokenLogprobs]]:
+           generator: torch.Generator, processing: LogitProcessing | None = None,
+           ) -> tuple[list[int], list[TokenLogprobs]]:
     """logits: float32 [k + 1, vocab]; draft_probs: [k, vocab] or None. Returns the emitted
-    tokens (accepted drafts, then one more) and their logprobs if the request asks for them."""
+    tokens (accepted drafts, then one more) and their logprobs if the request asks for them.
+    ``processing``: the sampler's (it keeps the request's tensors); a fresh one if None."""
     raw = logits
     p = req.params
-    if p.has_penalties:  # row i continues the sequence extended by drafts[:i]
+    if p.has_penalties or p.has_logit_processing:  # row i continues the sequence extended by drafts[:i]
         logits = logits.clone()
+        if p.has_logit_processing and processing is None:
+            processing = LogitProcessing()
         for i in range(len(drafts) + 1):
-            apply_penalties(logits[i], req, req.token_ids + drafts[:i])
+            seq = req.token_ids + drafts[:i]
+            if p.has_penalties:
+                apply_penalties(logits[i], req, seq)
+            if processing is not None and p.has_logit_processing:
+                processing.apply(logits[i], req, seq)
     if p.greedy:
         target = logits.argmax(dim=-1).tolist()
         m = 0

@@ -33,6 +33,8 @@ class RequestOutput:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     num_verify_steps: int = 0
+    # with prompt_logprobs: those of prompt tokens 1, 2, ... (the first token has none)
+    prompt_logprobs: list[TokenLogprobs] | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -80,6 +82,8 @@ class OutputProcessor:
         for d in deltas:
             req.token_ids.extend(d.new_token_ids)
             req.logprobs.extend(d.new_logprobs)
+            if d.prompt_logprobs is not None:
+                req.prompt_logprobs = d.prompt_logprobs
             req.num_cached_tokens = d.num_cached_tokens
             req.spec.num_verifies, req.spec.num_draft_tokens, req.spec.num_accepted_tokens = d.spec
             if d.finished:
@@ -100,7 +104,9 @@ class OutputProcessor:
                     continue
                 start = max(0, len(st.text) - st.holdback)
                 st.text += delta
-                hit = _find_stop(st.text, req.params.stop, start) if req.params.stop else None
+                # as in vLLM, no stop string ends the output within its first min_tokens tokens
+                look = req.params.stop and st.detok_tokens > req.params.min_tokens
+                hit = _find_stop(st.text, req.params.stop, start) if look else None
                 if hit is not None:
                     idx, stop = hit
                     st.text = st.text[: idx + len(stop)] if req.params.include_stop_str_in_output else st.text[:idx]
@@ -134,6 +140,7 @@ class OutputProcessor:
             num_draft_tokens=req.spec.num_draft_tokens,
             num_accepted_tokens=req.spec.num_accepted_tokens,
             num_verify_steps=req.spec.num_verifies,
+            prompt_logprobs=req.prompt_logprobs if req.params.prompt_logprobs is not None else None,
         )
         if finished:
             self.drop(req.request_id)

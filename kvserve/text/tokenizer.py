@@ -1,7 +1,8 @@
 """Text -> token ids for the engine: encoding, chat templates, and the model's special tokens.
 
 ``Tokenizer`` wraps the Hugging Face tokenizer that ``kvserve.model.loader`` built and turns its
-failure modes into ``InvalidArgumentError``; ``check_unicode`` refuses text no tokenizer can take.
+failure modes into ``InvalidArgumentError``; ``check_unicode`` refuses text no tokenizer can take;
+``bad_words_token_ids`` turns vLLM's ``bad_words`` into the token sequences the sampler bans.
 """
 
 from __future__ import annotations
@@ -9,13 +10,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from kvserve.engine.request import check_bad_words
 from kvserve.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     from kvserve.model.config import ModelConfig
     from kvserve.model.loader import LoadedModel
 
-CHAT_ROLES = ("system", "user", "assistant", "tool")
+CHAT_ROLES = ("system", "user", "assistant", "tool")  # the usual roles; templates may take others
 
 
 class Tokenizer:
@@ -45,24 +47,31 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return bool(getattr(self.hf, "chat_template", None))
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``, with BOS only if the tokenizer itself adds it (HF's default)."""
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``, with BOS only if the tokenizer itself adds it (HF's default) and
+        ``add_special_tokens``."""
         if not isinstance(text, str):
             raise InvalidArgumentError(f"expected text as a string, got {type(text).__name__}", param="prompt")
         check_unicode(text, "the prompt", "prompt")
-        return list(self.hf.encode(text))
+        return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-        """Render ``messages`` with the model's chat template and tokenize, as HF does."""
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            continue_final_message: bool = False) -> list[int]:
+        """Render ``messages`` with the model's chat template and tokenize, as HF does. Any role is
+        passed to the template (which may refuse it); ``continue_final_message`` leaves the last
+        message open, for the model to continue (it must be an assistant's)."""
         if not self.has_chat_template:
             raise InvalidArgumentError(
                 "this model has no chat template; use the completions endpoint with a plain prompt",
                 param="messages",
             )
         _check_messages(messages)
+        if continue_final_message and messages[-1].get("role") != "assistant":
+            raise InvalidArgumentError("continue_final_message needs the last message to be the assistant's",
+                                       param="continue_final_message")
         import jinja2
 
         try:
@@ -70,10 +79,15 @@ class Tokenizer:
                 [dict(m) for m in messages],
                 tokenize=True,
                 add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
                 return_dict=False,
             )
         except jinja2.TemplateError as e:  # includes the templates' raise_exception(...)
             raise InvalidArgumentError(f"the chat template rejected the messages: {e}", param="messages") from e
+        except ValueError as e:  # transformers': e.g. a final message the template does not render
+            if not continue_final_message:
+                raise
+            raise InvalidArgumentError(f"continue_final_message: {e}", param="continue_final_message") from e
         return [int(i) for i in ids]
 
 
@@ -84,13 +98,12 @@ def _check_messages(messages: Any) -> None:
         if not isinstance(message, dict):
             raise InvalidArgumentError(f"messages[{i}] must be an object", param="messages")
         role = message.get("role")
-        if role not in CHAT_ROLES:
-            raise InvalidArgumentError(
-                f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}, got {role!r}", param="messages"
-            )
+        if not isinstance(role, str) or not role:  # any role (the template decides), as vLLM does
+            raise InvalidArgumentError(f"messages[{i}].role must be a non-empty string, got {role!r}",
+                                       param="messages")
         if not isinstance(message.get("content"), str):
             raise InvalidArgumentError(f"messages[{i}].content must be a string", param="messages")
-        for key in ("content", "name"):
+        for key in ("role", "content", "name"):
             if isinstance(message.get(key), str):
                 check_unicode(message[key], f"messages[{i}].{key}", "messages")
 
@@ -103,3 +116,18 @@ def check_unicode(text: str, what: str, param: str) -> None:
     except UnicodeEncodeError as e:
         raise InvalidArgumentError(f"{what} is not valid Unicode: it holds a lone surrogate {text[e.start]!r}",
                                    param=param) from None
+
+
+def bad_words_token_ids(words: list[str], tokenizer: Tokenizer) -> list[list[int]]:
+    """The token sequences of vLLM's ``bad_words``: each word as written and, when that makes another
+    first token and as many tokens, after a space (the form a word takes inside a text)."""
+    check_bad_words(words)
+    seqs: list[list[int]] = []
+    for word in words:
+        check_unicode(word, "a bad word", "bad_words")
+        plain = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+        seqs.append(plain)
+        spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+        if plain and spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
+            seqs.append(spaced)
+    return seqs

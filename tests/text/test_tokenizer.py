@@ -142,7 +142,8 @@ def test_chat_template_equals_hf(embedded_hf, auto_hf, add_generation_prompt: bo
         [],
         "hello",
         [["user", "hi"]],
-        [{"role": "robot", "content": "hi"}],
+        [{"role": "", "content": "hi"}],
+        [{"role": 5, "content": "hi"}],
         [{"content": "hi"}],
         [{"role": "user", "content": 5}],
         [{"role": "user", "content": None}],
@@ -151,6 +152,21 @@ def test_chat_template_equals_hf(embedded_hf, auto_hf, add_generation_prompt: bo
 def test_chat_template_rejects_malformed_messages(embedded_hf, messages) -> None:
     with pytest.raises(InvalidArgumentError):
         Tokenizer(embedded_hf).apply_chat_template(messages)
+
+
+@needs_embedded
+def test_chat_template_takes_any_role_and_continues_the_final_message(embedded_hf, auto_hf) -> None:
+    tok = Tokenizer(embedded_hf)
+    messages = [{"role": "narrator", "content": "Night fell."}, {"role": "user", "content": "Go on"},
+                {"role": "assistant", "content": "The moon"}]
+    expected = auto_hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=False,
+                                           continue_final_message=True)["input_ids"]
+    ids = tok.apply_chat_template(messages, add_generation_prompt=False, continue_final_message=True)
+    assert ids == expected and tok.decode(ids, skip_special_tokens=False).endswith("The moon")
+    assert "narrator" in tok.decode(ids, skip_special_tokens=False)
+    with pytest.raises(InvalidArgumentError) as e:
+        tok.apply_chat_template(messages[:2], add_generation_prompt=False, continue_final_message=True)
+    assert e.value.param == "continue_final_message"
 
 
 def test_chat_template_missing() -> None:

@@ -142,7 +142,7 @@ class Traffic:
         return plan
 
     def _bad(self, rng: random.Random) -> Plan:
-        """A request the server must refuse with a 400 and an OpenAI error body."""
+        """A request the server must refuse with a 400 (an unknown model: 404) and an OpenAI error body."""
         msgs = [{"role": "user", "content": "hello"}]
         chat = "/v1/chat/completions"
         cases: list[tuple[str, Any]] = [
@@ -158,5 +158,6 @@ class Traffic:
             ("/v1/completions", b'{"prompt": "hi", "max_tokens": '),
         ]
         path, body = rng.choice(cases)
+        unknown_model = isinstance(body, dict) and body.get("model") == "no-such-model"
         return Plan("bad", path, body, stream=bool(isinstance(body, dict) and rng.random() < 0.5),
-                    expect_status=400)
+                    expect_status=404 if unknown_model else 400)

@@ -1,14 +1,19 @@
 """The OpenAI API: /v1/models, /v1/completions, /v1/chat/completions.
 
-A completion route checks the model, tokenizes, starts prompts x n engine requests
-(``ServerState.start``), and answers through ``respond`` with the renderer of its API.
+A completion route checks the model and the request's fields, tokenizes, starts prompts x n
+engine requests (``ServerState.start``), and answers through ``respond`` with the renderer of its
+API. The OpenAI routes this server does not serve (embeddings, audio, ...) answer a 404 that
+says so (docs/openai-api.md).
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from kvserve.errors import NotFoundError
 from kvserve.server import protocol as P
 from kvserve.server.render import ChatRenderer, CompletionRenderer
 from kvserve.server.state import State
@@ -25,9 +30,17 @@ async def models(state: State) -> P.ModelList:
                                          max_model_len=client.max_model_len) for name in state.names])
 
 
+@router.get("/v1/models/{model_id:path}")
+async def retrieve_model(model_id: str, state: State) -> P.ModelCard:
+    name = state.check_model(model_id)
+    return P.ModelCard(id=name, created=P.now_s(), root=state.client.model_name,
+                       max_model_len=state.client.max_model_len)
+
+
 @router.post("/v1/completions")
 async def completions(body: P.CompletionRequest, request: Request, state: State) -> Response:
     model = state.check_model(body.model)
+    await state.prepare(body)
     prompts = await state.completion_prompts(body.prompt)
     streams = state.start(prompts, body, body.sampling_params)
     renderer = CompletionRenderer(state, body, model, [len(p) for p in prompts])
@@ -37,7 +50,45 @@ async def completions(body: P.CompletionRequest, request: Request, state: State)
 @router.post("/v1/chat/completions")
 async def chat_completions(body: P.ChatCompletionRequest, request: Request, state: State) -> Response:
     model = state.check_model(body.model)
+    await state.prepare(body)
     prompt = await state.chat_prompt(body)
     streams = state.start([prompt], body, body.sampling_params)
     renderer = ChatRenderer(state, body, model, [len(prompt)])
     return await respond(request, streams, body.stream, renderer)
+
+
+# OpenAI's routes that this server does not serve: a 404 that says so, rather than a bare "Not Found"
+UNSUPPORTED = {
+    "/v1/embeddings": "embeddings",
+    "/v1/responses": "the Responses API",
+    "/v1/responses/{rest:path}": "the Responses API",
+    "/v1/audio/{rest:path}": "audio",
+    "/v1/images/{rest:path}": "images",
+    "/v1/moderations": "moderations",
+    "/v1/files": "files",
+    "/v1/files/{rest:path}": "files",
+    "/v1/batches": "batches",
+    "/v1/batches/{rest:path}": "batches",
+    "/v1/fine_tuning/{rest:path}": "fine-tuning",
+    "/v1/assistants": "assistants",
+    "/v1/assistants/{rest:path}": "assistants",
+    "/v1/threads": "threads",
+    "/v1/threads/{rest:path}": "threads",
+    "/v1/vector_stores": "vector stores",
+    "/v1/vector_stores/{rest:path}": "vector stores",
+    "/v1/realtime": "the Realtime API",
+    "/v1/realtime/{rest:path}": "the Realtime API",
+}
+
+
+def _unsupported(what: str) -> Callable[[Request], Awaitable[Response]]:
+    async def route(request: Request) -> Response:
+        raise NotFoundError(f"{request.method} {request.url.path} is not supported by this server (no {what}); "
+                            "it serves text generation only (/v1/completions, /v1/chat/completions)",
+                            code="unsupported_endpoint")
+    return route
+
+
+for _path, _what in UNSUPPORTED.items():
+    router.add_api_route(_path, _unsupported(_what), methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+                         include_in_schema=False)
