@@ -236,11 +236,11 @@ class GrammarCache:
 
 REFUSED_SPECS_KEPT = 1024  # specs remembered as too costly to compile
 _WHAT = {"json_schema": "JSON schema", "json_object": "JSON object", "regex": "regular expression",
-         "choice": "choice", "grammar": "grammar"}
+         "choice": "choice", "grammar": "grammar", "structural_tag": "tool schema"}
 
 
 def _grammar_text(spec: GuidedSpec) -> tuple[str, str]:
-    """What xgrammar compiles for ``spec``: ("json_schema" | "regex" | "grammar", text)."""
+    """What xgrammar compiles for ``spec``: ("json_schema" | "regex" | "grammar" | "structural_tag", text)."""
     if spec.kind == "json_object":
         return "json_schema", '{"type": "object"}'
     if spec.kind == "choice":

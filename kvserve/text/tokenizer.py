@@ -55,8 +55,10 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-        """Render ``messages`` with the model's chat template and tokenize, as HF does."""
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """Render ``messages`` (and ``tools``, OpenAI's function definitions, when given) with the model's
+        chat template and tokenize, as HF does."""
         if not self.has_chat_template:
             raise InvalidArgumentError(
                 "this model has no chat template; use the completions endpoint with a plain prompt",
@@ -65,12 +67,14 @@ class Tokenizer:
         _check_messages(messages)
         import jinja2
 
+        extra = {"tools": tools} if tools else {}
         try:
             ids = self.hf.apply_chat_template(
                 [dict(m) for m in messages],
                 tokenize=True,
                 add_generation_prompt=add_generation_prompt,
                 return_dict=False,
+                **extra,
             )
         except jinja2.TemplateError as e:  # includes the templates' raise_exception(...)
             raise InvalidArgumentError(f"the chat template rejected the messages: {e}", param="messages") from e

@@ -12,6 +12,7 @@ from fastapi.responses import Response
 from kvserve.server import protocol as P
 from kvserve.server.render import ChatRenderer, CompletionRenderer
 from kvserve.server.state import State
+from kvserve.server.tool_render import ToolChatRenderer
 from kvserve.server.streaming import respond
 
 router = APIRouter()
@@ -37,7 +38,9 @@ async def completions(body: P.CompletionRequest, request: Request, state: State)
 @router.post("/v1/chat/completions")
 async def chat_completions(body: P.ChatCompletionRequest, request: Request, state: State) -> Response:
     model = state.check_model(body.model)
-    prompt = await state.chat_prompt(body)
-    streams = state.start([prompt], body, body.sampling_params)
-    renderer = ChatRenderer(state, body, model, [len(prompt)])
+    tools = state.tools.plan(body)  # None unless the answer may call tools
+    prompt = await state.chat_prompt(body, tools)
+    streams = state.start([prompt], body, tools.sampling_params(body) if tools else body.sampling_params)
+    renderer = ChatRenderer(state, body, model, [len(prompt)]) if tools is None else \
+        ToolChatRenderer(state, body, model, [len(prompt)], tools)
     return await respond(request, streams, body.stream, renderer)
