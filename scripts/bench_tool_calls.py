@@ -5,11 +5,14 @@ first token; auto: free text in which "<tool_call>" triggers the call grammar), 
 tools described in the system message, as the server does) run constrained, seeded at
 temperature 0.7; then the same prompts run free, each request's max_tokens set to the length of
 its constrained answer (ignore_eos), so both decode the same number of tokens from the same
-prompts with the same batch at every step: the difference in output tokens/s is the grammar's
-work. Rounds alternate which goes first; medians over rounds. Batches of 16 requests, and single
-streams (one request at a time). Also times a cold compile of the tool grammar.
+prompts: the difference in output tokens/s is the grammar's work. Measured as pairs (constrained,
+free; which goes first alternates), each pair's cost from its own two runs, medians over pairs,
+so that a machine whose speed drifts (a shared VM) skews both halves of a pair alike: batches of
+16 requests, and single streams (one request at a time, cycling through the prompts). Also: a
+cold compile of the tool grammar, and the grammar's own work per token (filling a mask and
+applying it to one row of logits, advancing the matcher) replayed over the constrained answers.
 
-    python scripts/bench_tool_calls.py [--rounds 5] [--json out.json]
+    python scripts/bench_tool_calls.py [--pairs 12] [--json out.json]
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Quito", "Perth", "Dakar", 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--pairs", type=int, default=12)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
@@ -76,32 +79,57 @@ def main() -> None:
         free = [SamplingParams(max_tokens=n, temperature=0.7, seed=i, ignore_eos=True) for i, n in enumerate(lengths)]
         calls = sum("<tool_call>" in o.text for o in outs)
         result: dict = {"cold_compile_ms": cold_ms, "prompt_tokens": statistics.median(map(len, prompts)),
-                        "output_tokens": statistics.median(lengths), "answers_with_calls": calls}
-        for label, batch in (("batch16", list(range(len(prompts)))), ("single", list(range(4)))):
-            rounds = []
-            for r in range(args.rounds):
+                        "output_tokens": statistics.median(lengths), "answers_with_calls": calls,
+                        "grammar_us_per_token": _grammar_us_per_token(llm, spec, outs)}
+        for label in ("batch16", "single"):
+            pairs = []
+            for r in range(args.pairs):
+                batch = list(range(len(prompts))) if label == "batch16" else [r % len(prompts)]
                 res = {}
                 for name in (("tools", "free") if r % 2 == 0 else ("free", "tools")):
                     params = guided if name == "tools" else free
                     t0 = time.perf_counter()
-                    if label == "batch16":
-                        got = llm.generate([prompts[i] for i in batch], [params[i] for i in batch])
-                    else:
-                        got = [llm.generate(prompts[i], params[i])[0] for i in batch]
+                    got = llm.generate([prompts[i] for i in batch], [params[i] for i in batch])
                     res[name] = sum(len(o.token_ids) for o in got) / (time.perf_counter() - t0)
-                rounds.append({**res, "overhead": 1 - res["tools"] / res["free"]})
-            result[label] = {"tools_tok_s": statistics.median(r["tools"] for r in rounds),
-                             "free_tok_s": statistics.median(r["free"] for r in rounds),
-                             "median_overhead": statistics.median(r["overhead"] for r in rounds), "rounds": rounds}
+                pairs.append({**res, "overhead": 1 - res["tools"] / res["free"]})
+            result[label] = {"tools_tok_s": statistics.median(p["tools"] for p in pairs),
+                             "free_tok_s": statistics.median(p["free"] for p in pairs),
+                             "median_overhead": statistics.median(p["overhead"] for p in pairs), "pairs": pairs}
             print(f"{choice} {label}: tools {result[label]['tools_tok_s']:.1f} tok/s, free "
                   f"{result[label]['free_tok_s']:.1f} tok/s, cost {result[label]['median_overhead']:+.1%} "
-                  f"(median of {args.rounds})", flush=True)
-        print(f"{choice}: cold compile {cold_ms:.1f} ms, prompt {result['prompt_tokens']:.0f} tokens, output "
-              f"{result['output_tokens']:.0f} tokens (median), answers with calls {calls}/{len(outs)}", flush=True)
+                  f"(median of {args.pairs} pairs)", flush=True)
+        print(f"{choice}: cold compile {cold_ms:.1f} ms, grammar work {result['grammar_us_per_token']:.0f} us/token, "
+              f"prompt {result['prompt_tokens']:.0f} tokens, output {result['output_tokens']:.0f} tokens (median), "
+              f"answers with calls {calls}/{len(outs)}", flush=True)
         summary[choice] = result
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)
+
+
+def _grammar_us_per_token(llm: LLM, spec, outs) -> float:
+    """The grammar's work per token, replayed over ``outs``: fill the mask, apply it to a row of
+    logits, accept the token (what the runner does for a constrained row each step)."""
+    import torch
+
+    from kvserve.structured import GrammarMatcher, allocate_bitmask, apply_masks
+
+    compiled = llm.engine.grammars.get_or_compile(spec)
+    bitmask = allocate_bitmask(1, llm.engine.vocab_size)
+    logits = torch.zeros(1, llm.engine.vocab_size)
+    total, tokens = 0.0, 0
+    for o in outs:
+        m = GrammarMatcher(compiled, stop_token_ids=list(llm.tokenizer.eos_token_ids))
+        for t in o.token_ids:
+            t0 = time.perf_counter()
+            m.fill_mask(bitmask, 0)
+            apply_masks(logits, bitmask, [0])
+            ok = m.accept(t)
+            total += time.perf_counter() - t0
+            tokens += 1
+            if not ok or m.is_terminated():
+                break
+    return total / max(tokens, 1) * 1e6
 
 
 if __name__ == "__main__":
