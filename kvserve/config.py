@@ -23,6 +23,7 @@ DTYPES = ("auto", "bfloat16", "float16", "float32", "float64")
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
 SPECULATIVE_METHODS = ("ngram", "draft")
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "none")
 DEFAULT_MAX_REQUEST_BYTES = 8 << 20  # a full 128K-token prompt as text is ~0.5-3 MB of JSON
 
 
@@ -197,8 +198,14 @@ class ServerConfig:
         "help": "on SIGTERM, seconds to let requests in flight finish"})
     uvicorn_log_level: str = field(default="info", metadata={
         "help": "log level of the server", "choices": ("critical", "error", "warning", "info", "debug", "trace")})
+    tool_call_parser: str = field(default="auto", metadata={
+        "help": "how the model writes tool calls (docs/tool-calling.md): auto (detected from the chat template, "
+                "hermes when it shows none), hermes, llama3_json, mistral; none: no function calling",
+        "choices": TOOL_CALL_PARSERS})
 
     def __post_init__(self) -> None:
+        _check(self.tool_call_parser in TOOL_CALL_PARSERS,
+               f"--tool-call-parser must be one of {', '.join(TOOL_CALL_PARSERS)}", "tool_call_parser")
         _check(self.max_waiting_requests is None or self.max_waiting_requests >= 0,
                "--max-waiting-requests must be at least 0", "max_waiting_requests")
         _check(self.max_request_bytes >= 1, "--max-request-bytes must be positive", "max_request_bytes")

@@ -102,11 +102,11 @@ class Engine:
         req = Request(request_id, list(prompt_token_ids), params, eos_token_ids=self.eos_token_ids,
                       max_total_tokens=self.max_model_len, arrival_time=self.clock())
         if params.guided is not None:
-            from kvserve.structured import GrammarMatcher
+            from kvserve.structured import new_matcher
 
             compiled = grammar if grammar is not None else self.grammars.get_or_compile(params.guided)
             # the grammar ends on EOS or a stop token (with ignore_eos too: a complete match is the end)
-            req.grammar = GrammarMatcher(compiled, stop_token_ids=[*self.eos_token_ids, *(params.stop_token_ids or ())])
+            req.grammar = new_matcher(compiled, stop_token_ids=[*self.eos_token_ids, *(params.stop_token_ids or ())])
         self.scheduler.add(req)
         return req
 

@@ -3,19 +3,26 @@
 Field names and defaults follow OpenAI's API plus vLLM's extra fields (docs/openai-api.md lists them
 all). The models check types; a request's ``check`` its rules across fields; ranges are checked once,
 by ``SamplingParams``. Their ``InvalidArgumentError`` the server turns into a 400 naming the field.
+The requests live here; the responses in ``protocol_responses``, re-exported (``P.Usage``, ...).
 """
 
 from __future__ import annotations
 
-import time
-import uuid
+import math
+
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from kvserve.engine.request import SamplingParams
 from kvserve.errors import InvalidArgumentError
 from kvserve.server.protocol_extras import OmitsNone, PromptLogprob, PromptLogprobs, StructuredOutputs  # noqa: F401
+from kvserve.server.protocol_responses import (  # noqa: F401  (re-exported: P.Usage, P.ChatChoice, ...)
+    new_id, now_s, PromptTokensDetails, CompletionTokensDetails, SpeculativeUsage, Usage,
+    CompletionLogprobs, CompletionChoice, CompletionResponse, TopLogprob, TokenLogprob, ChatLogprobs,
+    FunctionCall, ToolCall, ChatMessageOut, ChatChoice, ChatCompletionResponse, DeltaMessage,
+    ChatStreamChoice, ChatCompletionChunk, ModelCard, ModelList, ErrorInfo, ErrorResponse,
+)
 
 if TYPE_CHECKING:
     from kvserve.structured.spec import GuidedSpec
@@ -86,7 +93,8 @@ class _SamplingRequest(BaseModel):
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     return_token_ids: bool = False
-    use_beam_search: bool = False  # not supported yet: refused rather than sampled instead
+    use_beam_search: bool = False  # n beams (kvserve.server.beam), ranked with length_penalty
+    length_penalty: float = 1.0
     # bad_words as token ids (text.tokenizer.bad_words_token_ids), filled by ServerState.prepare
     _bad_words_token_ids: list[list[int]] | None = PrivateAttr(default=None)
 
@@ -97,8 +105,38 @@ class _SamplingRequest(BaseModel):
         if self.stream and self.prompt_logprobs:  # vLLM's rule: they are not streamed
             raise InvalidArgumentError("prompt_logprobs are not available with stream", param="prompt_logprobs")
         if self.use_beam_search:
-            raise InvalidArgumentError("beam search is not supported yet", param="use_beam_search")
+            self._check_beam_search()
         self.guided_spec()  # conflicting or malformed constraints
+
+    def _check_beam_search(self) -> None:
+        """Beam search ranks beams by the model's raw log-probabilities: what would change the
+        distribution, or needs a sampled token's own state, is refused rather than ignored."""
+        from kvserve.engine.beam_search import MAX_BEAM_WIDTH
+
+        if self.n > MAX_BEAM_WIDTH:
+            raise InvalidArgumentError(f"with use_beam_search, n (the beam width) must be at most {MAX_BEAM_WIDTH}",
+                                       param="n")
+        if self.max_tokens == 0:
+            raise InvalidArgumentError("use_beam_search needs max_tokens of at least 1", param="max_tokens")
+        if not math.isfinite(self.length_penalty):
+            raise InvalidArgumentError("length_penalty must be a finite number", param="length_penalty")
+        refused = {
+            "stop": bool(self.stop),
+            "presence_penalty": self.presence_penalty != 0.0, "frequency_penalty": self.frequency_penalty != 0.0,
+            "repetition_penalty": self.repetition_penalty not in (None, 1.0), "min_tokens": self.min_tokens > 0,
+            "logit_bias": bool(self.logit_bias), "allowed_token_ids": self.allowed_token_ids is not None,
+            "bad_words": bool(self.bad_words), "prompt_logprobs": self.prompt_logprobs is not None,
+            "logprobs": self._asks_logprobs(),
+        }
+        guided = self.guided_spec()
+        if guided is not None:
+            refused[guided.param] = True
+        for param, asked in refused.items():
+            if asked:
+                raise InvalidArgumentError(f"{param} is not supported with use_beam_search", param=param)
+
+    def _asks_logprobs(self) -> bool:
+        return False
 
     @property
     def continuous_usage(self) -> bool:
@@ -179,6 +217,9 @@ class CompletionRequest(_SamplingRequest):
         if self.suffix:
             raise InvalidArgumentError("suffix is not supported", param="suffix")
 
+    def _asks_logprobs(self) -> bool:
+        return self.logprobs is not None
+
     @property
     def echo_only(self) -> bool:
         """echo with max_tokens 0: the answer is the prompt alone (OpenAI's way to score a text)."""
@@ -200,12 +241,31 @@ class ContentPart(BaseModel):
     text: str | None = None
 
 
+class FunctionCallIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCallIn(BaseModel):
+    """A call in an assistant message of the history."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
 class ChatMessageIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None  # an assistant message's calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
     def to_template_dict(self, index: int) -> dict[str, Any]:
         content = self.content
@@ -217,11 +277,19 @@ class ChatMessageIn(BaseModel):
         out: dict[str, Any] = {"role": self.role, "content": content if content is not None else ""}
         if self.name is not None:
             out["name"] = self.name
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]  # see kvserve.server.tools
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
         return out
 
 
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessageIn] = Field(min_length=1)
+    # function calling (kvserve.server.tools checks them)
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     max_completion_tokens: int | None = None  # the newer name of max_tokens; wins when both are set
     logprobs: bool = False
     top_logprobs: int | None = None
@@ -232,189 +300,24 @@ class ChatCompletionRequest(_SamplingRequest):
 
     def check(self) -> None:
         super().check()
+        if self.use_beam_search and self.tools and self.tool_choice != "none":
+            raise InvalidArgumentError("tools are not supported with use_beam_search", param="tools")
         if self.continue_final_message and self.add_generation_prompt:
             raise InvalidArgumentError("continue_final_message and add_generation_prompt cannot both be true "
                                        "(set add_generation_prompt to false)", param="continue_final_message")
+
+    def _asks_logprobs(self) -> bool:
+        return self.logprobs
+
+    @property
+    def max_output_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def sampling_params(self, index: int) -> SamplingParams:
         if self.top_logprobs and not self.logprobs:  # top_logprobs 0 without logprobs is harmless (vLLM)
             raise InvalidArgumentError("top_logprobs needs logprobs set to true", param="top_logprobs")
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        return self._sampling_params(index, max_tokens, logprobs, None if self.stream else self.prompt_logprobs)
+        return self._sampling_params(index, self.max_output_tokens, logprobs, None if self.stream else self.prompt_logprobs)
 
     def template_messages(self) -> list[dict[str, Any]]:
         return [m.to_template_dict(i) for i, m in enumerate(self.messages)]
-
-
-# --------------------------------------------------------------------------- responses
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
-
-
-def now_s() -> int:
-    return int(time.time())
-
-
-class PromptTokensDetails(BaseModel):
-    cached_tokens: int = 0
-
-
-class CompletionTokensDetails(BaseModel):
-    """OpenAI's names for drafted tokens (its Predicted Outputs): accepted and rejected drafts."""
-
-    accepted_prediction_tokens: int = 0
-    rejected_prediction_tokens: int = 0
-
-
-class SpeculativeUsage(BaseModel):
-    """kvserve's extension: how speculative decoding fared for this request."""
-
-    draft_tokens: int
-    accepted_tokens: int
-    verify_steps: int
-    mean_accepted_length: float | None  # tokens emitted per verify step (accepted drafts + 1)
-
-
-class Usage(OmitsNone):
-    OMIT_IF_NONE = ("completion_tokens_details", "speculative")
-
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    prompt_tokens_details: PromptTokensDetails
-    completion_tokens_details: CompletionTokensDetails | None = None
-    speculative: SpeculativeUsage | None = None
-
-
-class CompletionLogprobs(BaseModel):
-    text_offset: list[int] = Field(default_factory=list)
-    token_logprobs: list[float | None] = Field(default_factory=list)
-    tokens: list[str] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
-
-
-class CompletionChoice(OmitsNone):
-    OMIT_IF_NONE = ("prompt_logprobs", "prompt_token_ids", "token_ids")
-
-    index: int
-    text: str
-    logprobs: CompletionLogprobs | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None  # vLLM's: the stop string or token id that ended it
-    # vLLM's extras: prompt_logprobs, and return_token_ids (a stream sends prompt_token_ids once)
-    prompt_logprobs: PromptLogprobs | None = None
-    prompt_token_ids: list[int] | None = None
-    token_ids: list[int] | None = None
-
-
-class CompletionResponse(BaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage | None = None
-
-
-class TopLogprob(BaseModel):
-    token: str
-    logprob: float
-    bytes: list[int] | None = None
-
-
-class TokenLogprob(TopLogprob):
-    top_logprobs: list[TopLogprob] = Field(default_factory=list)
-
-
-class ChatLogprobs(BaseModel):
-    content: list[TokenLogprob] | None = None
-
-
-class ChatMessageOut(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str | None = None
-
-
-class ChatChoice(OmitsNone):
-    OMIT_IF_NONE = ("token_ids",)
-
-    index: int
-    message: ChatMessageOut
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    token_ids: list[int] | None = None  # vLLM's return_token_ids
-
-
-class ChatCompletionResponse(OmitsNone):
-    OMIT_IF_NONE = ("prompt_logprobs", "prompt_token_ids")
-
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage | None = None
-    prompt_logprobs: PromptLogprobs | None = None  # vLLM's extras
-    prompt_token_ids: list[int] | None = None
-
-
-class DeltaMessage(BaseModel):
-    role: str | None = None
-    content: str | None = None
-
-    @model_serializer(mode="wrap")
-    def _drop_none(self, handler: Any) -> dict[str, Any]:
-        return {k: v for k, v in handler(self).items() if v is not None}
-
-
-class ChatStreamChoice(OmitsNone):
-    OMIT_IF_NONE = ("token_ids",)
-
-    index: int
-    delta: DeltaMessage
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    token_ids: list[int] | None = None
-
-
-class ChatCompletionChunk(OmitsNone):
-    OMIT_IF_NONE = ("prompt_token_ids",)
-
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatStreamChoice]
-    usage: Usage | None = None
-    prompt_token_ids: list[int] | None = None  # on the first chunk, with return_token_ids
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int
-    owned_by: str = "kvserve"
-    root: str | None = None
-    max_model_len: int | None = None
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
-
-
-class ErrorInfo(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorInfo
-

@@ -23,6 +23,7 @@ from kvserve.server.engine_client import EngineClient
 from kvserve.server.metrics import ServerMetrics
 from kvserve.server.request_stream import RequestStream
 from kvserve.text.tokenizer import bad_words_token_ids
+from kvserve.server.tools import ToolCalling, ToolPlan
 
 log = logging.getLogger("kvserve.server")
 
@@ -52,6 +53,7 @@ class ServerState:
         # Tokenizing runs on its own thread, so a long prompt does not stall other streams; one
         # thread, because a Hugging Face tokenizer is not safe to call from several at once.
         self._tokenize_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvserve-tokenize")
+        self.tools = ToolCalling(config.tool_call_parser, self.tokenizer)  # function calling
 
     def close(self) -> None:
         self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
@@ -98,14 +100,14 @@ class ServerState:
             return await self.encode(prompt)
         return [list(p) for p in prompt]
 
-    async def chat_prompt(self, body: P.ChatCompletionRequest) -> list[int]:
-        """The token ids of a chat request's messages, through the model's chat template."""
-        messages = body.template_messages()
-        self.check_prompt_chars(sum(len(m["content"]) for m in messages))
+    async def chat_prompt(self, body: P.ChatCompletionRequest, tools: ToolPlan | None = None) -> list[int]:
+        """The token ids of a chat request's messages (and tools), through the model's chat template."""
+        messages, template_tools = self.tools.template_inputs(body.template_messages(), tools)
+        self.check_prompt_chars(sum(len(m["content"]) for m in messages) + len(str(template_tools or "")))
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._tokenize_pool, lambda: self.tokenizer.apply_chat_template(
             messages, add_generation_prompt=body.add_generation_prompt,
-            continue_final_message=body.continue_final_message))
+            continue_final_message=body.continue_final_message, tools=template_tools))
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)

@@ -1,6 +1,7 @@
-"""Structured output (constrained decoding): JSON schema, JSON object, regex, choice and EBNF.
+"""Structured output (constrained decoding): JSON schema, JSON object, regex, choice, EBNF and Lark.
 
-The grammar engine is xgrammar (docs/results/grammar-engines.md says why). Flow for a request:
+The grammar engine is xgrammar (docs/results/grammar-engines.md says why); Lark grammars, which
+xgrammar does not read, go to llguidance (``lark``) behind the same matcher interface. Flow for a request:
 ``GuidedSpec`` -> ``GrammarCache.get_or_compile`` / ``submit`` (compiled once, LRU-bounded) ->
 a ``GrammarMatcher`` per request -> each step ``fill_masks`` + ``apply_masks`` before sampling,
 ``GrammarMatcher.accept`` after it (the runner does both through ``masking``).
@@ -20,6 +21,7 @@ from kvserve.structured.matcher import (
     apply_masks,
     bitmask_width,
     fill_masks,
+    new_matcher,
 )
 from kvserve.structured.spec import KINDS, GuidedSpec, choice_to_ebnf
 
@@ -38,4 +40,5 @@ __all__ = [
     "choice_to_ebnf",
     "engine_reason",
     "fill_masks",
+    "new_matcher",
 ]

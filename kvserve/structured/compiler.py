@@ -27,6 +27,7 @@ from typing import Any
 import xgrammar as xgr
 
 from kvserve.errors import InvalidArgumentError
+from kvserve.structured.lark import CompiledLark, compile_lark, looks_like_lark
 from kvserve.structured.spec import GuidedSpec, choice_to_ebnf
 from kvserve.structured.worker import (
     CompileCrashed,
@@ -96,6 +97,7 @@ class GrammarCache:
         if max_size < 1:
             raise ValueError("max_size must be >= 1")
         self.tokenizer_info = tokenizer_info
+        self.hf_tokenizer: Any = None  # set by from_tokenizer; Lark grammars need it
         self.max_size = max_size
         self.any_whitespace = any_whitespace
         threads = compile_threads or min(8, os.cpu_count() or 1)
@@ -119,7 +121,9 @@ class GrammarCache:
     @classmethod
     def from_tokenizer(cls, tokenizer: Any, vocab_size: int | None = None,
                        stop_token_ids: Sequence[int] | None = None, **kwargs: Any) -> GrammarCache:
-        return cls(build_tokenizer_info(tokenizer, vocab_size, stop_token_ids), **kwargs)
+        cache = cls(build_tokenizer_info(tokenizer, vocab_size, stop_token_ids), **kwargs)
+        cache.hf_tokenizer = tokenizer  # Lark grammars build llguidance's tokenizer from it
+        return cache
 
     @property
     def vocab_size(self) -> int:
@@ -211,6 +215,8 @@ class GrammarCache:
         ``InvalidArgumentError``."""
         kind, text = _grammar_text(spec)
         what = _WHAT[spec.kind]
+        if kind == "grammar" and looks_like_lark(text):
+            return self._compile_lark(text, spec)
         try:
             if self._compiler is not None:
                 return compile_grammar(self._compiler, kind, text, self.any_whitespace)
@@ -234,13 +240,28 @@ class GrammarCache:
             raise InvalidArgumentError(f"invalid {what}: {engine_reason(e)}", param=spec.param) from None
 
 
+    def _compile_lark(self, text: str, spec: GuidedSpec) -> CompiledLark:
+        if self.hf_tokenizer is None:
+            raise InvalidArgumentError("Lark grammars need the cache built from a tokenizer; write the grammar "
+                                       "in EBNF (root ::= ...)", param=spec.param)
+        try:
+            return compile_lark(text, self.hf_tokenizer, self.vocab_size)
+        except ModuleNotFoundError:
+            raise InvalidArgumentError("Lark grammars need llguidance (pip install llguidance); or write the "
+                                       "grammar in EBNF (root ::= ...)", param=spec.param) from None
+        except ValueError as e:
+            with self._lock:
+                self.errors += 1
+            raise InvalidArgumentError(f"invalid Lark grammar: {e}", param=spec.param) from None
+
+
 REFUSED_SPECS_KEPT = 1024  # specs remembered as too costly to compile
 _WHAT = {"json_schema": "JSON schema", "json_object": "JSON object", "regex": "regular expression",
-         "choice": "choice", "grammar": "grammar"}
+         "choice": "choice", "grammar": "grammar", "structural_tag": "tool schema"}
 
 
 def _grammar_text(spec: GuidedSpec) -> tuple[str, str]:
-    """What xgrammar compiles for ``spec``: ("json_schema" | "regex" | "grammar", text)."""
+    """What xgrammar compiles for ``spec``: ("json_schema" | "regex" | "grammar" | "structural_tag", text)."""
     if spec.kind == "json_object":
         return "json_schema", '{"type": "object"}'
     if spec.kind == "choice":

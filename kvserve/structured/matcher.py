@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import xgrammar as xgr
@@ -102,6 +103,15 @@ class GrammarMatcher:
     def reset(self) -> None:
         self._m.reset()
         self.num_accepted = 0
+
+
+def new_matcher(compiled: Any, *, stop_token_ids: Sequence[int] | None = None) -> GrammarMatcher:
+    """A request's matcher for what ``GrammarCache`` compiled: xgrammar's, or llguidance's for Lark."""
+    from kvserve.structured.lark import CompiledLark, LarkMatcher
+
+    if isinstance(compiled, CompiledLark):
+        return LarkMatcher(compiled, stop_token_ids=stop_token_ids)  # type: ignore[return-value]  # same interface
+    return GrammarMatcher(compiled, stop_token_ids=stop_token_ids)
 
 
 def fill_masks(matchers: Sequence[GrammarMatcher | None],

@@ -11,7 +11,12 @@ Kinds (``GuidedSpec.kind``) and their ``value``:
 * ``choice``: a list of strings; the output is exactly one of them;
 * ``grammar``: a GBNF-style EBNF grammar as xgrammar and llama.cpp accept it, with the start rule
   named ``root`` (``root ::= "yes" | "no"``); see
-  https://github.com/ggml-org/llama.cpp/blob/master/grammars/README.md.
+  https://github.com/ggml-org/llama.cpp/blob/master/grammars/README.md; or, when the text defines
+  no rule with ``::=``, a Lark grammar (start rule ``start``), which llguidance reads
+  (``kvserve.structured.lark``);
+* ``structural_tag``: an xgrammar structural tag (``{"type": "structural_tag", "format": ...}``, see
+  https://xgrammar.mlc.ai/docs/tutorials/structural_tag.html), as a dict; tool calls use it
+  (``kvserve.server.tools``). Canonical text: compact ``json.dumps``, key order kept.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any
 from kvserve.errors import InvalidArgumentError
 from kvserve.text.tokenizer import check_unicode
 
-KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
+KINDS = ("json_schema", "json_object", "regex", "choice", "grammar", "structural_tag")
 # Nesting of a JSON schema document (objects and arrays); compile time grows fast with it (~70 ms at
 # 128 levels, 25 s at 1,000 here) and real schemas stay far below. The compile time limit
 # (GrammarCache's compile_timeout_s) catches what a size bound cannot.
@@ -38,6 +43,7 @@ DEFAULT_PARAM = {
     "regex": "guided_regex",
     "choice": "guided_choice",
     "grammar": "guided_grammar",
+    "structural_tag": "tools",
 }
 
 
@@ -131,6 +137,12 @@ def _canonical(kind: str, value: Any, param: str) -> str:
         if _depth(value) > MAX_SCHEMA_DEPTH:
             raise InvalidArgumentError(f"the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} levels", param=param)
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False)  # key order kept: see above
+    if kind == "structural_tag":
+        if not isinstance(value, dict):
+            raise InvalidArgumentError("the structural tag must be a JSON object", param=param)
+        if _depth(value) > MAX_SCHEMA_DEPTH + 8:  # the tag's own nesting around its schemas
+            raise InvalidArgumentError(f"the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} levels", param=param)
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
     if kind == "choice":
         if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value:
             raise InvalidArgumentError("the choice must be a non-empty list of strings", param=param)

@@ -14,6 +14,7 @@ Serializing a compiled grammar both ways costs ~10 ms.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import select
@@ -50,6 +51,8 @@ def compile_grammar(compiler: xgr.GrammarCompiler, kind: str, text: str, any_whi
         return compiler.compile_regex(text)
     if kind == "grammar":
         return compiler.compile_grammar(text)
+    if kind == "structural_tag":
+        return compiler.compile_structural_tag(_schemas_as_grammars(text, any_whitespace))
     raise ValueError(f"unknown grammar kind {kind!r}")
 
 
@@ -62,6 +65,22 @@ def _compile_json_schema(compiler: xgr.GrammarCompiler, schema: str, any_whitesp
         # (\n, \", \uXXXX) as upstream; adding the escape branch made some masks ~100x slower.
         return compiler.compile_grammar(grammar.replace(_BARE_STRING_CHAR, _JSON_STRING_CHAR))
     return compiler.compile_json_schema(schema, any_whitespace=any_whitespace)
+
+
+def _schemas_as_grammars(structural_tag: str, any_whitespace: bool) -> str:
+    """The structural tag with each JSON schema in it replaced by its grammar as kvserve lays JSON out
+    (``any_whitespace``, the string fix above): a structural tag's own JSON allows any whitespace."""
+    def walk(node: Any) -> Any:
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        if node.get("type") == "json_schema" and "json_schema" in node:
+            grammar = str(xgr.Grammar.from_json_schema(json.dumps(node["json_schema"]), any_whitespace=any_whitespace))
+            return {"type": "grammar", "grammar": grammar.replace(_BARE_STRING_CHAR, _JSON_STRING_CHAR)}
+        return {k: walk(v) for k, v in node.items()}
+
+    return json.dumps(walk(json.loads(structural_tag)))
 
 
 # How xgrammar prints the character class above, and its replacement.

@@ -59,10 +59,12 @@ class Tokenizer:
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            continue_final_message: bool = False) -> list[int]:
-        """Render ``messages`` with the model's chat template and tokenize, as HF does. Any role is
-        passed to the template (which may refuse it); ``continue_final_message`` leaves the last
-        message open, for the model to continue (it must be an assistant's)."""
+                            continue_final_message: bool = False,
+                            tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """Render ``messages`` (and ``tools``, OpenAI's function definitions, when given) with the model's
+        chat template and tokenize, as HF does. Any role is passed to the template (which may refuse
+        it); ``continue_final_message`` leaves the last message open, for the model to continue (it
+        must be an assistant's)."""
         if not self.has_chat_template:
             raise InvalidArgumentError(
                 "this model has no chat template; use the completions endpoint with a plain prompt",
@@ -74,6 +76,7 @@ class Tokenizer:
                                        param="continue_final_message")
         import jinja2
 
+        extra = {"tools": tools} if tools else {}
         try:
             ids = self.hf.apply_chat_template(
                 [dict(m) for m in messages],
@@ -81,6 +84,7 @@ class Tokenizer:
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
                 return_dict=False,
+                **extra,
             )
         except jinja2.TemplateError as e:  # includes the templates' raise_exception(...)
             raise InvalidArgumentError(f"the chat template rejected the messages: {e}", param="messages") from e

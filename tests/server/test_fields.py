@@ -79,6 +79,7 @@ def test_structured_outputs_constrain_the_text(oa):
         ({"json": {"type": "object", "properties": {"a": {"enum": [1, 2]}}, "required": ["a"],
                    "additionalProperties": False}}, lambda t: json.loads(t)["a"] in (1, 2)),
         ({"grammar": 'root ::= "ab" | "cd"'}, lambda t: t in ("ab", "cd")),
+        ({"grammar": 'start: "x=" NUM ";"\nNUM: /[0-9]{1,2}/'}, lambda t: re.fullmatch("x=[0-9]{1,2};", t)),  # Lark
         ({"json_object": True}, lambda t: t.lstrip().startswith("{")),
     ]
     for spec, ok in cases:
@@ -100,6 +101,9 @@ def test_structured_outputs_refusals_name_the_field(oa):
     # an invalid constraint was ignored (200, free text) when sent the new way; now a 400
     refused(comp(structured_outputs={"regex": "(unclosed"}), "structured_outputs")
     refused(comp(stream=True, structured_outputs={"grammar": "root ::= nothing-defined"}), "structured_outputs")
+    err = refused(comp(structured_outputs={"grammar": "start: undefined_rule"}), "structured_outputs")  # Lark
+    assert "Lark" in err["message"]
+    refused(comp(guided_grammar='start: "a" ('), "guided_grammar")
     refused(comp(structured_outputs={"regex": "a", "choice": ["b"]}), "structured_outputs")
     refused(comp(structured_outputs={"regex": "a"}, guided_choice=["b"]), "structured_outputs")
     refused(comp(structured_outputs={"choice": ["a"]}, response_format={"type": "json_object"}),

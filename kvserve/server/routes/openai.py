@@ -15,8 +15,10 @@ from fastapi.responses import Response
 
 from kvserve.errors import NotFoundError
 from kvserve.server import protocol as P
+from kvserve.server.beam import beam_streams
 from kvserve.server.render import ChatRenderer, CompletionRenderer
 from kvserve.server.state import State
+from kvserve.server.tool_render import ToolChatRenderer
 from kvserve.server.streaming import respond
 
 router = APIRouter()
@@ -42,7 +44,11 @@ async def completions(body: P.CompletionRequest, request: Request, state: State)
     model = state.check_model(body.model)
     await state.prepare(body)
     prompts = await state.completion_prompts(body.prompt)
-    streams = state.start(prompts, body, body.sampling_params)
+    if body.use_beam_search:
+        body.sampling_params(0)  # the ranges of what beam search uses (max_tokens, ...)
+        streams = beam_streams(state, prompts, body, body.max_tokens)
+    else:
+        streams = state.start(prompts, body, body.sampling_params)
     renderer = CompletionRenderer(state, body, model, [len(p) for p in prompts])
     return await respond(request, streams, body.stream, renderer)
 
@@ -51,9 +57,15 @@ async def completions(body: P.CompletionRequest, request: Request, state: State)
 async def chat_completions(body: P.ChatCompletionRequest, request: Request, state: State) -> Response:
     model = state.check_model(body.model)
     await state.prepare(body)
-    prompt = await state.chat_prompt(body)
-    streams = state.start([prompt], body, body.sampling_params)
-    renderer = ChatRenderer(state, body, model, [len(prompt)])
+    tools = state.tools.plan(body)  # None unless the answer may call tools
+    prompt = await state.chat_prompt(body, tools)
+    if body.use_beam_search:
+        body.sampling_params(0)  # the ranges of what beam search uses (max_tokens, ...)
+        streams = beam_streams(state, [prompt], body, body.max_output_tokens)
+    else:
+        streams = state.start([prompt], body, tools.sampling_params(body) if tools else body.sampling_params)
+    renderer = ChatRenderer(state, body, model, [len(prompt)]) if tools is None else \
+        ToolChatRenderer(state, body, model, [len(prompt)], tools)
     return await respond(request, streams, body.stream, renderer)
 
 
