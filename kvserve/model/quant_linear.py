@@ -23,10 +23,10 @@ log = logging.getLogger(__name__)
 QUANTIZATION_MODES = ("auto", "none", "int8", "int4")
 # the format each mode converts weights to; auto keeps a GGUF's as stored and leaves dense ones dense
 _TARGET = {"int8": "q8_0", "int4": "q4_1"}
-# From this many rows (prefill) the GEMM is compute bound: dequantizing the weight (natively, ~1% of
-# the GEMM) and running oneDNN/MKL's fp32 GEMM beats the integer-dot kernels (~1.25x at 1,024 rows
-# here), and below it the kernels win or tie (measured: docs/benchmarks.md, issue 16).
-DENSE_ROWS = 384
+# Prefill-sized inputs take the integer-dot kernel too: since the weights are packed (session 7) it
+# beats dequantizing them and running MKL's fp32 GEMM at every row count measured, 64 to 1,024 rows
+# (~1.25-1.35x at 512-1,024 rows on an AVX2 EPYC: docs/benchmarks.md, session 8), and every row
+# gets the same arithmetic however the step's rows are batched or chunked.
 
 
 class QuantLinear(nn.Module):
@@ -63,14 +63,11 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.dense is not None:
             return F.linear(x, self.dense, self.bias)
-        if x.dim() == 2 and x.dtype == torch.float32 and x.shape[0] < DENSE_ROWS and self.bias is None:
+        if x.dim() == 2 and x.dtype == torch.float32 and self.bias is None:
             # the decoder's case, with as few torch calls as possible (a decode step makes ~120 of these)
             return torch.ops.kvserve.packed_linear(x, self.packed, self.kind, self.out_features)
         flat = x.reshape(-1, self.in_features).float()
-        if flat.shape[0] >= DENSE_ROWS:
-            y = F.linear(flat, self.dequantize())
-        else:
-            y = torch.ops.kvserve.packed_linear(flat, self.packed, self.kind, self.out_features)
+        y = torch.ops.kvserve.packed_linear(flat, self.packed, self.kind, self.out_features)
         if self.bias is not None:
             y += self.bias
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
