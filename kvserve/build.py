@@ -17,7 +17,7 @@ from kvserve.engine.core import EngineCore
 from kvserve.engine.engine import Engine
 from kvserve.errors import ModelLoadError
 from kvserve.kv.manager import KVManager
-from kvserve.kv.tiers import DiskTier, HostTier
+from kvserve.kv.tiers import DiskTier, HostTier, Tier
 from kvserve.model.config import ModelConfig
 from kvserve.runner.torch_runner import TorchRunner
 from kvserve.spec.draft import DraftProposer
@@ -81,11 +81,15 @@ def build_kv_manager(config: KVServeConfig, num_blocks: int, block_size: int, bl
                      fingerprint: bytes) -> KVManager:
     """The KV manager with the prefix cache and the offload tiers the config asks for."""
     cache = config.cache
-    tiers: list[HostTier | DiskTier] = []
+    tiers: list[Tier] = []
     if cache.kv_offload_memory_gb:
         tiers.append(HostTier(int(cache.kv_offload_memory_gb * (1 << 30))))
     if cache.kv_offload_dir:
         tiers.append(DiskTier(cache.kv_offload_dir, int(cache.kv_offload_disk_gb * (1 << 30)), fingerprint))
+    if cache.kv_offload_url:
+        from kvserve.kv.redis_tier import RedisTier
+
+        tiers.append(RedisTier(cache.kv_offload_url, fingerprint))
     return KVManager(num_blocks, block_size, enable_prefix_caching=cache.enable_prefix_caching, tiers=tiers,
                      fingerprint=fingerprint, block_bytes=block_bytes)
 

@@ -72,6 +72,9 @@ class CacheConfig:
     kv_offload_dir: str | None = field(default=None, metadata={"help": "directory of a disk tier for evicted KV blocks "
                                        "(kept across restarts)"})
     kv_offload_disk_gb: float = field(default=10.0, metadata={"help": "size bound of the disk tier, GiB"})
+    kv_offload_url: str | None = field(default=None, metadata={"help": "redis://HOST:PORT/DB: a KV tier in Redis "
+                                       "shared by replicas (each block saved once computed; Redis evicts: run it with "
+                                       "maxmemory and allkeys-lru)"})
     kv_cache_dtype: str = field(default="auto", metadata={"help": "how the KV cache stores K and V: auto (in the "
                                 "model's --dtype); other KV pools register by name (kvserve.attention.register_kv_pool)"})
     attention_backend: str = field(default="auto", metadata={"help": "attention implementation: auto (paged where "
@@ -85,7 +88,9 @@ class CacheConfig:
                "kv_cache_memory_gb")
         _check(self.kv_offload_memory_gb >= 0 and self.kv_offload_disk_gb > 0,
                "--kv-offload-memory-gb must be >= 0 and --kv-offload-disk-gb > 0", "kv_offload_memory_gb")
-        _check(not (self.kv_offload_memory_gb or self.kv_offload_dir) or self.enable_prefix_caching,
+        _check(self.kv_offload_url is None or self.kv_offload_url.startswith(("redis://", "rediss://", "unix://")),
+               "--kv-offload-url must be redis://HOST:PORT/DB (or rediss://, unix://)", "kv_offload_url")
+        _check(not (self.kv_offload_memory_gb or self.kv_offload_dir or self.kv_offload_url) or self.enable_prefix_caching,
                "the KV offload tiers keep prefix-cache blocks: they need prefix caching "
                "(drop --no-enable-prefix-caching)", "kv_offload_memory_gb")
 

@@ -74,7 +74,9 @@ class Scheduler:
         self.waiting.append(request)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        # pending tier copies count: a block saved to a shared tier when computed must get there
+        # even if its request was the last one (the next step carries the copy)
+        return bool(self.waiting or self.running or self.kv.has_pending_transfers)
 
     @property
     def num_running(self) -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from kvserve.kv.block_pool import BlockPool
 from kvserve.kv.radix_cache import RadixCache, RadixNode, chain_hash
-from kvserve.kv.tiers import DiskTier, HostTier, TieredStore
+from kvserve.kv.tiers import Tier, TieredStore
 
 
 @dataclass
@@ -41,7 +41,7 @@ class PrefixCacheStats:
     queries: int = 0  # prompt tokens looked up (once per admission)
     hits: int = 0  # of which found, in any tier
     device_hits: int = 0
-    tier_hits: dict[str, int] = field(default_factory=lambda: {"host": 0, "disk": 0})
+    tier_hits: dict[str, int] = field(default_factory=lambda: {"host": 0, "disk": 0, "redis": 0})
     evicted_blocks: int = 0
     offload_bytes_out: int = 0  # device -> tiers
     offload_bytes_in: int = 0  # tiers -> device
@@ -50,12 +50,13 @@ class PrefixCacheStats:
 
 class KVManager:
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True,
-                 tiers: Sequence[HostTier | DiskTier] = (), fingerprint: bytes = b"", block_bytes: int = 0):
+                 tiers: Sequence[Tier] = (), fingerprint: bytes = b"", block_bytes: int = 0):
         self.pool = BlockPool(num_blocks, block_size)
         self.block_size = block_size
         self.tables: dict[str, list[int]] = {}
         self.cache = RadixCache(self.pool, fingerprint) if enable_prefix_caching else None
         self.tiers = TieredStore(tiers if self.cache else ())
+        self._shared_tiers = [t for t in self.tiers.tiers if getattr(t, "write_through", False)]
         self.block_bytes = block_bytes
         self.stats = PrefixCacheStats()
         self._cached_upto: dict[str, tuple[RadixNode, int]] = {}  # seq -> (deepest node, blocks cached)
@@ -146,26 +147,28 @@ class KVManager:
 
     def _restore(self, seq_id: str, token_ids: Sequence[int], limit: int, node: RadixNode, m: PrefixMatch) -> RadixNode:
         bs, table = self.block_size, self.tables[seq_id]
-        found: list[tuple[tuple[int, ...], bytes, HostTier | DiskTier]] = []
+        keys: list[bytes] = []
+        chunks: list[tuple[int, ...]] = []
         key, i = node.key, len(table)
         room = self.num_available_blocks
-        while (i + 1) * bs <= limit and len(found) < room:
-            tokens = tuple(token_ids[i * bs : (i + 1) * bs])
-            key = chain_hash(key, tokens)
-            tier = self.tiers.find(key)
-            if tier is None:
-                break
-            found.append((tokens, key, tier))
+        while (i + 1) * bs <= limit and len(keys) < room:
+            chunks.append(tuple(token_ids[i * bs : (i + 1) * bs]))
+            key = chain_hash(key, chunks[-1])
+            keys.append(key)
             i += 1
-        if not found:
+        tiers = self.tiers.find_chain(keys)
+        if not tiers:
             return node
-        copy_s = sum(t.read_seconds(self.block_bytes, 1) for *_, t in found)
+        found = list(zip(keys, chunks, tiers))
+        counts: dict[int, tuple[Tier, int]] = {}
+        for t in tiers:
+            counts[id(t)] = (t, counts.get(id(t), (t, 0))[1] + 1)
+        copy_s = sum(t.read_seconds(self.block_bytes * n, n) for t, n in counts.values())
         prefill_s = self.prefill_seconds(len(table) * bs, len(found) * bs)
         if prefill_s is not None and copy_s >= prefill_s:
             self.stats.restores_skipped += len(found)
             return node
-        for tokens, key, tier in found:
-            payload = tier.get(key, tokens)
+        for (key, tokens, tier), payload in zip(found, self.tiers.fetch(found)):
             if payload is None:  # corrupt or vanished: a miss from here on
                 break
             block = self._allocate(1)[0]
@@ -198,8 +201,21 @@ class KVManager:
             node, done = self.cache.root, 0
         node = self.cache.insert(token_ids[: full * self.block_size], self.tables[seq_id], node, done)
         self._cached_upto[seq_id] = (node, full)
+        if self._shared_tiers:  # a tier other replicas read: save each block once it is computed
+            new = []
+            walk = node
+            while walk is not None and walk is not self.cache.root and len(new) < full - done:
+                new.append(walk)
+                walk = walk.parent
+            for n in reversed(new):
+                if not any(t.knows(n.key) for t in self._shared_tiers):
+                    self._transfers.append(KVTransfer("save", n.block, n.key, n.tokens))
 
     # -- transfers -------------------------------------------------------------------------
+    @property
+    def has_pending_transfers(self) -> bool:
+        return bool(self._transfers)
+
     def take_transfers(self) -> list[KVTransfer]:
         out, self._transfers = self._transfers, []
         return out

@@ -1,4 +1,5 @@
-"""Offload tiers below device memory: evicted KV blocks kept in host RAM and on disk.
+"""Offload tiers below device memory: evicted KV blocks kept in host RAM, on disk (and in Redis:
+``redis_tier``).
 
 A tier stores opaque payloads (the bytes of one block's keys and values, all layers, as
 the runner read them) under the block's chain hash, which covers every token of its
@@ -18,10 +19,12 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
 _MAGIC = b"KVSB1"
+Tier = Any  # HostTier | DiskTier | kvserve.kv.redis_tier.RedisTier: name, stats, get, put, __contains__, read_seconds
 
 
 @dataclass
@@ -73,6 +76,31 @@ class HostTier:
 
     def read_seconds(self, nbytes: int, nblocks: int) -> float:
         return nblocks * self.latency + nbytes / self.bandwidth
+
+
+def encode_entry(fingerprint: bytes, tokens: Sequence[int], payload: bytes) -> bytes:
+    """A block as the disk and Redis tiers store it: magic, header length, header (the KV layout's
+    fingerprint, the block's tokens, the payload's sha256), payload."""
+    header = _header(fingerprint, tokens, payload)
+    return _MAGIC + struct.pack("<I", len(header)) + header + payload
+
+
+def decode_entry(data: bytes, fingerprint: bytes, tokens: Sequence[int]) -> bytes | None:
+    """The payload of an entry written by ``encode_entry`` for these tokens and this fingerprint;
+    None for anything else (corrupt, truncated, another model's or layout's, another block's)."""
+    if not data.startswith(_MAGIC) or len(data) < len(_MAGIC) + 4:
+        return None
+    (hlen,) = struct.unpack_from("<I", data, len(_MAGIC))
+    start = len(_MAGIC) + 4
+    header = data[start : start + hlen]
+    payload = data[start + hlen :]
+    return payload if header == _header(fingerprint, tokens, payload) else None
+
+
+def _header(fingerprint: bytes, tokens: Sequence[int], payload: bytes) -> bytes:
+    return (struct.pack("<I", len(fingerprint)) + fingerprint
+            + struct.pack(f"<I{len(tokens)}I", len(tokens), *tokens)
+            + hashlib.sha256(payload).digest())
 
 
 class DiskTier:
@@ -135,7 +163,7 @@ class DiskTier:
         except OSError:
             self._forget(key)
             return None
-        payload = self._decode(data, tokens)
+        payload = decode_entry(data, self.fingerprint, tokens)
         if payload is None:
             self.stats.corrupt += 1
             log.warning("KV disk tier: ignoring a corrupt or foreign entry %s", path.name)
@@ -144,26 +172,10 @@ class DiskTier:
         self._entries.move_to_end(key)
         return payload
 
-    def _decode(self, data: bytes, tokens: Sequence[int]) -> bytes | None:
-        if not data.startswith(_MAGIC) or len(data) < len(_MAGIC) + 4:
-            return None
-        (hlen,) = struct.unpack_from("<I", data, len(_MAGIC))
-        start = len(_MAGIC) + 4
-        header = data[start : start + hlen]
-        payload = data[start + hlen :]
-        expect = self._header(tokens, payload)
-        return payload if header == expect else None
-
-    def _header(self, tokens: Sequence[int], payload: bytes) -> bytes:
-        return (struct.pack("<I", len(self.fingerprint)) + self.fingerprint
-                + struct.pack(f"<I{len(tokens)}I", len(tokens), *tokens)
-                + hashlib.sha256(payload).digest())
-
     def put(self, key: bytes, tokens: Sequence[int], payload: bytes) -> None:
         if not self.enabled or key in self._entries:
             return
-        header = self._header(tokens, payload)
-        data = _MAGIC + struct.pack("<I", len(header)) + header + payload
+        data = encode_entry(self.fingerprint, tokens, payload)
         if len(data) > self.capacity_bytes:
             return
         while self._entries and self.used_bytes + len(data) > self.capacity_bytes:
@@ -198,9 +210,13 @@ class DiskTier:
 
 
 class TieredStore:
-    """Host then disk: ``put`` writes to every tier, ``get`` reads from the first that has it."""
+    """Host, disk, then Redis: ``put`` writes to every tier, a lookup reads from the first that has it.
 
-    def __init__(self, tiers: Sequence[HostTier | DiskTier]):
+    Tiers answer ``key in tier`` and ``get``; a remote tier (``remote = True``: Redis) also answers
+    ``count_present`` and ``get_many``, one round trip for a whole chain of blocks.
+    """
+
+    def __init__(self, tiers: Sequence[Tier]):
         self.tiers = list(tiers)
 
     def __bool__(self) -> bool:
@@ -210,9 +226,51 @@ class TieredStore:
         for t in self.tiers:
             t.put(key, tokens, payload)
 
-    def find(self, key: bytes) -> HostTier | DiskTier | None:
+    def find(self, key: bytes) -> Tier | None:
         """The first tier that lists ``key`` (its payload is verified only on ``get``)."""
         for t in self.tiers:
             if key in t:
                 return t
         return None
+
+    def find_chain(self, keys: Sequence[bytes]) -> list[Tier]:
+        """The tiers holding the leading blocks of a chain (``keys`` in order), up to the first block
+        no tier holds. Local tiers are asked block by block; from the first block they lack, each
+        remote tier is asked for the rest in one round trip (its leading run is taken)."""
+        local = [t for t in self.tiers if not getattr(t, "remote", False)]
+        remote = [t for t in self.tiers if getattr(t, "remote", False)]
+        found: list[Tier] = []
+        for i, key in enumerate(keys):
+            tier = next((t for t in local if key in t), None)
+            if tier is not None:
+                found.append(tier)
+                continue
+            for r in remote:
+                n = r.count_present(keys[i:])
+                if n:
+                    return found + [r] * n
+            break
+        return found
+
+    def fetch(self, found: Sequence[tuple[bytes, tuple[int, ...], Tier]]) -> list[bytes | None]:
+        """The payloads of ``found`` blocks ((key, tokens, tier), in order), up to the first miss (None):
+        a remote tier's run of blocks in one round trip."""
+        out: list[bytes | None] = []
+        i = 0
+        while i < len(found):
+            tier = found[i][2]
+            j = i
+            while j < len(found) and found[j][2] is tier:
+                j += 1
+            run = found[i:j]
+            if getattr(tier, "remote", False):
+                out += tier.get_many([(k, t) for k, t, _ in run])
+            else:
+                for k, t, _ in run:
+                    out.append(tier.get(k, t))
+                    if out[-1] is None:  # the chain breaks here: read no further
+                        return out
+            if None in out:
+                return out
+            i = j
+        return out
