@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kvserve.kv.block_pool import BlockPool
+from kvserve.kv.events import CacheEvents
 from kvserve.kv.radix_cache import RadixCache, RadixNode, chain_hash
 from kvserve.kv.tiers import DiskTier, HostTier, TieredStore
 
@@ -198,6 +199,22 @@ class KVManager:
             node, done = self.cache.root, 0
         node = self.cache.insert(token_ids[: full * self.block_size], self.tables[seq_id], node, done)
         self._cached_upto[seq_id] = (node, full)
+
+    # -- what the cache holds, for a router ----------------------------------------------
+    @property
+    def cache_root_key(self) -> bytes:
+        """The seed of every block's chain hash (the model fingerprint); b"" without a prefix cache."""
+        return self.cache.root.key if self.cache is not None else b""
+
+    def record_events(self) -> None:
+        """Start recording the chain hashes the prefix cache stores and removes (``take_events``)."""
+        if self.cache is not None and self.cache.events is None:
+            self.cache.events = CacheEvents()
+
+    def take_events(self) -> tuple[list[bytes], list[bytes]]:
+        """Hashes stored and removed since the last call (both empty unless ``record_events`` was called)."""
+        events = self.cache.events if self.cache is not None else None
+        return events.take() if events else ([], [])
 
     # -- transfers -------------------------------------------------------------------------
     def take_transfers(self) -> list[KVTransfer]:
