@@ -2,8 +2,9 @@
 
 Commands go in (``add``, ``abort``); each ``step`` runs one engine step and returns one
 ``StepMessage``: per-request deltas (new token ids, logprobs, finish), the requests refused,
-and a stats snapshot. A request whose grammar must first compile waits off the step path
-(the compile cache's thread) and joins the engine once it is ready. Transports wrap it: the
+the block hashes the prefix cache stored and removed (a replica's KV events), and a stats
+snapshot. A request whose grammar must first compile waits off the step path (the compile
+cache's thread) and joins the engine once it is ready. Transports wrap it: the
 multiprocessing worker (``kvserve.engine.worker``), the in-process ``LLM``, a Ray actor.
 """
 

@@ -100,7 +100,7 @@ def create_router_app(config: RouterConfig, prompts: PromptTokenizer | None) -> 
         return await _proxied(request, state, "chat")
 
     @app.api_route("/v1/{rest:path}", methods=["GET", "POST", "DELETE"])
-    async def other_v1(request: Request, state: State) -> Response:
+    async def other_v1(rest: str, request: Request, state: State) -> Response:
         return await _proxied(request, state, None)
 
     @app.api_route("/tokenize", methods=["POST"])

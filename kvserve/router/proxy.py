@@ -64,7 +64,9 @@ class _Retry:
 
 
 def forwarded_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
-    headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw if k.decode("latin-1").lower() not in HOP_BY_HOP]
+    """The end-to-end headers of a client's request (``Authorization`` among them), as sent on to a backend."""
+    headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw
+               if k.decode("latin-1").lower() not in HOP_BY_HOP]
     headers.append(("accept-encoding", "identity"))  # bytes pass through as the backend wrote them
     return headers
 

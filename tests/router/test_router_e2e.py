@@ -151,7 +151,7 @@ def test_a_shared_prefix_goes_to_the_replica_that_cached_it(router, replicas):
     assert len(holders) == 1
     holder = holders[0]
     seq = httpx.get(f"{holder.url}/kv/events").json()["seq"]
-    wait_until(lambda: next(b for b in backends(router.url) if b["url"] == holder.url)["events_seq"] >= seq)
+    wait_until(lambda: (next(b for b in backends(router.url) if b["url"] == holder.url)["events_seq"] or 0) >= seq)
 
     before = httpx.get(f"{router.url}/metrics").text
     for i in range(4):

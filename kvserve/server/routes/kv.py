@@ -32,7 +32,7 @@ async def kv_events(state: State, since: int | None = None, epoch: str | None = 
                     wait: float = 0.0) -> dict[str, Any]:
     log = state.client.kv_events
     if since is not None and (epoch is None or epoch == log.epoch):
-        await log.wait_after(since, min(max(wait, 0.0), MAX_WAIT_S))
+        await log.wait_after(since, min(wait, MAX_WAIT_S) if wait > 0 else 0.0)  # (NaN: no wait)
     batch = log.since(since, epoch)
     stats = state.client.stats
     return {
