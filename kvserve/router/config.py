@@ -27,6 +27,7 @@ class RouterConfig:
     connect_timeout_s: float = 3.0
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     admin_key: str | None = None
+    backend_api_key: str | None = None  # the replicas' --api-key, for GET /kv/events
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -72,6 +73,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="largest request body, 413 above (default: 8 MiB)")
     p.add_argument("--admin-key", default=os.environ.get("KVSERVE_ROUTER_ADMIN_KEY"),
                    help="require `Authorization: Bearer KEY` on /admin routes (default: $KVSERVE_ROUTER_ADMIN_KEY)")
+    p.add_argument("--backend-api-key", default=os.environ.get("KVSERVE_API_KEY"),
+                   help="the replicas' --api-key, which their GET /kv/events needs (default: $KVSERVE_API_KEY; "
+                        "clients' own Authorization headers are passed on to the replicas as they are)")
     p.add_argument("--log-level", default=d.log_level,
                    choices=("critical", "error", "warning", "info", "debug", "trace"))
 
@@ -81,4 +85,4 @@ def from_args(a: argparse.Namespace) -> RouterConfig:
                         model=a.model, tool_call_parser=a.tool_call_parser, host=a.host, port=a.port,
                         health_interval_s=a.health_interval_s, fail_after=a.fail_after, events_wait_s=a.events_wait_s,
                         max_attempts=a.max_attempts, max_request_bytes=a.max_request_bytes, admin_key=a.admin_key,
-                        log_level=a.log_level)
+                        backend_api_key=a.backend_api_key, log_level=a.log_level)

@@ -41,7 +41,9 @@ class RouterState:
         # trust_env=False: backends are reached directly, never through a proxy from the environment
         http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=c.connect_timeout_s), trust_env=False,
                                  limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
-        watch = httpx.AsyncClient(trust_env=False, limits=httpx.Limits(max_connections=None))
+        key = c.backend_api_key
+        watch = httpx.AsyncClient(trust_env=False, limits=httpx.Limits(max_connections=None),
+                                  headers={"Authorization": f"Bearer {key}"} if key else None)
         self._clients = [http, watch]
         self.monitor = Monitor(watch, MonitorConfig(health_interval_s=c.health_interval_s, fail_after=c.fail_after,
                                                     events_wait_s=c.events_wait_s))

@@ -198,3 +198,14 @@ def test_kv_events_route_lists_stores_evictions_and_resets(replica):
     stale = events(url, since=seen, epoch=after["epoch"])
     assert stale["reset"] and stale["removed"] == []
     assert {bytes.fromhex(h) for h in stale["stored"]} == replica.client.kv_events.cached
+
+
+def test_kv_events_need_the_api_key_when_there_is_one(replica):
+    config = replica.app.state.server.config
+    config.api_key = "k"  # (as --api-key would; the route reads it per request)
+    try:
+        r = httpx.get(f"{replica.url}/kv/events")
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(f"{replica.url}/kv/events", headers={"Authorization": "Bearer k"}).status_code == 200
+    finally:
+        config.api_key = None

@@ -239,3 +239,19 @@ def test_stream_watch_finds_usage_across_chunks():
     assert w.cached_tokens == 32 and w.between_events
     w.feed(b'data: {"choi')
     assert not w.between_events
+
+
+def test_router_flags():
+    from kvserve.cli import build_parser
+    from kvserve.router.config import RouterConfig, from_args
+
+    a = build_parser().parse_args(["router", "--backend", "http://h:1", "--backend", "http://h:2", "--policy", "session",
+                                   "--max-load-imbalance", "2", "--port", "9000"])
+    cfg = from_args(a)
+    assert cfg.backends == ["http://h:1", "http://h:2"] and cfg.policy == "session" and cfg.port == 9000
+    assert cfg.max_load_imbalance == 2 and a.func.__name__ == "cmd_router"
+    assert from_args(build_parser().parse_args(["router"])).policy == "cache-aware"
+    with pytest.raises(InvalidArgumentError):
+        RouterConfig(max_attempts=0)
+    with pytest.raises(InvalidArgumentError):
+        RouterConfig(policy="random")

@@ -5,16 +5,20 @@ saw); without it, or when N is too old for the log, from another epoch or ahead 
 is the whole set of cached block hashes with ``reset: true``. ``wait=S`` holds the answer up to S
 seconds (at most ``MAX_WAIT_S``) until there is something new: a reader can long-poll. Hashes are
 hex; ``hash_scheme`` says how to compute them from token ids (kvserve/server/kv_events.py).
+With ``--api-key``, the route needs the key too: whether a prompt is cached says something about
+other users' prompts.
 """
 
 from __future__ import annotations
 
+import hmac
 import socket
 import uuid
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
+from kvserve.errors import AuthenticationError
 from kvserve.server.state import State
 
 router = APIRouter()
@@ -28,8 +32,13 @@ def replica_id(state: Any) -> str:
 
 
 @router.get("/kv/events")
-async def kv_events(state: State, since: int | None = None, epoch: str | None = None,
+async def kv_events(request: Request, state: State, since: int | None = None, epoch: str | None = None,
                     wait: float = 0.0) -> dict[str, Any]:
+    key = state.config.api_key
+    if key is not None:
+        scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise AuthenticationError("missing or wrong API key")
     log = state.client.kv_events
     if since is not None and (epoch is None or epoch == log.epoch):
         await log.wait_after(since, min(wait, MAX_WAIT_S) if wait > 0 else 0.0)  # (NaN: no wait)
