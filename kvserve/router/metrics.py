@@ -50,8 +50,9 @@ class RouterMetrics:
         r = self.registry
         self.requests = Counter("kvserve:router_requests", "Requests answered, by backend and HTTP status.",
                                 ["backend", "status"], registry=r)
-        self.retries = Counter("kvserve:router_retries", "Requests sent again elsewhere, by the backend that failed "
-                               "(before any byte reached the client).", ["backend"], registry=r)
+        self.retries = Counter("kvserve:router_retries", "Attempts that failed before any byte reached the client, "
+                               "by the backend that failed (the request then went to the next one, if any).",
+                               ["backend"], registry=r)
         self.stream_errors = Counter("kvserve:router_stream_errors", "Streams a backend broke mid-way (the client "
                                      "got an error event).", ["backend"], registry=r)
         self.prompt_tokens = Counter("kvserve:router_prompt_tokens", "Prompt tokens routed (as the router "

@@ -76,11 +76,14 @@ class KVEventLog:
         of this log, or older than what the log still holds."""
         if seq is None or (epoch is not None and epoch != self.epoch) or seq > self.seq or seq < self._dropped_upto:
             return KVEventBatch(self.seq, True, list(self.cached))
+        newer = []
+        for entry in reversed(self._entries):  # newest first, so a reader close behind costs little
+            if entry[0] <= seq:
+                break
+            newer.append(entry)
         # hash -> (cached at ``seq``, cached now): a hash stored and removed since is no news
         changes: dict[bytes, tuple[bool, bool]] = {}
-        for entry_seq, stored, removed in self._entries:
-            if entry_seq <= seq:
-                continue
+        for _, stored, removed in reversed(newer):
             for k in removed:
                 prev = changes.get(k)
                 changes[k] = (prev[0] if prev is not None else True, False)
