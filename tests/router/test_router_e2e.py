@@ -59,10 +59,8 @@ def replica(model_dir, name: str) -> ServerThread:
 
 
 @pytest.fixture(scope="module")
-def prompts(tiny_model_dir):
-    p = PromptTokenizer.load(str(tiny_model_dir))
-    yield p
-    p.close()
+def tokenizer(tiny_model_dir):
+    return PromptTokenizer.load(str(tiny_model_dir)).tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -71,14 +69,14 @@ def replicas(tiny_model_dir):
         yield r1, r2
 
 
-def start_router(prompts, *backends: str, **settings) -> AppThread:
+def start_router(tokenizer, *backends: str, **settings) -> AppThread:
     config = RouterConfig(backends=list(backends), **{"health_interval_s": 0.5, "events_wait_s": 0.5, **settings})
-    return AppThread(create_router_app(config, prompts))
+    return AppThread(create_router_app(config, PromptTokenizer(tokenizer)))  # (the router closes its own)
 
 
 @pytest.fixture(scope="module")
-def router(replicas, prompts):
-    with start_router(prompts, *(r.url for r in replicas)) as r:
+def router(replicas, tokenizer):
+    with start_router(tokenizer, *(r.url for r in replicas)) as r:
         wait_until(lambda: all(b["synced"] for b in backends(r.url)))
         yield r
 
@@ -174,13 +172,13 @@ def test_a_shared_prefix_goes_to_the_replica_that_cached_it(router, replicas):
     assert grew("kvserve:router_reported_cached_tokens_total", holder.url) == 4 * 48
 
 
-def test_a_backend_that_goes_down_is_retried_elsewhere_and_taken_out(replicas, prompts, tiny_model_dir):
+def test_a_backend_that_goes_down_is_retried_elsewhere_and_taken_out(replicas, tokenizer, tiny_model_dir):
     live = replicas[0].url
     doomed = replica(tiny_model_dir, "r3").__enter__()
     dead, stopped = doomed.url, False
     try:
         # round robin, and health checks too rare to notice: the requests themselves find out
-        with start_router(prompts, live, dead, policy="round-robin", health_interval_s=60) as r:
+        with start_router(tokenizer, live, dead, policy="round-robin", health_interval_s=60) as r:
             wait_until(lambda: all(b["synced"] for b in backends(r.url)))
             doomed.__exit__(None, None, None)
             stopped = True
@@ -196,7 +194,7 @@ def test_a_backend_that_goes_down_is_retried_elsewhere_and_taken_out(replicas, p
             doomed.__exit__(None, None, None)
 
     # with regular health checks, a dead backend is out within seconds, without a request
-    with start_router(prompts, live, dead, health_interval_s=0.2) as r:
+    with start_router(tokenizer, live, dead, health_interval_s=0.2) as r:
         wait_until(lambda: not next(b for b in backends(r.url) if b["url"] == dead)["healthy"], timeout=5)
         assert httpx.get(f"{r.url}/health").json()["healthy"] == 1
         # backends come and go at run time
