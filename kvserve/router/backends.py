@@ -60,10 +60,11 @@ class Backend:
         self.epoch, self.seq, self.synced = epoch, int(body["seq"]), True
         self.replica_id = str(body.get("replica_id", ""))
         self.scheme = HashScheme.from_json(body.get("hash_scheme") or {}) if body.get("enabled", True) else None
-        load = body.get("load") or {}
-        self.running = int(load.get("running", 0))
-        self.waiting = int(load.get("waiting", 0))
-        self.kv_usage = float(load.get("kv_usage", 0.0))
+        load = body.get("load")
+        if load:
+            self.running = int(load.get("running", 0))
+            self.waiting = int(load.get("waiting", 0))
+            self.kv_usage = float(load.get("kv_usage", 0.0))
 
     def forget_cache(self) -> None:
         """The mirror may be stale (the backend went away): start again from a snapshot."""

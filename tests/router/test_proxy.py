@@ -51,8 +51,8 @@ def make_proxy(handler: Callable[[httpx.Request], httpx.Response], urls=(A, B), 
 
 def route(stream: bool = False, **kw) -> Route:
     body = json.dumps({"model": "m", "prompt": "hi", "stream": stream}).encode()
-    return Route("POST", "/v1/completions", "", [("authorization", "Bearer k"), ("content-type", "application/json")],
-                 body, stream=stream, **kw)
+    headers = forwarded_headers([(b"authorization", b"Bearer k"), (b"content-type", b"application/json")])
+    return Route("POST", "/v1/completions", "", headers, body, stream=stream, **kw)
 
 
 async def read(response) -> bytes:
