@@ -1,4 +1,4 @@
-"""The ``kvserve`` command: serve, generate, chat, bench."""
+"""The ``kvserve`` command: serve, router, generate, chat, bench."""
 
 from __future__ import annotations
 
@@ -104,6 +104,16 @@ def cmd_serve(a: argparse.Namespace) -> None:
     serve(lambda: AsyncEngineClient(config), srv)
 
 
+def cmd_router(a: argparse.Namespace) -> None:
+    from kvserve.router.config import from_args
+    from kvserve.router.launch import run_router
+
+    config = from_args(a)
+    logging.basicConfig(level=getattr(logging, config.log_level.upper(), logging.INFO),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    run_router(config)
+
+
 def cmd_bench_offline(a: argparse.Namespace) -> None:
     from kvserve.bench.offline import run
 
@@ -117,6 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)")
     KVServeConfig.add_cli_args(s, tuple(PARTS))
     s.set_defaults(func=cmd_serve)
+
+    from kvserve.router.config import add_args as add_router_args
+
+    r = sub.add_parser("router", help="one OpenAI endpoint over several `kvserve serve` replicas, routing by "
+                                      "their prefix caches (docs/scale-out.md)")
+    add_router_args(r)
+    r.set_defaults(func=cmd_router)
 
     g = sub.add_parser("generate", help="complete one prompt and print the answer as it streams")
     g.add_argument("prompt")

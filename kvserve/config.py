@@ -207,6 +207,8 @@ class ServerConfig:
         "help": "how the model writes tool calls (docs/tool-calling.md): auto (detected from the chat template, "
                 "hermes when it shows none), hermes, llama3_json, mistral; none: no function calling",
         "choices": TOOL_CALL_PARSERS})
+    replica_id: str | None = field(default=None, metadata={
+        "help": "this server's name in GET /kv/events, for a router (default: host name, port and a random suffix)"})
 
     def __post_init__(self) -> None:
         _check(self.tool_call_parser in TOOL_CALL_PARSERS,

@@ -2,8 +2,9 @@
 
 Commands go in (``add``, ``abort``); each ``step`` runs one engine step and returns one
 ``StepMessage``: per-request deltas (new token ids, logprobs, finish), the requests refused,
-and a stats snapshot. A request whose grammar must first compile waits off the step path
-(the compile cache's thread) and joins the engine once it is ready. Transports wrap it: the
+the block hashes the prefix cache stored and removed (a replica's KV events), and a stats
+snapshot. A request whose grammar must first compile waits off the step path (the compile
+cache's thread) and joins the engine once it is ready. Transports wrap it: the
 multiprocessing worker (``kvserve.engine.worker``), the in-process ``LLM``, a Ray actor.
 """
 
@@ -41,11 +42,12 @@ class EngineCore:
         self._compiling: dict[str, tuple[AddRequest, Future]] = {}
         self._rejected: list[RequestRejected] = []
         self._commands_since_message = False  # a message goes out after commands, even with no tokens
+        engine.kv.record_events()  # each message says what the prefix cache stored and removed
 
     def ready(self) -> EngineReady:
         e = self.engine
         return EngineReady(self.model_name, e.max_model_len, e.vocab_size, e.kv.pool.num_blocks, e.kv.block_size,
-                           resident_memory_bytes())
+                           resident_memory_bytes(), e.kv.cache is not None, e.kv.cache_root_key)
 
     @property
     def has_work(self) -> bool:
@@ -114,11 +116,13 @@ class EngineCore:
                 self._admit(cmd, fut)
         changed = self.engine.step() if self.engine.has_unfinished() else []
         step_end = time.monotonic()
-        if not (changed or self._rejected or self._commands_since_message):
+        # (a prefill chunk that samples nothing still caches blocks: that is news too)
+        stored, removed = self.engine.kv.take_events()
+        if not (changed or self._rejected or self._commands_since_message or stored or removed):
             return None
         deltas = [self._delta(req) for req in changed]
         rejected, self._rejected, self._commands_since_message = self._rejected, [], False
-        return StepMessage(deltas, rejected, self.snapshot(), step_end)
+        return StepMessage(deltas, rejected, self.snapshot(), step_end, stored, removed)
 
     def _delta(self, req: Request) -> RequestDelta:
         done = self._sent.get(req.request_id, 0)

@@ -46,6 +46,8 @@ class EngineReady:
     num_kv_blocks: int
     block_size: int
     resident_memory_bytes: int | None = None
+    prefix_caching: bool = False
+    cache_root_key: bytes = b""  # the seed of the prefix cache's chain hashes (kv/radix_cache.py)
 
 
 @dataclass
@@ -108,3 +110,6 @@ class StepMessage:
     rejected: list[RequestRejected]
     stats: EngineStatsSnapshot
     step_end: float  # time.monotonic() where the engine runs (CLOCK_MONOTONIC is system-wide)
+    # chain hashes of the blocks the prefix cache stored and removed since the last message
+    kv_stored: list[bytes] = field(default_factory=list)
+    kv_removed: list[bytes] = field(default_factory=list)

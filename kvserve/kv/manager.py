@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kvserve.kv.block_pool import BlockPool
+from kvserve.kv.events import CacheEvents
 from kvserve.kv.radix_cache import RadixCache, RadixNode, chain_hash
 from kvserve.kv.tiers import Tier, TieredStore
 
@@ -210,6 +211,22 @@ class KVManager:
             for n in reversed(new):
                 if not any(t.knows(n.key) for t in self._shared_tiers):
                     self._transfers.append(KVTransfer("save", n.block, n.key, n.tokens))
+
+    # -- what the cache holds, for a router ----------------------------------------------
+    @property
+    def cache_root_key(self) -> bytes:
+        """The seed of every block's chain hash (the model fingerprint); b"" without a prefix cache."""
+        return self.cache.root.key if self.cache is not None else b""
+
+    def record_events(self) -> None:
+        """Start recording the chain hashes the prefix cache stores and removes (``take_events``)."""
+        if self.cache is not None and self.cache.events is None:
+            self.cache.events = CacheEvents()
+
+    def take_events(self) -> tuple[list[bytes], list[bytes]]:
+        """Hashes stored and removed since the last call (both empty unless ``record_events`` was called)."""
+        events = self.cache.events if self.cache is not None else None
+        return events.take() if events else ([], [])
 
     # -- transfers -------------------------------------------------------------------------
     @property

@@ -11,7 +11,8 @@ by the tree alone and may be evicted. Eviction is LRU, leaves first; dropping a 
 its subtree, whose in-use blocks simply stay with their requests.
 
 Every node also carries a chain hash of its whole prefix (and of the model fingerprint),
-the key under which evicted blocks are kept by the host and disk tiers.
+the key under which evicted blocks are kept by the host and disk tiers, and the name under which
+the cache reports what it stores and drops (``events``, for a router's view of the replica).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from kvserve.kv.block_pool import BlockPool
+from kvserve.kv.events import CacheEvents
 
 
 def chain_hash(parent: bytes, tokens: Sequence[int]) -> bytes:
@@ -56,6 +58,7 @@ class RadixCache:
         self._clock = 0
         self.num_nodes = 0
         self.stats = RadixStats()
+        self.events: CacheEvents | None = None  # set to record what is stored and removed
 
     def _tick(self) -> int:
         self._clock += 1
@@ -124,6 +127,8 @@ class RadixCache:
                 self.pool.mark_cached(blocks[i], True)
                 self.num_nodes += 1
                 self.stats.inserted_blocks += 1
+                if self.events is not None:
+                    self.events.stored(child.key)
             child.last_access = now
             node = child
         return node
@@ -136,6 +141,8 @@ class RadixCache:
         self.pool.mark_cached(block, True)
         self.num_nodes += 1
         self.stats.inserted_blocks += 1
+        if self.events is not None:
+            self.events.stored(key)
         return child
 
     def is_attached(self, node: RadixNode) -> bool:
@@ -179,8 +186,14 @@ class RadixCache:
                 freed.append(n)
             self.pool.release([n.block])
             self.num_nodes -= 1
+            if self.events is not None:
+                self.events.removed(n.key)
         self.stats.evicted_blocks += len(freed)
         return freed
+
+    def keys(self) -> list[bytes]:
+        """The chain hashes of every cached block."""
+        return [n.key for n in self._nodes()]
 
     def _nodes(self) -> Iterator[RadixNode]:
         stack = list(self.root.children.values())

@@ -22,7 +22,7 @@ from kvserve.config import ServerConfig
 from kvserve.server.engine_client import EngineClient
 from kvserve.server.errors import HANDLED_EXCEPTIONS, handle_error
 from kvserve.server.middleware import GuardMiddleware
-from kvserve.server.routes import admin, openai, tokenize
+from kvserve.server.routes import admin, kv, openai, tokenize
 from kvserve.server.state import ServerState
 
 def create_app(client: EngineClient, config: ServerConfig | None = None, *, own_client: bool = True) -> FastAPI:
@@ -48,4 +48,5 @@ def create_app(client: EngineClient, config: ServerConfig | None = None, *, own_
     app.include_router(admin.router)
     app.include_router(openai.router)
     app.include_router(tokenize.router)
+    app.include_router(kv.router)
     return app

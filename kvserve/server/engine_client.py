@@ -30,6 +30,7 @@ from kvserve.text.output import OutputProcessor
 from kvserve.engine.request import Request, SamplingParams
 from kvserve.engine.worker import engine_environment, run_engine_process
 from kvserve.errors import EngineDeadError, InvalidArgumentError, ModelLoadError, ServerBusyError
+from kvserve.server.kv_events import KVEventLog
 from kvserve.server.request_stream import RequestObserver, RequestStream
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ class EngineClient(Protocol):
     vocab_size: int | None
     tokenizer: Tokenizer
     stats: EngineStatsSnapshot  # the engine's latest snapshot
+    kv_events: KVEventLog  # what the prefix cache stored and removed (GET /kv/events)
     observer: RequestObserver | None
 
     @property
@@ -112,6 +114,7 @@ class AsyncEngineClient:
         self.stats = EngineStatsSnapshot(kv_blocks_total=ready.num_kv_blocks,
                                          resident_memory_bytes=ready.resident_memory_bytes)
         self.processor = OutputProcessor(self.tokenizer)
+        self.kv_events = KVEventLog(ready.block_size, ready.cache_root_key, enabled=ready.prefix_caching)
 
     def _wait_ready(self, timeout: float) -> EngineReady:
         deadline = time.monotonic() + timeout
@@ -262,6 +265,7 @@ class AsyncEngineClient:
     def _dispatch(self, msg: StepMessage | EngineFailed | None) -> None:
         if isinstance(msg, StepMessage):
             self.stats = msg.stats
+            self.kv_events.apply(msg.kv_stored, msg.kv_removed)
             for r in msg.rejected:
                 stream = self._requests.get(r.request_id)
                 if stream is not None:
@@ -281,6 +285,7 @@ class AsyncEngineClient:
             self._dead = "the engine process exited unexpectedly; the server must be restarted"
         self._fail_all(self._dead)
         self.stats = EngineStatsSnapshot(kv_blocks_total=self.stats.kv_blocks_total)
+        self.kv_events.clear()
 
     def _fail_all(self, why: str) -> None:
         for stream in list(self._requests.values()):

@@ -1,0 +1,41 @@
+"""``kvserve router``: load the tokenizer, bind, and serve the router's app with uvicorn until stopped."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+
+from kvserve.errors import InvalidArgumentError
+from kvserve.router.app import create_router_app
+from kvserve.router.config import RouterConfig
+from kvserve.router.prompt import PromptTokenizer
+
+log = logging.getLogger("kvserve.router")
+
+
+def run_router(config: RouterConfig) -> None:
+    """Serve the router until SIGINT/SIGTERM (a SIGTERM lets streams in flight finish, then exits 0)."""
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((config.host, config.port))
+    except OSError as e:
+        sock.close()
+        raise InvalidArgumentError(f"cannot listen on {config.host}:{config.port}: {e.strerror}", param="port") from e
+    try:
+        prompts = PromptTokenizer.load(config.model, config.tool_call_parser)
+        app = create_router_app(config, prompts)
+        server = uvicorn.Server(uvicorn.Config(app, log_level=config.log_level, timeout_graceful_shutdown=30,
+                                               timeout_keep_alive=5))
+        log.info("routing (%s) on http://%s:%d over %d backends: %s", config.policy, config.host, config.port,
+                 len(config.backends), ", ".join(config.backends) or "none yet (POST /admin/backends)")
+        previous = signal.signal(signal.SIGTERM, lambda *_: None)  # uvicorn re-raises it: return 0 instead
+        try:
+            server.run(sockets=[sock])
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    finally:
+        sock.close()

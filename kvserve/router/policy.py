@@ -1,0 +1,165 @@
+"""Which backend gets a request: the routing policies, as pure functions of what the router knows.
+
+A policy sees one ``Candidate`` per healthy backend (how many of this prompt's tokens its prefix
+cache is predicted to hold, and its load: requests in flight or queued there) and the request's
+session, and names one. No I/O and no clock: the only state is the tie-break's memory of when each
+backend was last picked, and (``session``) which backend each session went to.
+
+- ``cache-aware``: the longest cached prefix among the backends whose load is within
+  ``max_imbalance`` of the least loaded; equal prefixes go to the less loaded. Nothing cached
+  anywhere is least-load. A backend the cache favours cannot pile up work without bound: past the
+  threshold the others take the traffic.
+- ``least-load``: the fewest requests in flight.
+- ``round-robin``: each backend in turn.
+- ``session``: a session (``X-Session-Id`` or the ``user`` field) stays on its backend while that
+  is up; new sessions and requests without one go where ``cache-aware`` sends them.
+
+Every tie is broken by picking the candidate picked least recently (never picked first), so no
+backend starves behind another that merely sorts first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+POLICIES = ("cache-aware", "round-robin", "least-load", "session")
+DEFAULT_MAX_IMBALANCE = 8
+DEFAULT_MAX_SESSIONS = 100_000
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """What a policy knows of one healthy backend, for one request."""
+
+    name: str
+    cached_tokens: int = 0  # this prompt's tokens predicted to be in its prefix cache
+    load: int = 0  # requests in flight or waiting there
+
+
+class Policy(Protocol):
+    name: str
+
+    def choose(self, candidates: Sequence[Candidate], session: str | None = None) -> str:
+        """The name of the chosen candidate (``candidates`` is not empty)."""
+        ...
+
+    def forget(self, name: str) -> None:
+        """The backend ``name`` is gone for good."""
+        ...
+
+
+class TieBreak:
+    """Among equals, the one picked least recently: every backend gets its turn."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, int] = {}
+        self._clock = 0
+
+    def pick(self, names: Sequence[str]) -> str:
+        best = min(names, key=lambda n: (self._last.get(n, -1), n))
+        self._clock += 1
+        self._last[best] = self._clock
+        return best
+
+    def forget(self, name: str) -> None:
+        self._last.pop(name, None)
+
+
+class RoundRobin:
+    """Each backend in turn (the least recently picked, which is round robin over a changing set)."""
+
+    name = "round-robin"
+
+    def __init__(self) -> None:
+        self.tie = TieBreak()
+
+    def choose(self, candidates: Sequence[Candidate], session: str | None = None) -> str:
+        return self.tie.pick([c.name for c in candidates])
+
+    def forget(self, name: str) -> None:
+        self.tie.forget(name)
+
+
+class LeastLoad:
+    """The fewest requests in flight; ties in turn."""
+
+    name = "least-load"
+
+    def __init__(self) -> None:
+        self.tie = TieBreak()
+
+    def choose(self, candidates: Sequence[Candidate], session: str | None = None) -> str:
+        low = min(c.load for c in candidates)
+        return self.tie.pick([c.name for c in candidates if c.load == low])
+
+    def forget(self, name: str) -> None:
+        self.tie.forget(name)
+
+
+class CacheAware:
+    """The longest cached prefix, unless its backend carries more than ``max_imbalance`` requests
+    beyond the least loaded one; then the next best within that bound (the least loaded at worst)."""
+
+    name = "cache-aware"
+
+    def __init__(self, max_imbalance: int = DEFAULT_MAX_IMBALANCE):
+        if max_imbalance < 0:
+            raise ValueError("max_imbalance must be at least 0")
+        self.max_imbalance = max_imbalance
+        self.tie = TieBreak()
+
+    def choose(self, candidates: Sequence[Candidate], session: str | None = None) -> str:
+        low = min(c.load for c in candidates)
+        eligible = [c for c in candidates if c.load - low <= self.max_imbalance]  # the least loaded always is
+        best = max(c.cached_tokens for c in eligible)
+        tied = [c for c in eligible if c.cached_tokens == best]
+        least = min(c.load for c in tied)
+        return self.tie.pick([c.name for c in tied if c.load == least])
+
+    def forget(self, name: str) -> None:
+        self.tie.forget(name)
+
+
+class SessionAffinity:
+    """A session stays on its backend while that backend is a candidate; everything else goes where
+    ``fallback`` sends it. Remembers the ``max_sessions`` most recent sessions."""
+
+    name = "session"
+
+    def __init__(self, fallback: Policy | None = None, max_sessions: int = DEFAULT_MAX_SESSIONS):
+        self.fallback = fallback or CacheAware()
+        self.max_sessions = max_sessions
+        self._sessions: OrderedDict[str, str] = OrderedDict()
+
+    def choose(self, candidates: Sequence[Candidate], session: str | None = None) -> str:
+        if session is None:
+            return self.fallback.choose(candidates)
+        name = self._sessions.get(session)
+        if name is None or all(c.name != name for c in candidates):
+            name = self.fallback.choose(candidates)
+            self._sessions[session] = name
+            while len(self._sessions) > self.max_sessions:
+                self._sessions.popitem(last=False)
+        self._sessions.move_to_end(session)
+        return name
+
+    def forget(self, name: str) -> None:
+        self.fallback.forget(name)
+        for session in [s for s, n in self._sessions.items() if n == name]:
+            del self._sessions[session]
+
+
+def make_policy(name: str, max_imbalance: int = DEFAULT_MAX_IMBALANCE) -> Policy:
+    """The policy called ``name`` (one of ``POLICIES``)."""
+    if name == "cache-aware":
+        return CacheAware(max_imbalance)
+    if name == "round-robin":
+        return RoundRobin()
+    if name == "least-load":
+        return LeastLoad()
+    if name == "session":
+        return SessionAffinity(CacheAware(max_imbalance))
+    raise ValueError(f"unknown routing policy {name!r}; one of {', '.join(POLICIES)}")
