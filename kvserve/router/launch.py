@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-import signal
 import socket
 
 from kvserve.errors import InvalidArgumentError
 from kvserve.router.app import create_router_app
 from kvserve.router.config import RouterConfig
 from kvserve.router.prompt import PromptTokenizer
+from kvserve.server.launch import run_until_stopped
 
 log = logging.getLogger("kvserve.router")
 
@@ -32,10 +32,6 @@ def run_router(config: RouterConfig) -> None:
                                                timeout_keep_alive=5))
         log.info("routing (%s) on http://%s:%d over %d backends: %s", config.policy, config.host, config.port,
                  len(config.backends), ", ".join(config.backends) or "none yet (POST /admin/backends)")
-        previous = signal.signal(signal.SIGTERM, lambda *_: None)  # uvicorn re-raises it: return 0 instead
-        try:
-            server.run(sockets=[sock])
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+        run_until_stopped(server, sock)
     finally:
         sock.close()

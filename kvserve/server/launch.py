@@ -11,6 +11,7 @@ import signal
 import socket
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from kvserve.config import ServerConfig
 from kvserve.errors import EngineDeadError, InvalidArgumentError
@@ -62,16 +63,20 @@ def serve(client_factory: Callable[[], EngineClient], config: ServerConfig) -> N
         threading.Thread(target=watch_engine, name="engine-watch", daemon=True).start()
         names = ", ".join(app.state.server.names)
         log.info("serving %s on http://%s:%d (OpenAI API under /v1)", names, host, port)
-        # uvicorn re-raises the signal that stopped it once it is done; a no-op handler for
-        # SIGTERM turns that into a normal return, so a graceful stop exits with status 0.
-        previous = signal.signal(signal.SIGTERM, lambda *_: None)
-        try:
-            server.run(sockets=[sock])
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+        run_until_stopped(server, sock)
     finally:
         sock.close()
         if client.is_alive:
             client.shutdown()
     if died.is_set():
         raise EngineDeadError("the engine process died; the server stopped")
+
+
+def run_until_stopped(server: Any, sock: socket.socket) -> None:
+    """Serve on ``sock`` until uvicorn stops. uvicorn re-raises the signal that stopped it once it is
+    done; a no-op handler for SIGTERM turns that into a normal return, so a graceful stop exits 0."""
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
