@@ -210,3 +210,32 @@ def test_a_backend_that_goes_down_is_retried_elsewhere_and_taken_out(replicas, t
         assert answer(post(r.url, "/v1/completions", {**GREEDY, "prompt": "Hello"}))[2] == 8
         bad = httpx.post(f"{r.url}/admin/backends", json={"url": "localhost:1"})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "url"
+
+
+def test_session_policy_keeps_a_user_on_one_replica(replicas, tokenizer):
+    rng = random.Random(11)
+    with start_router(tokenizer, *(r.url for r in replicas), policy="session") as r:
+        wait_until(lambda: all(b["synced"] for b in backends(r.url)))
+
+        def counts() -> dict[str, float]:
+            text = httpx.get(f"{r.url}/metrics").text
+            out = {}
+            for rep in replicas:
+                try:
+                    out[rep.url] = metric(text, "kvserve:router_requests_total", backend=rep.url, status="200")
+                except KeyError:
+                    out[rep.url] = 0.0
+            return out
+
+        for who, how in (("alice", "header"), ("bob", "user"), ("carol", "header")):
+            before = counts()
+            for _ in range(3):  # unrelated prompts: no cache pulls them anywhere
+                body = {**GREEDY, "prompt": [rng.randrange(3, 49152) for _ in range(20)]}
+                if how == "user":
+                    resp = post(r.url, "/v1/completions", {**body, "user": who})
+                else:
+                    resp = httpx.post(f"{r.url}/v1/completions", json=body, headers={"X-Session-Id": who}, timeout=60)
+                assert resp.status_code == 200
+            after = counts()
+            grew = sorted(after[u] - before[u] for u in after)
+            assert grew == [0, 3], (who, before, after)  # all three on one replica
