@@ -25,19 +25,18 @@ def free_socket() -> socket.socket:
     return sock
 
 
-class ServerThread:
-    """An app over ``client`` served by uvicorn in a daemon thread; ``stop`` also stops the engine."""
+class AppThread:
+    """Any ASGI app served by uvicorn in a daemon thread on a free 127.0.0.1 port."""
 
-    def __init__(self, client: AsyncEngineClient, config: ServerConfig | None = None):
-        self.client = client
-        self.app = create_app(client, config)
+    def __init__(self, app):
+        self.app = app
         self.sock = free_socket()
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", timeout_graceful_shutdown=5))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
-    def __enter__(self) -> ServerThread:
+    def __enter__(self):
         self.thread.start()
         deadline = time.monotonic() + 30
         while not self.server.started:
@@ -50,6 +49,17 @@ class ServerThread:
         self.server.should_exit = True
         self.thread.join(30)
         self.sock.close()
+
+
+class ServerThread(AppThread):
+    """kvserve's app over ``client``, served as an ``AppThread``; leaving it also stops the engine."""
+
+    def __init__(self, client: AsyncEngineClient, config: ServerConfig | None = None):
+        self.client = client
+        super().__init__(create_app(client, config))
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
         if self.client.is_alive:  # the lifespan did not run to its end
             self.client._kill()
 

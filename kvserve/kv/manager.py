@@ -9,6 +9,7 @@ performs them before the forward pass that may overwrite a reused block. No torc
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -161,10 +162,7 @@ class KVManager:
         if not tiers:
             return node
         found = list(zip(keys, chunks, tiers))
-        counts: dict[int, tuple[Tier, int]] = {}
-        for t in tiers:
-            counts[id(t)] = (t, counts.get(id(t), (t, 0))[1] + 1)
-        copy_s = sum(t.read_seconds(self.block_bytes * n, n) for t, n in counts.values())
+        copy_s = sum(t.read_seconds(self.block_bytes * n, n) for t, n in Counter(tiers).items())
         prefill_s = self.prefill_seconds(len(table) * bs, len(found) * bs)
         if prefill_s is not None and copy_s >= prefill_s:
             self.stats.restores_skipped += len(found)

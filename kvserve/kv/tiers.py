@@ -16,6 +16,7 @@ import logging
 import os
 import struct
 from collections import OrderedDict
+from itertools import groupby
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -226,13 +227,6 @@ class TieredStore:
         for t in self.tiers:
             t.put(key, tokens, payload)
 
-    def find(self, key: bytes) -> Tier | None:
-        """The first tier that lists ``key`` (its payload is verified only on ``get``)."""
-        for t in self.tiers:
-            if key in t:
-                return t
-        return None
-
     def find_chain(self, keys: Sequence[bytes]) -> list[Tier]:
         """The tiers holding the leading blocks of a chain (``keys`` in order), up to the first block
         no tier holds. Local tiers are asked block by block; from the first block they lack, each
@@ -254,23 +248,13 @@ class TieredStore:
 
     def fetch(self, found: Sequence[tuple[bytes, tuple[int, ...], Tier]]) -> list[bytes | None]:
         """The payloads of ``found`` blocks ((key, tokens, tier), in order), up to the first miss (None):
-        a remote tier's run of blocks in one round trip."""
+        a remote tier's run of blocks in one round trip, a local tier's one block at a time."""
         out: list[bytes | None] = []
-        i = 0
-        while i < len(found):
-            tier = found[i][2]
-            j = i
-            while j < len(found) and found[j][2] is tier:
-                j += 1
-            run = found[i:j]
-            if getattr(tier, "remote", False):
-                out += tier.get_many([(k, t) for k, t, _ in run])
-            else:
-                for k, t, _ in run:
-                    out.append(tier.get(k, t))
-                    if out[-1] is None:  # the chain breaks here: read no further
-                        return out
-            if None in out:
-                return out
-            i = j
+        for tier, run in groupby(found, key=lambda f: f[2]):
+            items = [(k, t) for k, t, _ in run]
+            payloads = tier.get_many(items) if getattr(tier, "remote", False) else (tier.get(k, t) for k, t in items)
+            for payload in payloads:
+                out.append(payload)
+                if payload is None:  # the chain breaks here: read no further
+                    return out
         return out

@@ -105,12 +105,14 @@ class _SamplingRequest(BaseModel):
         if self.stream and self.prompt_logprobs:  # vLLM's rule: they are not streamed
             raise InvalidArgumentError("prompt_logprobs are not available with stream", param="prompt_logprobs")
         if self.use_beam_search:
-            self._check_beam_search()
-        self.guided_spec()  # conflicting or malformed constraints
+            self._check_beam_search()  # (judges the output constraint too)
+        else:
+            self.guided_spec()  # conflicting or malformed constraints
 
     def _check_beam_search(self) -> None:
         """Beam search ranks beams by the model's raw log-probabilities: what would change the
-        distribution, or needs a sampled token's own state, is refused rather than ignored."""
+        distribution, or needs a sampled token's own state, is refused rather than ignored (an
+        output constraint included, once ``guided_spec`` has judged it)."""
         from kvserve.engine.beam_search import MAX_BEAM_WIDTH
 
         if self.n > MAX_BEAM_WIDTH:

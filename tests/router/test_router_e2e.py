@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import json
 import random
-import threading
 import time
 
 import httpx
 import pytest
-import uvicorn
 
 from kvserve.bench.prometheus import metric
 from kvserve.config import KVServeConfig, ServerConfig
@@ -23,34 +21,10 @@ from kvserve.router.config import RouterConfig
 from kvserve.router.prefix import HashScheme, block_hashes
 from kvserve.router.prompt import PromptTokenizer
 from kvserve.server.engine_client import AsyncEngineClient
-from server_utils import ServerThread, free_socket
+from server_utils import AppThread, ServerThread
 
 ENGINE = dict(dtype="float32", num_threads=1, num_kv_blocks=256, max_num_seqs=16, max_num_batched_tokens=512)
 GREEDY = {"model": "tiny", "max_tokens": 8, "temperature": 0, "ignore_eos": True}
-
-
-class AppThread:
-    """Any ASGI app served by uvicorn in a daemon thread on a free port (here: the router's)."""
-
-    def __init__(self, app):
-        self.app = app
-        self.sock = free_socket()
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def __enter__(self) -> AppThread:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert self.thread.is_alive() and time.monotonic() < deadline, "the router did not start"
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
-        self.sock.close()
 
 
 def replica(model_dir, name: str) -> ServerThread:
