@@ -64,6 +64,17 @@ class ServerThread(AppThread):
             self.client._kill()
 
 
+TINY_ENGINE = dict(dtype="float32", num_threads=1, num_kv_blocks=512, max_num_seqs=64, max_num_batched_tokens=512)
+
+
+def tiny_server(model_dir) -> ServerThread:
+    """A server on the tiny random Llama of ``tiny_model_dir`` (served as "tiny"), for ``with``."""
+    from kvserve.config import KVServeConfig
+
+    client = AsyncEngineClient(KVServeConfig.from_kwargs(model=str(model_dir), **TINY_ENGINE))
+    return ServerThread(client, ServerConfig(served_model_names=["tiny"]))
+
+
 def wait_for_metrics(url: str, timeout: float = 15.0, headers: dict | None = None, **expected: float) -> str:
     """Poll /metrics until every ``name=value`` (name with ':' written as '__') holds."""
     deadline = time.monotonic() + timeout

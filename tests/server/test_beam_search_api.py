@@ -7,23 +7,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvserve.config import KVServeConfig, ServerConfig
 from kvserve.engine.beam_search import BeamSearch
-from kvserve.server.engine_client import AsyncEngineClient
-from server_utils import ServerThread
+from server_utils import tiny_server
 
 openai = pytest.importorskip("openai")
 transformers = pytest.importorskip("transformers")
 
-ENGINE = dict(dtype="float32", num_threads=1, num_kv_blocks=512, max_num_seqs=64, max_num_batched_tokens=512)
 PROMPT = "The quick brown fox jumps over"
 MSGS = [{"role": "user", "content": "Hi there"}]
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    client = AsyncEngineClient(KVServeConfig.from_kwargs(model=str(tiny_model_dir), **ENGINE))
-    with ServerThread(client, ServerConfig(served_model_names=["tiny"])) as s:
+    with tiny_server(tiny_model_dir) as s:
         yield s
 
 

@@ -17,11 +17,10 @@ from kvserve import SamplingParams
 from kvserve.config import KVServeConfig, ServerConfig
 from kvserve.server.engine_client import AsyncEngineClient
 from kvserve.text.tokenizer import bad_words_token_ids
-from server_utils import ServerThread
+from server_utils import ServerThread, tiny_server
 
 openai = pytest.importorskip("openai")
 
-ENGINE = dict(dtype="float32", num_threads=1, num_kv_blocks=512, max_num_seqs=64, max_num_batched_tokens=512)
 PROMPT = "The quick brown fox jumps over"
 MSGS = [{"role": "user", "content": "Hi there"}]
 FREE = {"ignore_eos": True}  # the random model never stops by itself
@@ -29,8 +28,7 @@ FREE = {"ignore_eos": True}  # the random model never stops by itself
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    client = AsyncEngineClient(KVServeConfig.from_kwargs(model=str(tiny_model_dir), **ENGINE))
-    with ServerThread(client, ServerConfig(served_model_names=["tiny"])) as s:
+    with tiny_server(tiny_model_dir) as s:
         yield s
 
 
