@@ -101,6 +101,11 @@ def cmd_serve(a: argparse.Namespace) -> None:
     srv = config.server
     logging.basicConfig(level=getattr(logging, srv.uvicorn_log_level.upper(), logging.INFO),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if a.replicas != 1:  # N engine processes behind the router (docs/scale-out.md)
+        from kvserve.router.replicas import serve_replicas
+
+        serve_replicas(config, a.replicas, a.router_policy)
+        return
     serve(lambda: AsyncEngineClient(config), srv)
 
 
@@ -126,6 +131,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)")
     KVServeConfig.add_cli_args(s, tuple(PARTS))
+    from kvserve.router.policy import POLICIES
+
+    rep = s.add_argument_group("replicas", "several engine processes behind the router (docs/scale-out.md)")
+    rep.add_argument("--replicas", type=int, default=1,
+                     help="start N replicas on 127.0.0.1 behind `kvserve router` on --host/--port; --num-threads, "
+                          "--kv-cache-memory-gb, --num-kv-blocks and the offload sizes are totals divided among them "
+                          "(default: %(default)s, one server)")
+    rep.add_argument("--router-policy", default="cache-aware", choices=POLICIES,
+                     help="with --replicas: the router's --policy (default: %(default)s)")
     s.set_defaults(func=cmd_serve)
 
     from kvserve.router.config import add_args as add_router_args

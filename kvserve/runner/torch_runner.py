@@ -14,6 +14,7 @@ import torch
 from kvserve.attention import SeqRows, choose_attention_backend, get_kv_pool
 from kvserve.config import CacheConfig
 from kvserve.engine.batch import Batch, ScheduledChunk, StepOutput
+from kvserve.engine.memory import default_kv_cache_bytes
 from kvserve.kv.manager import KVTransfer
 from kvserve.model.config import ModelConfig
 from kvserve.model.llama import LlamaForCausalLM
@@ -25,17 +26,6 @@ from kvserve.spec.verify import verify
 log = logging.getLogger(__name__)
 
 PROMPT_LOGPROBS_ROWS = 256  # prompt rows whose logits are computed at once (each row: vocab floats)
-
-
-def default_kv_cache_bytes() -> int:
-    """Without --kv-cache-memory-gb: a quarter of available memory, at most 4 GiB."""
-    try:
-        with open("/proc/meminfo") as f:
-            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
-        avail = info.get("MemAvailable", 8 << 30)
-    except OSError:
-        avail = 8 << 30
-    return int(min(4 << 30, avail // 4))
 
 
 class TorchRunner:
