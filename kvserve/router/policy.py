@@ -1,14 +1,18 @@
 """Which backend gets a request: the routing policies, as pure functions of what the router knows.
 
 A policy sees one ``Candidate`` per healthy backend (how many of this prompt's tokens its prefix
-cache is predicted to hold, and its load: requests in flight or queued there) and the request's
-session, and names one. No I/O and no clock: the only state is the tie-break's memory of when each
+cache is predicted to hold, the prefill work queued there, and its load: requests in flight or
+queued there) and the request's session, and names one. No I/O and no clock: the only state is the tie-break's memory of when each
 backend was last picked, and (``session``) which backend each session went to.
 
-- ``cache-aware``: the longest cached prefix among the backends whose load is within
-  ``max_imbalance`` of the least loaded; equal prefixes go to the less loaded. Nothing cached
-  anywhere is least-load. A backend the cache favours cannot pile up work without bound: past the
-  threshold the others take the traffic.
+- ``cache-aware``: among the backends whose load is within ``max_imbalance`` of the least loaded,
+  the one where the prompt's prefill would end first: the fewest prompt tokens queued for prefill
+  there plus the prompt's own tokens it does not hold. With nothing queued anywhere that is the
+  longest cached prefix; equal ones go to the less loaded; nothing cached anywhere is least-load.
+  A cached prefix wins over an idle backend only while the work queued ahead of it there is
+  smaller than what the idle one would recompute, so a hot prefix spreads to the other replicas
+  as soon as that pays; and a backend the cache favours cannot pile up requests without bound:
+  past the threshold the others take the traffic.
 - ``least-load``: the fewest requests in flight.
 - ``round-robin``: each backend in turn.
 - ``session``: a session (``X-Session-Id`` or the ``user`` field) stays on its backend while that
@@ -37,6 +41,7 @@ class Candidate:
     name: str
     cached_tokens: int = 0  # this prompt's tokens predicted to be in its prefix cache
     load: int = 0  # requests in flight or waiting there
+    queued_tokens: int = 0  # prompt tokens of requests sent there, predicted to be computed before this one
 
 
 class Policy(Protocol):
@@ -100,8 +105,9 @@ class LeastLoad:
 
 
 class CacheAware:
-    """The longest cached prefix, unless its backend carries more than ``max_imbalance`` requests
-    beyond the least loaded one; then the next best within that bound (the least loaded at worst)."""
+    """The earliest end of prefill (queued prefill tokens + the prompt's uncached tokens; with nothing
+    queued, the longest cached prefix) among the backends that carry at most ``max_imbalance``
+    requests beyond the least loaded one."""
 
     name = "cache-aware"
 
@@ -114,8 +120,9 @@ class CacheAware:
     def choose(self, candidates: Sequence[Candidate], session: str | None = None) -> str:
         low = min(c.load for c in candidates)
         eligible = [c for c in candidates if c.load - low <= self.max_imbalance]  # the least loaded always is
-        best = max(c.cached_tokens for c in eligible)
-        tied = [c for c in eligible if c.cached_tokens == best]
+        # prefill work before this prompt's first token there, less the (same for all) prompt length
+        best = min(c.queued_tokens - c.cached_tokens for c in eligible)
+        tied = [c for c in eligible if c.queued_tokens - c.cached_tokens == best]
         least = min(c.load for c in tied)
         return self.tie.pick([c.name for c in tied if c.load == least])
 
