@@ -1,14 +1,15 @@
 """Forwarding a request to a backend (``Proxy``): choose one, send, retry elsewhere before the first byte.
 
-For each attempt the policy chooses among the healthy backends not tried yet, given how much of
-the prompt each one's cache holds (``PromptHashes`` against its mirrored set and the blocks its
-requests in flight are computing), the prefill work queued there, and its load. The chosen backend
-remembers the request's blocks and queued work (``Backend.predict``) until its first byte (work
-done) and its end (blocks cached or never). The request goes out as it came (method, path, query, body, headers such as ``Authorization``; not
-hop-by-hop ones). A backend that cannot be reached, breaks before answering, or answers 429 / 502 /
-503 / 504 is given up and the next one tried, up to ``max_attempts``; when none is left the last
-such answer (or a 503) goes to the client. A stream is committed once its first chunk has arrived:
-after that the bytes pass through unchanged (``relay.py``).
+For each attempt the policy chooses among the healthy backends not tried yet, given how much of the
+prompt each one's cache holds (``PromptHashes`` against its mirrored set and the blocks its requests
+in flight are computing), the prefill work queued there, and its load. The chosen backend remembers
+the request's blocks and queued work (``Backend.predict``) until its first byte (work done) and its
+end (blocks cached or never). The request goes out as it came (method, path, query, body, headers
+such as ``Authorization``; not hop-by-hop ones). A backend that cannot be reached, breaks before
+answering, or answers 429 / 502 / 503 / 504 is given up and the next one tried, up to
+``max_attempts``; when none is left the last such answer (or a 503) goes to the client. A stream is
+committed once its first chunk has arrived: after that the bytes pass through unchanged
+(``relay.py``).
 """
 
 from __future__ import annotations
