@@ -18,7 +18,7 @@ K=.venv/bin/kvserve
 PY=.venv/bin/python
 POLICIES=${*:-round-robin least-load cache-aware}
 KV_GB=${KV_GB:-0.5}; PROMPTS=${PROMPTS:-64}; DOCS=${DOCS:-16}; CONC=${CONC:-4}; WARMUP=${WARMUP:-0}
-waitport() { for _ in $(seq 1 300); do curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0; sleep 1; done; return 1; }
+waitport() { for _ in $(seq 1 900); do curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0; sleep 1; done; return 1; }
 { date -u +%FT%TZ; lscpu | grep "Model name"; echo "KV_GB=$KV_GB PROMPTS=$PROMPTS DOCS=$DOCS CONC=$CONC WARMUP=$WARMUP TEXT=${TEXT:-} ROUTER_ARGS=${ROUTER_ARGS:-} $POLICIES"; } >> "$OUT/date"
 for policy in $POLICIES; do
   pids=()

@@ -32,6 +32,8 @@ def run_router(config: RouterConfig, sock: socket.socket | None = None) -> None:
     import uvicorn
 
     sock = sock or bind(config.host, config.port)
+    if config.log_level not in ("debug", "trace"):  # not a line per health check and events poll
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         prompts = PromptTokenizer.load(config.model, config.tool_call_parser)
         app = create_router_app(config, prompts)

@@ -225,7 +225,6 @@ def serve_replicas(config: KVServeConfig, n: int, policy: str = "cache-aware") -
     """``kvserve serve --replicas n``: the replicas, then the router on the serve address, until stopped."""
     srv = config.server
     configs = replica_configs(config, n)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per health check and events poll
     sock = bind(srv.host, srv.port)
     replicas = ReplicaSet(configs, srv.replica_id or f"replica-{srv.port}")
     router = RouterConfig(backends=replicas.urls, policy=policy, model=config.model.model,
