@@ -131,12 +131,13 @@ def test_make_policy():
 def test_cache_aware_weighs_queued_prefill_against_the_cache():
     """The earliest end of prefill: queued prefill tokens there plus the prompt's uncached tokens."""
     p = CacheAware(max_imbalance=8)
-    # b holds 512 more tokens of the prompt but has 600 tokens of prefill queued: a finishes first
-    assert p.choose([Candidate("a", 0, 1, queued_tokens=0), Candidate("b", 512, 1, queued_tokens=600)]) == "a"
-    # with 400 queued, b's cache still wins
-    assert p.choose([Candidate("a", 0, 1, queued_tokens=0), Candidate("b", 512, 1, queued_tokens=400)]) == "b"
-    # equal work: the less loaded
-    assert p.choose([Candidate("a", 0, 2, queued_tokens=0), Candidate("b", 512, 1, queued_tokens=512)]) == "b"
+    # b holds 512 more tokens of the prompt (worth 1.25 x 512 = 640 queued) but has 700 queued: a
+    assert p.choose([Candidate("a", 0, 1, queued_tokens=0), Candidate("b", 512, 1, queued_tokens=700)]) == "a"
+    # with 600 queued, b's cache still wins
+    assert p.choose([Candidate("a", 0, 1, queued_tokens=0), Candidate("b", 512, 1, queued_tokens=600)]) == "b"
+    # equal cost: the less loaded
+    assert p.choose([Candidate("a", 0, 2, queued_tokens=0), Candidate("b", 512, 1, queued_tokens=640)]) == "b"
+    assert p.choose([Candidate("a", 0, 1, queued_tokens=0), Candidate("b", 512, 2, queued_tokens=640)]) == "a"
 
 
 def test_cache_aware_a_cold_wave_with_one_new_prefix_is_shared_out():
