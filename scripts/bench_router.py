@@ -8,7 +8,9 @@ same requests to the backend directly and through the router:
 - latency: one request at a time (N of each kind); the router's added latency is the difference
   of the medians (and of the 99th percentiles);
 - throughput: CONC requests at once for SECONDS; the router's limit is its requests/s when the
-  direct rate is well above it (then the router, not the backend or the client, is the bound).
+  direct rate is well above it (then the router, not the backend or the client, is the bound);
+- CPU: the router process's CPU time per request over the latency run (from /proc), and the rate
+  one core would allow at that cost, which holds even on a machine busy with other work.
 
 Usage: .venv/bin/python scripts/bench_router.py [--router-cpu 0 --backend-cpu 1 --requests 500
        --concurrency 32 --seconds 10 --output-json out.json]
@@ -141,6 +143,13 @@ async def throughput(url: str, stream: bool, concurrency: int, seconds: float) -
         return done / (time.perf_counter() - t0)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (Linux /proc), whatever else the machine runs."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
@@ -199,12 +208,17 @@ def main() -> None:
         for stream in (False, True):
             kind = "stream" if stream else "json"
             direct = asyncio.run(latencies(backend_url, stream, a.requests))
+            cpu0 = cpu_seconds(procs[1].pid)
             routed = asyncio.run(latencies(router_url, stream, a.requests))
+            # the router's CPU per request (its health checks and event polls included): on a shared
+            # machine, a steadier measure of its cost than its latency or rate
+            cpu_ms = 1e3 * (cpu_seconds(procs[1].pid) - cpu0) / (a.requests + 20)
             rows[f"latency_{kind}"] = {
                 "direct_p50_ms": 1e3 * statistics.median(direct), "direct_p99_ms": 1e3 * pct(direct, 99),
                 "router_p50_ms": 1e3 * statistics.median(routed), "router_p99_ms": 1e3 * pct(routed, 99),
                 "added_p50_ms": 1e3 * (statistics.median(routed) - statistics.median(direct)),
-                "added_p99_ms": 1e3 * (pct(routed, 99) - pct(direct, 99))}
+                "added_p99_ms": 1e3 * (pct(routed, 99) - pct(direct, 99)),
+                "router_cpu_ms_per_request": cpu_ms, "router_rps_per_core_from_cpu": 1e3 / cpu_ms}
             rows[f"throughput_{kind}"] = {
                 "direct_rps": asyncio.run(throughput(backend_url, stream, a.concurrency, a.seconds)),
                 "router_rps": asyncio.run(throughput(router_url, stream, a.concurrency, a.seconds))}
@@ -218,7 +232,9 @@ def main() -> None:
     print(json.dumps(result, indent=1))
     for kind in ("json", "stream"):
         lat, thr = rows[f"latency_{kind}"], rows[f"throughput_{kind}"]
-        print(f"{kind:6s}: added p50 {lat['added_p50_ms']:.2f} ms, p99 {lat['added_p99_ms']:.2f} ms "
+        print(f"{kind:6s}: router CPU {lat['router_cpu_ms_per_request']:.2f} ms/request (at most "
+              f"{lat['router_rps_per_core_from_cpu']:.0f} req/s per core); "
+              f"added p50 {lat['added_p50_ms']:.2f} ms, p99 {lat['added_p99_ms']:.2f} ms "
               f"(direct {lat['direct_p50_ms']:.2f}/{lat['direct_p99_ms']:.2f}, via router "
               f"{lat['router_p50_ms']:.2f}/{lat['router_p99_ms']:.2f}); router {thr['router_rps']:.0f} req/s on one "
               f"core (direct {thr['direct_rps']:.0f} req/s)")

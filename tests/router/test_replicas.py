@@ -61,3 +61,20 @@ def test_each_replica_is_a_kvserve_serve_on_loopback_with_the_key_in_its_environ
         assert (parsed.host, parsed.port, parsed.replica_id, parsed.num_threads) == ("127.0.0.1", r.port, f"svc-{i}", 1)
         assert parsed.dtype == "float32"
         assert "s3cret" not in " ".join(argv) and r.env["KVSERVE_API_KEY"] == "s3cret"
+
+
+def test_the_routers_admin_routes_need_the_key_serve_replicas_gives_them():
+    """With an admin key (serve --replicas sets it to its --api-key) the router's /admin routes need it."""
+    import httpx
+
+    from kvserve.router.app import create_router_app
+    from kvserve.router.config import RouterConfig
+    from server_utils import AppThread
+
+    with AppThread(create_router_app(RouterConfig(admin_key="k"), None)) as r:
+        assert httpx.get(f"{r.url}/admin/backends").status_code == 401
+        wrong = httpx.get(f"{r.url}/admin/backends", headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
+        ok = httpx.get(f"{r.url}/admin/backends", headers={"Authorization": "Bearer k"})
+        assert ok.status_code == 200 and ok.json() == {"policy": "cache-aware", "backends": []}
+        assert httpx.get(f"{r.url}/health").status_code == 503  # no backend up
