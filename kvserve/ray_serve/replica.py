@@ -4,7 +4,7 @@ A replica is kvserve's own server: the FastAPI app (``kvserve.server.app``) over
 (``AsyncEngineClient``), built from one ``KVServeConfig``; nothing of the scheduling or the API is
 redone here. The ingress hands it whole HTTP requests (``ReplicaCall``), which it runs on the app
 in-process (``run_on_app``) and streams back, naming itself in an ``x-kvserve-replica`` header. For the request router it reports, in its routing
-stats, the chain hashes its prefix cache holds (the set ``GET /kv/events`` serves) and its load;
+stats, the chain hashes its prefix cache holds (the set ``GET /kv/events`` serves);
 for Ray Serve's health checks, whether its engine process is alive.
 """
 
@@ -67,10 +67,8 @@ class KVServeReplica:
 
 
 def cache_stats(client: Any) -> dict[str, Any]:
-    """An engine client's prefix cache and load, as ``CacheAwareRequestRouter`` reads them."""
+    """An engine client's prefix cache, as ``CacheAwareRequestRouter`` reads it. (No load: the router has
+    Ray's own count, and stats that change only with the cache are pushed only when it changes.)"""
     events = client.kv_events
-    stats = client.stats
     return {"hash_scheme": events.hash_scheme() if events.enabled else None,
-            "epoch": events.epoch,
-            "cached": b"".join(sorted(events.cached)),  # 16 bytes a block, sorted: equal sets compare equal
-            "running": stats.num_running, "waiting": stats.num_waiting, "kv_usage": stats.kv_cache_usage}
+            "cached": b"".join(sorted(events.cached))}  # 16 bytes a block, sorted: equal sets compare equal

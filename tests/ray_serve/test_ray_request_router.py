@@ -17,7 +17,6 @@ pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install
 from ray.serve._private.common import DeploymentHandleSource, DeploymentID, ReplicaID, RequestMetadata  # noqa: E402
 from ray.serve.request_router import PendingRequest  # noqa: E402
 
-from kvserve.engine.messages import EngineStatsSnapshot  # noqa: E402
 from kvserve.ray_serve.call import ReplicaCall  # noqa: E402
 from kvserve.ray_serve.replica import cache_stats  # noqa: E402
 from kvserve.ray_serve.request_router import CacheAwareRequestRouter, ReplicaCache  # noqa: E402
@@ -39,7 +38,7 @@ class FakeReplica:
         self.max_ongoing_requests = max_ongoing
         log = KVEventLog(BLOCK, ROOT)
         log.apply(block_hashes(PROMPT, HashScheme(ROOT, BLOCK))[:cached_blocks], [])
-        client = SimpleNamespace(kv_events=log, stats=EngineStatsSnapshot())
+        client = SimpleNamespace(kv_events=log)
         self.routing_stats = {"kvserve": cache_stats(client)}  # what the real replica reports
 
     async def get_queue_len(self, *, deadline_s: float) -> int:
