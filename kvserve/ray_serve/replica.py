@@ -17,6 +17,8 @@ from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+from ray import serve
+
 from kvserve.config import KVServeConfig
 from kvserve.errors import EngineDeadError
 from kvserve.ray_serve.call import ReplicaCall, ResponseStart, run_on_app
@@ -40,8 +42,6 @@ class KVServeReplica:
         # the app's lifespan attaches the engine client to this loop (and stops it on the way out)
         self._lifespan: AbstractAsyncContextManager[Any] | None = self.app.router.lifespan_context(self.app)
         await self._lifespan.__aenter__()
-        from ray import serve
-
         self.name = serve.get_replica_context().replica_id.unique_id.encode()
 
     async def handle(self, call: ReplicaCall) -> AsyncIterator[ResponseStart | bytes]:
