@@ -101,6 +101,12 @@ def cmd_serve(a: argparse.Namespace) -> None:
     srv = config.server
     logging.basicConfig(level=getattr(logging, srv.uvicorn_log_level.upper(), logging.INFO),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if a.ray:  # replicas on Ray Serve (docs/scale-out.md)
+        from kvserve.ray_serve.launch import serve_on_ray
+        from kvserve.ray_serve.options import from_args as ray_options
+
+        serve_on_ray(config, ray_options(a), a.ray_address)
+        return
     serve(lambda: AsyncEngineClient(config), srv)
 
 
@@ -126,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)")
     KVServeConfig.add_cli_args(s, tuple(PARTS))
+    from kvserve.ray_serve.options import add_args as add_ray_args
+
+    add_ray_args(s)
     s.set_defaults(func=cmd_serve)
 
     from kvserve.router.config import add_args as add_router_args
