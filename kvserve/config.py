@@ -72,6 +72,9 @@ class CacheConfig:
     kv_offload_dir: str | None = field(default=None, metadata={"help": "directory of a disk tier for evicted KV blocks "
                                        "(kept across restarts)"})
     kv_offload_disk_gb: float = field(default=10.0, metadata={"help": "size bound of the disk tier, GiB"})
+    kv_offload_dir_shared: bool = field(default=False, metadata={"help": "other replicas share --kv-offload-dir "
+                                        "(a common mount): save each block to it once computed, not only when evicted",
+                                        "store_true": True})
     kv_offload_url: str | None = field(default=None, metadata={"help": "redis://HOST:PORT/DB: a KV tier in Redis "
                                        "shared by replicas (each block saved once computed; Redis evicts: run it with "
                                        "maxmemory and allkeys-lru)"})
@@ -88,6 +91,8 @@ class CacheConfig:
                "kv_cache_memory_gb")
         _check(self.kv_offload_memory_gb >= 0 and self.kv_offload_disk_gb > 0,
                "--kv-offload-memory-gb must be >= 0 and --kv-offload-disk-gb > 0", "kv_offload_memory_gb")
+        _check(self.kv_offload_dir or not self.kv_offload_dir_shared, "--kv-offload-dir-shared needs --kv-offload-dir",
+               "kv_offload_dir_shared")
         _check(self.kv_offload_url is None or self.kv_offload_url.startswith(("redis://", "rediss://", "unix://")),
                "--kv-offload-url must be redis://HOST:PORT/DB (or rediss://, unix://)", "kv_offload_url")
         _check(not (self.kv_offload_memory_gb or self.kv_offload_dir or self.kv_offload_url) or self.enable_prefix_caching,
