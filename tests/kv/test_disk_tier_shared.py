@@ -133,3 +133,28 @@ def test_a_read_keeps_an_entry_and_the_cap_evicts_the_least_recently_used(tmp_pa
     b.put(*block(3))  # over the cap: the least recently used go, block 0 stays
     assert block(0)[0] in a and block(3)[0] in a and block(1)[0] not in a
     assert dir_bytes(tmp_path) <= 3 * ENTRY + ENTRY // 2
+
+
+def test_a_second_replica_restores_what_the_first_computed(tmp_path: Path):
+    """With --kv-offload-dir-shared, blocks land in the directory as soon as they are computed (no eviction
+    needed): a second engine on the same directory restores the prompt and answers the same."""
+    from conftest import hf_weights, kvserve_config, tiny_hf_model
+    from kvserve import SamplingParams
+    from kvserve.llm import LLM
+
+    hf = tiny_hf_model(kv_heads=2)
+    cfg, w = kvserve_config(hf), hf_weights(hf)
+    greedy = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    prompt = [random.Random(3).randrange(3, 97) for _ in range(37)]
+
+    def replica(**kw):
+        return LLM.from_weights(cfg, w, dtype="float32", num_kv_blocks=64, block_size=4, **kw)
+
+    want = replica().generate([prompt], greedy)[0].token_ids
+    first = replica(kv_offload_dir=str(tmp_path), kv_offload_dir_shared=True)
+    assert first.generate([prompt], greedy)[0].token_ids == want
+    assert len(list(tmp_path.glob("*.kvb"))) >= 9  # the prompt's 9 full blocks, nothing evicted
+    second = replica(kv_offload_dir=str(tmp_path), kv_offload_dir_shared=True)
+    out = second.generate([prompt], greedy)[0]
+    assert out.token_ids == want and out.num_cached_tokens == 36
+    assert second.engine.kv.stats.tier_hits["disk"] == 36
