@@ -17,7 +17,8 @@ from kvserve.engine.core import EngineCore
 from kvserve.engine.engine import Engine
 from kvserve.errors import ModelLoadError
 from kvserve.kv.manager import KVManager
-from kvserve.kv.tiers import DiskTier, HostTier, Tier
+from kvserve.kv.disk_tier import DiskTier
+from kvserve.kv.tiers import HostTier, Tier
 from kvserve.model.config import ModelConfig
 from kvserve.runner.torch_runner import TorchRunner
 from kvserve.spec.draft import DraftProposer
@@ -85,7 +86,8 @@ def build_kv_manager(config: KVServeConfig, num_blocks: int, block_size: int, bl
     if cache.kv_offload_memory_gb:
         tiers.append(HostTier(int(cache.kv_offload_memory_gb * (1 << 30))))
     if cache.kv_offload_dir:
-        tiers.append(DiskTier(cache.kv_offload_dir, int(cache.kv_offload_disk_gb * (1 << 30)), fingerprint))
+        tiers.append(DiskTier(cache.kv_offload_dir, int(cache.kv_offload_disk_gb * (1 << 30)), fingerprint,
+                              shared=cache.kv_offload_dir_shared))
     if cache.kv_offload_url:
         from kvserve.kv.redis_tier import RedisTier
 

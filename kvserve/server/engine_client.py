@@ -67,7 +67,7 @@ class EngineClient(Protocol):
     def check_capacity(self, num_requests: int) -> None: ...
     def validate_prompt(self, prompt_token_ids: list[int]) -> None: ...
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, *, arrival_time: float | None = None,
-                    request_id: str | None = None, validate: bool = True) -> RequestStream: ...
+                    request_id: str | None = None, validate: bool = True, trace: bool = False) -> RequestStream: ...
     def abort(self, request_id: str) -> None: ...
 
 
@@ -196,12 +196,13 @@ class AsyncEngineClient:
 
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, *,
                     arrival_time: float | None = None, request_id: str | None = None,
-                    validate: bool = True) -> RequestStream:
+                    validate: bool = True, trace: bool = False) -> RequestStream:
         """Queue a request in the engine and return the stream of its outputs.
 
         Validation happens here, so a bad request never reaches the engine; ``validate=False`` is for
         callers that already validated the prompt (the server checks all of a request's prompts
-        before adding any) and for tests of the engine's own checks.
+        before adding any) and for tests of the engine's own checks. ``trace``: the engine sends the
+        request's timeline with its first output (``RequestDelta.timeline``), for a span.
         """
         self._check_alive()
         if self._loop is None:
@@ -214,7 +215,7 @@ class AsyncEngineClient:
         self.processor.add(Request(rid, list(prompt_token_ids), params, max_total_tokens=self.max_model_len))
         self._requests[rid] = stream
         try:
-            self._send(AddRequest(rid, list(prompt_token_ids), params))
+            self._send(AddRequest(rid, list(prompt_token_ids), params, trace))
         except BaseException:
             self._forget(rid)
             raise
