@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import fcntl
 import io
 import os
 import pty
 import re
 import select
+import struct
 import subprocess
 import sys
+import termios
 
 import pytest
 
@@ -23,6 +26,7 @@ def first_bar_on_a_terminal(*args: str) -> bytes:
     """Run ``kvserve ARGS`` with a pseudo-terminal as stdout and stderr until a progress bar shows
     (then stop it: the bar is what is checked); what it wrote."""
     master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # a 120 x 40 terminal
     proc = subprocess.Popen([sys.executable, "-m", "kvserve", *args], stdin=subprocess.DEVNULL, stdout=slave,
                             stderr=slave, close_fds=True)
     os.close(slave)
