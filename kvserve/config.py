@@ -66,7 +66,7 @@ class CacheConfig:
     """The paged KV cache: its size and layout, the prefix cache, the offload tiers, the attention kernel."""
 
     block_size: int = field(default=16, metadata={"help": "tokens per KV cache block"})
-    kv_cache_memory_gb: float | None = field(default=None, metadata={"help": "KV cache size in GiB (default: from free memory, at most 4)"})
+    kv_cache_memory_gb: float | None = field(default=None, metadata={"help": "KV cache size in GiB (default: room for --max-num-seqs sequences of --max-model-len tokens, capped by free memory: a quarter of it and 4 GiB on the CPU; the log says what was chosen)"})
     num_kv_blocks: int | None = field(default=None, metadata={"help": "exact KV pool size in blocks (overrides --kv-cache-memory-gb)"})
     enable_prefix_caching: bool = field(default=True, metadata={"help": "reuse the KV of shared prompt prefixes (radix tree)"})
     kv_offload_memory_gb: float = field(default=0.0, metadata={"help": "host-memory tier for evicted KV blocks, GiB (0: off)"})

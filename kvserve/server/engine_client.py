@@ -29,7 +29,7 @@ from kvserve.engine.messages import AbortRequests, AddRequest, EngineFailed, Eng
 from kvserve.text.output import OutputProcessor
 from kvserve.engine.request import Request, SamplingParams
 from kvserve.engine.worker import engine_environment, run_engine_process
-from kvserve.errors import EngineDeadError, InvalidArgumentError, ModelLoadError, ServerBusyError
+from kvserve.errors import EngineDeadError, InvalidArgumentError, MissingPackageError, ModelLoadError, ServerBusyError
 from kvserve.server.kv_events import KVEventLog
 from kvserve.server.request_stream import RequestObserver, RequestStream
 
@@ -270,7 +270,9 @@ class AsyncEngineClient:
             for r in msg.rejected:
                 stream = self._requests.get(r.request_id)
                 if stream is not None:
-                    stream.queue.put_nowait(InvalidArgumentError(r.message, param=r.param, code=r.code))
+                    error = (MissingPackageError(r.message, param=r.param) if r.code == MissingPackageError.CODE
+                             else InvalidArgumentError(r.message, param=r.param, code=r.code))
+                    stream.queue.put_nowait(error)
             for d in msg.deltas:
                 stream = self._requests.get(d.request_id)
                 if stream is not None:  # else: aborted here after the engine stepped it
