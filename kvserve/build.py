@@ -7,6 +7,8 @@ Everything that turns a ``KVServeConfig`` into running objects is here, above bo
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 from typing import Any
 
 import torch
@@ -15,14 +17,17 @@ from kvserve.config import KVServeConfig
 from kvserve.device import resolve_device, resolve_dtype
 from kvserve.engine.core import EngineCore
 from kvserve.engine.engine import Engine
-from kvserve.errors import ModelLoadError
+from kvserve.errors import MissingPackageError, ModelLoadError
 from kvserve.kv.manager import KVManager
-from kvserve.kv.tiers import DiskTier, HostTier, Tier
+from kvserve.kv.disk_tier import DiskTier
+from kvserve.kv.tiers import HostTier, Tier
 from kvserve.model.config import ModelConfig
 from kvserve.runner.torch_runner import TorchRunner
 from kvserve.spec.draft import DraftProposer
 from kvserve.spec.ngram import NgramProposer
 from kvserve.spec.proposer import Proposer
+
+log = logging.getLogger(__name__)
 
 Weights = dict[str, torch.Tensor]
 
@@ -38,10 +43,12 @@ def build_engine(config: KVServeConfig, model_cfg: ModelConfig, weights: Weights
     device = resolve_device(m.device)
     dtype = resolve_dtype(m.dtype, device)
     runner = TorchRunner(model_cfg, weights, config.cache, dtype=dtype, device=device, max_model_len=m.max_model_len,
-                         seed=m.seed, quantization=m.quantization)
+                         seed=m.seed, quantization=m.quantization, max_num_seqs=config.scheduler.max_num_seqs)
     runner.proposer = build_proposer(config, model_cfg, runner, draft_weights)
 
     def grammars():  # built on first use: describing the vocabulary to xgrammar takes ~0.5 s
+        if importlib.util.find_spec("xgrammar") is None:  # each request that needs it is refused (501)
+            raise MissingPackageError.of("structured output", "xgrammar", param="response_format")
         from kvserve.structured import GrammarCache
 
         s = config.structured
@@ -85,7 +92,8 @@ def build_kv_manager(config: KVServeConfig, num_blocks: int, block_size: int, bl
     if cache.kv_offload_memory_gb:
         tiers.append(HostTier(int(cache.kv_offload_memory_gb * (1 << 30))))
     if cache.kv_offload_dir:
-        tiers.append(DiskTier(cache.kv_offload_dir, int(cache.kv_offload_disk_gb * (1 << 30)), fingerprint))
+        tiers.append(DiskTier(cache.kv_offload_dir, int(cache.kv_offload_disk_gb * (1 << 30)), fingerprint,
+                              shared=cache.kv_offload_dir_shared))
     if cache.kv_offload_url:
         from kvserve.kv.redis_tier import RedisTier
 
@@ -99,7 +107,9 @@ def build_engine_core(config: KVServeConfig) -> EngineCore:
     from kvserve.model.loader import load_model, resolve_model_path
     from kvserve.text.tokenizer import Tokenizer
 
-    loaded = load_model(resolve_model_path(config.model.model), keep_quantized=config.model.quantization != "none")
+    path = resolve_model_path(config.model.model)
+    log.info("loading model %s ...", path)
+    loaded = load_model(path, keep_quantized=config.model.quantization != "none")
     eos = Tokenizer(loaded.tokenizer, loaded.config).eos_token_ids
     return EngineCore(build_engine(config, loaded.config, loaded.weights, eos, hf_tokenizer=loaded.tokenizer),
                       loaded.name)

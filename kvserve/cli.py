@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 
+import kvserve
 from kvserve.engine.worker import ENGINE_ENV
 
 # In-process engines (generate, chat, bench offline) too: set before torch, and so OpenMP, loads.
@@ -14,7 +15,7 @@ for _key, _value in ENGINE_ENV.items():
     os.environ.setdefault(_key, _value)
 
 from kvserve.config import PARTS, KVServeConfig
-from kvserve.errors import KVServeError
+from kvserve.errors import InvalidArgumentError, KVServeError
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -56,25 +57,41 @@ def cmd_generate(a: argparse.Namespace) -> None:
     sys.stdout.write("\n")
 
 
+CHAT_COMMANDS = {
+    "/help": "list these commands",
+    "/reset": "forget the conversation (the --system prompt stays)",
+    "/exit": "leave (so do /quit and Ctrl-D)",
+}
+
+
 def cmd_chat(a: argparse.Namespace) -> None:
     params = _sampling_params(a)
+    print(f"loading {a.model or 'the embedded model (SmolLM2-135M-Instruct)'} ...", file=sys.stderr, flush=True)
     llm = _llm(a)
     history: list[dict[str, str]] = []
     if a.system:
         history.append({"role": "system", "content": a.system})
-    print(f"kvserve chat on {llm.model_name}. Ctrl-D or /exit to leave, /reset to forget.", file=sys.stderr)
+    print(f"kvserve chat on {llm.model_name}. /help lists commands; Ctrl-D or /exit to leave.", file=sys.stderr)
     while True:
         try:
             line = input("> ")
         except (EOFError, KeyboardInterrupt):
             print(file=sys.stderr)
             return
-        if line.strip() in ("/exit", "/quit"):
+        command = line.strip()
+        if command in ("/exit", "/quit"):
             return
-        if line.strip() == "/reset":
-            history = history[:1] if a.system else []
+        if command == "/help":
+            print("\n".join(f"  {name:<7} {what}" for name, what in CHAT_COMMANDS.items()), file=sys.stderr)
             continue
-        if not line.strip():
+        if command == "/reset":
+            history = history[:1] if a.system else []
+            print("(conversation reset)", file=sys.stderr)
+            continue
+        if command.startswith("/") and " " not in command:  # a mistyped command is not a prompt
+            print(f"unknown command {command}; /help lists them", file=sys.stderr)
+            continue
+        if not command:
             continue
         history.append({"role": "user", "content": line})
         answer = []
@@ -101,6 +118,15 @@ def cmd_serve(a: argparse.Namespace) -> None:
     srv = config.server
     logging.basicConfig(level=getattr(logging, srv.uvicorn_log_level.upper(), logging.INFO),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if a.ray:  # replicas on Ray Serve (docs/scale-out.md)
+        from kvserve.ray_serve.launch import serve_on_ray
+        from kvserve.ray_serve.options import from_args as ray_options
+
+        if a.replicas != 1:
+            raise InvalidArgumentError("--replicas starts local processes; with --ray, use --ray-replicas",
+                                       param="replicas")
+        serve_on_ray(config, ray_options(a), a.ray_address)
+        return
     if a.replicas != 1:  # N engine processes behind the router (docs/scale-out.md)
         from kvserve.router.replicas import serve_replicas
 
@@ -127,10 +153,15 @@ def cmd_bench_offline(a: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvserve", description="A small LLM serving engine.")
+    parser.add_argument("--version", action="version", version=f"kvserve {kvserve.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)")
     KVServeConfig.add_cli_args(s, tuple(PARTS))
+    from kvserve.ray_serve.options import add_args as add_ray_args
+
+    add_ray_args(s)
+
     from kvserve.router.policy import POLICIES
 
     rep = s.add_argument_group("replicas", "several engine processes behind the router (docs/scale-out.md)")

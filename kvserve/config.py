@@ -13,6 +13,7 @@ no flag. No torch here.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -65,13 +66,16 @@ class CacheConfig:
     """The paged KV cache: its size and layout, the prefix cache, the offload tiers, the attention kernel."""
 
     block_size: int = field(default=16, metadata={"help": "tokens per KV cache block"})
-    kv_cache_memory_gb: float | None = field(default=None, metadata={"help": "KV cache size in GiB (default: from free memory, at most 4)"})
+    kv_cache_memory_gb: float | None = field(default=None, metadata={"help": "KV cache size in GiB (default: room for --max-num-seqs sequences of --max-model-len tokens, capped by free memory: a quarter of it and 4 GiB on the CPU; the log says what was chosen)"})
     num_kv_blocks: int | None = field(default=None, metadata={"help": "exact KV pool size in blocks (overrides --kv-cache-memory-gb)"})
     enable_prefix_caching: bool = field(default=True, metadata={"help": "reuse the KV of shared prompt prefixes (radix tree)"})
     kv_offload_memory_gb: float = field(default=0.0, metadata={"help": "host-memory tier for evicted KV blocks, GiB (0: off)"})
     kv_offload_dir: str | None = field(default=None, metadata={"help": "directory of a disk tier for evicted KV blocks "
                                        "(kept across restarts)"})
     kv_offload_disk_gb: float = field(default=10.0, metadata={"help": "size bound of the disk tier, GiB"})
+    kv_offload_dir_shared: bool = field(default=False, metadata={"help": "other replicas share --kv-offload-dir "
+                                        "(a common mount): save each block to it once computed, not only when evicted",
+                                        "store_true": True})
     kv_offload_url: str | None = field(default=None, metadata={"help": "redis://HOST:PORT/DB: a KV tier in Redis "
                                        "shared by replicas (each block saved once computed; Redis evicts: run it with "
                                        "maxmemory and allkeys-lru)"})
@@ -88,6 +92,8 @@ class CacheConfig:
                "kv_cache_memory_gb")
         _check(self.kv_offload_memory_gb >= 0 and self.kv_offload_disk_gb > 0,
                "--kv-offload-memory-gb must be >= 0 and --kv-offload-disk-gb > 0", "kv_offload_memory_gb")
+        _check(self.kv_offload_dir or not self.kv_offload_dir_shared, "--kv-offload-dir-shared needs --kv-offload-dir",
+               "kv_offload_dir_shared")
         _check(self.kv_offload_url is None or self.kv_offload_url.startswith(("redis://", "rediss://", "unix://")),
                "--kv-offload-url must be redis://HOST:PORT/DB (or rediss://, unix://)", "kv_offload_url")
         _check(not (self.kv_offload_memory_gb or self.kv_offload_dir or self.kv_offload_url) or self.enable_prefix_caching,
@@ -207,6 +213,9 @@ class ServerConfig:
         "help": "how the model writes tool calls (docs/tool-calling.md): auto (detected from the chat template, "
                 "hermes when it shows none), hermes, llama3_json, mistral; none: no function calling",
         "choices": TOOL_CALL_PARSERS})
+    otlp_traces_endpoint: str | None = field(default=None, metadata={
+        "help": "send a trace span per request to this OpenTelemetry collector (OTLP over HTTP, e.g. "
+                "http://127.0.0.1:4318/v1/traces; needs pip install kvserve[tracing]); docs/tracing.md"})
     replica_id: str | None = field(default=None, metadata={
         "help": "this server's name in GET /kv/events, for a router (default: host name, port and a random suffix)"})
 
@@ -217,6 +226,11 @@ class ServerConfig:
                "--max-waiting-requests must be at least 0", "max_waiting_requests")
         _check(self.max_request_bytes >= 1, "--max-request-bytes must be positive", "max_request_bytes")
         _check(self.max_log_len >= 0, "--max-log-len must be at least 0", "max_log_len")
+        if self.otlp_traces_endpoint:  # checked at start-up, not after loading the model
+            _check(self.otlp_traces_endpoint.startswith(("http://", "https://")),
+                   "--otlp-traces-endpoint must be an http(s):// URL (OTLP over HTTP)", "otlp_traces_endpoint")
+            _check(all(_installed(m) for m in ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")),
+                   "--otlp-traces-endpoint needs OpenTelemetry: pip install kvserve[tracing]", "otlp_traces_endpoint")
 
 
 # the parts, by attribute name on KVServeConfig; ENGINE_PARTS are those the engine itself uses
@@ -318,3 +332,10 @@ def _add_flag(group: Any, f: Any) -> None:
         kind = {"int": int, "float": float, "str": str}[str(f.type).split(" ")[0].replace("|", "").strip()]
         group.add_argument(flag, dest=f.name, type=kind, default=default, help=meta.get("help"),
                            choices=meta.get("choices"))
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is missing
+        return False

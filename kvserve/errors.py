@@ -4,6 +4,8 @@ The CLI prints them as one line; the server maps them to HTTP statuses in one pl
 (``kvserve.server.errors.error_response``).
 """
 
+from __future__ import annotations
+
 
 class KVServeError(Exception):
     """Base class for user-facing errors."""
@@ -25,6 +27,23 @@ class NotFoundError(KVServeError):
         super().__init__(message)
         self.param = param
         self.code = code
+
+
+class MissingPackageError(KVServeError):
+    """A feature needs an optional package that is not installed (HTTP 501); the message names it."""
+
+    CODE = "missing_package"
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+        self.code = self.CODE
+
+    @classmethod
+    def of(cls, feature: str, package: str, install: str | None = None, param: str | None = None) -> MissingPackageError:
+        """The error for ``feature`` when ``package`` is missing, with the command that installs it."""
+        return cls(f"{feature} needs the Python package {package}, which is not installed: "
+                   f"{install or 'pip install ' + package}", param=param)
 
 
 class ModelLoadError(KVServeError):

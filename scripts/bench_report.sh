@@ -73,7 +73,7 @@ prefix)
   if waitport 8100; then
     B --base-url http://127.0.0.1:8100 --dataset prefix-rag --scramble --num-prompts 80 --max-concurrency 8 --output-len 32 \
       --save-result "$OUT/kvserve_prefix_rag_scrambled.json"
-    curl -s http://127.0.0.1:8100/metrics | grep -E '^kvserve:prefix_cache' > "$OUT/kvserve_after_scrambled.metrics"
+    curl -s http://127.0.0.1:8100/metrics | grep -E '^kvserve_prefix_cache' > "$OUT/kvserve_after_scrambled.metrics"
     B --base-url http://127.0.0.1:8100 --dataset multi-turn --num-conversations 8 --turns 4 --max-concurrency 8 \
       --save-result "$OUT/kvserve_multi_turn.json"
   fi
@@ -89,7 +89,7 @@ spec)
     $K serve --port 8100 $extra & P=$!
     waitport 8100 && B --base-url http://127.0.0.1:8100 --num-prompts 64 --input-len 128 --output-len 128 \
       --temperature $temp --save-result "$OUT/spec_c64_${cfg}_$(date +%H%M%S).json"
-    curl -s http://127.0.0.1:8100/metrics | grep -E '^kvserve:spec_decode' > "$OUT/spec_c64_${cfg}_$(date +%H%M%S).metrics"
+    curl -s http://127.0.0.1:8100/metrics | grep -E '^kvserve_spec_decode' > "$OUT/spec_c64_${cfg}_$(date +%H%M%S).metrics"
     stop $P 8100
   done
   [ -z "${SKIP_SINGLE:-}" ] && .venv/bin/python scripts/bench_spec.py --json "$OUT/spec_single.json"

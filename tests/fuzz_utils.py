@@ -266,7 +266,7 @@ def check_idle(url: str, timeout: float = 30.0) -> list[str]:
     deadline = time.monotonic() + timeout
     while True:
         text = httpx.get(f"{url}/metrics", timeout=10).text
-        values = {n: metric(text, f"kvserve:{n}") for n in names}
+        values = {n: metric(text, f"kvserve_{n}") for n in names}
         if not any(values.values()):
             return problems
         if time.monotonic() > deadline:
@@ -301,7 +301,7 @@ def _check_body(endpoint: str, status: int, body: bytes) -> str | None:
             return f"status {status} with a malformed error body: {body[:300]!r}"
         return None
     if endpoint == "GET /metrics":
-        return None if b"kvserve:" in body else f"/metrics without kvserve metrics: {body[:200]!r}"
+        return None if b"kvserve_" in body else f"/metrics without kvserve metrics: {body[:200]!r}"
     try:
         doc = json.loads(body)
     except ValueError:

@@ -76,11 +76,11 @@ def tiny_server(model_dir) -> ServerThread:
 
 
 def wait_for_metrics(url: str, timeout: float = 15.0, headers: dict | None = None, **expected: float) -> str:
-    """Poll /metrics until every ``name=value`` (name with ':' written as '__') holds."""
+    """Poll /metrics until every ``name=value`` holds."""
     deadline = time.monotonic() + timeout
     while True:
         text = httpx.get(f"{url}/metrics", headers=headers).text
-        values = {k: metric(text, k.replace("__", ":")) for k in expected}
+        values = {k: metric(text, k) for k in expected}
         if values == expected or time.monotonic() > deadline:
             assert values == expected, values
             return text

@@ -24,6 +24,7 @@ from kvserve.engine.messages import (
     EngineStatsSnapshot,
     RequestDelta,
     RequestRejected,
+    RequestTimeline,
     Shutdown,
     StepMessage,
 )
@@ -41,6 +42,7 @@ class EngineCore:
         # requests whose grammar compiles on the compile cache's threads, off the step path
         self._compiling: dict[str, tuple[AddRequest, Future]] = {}
         self._rejected: list[RequestRejected] = []
+        self._traced: set[str] = set()  # requests whose first delta carries their timeline
         self._commands_since_message = False  # a message goes out after commands, even with no tokens
         engine.kv.record_events()  # each message says what the prefix cache stored and removed
 
@@ -73,6 +75,8 @@ class EngineCore:
         """Queue a request. A user error (a bad prompt, an invalid grammar) is reported in the next
         step message as a RequestRejected, never raised."""
         self._commands_since_message = True
+        if cmd.trace:
+            self._traced.add(cmd.request_id)
         if cmd.params.guided is None:
             self._admit(cmd)
             return
@@ -87,6 +91,7 @@ class EngineCore:
             if self._compiling.pop(rid, None) is None:
                 self.engine.abort(rid)
             self._sent.pop(rid, None)
+            self._traced.discard(rid)
 
     def wait_for_grammars(self, timeout: float) -> None:
         """Block until a pending grammar compile ends (or ``timeout``): for callers with nothing else to do."""
@@ -104,6 +109,7 @@ class EngineCore:
             self._reject(cmd.request_id, e)
 
     def _reject(self, request_id: str, e: Exception) -> None:
+        self._traced.discard(request_id)
         self._rejected.append(RequestRejected(request_id, str(e), getattr(e, "param", None), getattr(e, "code", None)))
 
     # -- one step -------------------------------------------------------------------------------
@@ -133,11 +139,15 @@ class EngineCore:
         else:
             self._sent[req.request_id] = done + len(new)
         prompt_logprobs = req.prompt_logprobs if done == 0 and req.params.prompt_logprobs is not None else None
+        timeline = None
+        if done == 0 and req.request_id in self._traced:
+            self._traced.discard(req.request_id)
+            timeline = RequestTimeline(req.arrival_time, req.scheduled_time, req.first_token_time, req.restored_blocks)
         return RequestDelta(req.request_id, new, logprobs, req.is_finished,
                             req.finish_reason.value if req.finish_reason else None, req.stop_reason,
                             req.num_prompt_tokens, req.num_cached_tokens,
                             (req.spec.num_verifies, req.spec.num_draft_tokens, req.spec.num_accepted_tokens),
-                            prompt_logprobs)
+                            prompt_logprobs, timeline)
 
     def snapshot(self) -> EngineStatsSnapshot:
         e, s = self.engine, self.engine.scheduler

@@ -21,6 +21,7 @@ class AddRequest:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
+    trace: bool = False  # the client traces it: the first delta carries the request's timeline
 
 
 @dataclass
@@ -59,6 +60,16 @@ class EngineFailed:
 
 
 @dataclass
+class RequestTimeline:
+    """When a request reached each stage in the engine (its clock: time.monotonic), for a trace."""
+
+    queued: float  # added to the engine (after its grammar compiled, if it has one)
+    scheduled: float | None  # first admitted to run
+    first_token: float | None
+    restored_blocks: dict[str, int] = field(default_factory=dict)  # tier -> blocks restored when admitted
+
+
+@dataclass
 class RequestDelta:
     """What one step did to one request."""
 
@@ -72,6 +83,7 @@ class RequestDelta:
     num_cached_tokens: int
     spec: tuple[int, int, int] = (0, 0, 0)  # verifies, draft tokens, accepted tokens (so far)
     prompt_logprobs: list[TokenLogprobs] | None = None  # once, in the request's first delta, if asked for
+    timeline: RequestTimeline | None = None  # once, in the first delta of a traced request
 
 
 @dataclass

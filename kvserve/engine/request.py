@@ -232,6 +232,8 @@ class Request:
     # with params.prompt_logprobs: those of prompt tokens 1, 2, ... (token 0 has none), as computed
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
     first_token_time: float | None = None
+    scheduled_time: float | None = None  # when it was first admitted to run (clock of the engine)
+    restored_blocks: dict[str, int] = field(default_factory=dict)  # tier -> blocks restored at that admission
     spec: SpecState = field(default_factory=SpecState)
     # structured output: the request's grammar state (a kvserve.structured.GrammarMatcher, opaque to
     # the scheduler), advanced by the runner as tokens are sampled

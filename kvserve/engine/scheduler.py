@@ -302,6 +302,8 @@ class Scheduler:
                 self.kv.record_admission(req.num_prompt_tokens, match)
             if req.num_preemptions == 0:
                 req.num_cached_tokens = match.num_tokens
+                req.scheduled_time = self.clock()
+                req.restored_blocks = {t: n // self.kv.block_size for t, n in match.tier_tokens.items()}
             self.kv.grow(req.request_id, req.num_computed_tokens + n)
             req.status = RequestStatus.RUNNING
             self.running.append(req)

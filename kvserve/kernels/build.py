@@ -102,6 +102,8 @@ def _try_load(verbose: bool) -> bool:
         build_dir = cache_dir() / build_key()
         build_dir.mkdir(parents=True, exist_ok=True)
         _clear_stale_lock(build_dir)
+        if not (build_dir / "kvserve_kernels.so").exists():
+            log.info("native kernels: compiling them for this CPU (once per machine and checkout, 1-3 minutes) ...")
         flags = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fno-finite-math-only", "-Wno-unused-function"]
         cpp_extension.load(
             name="kvserve_kernels",

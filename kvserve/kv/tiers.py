@@ -1,5 +1,5 @@
-"""Offload tiers below device memory: evicted KV blocks kept in host RAM, on disk (and in Redis:
-``redis_tier``).
+"""Offload tiers below device memory: evicted KV blocks kept in host RAM (here), on disk
+(``disk_tier``, a directory replicas may share) and in Redis (``redis_tier``).
 
 A tier stores opaque payloads (the bytes of one block's keys and values, all layers, as
 the runner read them) under the block's chain hash, which covers every token of its
@@ -12,20 +12,15 @@ that does not match is a miss (and is deleted), never wrong output.
 from __future__ import annotations
 
 import hashlib
-import logging
-import os
 import struct
 from collections import OrderedDict
 from itertools import groupby
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-log = logging.getLogger(__name__)
-
 _MAGIC = b"KVSB1"
-Tier = Any  # HostTier | DiskTier | kvserve.kv.redis_tier.RedisTier: name, stats, get, put, __contains__, read_seconds
+Tier = Any  # HostTier | kvserve.kv.disk_tier.DiskTier | kvserve.kv.redis_tier.RedisTier: name, stats, get, put, __contains__, read_seconds
 
 
 @dataclass
@@ -102,112 +97,6 @@ def _header(fingerprint: bytes, tokens: Sequence[int], payload: bytes) -> bytes:
     return (struct.pack("<I", len(fingerprint)) + fingerprint
             + struct.pack(f"<I{len(tokens)}I", len(tokens), *tokens)
             + hashlib.sha256(payload).digest())
-
-
-class DiskTier:
-    """One file per block under ``directory``, named by its chain hash; LRU by access time.
-
-    File layout: magic, header length, header (fingerprint, the block's tokens, payload
-    sha256), payload. Writes go to a temporary file renamed into place, so a crash never
-    leaves a half-written entry under a real name. If the directory cannot be written (full,
-    read-only), the tier turns itself off with one warning.
-    """
-
-    name = "disk"
-
-    def __init__(self, directory: str | os.PathLike, capacity_bytes: int, fingerprint: bytes,
-                 bandwidth: float = 1e9, latency: float = 200e-6):
-        self.dir = Path(directory)
-        self.capacity_bytes = capacity_bytes
-        self.fingerprint = fingerprint
-        self.bandwidth, self.latency = bandwidth, latency
-        self.stats = TierStats()
-        self.enabled = True
-        self._entries: OrderedDict[bytes, int] = OrderedDict()  # key -> file size, oldest first
-        self.used_bytes = 0
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            found = []
-            for f in self.dir.glob("*.kvb"):
-                try:
-                    key = bytes.fromhex(f.stem)
-                except ValueError:
-                    continue
-                st = f.stat()
-                found.append((st.st_mtime, key, st.st_size))
-            for _, key, size in sorted(found):
-                self._entries[key] = size
-                self.used_bytes += size
-        except OSError as e:
-            self._disable(e)
-
-    def _path(self, key: bytes) -> Path:
-        return self.dir / f"{key.hex()}.kvb"
-
-    def _disable(self, err: OSError) -> None:
-        if self.enabled:
-            log.warning("KV disk tier at %s turned off: %s", self.dir, err)
-        self.enabled = False
-
-    def __contains__(self, key: bytes) -> bool:
-        return self.enabled and key in self._entries
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def get(self, key: bytes, tokens: Sequence[int]) -> bytes | None:
-        if key not in self:
-            return None
-        path = self._path(key)
-        try:
-            data = path.read_bytes()
-        except OSError:
-            self._forget(key)
-            return None
-        payload = decode_entry(data, self.fingerprint, tokens)
-        if payload is None:
-            self.stats.corrupt += 1
-            log.warning("KV disk tier: ignoring a corrupt or foreign entry %s", path.name)
-            self._forget(key, delete=True)
-            return None
-        self._entries.move_to_end(key)
-        return payload
-
-    def put(self, key: bytes, tokens: Sequence[int], payload: bytes) -> None:
-        if not self.enabled or key in self._entries:
-            return
-        data = encode_entry(self.fingerprint, tokens, payload)
-        if len(data) > self.capacity_bytes:
-            return
-        while self._entries and self.used_bytes + len(data) > self.capacity_bytes:
-            old = next(iter(self._entries))
-            self._forget(old, delete=True)
-            self.stats.dropped += 1
-        path = self._path(key)
-        tmp = path.with_suffix(".tmp")
-        try:
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
-        except OSError as e:
-            tmp.unlink(missing_ok=True)
-            self._disable(e)
-            return
-        self._entries[key] = len(data)
-        self.used_bytes += len(data)
-        self.stats.bytes_in += len(payload)
-
-    def _forget(self, key: bytes, delete: bool = False) -> None:
-        size = self._entries.pop(key, None)
-        if size is not None:
-            self.used_bytes -= size
-        if delete:
-            try:
-                self._path(key).unlink(missing_ok=True)
-            except OSError:
-                pass
-
-    def read_seconds(self, nbytes: int, nblocks: int) -> float:
-        return nblocks * self.latency + nbytes / self.bandwidth
 
 
 class TieredStore:

@@ -25,15 +25,15 @@ class _BackendCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         gauges = [
-            ("kvserve:router_backend_healthy", "1 while the backend is routed to, 0 while it is out.",
+            ("kvserve_router_backend_healthy", "1 while the backend is routed to, 0 while it is out.",
              lambda b: float(b.healthy)),
-            ("kvserve:router_backend_in_flight", "This router's requests in flight on the backend.",
+            ("kvserve_router_backend_in_flight", "This router's requests in flight on the backend.",
              lambda b: b.in_flight),
-            ("kvserve:router_backend_running", "Requests the backend reported running.", lambda b: b.running),
-            ("kvserve:router_backend_waiting", "Requests the backend reported waiting.", lambda b: b.waiting),
-            ("kvserve:router_backend_kv_cache_usage_perc", "KV cache usage the backend reported (1 = full).",
+            ("kvserve_router_backend_running", "Requests the backend reported running.", lambda b: b.running),
+            ("kvserve_router_backend_waiting", "Requests the backend reported waiting.", lambda b: b.waiting),
+            ("kvserve_router_backend_kv_cache_usage_perc", "KV cache usage the backend reported (1 = full).",
              lambda b: b.kv_usage),
-            ("kvserve:router_backend_cached_blocks", "Blocks in the router's mirror of the backend's prefix cache.",
+            ("kvserve_router_backend_cached_blocks", "Blocks in the router's mirror of the backend's prefix cache.",
              lambda b: len(b.cached)),
         ]
         backends = list(self.backends())
@@ -48,18 +48,18 @@ class RouterMetrics:
     def __init__(self, backends: Callable[[], Iterable[Backend]]):
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("kvserve:router_requests", "Requests answered, by backend and HTTP status.",
+        self.requests = Counter("kvserve_router_requests", "Requests answered, by backend and HTTP status.",
                                 ["backend", "status"], registry=r)
-        self.retries = Counter("kvserve:router_retries", "Attempts that failed before any byte reached the client, "
+        self.retries = Counter("kvserve_router_retries", "Attempts that failed before any byte reached the client, "
                                "by the backend that failed (the request then went to the next one, if any).",
                                ["backend"], registry=r)
-        self.stream_errors = Counter("kvserve:router_stream_errors", "Streams a backend broke mid-way (the client "
+        self.stream_errors = Counter("kvserve_router_stream_errors", "Streams a backend broke mid-way (the client "
                                      "got an error event).", ["backend"], registry=r)
-        self.prompt_tokens = Counter("kvserve:router_prompt_tokens", "Prompt tokens routed (as the router "
+        self.prompt_tokens = Counter("kvserve_router_prompt_tokens", "Prompt tokens routed (as the router "
                                      "tokenized them).", ["backend"], registry=r)
-        self.predicted_cached = Counter("kvserve:router_predicted_cached_tokens", "Prompt tokens predicted to be in "
+        self.predicted_cached = Counter("kvserve_router_predicted_cached_tokens", "Prompt tokens predicted to be in "
                                         "the chosen backend's prefix cache.", ["backend"], registry=r)
-        self.reported_cached = Counter("kvserve:router_reported_cached_tokens", "Cached prompt tokens the backend "
+        self.reported_cached = Counter("kvserve_router_reported_cached_tokens", "Cached prompt tokens the backend "
                                        "reported (usage.prompt_tokens_details.cached_tokens).", ["backend"], registry=r)
         r.register(_BackendCollector(backends))
 

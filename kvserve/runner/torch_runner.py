@@ -19,6 +19,8 @@ from kvserve.kv.manager import KVTransfer
 from kvserve.model.config import ModelConfig
 from kvserve.model.llama import LlamaForCausalLM
 from kvserve.runner.inputs import build_inputs
+from kvserve.runner.kv_budget import default_kv_budget
+from kvserve.runner.kv_budget import describe as describe_budget
 from kvserve.sampling.sampler import Sampler, prompt_logprobs
 from kvserve.spec.proposer import DraftRequest, Proposer
 from kvserve.spec.verify import verify
@@ -32,9 +34,10 @@ class TorchRunner:
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], cache: CacheConfig, *,
                  dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
                  max_model_len: int | None = None, seed: int = 0, proposer: Proposer | None = None,
-                 quantization: str = "none"):
+                 quantization: str = "none", max_num_seqs: int = 128):
         """``cache``: the KV cache part of the config (block size, pool size and dtype, attention backend);
-        ``quantization``: which weights the model keeps quantized (``quantized_modules``)."""
+        ``quantization``: which weights the model keeps quantized (``quantized_modules``);
+        ``max_num_seqs`` sizes the default pool (``kv_budget``)."""
         self.device = torch.device(device)
         self.dtype = dtype
         self.cfg = cfg
@@ -46,15 +49,20 @@ class TorchRunner:
         self.model = LlamaForCausalLM.from_hf_weights(cfg, weights, dtype, self.device, quantization)
 
         layout = pool_cls.layout_for(cfg, dtype, block_size)
-        if num_kv_blocks is None:
-            gb = cache.kv_cache_memory_gb
-            nbytes = int(gb * (1 << 30)) if gb else default_kv_cache_bytes()
-            num_kv_blocks = nbytes // layout.block_bytes
+        why = "--num-kv-blocks"
+        if num_kv_blocks is None and cache.kv_cache_memory_gb:
+            num_kv_blocks, why = int(cache.kv_cache_memory_gb * (1 << 30)) // layout.block_bytes, "--kv-cache-memory-gb"
+        elif num_kv_blocks is None:
+            model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+            budget = default_kv_budget(layout.block_bytes // block_size, model_len, max_num_seqs, self.device)
+            num_kv_blocks, why = budget.nbytes // layout.block_bytes, describe_budget(budget, model_len, max_num_seqs)
         if num_kv_blocks < 1:
             raise ValueError("the KV cache is too small to hold a single block")
         self.num_kv_blocks = num_kv_blocks
         capacity = num_kv_blocks * block_size
         self.max_model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings, capacity)
+        log.info("allocating %d KV blocks of %d tokens (%.2f GiB, %s): %s", num_kv_blocks, block_size,
+                 num_kv_blocks * layout.block_bytes / (1 << 30), layout.dtype, why)
         self.kv_pool = pool_cls(layout, num_kv_blocks, self.device)
         self.attention = backend_cls(self.kv_pool, dtype)
         self.block_bytes = layout.block_bytes
@@ -62,8 +70,6 @@ class TorchRunner:
         self.sampler = Sampler(self.device, seed)
         self.proposer = proposer
         self._draft_probs: dict[str, torch.Tensor] = {}  # a sampled draft's distributions, until verified
-        log.info("KV cache: %d blocks of %d tokens (%.2f GiB, %s)", num_kv_blocks, block_size,
-                 num_kv_blocks * layout.block_bytes / (1 << 30), layout.dtype)
 
     def _transfer(self, transfers: list[KVTransfer], out: StepOutput) -> None:
         """Copy blocks to and from the offload tiers, in order (a block may be saved, then reused)."""

@@ -21,6 +21,7 @@ import kvserve
 from kvserve.config import ServerConfig
 from kvserve.server.engine_client import EngineClient
 from kvserve.server.errors import HANDLED_EXCEPTIONS, handle_error
+from kvserve.server.http_metrics import HttpMetricsMiddleware
 from kvserve.server.middleware import GuardMiddleware
 from kvserve.server.routes import admin, kv, openai, tokenize
 from kvserve.server.state import ServerState
@@ -45,8 +46,10 @@ def create_app(client: EngineClient, config: ServerConfig | None = None, *, own_
     app.add_middleware(GuardMiddleware, api_key=config.api_key, max_bytes=config.max_request_bytes)
     for exc_class in HANDLED_EXCEPTIONS:
         app.add_exception_handler(exc_class, handle_error)
-    app.include_router(admin.router)
-    app.include_router(openai.router)
-    app.include_router(tokenize.router)
-    app.include_router(kv.router)
+    routers = (admin.router, openai.router, tokenize.router, kv.router)
+    for router in routers:
+        app.include_router(router)
+    # added last, so outermost: it counts the guard's refusals too
+    app.add_middleware(HttpMetricsMiddleware, counter=state.metrics.http_requests,
+                       routes=[r.path for router in routers for r in router.routes if "{" not in r.path])
     return app

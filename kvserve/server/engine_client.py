@@ -29,7 +29,7 @@ from kvserve.engine.messages import AbortRequests, AddRequest, EngineFailed, Eng
 from kvserve.text.output import OutputProcessor
 from kvserve.engine.request import Request, SamplingParams
 from kvserve.engine.worker import engine_environment, run_engine_process
-from kvserve.errors import EngineDeadError, InvalidArgumentError, ModelLoadError, ServerBusyError
+from kvserve.errors import EngineDeadError, InvalidArgumentError, MissingPackageError, ModelLoadError, ServerBusyError
 from kvserve.server.kv_events import KVEventLog
 from kvserve.server.request_stream import RequestObserver, RequestStream
 
@@ -67,7 +67,7 @@ class EngineClient(Protocol):
     def check_capacity(self, num_requests: int) -> None: ...
     def validate_prompt(self, prompt_token_ids: list[int]) -> None: ...
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, *, arrival_time: float | None = None,
-                    request_id: str | None = None, validate: bool = True) -> RequestStream: ...
+                    request_id: str | None = None, validate: bool = True, trace: bool = False) -> RequestStream: ...
     def abort(self, request_id: str) -> None: ...
 
 
@@ -196,12 +196,13 @@ class AsyncEngineClient:
 
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, *,
                     arrival_time: float | None = None, request_id: str | None = None,
-                    validate: bool = True) -> RequestStream:
+                    validate: bool = True, trace: bool = False) -> RequestStream:
         """Queue a request in the engine and return the stream of its outputs.
 
         Validation happens here, so a bad request never reaches the engine; ``validate=False`` is for
         callers that already validated the prompt (the server checks all of a request's prompts
-        before adding any) and for tests of the engine's own checks.
+        before adding any) and for tests of the engine's own checks. ``trace``: the engine sends the
+        request's timeline with its first output (``RequestDelta.timeline``), for a span.
         """
         self._check_alive()
         if self._loop is None:
@@ -214,7 +215,7 @@ class AsyncEngineClient:
         self.processor.add(Request(rid, list(prompt_token_ids), params, max_total_tokens=self.max_model_len))
         self._requests[rid] = stream
         try:
-            self._send(AddRequest(rid, list(prompt_token_ids), params))
+            self._send(AddRequest(rid, list(prompt_token_ids), params, trace))
         except BaseException:
             self._forget(rid)
             raise
@@ -269,7 +270,9 @@ class AsyncEngineClient:
             for r in msg.rejected:
                 stream = self._requests.get(r.request_id)
                 if stream is not None:
-                    stream.queue.put_nowait(InvalidArgumentError(r.message, param=r.param, code=r.code))
+                    error = (MissingPackageError(r.message, param=r.param) if r.code == MissingPackageError.CODE
+                             else InvalidArgumentError(r.message, param=r.param, code=r.code))
+                    stream.queue.put_nowait(error)
             for d in msg.deltas:
                 stream = self._requests.get(d.request_id)
                 if stream is not None:  # else: aborted here after the engine stepped it

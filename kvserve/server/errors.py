@@ -20,6 +20,7 @@ from kvserve.errors import (
     EngineDeadError,
     InvalidArgumentError,
     KVServeError,
+    MissingPackageError,
     NotFoundError,
     RequestTooLargeError,
     ServerBusyError,
@@ -36,6 +37,7 @@ _ERROR_STATUS: list[tuple[type[BaseException], int, str]] = [
     (RequestTooLargeError, 413, "invalid_request_error"),
     (ServerBusyError, 429, "rate_limit_error"),
     (EngineDeadError, 503, "service_unavailable_error"),
+    (MissingPackageError, 501, "not_implemented_error"),  # an optional package this server lacks
     (KVServeError, 400, "invalid_request_error"),
 ]
 

@@ -1,6 +1,7 @@
 """Prometheus metrics of one server: engine gauges and counters, and per-request latencies.
 
-Names mirror vLLM's with a ``kvserve:`` prefix. Engine-side numbers come from the latest
+Names mirror vLLM's (``vllm:x`` is ``kvserve_x``: a colon is reserved for recording rules, and
+``promtool check metrics`` passes; docs/observability.md). Engine-side numbers come from the latest
 stats snapshot the engine process sent, read at scrape time; latencies are measured in the
 API process as tokens reach the HTTP handlers. Each app has its own CollectorRegistry, so
 tests can build several apps in one process.
@@ -47,45 +48,45 @@ class _EngineCollector(Collector):
             c.add_metric(values, value)
             return c
 
-        yield gauge("kvserve:num_requests_running", "Requests in the engine's running batch.", s.num_running)
-        yield gauge("kvserve:num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting)
-        yield gauge("kvserve:kv_cache_usage_perc", "Fraction of KV cache blocks in use (1 = full).",
+        yield gauge("kvserve_num_requests_running", "Requests in the engine's running batch.", s.num_running)
+        yield gauge("kvserve_num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting)
+        yield gauge("kvserve_kv_cache_usage_perc", "Fraction of KV cache blocks in use (1 = full).",
                     s.kv_cache_usage)
-        yield gauge("kvserve:kv_cache_blocks_used", "KV cache blocks in use.", s.kv_blocks_used)
-        yield gauge("kvserve:kv_cache_blocks_total", "KV cache blocks in the pool.", s.kv_blocks_total)
+        yield gauge("kvserve_kv_cache_blocks_used", "KV cache blocks in use.", s.kv_blocks_used)
+        yield gauge("kvserve_kv_cache_blocks_capacity", "KV cache blocks in the pool.", s.kv_blocks_total)
         if s.resident_memory_bytes is not None:
-            yield gauge("kvserve:engine_resident_memory_bytes", "Resident memory of the engine process (RSS; "
+            yield gauge("kvserve_engine_resident_memory_bytes", "Resident memory of the engine process (RSS; "
                         "process_resident_memory_bytes is the API process's).", s.resident_memory_bytes)
-        yield counter("kvserve:num_preemptions", "Requests preempted (KV freed, recomputed later).",
+        yield counter("kvserve_num_preemptions", "Requests preempted (KV freed, recomputed later).",
                       s.num_preemptions)
-        yield counter("kvserve:prompt_tokens", "Prefill tokens computed.", s.prompt_tokens)
-        yield counter("kvserve:generation_tokens", "Tokens generated.", s.generation_tokens)
+        yield counter("kvserve_prompt_tokens", "Prefill tokens computed.", s.prompt_tokens)
+        yield counter("kvserve_generation_tokens", "Tokens generated.", s.generation_tokens)
         p = s.prefix_cache
-        yield gauge("kvserve:kv_cache_blocks_cached", "KV blocks held by the prefix cache (evictable when idle).",
+        yield gauge("kvserve_kv_cache_blocks_cached", "KV blocks held by the prefix cache (evictable when idle).",
                     s.kv_blocks_cached)
-        hits = CounterMetricFamily("kvserve:prefix_cache_hits_by_tier", "Prompt tokens whose KV was reused, by the "
+        hits = CounterMetricFamily("kvserve_prefix_cache_hits_by_tier", "Prompt tokens whose KV was reused, by the "
                                    "tier it came from (device: shared in place; host, disk: copied back).",
                                    labels=labels + ["tier"])
         for tier, n in (("device", p.device_hits), *sorted(p.tier_hits.items())):
             hits.add_metric(values + [tier], n)
         yield hits
-        yield counter("kvserve:kv_evicted_blocks", "Prefix-cache blocks evicted from device memory.", p.evicted_blocks)
-        moved = CounterMetricFamily("kvserve:kv_offload_bytes", "Bytes of KV copied device -> tiers (out) and "
+        yield counter("kvserve_kv_evicted_blocks", "Prefix-cache blocks evicted from device memory.", p.evicted_blocks)
+        moved = CounterMetricFamily("kvserve_kv_offload_bytes", "Bytes of KV copied device -> tiers (out) and "
                                     "tiers -> device (in).", labels=labels + ["direction"])
         moved.add_metric(values + ["out"], p.offload_bytes_out)
         moved.add_metric(values + ["in"], p.offload_bytes_in)
         yield moved
-        yield counter("kvserve:kv_offload_restores_skipped", "Tier hits not restored because prefilling again "
+        yield counter("kvserve_kv_offload_restores_skipped", "Tier hits not restored because prefilling again "
                       "was predicted to be cheaper.", p.restores_skipped)
         g = s.grammar
         if g is not None:
-            yield counter("kvserve:grammar_compiles", "Structured-output grammars compiled.", g.compiles)
-            yield counter("kvserve:grammar_cache_hits", "Structured-output requests whose grammar was cached.", g.hits)
-            yield counter("kvserve:grammar_compile_seconds", "Time spent compiling grammars (off the engine loop).",
+            yield counter("kvserve_grammar_compiles", "Structured-output grammars compiled.", g.compiles)
+            yield counter("kvserve_grammar_cache_hits", "Structured-output requests whose grammar was cached.", g.hits)
+            yield counter("kvserve_grammar_compile_seconds", "Time spent compiling grammars (off the engine loop).",
                           g.compile_seconds_total)
-            yield counter("kvserve:grammar_cache_evictions", "Compiled grammars evicted (LRU).", g.evictions)
-            yield counter("kvserve:grammar_compile_errors", "Schemas and grammars refused as invalid.", g.errors)
-            yield gauge("kvserve:grammar_cache_size", "Compiled grammars cached.", g.size)
+            yield counter("kvserve_grammar_cache_evictions", "Compiled grammars evicted (LRU).", g.evictions)
+            yield counter("kvserve_grammar_compile_errors", "Schemas and grammars refused as invalid.", g.errors)
+            yield gauge("kvserve_grammar_cache_size", "Compiled grammars cached.", g.size)
         method = self.client.config.speculation.speculative_method
         if method:
             yield from _spec_metrics(s.spec, values + [method], labels + ["method"])
@@ -101,10 +102,10 @@ def _spec_metrics(st: SpecStats, values: list[str], labels: list[str]) -> Iterat
         ("num_emitted_tokens", "Tokens emitted by verify steps (accepted drafts plus the target's own).",
          st.num_emitted_tokens),
     ):
-        c = CounterMetricFamily(f"kvserve:spec_decode_{name}", doc, labels=labels)
+        c = CounterMetricFamily(f"kvserve_spec_decode_{name}", doc, labels=labels)
         c.add_metric(values, v)
         yield c
-    h = HistogramMetricFamily("kvserve:spec_decode_accepted_length", "Drafted tokens accepted per verify step.",
+    h = HistogramMetricFamily("kvserve_spec_decode_accepted_length", "Drafted tokens accepted per verify step.",
                               labels=labels)
     cumulative, buckets = 0, []
     for m, count in enumerate(st.accepted_length_counts):
@@ -152,23 +153,25 @@ class ServerMetrics:
         self.registry.register(_EngineCollector(client, model_name))
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes etc. of the API process
         reg, name = self.registry, model_name
-        self.ttft = _Histogram("kvserve:time_to_first_token_seconds", "Time from arrival to the first token.",
+        self.ttft = _Histogram("kvserve_time_to_first_token_seconds", "Time from arrival to the first token.",
                                _LATENCY_BUCKETS, name)
-        self.itl = _Histogram("kvserve:inter_token_latency_seconds", "Time between two tokens of a request.",
+        self.itl = _Histogram("kvserve_inter_token_latency_seconds", "Time between two tokens of a request.",
                               _ITL_BUCKETS, name)
-        self.e2e = _Histogram("kvserve:e2e_request_latency_seconds", "Time from arrival to the last token.",
+        self.e2e = _Histogram("kvserve_e2e_request_latency_seconds", "Time from arrival to the last token.",
                               _LATENCY_BUCKETS, name)
-        self.handoff = _Histogram("kvserve:engine_handoff_seconds",
+        self.handoff = _Histogram("kvserve_engine_handoff_seconds",
                                   "Time from the end of an engine step to its tokens reaching the HTTP handler.",
                                   _HANDOFF_BUCKETS, name)
         for h in (self.ttft, self.itl, self.e2e, self.handoff):
             reg.register(h)
-        self._success = Counter("kvserve:request_success", "Requests finished, by reason.",
+        self._success = Counter("kvserve_request_success", "Requests finished, by reason.",
                                 ["model_name", "finished_reason"], registry=reg)
         self._name = name
-        self.prefix_queries = Counter("kvserve:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+        self.http_requests = Counter("kvserve_http_requests", "HTTP responses, by route and status code "
+                                     "(refusals before the engine included).", ["route", "status"], registry=reg)
+        self.prefix_queries = Counter("kvserve_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
                                       ["model_name"], registry=reg).labels(name)
-        self.prefix_hits = Counter("kvserve:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+        self.prefix_hits = Counter("kvserve_prefix_cache_hits", "Prompt tokens found in the prefix cache.",
                                    ["model_name"], registry=reg).labels(name)
 
     def render(self) -> bytes:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kvserve.engine.messages import RequestDelta
 from kvserve.text.output import RequestOutput
@@ -38,6 +38,7 @@ class RequestStream:
         self.queue: asyncio.Queue[tuple[float, RequestDelta] | BaseException] = asyncio.Queue()
         self.finished = False
         self._last_token_time: float | None = None
+        self.trace: Any = None  # a kvserve.server.tracing.RequestTrace when requests are traced
 
     def __aiter__(self) -> RequestStream:
         return self
@@ -50,9 +51,11 @@ class RequestStream:
             items.append(self.queue.get_nowait())
         try:
             return self._apply(items)
-        except BaseException:
+        except BaseException as e:
             self.finished = True
             self.client._forget(self.request_id)
+            if self.trace is not None:
+                self.trace.fail(type(e).__name__)
             raise
 
     def _apply(self, items: list[tuple[float, RequestDelta] | BaseException]) -> RequestOutput:
@@ -65,6 +68,8 @@ class RequestStream:
             step_end, delta = item
             if obs is not None:
                 obs.on_handoff(now - step_end)
+            if self.trace is not None:
+                self.trace.on_delta(step_end, delta)
             deltas.append(delta)
         num_new = sum(len(d.new_token_ids) for d in deltas)
         out, stopped = self.client.processor.apply(self.request_id, deltas)
@@ -82,6 +87,8 @@ class RequestStream:
             self.client._forget(self.request_id)
             if obs is not None:
                 obs.on_finish(out.finish_reason or "stop", now - self.arrival_time)
+            if self.trace is not None:
+                self.trace.finish(out)
         return out
 
     def abort(self) -> None:
@@ -91,3 +98,5 @@ class RequestStream:
             self.client.abort(self.request_id)
             if self.client.observer is not None:
                 self.client.observer.on_finish(FinishReason.ABORT.value, time.monotonic() - self.arrival_time)
+            if self.trace is not None:
+                self.trace.fail("aborted")

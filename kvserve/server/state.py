@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any, TypeVar
 
@@ -54,9 +54,16 @@ class ServerState:
         # thread, because a Hugging Face tokenizer is not safe to call from several at once.
         self._tokenize_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvserve-tokenize")
         self.tools = ToolCalling(config.tool_call_parser, self.tokenizer)  # function calling
+        self.tracer: Any = None  # a kvserve.server.tracing.RequestTracer with --otlp-traces-endpoint
+        if config.otlp_traces_endpoint:
+            from kvserve.server.tracing import RequestTracer
+
+            self.tracer = RequestTracer.otlp(config.otlp_traces_endpoint)
 
     def close(self) -> None:
         self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
+        if self.tracer is not None:
+            self.tracer.shutdown()
 
     def check_model(self, model: str | None) -> str:
         if model is not None and model not in self.names:  # a 404, as OpenAI and vLLM answer
@@ -113,9 +120,10 @@ class ServerState:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     # -- starting engine requests ------------------------------------------------------------
-    def start(self, prompts: list[list[int]], body: P._SamplingRequest,
-              params_for: Callable[[int], Any]) -> list[RequestStream]:
-        """Validate everything, then add prompts x n engine requests (choice k = prompt * n + i)."""
+    def start(self, prompts: list[list[int]], body: P._SamplingRequest, params_for: Callable[[int], Any], *,
+              model: str | None = None, headers: Mapping[str, str] | None = None) -> list[RequestStream]:
+        """Validate everything, then add prompts x n engine requests (choice k = prompt * n + i).
+        With tracing on, each gets a trace, its parent the ``traceparent`` in ``headers``."""
         check_choices(len(prompts) * body.n)
         params = [params_for(i) for i in range(body.n)]
         for p in prompts:
@@ -125,7 +133,13 @@ class ServerState:
         try:
             for p in prompts:
                 for i in range(body.n):
-                    streams.append(self.client.add_request(p, params[i], validate=False))  # checked above
+                    streams.append(self.client.add_request(p, params[i], validate=False,  # checked above
+                                                           trace=self.tracer is not None))
+                    if self.tracer is not None:
+                        s = streams[-1]
+                        s.trace = self.tracer.begin(
+                            s.request_id, s.arrival_time, headers, model=model or self.names[0], params=params[i],
+                            operation="chat" if isinstance(body, P.ChatCompletionRequest) else "text_completion")
                     if self.config.log_requests:
                         self.log_request(streams[-1].request_id, p, params[i])
         except BaseException:

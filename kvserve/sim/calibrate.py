@@ -18,6 +18,7 @@ import random
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from kvserve import progress
 from kvserve.bench.datasets import Session, Turn, Workload
 from kvserve.bench.stats import median
 from kvserve.sim.cost_model import ChunkShape, Roofline
@@ -61,6 +62,7 @@ def measure(wl: Workload, concurrency: int, llm) -> tuple[dict, list[tuple[list[
 
     eng.runner.execute = timed
     pending = list(enumerate(wl.sessions))
+    progress.expect(len(pending))
     sent: dict[str, float] = {}
     times: dict[str, list[float]] = {}
     t_start = time.monotonic()
@@ -77,6 +79,7 @@ def measure(wl: Workload, concurrency: int, llm) -> tuple[dict, list[tuple[list[
                 times[req.request_id].append(time.monotonic())
                 if req.is_finished:
                     eng.scheduler.requests.pop(req.request_id, None)
+                    progress.advance()
     finally:
         eng.runner.execute = execute
     elapsed = time.monotonic() - t_start

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from dataclasses import asdict
+from typing import Any
 
+from kvserve import progress
 from kvserve.bench import datasets
 from kvserve.sim import planner
 from kvserve.sim.hardware import get_hardware, load_catalog
@@ -77,6 +80,16 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", default=None, help="write a PNG here")
 
 
+def _with_progress(desc: str, func: Callable[[argparse.Namespace], Any]) -> Callable[[argparse.Namespace], Any]:
+    """``func`` with a progress bar (requests simulated or measured) on stderr while it is a terminal."""
+
+    def run(a: argparse.Namespace) -> Any:
+        with progress.task(desc, unit="req"):
+            return func(a)
+
+    return run
+
+
 def add_parsers(sub) -> None:
     sim = sub.add_parser("sim", help="simulate the engine's scheduler on hardware you do not have")
     ss = sim.add_subparsers(dest="sim_command", required=True)
@@ -94,28 +107,28 @@ def add_parsers(sub) -> None:
     run.add_argument("--max-concurrency", type=int, default=None)
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--save-result", default=None, help="JSON of every profile's result")
-    run.set_defaults(func=_cmd_run)
+    run.set_defaults(func=_with_progress("simulating", _cmd_run))
 
     b = ss.add_parser("batching", help="static vs continuous batching, with and without chunked prefill")
     _common(b)
     b.add_argument("--workload", default="chat")
     b.add_argument("--request-rate", type=float, default=8.0)
-    b.set_defaults(func=lambda a: _print_comparison(
-        planner.static_vs_continuous(a.model, a.hardware, a.request_rate, a.workload), a.plot))
+    b.set_defaults(func=_with_progress("simulating", lambda a: _print_comparison(
+        planner.static_vs_continuous(a.model, a.hardware, a.request_rate, a.workload), a.plot)))
 
     ca = ss.add_parser("cache-aware", help="fcfs vs lpm vs dfs-weight on RAG and scrambled RAG, tight KV")
     _common(ca)
     ca.add_argument("--kv-tokens", type=int, default=20_000)
     ca.add_argument("--request-rate", type=float, default=20.0)
-    ca.set_defaults(func=lambda a: _print_comparison(
-        planner.cache_aware_vs_fcfs(a.model, a.hardware, a.kv_tokens, a.request_rate), a.plot))
+    ca.set_defaults(func=_with_progress("simulating", lambda a: _print_comparison(
+        planner.cache_aware_vs_fcfs(a.model, a.hardware, a.kv_tokens, a.request_rate), a.plot)))
 
     off = ss.add_parser("offload", help="host-tier offload vs recompute under device-memory pressure")
     _common(off)
     off.add_argument("--kv-tokens", type=int, default=40_000)
     off.add_argument("--host-gb", type=float, default=64.0)
-    off.set_defaults(func=lambda a: _print_comparison(
-        planner.offload_vs_recompute(a.model, a.hardware, a.kv_tokens, a.host_gb), a.plot))
+    off.set_defaults(func=_with_progress("simulating", lambda a: _print_comparison(
+        planner.offload_vs_recompute(a.model, a.hardware, a.kv_tokens, a.host_gb), a.plot)))
 
     fp = ss.add_parser("footprint", help="device memory per stack: weights + KV + activations + draft")
     fp.add_argument("--params-b", type=float, required=True)
@@ -135,14 +148,14 @@ def add_parsers(sub) -> None:
     cost.add_argument("--stacks", nargs="+", default=["vllm", "sglang", "trtllm", "llamacpp", "static"],
                       choices=list(PROFILES))
     cost.add_argument("--plot", default=None, help="write a PNG here")
-    cost.set_defaults(func=_cmd_cost)
+    cost.set_defaults(func=_with_progress("simulating", _cmd_cost))
 
     from kvserve.sim import calibrate
 
     cal = ss.add_parser("calibrate", help="measure kvserve's steps on this CPU, fit the 'cpu' entry, "
                                           "and compare simulated with measured at concurrency 1/4/16/64")
     calibrate.add_args(cal)
-    cal.set_defaults(func=calibrate.run)
+    cal.set_defaults(func=_with_progress("calibrating", calibrate.run))
 
     plan = sub.add_parser("plan", help="which engine for this hardware, scale and workload, and why")
     plan.add_argument("--hardware", default="h100-sxm")
@@ -152,7 +165,7 @@ def add_parsers(sub) -> None:
     plan.add_argument("--slo-ttft-p99-ms", type=float, default=2000.0)
     plan.add_argument("--slo-itl-p50-ms", type=float, default=50.0)
     plan.add_argument("--plot", default=None, help="write a PNG here")
-    plan.set_defaults(func=_cmd_plan)
+    plan.set_defaults(func=_with_progress("simulating", _cmd_plan))
 
 
 def _cmd_run(a: argparse.Namespace) -> None:

@@ -13,6 +13,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
+from kvserve import progress
 from kvserve.bench.datasets import Workload
 from kvserve.bench.serve import session_starts
 from kvserve.bench.stats import Dist
@@ -137,6 +138,7 @@ def simulate(workload: Workload, model: ModelSpec, hw: Hardware, profile: Engine
     in_flight, rejected = 0, 0
     records: dict[str, SimRecord] = {}
     steps = 0
+    progress.expect(workload.num_requests)
     while arrivals or ready or engine.has_unfinished():
         while arrivals and arrivals[0][0] <= clock.now:
             _, si, ti = heapq.heappop(arrivals)
@@ -149,6 +151,7 @@ def simulate(workload: Workload, model: ModelSpec, hw: Hardware, profile: Engine
                 engine.add_request(rid, turn.prompt, SamplingParams(max_tokens=turn.max_tokens, ignore_eos=True))
             except InvalidArgumentError:
                 rejected += 1
+                progress.advance()
                 continue
             records[rid] = SimRecord(clock.now, len(turn.prompt))
             in_flight += 1
@@ -163,6 +166,7 @@ def simulate(workload: Workload, model: ModelSpec, hw: Hardware, profile: Engine
             rec.cached_tokens = req.num_cached_tokens
             if req.is_finished:
                 in_flight -= 1
+                progress.advance()
                 si, ti = map(int, req.request_id.split(":"))
                 if ti + 1 < len(workload.sessions[si].turns):
                     heapq.heappush(arrivals, (clock.now, si, ti + 1))

@@ -7,23 +7,24 @@ a ``GrammarMatcher`` per request -> each step ``fill_masks`` + ``apply_masks`` b
 ``GrammarMatcher.accept`` after it (the runner does both through ``masking``).
 """
 
-from kvserve.structured.compiler import (
-    CacheStats,
-    CompiledGrammar,
-    GrammarCache,
-    TokenizerInfo,
-    build_tokenizer_info,
-    engine_reason,
-)
-from kvserve.structured.matcher import (
-    GrammarMatcher,
-    allocate_bitmask,
-    apply_masks,
-    bitmask_width,
-    fill_masks,
-    new_matcher,
-)
+from importlib import import_module
+from typing import Any
+
 from kvserve.structured.spec import KINDS, GuidedSpec, choice_to_ebnf
+
+# The grammar engine's side (compiler, matcher) imports xgrammar: it loads on first use, so that the
+# server (which only reads specs) starts without it and a request needing it gets a clear error.
+_LAZY = {name: "kvserve.structured.compiler" for name in (
+    "CacheStats", "CompiledGrammar", "GrammarCache", "TokenizerInfo", "build_tokenizer_info", "engine_reason")}
+_LAZY.update({name: "kvserve.structured.matcher" for name in (
+    "GrammarMatcher", "allocate_bitmask", "apply_masks", "bitmask_width", "fill_masks", "new_matcher")})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(name)
+
 
 __all__ = [
     "KINDS",

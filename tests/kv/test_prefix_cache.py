@@ -291,7 +291,7 @@ def test_a_disk_tier_that_cannot_write_turns_itself_off_with_one_warning(tmp_pat
     import errno
     import logging
 
-    from kvserve.kv.tiers import DiskTier
+    from kvserve.kv.disk_tier import DiskTier
 
     tier = DiskTier(tmp_path / "kv", 1 << 20, b"fp")
 

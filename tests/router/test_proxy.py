@@ -84,10 +84,10 @@ def test_a_refused_connection_is_retried_on_another_backend_and_taken_out():
         assert [r.url.host for r in seen] == ["a", "b"]
         assert not backends.get(A).healthy and backends.get(B).healthy
         assert backends.get(A).in_flight == backends.get(B).in_flight == 0
-        assert metric(metrics, "kvserve:router_retries_total", backend=A) == 1
-        assert metric(metrics, "kvserve:router_requests_total", backend=B, status="200") == 1
-        assert metric(metrics, "kvserve:router_reported_cached_tokens_total", backend=B) == 16
-        assert metric(metrics, "kvserve:router_prompt_tokens_total", backend=B) == 40
+        assert metric(metrics, "kvserve_router_retries_total", backend=A) == 1
+        assert metric(metrics, "kvserve_router_requests_total", backend=B, status="200") == 1
+        assert metric(metrics, "kvserve_router_reported_cached_tokens_total", backend=B) == 16
+        assert metric(metrics, "kvserve_router_prompt_tokens_total", backend=B) == 40
         # a is out: the next request goes straight to b
         seen.clear()
         await read(await proxy.forward(route()))
@@ -130,7 +130,7 @@ def test_a_stream_that_breaks_before_its_first_byte_is_retried():
         resp = await proxy.forward(route(stream=True))
         assert resp.headers["content-type"].startswith("text/event-stream")
         assert await read(resp) == b"".join(events)  # byte for byte
-        assert metric(metrics, "kvserve:router_retries_total", backend=A) == 1
+        assert metric(metrics, "kvserve_router_retries_total", backend=A) == 1
         assert backends.get(B).in_flight == 0
 
     asyncio.run(main())
@@ -151,7 +151,7 @@ def test_a_stream_broken_mid_way_ends_with_an_error_event():
         assert error["type"] == "service_unavailable_error" and error["code"] == "backend_failed"
         assert "mid-stream" in error["message"]
         assert backends.get(A).in_flight == 0
-        assert metric(metrics, "kvserve:router_stream_errors_total", backend=A) == 1
+        assert metric(metrics, "kvserve_router_stream_errors_total", backend=A) == 1
 
     asyncio.run(main())
 
@@ -165,8 +165,8 @@ def test_busy_or_dead_answers_are_retried_and_the_last_one_returned():
         proxy, backends, metrics = make_proxy(handler)
         resp = await proxy.forward(route())
         assert resp.status_code == 429
-        assert metric(metrics, "kvserve:router_retries_total", backend=A) == 1
-        assert metric(metrics, "kvserve:router_retries_total", backend=B) == 1
+        assert metric(metrics, "kvserve_router_retries_total", backend=A) == 1
+        assert metric(metrics, "kvserve_router_retries_total", backend=B) == 1
         for b in backends:
             b.healthy = False
         with pytest.raises(NoBackendError):

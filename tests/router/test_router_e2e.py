@@ -108,7 +108,7 @@ def test_greedy_answers_through_the_router_are_the_replicas(router, replicas, pa
     models = httpx.get(f"{router.url}/v1/models").json()
     assert [m["id"] for m in models["data"]] == ["tiny"]
     # the router tokenized the prompt as the replica did
-    assert metric(httpx.get(f"{router.url}/metrics").text, "kvserve:router_prompt_tokens_total") > 0
+    assert metric(httpx.get(f"{router.url}/metrics").text, "kvserve_router_prompt_tokens_total") > 0
 
 
 def test_a_shared_prefix_goes_to_the_replica_that_cached_it(router, replicas):
@@ -140,10 +140,10 @@ def test_a_shared_prefix_goes_to_the_replica_that_cached_it(router, replicas):
         return value(after) - value(before)
 
     other = next(r for r in replicas if r is not holder)
-    assert grew("kvserve:router_requests_total", holder.url) == 4
-    assert grew("kvserve:router_requests_total", other.url) == 0
-    assert grew("kvserve:router_predicted_cached_tokens_total", holder.url) == 4 * 48
-    assert grew("kvserve:router_reported_cached_tokens_total", holder.url) == 4 * 48
+    assert grew("kvserve_router_requests_total", holder.url) == 4
+    assert grew("kvserve_router_requests_total", other.url) == 0
+    assert grew("kvserve_router_predicted_cached_tokens_total", holder.url) == 4 * 48
+    assert grew("kvserve_router_reported_cached_tokens_total", holder.url) == 4 * 48
 
 
 def test_a_backend_that_goes_down_is_retried_elsewhere_and_taken_out(replicas, tokenizer, tiny_model_dir):
@@ -159,8 +159,8 @@ def test_a_backend_that_goes_down_is_retried_elsewhere_and_taken_out(replicas, t
             for _ in range(2):  # one of the two is sent to the dead backend first
                 assert answer(post(r.url, "/v1/completions", {**GREEDY, "prompt": "Hello there"}))[2] == 8
             text = httpx.get(f"{r.url}/metrics").text
-            assert metric(text, "kvserve:router_retries_total", backend=dead) == 1
-            assert metric(text, "kvserve:router_backend_healthy", backend=dead) == 0
+            assert metric(text, "kvserve_router_retries_total", backend=dead) == 1
+            assert metric(text, "kvserve_router_backend_healthy", backend=dead) == 0
             streamed, _ = stream_text(r.url, "/v1/completions", {**GREEDY, "prompt": "Hello there"})
             assert streamed
     finally:
@@ -196,7 +196,7 @@ def test_session_policy_keeps_a_user_on_one_replica(replicas, tokenizer):
             out = {}
             for rep in replicas:
                 try:
-                    out[rep.url] = metric(text, "kvserve:router_requests_total", backend=rep.url, status="200")
+                    out[rep.url] = metric(text, "kvserve_router_requests_total", backend=rep.url, status="200")
                 except KeyError:
                     out[rep.url] = 0.0
             return out

@@ -317,7 +317,7 @@ def test_a_client_that_reads_slowly_does_not_stall_other_streams(tiny_server, of
     slow.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n"
                   f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n").encode() + payload)
     try:
-        wait_for_metrics(url, kvserve__num_requests_running=4.0)  # its four choices are being generated
+        wait_for_metrics(url, kvserve_num_requests_running=4.0)  # its four choices are being generated
         prompts = random_prompts(6, seed=12)
         want = [o.text for o in offline.generate(prompts, SamplingParams(max_tokens=60, temperature=0.0,
                                                                          ignore_eos=True))]
@@ -374,7 +374,7 @@ def test_logs_hold_no_prompt_text_unless_asked(tiny_server, caplog, capfd):
     with caplog.at_level(logging.DEBUG):
         for where, body in requests:
             httpx.post(where, json=body, headers=AUTH, timeout=30)
-        wait_for_metrics(url, kvserve__num_requests_running=0.0)
+        wait_for_metrics(url, kvserve_num_requests_running=0.0)
     logged = caplog.text + "".join(capfd.readouterr())
     assert secret not in logged
     server.config.log_requests = True
@@ -404,13 +404,13 @@ def test_aborted_streams_free_everything(tiny_server):
         async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=100)) as client:
             await asyncio.gather(*(open_and_drop(client, p) for p in prompts))
 
-    before = metric(httpx.get(f"{url}/metrics").text, "kvserve:request_success_total", finished_reason="abort") \
+    before = metric(httpx.get(f"{url}/metrics").text, "kvserve_request_success_total", finished_reason="abort") \
         if "abort" in httpx.get(f"{url}/metrics").text else 0.0
     asyncio.run(run())
-    text = wait_for_metrics(url, kvserve__num_requests_running=0.0, kvserve__num_requests_waiting=0.0,
-                            kvserve__kv_cache_blocks_used=0.0)
-    assert metric(text, "kvserve:kv_cache_usage_perc") == 0.0
-    assert metric(text, "kvserve:request_success_total", finished_reason="abort") - before == 50
+    text = wait_for_metrics(url, kvserve_num_requests_running=0.0, kvserve_num_requests_waiting=0.0,
+                            kvserve_kv_cache_blocks_used=0.0)
+    assert metric(text, "kvserve_kv_cache_usage_perc") == 0.0
+    assert metric(text, "kvserve_request_success_total", finished_reason="abort") - before == 50
     assert tiny_server.client.num_in_flight == 0
 
 
@@ -426,11 +426,11 @@ def test_metrics_and_small_routes(tiny_server):
                  "prompt_tokens_total", "generation_tokens_total", "time_to_first_token_seconds_count",
                  "inter_token_latency_seconds_count", "e2e_request_latency_seconds_count",
                  "engine_handoff_seconds_count"):
-        metric(text, f"kvserve:{name}")
-    assert metric(text, "kvserve:request_success_total", finished_reason="length") >= 1
-    assert metric(text, "kvserve:generation_tokens_total") >= 3
+        metric(text, f"kvserve_{name}")
+    assert metric(text, "kvserve_request_success_total", finished_reason="length") >= 1
+    assert metric(text, "kvserve_generation_tokens_total") >= 3
     # memory: the engine process's RSS from its snapshots, the API process's from prometheus_client
-    assert metric(text, "kvserve:engine_resident_memory_bytes") > 1 << 20
+    assert metric(text, "kvserve_engine_resident_memory_bytes") > 1 << 20
     assert metric(text, "process_resident_memory_bytes") > 1 << 20
 
 
@@ -443,8 +443,8 @@ def test_prefix_cache_reports_cached_tokens(tiny_server):
     assert second["choices"][0]["text"] == first["choices"][0]["text"]
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == 64  # the last block holds the last token
     text = httpx.get(f"{url}/metrics").text
-    assert metric(text, "kvserve:prefix_cache_hits_by_tier_total", tier="device") >= 64
-    assert metric(text, "kvserve:kv_cache_blocks_cached") >= 4
+    assert metric(text, "kvserve_prefix_cache_hits_by_tier_total", tier="device") >= 64
+    assert metric(text, "kvserve_kv_cache_blocks_cached") >= 4
 
 
 def test_speculative_decoding_usage_and_metrics(tiny_model_dir, offline):
@@ -468,12 +468,12 @@ def test_speculative_decoding_usage_and_metrics(tiny_model_dir, offline):
     assert u["completion_tokens_details"]["rejected_prediction_tokens"] == spec["draft_tokens"] - spec["accepted_tokens"]
     assert spec["mean_accepted_length"] == pytest.approx(1 + spec["accepted_tokens"] / spec["verify_steps"], abs=1e-3)
     assert events[-2]["usage"]["speculative"]["draft_tokens"] > 0
-    drafted = metric(text, "kvserve:spec_decode_num_draft_tokens_total", method="draft")
-    accepted = metric(text, "kvserve:spec_decode_num_accepted_tokens_total", method="draft")
-    verifies = metric(text, "kvserve:spec_decode_num_drafts_total", method="draft")
+    drafted = metric(text, "kvserve_spec_decode_num_draft_tokens_total", method="draft")
+    accepted = metric(text, "kvserve_spec_decode_num_accepted_tokens_total", method="draft")
+    verifies = metric(text, "kvserve_spec_decode_num_drafts_total", method="draft")
     assert drafted >= 2 * spec["draft_tokens"] and accepted <= drafted
-    assert metric(text, "kvserve:spec_decode_num_emitted_tokens_total", method="draft") == accepted + verifies
-    assert metric(text, "kvserve:spec_decode_accepted_length_count", method="draft") == verifies
+    assert metric(text, "kvserve_spec_decode_num_emitted_tokens_total", method="draft") == accepted + verifies
+    assert metric(text, "kvserve_spec_decode_accepted_length_count", method="draft") == verifies
 
 
 # --------------------------------------------------------------------------- kvserve serve, SIGTERM
@@ -520,7 +520,7 @@ def test_cli_serve_queue_limit_and_sigterm(tiny_model_dir):
             t = threading.Thread(target=lambda: waiting.update(r=httpx.post(
                 f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 4}, timeout=60)))
             t.start()
-            wait_for_metrics(url, kvserve__num_requests_waiting=1.0)
+            wait_for_metrics(url, kvserve_num_requests_waiting=1.0)
             busy = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 4}, timeout=10)
             assert busy.status_code == 429 and busy.json()["error"]["type"] == "rate_limit_error"
 

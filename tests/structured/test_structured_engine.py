@@ -241,10 +241,10 @@ def test_server_1000_distinct_schemas_bounded_cache_and_valid_answers(tiny_model
                 jsonschema.validate(json.loads(choice["message"]["content"]), schema(i))
             rss.append(_rss_kib(pid))
         text = httpx.get(f"{url}/metrics").text
-    assert metric(text, "kvserve:grammar_cache_size") <= 16
-    assert metric(text, "kvserve:grammar_compiles_total") >= 1000
-    assert metric(text, "kvserve:grammar_cache_evictions_total") >= 1000 - 16
-    assert metric(text, "kvserve:grammar_compile_errors_total") >= 1
+    assert metric(text, "kvserve_grammar_cache_size") <= 16
+    assert metric(text, "kvserve_grammar_compiles_total") >= 1000
+    assert metric(text, "kvserve_grammar_cache_evictions_total") >= 1000 - 16
+    assert metric(text, "kvserve_grammar_compile_errors_total") >= 1
     # KiB. The engine process grows during warm-up with or without grammars (oneDNN's primitive cache,
     # one entry per new GEMM shape, and the allocator; measured in docs/benchmarks.md: it levels off
     # near 1,000 requests); what a leak of one compiled grammar per schema would add on top is caught

@@ -11,7 +11,7 @@ malformed answer, a timeout, a broken connection) is an unexplained error.
 
 Every ``sample_interval`` seconds /metrics gives the server's and the engine's RSS, the running
 and waiting requests and the KV blocks in use and cached. At the end traffic stops, the server is
-left to go idle, and the KV blocks still in use are leaked ones (``kvserve:kv_cache_blocks_used``
+left to go idle, and the KV blocks still in use are leaked ones (``kvserve_kv_cache_blocks_used``
 counts blocks held by requests; blocks only the prefix cache holds count as free).
 
     python scripts/soak.py --model PATH --duration 120 --serve-args "--num-kv-blocks 64" --json-out soak.json

@@ -14,11 +14,11 @@ from kvserve.bench.soak.report import build_result
 from kvserve.bench.soak.traffic import SoakConfig, Traffic
 
 _METRICS = {
-    "server_rss": "process_resident_memory_bytes", "engine_rss": "kvserve:engine_resident_memory_bytes",
-    "running": "kvserve:num_requests_running", "waiting": "kvserve:num_requests_waiting",
-    "kv_used": "kvserve:kv_cache_blocks_used", "kv_cached": "kvserve:kv_cache_blocks_cached",
-    "kv_total": "kvserve:kv_cache_blocks_total", "preemptions": "kvserve:num_preemptions_total",
-    "generation_tokens": "kvserve:generation_tokens_total",
+    "server_rss": "process_resident_memory_bytes", "engine_rss": "kvserve_engine_resident_memory_bytes",
+    "running": "kvserve_num_requests_running", "waiting": "kvserve_num_requests_waiting",
+    "kv_used": "kvserve_kv_cache_blocks_used", "kv_cached": "kvserve_kv_cache_blocks_cached",
+    "kv_total": "kvserve_kv_cache_blocks_capacity", "preemptions": "kvserve_num_preemptions_total",
+    "generation_tokens": "kvserve_generation_tokens_total",
 }
 
 

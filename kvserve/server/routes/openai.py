@@ -48,7 +48,7 @@ async def completions(body: P.CompletionRequest, request: Request, state: State)
         body.sampling_params(0)  # the ranges of what beam search uses (max_tokens, ...)
         streams = beam_streams(state, prompts, body, body.max_tokens)
     else:
-        streams = state.start(prompts, body, body.sampling_params)
+        streams = state.start(prompts, body, body.sampling_params, model=model, headers=request.headers)
     renderer = CompletionRenderer(state, body, model, [len(p) for p in prompts])
     return await respond(request, streams, body.stream, renderer)
 
@@ -63,7 +63,8 @@ async def chat_completions(body: P.ChatCompletionRequest, request: Request, stat
         body.sampling_params(0)  # the ranges of what beam search uses (max_tokens, ...)
         streams = beam_streams(state, [prompt], body, body.max_output_tokens)
     else:
-        streams = state.start([prompt], body, tools.sampling_params(body) if tools else body.sampling_params)
+        streams = state.start([prompt], body, tools.sampling_params(body) if tools else body.sampling_params,
+                              model=model, headers=request.headers)
     renderer = ChatRenderer(state, body, model, [len(prompt)]) if tools is None else \
         ToolChatRenderer(state, body, model, [len(prompt)], tools)
     return await respond(request, streams, body.stream, renderer)

@@ -1,0 +1,72 @@
+"""The default KV cache size: from the model, ``--max-model-len``, ``--max-num-seqs`` and free memory.
+
+Without ``--kv-cache-memory-gb`` or ``--num-kv-blocks``, the pool holds what the scheduler could ever
+use at once, ``max_num_seqs`` sequences of ``max_model_len`` tokens at the model's KV bytes per token,
+capped by free memory: a quarter of the available RAM and at most 4 GiB on the CPU (the block pool
+hands out blocks in FIFO order, so in time every block of the pool is touched and resident), 90% of
+the free device memory on CUDA (the weights are already there). ``describe`` says what was chosen and why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+GiB = 1 << 30
+CPU_CAP_BYTES = 4 * GiB
+CPU_FREE_FRACTION = 0.25
+CUDA_FREE_FRACTION = 0.9
+
+
+@dataclass(frozen=True)
+class KVBudget:
+    nbytes: int  # what the pool may take
+    wanted_bytes: int  # max_num_seqs sequences of max_model_len tokens
+    cap_bytes: int  # what free memory allows
+    cap_reason: str  # where the cap comes from, for the log
+
+    @property
+    def capped(self) -> bool:
+        return self.wanted_bytes > self.cap_bytes
+
+
+def available_host_bytes() -> int:
+    """MemAvailable from /proc/meminfo; 8 GiB where there is none (not Linux)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 8 * GiB
+
+
+def free_memory_cap(device: torch.device) -> tuple[int, str]:
+    """The most the KV cache may take on ``device``, and a phrase saying why."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free * CUDA_FREE_FRACTION), f"{CUDA_FREE_FRACTION:.0%} of free device memory"
+    avail = available_host_bytes()
+    quarter = int(avail * CPU_FREE_FRACTION)
+    if quarter <= CPU_CAP_BYTES:
+        return quarter, f"a quarter of available memory ({avail / GiB:.1f} GiB)"
+    return CPU_CAP_BYTES, "the CPU's 4 GiB ceiling"
+
+
+def default_kv_budget(bytes_per_token: int, max_model_len: int, max_num_seqs: int, device: torch.device) -> KVBudget:
+    """The default pool size for a model whose KV takes ``bytes_per_token``."""
+    wanted = bytes_per_token * max_model_len * max_num_seqs
+    cap, reason = free_memory_cap(device)
+    return KVBudget(min(wanted, cap), wanted, cap, reason)
+
+
+def describe(budget: KVBudget, max_model_len: int, max_num_seqs: int) -> str:
+    """Why the default pool has its size, for the start-up log."""
+    wanted = f"{max_num_seqs} sequences x {max_model_len} tokens (--max-num-seqs x --max-model-len: " \
+             f"{budget.wanted_bytes / GiB:.2f} GiB)"
+    if budget.capped:
+        return f"sized for {wanted}, capped at {budget.cap_bytes / GiB:.2f} GiB, {budget.cap_reason}; " \
+               "--kv-cache-memory-gb sets it"
+    return f"sized for {wanted}; --kv-cache-memory-gb sets it"
