@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 import httpx
 
 from kvserve.config import PARTS, KVServeConfig
-from kvserve.engine.memory import default_kv_cache_bytes
+from kvserve.engine.memory import cpu_kv_cap_bytes
 from kvserve.errors import InvalidArgumentError, KVServeError
 from kvserve.router.config import RouterConfig
 from kvserve.router.launch import bind, run_router
@@ -68,7 +68,8 @@ def replica_configs(config: KVServeConfig, n: int, cores: int | None = None) -> 
                                    f"{'--num-threads' if config.model.num_threads else 'cores here'}: each replica "
                                    "needs a thread of its own", param="replicas")
     cache = config.cache
-    kv_gb = cache.kv_cache_memory_gb or default_kv_cache_bytes() / (1 << 30)
+    # without a size, the N pools share what one server's default pool could take at most
+    kv_gb = cache.kv_cache_memory_gb or cpu_kv_cap_bytes() / (1 << 30)
     out = []
     for i in range(n):
         c = replace(cache, kv_cache_memory_gb=round(kv_gb / n, 4),

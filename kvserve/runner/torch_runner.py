@@ -14,7 +14,6 @@ import torch
 from kvserve.attention import SeqRows, choose_attention_backend, get_kv_pool
 from kvserve.config import CacheConfig
 from kvserve.engine.batch import Batch, ScheduledChunk, StepOutput
-from kvserve.engine.memory import default_kv_cache_bytes
 from kvserve.kv.manager import KVTransfer
 from kvserve.model.config import ModelConfig
 from kvserve.model.llama import LlamaForCausalLM
