@@ -159,7 +159,7 @@ def test_a_replica_killed_mid_run_loses_no_request_that_had_not_started_streamin
     # every non-streaming request was answered in full (those on the killed replica were retried)
     assert all(a["usage"]["completion_tokens"] == n_tokens for a in answers)
     text = httpx.get(f"{url}/metrics").text
-    assert metric(text, "kvserve:router_retries_total", backend=victim) >= 1
+    assert metric(text, "kvserve_router_retries_total", backend=victim) >= 1
     # a stream either finished, or had started before the kill and ends with the router's error event
     for raw, first in streamed:
         assert raw.endswith(b"data: [DONE]\n\n")
