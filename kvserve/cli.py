@@ -15,7 +15,7 @@ for _key, _value in ENGINE_ENV.items():
     os.environ.setdefault(_key, _value)
 
 from kvserve.config import PARTS, KVServeConfig
-from kvserve.errors import KVServeError
+from kvserve.errors import InvalidArgumentError, KVServeError
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -122,7 +122,15 @@ def cmd_serve(a: argparse.Namespace) -> None:
         from kvserve.ray_serve.launch import serve_on_ray
         from kvserve.ray_serve.options import from_args as ray_options
 
+        if a.replicas != 1:
+            raise InvalidArgumentError("--replicas starts local processes; with --ray, use --ray-replicas",
+                                       param="replicas")
         serve_on_ray(config, ray_options(a), a.ray_address)
+        return
+    if a.replicas != 1:  # N engine processes behind the router (docs/scale-out.md)
+        from kvserve.router.replicas import serve_replicas
+
+        serve_replicas(config, a.replicas, a.router_policy)
         return
     serve(lambda: AsyncEngineClient(config), srv)
 
@@ -153,6 +161,16 @@ def build_parser() -> argparse.ArgumentParser:
     from kvserve.ray_serve.options import add_args as add_ray_args
 
     add_ray_args(s)
+
+    from kvserve.router.policy import POLICIES
+
+    rep = s.add_argument_group("replicas", "several engine processes behind the router (docs/scale-out.md)")
+    rep.add_argument("--replicas", type=int, default=1,
+                     help="start N replicas on 127.0.0.1 behind `kvserve router` on --host/--port; --num-threads, "
+                          "--kv-cache-memory-gb, --num-kv-blocks and the offload sizes are totals divided among them "
+                          "(default: %(default)s, one server)")
+    rep.add_argument("--router-policy", default="cache-aware", choices=POLICIES,
+                     help="with --replicas: the router's --policy (default: %(default)s)")
     s.set_defaults(func=cmd_serve)
 
     from kvserve.router.config import add_args as add_router_args

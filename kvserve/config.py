@@ -280,6 +280,31 @@ class KVServeConfig:
                                           if f.metadata.get("cli", True)})
         return cls(**values)
 
+    def to_cli_args(self, parts: tuple[str, ...] = ENGINE_PARTS, skip: tuple[str, ...] = ()) -> list[str]:
+        """The flags that give this config back through ``from_cli_args`` (the inverse of parsing them):
+        a flag for each field that differs from its default, except the ``skip`` fields and those read
+        from an environment variable (a secret such as --api-key: pass it through the environment)."""
+        args: list[str] = []
+        for part in parts:
+            for f in fields(PARTS[part]):
+                meta = f.metadata
+                if not meta.get("cli", True) or meta.get("env") or f.name in skip:
+                    continue
+                value = getattr(getattr(self, part), f.name)
+                default = f.default_factory() if callable(f.default_factory) else f.default
+                if value == default or value is None:
+                    continue
+                flag = meta.get("flag", _flag(f.name))
+                if meta.get("store_true"):
+                    args.append(flag)
+                elif f.type in (bool, "bool"):
+                    args.append(flag if value else "--no-" + flag[2:])
+                elif meta.get("nargs"):
+                    args += [flag, *map(str, value)]
+                else:
+                    args += [flag, str(value)]
+        return args
+
     def to_kwargs(self) -> dict[str, Any]:
         """The flat keyword arguments of the engine parts (the inverse of ``from_kwargs``)."""
         return {f.name: getattr(getattr(self, p), f.name) for p in ENGINE_PARTS for f in fields(PARTS[p])}

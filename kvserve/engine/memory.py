@@ -1,4 +1,4 @@
-"""The resident memory of this process, cheaply enough to read once per step."""
+"""Memory: this process's resident set, cheaply enough to read once per step; the CPU's KV pool cap."""
 
 from __future__ import annotations
 
@@ -16,3 +16,15 @@ def resident_memory_bytes() -> int | None:
         return int(os.pread(_statm[1], 128, 0).split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
+
+
+def cpu_kv_cap_bytes() -> int:
+    """The most a CPU server's default KV pool takes: a quarter of available memory, at most 4 GiB
+    (``kvserve.runner.kv_budget``'s cap, computed here without torch for ``serve --replicas``)."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+        avail = info.get("MemAvailable", 8 << 30)
+    except (OSError, ValueError, IndexError):
+        avail = 8 << 30
+    return int(min(4 << 30, avail // 4))

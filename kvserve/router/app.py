@@ -31,14 +31,14 @@ from kvserve.server.middleware import GuardMiddleware
 from kvserve.server.streaming import unless_disconnected
 
 
-def _state(request: Request) -> RouterState:
+async def _state(request: Request) -> RouterState:  # async: FastAPI runs a plain def in a thread pool
     return request.app.state.router
 
 
 State = Annotated[RouterState, Depends(_state)]
 
 
-def _admin(request: Request) -> None:
+async def _admin(request: Request) -> None:
     key = request.app.state.router.config.admin_key
     if key is None:
         return

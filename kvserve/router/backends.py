@@ -4,10 +4,18 @@ A backend is a kvserve server (a replica) named by its base URL. The router keep
 the set of block hashes its prefix cache holds, kept exact by applying the replica's
 ``GET /kv/events`` answers in order (a ``reset`` answer replaces the set), the load it reported
 there, and the requests this router has in flight on it (which it knows without delay).
+
+It also remembers its own recent decisions (``Prediction``): the prompt blocks of each request it
+sent there and that has not finished, which the replica is computing (or holding for another
+request that computes them) and will cache, though it has not said so yet; and the prompt tokens
+of those requests it predicted the replica had to compute, until their first byte comes back.
+Followers of a prefix still being computed then go where it is being computed, and a new
+request sees how much prefill work is queued ahead of it on each backend.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +31,27 @@ def normalize_url(url: str) -> str:
         raise InvalidArgumentError(f"a backend is an http(s) URL such as http://127.0.0.1:8001, got {url!r}",
                                    param="url")
     return url
+
+
+@dataclass(eq=False)
+class Prediction:
+    """What one request routed to a backend adds to the router's view of it, until it ends."""
+
+    blocks: list[bytes]  # its prompts' block hashes in that backend's scheme
+    queued_tokens: int  # its prompt tokens predicted not cached there: prefill work, until its first byte
+    prefilled: bool = False
+    finished: bool = False
+
+
+class CacheView:
+    """A backend's reported cache and the blocks its requests in flight are computing, as one container."""
+
+    def __init__(self, cached: set[bytes], computing: Counter[bytes]):
+        self.cached = cached
+        self.computing = computing
+
+    def __contains__(self, h: object) -> bool:
+        return h in self.cached or h in self.computing
 
 
 @dataclass(eq=False)
@@ -42,6 +71,36 @@ class Backend:
     running: int = 0
     waiting: int = 0
     kv_usage: float = 0.0
+    # this router's requests on it, predicted (Prediction)
+    computing: Counter[bytes] = field(default_factory=Counter)  # blocks of its requests in flight
+    queued_tokens: int = 0  # prompt tokens predicted to be computed there before a new request's
+
+    @property
+    def cache_view(self) -> CacheView:
+        """The blocks a request sent now would find: the reported cache and what is being computed."""
+        return CacheView(self.cached, self.computing)
+
+    def predict(self, blocks: list[bytes], queued_tokens: int) -> Prediction:
+        """A request was sent here: its blocks will be cached, its uncached tokens are queued work."""
+        self.computing.update(blocks)
+        self.queued_tokens += queued_tokens
+        return Prediction(blocks, queued_tokens)
+
+    def prefilled(self, p: Prediction) -> None:
+        """The request's first byte came back: its prefill is no longer work ahead of others."""
+        if not p.prefilled:
+            p.prefilled = True
+            self.queued_tokens -= p.queued_tokens
+
+    def finished(self, p: Prediction) -> None:
+        """The request ended (or failed): its blocks are in the reported cache by now, or never will be."""
+        self.prefilled(p)
+        if not p.finished:
+            p.finished = True
+            self.computing.subtract(p.blocks)
+            for h in p.blocks:
+                if self.computing[h] <= 0:
+                    del self.computing[h]
 
     @property
     def load(self) -> int:
@@ -74,7 +133,8 @@ class Backend:
         """Its state, for ``GET /admin/backends``."""
         return {"url": self.url, "healthy": self.healthy, "replica_id": self.replica_id, "in_flight": self.in_flight,
                 "running": self.running, "waiting": self.waiting, "kv_usage": self.kv_usage,
-                "cached_blocks": len(self.cached), "events_seq": self.seq, "synced": self.synced}
+                "cached_blocks": len(self.cached), "computing_blocks": len(self.computing),
+                "queued_tokens": self.queued_tokens, "events_seq": self.seq, "synced": self.synced}
 
 
 class BackendSet:

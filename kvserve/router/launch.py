@@ -14,17 +14,26 @@ from kvserve.server.launch import run_until_stopped
 log = logging.getLogger("kvserve.router")
 
 
-def run_router(config: RouterConfig) -> None:
-    """Serve the router until SIGINT/SIGTERM (a SIGTERM lets streams in flight finish, then exits 0)."""
-    import uvicorn
-
-    sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET, socket.SOCK_STREAM)
+def bind(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (a busy port is a clear error, before anything slow starts)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((config.host, config.port))
+        sock.bind((host, port))
     except OSError as e:
         sock.close()
-        raise InvalidArgumentError(f"cannot listen on {config.host}:{config.port}: {e.strerror}", param="port") from e
+        raise InvalidArgumentError(f"cannot listen on {host}:{port}: {e.strerror}", param="port") from e
+    return sock
+
+
+def run_router(config: RouterConfig, sock: socket.socket | None = None) -> None:
+    """Serve the router until SIGINT/SIGTERM (a SIGTERM lets streams in flight finish, then exits 0),
+    on ``sock`` if given (already bound to the config's address), else on a socket bound here."""
+    import uvicorn
+
+    sock = sock or bind(config.host, config.port)
+    if config.log_level not in ("debug", "trace"):  # not a line per health check and events poll
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         prompts = PromptTokenizer.load(config.model, config.tool_call_parser)
         app = create_router_app(config, prompts)

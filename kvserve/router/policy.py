@@ -1,14 +1,18 @@
 """Which backend gets a request: the routing policies, as pure functions of what the router knows.
 
 A policy sees one ``Candidate`` per healthy backend (how many of this prompt's tokens its prefix
-cache is predicted to hold, and its load: requests in flight or queued there) and the request's
-session, and names one. No I/O and no clock: the only state is the tie-break's memory of when each
+cache is predicted to hold, the prefill work queued there, and its load: requests in flight or
+queued there) and the request's session, and names one. No I/O and no clock: the only state is the tie-break's memory of when each
 backend was last picked, and (``session``) which backend each session went to.
 
-- ``cache-aware``: the longest cached prefix among the backends whose load is within
-  ``max_imbalance`` of the least loaded; equal prefixes go to the less loaded. Nothing cached
-  anywhere is least-load. A backend the cache favours cannot pile up work without bound: past the
-  threshold the others take the traffic.
+- ``cache-aware``: among the backends whose load is within ``max_imbalance`` of the least loaded,
+  the one where the prompt's prefill would end first: the fewest prompt tokens queued for prefill
+  there plus the prompt's own tokens it does not hold (weighted by ``NEW_WORK_WEIGHT``). With nothing queued anywhere that is the
+  longest cached prefix; equal ones go to the less loaded; nothing cached anywhere is least-load.
+  A cached prefix wins over an idle backend only while the work queued ahead of it there is
+  smaller than what the idle one would recompute, so a hot prefix spreads to the other replicas
+  as soon as that pays; and a backend the cache favours cannot pile up requests without bound:
+  past the threshold the others take the traffic.
 - ``least-load``: the fewest requests in flight.
 - ``round-robin``: each backend in turn.
 - ``session``: a session (``X-Session-Id`` or the ``user`` field) stays on its backend while that
@@ -28,6 +32,12 @@ from typing import Protocol
 POLICIES = ("cache-aware", "round-robin", "least-load", "session")
 DEFAULT_MAX_IMBALANCE = 8
 DEFAULT_MAX_SESSIONS = 100_000
+# A token a backend must compute for this prompt counts for more than a token of work queued ahead
+# of it: computing it delays every later request there too, waiting does not. Between 1 and ~1.45
+# for prompts of a long shared prefix and a short own part, the weight sends a follower of a
+# prefix still being computed to where it is computed (it waits about as long there as it would
+# compute elsewhere), and a request that shares only part of it to an idle backend.
+NEW_WORK_WEIGHT = 1.25
 
 
 @dataclass(frozen=True)
@@ -37,6 +47,7 @@ class Candidate:
     name: str
     cached_tokens: int = 0  # this prompt's tokens predicted to be in its prefix cache
     load: int = 0  # requests in flight or waiting there
+    queued_tokens: int = 0  # prompt tokens of requests sent there, predicted to be computed before this one
 
 
 class Policy(Protocol):
@@ -100,8 +111,9 @@ class LeastLoad:
 
 
 class CacheAware:
-    """The longest cached prefix, unless its backend carries more than ``max_imbalance`` requests
-    beyond the least loaded one; then the next best within that bound (the least loaded at worst)."""
+    """The earliest end of prefill (queued prefill tokens + the prompt's uncached tokens; with nothing
+    queued, the longest cached prefix) among the backends that carry at most ``max_imbalance``
+    requests beyond the least loaded one."""
 
     name = "cache-aware"
 
@@ -114,10 +126,16 @@ class CacheAware:
     def choose(self, candidates: Sequence[Candidate], session: str | None = None) -> str:
         low = min(c.load for c in candidates)
         eligible = [c for c in candidates if c.load - low <= self.max_imbalance]  # the least loaded always is
-        best = max(c.cached_tokens for c in eligible)
-        tied = [c for c in eligible if c.cached_tokens == best]
+        best = min(self.cost(c) for c in eligible)
+        tied = [c for c in eligible if self.cost(c) == best]
         least = min(c.load for c in tied)
         return self.tie.pick([c.name for c in tied if c.load == least])
+
+    @staticmethod
+    def cost(c: Candidate) -> float:
+        """The prefill work before this prompt's first token there, less the prompt's length (the same
+        everywhere): tokens queued there, plus the prompt's uncached tokens weighted by NEW_WORK_WEIGHT."""
+        return c.queued_tokens - NEW_WORK_WEIGHT * c.cached_tokens
 
     def forget(self, name: str) -> None:
         self.tie.forget(name)

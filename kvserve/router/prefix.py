@@ -70,11 +70,15 @@ class PromptHashes:
     def num_tokens(self) -> int:
         return sum(len(p) for p in self.prompts)
 
+    def hashes(self, scheme: HashScheme) -> list[list[bytes]]:
+        """Each prompt's block hashes in ``scheme``."""
+        hashes = self._by_scheme.get(scheme)
+        if hashes is None:
+            hashes = self._by_scheme[scheme] = [block_hashes(p, scheme) for p in self.prompts]
+        return hashes
+
     def cached_tokens(self, scheme: HashScheme | None, cached: Container[bytes]) -> int:
         """Tokens of all the prompts predicted to be in a cache with ``scheme`` holding ``cached``."""
         if scheme is None or not self.prompts:
             return 0
-        hashes = self._by_scheme.get(scheme)
-        if hashes is None:
-            hashes = self._by_scheme[scheme] = [block_hashes(p, scheme) for p in self.prompts]
-        return sum(cached_tokens(h, cached, scheme.block_size) for h in hashes)
+        return sum(cached_tokens(h, cached, scheme.block_size) for h in self.hashes(scheme))

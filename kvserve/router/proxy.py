@@ -1,12 +1,15 @@
 """Forwarding a request to a backend (``Proxy``): choose one, send, retry elsewhere before the first byte.
 
-For each attempt the policy chooses among the healthy backends not tried yet, given how much of
-the prompt each one's cache holds (``PromptHashes`` against its mirrored set) and its load. The
-request goes out as it came (method, path, query, body, headers such as ``Authorization``; not
-hop-by-hop ones). A backend that cannot be reached, breaks before answering, or answers 429 / 502 /
-503 / 504 is given up and the next one tried, up to ``max_attempts``; when none is left the last
-such answer (or a 503) goes to the client. A stream is committed once its first chunk has arrived:
-after that the bytes pass through unchanged (``relay.py``).
+For each attempt the policy chooses among the healthy backends not tried yet, given how much of the
+prompt each one's cache holds (``PromptHashes`` against its mirrored set and the blocks its requests
+in flight are computing), the prefill work queued there, and its load. The chosen backend remembers
+the request's blocks and queued work (``Backend.predict``) until its first byte (work done) and its
+end (blocks cached or never). The request goes out as it came (method, path, query, body, headers
+such as ``Authorization``; not hop-by-hop ones). A backend that cannot be reached, breaks before
+answering, or answers 429 / 502 / 503 / 504 is given up and the next one tried, up to
+``max_attempts``; when none is left the last such answer (or a 503) goes to the client. A stream is
+committed once its first chunk has arrived: after that the bytes pass through unchanged
+(``relay.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import httpx
 from fastapi.responses import Response
 
 from kvserve.errors import EngineDeadError
-from kvserve.router.backends import Backend, BackendSet
+from kvserve.router.backends import Backend, BackendSet, Prediction
 from kvserve.router.metrics import RouterMetrics
 from kvserve.router.monitor import Monitor
 from kvserve.router.policy import Candidate, Policy
@@ -92,8 +95,8 @@ class Proxy:
         if not live:
             return None
         prompts = route.prompts
-        candidates = {b.url: Candidate(b.url, prompts.cached_tokens(b.scheme, b.cached) if prompts else 0, b.load)
-                      for b in live}
+        candidates = {b.url: Candidate(b.url, prompts.cached_tokens(b.scheme, b.cache_view) if prompts else 0, b.load,
+                                       b.queued_tokens) for b in live}
         name = self.policy.choose(list(candidates.values()), route.session)
         backend = next(b for b in live if b.url == name)
         return backend, candidates[name].cached_tokens
@@ -122,6 +125,7 @@ class Proxy:
         request = self.client.build_request(route.method, backend.url + route.path, params=route.query or None,
                                             headers=route.headers, content=route.body)
         backend.in_flight += 1
+        prediction = self._predict(backend, route, predicted)
         release = True  # this attempt's in-flight count is released here, unless a relay took it over
         try:
             try:
@@ -136,8 +140,10 @@ class Proxy:
                 if route.stream and resp.status_code == 200:
                     chunks = resp.aiter_raw()
                     first = await anext(chunks, b"")
+                    backend.prefilled(prediction)
                     relay = Relay(backend.url, resp, chunks, first,
-                                  lambda watch, broken: self._stream_done(backend, route, predicted, watch, broken))
+                                  lambda watch, broken: self._stream_done(backend, route, predicted, prediction,
+                                                                          watch, broken))
                     release = False
                     return RelayResponse(relay, resp.status_code, _response_headers(resp))
                 content = await resp.aread()
@@ -159,9 +165,21 @@ class Proxy:
         finally:
             if release:
                 backend.in_flight -= 1
+                backend.finished(prediction)
 
-    def _stream_done(self, backend: Backend, route: Route, predicted: int, watch: StreamWatch, broken: bool) -> None:
+    @staticmethod
+    def _predict(backend: Backend, route: Route, predicted: int) -> Prediction:
+        """What the request adds to the router's view of ``backend`` while it runs there."""
+        prompts = route.prompts
+        if prompts is None or backend.scheme is None:
+            return backend.predict([], 0)
+        blocks = [h for hashes in prompts.hashes(backend.scheme) for h in hashes]
+        return backend.predict(blocks, max(0, prompts.num_tokens - predicted))
+
+    def _stream_done(self, backend: Backend, route: Route, predicted: int, prediction: Prediction,
+                     watch: StreamWatch, broken: bool) -> None:
         backend.in_flight -= 1
+        backend.finished(prediction)
         if broken:
             self.metrics.stream_errors.labels(backend.url).inc()
         self._done(backend, route, predicted, 200, watch.cached_tokens)

@@ -126,3 +126,56 @@ def test_make_policy():
         make_policy("random")
     with pytest.raises(ValueError):
         CacheAware(-1)
+
+
+def test_cache_aware_weighs_queued_prefill_against_the_cache():
+    """The earliest end of prefill: queued prefill tokens there plus the prompt's uncached tokens."""
+    p = CacheAware(max_imbalance=8)
+    # b holds 512 more tokens of the prompt (worth 1.25 x 512 = 640 queued) but has 700 queued: a
+    assert p.choose([Candidate("a", 0, 1, queued_tokens=0), Candidate("b", 512, 1, queued_tokens=700)]) == "a"
+    # with 600 queued, b's cache still wins
+    assert p.choose([Candidate("a", 0, 1, queued_tokens=0), Candidate("b", 512, 1, queued_tokens=600)]) == "b"
+    # equal cost: the less loaded
+    assert p.choose([Candidate("a", 0, 2, queued_tokens=0), Candidate("b", 512, 1, queued_tokens=640)]) == "b"
+    assert p.choose([Candidate("a", 0, 1, queued_tokens=0), Candidate("b", 512, 2, queued_tokens=640)]) == "a"
+
+
+def test_cache_aware_a_cold_wave_with_one_new_prefix_is_shared_out():
+    """Four requests with one shared 1,300-token prefix (and a 600-token part of their own) arrive
+    before anything is cached: the router's own predictions (the blocks and prefill it sent to
+    each backend) split them 2/2, the shared prefix computed once per backend, instead of all on
+    the first backend (or on both for every request)."""
+    from kvserve.router.backends import Backend
+    from kvserve.router.prefix import HashScheme, PromptHashes
+
+    scheme = HashScheme(b"k" * 16, 16)
+    shared = list(range(1, 1301))
+    backends = {n: Backend(n, scheme=scheme) for n in ("a", "b")}
+    p = CacheAware(max_imbalance=8)
+    placed, predictions = [], []
+    for i in range(4):
+        prompt = PromptHashes([shared + [5000 + 1000 * i + j for j in range(600)]])
+        cands = [Candidate(b.url, prompt.cached_tokens(scheme, b.cache_view), b.in_flight, b.queued_tokens)
+                 for b in backends.values()]
+        name = p.choose(cands)
+        b = backends[name]
+        cached = next(c.cached_tokens for c in cands if c.name == name)
+        b.in_flight += 1
+        predictions.append((b, b.predict(prompt.hashes(scheme)[0], prompt.num_tokens - cached)))
+        placed.append((name, cached))
+    assert sorted(n for n, _ in placed) == ["a", "a", "b", "b"]
+    # each backend's second request is predicted to find the shared prefix its first is computing
+    assert sorted(c for _, c in placed) == [0, 0, 1296, 1296]
+    # a follower of a prefix in flight goes where it is being computed
+    follower = PromptHashes([shared + list(range(5000, 5600)) + [9]])  # request 0's prompt and more
+    cands = [Candidate(b.url, follower.cached_tokens(scheme, b.cache_view), b.in_flight, b.queued_tokens)
+             for b in backends.values()]
+    assert max(cands, key=lambda c: c.cached_tokens).name == placed[0][0]
+    assert p.choose(cands) == placed[0][0]
+    # the predictions end with their requests: nothing left computing or queued
+    for b, pred in predictions:
+        b.prefilled(pred)
+        assert pred.prefilled
+        b.finished(pred)
+        b.finished(pred)  # idempotent
+    assert all(not b.computing and b.queued_tokens == 0 for b in backends.values())

@@ -196,6 +196,53 @@ def test_the_backend_holding_the_prompt_is_chosen():
     asyncio.run(main())
 
 
+def test_a_request_in_flight_counts_as_cached_where_it_was_sent_until_it_ends():
+    """Its prompt blocks are predicted on its backend from the moment it is routed (so a follower with
+    the same prefix goes there before the replica reports them), its uncached tokens count as queued
+    prefill until its first byte, and both are released when it ends, on a failed attempt too."""
+    scheme = HashScheme(b"root", 4)
+    prompt = list(range(3, 20))  # 17 tokens: 4 full blocks of prompt[:-1]
+    hashes = block_hashes(prompt, scheme)
+
+    async def main():
+        gate = asyncio.Event()
+
+        class Gated(httpx.AsyncByteStream):
+            async def __aiter__(self) -> AsyncIterator[bytes]:
+                await gate.wait()  # the replica is still prefilling
+                yield b'data: {"choices": [{"text": "x"}]}\n\n'
+                yield b"data: [DONE]\n\n"
+
+        def handler(request: httpx.Request) -> httpx.Response:
+            if request.url.host == "a":
+                raise httpx.ConnectError("connection refused", request=request)
+            return httpx.Response(200, headers=SSE, stream=Gated())
+
+        proxy, backends, _ = make_proxy(handler, policy=CacheAware())
+        for b in backends:
+            b.scheme = scheme
+        a, b = backends.get(A), backends.get(B)
+        first = asyncio.ensure_future(proxy.forward(route(stream=True, prompts=PromptHashes([prompt]))))
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if b.in_flight:
+                break
+        # a refused it (and was taken out): nothing of the request is left there
+        assert not a.computing and a.queued_tokens == 0 and not a.healthy
+        assert set(b.computing) == set(hashes) and b.queued_tokens == 17 and not b.cached
+        a.healthy = True
+        follower = PromptHashes([prompt + [50, 51, 52, 53]])
+        backend, predicted = proxy.choose(route(prompts=follower))
+        assert backend is b and predicted == 16  # b computes it: 17 queued there < 1.25 x the 16 it saves
+        gate.set()
+        resp = await first
+        assert b.queued_tokens == 0 and set(b.computing) == set(hashes)  # prefilled, still running
+        await read(resp)
+        assert not b.computing and b.in_flight == 0
+
+    asyncio.run(main())
+
+
 def test_prompt_hashes_follow_the_chain():
     scheme = HashScheme(b"r", 2)
     h = block_hashes([1, 2, 3, 4, 5], scheme)
