@@ -18,6 +18,7 @@ from kvserve.kv.manager import KVTransfer
 from kvserve.model.config import ModelConfig
 from kvserve.model.llama import LlamaForCausalLM
 from kvserve.runner.inputs import build_inputs
+from kvserve.runner.kv_calibration import calibrate_kv_scales
 from kvserve.sampling.sampler import Sampler, prompt_logprobs
 from kvserve.spec.proposer import DraftRequest, Proposer
 from kvserve.spec.verify import verify
@@ -66,14 +67,17 @@ class TorchRunner:
         capacity = num_kv_blocks * block_size
         self.max_model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings, capacity)
         self.kv_pool = pool_cls(layout, num_kv_blocks, self.device)
+        calibrate_kv_scales(self.model, self.kv_pool, dtype)  # an 8-bit pool's scales, before any token
         self.attention = backend_cls(self.kv_pool, dtype)
-        self.block_bytes = layout.block_bytes
+        self.block_bytes = self.kv_pool.block_bytes  # what a tier stores per block (an 8-bit pool's scales too)
+        self.kv_bytes_per_token = layout.bytes_per_token
         self.kv_fingerprint = self.kv_pool.fingerprint(cfg, weights, dtype, self.model.quantization_tag())
         self.sampler = Sampler(self.device, seed)
         self.proposer = proposer
         self._draft_probs: dict[str, torch.Tensor] = {}  # a sampled draft's distributions, until verified
-        log.info("KV cache: %d blocks of %d tokens (%.2f GiB, %s)", num_kv_blocks, block_size,
-                 num_kv_blocks * layout.block_bytes / (1 << 30), layout.dtype)
+        log.info("KV cache: %d blocks of %d tokens (%.2f GiB, %s, %d bytes per token; --kv-cache-dtype %s)",
+                 num_kv_blocks, block_size, num_kv_blocks * layout.block_bytes / (1 << 30), layout.dtype,
+                 layout.bytes_per_token, cache.kv_cache_dtype)
 
     def _transfer(self, transfers: list[KVTransfer], out: StepOutput) -> None:
         """Copy blocks to and from the offload tiers, in order (a block may be saved, then reused)."""
