@@ -117,8 +117,9 @@ class PagedBackend(AttentionBackend):
             q = q.contiguous()
         out = torch.empty_like(q)
         if meta.seq_info.shape[0]:  # an 8-bit cache is read as stored, with its scales
+            scales = (layer_kv.k_scale, layer_kv.v_scale) if self.pool.quantized else (None, None)
             torch.ops.kvserve.paged_attention(out, q, k_cache, v_cache, meta.block_tables, meta.seq_info,
-                                              self.pool.block_size, self.scale, layer_kv.k_scale, layer_kv.v_scale)
+                                              self.pool.block_size, self.scale, *scales)
         gqa = q.shape[1] != k.shape[1]
         for first, n in meta.fresh:
             rows = slice(first, first + n)

@@ -19,6 +19,17 @@ from kvserve.attention import SeqRows
 from kvserve.runner.inputs import build_inputs
 from kvserve.runner.torch_runner import TorchRunner
 
+# Short prompts of varied kinds (facts, stories, code, lists), for greedy agreement between two builds.
+AGREEMENT_PROMPTS = [
+    "The capital of France is", "Here is a short story about a dog:", "def fibonacci(n):",
+    "The three primary colors are", "Water boils at", "To make a cup of tea, first",
+    "The largest planet in the solar system is", "A good way to learn a new language is",
+    "In 1969, the first person to walk on the moon", "The recipe calls for two cups of flour and",
+    "Photosynthesis is the process by which", "My favourite season is autumn because",
+    "SELECT name FROM users WHERE", "The train left the station at noon and", "Dear hiring manager,",
+    "List three uses of a paperclip:",
+]
+
 
 @torch.inference_mode()
 def perplexity(runner: TorchRunner, token_ids: Sequence[int], window: int = 256, chunk: int | None = None) -> float:

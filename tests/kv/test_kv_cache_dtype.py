@@ -174,7 +174,9 @@ def test_calibration_gives_the_same_per_head_scales_on_every_start():
 
 @pytest.mark.parametrize("kv,bound,agree", [("fp8", 0.25, 0.75), ("fp8_e5m2", 0.5, 0.55), ("int8", 0.17, 0.8)])
 def test_tiny_model_next_token_logprobs_stay_close_to_full_precision(kv, bound, agree):
-    """Mean |log p - log p_ref| over 96 positions; measured fp8 0.0xx, fp8_e5m2 0.0xx, int8 0.00x."""
+    """Mean |log p - log p_ref| and top-1 agreement over 96 positions (every key read as stored); measured
+    fp8 0.127 (0.875), fp8_e5m2 0.263 (0.667), int8 0.085 (0.927): random weights of std 0.2 amplify
+    any perturbation (the embedded model's figures are in tests/model/test_kv8_accuracy.py)."""
     from kvserve.bench.perplexity import sequence_logits
 
     ids = [(i * 37 + 11) % 97 for i in range(96)]
@@ -182,7 +184,6 @@ def test_tiny_model_next_token_logprobs_stay_close_to_full_precision(kv, bound, 
     got = torch.log_softmax(sequence_logits(_runner(kv), ids), -1)
     mad = (got - ref).abs().mean().item()
     top1 = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
-    print(kv, mad, top1)
     assert 0 < mad < bound, mad
     assert top1 >= agree
 
