@@ -77,8 +77,8 @@ class CacheConfig:
                                        "shared by replicas (each block saved once computed; Redis evicts: run it with "
                                        "maxmemory and allkeys-lru)"})
     kv_cache_dtype: str = field(default="auto", metadata={"help": "how the KV cache stores K and V: auto (in the "
-                                "model's --dtype); fp8 (= fp8_e4m3), fp8_e5m2, int8: 8 bits with per-head scales "
-                                "computed at start-up (half of bf16's bytes, a quarter of float32's); other KV pools "
+                                "model's --dtype); fp8 (= fp8_e4m3), fp8_e5m2, int8: 8 bits with scales (per head; "
+                                "int8: per channel) computed at start-up (half of bf16's bytes, a quarter of float32's); other KV pools "
                                 "register by name (kvserve.attention.register_kv_pool)", "choices": KV_CACHE_DTYPES})
     attention_backend: str = field(default="auto", metadata={"help": "attention implementation: auto (paged where "
                                    "its native CPU kernel runs, else gather-sdpa), paged (reads KV in place through the "

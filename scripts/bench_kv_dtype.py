@@ -2,8 +2,8 @@
 (docs/benchmarks.md, "8-bit KV cache"; tests/model/test_kv8_accuracy.py bounds the same figures).
 
 Per --kv-cache-dtype: perplexity of tests/data/perplexity.txt (windows of 256 tokens), the mean
-absolute difference of next-token log-probabilities and the top-1 agreement against auto over
-those windows, and greedy agreement of 32-token generations over PROMPTS. One torch thread.
+absolute difference of next-token log-probabilities (of the text's next token) and the top-1
+agreement against auto over those windows, and greedy agreement of 32-token generations over PROMPTS. One torch thread.
 
     python scripts/bench_kv_dtype.py [--tokens 32]
 
@@ -42,19 +42,19 @@ def measure(tokens: int = 32) -> dict[str, dict[str, float]]:
     ids = m.tokenizer.encode(TEXT.read_text())
     tok = Tokenizer(m.tokenizer, m.config)
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
-    ref_lp, ref_out, out = None, None, {}
+    ref_lp, ref_next, ref_out, out = None, None, None, {}
     for kv in KV_DTYPES:
         runner = TorchRunner(m.config, m.weights, CacheConfig(num_kv_blocks=64, kv_cache_dtype=kv), dtype=torch.float32)
         lps = window_logprobs(runner, ids)
-        nll = -sum(lp[:-1].gather(1, torch.tensor(ids[i * 256 + 1 : i * 256 + len(lp)]).unsqueeze(1)).sum().item()
-                   for i, lp in enumerate(lps))
-        count = sum(len(lp) - 1 for lp in lps)
+        nexts = [lp[:-1].gather(1, torch.tensor(ids[i * 256 + 1 : i * 256 + len(lp)]).unsqueeze(1)).squeeze(1)
+                 for i, lp in enumerate(lps)]  # log p of the text's next token
+        nll, count = -sum(n.sum().item() for n in nexts), sum(len(n) for n in nexts)
         llm = LLM.from_weights(m.config, m.weights, tok, dtype="float32", num_kv_blocks=256, kv_cache_dtype=kv)
         gen = [r.token_ids for r in llm.generate(PROMPTS, params)]
-        ref_lp, ref_out = ref_lp or lps, ref_out or gen
+        ref_lp, ref_next, ref_out = ref_lp or lps, ref_next or nexts, ref_out or gen
         out[kv] = {
             "perplexity": math.exp(nll / count),
-            "logprob_mad": sum((a - b).abs().mean().item() for a, b in zip(lps, ref_lp)) / len(lps),
+            "logprob_mad": torch.cat(nexts).sub(torch.cat(ref_next)).abs().mean().item(),
             "top1_agreement": sum((a.argmax(-1) == b.argmax(-1)).float().mean().item() for a, b in zip(lps, ref_lp)) / len(lps),
             "greedy_agreement": sum(greedy_agreement(a, b) for a, b in zip(ref_out, gen)) / len(PROMPTS),
             "bytes_per_token": runner.kv_bytes_per_token,

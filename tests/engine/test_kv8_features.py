@@ -101,7 +101,10 @@ def test_blocks_restored_from_the_host_and_disk_tiers(tiny_model_dir, tmp_path, 
 
 
 def test_an_fp8_block_is_never_read_by_an_int8_engine(tiny_model_dir, tmp_path):
-    _run(_llm(tiny_model_dir, "fp8", num_kv_blocks=24, kv_offload_dir=str(tmp_path)))
-    other = _llm(tiny_model_dir, "int8", num_kv_blocks=24, kv_offload_dir=str(tmp_path))
+    fp8 = _llm(tiny_model_dir, "fp8", num_kv_blocks=24, kv_offload_dir=str(tmp_path))
+    _run(fp8)
+    assert any(tmp_path.iterdir())  # fp8 blocks on disk
+    other = _llm(tiny_model_dir, "int8", kv_offload_dir=str(tmp_path))  # an ample pool: it evicts nothing itself
+    assert other.engine.runner.kv_fingerprint != fp8.engine.runner.kv_fingerprint
     assert _run(other) == _baseline(tiny_model_dir, "int8", False)
     assert not other.engine.kv.stats.tier_hits.get("disk", 0)

@@ -75,7 +75,8 @@ def test_quantize_round_trip_error_is_bounded(kv):
     x = torch.randn(512, 2, 16, generator=g) * torch.tensor([0.5, 8.0])[:, None]  # heads of unlike magnitude
     pool.set_scales(x.abs().amax(0)[None], x.abs().amax(0)[None], headroom=1.0)
     scale = pool.k_scales[0]
-    assert torch.allclose(scale[:, 0], x.abs().amax((0, 2)) / pool.qmax)  # one scale per head: its largest value
+    amax = x.abs().amax(0) if kv == "int8" else x.abs().amax((0, 2))[:, None].expand(2, 16)  # per channel / head
+    assert torch.all(scale * pool.qmax >= amax) and torch.allclose(scale * pool.qmax, amax, rtol=2 ** -6)
     back = pool.dequantize(pool.quantize(x, scale), scale, torch.float32)
     err = (back - x).abs()
     if kv == "int8":  # half a step
@@ -144,7 +145,8 @@ def test_a_tier_payload_carries_its_scales(kv):
     same.set_scales(a.k_scales * a.qmax, a.v_scales * a.qmax, headroom=1.0)
     other.set_scales(a.k_scales * a.qmax * 1.5, a.v_scales * a.qmax * 1.25, headroom=1.0)
     payload = a.read_block(3)
-    assert len(payload) == a.block_bytes == a.layout.block_bytes + 2 * 2 * 4  # + float32 K, V scales per head
+    per = 16 if kv == "int8" else 1  # scales per head: one per channel, or one
+    assert len(payload) == a.block_bytes == a.layout.block_bytes + 2 * 2 * per * 2  # + bfloat16 K, V scales
     slots_a, slots_b = torch.arange(12, 16), torch.arange(20, 24)  # blocks 3 and 5
     same.write_block(5, payload)  # the same scales: the bytes as they were
     assert torch.equal(same.layers[0][0].view(torch.uint8)[slots_b], a.layers[0][0].view(torch.uint8)[slots_a])
@@ -164,12 +166,17 @@ def test_fingerprints_tell_kv_dtypes_apart():
     assert len({prints[kv] for kv in ["auto", "fp8", "fp8_e5m2", "int8"]}) == 4
 
 
-def test_calibration_gives_the_same_per_head_scales_on_every_start():
-    a, b = _runner("int8"), _runner("int8")
+@pytest.mark.parametrize("kv", ["fp8", "int8"])
+def test_calibration_gives_the_same_scales_on_every_start(kv):
+    a, b = _runner(kv), _runner(kv)
     assert torch.equal(a.kv_pool.k_scales, b.kv_pool.k_scales) and torch.equal(a.kv_pool.v_scales, b.kv_pool.v_scales)
     ks = a.kv_pool.k_scales
-    assert torch.all(ks > 0) and torch.all(ks == ks[..., :1])  # one per (layer, head)
-    assert len(set(ks[..., 0].flatten().tolist())) == ks.shape[0] * ks.shape[1]  # measured, not a default
+    assert torch.all(ks > 0)
+    if kv == "fp8":  # one per (layer, head)
+        assert torch.all(ks == ks[..., :1]) and len(set(ks[..., 0].flatten().tolist())) == ks.shape[0] * ks.shape[1]
+    else:  # one per channel, a rotary pair's two channels alike
+        half = ks.shape[-1] // 2
+        assert torch.equal(ks[..., :half], ks[..., half:]) and len(set(ks[0, 0].tolist())) > 1
 
 
 @pytest.mark.parametrize("kv,bound,agree", [("fp8", 0.25, 0.75), ("fp8_e5m2", 0.5, 0.55), ("int8", 0.17, 0.8)])
