@@ -179,10 +179,10 @@ def test_calibration_gives_the_same_scales_on_every_start(kv):
         assert torch.equal(ks[..., :half], ks[..., half:]) and len(set(ks[0, 0].tolist())) > 1
 
 
-@pytest.mark.parametrize("kv,bound,agree", [("fp8", 0.25, 0.75), ("fp8_e5m2", 0.5, 0.55), ("int8", 0.17, 0.8)])
+@pytest.mark.parametrize("kv,bound,agree", [("fp8", 0.25, 0.75), ("fp8_e5m2", 0.5, 0.55), ("int8", 0.12, 0.9)])
 def test_tiny_model_next_token_logprobs_stay_close_to_full_precision(kv, bound, agree):
     """Mean |log p - log p_ref| and top-1 agreement over 96 positions (every key read as stored); measured
-    fp8 0.127 (0.875), fp8_e5m2 0.263 (0.667), int8 0.085 (0.927): random weights of std 0.2 amplify
+    fp8 0.125 (0.844), fp8_e5m2 0.261 (0.688), int8 0.059 (0.969): random weights of std 0.2 amplify
     any perturbation (the embedded model's figures are in tests/model/test_kv8_accuracy.py)."""
     from kvserve.bench.perplexity import sequence_logits
 
