@@ -11,8 +11,8 @@ from kvserve.attention.backend import (
     get_attention_backend,
     register_attention_backend,
 )
-from kvserve.attention.kv_pool import KVPool, get_kv_pool, kv_pool_names, register_kv_pool
-from kvserve.attention import paged, sdpa  # noqa: F401  (register the backends)
+from kvserve.attention.kv_pool import KVPool, LayerKV, get_kv_pool, kv_pool_names, register_kv_pool
+from kvserve.attention import paged, quantized_pool, sdpa  # noqa: F401  (register the backends and 8-bit pools)
 from kvserve.attention.auto import choose_attention_backend
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "AttentionBackend",
     "AttentionMetadata",
     "KVPool",
+    "LayerKV",
     "SeqRows",
     "attention_backend_names",
     "choose_attention_backend",

@@ -1,5 +1,5 @@
 """``--attention-backend auto`` (the default): ``paged`` where its kernel runs (CPU, native kernels
-built, K/V stored in float32 or bfloat16 as the model computes), else ``gather-sdpa``; one log
+built, K/V stored in float32 or bfloat16 as the model computes, or in 8 bits), else ``gather-sdpa``; one log
 line says which and why."""
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ padded attention reads point, so the rest of the cache can stay uninitialised (n
 before it is written) and the OS maps its pages only as they fill.
 
 Pools are registered by KV cache dtype name (``--kv-cache-dtype``). "auto" stores K and V in
-the model's dtype; a pool that stores them otherwise (8-bit with per-block scales, say) is a
-subclass registered under its own name.
+the model's dtype; a pool that stores them otherwise (8-bit with scales: quantized_pool.py) is a
+subclass registered under its own name. Backends write and read through the pool (``store``,
+``gather``), so they need not know how it stores K and V.
 """
 
 from __future__ import annotations
@@ -24,7 +25,25 @@ from kvserve.kv.layout import KVLayout
 from kvserve.model.config import ModelConfig
 
 
+class LayerKV(tuple):
+    """One layer's cache; ``k, v = layer`` unpacks its tensors [slots, kv_heads, head_dim] as stored.
+    A quantized pool's layers also carry their scales (float32 [kv_heads, head_dim]: a stored
+    value times its scale is the value); None in a pool that stores the model's dtype."""
+
+    k_scale: torch.Tensor | None
+    v_scale: torch.Tensor | None
+
+    def __new__(cls, k: torch.Tensor, v: torch.Tensor, k_scale: torch.Tensor | None = None,
+                v_scale: torch.Tensor | None = None) -> "LayerKV":
+        layer = super().__new__(cls, (k, v))
+        layer.k_scale, layer.v_scale = k_scale, v_scale
+        return layer
+
+
 class KVPool:
+    quantized = False  # True: K and V are stored in fewer bits, with scales (LayerKV.k_scale, v_scale)
+    scales_tag = ""  # how a quantized pool's scales are laid out, for the fingerprint
+
     def __init__(self, layout: KVLayout, num_blocks: int, device: torch.device):
         self.layout = layout
         self.num_blocks = num_blocks
@@ -33,7 +52,6 @@ class KVPool:
         self.block_size = layout.block_size
         self.null_slot = num_blocks * layout.block_size
         self.layers = self._allocate()  # per layer (K, V)
-        self.scales: list[torch.Tensor] | None = None  # per-layer scales of a quantized pool; none here
 
     @classmethod
     def storage_dtype(cls, model_dtype: torch.dtype) -> torch.dtype:
@@ -49,15 +67,30 @@ class KVPool:
     def block_bytes(self) -> int:
         return self.layout.block_bytes
 
-    def _allocate(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _allocate(self) -> list[LayerKV]:
         shape = ((self.num_blocks + 1) * self.block_size, self.layout.num_kv_heads, self.layout.head_dim)
         layers = []
         for _ in range(self.layout.num_layers):
             k, v = (torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(2))
             k[self.null_slot :].zero_()
             v[self.null_slot :].zero_()
-            layers.append((k, v))
+            layers.append(LayerKV(k, v))
         return layers
+
+    # -- what backends call: writing new K/V, reading a context back in the model's dtype
+    def store(self, layer: LayerKV, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Writes the new tokens' k, v [T, kv_heads, d] to their slots."""
+        layer[0].index_copy_(0, slots, k)
+        layer[1].index_copy_(0, slots, v)
+
+    def as_stored(self, layer: LayerKV, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v as the cache gives them back once stored: what a chunk attends over in its own fresh
+        K/V, so a key counts the same whether it is read fresh or from the cache."""
+        return k, v
+
+    def gather(self, layer: LayerKV, slots: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V at ``slots`` (any shape of slot indices), as ``dtype``; only those slots are read."""
+        return layer[0][slots], layer[1][slots]
 
     # -- offload tiers: a block as bytes, [2 * layers, block_size, kv_heads, head_dim] (K0, V0, K1, ...)
     def _slots(self, block: int) -> slice:
@@ -69,7 +102,7 @@ class KVPool:
         return data.view(torch.uint8).numpy().tobytes()
 
     def write_block(self, block: int, payload: bytes) -> None:
-        assert len(payload) == self.block_bytes
+        assert len(payload) == self.layout.block_bytes
         s = self._slots(block)
         data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(self.dtype)
         data = data.view(2 * len(self.layers), self.block_size, self.layout.num_kv_heads, self.layout.head_dim)
@@ -86,7 +119,7 @@ class KVPool:
         h.update(json.dumps(asdict(cfg), sort_keys=True, default=str).encode())
         tag = f"{model_dtype}|{self.block_size}|{self.layout.num_kv_heads}x{self.layout.head_dim}"
         if self.dtype != model_dtype:  # "auto" keeps the tag KV stored before pools existed was keyed by
-            tag += f"|kv {self.dtype}"
+            tag += f"|kv {self.dtype}{self.scales_tag}"
         if quantization:
             tag += f"|quant {quantization}"
         h.update(tag.encode())

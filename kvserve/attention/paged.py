@@ -10,6 +10,9 @@ whose GEMMs beat the kernel's dot products on a whole prompt. A long chunk that 
 cached context (over LONG_CHUNK tokens) gathers that context and goes to SDPA too: there the
 GEMMs win again (256 tokens after 1,024 cached: 0.75x with the kernel), and the gather is
 small beside the chunk's own work.
+
+An 8-bit KV cache (int8, fp8) is read by the kernel as stored, with its scales; the chunks that go
+to SDPA dequantize just the context they gather.
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ import torch.nn.functional as F
 
 from kvserve.attention.backend import (AttentionBackend, AttentionMetadata, NativeAttention, SeqRows,
                                       register_attention_backend)
-from kvserve.attention.kv_pool import KVPool
+from kvserve.attention.kv_pool import KVPool, LayerKV
 from kvserve.errors import InvalidArgumentError
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
+EIGHT_BIT_DTYPES = (torch.int8, torch.float8_e4m3fn, torch.float8_e5m2)  # read with their scales
 LONG_CHUNK = 128
 
 
@@ -33,7 +37,7 @@ def paged_unsupported(device: torch.device, model_dtype: torch.dtype, kv_dtype: 
     """Why the paged kernel cannot serve this setup, or None when it can (this may build the kernels)."""
     if device.type != "cpu":
         return f"the device is {device.type} and the paged kernel runs on CPU only"
-    if kv_dtype != model_dtype:
+    if kv_dtype != model_dtype and kv_dtype not in EIGHT_BIT_DTYPES:
         return f"the KV cache stores {kv_dtype}, not the model's {model_dtype}"
     if model_dtype not in SUPPORTED_DTYPES:
         return f"the kernel reads float32 or bfloat16, not {model_dtype}"
@@ -61,8 +65,6 @@ class PagedBackend(AttentionBackend):
     def __init__(self, pool: KVPool, model_dtype: torch.dtype):
         super().__init__(pool, model_dtype)
         reason = paged_unsupported(pool.device, model_dtype, pool.dtype)
-        if reason is None and pool.scales is not None:
-            reason = "the KV cache is quantized"
         if reason is not None:
             raise InvalidArgumentError(f"the paged attention backend cannot run here: {reason}; "
                                        f"use --attention-backend gather-sdpa (or auto)", param="attention_backend")
@@ -108,27 +110,28 @@ class PagedBackend(AttentionBackend):
         return NativeAttention(meta.slot_mapping, meta.block_tables, meta.seq_info, self.pool.block_size, self.scale)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                layer_kv: tuple[torch.Tensor, torch.Tensor], meta: PagedMetadata) -> torch.Tensor:  # type: ignore[override]
+                layer_kv: LayerKV, meta: PagedMetadata) -> torch.Tensor:  # type: ignore[override]
         k_cache, v_cache = layer_kv
-        k_cache.index_copy_(0, meta.slot_mapping, k)
-        v_cache.index_copy_(0, meta.slot_mapping, v)
+        self.pool.store(layer_kv, meta.slot_mapping, k, v)
         if q.stride(-1) != 1:
             q = q.contiguous()
         out = torch.empty_like(q)
-        if meta.seq_info.shape[0]:
+        if meta.seq_info.shape[0]:  # an 8-bit cache is read as stored, with its scales
+            scales = (layer_kv.k_scale, layer_kv.v_scale) if self.pool.quantized else (None, None)
             torch.ops.kvserve.paged_attention(out, q, k_cache, v_cache, meta.block_tables, meta.seq_info,
-                                              self.pool.block_size, self.scale)
+                                              self.pool.block_size, self.scale, *scales)
         gqa = q.shape[1] != k.shape[1]
         for first, n in meta.fresh:
             rows = slice(first, first + n)
-            o = F.scaled_dot_product_attention(q[rows].transpose(0, 1).unsqueeze(0), k[rows].transpose(0, 1).unsqueeze(0),
-                                               v[rows].transpose(0, 1).unsqueeze(0), is_causal=True, enable_gqa=gqa)
+            kf, vf = self.pool.as_stored(layer_kv, k[rows], v[rows])
+            o = F.scaled_dot_product_attention(q[rows].transpose(0, 1).unsqueeze(0), kf.transpose(0, 1).unsqueeze(0),
+                                               vf.transpose(0, 1).unsqueeze(0), is_causal=True, enable_gqa=gqa)
             out[rows] = o[0].transpose(0, 1)
         for first, n, context, mask in meta.gathered:
             rows = slice(first, first + n)
-            o = F.scaled_dot_product_attention(q[rows].transpose(0, 1).unsqueeze(0),
-                                               k_cache[context].transpose(0, 1).unsqueeze(0),
-                                               v_cache[context].transpose(0, 1).unsqueeze(0), attn_mask=mask, enable_gqa=gqa)
+            kc, vc = self.pool.gather(layer_kv, context, q.dtype)
+            o = F.scaled_dot_product_attention(q[rows].transpose(0, 1).unsqueeze(0), kc.transpose(0, 1).unsqueeze(0),
+                                               vc.transpose(0, 1).unsqueeze(0), attn_mask=mask, enable_gqa=gqa)
             out[rows] = o[0].transpose(0, 1)
         return out
 

@@ -1,7 +1,8 @@
 """The gather-sdpa attention backend (the default): gather each sequence's KV, then torch SDPA.
 
-New keys and values are written to their slots first; then each sequence reads its whole
-context back through its block table (as slot indices). Decodes are batched in groups of
+New keys and values are written to their slots first (through the pool, which quantizes for an
+8-bit cache); then each sequence reads its whole context back through its block table (as slot
+indices; an 8-bit cache dequantizes just those slots). Decodes are batched in groups of
 similar context length; prefill chunks attend one by one.
 """
 
@@ -14,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from kvserve.attention.backend import AttentionBackend, AttentionMetadata, SeqRows, register_attention_backend
-from kvserve.attention.kv_pool import KVPool
+from kvserve.attention.kv_pool import KVPool, LayerKV
 from kvserve.errors import InvalidArgumentError
 
 
@@ -51,7 +52,7 @@ class SdpaMetadata(AttentionMetadata):
 class GatherSdpaBackend(AttentionBackend):
     def __init__(self, pool: KVPool, model_dtype: torch.dtype):
         super().__init__(pool, model_dtype)
-        if pool.dtype != model_dtype:
+        if pool.dtype != model_dtype and not pool.quantized:  # a quantized pool dequantizes what is gathered
             raise InvalidArgumentError(f"the gather-sdpa attention backend reads the KV cache in the model's dtype "
                                        f"({model_dtype}), and this KV cache stores {pool.dtype}", param="kv_cache_dtype")
 
@@ -87,24 +88,22 @@ class GatherSdpaBackend(AttentionBackend):
         return SdpaMetadata(torch.tensor(slots, device=device), num_decodes, groups, prefills)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                layer_kv: tuple[torch.Tensor, torch.Tensor], meta: SdpaMetadata) -> torch.Tensor:  # type: ignore[override]
-        k_cache, v_cache = layer_kv
-        k_cache.index_copy_(0, meta.slot_mapping, k)
-        v_cache.index_copy_(0, meta.slot_mapping, v)
+                layer_kv: LayerKV, meta: SdpaMetadata) -> torch.Tensor:  # type: ignore[override]
+        self.pool.store(layer_kv, meta.slot_mapping, k, v)
         gqa = q.shape[1] != k.shape[1]
         if meta.num_decodes == q.shape[0] and not meta.prefills:
-            return _decode(q, k_cache, v_cache, meta, gqa)
+            return self._decode(q, layer_kv, meta, gqa)
         out = torch.empty_like(q)
         nd = meta.num_decodes
         if nd:
-            out[:nd] = _decode(q[:nd], k_cache, v_cache, meta, gqa)
+            out[:nd] = self._decode(q[:nd], layer_kv, meta, gqa)
         for span in meta.prefills:
             rows = slice(span.q_start, span.q_start + span.num_tokens)
             qs = q[rows].transpose(0, 1).unsqueeze(0)
             if span.context_slots is None:
-                ks, vs = k[rows], v[rows]
+                ks, vs = self.pool.as_stored(layer_kv, k[rows], v[rows])
             else:
-                ks, vs = k_cache[span.context_slots], v_cache[span.context_slots]
+                ks, vs = self.pool.gather(layer_kv, span.context_slots, q.dtype)
             o = F.scaled_dot_product_attention(
                 qs,
                 ks.transpose(0, 1).unsqueeze(0),
@@ -117,25 +116,24 @@ class GatherSdpaBackend(AttentionBackend):
         return out
 
 
+    def _decode(self, q: torch.Tensor, layer_kv: LayerKV, meta: SdpaMetadata, gqa: bool) -> torch.Tensor:
+        groups = meta.decode_groups
+        if len(groups) == 1:
+            return self._decode_group(q, layer_kv, groups[0], gqa)
+        out = torch.empty_like(q)
+        for g in groups:
+            out[g.start : g.end] = self._decode_group(q[g.start : g.end], layer_kv, g, gqa)
+        return out
+
+    def _decode_group(self, q: torch.Tensor, layer_kv: LayerKV, g: DecodeGroup, gqa: bool) -> torch.Tensor:
+        # Gather each sequence's context through its block table: [B, L, kv_heads, d].
+        kd, vd = self.pool.gather(layer_kv, g.slots, q.dtype)
+        o = F.scaled_dot_product_attention(q.unsqueeze(2), kd.transpose(1, 2), vd.transpose(1, 2), attn_mask=g.mask,
+                                           enable_gqa=gqa)
+        return o.squeeze(2)
+
+
 register_attention_backend("gather-sdpa", GatherSdpaBackend)
-
-
-def _decode(q, k_cache, v_cache, meta: SdpaMetadata, gqa: bool) -> torch.Tensor:
-    groups = meta.decode_groups
-    if len(groups) == 1:
-        return _decode_group(q, k_cache, v_cache, groups[0], gqa)
-    out = torch.empty_like(q)
-    for g in groups:
-        out[g.start : g.end] = _decode_group(q[g.start : g.end], k_cache, v_cache, g, gqa)
-    return out
-
-
-def _decode_group(q, k_cache, v_cache, g: DecodeGroup, gqa: bool) -> torch.Tensor:
-    # Gather each sequence's context through its block table: [B, L, kv_heads, d].
-    kd = k_cache[g.slots].transpose(1, 2)
-    vd = v_cache[g.slots].transpose(1, 2)
-    o = F.scaled_dot_product_attention(q.unsqueeze(2), kd, vd, attn_mask=g.mask, enable_gqa=gqa)
-    return o.squeeze(2)
 
 
 def _slots(table: list[int], bs: int, lo: int, hi: int) -> list[int]:

@@ -49,7 +49,8 @@ class EngineCore:
     def ready(self) -> EngineReady:
         e = self.engine
         return EngineReady(self.model_name, e.max_model_len, e.vocab_size, e.kv.pool.num_blocks, e.kv.block_size,
-                           resident_memory_bytes(), e.kv.cache is not None, e.kv.cache_root_key)
+                           resident_memory_bytes(), e.kv.cache is not None, e.kv.cache_root_key,
+                           kv_bytes_per_token(e.runner))
 
     @property
     def has_work(self) -> bool:
@@ -156,6 +157,7 @@ class EngineCore:
             num_waiting=s.num_waiting,
             kv_blocks_used=e.kv.pool.num_blocks - e.kv.num_available_blocks,
             kv_blocks_total=e.kv.pool.num_blocks,
+            kv_bytes_per_token=kv_bytes_per_token(e.runner),
             num_preemptions=s.stats.num_preemptions,
             prompt_tokens=e.stats.prompt_tokens,
             generation_tokens=e.stats.generation_tokens,
@@ -166,3 +168,9 @@ class EngineCore:
             grammar=e.grammar_stats(),
             resident_memory_bytes=resident_memory_bytes(),
         )
+
+
+def kv_bytes_per_token(runner: object) -> int:
+    """Device bytes of one token's K and V as the runner's KV cache stores them (0: a runner that
+    does not say, such as a test's stand-in)."""
+    return getattr(runner, "kv_bytes_per_token", 0)

@@ -47,6 +47,7 @@ class EngineReady:
     num_kv_blocks: int
     block_size: int
     resident_memory_bytes: int | None = None
+    kv_bytes_per_token: int = 0  # of the KV cache's dtype (--kv-cache-dtype)
     prefix_caching: bool = False
     cache_root_key: bytes = b""  # the seed of the prefix cache's chain hashes (kv/radix_cache.py)
 
@@ -102,6 +103,7 @@ class EngineStatsSnapshot:
     num_waiting: int = 0
     kv_blocks_used: int = 0
     kv_blocks_total: int = 0
+    kv_bytes_per_token: int = 0  # K and V of one token, all layers, as the KV cache stores them
     num_preemptions: int = 0
     prompt_tokens: int = 0  # prefill tokens computed (recomputation after preemption included)
     generation_tokens: int = 0

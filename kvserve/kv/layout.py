@@ -21,6 +21,14 @@ ELEMENT_BYTES: dict[str, int] = {
     "uint8": 1,
 }
 
+# The 8-bit KV cache dtypes (``--kv-cache-dtype``, vLLM's names) and what each stores.
+EIGHT_BIT_KV_DTYPES: dict[str, str] = {
+    "fp8": "float8_e4m3fn",
+    "fp8_e4m3": "float8_e4m3fn",
+    "fp8_e5m2": "float8_e5m2",
+    "int8": "int8",
+}
+
 
 @dataclass(frozen=True)
 class KVLayout:

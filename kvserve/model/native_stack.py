@@ -5,7 +5,8 @@ weights and runs the same kernels the Python layers call (norms, quantized linea
 attention, SwiGLU) back to back, so a decode step pays Python's per-op cost once, not ~12 times
 per layer. It covers float32 models whose linear layers are all quantized (``QuantLinear`` on the
 native kernels: the default for the embedded GGUF model) and steps whose every row the paged
-kernel attends (``AttentionBackend.native_step``); anything else runs the Python layers.
+kernel attends (``AttentionBackend.native_step``), over a float32 or an 8-bit KV cache (which it
+writes as the pool quantizes); anything else runs the Python layers.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ def run_native_stack(stack: Any, h: torch.Tensor, positions: torch.Tensor, model
     native = attn.native_step(meta)
     if native is None or h.dtype != torch.float32:
         return False
+    scaled = [layer for layer in kv_caches if getattr(layer, "k_scale", None) is not None]  # an 8-bit cache
     stack.forward(h, positions, model.rotary.cos, model.rotary.sin, [k for k, _ in kv_caches],
-                  [v for _, v in kv_caches], native.slot_mapping, native.block_tables, native.seq_info,
+                  [v for _, v in kv_caches], [layer.k_scale for layer in scaled], [layer.v_scale for layer in scaled],
+                  native.slot_mapping, native.block_tables, native.seq_info,
                   native.block_size, native.scale)
     return True

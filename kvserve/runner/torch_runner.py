@@ -20,6 +20,7 @@ from kvserve.model.llama import LlamaForCausalLM
 from kvserve.runner.inputs import build_inputs
 from kvserve.runner.kv_budget import default_kv_budget
 from kvserve.runner.kv_budget import describe as describe_budget
+from kvserve.runner.kv_calibration import calibrate_kv_scales
 from kvserve.sampling.sampler import Sampler, prompt_logprobs
 from kvserve.spec.proposer import DraftRequest, Proposer
 from kvserve.spec.verify import verify
@@ -60,11 +61,14 @@ class TorchRunner:
         self.num_kv_blocks = num_kv_blocks
         capacity = num_kv_blocks * block_size
         self.max_model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings, capacity)
-        log.info("allocating %d KV blocks of %d tokens (%.2f GiB, %s): %s", num_kv_blocks, block_size,
-                 num_kv_blocks * layout.block_bytes / (1 << 30), layout.dtype, why)
+        log.info("allocating %d KV blocks of %d tokens (%.2f GiB, %s, %d bytes per token; --kv-cache-dtype %s): %s",
+                 num_kv_blocks, block_size, num_kv_blocks * layout.block_bytes / (1 << 30), layout.dtype,
+                 layout.bytes_per_token, cache.kv_cache_dtype, why)
         self.kv_pool = pool_cls(layout, num_kv_blocks, self.device)
+        calibrate_kv_scales(self.model, self.kv_pool, dtype)  # an 8-bit pool's scales, before any token
         self.attention = backend_cls(self.kv_pool, dtype)
-        self.block_bytes = layout.block_bytes
+        self.block_bytes = self.kv_pool.block_bytes  # what a tier stores per block (an 8-bit pool's scales too)
+        self.kv_bytes_per_token = layout.bytes_per_token
         self.kv_fingerprint = self.kv_pool.fingerprint(cfg, weights, dtype, self.model.quantization_tag())
         self.sampler = Sampler(self.device, seed)
         self.proposer = proposer

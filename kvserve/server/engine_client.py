@@ -111,7 +111,7 @@ class AsyncEngineClient:
         self.model_name = ready.model_name
         self.max_model_len = ready.max_model_len
         self.vocab_size = ready.vocab_size
-        self.stats = EngineStatsSnapshot(kv_blocks_total=ready.num_kv_blocks,
+        self.stats = EngineStatsSnapshot(kv_blocks_total=ready.num_kv_blocks, kv_bytes_per_token=ready.kv_bytes_per_token,
                                          resident_memory_bytes=ready.resident_memory_bytes)
         self.processor = OutputProcessor(self.tokenizer)
         self.kv_events = KVEventLog(ready.block_size, ready.cache_root_key, enabled=ready.prefix_caching)
@@ -287,7 +287,8 @@ class AsyncEngineClient:
             log.error("the engine process exited unexpectedly (exit code %s)", self._proc.exitcode)
             self._dead = "the engine process exited unexpectedly; the server must be restarted"
         self._fail_all(self._dead)
-        self.stats = EngineStatsSnapshot(kv_blocks_total=self.stats.kv_blocks_total)
+        self.stats = EngineStatsSnapshot(kv_blocks_total=self.stats.kv_blocks_total,
+                                         kv_bytes_per_token=self.stats.kv_bytes_per_token)
         self.kv_events.clear()
 
     def _fail_all(self, why: str) -> None:

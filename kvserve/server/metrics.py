@@ -54,6 +54,8 @@ class _EngineCollector(Collector):
                     s.kv_cache_usage)
         yield gauge("kvserve_kv_cache_blocks_used", "KV cache blocks in use.", s.kv_blocks_used)
         yield gauge("kvserve_kv_cache_blocks_capacity", "KV cache blocks in the pool.", s.kv_blocks_total)
+        yield gauge("kvserve_kv_cache_bytes_per_token", "Bytes of one token's K and V (all layers) as the KV cache "
+                    "stores them (--kv-cache-dtype).", s.kv_bytes_per_token)
         if s.resident_memory_bytes is not None:
             yield gauge("kvserve_engine_resident_memory_bytes", "Resident memory of the engine process (RSS; "
                         "process_resident_memory_bytes is the API process's).", s.resident_memory_bytes)

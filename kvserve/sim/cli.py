@@ -12,7 +12,7 @@ from kvserve import progress
 from kvserve.bench import datasets
 from kvserve.sim import planner
 from kvserve.sim.hardware import get_hardware, load_catalog
-from kvserve.sim.models import get_model
+from kvserve.sim.models import KV_DTYPES, get_model
 from kvserve.sim.profiles import PROFILES, get_profile
 from kvserve.sim.simulate import SimResult, simulate
 
@@ -100,7 +100,8 @@ def add_parsers(sub) -> None:
     run.add_argument("--profiles", nargs="+", default=["vllm"], choices=list(PROFILES))
     run.add_argument("--tp", type=int, default=1)
     run.add_argument("--weights", choices=["bf16", "fp8", "fp4", "fp32"], default=None, help="override the profile's")
-    run.add_argument("--kv", choices=["bf16", "fp8", "fp32"], default=None)
+    run.add_argument("--kv", choices=list(KV_DTYPES), default=None, help="KV cache precision (fp8, int8: what "
+                     "--kv-cache-dtype stores)")
     run.add_argument("--num-kv-blocks", type=int, default=None, help="device KV budget in 16-token blocks")
     run.add_argument("--host-tier-gb", type=float, default=0.0)
     run.add_argument("--request-rate", type=float, default=float("inf"))

@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from kvserve.errors import InvalidArgumentError
-from kvserve.kv.layout import KVLayout
+from kvserve.kv.layout import EIGHT_BIT_KV_DTYPES, KVLayout
 
 BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp4": 0.5625}  # weights; fp4: 4 bits + a scale per 16
-KV_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn"}  # KV precision -> layout dtype
+# KV precision -> layout dtype: the engine's --kv-cache-dtype names for 8 bits (fp8 = fp8_e4m3, int8)
+KV_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", **EIGHT_BIT_KV_DTYPES}
 
 
 @dataclass

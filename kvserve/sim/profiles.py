@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 from kvserve.config import CacheConfig, KVServeConfig, SchedulerConfig
 from kvserve.errors import InvalidArgumentError
+from kvserve.kv.layout import EIGHT_BIT_KV_DTYPES
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,8 @@ class EngineProfile:
     def to_config(self) -> KVServeConfig:
         """The engine configuration this profile stands for: what the simulated engine runs with."""
         return KVServeConfig(
-            cache=CacheConfig(block_size=self.block_size, enable_prefix_caching=self.prefix_caching),
+            cache=CacheConfig(block_size=self.block_size, enable_prefix_caching=self.prefix_caching,
+                              kv_cache_dtype=self.kv if self.kv in EIGHT_BIT_KV_DTYPES else "auto"),
             scheduler=SchedulerConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
                                       chunked_prefill=self.chunked_prefill, static_batching=self.static_batching,
                                       schedule_policy=self.schedule_policy if self.prefix_caching else "fcfs",

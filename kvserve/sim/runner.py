@@ -49,6 +49,7 @@ class SimRunner:
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.block_bytes = roofline.model.kv_layout(roofline.kv, block_size).block_bytes
+        self.kv_bytes_per_token = roofline.model.kv_layout(roofline.kv, block_size).bytes_per_token
         self.kv_fingerprint = b"sim:" + roofline.model.name.encode()
         self.busy_s = 0.0  # time spent in steps (the rest of the virtual time was idle)
 

@@ -20,6 +20,7 @@ from kvserve.kv.block_pool import BlockPool
 from kvserve.model.config import ModelConfig
 from kvserve.model.llama import LlamaForCausalLM
 from kvserve.runner.inputs import build_inputs
+from kvserve.runner.kv_calibration import calibrate_kv_scales
 from kvserve.sampling.sampler import filtered_probs, draw_one
 from kvserve.spec.proposer import Draft, DraftRequest
 
@@ -47,6 +48,7 @@ class DraftProposer:
         self.max_positions = cfg.max_position_embeddings
         # the same kind of KV pool and attention as the target's, over the draft model's own blocks
         self.kv_pool = pool_cls(pool_cls.layout_for(cfg, dtype, block_size), num_blocks, device)
+        calibrate_kv_scales(self.model, self.kv_pool, dtype)
         self.attention = backend_cls(self.kv_pool, dtype)
         self.pool = BlockPool(num_blocks, block_size)
         self.seqs: dict[str, _DraftSeq] = {}

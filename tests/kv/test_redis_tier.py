@@ -85,15 +85,16 @@ def generate(llm, prompt):
     return out.token_ids, out.num_cached_tokens
 
 
-def test_a_second_engine_restores_the_first_ones_blocks(model, server):
+@pytest.mark.parametrize("kv", ["auto", "fp8", "int8"])  # an 8-bit block's payload carries its scales
+def test_a_second_engine_restores_the_first_ones_blocks(model, server, kv):
     rng = random.Random(1)
     p = [rng.randrange(3, 97) for _ in range(33)]
-    want, _ = generate(make_llm(model), p)
-    first = make_llm(model, kv_offload_url=server.url)
+    want, _ = generate(make_llm(model, kv_cache_dtype=kv), p)
+    first = make_llm(model, kv_offload_url=server.url, kv_cache_dtype=kv)
     assert generate(first, p)[0] == want
     tier = first.engine.kv.tiers.tiers[0]
     assert tier.written >= 8  # every full block, saved when computed (nothing was evicted)
-    second = make_llm(model, kv_offload_url=server.url)  # another replica, same Redis
+    second = make_llm(model, kv_offload_url=server.url, kv_cache_dtype=kv)  # another replica, same Redis
     got, cached = generate(second, p)
     assert got == want and cached == 32
     assert second.engine.kv.stats.tier_hits["redis"] == 32

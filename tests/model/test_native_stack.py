@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kvserve import SamplingParams
-from kvserve.attention import SeqRows
+from kvserve.attention import LayerKV, SeqRows
 from kvserve.config import CacheConfig
 from kvserve.llm import LLM
 from kvserve.runner.inputs import build_inputs
@@ -29,9 +29,11 @@ def kernels():
         pytest.skip("native kernels did not build")
 
 
-def _runner(quantization: str, *, bias: bool = False, dtype=torch.float32, backend: str = "auto") -> TorchRunner:
+def _runner(quantization: str, *, bias: bool = False, dtype=torch.float32, backend: str = "auto",
+            kv: str = "auto") -> TorchRunner:
     hf = tiny_hf_model(bias=bias, kv_heads=2, hidden=64, layers=2)
-    return TorchRunner(kvserve_config(hf), hf_weights(hf), CacheConfig(num_kv_blocks=64, attention_backend=backend),
+    return TorchRunner(kvserve_config(hf), hf_weights(hf),
+                       CacheConfig(num_kv_blocks=64, attention_backend=backend, kv_cache_dtype=kv),
                        dtype=dtype, quantization=quantization)
 
 
@@ -54,7 +56,8 @@ def _step(runner: TorchRunner, rows: list[tuple[int, int]], seed: int = 0):
 def _forward(runner: TorchRunner, seqs: list[SeqRows], native: bool):
     model = runner.model
     stack = model.native_stack
-    caches = [(k.clone(), v.clone()) for k, v in runner.kv_pool.layers]
+    caches = [LayerKV(k.clone(), v.clone(), layer.k_scale, layer.v_scale) for layer in runner.kv_pool.layers
+              for k, v in [layer]]
     inputs = build_inputs(seqs, runner.attention)
     model.native_stack = stack if native else None
     try:
@@ -84,13 +87,28 @@ def test_one_step_equals_the_python_layers(quantization, bias, rows, threads):
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("rows", STEPS)
+@pytest.mark.parametrize("kv", ["fp8", "fp8_e5m2", "int8"])
+def test_one_step_over_an_8bit_cache_equals_the_python_layers(kv, rows):
+    """The stack quantizes new K/V as the pool does (the same bytes) and its kernel reads them with
+    the same scales."""
+    runner = _runner("int8", kv=kv)
+    seqs = _step(runner, STEPS[rows])
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _check_one_step(runner, seqs)
+    finally:
+        torch.set_num_threads(before)
+
+
 def _check_one_step(runner: TorchRunner, seqs: list[SeqRows]) -> None:
     assert runner.attention.native_step(build_inputs(seqs, runner.attention).meta) is not None
     ref, ref_caches = _forward(runner, seqs, native=False)
     got, got_caches = _forward(runner, seqs, native=True)
     assert torch.equal(got, ref)
     for (k1, v1), (k2, v2) in zip(got_caches, ref_caches):
-        assert torch.equal(k1, k2) and torch.equal(v1, v2)
+        assert torch.equal(k1.view(torch.uint8), k2.view(torch.uint8)) and torch.equal(v1.view(torch.uint8), v2.view(torch.uint8))
 
 
 def test_steps_with_a_fresh_prefill_run_the_python_layers():

@@ -8,13 +8,19 @@
 // single-stream token of the embedded model. Here the whole step is one region: its threads run
 // the same kernels (ops.h) on their share of each op's rows or output columns, and meet at a
 // spinning barrier between ops (a few hundred per step). The maths is the Python layer's
-// (kvserve/model/llama.py), op for op; tests check the two agree bit for bit.
+// (kvserve/model/llama.py), op for op; tests check the two agree bit for bit. An 8-bit KV cache
+// (int8, fp8) is written as its pool quantizes (kvserve/attention/quantized_pool.py) and read by
+// the paged kernel with its scales.
 #include "ops.h"
 
 #include <omp.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
+#include <limits>
+#include <type_traits>
 #include <optional>
 #include <string>
 #include <thread>
@@ -63,6 +69,37 @@ inline std::pair<int64_t, int64_t> share(int64_t n, int tid, int threads) {
   return {n * tid / threads, n * (tid + 1) / threads};
 }
 
+// New K or V rows into an 8-bit cache, as QuantizedKVPool.quantize does it: x * (1 / scale),
+// saturated at +-qmax, rounded to nearest even (int8) or converted (fp8 rounds to nearest itself).
+template <typename T>
+void quantize_rows(const float* src, int64_t src_stride, T* dst, const int64_t* slots, const float* inv_scale,
+                   int64_t n, int64_t r0, int64_t r1) {
+  const float qmax = std::is_same_v<T, int8_t> ? 127.f : static_cast<float>(std::numeric_limits<T>::max());
+  for (int64_t t = r0; t < r1; ++t) {
+    const float* x = src + t * src_stride;
+    T* out = dst + slots[t] * n;
+    for (int64_t i = 0; i < n; ++i) {
+      const float y = std::min(std::max(x[i] * inv_scale[i], -qmax), qmax);
+      if constexpr (std::is_same_v<T, int8_t>) out[i] = static_cast<int8_t>(std::nearbyint(y));
+      else out[i] = T(y);
+    }
+  }
+}
+
+using QuantizeRows = void (*)(const float*, int64_t, void*, const int64_t*, const float*, int64_t, int64_t, int64_t);
+
+template <typename T>
+void quantize_rows_erased(const float* src, int64_t src_stride, void* dst, const int64_t* slots, const float* inv_scale,
+                          int64_t n, int64_t r0, int64_t r1) {
+  quantize_rows<T>(src, src_stride, static_cast<T*>(dst), slots, inv_scale, n, r0, r1);
+}
+
+QuantizeRows quantizer_for(at::ScalarType s) {
+  if (s == at::kChar) return &quantize_rows_erased<int8_t>;
+  if (s == at::kFloat8_e4m3fn) return &quantize_rows_erased<c10::Float8_e4m3fn>;
+  return &quantize_rows_erased<c10::Float8_e5m2>;
+}
+
 struct Layer {
   at::Tensor input_norm, post_norm;  // [hidden]
   at::Tensor qkv, o, gate_up, down;  // packed quantized weights (pack_quant)
@@ -102,10 +139,13 @@ struct DecodeStack : torch::CustomClassHolder {
   int64_t num_layers() const { return static_cast<int64_t>(layers.size()); }
 
   // h: float32 [T, hidden], the residual stream, updated in place through every layer.
-  // k_caches/v_caches: per layer [slots, kv_heads, head_dim]; slot_mapping: int64 [T], where each
-  // row's new key and value go; block_tables, seq_info: the paged attention kernel's arguments.
+  // k_caches/v_caches: per layer [slots, kv_heads, head_dim], float32 or 8-bit (int8, fp8) with
+  // k_scales/v_scales per layer (float32 [kv_heads, head_dim]; empty lists for float32 caches);
+  // slot_mapping: int64 [T], where each row's new key and value go; block_tables, seq_info: the
+  // paged attention kernel's arguments.
   void forward(at::Tensor h, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
-               std::vector<at::Tensor> k_caches, std::vector<at::Tensor> v_caches, const at::Tensor& slot_mapping,
+               std::vector<at::Tensor> k_caches, std::vector<at::Tensor> v_caches, std::vector<at::Tensor> k_scales,
+               std::vector<at::Tensor> v_scales, const at::Tensor& slot_mapping,
                const at::Tensor& block_tables, const at::Tensor& seq_info, int64_t block_size, double scale) {
     const int64_t T = h.size(0), q_size = heads * head_dim, kv_size = kv_heads * head_dim, W = q_size + 2 * kv_size;
     TORCH_CHECK(h.dim() == 2 && h.is_contiguous() && h.scalar_type() == at::kFloat && h.size(1) == hidden,
@@ -119,12 +159,26 @@ struct DecodeStack : torch::CustomClassHolder {
                     sin.is_contiguous() && cos.size(1) == head_dim, "DecodeStack: cos/sin float32 [max_pos, d]");
     const int64_t* slots = slot_mapping.data_ptr<int64_t>();
     const int64_t* pos = positions.data_ptr<int64_t>();
+    const bool quantized = !k_scales.empty();
+    TORCH_CHECK(!quantized || (k_scales.size() == layers.size() && v_scales.size() == layers.size()),
+                "DecodeStack: one K and V scale per layer, or none");
     for (size_t i = 0; i < layers.size(); ++i) {
       const at::Tensor &kc = k_caches[i], &vc = v_caches[i];
-      TORCH_CHECK(kc.is_contiguous() && vc.is_contiguous() && kc.scalar_type() == at::kFloat && kc.dim() == 3 &&
-                      kc.size(1) == kv_heads && kc.size(2) == head_dim && vc.sizes() == kc.sizes() &&
-                      vc.scalar_type() == at::kFloat, "DecodeStack: caches float32 [slots, kv_heads, d]");
+      TORCH_CHECK(kc.is_contiguous() && vc.is_contiguous() && kc.dim() == 3 && kc.size(1) == kv_heads &&
+                      kc.size(2) == head_dim && vc.sizes() == kc.sizes() && vc.scalar_type() == kc.scalar_type() &&
+                      kc.scalar_type() == k_caches[0].scalar_type() && (quantized || kc.scalar_type() == at::kFloat),
+                  "DecodeStack: caches [slots, kv_heads, d] of one dtype, float32 or 8-bit with scales");
+      if (quantized) check_kv_scales(kc, k_scales[i], v_scales[i]);
     }
+    // per layer, 1 / scale of K then V (the quantizer multiplies, as the pool does)
+    std::vector<float> inv_scales(quantized ? layers.size() * 2 * kv_heads * head_dim : 0);
+    for (size_t i = 0; quantized && i < layers.size(); ++i)
+      for (int j = 0; j < 2; ++j) {
+        const float* s = (j ? v_scales[i] : k_scales[i]).data_ptr<float>();
+        float* inv = inv_scales.data() + (2 * i + j) * kv_heads * head_dim;
+        for (int64_t e = 0; e < kv_heads * head_dim; ++e) inv[e] = 1.f / s[e];
+      }
+    const QuantizeRows quantize = quantized ? quantizer_for(k_caches[0].scalar_type()) : nullptr;
     for (int64_t t = 0; t < T; ++t) {
       TORCH_CHECK(slots[t] >= 0 && slots[t] < k_caches[0].size(0), "DecodeStack: slot ", slots[t], " out of range");
       TORCH_CHECK(pos[t] >= 0 && pos[t] < cos.size(0), "DecodeStack: position ", pos[t], " beyond the rotary tables");
@@ -176,17 +230,26 @@ struct DecodeStack : torch::CustomClassHolder {
         }
         rows::rotary(qkvp, heads, head_dim, W, pos, cp, sp, r0, r1);
         rows::rotary(qkvp + q_size, kv_heads, head_dim, W, pos, cp, sp, r0, r1);
-        float *kcp = k_caches[i].data_ptr<float>(), *vcp = v_caches[i].data_ptr<float>();
-        for (int64_t t = r0; t < r1; ++t) {
-          std::memcpy(kcp + slots[t] * kv_size, qkvp + t * W + q_size, kv_size * sizeof(float));
-          std::memcpy(vcp + slots[t] * kv_size, qkvp + t * W + q_size + kv_size, kv_size * sizeof(float));
+        const float *ks = nullptr, *vs = nullptr;
+        if (quantized) {
+          const float* inv = inv_scales.data() + 2 * i * kv_size;
+          quantize(qkvp + q_size, W, k_caches[i].data_ptr(), slots, inv, kv_size, r0, r1);
+          quantize(qkvp + q_size + kv_size, W, v_caches[i].data_ptr(), slots, inv + kv_size, kv_size, r0, r1);
+          ks = k_scales[i].data_ptr<float>(), vs = v_scales[i].data_ptr<float>();
+        } else {
+          float *kcp = k_caches[i].data_ptr<float>(), *vcp = v_caches[i].data_ptr<float>();
+          for (int64_t t = r0; t < r1; ++t) {
+            std::memcpy(kcp + slots[t] * kv_size, qkvp + t * W + q_size, kv_size * sizeof(float));
+            std::memcpy(vcp + slots[t] * kv_size, qkvp + t * W + q_size + kv_size, kv_size * sizeof(float));
+          }
         }
         barrier.wait();
-        for (int64_t c = tid; c < plan.num_chunks(); c += nt) plan.run_chunk(attn, q_view, k_caches[i], v_caches[i], c);
+        for (int64_t c = tid; c < plan.num_chunks(); c += nt)
+          plan.run_chunk(attn, q_view, k_caches[i], v_caches[i], c, ks, vs);
         if (plan.num_merges() > 0) {  // split decodes: combine their parts
           barrier.wait();
           const auto [m0, m1] = share(plan.num_merges(), tid, nt);
-          plan.run_merges(attn, m0, m1);
+          plan.run_merges(attn, m0, m1, vs);
         }
         barrier.wait();
         quantize_rows_range(attnp, qa_attn, r0, r1);

@@ -4,6 +4,7 @@
 #include "common.h"
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,11 +47,16 @@ void silu_mul(const float* gu, float* out, int64_t inter, int64_t r0, int64_t r1
 
 // paged_attention.cpp
 void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                     const at::Tensor& block_tables, const at::Tensor& seq_info, int64_t block_size, double scale);
+                     const at::Tensor& block_tables, const at::Tensor& seq_info, int64_t block_size, double scale,
+                     const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale);
+// An 8-bit cache (int8, fp8) needs float32 [kv_heads, d] scales for K and V; a float cache none.
+void check_kv_scales(const at::Tensor& cache, const std::optional<at::Tensor>& k_scale,
+                     const std::optional<at::Tensor>& v_scale);
 
 // One step's paged attention cut into work: built (and every index checked) once, then run for any
 // layer's q, out and caches of the same shapes. Chunks (one per thread) may run concurrently; the
-// merges of split decodes run after every chunk is done.
+// merges of split decodes run after every chunk is done. An 8-bit cache's scales (float32
+// [kv_heads, d], checked by check_kv_scales) go with each run; null for a float cache.
 class PagedAttentionPlan {
  public:
   PagedAttentionPlan(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -59,8 +65,8 @@ class PagedAttentionPlan {
   int64_t num_chunks() const;
   int64_t num_merges() const;
   void run_chunk(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                 int64_t c) const;
-  void run_merges(const at::Tensor& out, int64_t begin, int64_t end) const;
+                 int64_t c, const float* k_scale = nullptr, const float* v_scale = nullptr) const;
+  void run_merges(const at::Tensor& out, int64_t begin, int64_t end, const float* v_scale = nullptr) const;
 
  private:
   struct Impl;

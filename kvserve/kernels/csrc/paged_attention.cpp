@@ -2,7 +2,11 @@
 // sequence's K/V in place through its block table (no gather), with a streaming softmax in fp32.
 //
 //   out, q:        [T, heads, d]            (float32 or bfloat16; out written for the listed rows only)
-//   k/v_cache:     [slots, kv_heads, d]     (float32 or bfloat16), slot = block * block_size + offset
+//   k/v_cache:     [slots, kv_heads, d]     (float32, bfloat16, or 8-bit: int8, fp8 e4m3 / e5m2),
+//                                           slot = block * block_size + offset
+//   k/v_scale:     float32 [kv_heads, d]    an 8-bit cache's scales (stored value x scale = value); the
+//                                           K scales are folded into the query, the V scales into the
+//                                           output, so the inner loops read the stored values as they are
 //   block_tables:  int32 [N]                every sequence's blocks, one table after another
 //   seq_info:      int32 [S, 4]             (first q row, q rows, context length incl. them, table offset)
 //
@@ -127,6 +131,7 @@ struct Args {
   int64_t q_s0, q_s1, o_s0, o_s1;  // row and head strides of q and out
   float scale;
   float* partial;  // split decodes' partial states: rows of d + 2 floats (acc[d], m, l)
+  const float *k_scale, *v_scale;  // an 8-bit cache's [kv_heads, d] scales; null for float caches
 };
 
 // Per-thread scratch, kept between calls: the item's query rows (fp32, pre-scaled), their
@@ -154,7 +159,12 @@ void run_item(const Args& a, const Item& it, Scratch& sc) {
   const TQ* q = static_cast<const TQ*>(a.q);
   for (int r = 0; r < R; ++r) {
     const TQ* src = q + (row0 + it.t0 + r / HG) * a.q_s0 + (it.h0 * G + r % HG) * a.q_s1;
-    for (int i = 0; i < d; ++i) qb[r * d + i] = to_f32(src[i]) * a.scale;
+    if (a.k_scale) {  // q . (k x s) = (q x s) . k
+      const float* ks = a.k_scale + (it.h0 + (r % HG) / G) * d;
+      for (int i = 0; i < d; ++i) qb[r * d + i] = to_f32(src[i]) * a.scale * ks[i];
+    } else {
+      for (int i = 0; i < d; ++i) qb[r * d + i] = to_f32(src[i]) * a.scale;
+    }
     std::fill(acc + r * d, acc + (r + 1) * d, 0.f);
     m[r] = kNegInf;
     l[r] = 0.f;
@@ -206,7 +216,12 @@ void run_item(const Args& a, const Item& it, Scratch& sc) {
   for (int r = 0; r < R; ++r) {
     TQ* dst = out + (row0 + it.t0 + r / HG) * a.o_s0 + (it.h0 * G + r % HG) * a.o_s1;
     const float inv = 1.f / l[r];
-    for (int i = 0; i < d; ++i) dst[i] = static_cast<TQ>(acc[r * d + i] * inv);
+    if (a.v_scale) {  // sum_j p_j (v_j x s) = (sum_j p_j v_j) x s
+      const float* vs = a.v_scale + (it.h0 + (r % HG) / G) * d;
+      for (int i = 0; i < d; ++i) dst[i] = static_cast<TQ>(acc[r * d + i] * inv * vs[i]);
+    } else {
+      for (int i = 0; i < d; ++i) dst[i] = static_cast<TQ>(acc[r * d + i] * inv);
+    }
   }
 }
 
@@ -229,7 +244,8 @@ void merge_parts(const Args& a, const Split& sp, int64_t h) {
   }
   TQ* dst = static_cast<TQ*>(a.out) + a.info[4 * sp.seq] * a.o_s0 + h * a.o_s1;
   const float inv = 1.f / l;
-  for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<TQ>(r0[i] * inv);
+  const float* vs = a.v_scale ? a.v_scale + h / (a.heads / a.kv_heads) * d : nullptr;
+  for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<TQ>(r0[i] * inv * (vs ? vs[i] : 1.f));
 }
 
 // Items [i0, i1) on the calling thread.
@@ -276,6 +292,22 @@ bool float_or_bf16(const at::Tensor& t) {
   return t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16;
 }
 
+bool eight_bit(const at::Tensor& t) {
+  const auto s = t.scalar_type();
+  return s == at::kChar || s == at::kFloat8_e4m3fn || s == at::kFloat8_e5m2;
+}
+
+template <typename TQ>
+RunItems run_items_for_kv(at::ScalarType kv, int64_t d) {
+  switch (kv) {
+    case at::kFloat: return run_items_for<TQ, float>(d);
+    case at::kBFloat16: return run_items_for<TQ, BF16>(d);
+    case at::kChar: return run_items_for<TQ, int8_t>(d);
+    case at::kFloat8_e4m3fn: return run_items_for<TQ, FP8E4M3>(d);
+    default: return run_items_for<TQ, FP8E5M2>(d);
+  }
+}
+
 }  // namespace
 
 namespace kvserve {
@@ -291,9 +323,10 @@ struct PagedAttentionPlan::Impl {
   RunItems run;
   MergeParts merge;
 
-  Args args(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache) {
+  Args args(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+            const float* k_scale, const float* v_scale) {
     return Args{q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), tables, info, heads, kv_heads, d, bs,
-                q.stride(0), q.stride(1), out.stride(0), out.stride(1), scale, partial.data()};
+                q.stride(0), q.stride(1), out.stride(0), out.stride(1), scale, partial.data(), k_scale, v_scale};
   }
 };
 
@@ -308,7 +341,8 @@ PagedAttentionPlan::PagedAttentionPlan(const at::Tensor& out, const at::Tensor& 
   TORCH_CHECK(k_cache.dim() == 3 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
                   k_cache.sizes() == v_cache.sizes() && k_cache.scalar_type() == v_cache.scalar_type(),
               "paged_attention: k_cache and v_cache must be contiguous [slots, kv_heads, d] of one dtype");
-  TORCH_CHECK(float_or_bf16(q) && float_or_bf16(k_cache), "paged_attention: float32 or bfloat16 only");
+  TORCH_CHECK(float_or_bf16(q) && (float_or_bf16(k_cache) || eight_bit(k_cache)),
+              "paged_attention: q float32 or bfloat16; caches float32, bfloat16, int8 or fp8");
   const int64_t heads = q.size(1), kv_heads = k_cache.size(1), d = q.size(2);
   TORCH_CHECK(k_cache.size(2) == d && heads % kv_heads == 0, "paged_attention: heads/kv_heads/d mismatch");
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && seq_info.scalar_type() == at::kInt &&
@@ -374,11 +408,8 @@ PagedAttentionPlan::PagedAttentionPlan(const at::Tensor& out, const at::Tensor& 
   p.info = info;
   p.heads = heads, p.kv_heads = kv_heads, p.d = d, p.bs = block_size;
   p.scale = static_cast<float>(scale);
-  const bool q_f32 = q.scalar_type() == at::kFloat, kv_f32 = k_cache.scalar_type() == at::kFloat;
-  if (q_f32 && kv_f32) p.run = run_items_for<float, float>(d);
-  else if (q_f32) p.run = run_items_for<float, BF16>(d);
-  else if (kv_f32) p.run = run_items_for<BF16, float>(d);
-  else p.run = run_items_for<BF16, BF16>(d);
+  const bool q_f32 = q.scalar_type() == at::kFloat;
+  p.run = q_f32 ? run_items_for_kv<float>(k_cache.scalar_type(), d) : run_items_for_kv<BF16>(k_cache.scalar_type(), d);
   p.merge = q_f32 ? &merge_parts<float> : &merge_parts<BF16>;
 }
 
@@ -387,30 +418,47 @@ int64_t PagedAttentionPlan::num_chunks() const { return static_cast<int64_t>(imp
 int64_t PagedAttentionPlan::num_merges() const { return static_cast<int64_t>(impl_->splits.size()) * impl_->heads; }
 
 void PagedAttentionPlan::run_chunk(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
-                                   const at::Tensor& v_cache, int64_t c) const {
+                                   const at::Tensor& v_cache, int64_t c, const float* k_scale,
+                                   const float* v_scale) const {
   Impl& p = *impl_;
-  p.run(p.args(out, q, k_cache, v_cache), p.items, p.bounds[c], p.bounds[c + 1]);
+  p.run(p.args(out, q, k_cache, v_cache, k_scale, v_scale), p.items, p.bounds[c], p.bounds[c + 1]);
 }
 
-void PagedAttentionPlan::run_merges(const at::Tensor& out, int64_t begin, int64_t end) const {
+void PagedAttentionPlan::run_merges(const at::Tensor& out, int64_t begin, int64_t end, const float* v_scale) const {
   Impl& p = *impl_;
-  const Args a = p.args(out, out, out, out);  // merging reads only partial and writes out
+  const Args a = p.args(out, out, out, out, nullptr, v_scale);  // merging reads only partial and writes out
   for (int64_t i = begin; i < end; ++i) p.merge(a, p.splits[i / p.heads], i % p.heads);
 }
 
+void check_kv_scales(const at::Tensor& cache, const std::optional<at::Tensor>& k_scale,
+                     const std::optional<at::Tensor>& v_scale) {
+  if (!eight_bit(cache)) {
+    TORCH_CHECK(!k_scale && !v_scale, "paged_attention: scales are for an 8-bit cache only");
+    return;
+  }
+  for (const auto* s : {&k_scale, &v_scale})
+    TORCH_CHECK(*s && (*s)->scalar_type() == at::kFloat && (*s)->is_contiguous() && (*s)->dim() == 2 &&
+                    (*s)->size(0) == cache.size(1) && (*s)->size(1) == cache.size(2),
+                "paged_attention: an 8-bit cache needs float32 k_scale and v_scale [kv_heads, d]");
+}
+
 void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                     const at::Tensor& block_tables, const at::Tensor& seq_info, int64_t block_size, double scale) {
+                     const at::Tensor& block_tables, const at::Tensor& seq_info, int64_t block_size, double scale,
+                     const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
   const PagedAttentionPlan plan(out, q, k_cache, v_cache, block_tables, seq_info, block_size, scale, at::get_num_threads());
+  check_kv_scales(k_cache, k_scale, v_scale);
+  const float* ks = k_scale ? k_scale->data_ptr<float>() : nullptr;
+  const float* vs = v_scale ? v_scale->data_ptr<float>() : nullptr;
   at::parallel_for(0, plan.num_chunks(), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c) plan.run_chunk(out, q, k_cache, v_cache, c);
+    for (int64_t c = begin; c < end; ++c) plan.run_chunk(out, q, k_cache, v_cache, c, ks, vs);
   });
-  at::parallel_for(0, plan.num_merges(), 64, [&](int64_t begin, int64_t end) { plan.run_merges(out, begin, end); });
+  at::parallel_for(0, plan.num_merges(), 64, [&](int64_t begin, int64_t end) { plan.run_merges(out, begin, end, vs); });
 }
 
 }  // namespace kvserve
 
 TORCH_LIBRARY_FRAGMENT(kvserve, m) {
   m.def("paged_attention(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-        "Tensor seq_info, int block_size, float scale) -> ()",
+        "Tensor seq_info, int block_size, float scale, Tensor? k_scale=None, Tensor? v_scale=None) -> ()",
         &kvserve::paged_attention);
 }

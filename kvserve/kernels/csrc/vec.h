@@ -1,7 +1,12 @@
 // One vector of floats for the kernels: AVX512 (16 lanes), AVX2 (8 lanes) or scalar (1 lane), as
-// the compiler targets, with the few operations the kernels need (and exp).
+// the compiler targets, with the few operations the kernels need (and exp). Loads widen bf16 and
+// the 8-bit KV cache's int8 / fp8 (e4m3, e5m2) values to floats.
 #pragma once
 #include <c10/util/BFloat16.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Float8_e5m2.h>
+
+#include <cstdint>
 
 #include <algorithm>
 #include <cmath>
@@ -14,6 +19,13 @@ namespace kvserve {
 namespace vec {
 
 using BF16 = c10::BFloat16;
+using FP8E4M3 = c10::Float8_e4m3fn;
+using FP8E5M2 = c10::Float8_e5m2;
+
+// fp8 widens through fp16 (F16C): e5m2 is the top byte of an fp16; e4m3's sign, exponent and
+// mantissa fit fp16's fields with an exponent bias 8 lower, so its fp16 reading is the value / 2^8
+// (subnormals included).
+constexpr float kE4M3FromHalf = 256.f;
 
 #if defined(__AVX512F__)
 constexpr int W = 16;
@@ -22,6 +34,19 @@ inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
 inline vf vload(const BF16* p) {  // bf16 -> fp32 is a 16-bit shift
   __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline vf vload(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline vf vload(const FP8E5M2* p) {
+  const __m256i u = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm512_cvtph_ps(_mm256_slli_epi16(u, 8));
+}
+inline vf vload(const FP8E4M3* p) {
+  const __m256i u = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(u, _mm256_set1_epi16(0x80)), 8),
+                                    _mm256_slli_epi16(_mm256_and_si256(u, _mm256_set1_epi16(0x7F)), 7));
+  return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(kE4M3FromHalf));
 }
 inline void vstore(float* p, vf x) { _mm512_storeu_ps(p, x); }
 inline vf vset1(float x) { return _mm512_set1_ps(x); }
@@ -46,6 +71,30 @@ inline vf vload(const BF16* p) {
   __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
+inline vf vload(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+#if defined(__F16C__)
+inline vf vload(const FP8E5M2* p) {
+  const __m128i u = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_cvtph_ps(_mm_slli_epi16(u, 8));
+}
+inline vf vload(const FP8E4M3* p) {
+  const __m128i u = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(u, _mm_set1_epi16(0x80)), 8),
+                                 _mm_slli_epi16(_mm_and_si128(u, _mm_set1_epi16(0x7F)), 7));
+  return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(kE4M3FromHalf));
+}
+#else  // no F16C: element by element
+template <typename T>
+inline vf vload_each(const T* p) {
+  alignas(32) float f[8];
+  for (int i = 0; i < 8; ++i) f[i] = static_cast<float>(p[i]);
+  return _mm256_load_ps(f);
+}
+inline vf vload(const FP8E5M2* p) { return vload_each(p); }
+inline vf vload(const FP8E4M3* p) { return vload_each(p); }
+#endif
 inline void vstore(float* p, vf x) { _mm256_storeu_ps(p, x); }
 inline vf vset1(float x) { return _mm256_set1_ps(x); }
 inline vf vzero() { return _mm256_setzero_ps(); }
@@ -74,6 +123,9 @@ constexpr int W = 1;
 using vf = float;
 inline vf vload(const float* p) { return *p; }
 inline vf vload(const BF16* p) { return static_cast<float>(*p); }
+inline vf vload(const int8_t* p) { return static_cast<float>(*p); }
+inline vf vload(const FP8E5M2* p) { return static_cast<float>(*p); }
+inline vf vload(const FP8E4M3* p) { return static_cast<float>(*p); }
 inline void vstore(float* p, vf x) { *p = x; }
 inline vf vset1(float x) { return x; }
 inline vf vzero() { return 0.f; }
