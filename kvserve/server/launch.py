@@ -59,6 +59,7 @@ def serve(client_factory: Callable[[], EngineClient], config: ServerConfig) -> N
                     server.should_exit = True
                     return
                 died.wait(ENGINE_WATCH_INTERVAL_S)
+            app.state.server.stopping = True  # endless streams (the page's live view) end within a tick
 
         threading.Thread(target=watch_engine, name="engine-watch", daemon=True).start()
         names = ", ".join(app.state.server.names)
