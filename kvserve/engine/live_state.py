@@ -1,9 +1,9 @@
 """What the engine is doing right now, for a person watching: ``EngineState`` and ``capture_state``.
 
 Built only when a client asks (the server's live view, ``kvserve/server/engine_view.py``, asks at
-most a few times a second), between two steps, and bounded: at most ``max_requests`` requests per
-queue and a capped walk of the prefix tree (``kvserve.kv.prefix_view``), so a large engine pays a
-few milliseconds, not a walk over everything. Counters that grow forever (tokens, hits,
+most five times a second), between two steps, and bounded: at most ``max_requests`` requests per
+queue and a capped walk of the prefix tree (``kvserve.kv.prefix_view``), which the engine core
+redoes at most once a second, so a large engine pays milliseconds, not a walk over everything. Counters that grow forever (tokens, hits,
 preemptions) are not here: every step message already carries them (``EngineStatsSnapshot``).
 """
 
@@ -63,15 +63,17 @@ def _view(req: Request, now: float) -> RequestView:
                        req.num_output_tokens, max_out, req.num_preemptions, max(0.0, now - req.arrival_time))
 
 
-def capture_state(engine: Engine, *, max_requests: int = MAX_REQUESTS) -> EngineState:
-    """The engine's requests, blocks and prefix tree now (bounded; see the module docstring)."""
+def capture_state(engine: Engine, *, max_requests: int = MAX_REQUESTS, tree: PrefixTreeView | None = None) -> EngineState:
+    """The engine's requests, blocks and prefix tree now (bounded; see the module docstring).
+    ``tree``: a recent summary of the prefix tree to reuse instead of walking it again."""
     start = engine.clock()
     s, kv = engine.scheduler, engine.kv
     pool = kv.pool
     waiting = [r for _, r in zip(range(max_requests), s.waiting)]  # a deque: no slicing
     blocks = KVBlocks(pool.num_blocks, pool.num_blocks - pool.num_free - pool.num_evictable, pool.num_evictable,
                       pool.num_free)
-    tree = summarize(kv.cache) if kv.cache is not None else None
+    if tree is None and kv.cache is not None:
+        tree = summarize(kv.cache)
     state = EngineState([_view(r, start) for r in s.running[:max_requests]], [_view(r, start) for r in waiting],
                         s.num_running, s.num_waiting, blocks, kv.block_size, [t.name for t in kv.tiers.tiers], tree)
     state.capture_ms = (engine.clock() - start) * 1000

@@ -17,6 +17,7 @@ def test_report_state_describes_requests_blocks_and_the_prefix_tree():
     for i in range(3):
         core.add(AddRequest(f"r{i}", shared + [40 + i] * 6, params))
 
+    core.tree_interval_s = 3600.0  # the tree's summary is reused until it is this old (below: 0)
     msg = core.step()
     assert msg.state is None  # nobody asked
     core.handle(ReportState())
@@ -32,7 +33,12 @@ def test_report_state_describes_requests_blocks_and_the_prefix_tree():
     assert b.used + b.cached + b.free == b.total == 64 and b.used > 0
     assert s.prefix_tree is not None and s.prefix_tree.num_blocks > 0
     assert core.step().state is None  # one answer per ask
+    # asked again: requests and blocks are new, the tree's summary (a walk) is reused while recent
+    core.handle(ReportState())
+    again = core.step().state
+    assert again.prefix_tree is s.prefix_tree and again.running[0].num_output_tokens > s.running[0].num_output_tokens
 
+    core.tree_interval_s = 0.0
     while core.has_work:  # r2 is admitted after r0 and r1 finish, and reuses their shared prefix
         core.step()
     core.handle(ReportState())

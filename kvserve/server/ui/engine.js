@@ -171,12 +171,13 @@ export class EngineView {
     const svg = $("chart");
     const w = 600, h = 120;
     const max = Math.max(1, ...this.history.map((x) => Math.max(x.gen, x.prompt)));
+    const n = Math.max(2, this.history.length); // the frames so far fill the width, up to a minute of them
     const line = (key, scale) =>
-      this.history.map((x, i) => `${(i / (HISTORY - 1)) * w},${h - 4 - (x[key] / scale) * (h - 8)}`).join(" ");
+      this.history.map((x, i) => `${(i / (n - 1)) * w},${h - 4 - (x[key] / scale) * (h - 8)}`).join(" ");
     $("chart-gen").setAttribute("points", line("gen", max));
     $("chart-prompt").setAttribute("points", line("prompt", max));
     $("chart-kv").setAttribute("points", line("kv", 1));
-    $("chart-max").textContent = `${rate(max)} tok/s`;
+    $("chart-max").textContent = `last ${Math.round(this.history.length / 2)} s · top ${rate(max)} tok/s`;
     svg.setAttribute("viewBox", `0 0 ${w} ${h}`);
   }
 }

@@ -83,7 +83,9 @@ export function renderPrefixTree(container, table, summary, tree) {
   // the largest prefixes: whole prefixes (root to the end of a segment), most cached tokens below first
   const top = all.sort((a, b) => b.subtree_tokens - a.subtree_tokens || b.hits - a.hits).slice(0, 8);
   const head = el("tr");
-  for (const h of ["", "Prefix (tokens)", "Cached below", "Hits", "In use", "Last used"]) head.append(el("th", "", h));
+  for (const h of ["", "Prefix length", "Tokens in subtree", "Hits", "Used by", "Last used"]) {
+    head.append(el("th", h ? "num" : "", h));
+  }
   const rows = top.map((seg) => {
     const tr = el("tr");
     const swatch = el("span", "swatch");
