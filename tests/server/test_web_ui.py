@@ -212,12 +212,17 @@ def load(url: str, n: int, max_tokens: int, prompt: list[int] | None = None) -> 
 
 def test_stop_aborts_the_request_in_the_engine(browser, ui_server):
     url = ui_server.url
+    question = "Count to a thousand."
+    # greedy, this answer runs to max_tokens (no EOS on the way): Stop is what ends it in the page
+    r = httpx.post(f"{url}/v1/chat/completions", headers=AUTH, timeout=300, json={
+        "model": "tiny", "messages": [{"role": "user", "content": question}], "max_tokens": 460, "temperature": 0})
+    assert r.json()["choices"][0]["finish_reason"] == "length"
     aborted = aborted_requests(url)
     with Page(browser, url) as p:
-        p.set_settings(max_tokens=460, temperature=1)
+        p.set_settings(max_tokens=460, temperature=0)
         # other requests slow the engine's steps down, so the answer is still running when Stop is clicked
-        others = load(url, 32, 300)
-        p.by("prompt").fill("Count to a thousand.")
+        others = load(url, 16, 200)
+        p.by("prompt").fill(question)
         p.by("send").click()
         p.page.wait_for_function("(document.querySelector('[data-testid=answer] .text')?.textContent || '').length > 0",
                                  timeout=WAIT_MS)
