@@ -94,7 +94,8 @@ export class EngineView {
       this.renderKV(s);
       this.renderRequests(s);
       renderPrefixTree($("prefix-tree"), $("prefix-table"), $("prefix-summary"), s.prefix_tree);
-      $("capture").textContent = `state built in ${s.capture_ms.toFixed(1)} ms between two engine steps`;
+      const cost = s.capture_ms < 1 ? `${Math.round(s.capture_ms * 1000)} µs` : `${s.capture_ms.toFixed(1)} ms`;
+      $("capture").textContent = `state built in ${cost} between two engine steps (the tree summary is redone once a second)`;
     }
     this.renderTiers(frame.prefix);
     this.renderChart();

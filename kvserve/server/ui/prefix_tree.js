@@ -42,12 +42,25 @@ function segmentNode(seg, parentTokens, maxHits) {
   bar.title = describe(seg);
   bar.append(el("span", "ice-label", `${seg.num_tokens} tok · ${seg.hits} hits`));
   node.append(bar);
-  if (seg.children.length) {
+  if (seg.children.length || seg.hidden_branches) {
     const row = el("div", "ice-children");
     for (const child of seg.children) row.append(segmentNode(child, seg.subtree_tokens, maxHits));
+    hiddenNode(row, seg.hidden_branches, seg.hidden_tokens, seg.subtree_tokens);
     node.append(row);
   }
   return node;
+}
+
+// the smaller branches left out of the summary, as one grey bar, so that the row still adds up
+function hiddenNode(row, branches, tokens, parentTokens) {
+  if (!branches) return;
+  const node = el("div", "ice-node");
+  node.style.flexBasis = `${(100 * tokens) / parentTokens}%`;
+  const bar = el("div", "ice-bar ice-hidden");
+  bar.title = `${branches} smaller branches (${tokens} cached tokens) not drawn`;
+  bar.append(el("span", "ice-label", `+${branches}`));
+  node.append(bar);
+  row.append(node);
 }
 
 function* walk(segments) {
@@ -78,6 +91,7 @@ export function renderPrefixTree(container, table, summary, tree) {
   }
   const row = el("div", "ice-children ice-root");
   for (const seg of tree.roots) row.append(segmentNode(seg, total, maxHits));
+  hiddenNode(row, tree.hidden_branches, tree.hidden_tokens, total);
   container.replaceChildren(row);
 
   // the largest prefixes: whole prefixes (root to the end of a segment), most cached tokens below first
