@@ -21,7 +21,7 @@ from starlette.testclient import TestClient
 
 import kvserve
 from kvserve.bench import sse
-from kvserve.bench.prometheus import metric
+from kvserve.bench.prometheus import metric, samples
 from kvserve.config import KVServeConfig, ServerConfig
 from kvserve.server.app import create_app
 from kvserve.server.engine_client import AsyncEngineClient
@@ -129,11 +129,15 @@ def test_the_event_stream_sends_frames_until_the_client_leaves(ui_server):
 
 
 def test_no_ui_turns_the_page_off(ui_server):
-    app = create_app(ui_server.client, ServerConfig(ui=False), own_client=False)
-    client = TestClient(app)  # no lifespan: the routes only, the engine stays with ui_server
-    for path in ("/", "/ui/static/app.js"):
-        r = client.get(path)
-        assert r.status_code == 404 and "--no-ui" in r.json()["error"]["message"], path
+    observer = ui_server.client.observer  # a second app over the same client installs its own metrics
+    try:
+        app = create_app(ui_server.client, ServerConfig(ui=False), own_client=False)
+        client = TestClient(app)  # no lifespan: the routes only, the engine stays with ui_server
+        for path in ("/", "/ui/static/app.js"):
+            r = client.get(path)
+            assert r.status_code == 404 and "--no-ui" in r.json()["error"]["message"], path
+    finally:
+        ui_server.client.observer = observer
 
 
 # --------------------------------------------------------------------------- in the browser
@@ -238,7 +242,9 @@ def test_stop_aborts_the_request_in_the_engine(browser, ui_server):
             if aborted_requests(url) == aborted + 1:
                 break
             p.page.wait_for_timeout(50)
-        assert aborted_requests(url) == aborted + 1
+        finished = {s.labels["finished_reason"]: s.value for s in samples(httpx.get(f"{url}/metrics").text)
+                    if s.name == "kvserve:request_success_total"}
+        assert aborted_requests(url) == aborted + 1, (finished, meta)
         state = engine_state(url)
         assert state["num_in_flight"] == 0 and state["state"]["num_running"] == 0
         assert p.errors == []
