@@ -36,8 +36,8 @@ from kvserve.kv.prefix_view import PrefixTreeView
 
 log = logging.getLogger(__name__)
 
-# The prefix tree's summary is the costly part of a live state (a walk of up to 10,000 nodes, ~10 ms
-# here): redone at most this often, the requests and blocks in between are fresh on every ask.
+# The prefix tree's summary is the costly part of a live state (a walk of up to 10,000 nodes, ~15 ms
+# here: docs/ui.md): redone at most this often; requests and blocks are fresh on every ask.
 TREE_INTERVAL_S = 1.0
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from kvserve.kv.radix_cache import RadixCache, RadixNode
 
-MAX_NODES = 10_000  # nodes walked per summary (~5 ms of Python on an idle core; see EngineCore.TREE_INTERVAL_S)
+MAX_NODES = 10_000  # nodes walked per summary: ~15 ms here (docs/ui.md); the engine core redoes it once a second
 MAX_CHILDREN = 6
 MAX_DEPTH = 6
 
