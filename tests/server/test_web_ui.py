@@ -117,6 +117,8 @@ def test_page_files_are_public_the_live_data_needs_the_key(ui_server):
         assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error", route
     frame = engine_state(url)
     assert frame["model"] == "tiny" and frame["state"]["blocks"]["total"] == TINY_ENGINE["num_kv_blocks"]
+    bad = httpx.get(f"{url}/ui/events", params={"interval": "often"}, headers=AUTH)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "interval"
 
 
 def test_the_event_stream_sends_frames_until_the_client_leaves(ui_server):
