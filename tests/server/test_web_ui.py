@@ -92,7 +92,7 @@ class Page:
 
 def aborted_requests(url: str) -> float:
     try:
-        return metric(httpx.get(f"{url}/metrics").text, "kvserve:request_success_total", finished_reason="abort")
+        return metric(httpx.get(f"{url}/metrics").text, "kvserve_request_success_total", finished_reason="abort")
     except KeyError:  # none yet
         return 0.0
 
@@ -245,7 +245,7 @@ def test_stop_aborts_the_request_in_the_engine(browser, ui_server):
                 break
             p.page.wait_for_timeout(50)
         finished = {s.labels["finished_reason"]: s.value for s in samples(httpx.get(f"{url}/metrics").text)
-                    if s.name == "kvserve:request_success_total"}
+                    if s.name == "kvserve_request_success_total"}
         assert aborted_requests(url) == aborted + 1, (finished, meta)
         state = engine_state(url)
         assert state["num_in_flight"] == 0 and state["state"]["num_running"] == 0
