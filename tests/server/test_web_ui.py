@@ -314,8 +314,7 @@ def test_sigterm_ends_the_live_view_stream_so_the_server_stops(tiny_model_dir):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen(
         [sys.executable, "-m", "kvserve", "serve", "--model", str(tiny_model_dir), "--port", str(port), "--dtype",
-         "float32", "--num-threads", "1", "--num-kv-blocks", "64", "--uvicorn-log-level", "warning",
-         "--graceful-shutdown-timeout", "120"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+         "float32", "--num-threads", "1", "--num-kv-blocks", "64", "--graceful-shutdown-timeout", "120"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         for _ in range(900):
             if proc.poll() is not None:
@@ -332,7 +331,9 @@ def test_sigterm_ends_the_live_view_stream_so_the_server_stops(tiny_model_dir):
             proc.send_signal(signal.SIGTERM)
             rest = list(events)  # ends without an error: the server closed the stream properly
         assert all("state" in e for e in rest)
-        assert proc.wait(60) == 0, proc.stdout.read()
+        assert proc.wait(60) == 0
+        out = proc.stdout.read()
+        assert f"on {url} (OpenAI API under /v1; the web page at /)" in out, out  # the start-up line says where
     finally:
         if proc.poll() is None:
             proc.kill()
