@@ -219,6 +219,8 @@ class ServerConfig:
     otlp_traces_endpoint: str | None = field(default=None, metadata={
         "help": "send a trace span per request to this OpenTelemetry collector (OTLP over HTTP, e.g. "
                 "http://127.0.0.1:4318/v1/traces; needs pip install kvserve[tracing]); docs/tracing.md"})
+    ui: bool = field(default=True, metadata={
+        "help": "serve the web page (chat and a live view of the engine) at / (docs/ui.md); --no-ui: off"})
     replica_id: str | None = field(default=None, metadata={
         "help": "this server's name in GET /kv/events, for a router (default: host name, port and a random suffix)"})
 

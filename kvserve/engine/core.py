@@ -1,9 +1,9 @@
 """The engine core: the engine as a service that speaks messages, with no transport in it.
 
-Commands go in (``add``, ``abort``); each ``step`` runs one engine step and returns one
-``StepMessage``: per-request deltas (new token ids, logprobs, finish), the requests refused,
-the block hashes the prefix cache stored and removed (a replica's KV events), and a stats
-snapshot. A request whose grammar must first compile waits off the step path (the compile
+Commands go in (``add``, ``abort``, ``ReportState``); each ``step`` runs one engine step and returns
+one ``StepMessage``: per-request deltas (new token ids, logprobs, finish), the requests refused,
+the block hashes the prefix cache stored and removed (a replica's KV events), a stats snapshot,
+and, when asked for, the engine's live state (``kvserve.engine.live_state``). A request whose grammar must first compile waits off the step path (the compile
 cache's thread) and joins the engine once it is ready. Transports wrap it: the
 multiprocessing worker (``kvserve.engine.worker``), the in-process ``LLM``, a Ray actor.
 """
@@ -16,12 +16,14 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import replace
 
 from kvserve.engine.engine import Engine
+from kvserve.engine.live_state import EngineState, capture_state
 from kvserve.engine.memory import resident_memory_bytes
 from kvserve.engine.messages import (
     AbortRequests,
     AddRequest,
     EngineReady,
     EngineStatsSnapshot,
+    ReportState,
     RequestDelta,
     RequestRejected,
     RequestTimeline,
@@ -30,8 +32,13 @@ from kvserve.engine.messages import (
 )
 from kvserve.engine.request import Request
 from kvserve.errors import KVServeError
+from kvserve.kv.prefix_view import PrefixTreeView
 
 log = logging.getLogger(__name__)
+
+# The prefix tree's summary is the costly part of a live state (a walk of up to 10,000 nodes, ~15 ms
+# here: docs/ui.md): redone at most this often; requests and blocks are fresh on every ask.
+TREE_INTERVAL_S = 1.0
 
 
 class EngineCore:
@@ -44,6 +51,9 @@ class EngineCore:
         self._rejected: list[RequestRejected] = []
         self._traced: set[str] = set()  # requests whose first delta carries their timeline
         self._commands_since_message = False  # a message goes out after commands, even with no tokens
+        self._state_asked = False  # a ReportState came: the next message carries an EngineState
+        self._tree: tuple[float, PrefixTreeView | None] | None = None  # the last tree summary, and when
+        self.tree_interval_s = TREE_INTERVAL_S
         engine.kv.record_events()  # each message says what the prefix cache stored and removed
 
     def ready(self) -> EngineReady:
@@ -62,12 +72,14 @@ class EngineCore:
         return bool(self._compiling)
 
     # -- commands -----------------------------------------------------------------------------
-    def handle(self, cmd: AddRequest | AbortRequests | Shutdown) -> bool:
+    def handle(self, cmd: AddRequest | AbortRequests | ReportState | Shutdown) -> bool:
         """Apply one command; False for Shutdown."""
         if isinstance(cmd, AddRequest):
             self.add(cmd)
         elif isinstance(cmd, AbortRequests):
             self.abort(cmd.request_ids)
+        elif isinstance(cmd, ReportState):
+            self._state_asked = self._commands_since_message = True
         elif isinstance(cmd, Shutdown):
             return False
         return True
@@ -129,7 +141,17 @@ class EngineCore:
             return None
         deltas = [self._delta(req) for req in changed]
         rejected, self._rejected, self._commands_since_message = self._rejected, [], False
-        return StepMessage(deltas, rejected, self.snapshot(), step_end, stored, removed)
+        state = self.live_state() if self._state_asked else None
+        self._state_asked = False
+        return StepMessage(deltas, rejected, self.snapshot(), step_end, stored, removed, state)
+
+    def live_state(self) -> EngineState:
+        now = time.monotonic()
+        if self._tree is not None and now - self._tree[0] < self.tree_interval_s:
+            return capture_state(self.engine, tree=self._tree[1])
+        state = capture_state(self.engine)
+        self._tree = (now, state.prefix_tree)
+        return state
 
     def _delta(self, req: Request) -> RequestDelta:
         done = self._sent.get(req.request_id, 0)

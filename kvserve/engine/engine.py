@@ -64,6 +64,8 @@ class Engine:
         self.kv = kv or KVManager(runner.num_kv_blocks, runner.block_size)
         # the wall clock here; the simulator's virtual clock, which its runner advances, there
         self.clock = clock
+        if self.kv.cache is not None:
+            self.kv.cache.clock = clock  # the prefix tree's "last used" on the same clock
         self.scheduler = Scheduler(scheduler_config, self.kv, clock, speculation)
         self.max_model_len = runner.max_model_len
         if not scheduler_config.chunked_prefill and scheduler_config.max_num_batched_tokens < self.max_model_len:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvserve.engine.live_state import EngineState
 from kvserve.engine.request import SamplingParams, TokenLogprobs
 from kvserve.kv.manager import PrefixCacheStats
 from kvserve.spec.policy import SpecStats
@@ -27,6 +28,11 @@ class AddRequest:
 @dataclass
 class AbortRequests:
     request_ids: list[str]
+
+
+@dataclass
+class ReportState:
+    """Ask for an ``EngineState`` (requests, blocks, prefix tree) in the next step message."""
 
 
 @dataclass
@@ -127,3 +133,4 @@ class StepMessage:
     # chain hashes of the blocks the prefix cache stored and removed since the last message
     kv_stored: list[bytes] = field(default_factory=list)
     kv_removed: list[bytes] = field(default_factory=list)
+    state: EngineState | None = None  # after a ReportState: what the engine is doing now

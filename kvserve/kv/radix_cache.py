@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from kvserve.kv.block_pool import BlockPool
@@ -42,6 +43,8 @@ class RadixNode:
     children: dict[tuple[int, ...], RadixNode] = field(default_factory=dict)
     last_access: int = 0
     depth: int = 0  # blocks from the root, this one included
+    hits: int = 0  # admissions that reused this block (for the live view: kv/prefix_view.py)
+    last_used: float = 0.0  # the cache's clock when it was last matched or inserted
 
 
 @dataclass
@@ -59,6 +62,7 @@ class RadixCache:
         self.num_nodes = 0
         self.stats = RadixStats()
         self.events: CacheEvents | None = None  # set to record what is stored and removed
+        self.clock: Callable[[], float] = time.monotonic  # stamps last_used (the engine sets its own)
 
     def _tick(self) -> int:
         self._clock += 1
@@ -74,12 +78,13 @@ class RadixCache:
         """The nodes of the longest cached block-prefix of ``token_ids`` (marked as just used)."""
         path: list[RadixNode] = []
         node = self.root
-        now = self._tick()
+        now, when = self._tick(), self.clock()
         for tokens in self._blocks_of(token_ids):
             child = node.children.get(tokens)
             if child is None:
                 break
-            child.last_access = now
+            child.last_access, child.last_used = now, when
+            child.hits += 1
             path.append(child)
             node = child
         return path
@@ -115,7 +120,7 @@ class RadixCache:
         deepest node, for the next call.
         """
         node = start_node or self.root
-        now = self._tick()
+        now, when = self._tick(), self.clock()
         bs = self.block_size
         for i in range(start_block, len(token_ids) // bs):
             tokens = tuple(token_ids[i * bs : (i + 1) * bs])
@@ -129,13 +134,14 @@ class RadixCache:
                 self.stats.inserted_blocks += 1
                 if self.events is not None:
                     self.events.stored(child.key)
-            child.last_access = now
+            child.last_access, child.last_used = now, when
             node = child
         return node
 
     def attach(self, parent: RadixNode, tokens: tuple[int, ...], block: int, key: bytes) -> RadixNode:
         """Add a node for a block restored from a lower tier (the caller holds ``block``)."""
-        child = RadixNode(tokens, block, key, parent, last_access=self._tick(), depth=parent.depth + 1)
+        child = RadixNode(tokens, block, key, parent, last_access=self._tick(), depth=parent.depth + 1,
+                          last_used=self.clock())
         parent.children[tokens] = child
         self.pool.share(block)
         self.pool.mark_cached(block, True)

@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kvserve.config import KVServeConfig
 from kvserve.engine.engine import check_prompt
-from kvserve.engine.messages import AbortRequests, AddRequest, EngineFailed, EngineReady, EngineStatsSnapshot, Shutdown, StepMessage
+from kvserve.engine.live_state import EngineState
+from kvserve.engine.messages import (AbortRequests, AddRequest, EngineFailed, EngineReady, EngineStatsSnapshot, ReportState,
+                                     Shutdown, StepMessage)
 from kvserve.text.output import OutputProcessor
 from kvserve.engine.request import Request, SamplingParams
 from kvserve.engine.worker import engine_environment, run_engine_process
@@ -69,6 +71,7 @@ class EngineClient(Protocol):
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, *, arrival_time: float | None = None,
                     request_id: str | None = None, validate: bool = True, trace: bool = False) -> RequestStream: ...
     def abort(self, request_id: str) -> None: ...
+    async def fetch_state(self, timeout: float = 5.0) -> EngineState | None: ...
 
 
 class AsyncEngineClient:
@@ -88,6 +91,7 @@ class AsyncEngineClient:
         self._reading = False
         self._dead: str | None = None  # why the engine is unusable
         self._closing = False
+        self._state: asyncio.Future[EngineState | None] | None = None  # a ReportState's answer, pending
 
         ctx = mp.get_context("spawn")
         self._commands: mp.Queue = ctx.Queue()
@@ -229,6 +233,20 @@ class AsyncEngineClient:
         if self.is_alive:
             self._send(AbortRequests([request_id]))
 
+    async def fetch_state(self, timeout: float = 5.0) -> EngineState | None:
+        """The engine's live state (requests, blocks, prefix tree), built between two of its steps;
+        None if the engine is gone or does not answer within ``timeout``. Callers at the same time
+        share one ask."""
+        if not self.is_alive or self._loop is None:
+            return None
+        if self._state is None or self._state.done():
+            self._state = self._loop.create_future()
+            self._send(ReportState())
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._state), timeout)
+        except TimeoutError:
+            return None
+
     @property
     def num_in_flight(self) -> int:
         return len(self._requests)
@@ -267,6 +285,8 @@ class AsyncEngineClient:
         if isinstance(msg, StepMessage):
             self.stats = msg.stats
             self.kv_events.apply(msg.kv_stored, msg.kv_removed)
+            if msg.state is not None and self._state is not None and not self._state.done():
+                self._state.set_result(msg.state)
             for r in msg.rejected:
                 stream = self._requests.get(r.request_id)
                 if stream is not None:
@@ -287,6 +307,8 @@ class AsyncEngineClient:
             log.error("the engine process exited unexpectedly (exit code %s)", self._proc.exitcode)
             self._dead = "the engine process exited unexpectedly; the server must be restarted"
         self._fail_all(self._dead)
+        if self._state is not None and not self._state.done():
+            self._state.set_result(None)
         self.stats = EngineStatsSnapshot(kv_blocks_total=self.stats.kv_blocks_total,
                                          kv_bytes_per_token=self.stats.kv_bytes_per_token)
         self.kv_events.clear()

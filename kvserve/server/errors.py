@@ -89,6 +89,12 @@ async def handle_error(request: Request, exc: Exception) -> Response:
     return error_response(exc)
 
 
+def _param_path(error: dict) -> list[str]:
+    """Where a complaint is, without where the parameter came from (the body, the query string)."""
+    loc = [str(x) for x in error.get("loc", ())]
+    return loc[1:] if loc and loc[0] in ("body", "query", "path") else loc
+
+
 def describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
     """A message naming (at most three of) pydantic's complaints, and the parameter of the first."""
     errors = exc.errors()
@@ -96,11 +102,11 @@ def describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
         return "invalid request", None
     parts = []
     for e in errors[:3]:
-        loc = [str(x) for x in e.get("loc", ()) if x != "body"]
+        loc = _param_path(e)
         if e.get("type") == "json_invalid":
             parts.append(f"the body is not valid JSON: {e.get('ctx', {}).get('error', e.get('msg'))}")
         else:
             parts.append(f"{'.'.join(loc) or 'body'}: {e.get('msg')}")
-    first = [str(x) for x in errors[0].get("loc", ()) if x != "body"]
+    first = _param_path(errors[0])
     param = first[0] if first and errors[0].get("type") != "json_invalid" else None
     return "; ".join(parts), param

@@ -59,10 +59,12 @@ def serve(client_factory: Callable[[], EngineClient], config: ServerConfig) -> N
                     server.should_exit = True
                     return
                 died.wait(ENGINE_WATCH_INTERVAL_S)
+            app.state.server.stopping = True  # endless streams (the page's live view) end within a tick
 
         threading.Thread(target=watch_engine, name="engine-watch", daemon=True).start()
         names = ", ".join(app.state.server.names)
-        log.info("serving %s on http://%s:%d (OpenAI API under /v1)", names, host, port)
+        log.info("serving %s on http://%s:%d (OpenAI API under /v1%s)", names, host, port,
+                 "; the web page at /" if config.ui else "")
         run_until_stopped(server, sock)
     finally:
         sock.close()

@@ -9,6 +9,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from kvserve.errors import AuthenticationError, InvalidArgumentError, RequestTooLargeError
 from kvserve.server.errors import error_response
 
+GUARDED = ("/v1", "/ui/events", "/ui/state")  # routes that need the API key (/kv/events checks it itself)
+
 
 class GuardMiddleware:
     """Checks the API key before anything else, then reads the body within the size limit.
@@ -29,7 +31,7 @@ class GuardMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if self.api_key is not None and scope["path"].startswith("/v1") and not self._authorized(scope):
+        if self.api_key is not None and scope["path"].startswith(GUARDED) and not self._authorized(scope):
             await error_response(AuthenticationError("missing or wrong API key"))(scope, receive, send)
             return
         too_large = RequestTooLargeError(f"the request body is over the limit of {self.max_bytes} bytes")

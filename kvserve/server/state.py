@@ -20,6 +20,7 @@ from kvserve.config import ServerConfig
 from kvserve.errors import InvalidArgumentError, NotFoundError
 from kvserve.server import protocol as P
 from kvserve.server.engine_client import EngineClient
+from kvserve.server.engine_view import EngineView
 from kvserve.server.metrics import ServerMetrics
 from kvserve.server.request_stream import RequestStream
 from kvserve.text.tokenizer import bad_words_token_ids
@@ -59,6 +60,8 @@ class ServerState:
             from kvserve.server.tracing import RequestTracer
 
             self.tracer = RequestTracer.otlp(config.otlp_traces_endpoint)
+        self.engine_view = EngineView(client, self.names[0])  # the web page's live view (routes/ui.py)
+        self.stopping = False  # set when the server stops: endless streams (the live view) end then
 
     def close(self) -> None:
         self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
