@@ -7,6 +7,7 @@ import json
 from dataclasses import asdict
 
 from kvserve.bench import datasets
+from kvserve.errors import InvalidArgumentError
 from kvserve.sim import planner
 from kvserve.sim.hardware import get_hardware, load_catalog
 from kvserve.sim.models import get_model
@@ -122,6 +123,7 @@ def add_parsers(sub) -> None:
     fp.add_argument("--active-b", type=float, default=None)
     fp.add_argument("--seq-len", type=int, default=8192)
     fp.add_argument("--hardware", default="h100-sxm")
+    fp.add_argument("--tp", "--gpus", dest="tp", type=int, default=1, help="devices holding one replica")
     fp.add_argument("--stacks", nargs="+", default=list(PROFILES), choices=list(PROFILES))
     fp.add_argument("--plot", default=None, help="write a PNG here")
     fp.set_defaults(func=_cmd_footprint)
@@ -130,6 +132,7 @@ def add_parsers(sub) -> None:
     cost.add_argument("--active-b", type=float, required=True)
     cost.add_argument("--params-b", type=float, default=None)
     cost.add_argument("--hardware", default="h100-sxm")
+    cost.add_argument("--tp", "--gpus", dest="tp", type=int, default=1, help="devices holding one replica")
     cost.add_argument("--utilization", type=float, default=0.7)
     cost.add_argument("--workload", default="chat")
     cost.add_argument("--stacks", nargs="+", default=["vllm", "sglang", "trtllm", "llamacpp", "static"],
@@ -144,6 +147,12 @@ def add_parsers(sub) -> None:
     calibrate.add_args(cal)
     cal.set_defaults(func=calibrate.run)
 
+    val = ss.add_parser("validate", help="simulated vs published GPU measurements (vLLM, SGLang, TensorRT-LLM)")
+    val.add_argument("--fit", action="store_true", help="refit the free cost terms on the fit half first")
+    val.add_argument("--output", default=None, help="write every point's published and simulated value (JSON)")
+    val.add_argument("--plot", default=None, help="write a PNG of simulated vs published throughput")
+    val.set_defaults(func=_cmd_validate)
+
     plan = sub.add_parser("plan", help="which engine for this hardware, scale and workload, and why")
     plan.add_argument("--hardware", default="h100-sxm")
     plan.add_argument("--gpus", type=int, default=1, help="devices available (the scale)")
@@ -151,6 +160,8 @@ def add_parsers(sub) -> None:
     plan.add_argument("--model", default="llama-3.1-8b")
     plan.add_argument("--slo-ttft-p99-ms", type=float, default=2000.0)
     plan.add_argument("--slo-itl-p50-ms", type=float, default=50.0)
+    plan.add_argument("--tp", type=int, default=None,
+                      help="devices per replica (default: per engine, the fewest that hold the model)")
     plan.add_argument("--plot", default=None, help="write a PNG here")
     plan.set_defaults(func=_cmd_plan)
 
@@ -179,33 +190,47 @@ def _cmd_run(a: argparse.Namespace) -> None:
 
 def _cmd_footprint(a: argparse.Namespace) -> None:
     active = a.active_b or a.params_b
-    print(f"{a.params_b:g}B parameters ({active:g}B active), {a.seq_len}-token sequences, one {a.hardware}")
-    print("| stack | weights GB | KV GB / seq | activations GB | draft GB | total, 1 seq | seqs that fit |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    fits = []
+    where = f"{a.tp} x {a.hardware}" if a.tp > 1 else f"one {a.hardware}"
+    print(f"{a.params_b:g}B parameters ({active:g}B active), {a.seq_len}-token sequences, {where}")
+    print("| stack | weights GB | KV GB / seq | activations GB | draft GB | total, 1 seq | seqs that fit "
+          "| devices needed |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    fits, short = [], []
     for s in a.stacks:
-        r = planner.hbm_footprint_gb(a.params_b, active, a.seq_len, s, a.hardware)
+        r = planner.hbm_footprint_gb(a.params_b, active, a.seq_len, s, a.hardware, tp=a.tp)
         fits.append(r.sequences_that_fit)
+        need = "-" if r.devices_needed is None else str(r.devices_needed)
         print(f"| {s} | {r.weights_gb:.2f} | {r.kv_gb_per_sequence:.3f} | {r.activations_gb:.2f} | {r.draft_gb:.2f} "
-              f"| {r.total_gb_one_sequence:.2f} | {r.sequences_that_fit} |")
+              f"| {r.total_gb_one_sequence:.2f} | {r.sequences_that_fit} | {need} |")
+        if r.sequences_that_fit == 0:
+            short.append(f"{s} needs {need} x {a.hardware} (--tp {need})" if r.devices_needed
+                         else f"{s} does not fit on up to 64 x {a.hardware}")
+    for line in short:
+        print(f"- does not fit on {where}: {line}")
     if a.plot:
-        _bar_plot(a.stacks, fits, f"{a.seq_len}-token sequences that fit", f"{a.params_b:g}B on one {a.hardware}", a.plot)
+        _bar_plot(a.stacks, fits, f"{a.seq_len}-token sequences that fit", f"{a.params_b:g}B on {where}", a.plot)
 
 
 def _cmd_cost(a: argparse.Namespace) -> None:
-    print(f"{a.active_b:g}B active on {a.hardware}, {a.workload}, {a.utilization:.0%} utilization")
+    print(f"{a.active_b:g}B active on {a.tp} x {a.hardware}, {a.workload}, {a.utilization:.0%} utilization")
     print("| stack | $ per 1M output tokens |\n|---|---:|")
     costs = []
     for s in a.stacks:
-        c = planner.cost_per_million_tokens(a.active_b, s, a.hardware, a.utilization, a.params_b, a.workload)
+        try:
+            c = planner.cost_per_million_tokens(a.active_b, s, a.hardware, a.utilization, a.params_b, a.workload,
+                                                tp=a.tp)
+        except InvalidArgumentError as e:  # this stack's precision does not fit these devices
+            c = float("nan")
+            print(f"| {s} | does not fit: {e} |")
+        else:
+            print(f"| {s} | {c:.4f} |")
         costs.append(c)
-        print(f"| {s} | {c:.4f} |")
     if a.plot:
         _bar_plot(a.stacks, costs, "USD per 1M output tokens", f"{a.active_b:g}B active on {a.hardware}", a.plot)
 
 
 def _cmd_plan(a: argparse.Namespace) -> None:
-    pick = planner.pick_engine(a.hardware, a.gpus, a.workload, a.model, a.slo_ttft_p99_ms, a.slo_itl_p50_ms)
+    pick = planner.pick_engine(a.hardware, a.gpus, a.workload, a.model, a.slo_ttft_p99_ms, a.slo_itl_p50_ms, tp=a.tp)
     print(pick.comparison.question)
     print(results_table(pick.comparison.results))
     for n in pick.comparison.notes:
@@ -215,3 +240,9 @@ def _cmd_plan(a: argparse.Namespace) -> None:
         print(f"- {r}")
     if a.plot:
         _plot(pick.comparison, a.plot)
+
+
+def _cmd_validate(a: argparse.Namespace) -> None:
+    from kvserve.sim import validate_report
+
+    validate_report.run(fit=a.fit, output=a.output, plot_path=a.plot)
