@@ -117,8 +117,9 @@ class SimResult:
     kv_blocks: int
     block_size: int
     price_per_hour: float
-    # output tokens/s while requests still waited to start: an offline run's rate without its drain tail
-    queued_output_tokens_per_s: float = 0.0
+    # output tokens/s over the middle half of the output tokens (from the 25th to the 75th percentile
+    # of their times): an offline run's steady rate, without its first fill and its drain tail
+    steady_output_tokens_per_s: float = 0.0
 
     def cost_per_million_output_tokens(self, utilization: float = 1.0) -> float:
         """USD per 1M output tokens with the devices busy ``utilization`` of the time at this rate."""
@@ -203,9 +204,9 @@ def _simulate(workload: Workload, model: ModelSpec, hw: Hardware, profile: Engin
     itls = [b - a for r in done for a, b in zip(r.token_times, r.token_times[1:])]
     tpots = [(r.token_times[-1] - r.token_times[0]) / (len(r.token_times) - 1) for r in done if len(r.token_times) > 1]
     devices = tp * (2 if profile.disaggregated else 1)
-    t0 = min((r.sent for r in done), default=0.0)
-    last_start = max((r.token_times[0] for r in done), default=0.0)
-    queued_tokens = sum(1 for r in done for t in r.token_times if t <= last_start)
+    times = sorted(t for r in done for t in r.token_times)
+    q1, q3 = (times[len(times) // 4], times[3 * len(times) // 4]) if times else (0.0, 0.0)
+    steady = (len(times) // 2) / (q3 - q1) if q3 > q1 else n_out / duration
     return SimResult(
         profile=profile.name, hardware=hw.key, model=model.name, devices=devices, requests=workload.num_requests,
         completed=len(done), rejected=rejected, duration_s=round(duration, 3),
@@ -216,5 +217,5 @@ def _simulate(workload: Workload, model: ModelSpec, hw: Hardware, profile: Engin
         prefix_hit_rate=round(sum(r.cached_tokens for r in done) / max(1, n_in), 4),
         preemptions=engine.scheduler.stats.num_preemptions, kv_blocks=runner.num_kv_blocks,
         block_size=runner.block_size, price_per_hour=hw.price_per_hour,
-        queued_output_tokens_per_s=round(queued_tokens / max(last_start - t0, 1e-9), 2),
+        steady_output_tokens_per_s=round(steady, 2),
     )

@@ -65,9 +65,9 @@ def workload_for(p: dict) -> tuple[Workload, float, int | None]:
 
 def metric(r: SimResult, name: str, p: dict | None = None) -> float:
     # an offline ShareGPT run of thousands of requests is mostly steady state; a capped one would be
-    # mostly its drain tail (a few long answers alone): its rate while requests still queued stands in
+    # mostly its first fill and its drain tail (a few long answers alone): its steady rate stands in
     offline_trace = p is not None and p["workload"]["kind"] != "fixed" and not any(p["load"].values())
-    return {"output_tok_s": lambda: r.queued_output_tokens_per_s if offline_trace else r.output_tokens_per_s,
+    return {"output_tok_s": lambda: r.steady_output_tokens_per_s if offline_trace else r.output_tokens_per_s,
             "ttft_mean_ms": lambda: r.ttft_ms.mean, "ttft_p50_ms": lambda: r.ttft_ms.p50,
             "itl_mean_ms": lambda: r.itl_ms.mean, "itl_p50_ms": lambda: r.itl_ms.p50,
             "tpot_p50_ms": lambda: r.tpot_ms.p50}[name]()  # type: ignore[union-attr]
@@ -103,7 +103,7 @@ def summary(scored: list[Scored]) -> dict[str, float]:
             "max_abs_error": max(errs, default=0.0)}
 
 
-def fit(points: list[dict], iterations: int = 2, log=print) -> dict[str, dict[str, float]]:
+def fit(points: list[dict], iterations: int = 1, log=print) -> dict[str, dict[str, float]]:
     """Per engine, Gauss-Newton on the log errors of its fit points over log(FITTED_FIELDS): each
     iteration simulates the points once as they are and once per term nudged by 20%, solves the
     linearized least squares (damped, each step at most a factor of 3), and keeps the step if it helps."""
