@@ -16,16 +16,17 @@ from kvserve.sim.simulate import SimResult, simulate
 
 
 def results_table(results: dict[str, SimResult], utilization: float = 0.7) -> str:
-    head = ("| | devices | out tok/s | req/s | TTFT p50 (ms) | TTFT p99 (ms) | ITL p50 (ms) | TPOT p50 (ms) "
-            "| prefix hits | preemptions | $/1M out tok |")
-    rows = [head, "|---|" + "---:|" * 10]
+    head = ("| | devices | out tok/s | req/s | TTFT p50 (ms) | TTFT p99 (ms) | ITL p50 (ms) | ITL p99 (ms) "
+            "| TPOT p50 (ms) | prefix hits | preemptions | $/1M out tok |")
+    rows = [head, "|---|" + "---:|" * 11]
 
     def d(x, q):
         return "-" if x is None else f"{getattr(x, q):.1f}"
 
     for k, r in results.items():
         rows.append(f"| {k} | {r.devices} | {r.output_tokens_per_s:.1f} | {r.request_throughput:.2f} | "
-                    f"{d(r.ttft_ms, 'p50')} | {d(r.ttft_ms, 'p99')} | {d(r.itl_ms, 'p50')} | {d(r.tpot_ms, 'p50')} | "
+                    f"{d(r.ttft_ms, 'p50')} | {d(r.ttft_ms, 'p99')} | {d(r.itl_ms, 'p50')} | {d(r.itl_ms, 'p99')} | "
+                    f"{d(r.tpot_ms, 'p50')} | "
                     f"{r.prefix_hit_rate:.1%} | {r.preemptions} | {r.cost_per_million_output_tokens(utilization):.3f} |")
     return "\n".join(rows)
 

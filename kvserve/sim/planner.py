@@ -155,8 +155,8 @@ def static_vs_continuous(model: str = "llama-3.1-8b", hardware: str = "h100-sxm"
 
 
 # the bursts of long prompts `sim batching` compares chunked and whole-prompt prefill on
-BURSTS = dict(cohort=32, input_len=512, output_len=256, burst=8, burst_len=16000, burst_output_len=16,
-              burst_delay=1.0)
+BURSTS = dict(cohort=32, input_len=512, output_len=64, burst=8, burst_len=16000, burst_output_len=16,
+              burst_delay=0.3)
 
 
 def cache_aware_vs_fcfs(model: str = "llama-3.1-8b", hardware: str = "h100-sxm", kv_tokens: int = 20_000,
