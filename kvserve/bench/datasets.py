@@ -152,9 +152,9 @@ def build(a: argparse.Namespace) -> Workload:
             raise InvalidArgumentError("--time-scale must be at least 0")
         rows = load_trace(a.dataset)[: a.num_prompts]
         sessions = trace_sessions(rows, a.time_scale, a.max_input_len, a.max_output_len, tokens)
+        caps = ", ".join(f"{k} <= {v}" for k, v in (("input", a.max_input_len), ("output", a.max_output_len)) if v)
         return Workload(a.dataset, sessions, description=(
-            f"{a.dataset} first {len(rows)} rows, time-scale {a.time_scale}, "
-            f"caps in={a.max_input_len} out={a.max_output_len}"))
+            f"{a.dataset} first {len(rows)} rows, time-scale {a.time_scale}" + (f", {caps}" if caps else "")))
 
     if a.dataset == "prefix-rag":
         positive("num_prompts", "num_docs", "output_len")

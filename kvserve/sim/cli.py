@@ -10,6 +10,7 @@ from typing import Any
 
 from kvserve import progress
 from kvserve.bench import datasets
+from kvserve.errors import InvalidArgumentError
 from kvserve.sim import planner
 from kvserve.sim.hardware import get_hardware, load_catalog
 from kvserve.sim.models import KV_DTYPES, get_model
@@ -18,16 +19,17 @@ from kvserve.sim.simulate import SimResult, simulate
 
 
 def results_table(results: dict[str, SimResult], utilization: float = 0.7) -> str:
-    head = ("| | devices | out tok/s | req/s | TTFT p50 (ms) | TTFT p99 (ms) | ITL p50 (ms) | TPOT p50 (ms) "
-            "| prefix hits | preemptions | $/1M out tok |")
-    rows = [head, "|---|" + "---:|" * 10]
+    head = ("| | devices | out tok/s | req/s | TTFT p50 (ms) | TTFT p99 (ms) | ITL p50 (ms) | ITL p99 (ms) "
+            "| TPOT p50 (ms) | prefix hits | preemptions | $/1M out tok |")
+    rows = [head, "|---|" + "---:|" * 11]
 
     def d(x, q):
         return "-" if x is None else f"{getattr(x, q):.1f}"
 
     for k, r in results.items():
         rows.append(f"| {k} | {r.devices} | {r.output_tokens_per_s:.1f} | {r.request_throughput:.2f} | "
-                    f"{d(r.ttft_ms, 'p50')} | {d(r.ttft_ms, 'p99')} | {d(r.itl_ms, 'p50')} | {d(r.tpot_ms, 'p50')} | "
+                    f"{d(r.ttft_ms, 'p50')} | {d(r.ttft_ms, 'p99')} | {d(r.itl_ms, 'p50')} | {d(r.itl_ms, 'p99')} | "
+                    f"{d(r.tpot_ms, 'p50')} | "
                     f"{r.prefix_hit_rate:.1%} | {r.preemptions} | {r.cost_per_million_output_tokens(utilization):.3f} |")
     return "\n".join(rows)
 
@@ -136,6 +138,7 @@ def add_parsers(sub) -> None:
     fp.add_argument("--active-b", type=float, default=None)
     fp.add_argument("--seq-len", type=int, default=8192)
     fp.add_argument("--hardware", default="h100-sxm")
+    fp.add_argument("--tp", "--gpus", dest="tp", type=int, default=1, help="devices holding one replica")
     fp.add_argument("--stacks", nargs="+", default=list(PROFILES), choices=list(PROFILES))
     fp.add_argument("--plot", default=None, help="write a PNG here")
     fp.set_defaults(func=_cmd_footprint)
@@ -144,6 +147,7 @@ def add_parsers(sub) -> None:
     cost.add_argument("--active-b", type=float, required=True)
     cost.add_argument("--params-b", type=float, default=None)
     cost.add_argument("--hardware", default="h100-sxm")
+    cost.add_argument("--tp", "--gpus", dest="tp", type=int, default=1, help="devices holding one replica")
     cost.add_argument("--utilization", type=float, default=0.7)
     cost.add_argument("--workload", default="chat")
     cost.add_argument("--stacks", nargs="+", default=["vllm", "sglang", "trtllm", "llamacpp", "static"],
@@ -158,6 +162,12 @@ def add_parsers(sub) -> None:
     calibrate.add_args(cal)
     cal.set_defaults(func=_with_progress("calibrating", calibrate.run))
 
+    val = ss.add_parser("validate", help="simulated vs published GPU measurements (vLLM, SGLang, TensorRT-LLM)")
+    val.add_argument("--fit", action="store_true", help="refit the free cost terms on the fit half first")
+    val.add_argument("--output", default=None, help="write every point's published and simulated value (JSON)")
+    val.add_argument("--plot", default=None, help="write a PNG of simulated vs published throughput")
+    val.set_defaults(func=_cmd_validate)
+
     plan = sub.add_parser("plan", help="which engine for this hardware, scale and workload, and why")
     plan.add_argument("--hardware", default="h100-sxm")
     plan.add_argument("--gpus", type=int, default=1, help="devices available (the scale)")
@@ -165,6 +175,8 @@ def add_parsers(sub) -> None:
     plan.add_argument("--model", default="llama-3.1-8b")
     plan.add_argument("--slo-ttft-p99-ms", type=float, default=2000.0)
     plan.add_argument("--slo-itl-p50-ms", type=float, default=50.0)
+    plan.add_argument("--tp", type=int, default=None,
+                      help="devices per replica (default: per engine, the fewest that hold the model)")
     plan.add_argument("--plot", default=None, help="write a PNG here")
     plan.set_defaults(func=_with_progress("simulating", _cmd_plan))
 
@@ -193,33 +205,47 @@ def _cmd_run(a: argparse.Namespace) -> None:
 
 def _cmd_footprint(a: argparse.Namespace) -> None:
     active = a.active_b or a.params_b
-    print(f"{a.params_b:g}B parameters ({active:g}B active), {a.seq_len}-token sequences, one {a.hardware}")
-    print("| stack | weights GB | KV GB / seq | activations GB | draft GB | total, 1 seq | seqs that fit |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    fits = []
+    where = f"{a.tp} x {a.hardware}" if a.tp > 1 else f"one {a.hardware}"
+    print(f"{a.params_b:g}B parameters ({active:g}B active), {a.seq_len}-token sequences, {where}")
+    print("| stack | weights GB | KV GB / seq | activations GB | draft GB | total, 1 seq | seqs that fit "
+          "| devices needed |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    fits, short = [], []
     for s in a.stacks:
-        r = planner.hbm_footprint_gb(a.params_b, active, a.seq_len, s, a.hardware)
+        r = planner.hbm_footprint_gb(a.params_b, active, a.seq_len, s, a.hardware, tp=a.tp)
         fits.append(r.sequences_that_fit)
+        need = "-" if r.devices_needed is None else str(r.devices_needed)
         print(f"| {s} | {r.weights_gb:.2f} | {r.kv_gb_per_sequence:.3f} | {r.activations_gb:.2f} | {r.draft_gb:.2f} "
-              f"| {r.total_gb_one_sequence:.2f} | {r.sequences_that_fit} |")
+              f"| {r.total_gb_one_sequence:.2f} | {r.sequences_that_fit} | {need} |")
+        if r.sequences_that_fit == 0:
+            short.append(f"{s} needs {need} x {a.hardware} (--tp {need})" if r.devices_needed
+                         else f"{s} does not fit on up to 64 x {a.hardware}")
+    for line in short:
+        print(f"- does not fit on {where}: {line}")
     if a.plot:
-        _bar_plot(a.stacks, fits, f"{a.seq_len}-token sequences that fit", f"{a.params_b:g}B on one {a.hardware}", a.plot)
+        _bar_plot(a.stacks, fits, f"{a.seq_len}-token sequences that fit", f"{a.params_b:g}B on {where}", a.plot)
 
 
 def _cmd_cost(a: argparse.Namespace) -> None:
-    print(f"{a.active_b:g}B active on {a.hardware}, {a.workload}, {a.utilization:.0%} utilization")
+    print(f"{a.active_b:g}B active on {a.tp} x {a.hardware}, {a.workload}, {a.utilization:.0%} utilization")
     print("| stack | $ per 1M output tokens |\n|---|---:|")
     costs = []
     for s in a.stacks:
-        c = planner.cost_per_million_tokens(a.active_b, s, a.hardware, a.utilization, a.params_b, a.workload)
+        try:
+            c = planner.cost_per_million_tokens(a.active_b, s, a.hardware, a.utilization, a.params_b, a.workload,
+                                                tp=a.tp)
+        except InvalidArgumentError as e:  # this stack's precision does not fit these devices
+            c = float("nan")
+            print(f"| {s} | does not fit: {e} |")
+        else:
+            print(f"| {s} | {c:.4f} |")
         costs.append(c)
-        print(f"| {s} | {c:.4f} |")
     if a.plot:
         _bar_plot(a.stacks, costs, "USD per 1M output tokens", f"{a.active_b:g}B active on {a.hardware}", a.plot)
 
 
 def _cmd_plan(a: argparse.Namespace) -> None:
-    pick = planner.pick_engine(a.hardware, a.gpus, a.workload, a.model, a.slo_ttft_p99_ms, a.slo_itl_p50_ms)
+    pick = planner.pick_engine(a.hardware, a.gpus, a.workload, a.model, a.slo_ttft_p99_ms, a.slo_itl_p50_ms, tp=a.tp)
     print(pick.comparison.question)
     print(results_table(pick.comparison.results))
     for n in pick.comparison.notes:
@@ -229,3 +255,9 @@ def _cmd_plan(a: argparse.Namespace) -> None:
         print(f"- {r}")
     if a.plot:
         _plot(pick.comparison, a.plot)
+
+
+def _cmd_validate(a: argparse.Namespace) -> None:
+    from kvserve.sim import validate_report
+
+    validate_report.run(fit=a.fit, output=a.output, plot_path=a.plot)

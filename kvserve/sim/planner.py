@@ -88,7 +88,9 @@ class FootprintReport:
     activations_gb: float
     draft_gb: float
     total_gb_one_sequence: float
-    sequences_that_fit: int  # at seq_len, on one device (0: the weights alone do not fit)
+    sequences_that_fit: int  # at seq_len, on ``tp`` devices (0: the weights alone do not fit)
+    tp: int = 1
+    devices_needed: int | None = None  # the smallest power-of-two TP that holds weights + one sequence
 
 
 def hbm_footprint_gb(params_b: float, active_b: float, seq_len: int, stack: str, hardware: str = "h100-sxm",
@@ -106,15 +108,18 @@ def hbm_footprint_gb(params_b: float, active_b: float, seq_len: int, stack: str,
         fits = min(profile.slots, int(free // kv_seq)) if free > 0 else 0
     else:
         fits = int(free // kv_seq) if free > 0 else 0
+    total = weights + kv_seq + fp.activations_gb + fp.draft_gb
+    need = next((n for n in (1, 2, 4, 8, 16, 32, 64) if hw.hbm_gb * n >= total), None)
     return FootprintReport(stack, hw.key, round(weights, 3), round(kv_seq, 4), round(fp.activations_gb, 3),
-                           round(fp.draft_gb, 3), round(weights + kv_seq + fp.activations_gb + fp.draft_gb, 3), fits)
+                           round(fp.draft_gb, 3), round(total, 3), fits, tp, need)
 
 
 # --------------------------------------------------------------------------------------- cost per token
 def cost_per_million_tokens(active_b: float, stack: str, hardware: str = "h100-sxm", utilization: float = 0.7,
                             params_b: float | None = None, workload: str = "chat", tp: int = 1) -> float:
     """USD per million output tokens: the stack's simulated saturated throughput on ``workload``
-    for a model of ``active_b`` billion active parameters, the devices busy ``utilization`` of the time."""
+    for a model of ``active_b`` billion active parameters on ``tp`` devices, busy ``utilization`` of
+    the time (InvalidArgumentError when it does not fit them)."""
     model = model_for_params(params_b or active_b, active_b)
     wl, rate = _at_rate(workload, None)
     res = simulate(wl, model, get_hardware(hardware), get_profile(stack), tp=tp, request_rate=rate)
@@ -134,12 +139,24 @@ def static_vs_continuous(model: str = "llama-3.1-8b", hardware: str = "h100-sxm"
     m, hw, wl = get_model(model), get_hardware(hardware), make_workload(workload, **workload_overrides)
     c = Comparison(f"static vs continuous batching: {m.name} on {hw.name}, {workload} at {request_rate} req/s")
     vllm = get_profile("vllm")
-    for label, prof in (("static", get_profile("static")),
-                        ("continuous, no chunked prefill", vllm.with_(name="vllm-nochunk", chunked_prefill=False,
-                                                                      max_num_batched_tokens=m.max_context)),
+    nochunk = vllm.with_(name="vllm-nochunk", chunked_prefill=False, max_num_batched_tokens=m.max_context)
+    for label, prof in (("static", get_profile("static")), ("continuous, no chunked prefill", nochunk),
                         ("continuous + chunked prefill", vllm)):
         c.results[label] = simulate(wl, m, hw, prof, request_rate=request_rate)
+    # where chunking matters: long prompts arriving together while others stream
+    bursts = make_workload("interference", **BURSTS)
+    c.results["bursts: no chunked prefill"] = simulate(bursts, m, hw, nochunk)
+    c.results["bursts: chunked prefill"] = simulate(bursts, m, hw, vllm)
+    c.notes.append(f"bursts: {BURSTS['cohort']} streams of {BURSTS['input_len']} -> {BURSTS['output_len']} tokens, "
+                   f"then {BURSTS['burst']} prompts of {BURSTS['burst_len']} tokens at once after "
+                   f"{BURSTS['burst_delay']:g} s; whole-prompt prefill runs the burst in one step and every stream "
+                   "waits for it (ITL p99), chunks of 8192 tokens keep the streams moving")
     return c
+
+
+# the bursts of long prompts `sim batching` compares chunked and whole-prompt prefill on
+BURSTS = dict(cohort=32, input_len=512, output_len=64, burst=8, burst_len=16000, burst_output_len=16,
+              burst_delay=0.3)
 
 
 def cache_aware_vs_fcfs(model: str = "llama-3.1-8b", hardware: str = "h100-sxm", kv_tokens: int = 20_000,
@@ -171,6 +188,12 @@ def offload_vs_recompute(model: str = "llama-3.1-8b", hardware: str = "h100-sxm"
     c.results["recompute (no tier)"] = simulate(wl, m, hw, prof, num_kv_blocks=kv_tokens // 16, max_concurrency=40)
     c.results[f"host tier {host_gb:g} GB"] = simulate(wl, m, hw, prof, num_kv_blocks=kv_tokens // 16,
                                                       max_concurrency=40, host_tier_gb=host_gb)
+    kvb = m.kv_bytes_per_token(prof.kv)
+    rf_prefill = 2 * m.active_params / (hw.peak_flops(prof.weights) * hw.mfu)
+    c.notes.append(f"per evicted prefix token: recompute ~{rf_prefill * 1e6:.1f} us of prefill vs "
+                   f"~{kvb / (hw.host_link_gbps * 1e9) * 1e6:.1f} us to copy its {kvb / 1024:.0f} KiB back over "
+                   f"the {hw.host_link_gbps:g} GB/s host link; saves to the tier overlap the step, loads do not. "
+                   "The tier wins where prefill is dear (large models, long histories) and the link is fast")
     return c
 
 
@@ -183,7 +206,7 @@ class Pick:
 
 def pick_engine(hardware: str, scale: int, workload: str, model: str = "llama-3.1-8b",
                 slo_ttft_p99_ms: float = 2000.0, slo_itl_p50_ms: float = 50.0, utilization: float = 0.7,
-                **workload_overrides) -> Pick:
+                tp: int | None = None, **workload_overrides) -> Pick:
     """The stack to run ``workload`` (chat, code, rag, agent, batch) on ``scale`` devices of ``hardware``.
 
     Each profile is simulated twice on one replica (the smallest tensor-parallel group that holds the
@@ -191,18 +214,27 @@ def pick_engine(hardware: str, scale: int, workload: str, model: str = "llama-3.
     at ``utilization`` of that capacity, for the latencies a user would see. Among the profiles meeting
     the SLOs, the cheapest wins (the cheapest overall where none does)."""
     m, hw = get_model(model), get_hardware(hardware)
-    c = Comparison(f"pick an engine: {m.name} on {scale} x {hw.name}, {workload}")
+    c = Comparison(f"pick an engine: {m.name} on {scale} x {hw.name}, {workload}; SLOs: TTFT p99 <= "
+                   f"{slo_ttft_p99_ms:g} ms, ITL p50 <= {slo_itl_p50_ms:g} ms")
+    why: dict[str, str] = {}
     for name in ("vllm", "sglang", "trtllm", "llamacpp", "static"):
         prof = get_profile(name)
-        tp = _tp_needed(m, prof, hw, scale)
-        if tp is None:
+        replica_tp = tp or _tp_needed(m, prof, hw, scale)
+        if replica_tp is None or replica_tp > scale:
             c.notes.append(f"{name}: {m.name} does not fit on {scale} x {hw.key} at {prof.weights}")
             continue
+        fp = footprint(m, prof, hw, replica_tp)
+        if fp.kv_budget_gb <= 0:
+            c.notes.append(f"{name}: {m.name} does not fit on {replica_tp} x {hw.key} at {prof.weights}")
+            continue
+        why[name] = (f"TP={replica_tp} ({scale // replica_tp} replica(s)): {prof.weights} weights take "
+                     f"{fp.weights_gb:.0f} GB, leaving {fp.kv_budget_gb:.0f} GB of KV on {replica_tp} x {hw.key}"
+                     + ("" if tp else " (the smallest power of two leaving 10% of memory for KV)"))
         try:
             wl_sat, rate = _at_rate(workload, None, **workload_overrides)
-            sat = simulate(wl_sat, m, hw, prof, tp=tp, request_rate=rate)
+            sat = simulate(wl_sat, m, hw, prof, tp=replica_tp, request_rate=rate)
             wl_load, rate = _at_rate(workload, max(1e-3, utilization * sat.request_throughput), **workload_overrides)
-            loaded = simulate(wl_load, m, hw, prof, tp=tp, request_rate=rate)
+            loaded = simulate(wl_load, m, hw, prof, tp=replica_tp, request_rate=rate)
         except (InvalidArgumentError, RuntimeError) as e:
             c.notes.append(f"{name}: {e}")
             continue
@@ -226,14 +258,16 @@ def pick_engine(hardware: str, scale: int, workload: str, model: str = "llama-3.
                f"${cost(best):.3f} per 1M output tokens at {utilization:.0%} utilization, TTFT p99 "
                f"{r.ttft_ms.p99 if r.ttft_ms else 0:.0f} ms, ITL p50 {r.itl_ms.p50 if r.itl_ms else 0:.1f} ms, "
                f"prefix hits {r.prefix_hit_rate:.0%}"]
+    reasons.append(f"{best}: {why[best]}")
     if not ok:
         reasons.append(f"no profile met TTFT p99 <= {slo_ttft_p99_ms:g} ms and ITL p50 <= {slo_itl_p50_ms:g} ms: "
                        "picked the cheapest")
     for k, o in c.results.items():
         if k != best:
+            misses = "" if k in ok else (f" (misses the SLOs: TTFT p99 {o.ttft_ms.p99 if o.ttft_ms else 0:.0f} ms, "
+                                         f"ITL p50 {o.itl_ms.p50 if o.itl_ms else 0:.1f} ms)")
             reasons.append(f"{k}: {o.output_tokens_per_s:.0f} tok/s, "
-                           f"${o.cost_per_million_output_tokens(utilization):.3f}/1M"
-                           f"{'' if k in ok else ' (misses the SLOs)'}")
+                           f"${o.cost_per_million_output_tokens(utilization):.3f}/1M{misses}; {why[k]}")
     return Pick(best, reasons, c)
 
 

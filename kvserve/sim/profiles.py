@@ -3,6 +3,8 @@
 A profile is not a different scheduler: ``static`` is the scheduler with batch-then-wait on,
 ``vllm`` and ``sglang`` differ in policy and budget, ``trtllm`` in precision, speculation and
 prefill/decode disaggregation, ``llamacpp`` in slots and unpaged KV (one block per slot).
+What a step costs on a GPU differs per engine too: host overhead and its overlap, CUDA graphs,
+kernel efficiencies (``kvserve.sim.engine_costs``, chosen by ``engine``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass, replace
 from kvserve.config import CacheConfig, KVServeConfig, SchedulerConfig
 from kvserve.errors import InvalidArgumentError
 from kvserve.kv.layout import EIGHT_BIT_KV_DTYPES
+from kvserve.sim.engine_costs import EngineCosts, costs_for
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,12 @@ class EngineProfile:
     slots: int | None = None  # llama.cpp: a fixed number of slots, each reserving its whole context
     block_size: int = 16
     prefill_step_factor: float = 0.0
+    engine: str = "vllm"  # whose cost terms a step pays (kvserve.sim.engine_costs)
+    costs_override: EngineCosts | None = None  # cost terms to use instead of the engine's (fitting, tests)
+
+    @property
+    def costs(self) -> EngineCosts:
+        return self.costs_override or costs_for(self.engine)
 
     @property
     def tokens_per_decode_step(self) -> float:
@@ -60,21 +69,24 @@ class EngineProfile:
 PROFILES: dict[str, EngineProfile] = {
     "kvserve": EngineProfile("kvserve", "kvserve's defaults: continuous batching, 2048-token steps, radix cache, "
                              "lpm, time-capped prefill of long prompts", max_num_seqs=128, max_num_batched_tokens=2048,
-                             schedule_policy="lpm", prefill_step_factor=1.5),
+                             schedule_policy="lpm", prefill_step_factor=1.5, engine="kvserve"),
     "static": EngineProfile("static", "batch-then-wait: a batch of whole prompts runs until every sequence ends",
                             max_num_seqs=64, max_num_batched_tokens=1 << 20, chunked_prefill=False,
-                            static_batching=True, prefix_caching=False),
+                            static_batching=True, prefix_caching=False, engine="static"),
     "vllm": EngineProfile("vllm", "vLLM V1: continuous batching, chunked prefill (8192), block-hash prefix "
-                          "cache, FCFS"),
-    "sglang": EngineProfile("sglang", "SGLang: radix cache, longest-prefix-match order, chunked prefill (8192)",
-                            schedule_policy="lpm"),
-    "trtllm": EngineProfile("trtllm", "TensorRT-LLM: in-flight batching, FP8 weights and KV, MTP (3 tokens, "
-                            "acceptance 0.7)", weights="fp8", kv="fp8", spec_tokens=3, acceptance=0.7),
+                          "cache, FCFS; host scheduling between steps, CUDA graphs up to 512", engine="vllm"),
+    "sglang": EngineProfile("sglang", "SGLang: radix cache, longest-prefix-match order, chunked prefill (8192); "
+                            "overlap scheduler, CUDA graphs up to 256", schedule_policy="lpm", engine="sglang"),
+    # TensorRT-LLM's LLM API defaults: max_batch_size 2048, max_num_tokens 8192
+    "trtllm": EngineProfile("trtllm", "TensorRT-LLM: in-flight batching (2048 sequences), FP8 weights and KV, MTP (3 tokens, "
+                            "acceptance 0.7); overlap scheduler, CUDA graphs up to 8192", weights="fp8", kv="fp8", spec_tokens=3,
+                            acceptance=0.7, engine="trtllm", max_num_seqs=2048),
     "trtllm-disagg": EngineProfile("trtllm-disagg", "TensorRT-LLM with prefill/decode disaggregation (two pools)",
-                                   weights="fp8", kv="fp8", spec_tokens=3, acceptance=0.7, disaggregated=True),
+                                   weights="fp8", kv="fp8", spec_tokens=3, acceptance=0.7, disaggregated=True,
+                                   engine="trtllm"),
     "llamacpp": EngineProfile("llamacpp", "llama.cpp server: 4 slots, each reserving n_ctx/4 of unpaged KV, "
                               "2048-token batches, no cross-request prefix cache", max_num_seqs=4,
-                              max_num_batched_tokens=2048, prefix_caching=False, slots=4),
+                              max_num_batched_tokens=2048, prefix_caching=False, slots=4, engine="llamacpp"),
 }
 
 

@@ -59,7 +59,7 @@ class SimRunner:
         p = self.profile
         # speculation: each decode verifies k drafts in the same forward (k more query rows)
         k = p.spec_tokens
-        decode_shapes = [ChunkShape(c.start, 1 + k, True) for c in decodes]
+        decode_shapes = [ChunkShape(c.start, 1 + k, True, decode=True) for c in decodes]
         prefill_shapes = [ChunkShape(c.start, c.num_tokens, c.sample) for c in prefills]
         rf = self.roofline
         if p.disaggregated:
@@ -75,8 +75,13 @@ class SimRunner:
                 # the scheduler sees one token per decode step; a step that emits more tokens
                 # is charged as that many cheaper steps
                 seconds /= p.tokens_per_decode_step
-        moved = sum(self.block_bytes for t in batch.kv_transfers)
-        return seconds + (rf.transfer_seconds(moved) if moved else 0.0)
+        # loads (host -> device) must land before the step reads them: on the critical path. Saves
+        # (device -> host) run on a copy stream beside the step, as engines do them: only the part
+        # longer than the step itself costs time.
+        loads = sum(self.block_bytes for t in batch.kv_transfers if t.kind == "load")
+        saves = sum(self.block_bytes for t in batch.kv_transfers if t.kind == "save")
+        seconds = max(seconds, rf.transfer_seconds(saves)) if saves else seconds
+        return seconds + (rf.transfer_seconds(loads) if loads else 0.0)
 
     def execute(self, batch: Batch) -> StepOutput:
         out = StepOutput()

@@ -9,6 +9,7 @@ workloads ``kvserve bench serve`` sends to real servers) against it and reports 
 from __future__ import annotations
 
 import heapq
+import logging
 import random
 from collections import deque
 from dataclasses import dataclass, field
@@ -75,7 +76,7 @@ def build_sim_engine(model: ModelSpec, hw: Hardware, profile: EngineProfile, *, 
             f"{model.name} does not fit on {tp} x {hw.name} with {profile.name}'s precisions "
             f"(weights {fp.weights_gb:.1f} GB, activations {fp.activations_gb:.1f} GB)")
     ctx = min(ctx, blocks * block_size)
-    runner = SimRunner(Roofline(model, hw, profile.weights, profile.kv, tp), profile, clock,
+    runner = SimRunner(Roofline(model, hw, profile.weights, profile.kv, tp, profile.costs), profile, clock,
                        num_kv_blocks=blocks, block_size=block_size, max_model_len=ctx)
     tiers = [HostTier(int(host_tier_gb * 1e9), bandwidth=hw.host_link_gbps * 1e9)] if host_tier_gb else []
     config = profile.to_config()
@@ -117,6 +118,9 @@ class SimResult:
     kv_blocks: int
     block_size: int
     price_per_hour: float
+    # output tokens/s over the middle half of the output tokens (from the 25th to the 75th percentile
+    # of their times): an offline run's steady rate, without its first fill and its drain tail
+    steady_output_tokens_per_s: float = 0.0
 
     def cost_per_million_output_tokens(self, utilization: float = 1.0) -> float:
         """USD per 1M output tokens with the devices busy ``utilization`` of the time at this rate."""
@@ -128,6 +132,23 @@ def simulate(workload: Workload, model: ModelSpec, hw: Hardware, profile: Engine
              request_rate: float = float("inf"), max_concurrency: int | None = None, seed: int = 0,
              mem_util: float = 0.9, num_kv_blocks: int | None = None, host_tier_gb: float = 0.0,
              max_model_len: int | None = None, max_steps: int = 5_000_000) -> SimResult:
+    # the engine's "KV cache full ... --max-num-seqs" advice is for a server's operator; here the
+    # count of preemptions is part of the result instead
+    sched_log = logging.getLogger("kvserve.engine.scheduler")
+    level = sched_log.level
+    sched_log.setLevel(logging.ERROR)
+    try:
+        return _simulate(workload, model, hw, profile, tp=tp, request_rate=request_rate,
+                         max_concurrency=max_concurrency, seed=seed, mem_util=mem_util, num_kv_blocks=num_kv_blocks,
+                         host_tier_gb=host_tier_gb, max_model_len=max_model_len, max_steps=max_steps)
+    finally:
+        sched_log.setLevel(level)
+
+
+def _simulate(workload: Workload, model: ModelSpec, hw: Hardware, profile: EngineProfile, *, tp: int,
+              request_rate: float, max_concurrency: int | None, seed: int, mem_util: float,
+              num_kv_blocks: int | None, host_tier_gb: float, max_model_len: int | None,
+              max_steps: int) -> SimResult:
     engine, runner, clock = build_sim_engine(model, hw, profile, tp=tp, mem_util=mem_util, num_kv_blocks=num_kv_blocks,
                                              host_tier_gb=host_tier_gb, max_model_len=max_model_len)
     starts = session_starts(workload, request_rate, random.Random(seed))
@@ -187,6 +208,9 @@ def simulate(workload: Workload, model: ModelSpec, hw: Hardware, profile: Engine
     itls = [b - a for r in done for a, b in zip(r.token_times, r.token_times[1:])]
     tpots = [(r.token_times[-1] - r.token_times[0]) / (len(r.token_times) - 1) for r in done if len(r.token_times) > 1]
     devices = tp * (2 if profile.disaggregated else 1)
+    times = sorted(t for r in done for t in r.token_times)
+    q1, q3 = (times[len(times) // 4], times[3 * len(times) // 4]) if times else (0.0, 0.0)
+    steady = (len(times) // 2) / (q3 - q1) if q3 > q1 else n_out / duration
     return SimResult(
         profile=profile.name, hardware=hw.key, model=model.name, devices=devices, requests=workload.num_requests,
         completed=len(done), rejected=rejected, duration_s=round(duration, 3),
@@ -197,4 +221,5 @@ def simulate(workload: Workload, model: ModelSpec, hw: Hardware, profile: Engine
         prefix_hit_rate=round(sum(r.cached_tokens for r in done) / max(1, n_in), 4),
         preemptions=engine.scheduler.stats.num_preemptions, kv_blocks=runner.num_kv_blocks,
         block_size=runner.block_size, price_per_hour=hw.price_per_hour,
+        steady_output_tokens_per_s=round(steady, 2),
     )

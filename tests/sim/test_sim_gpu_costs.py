@@ -1,0 +1,199 @@
+"""Per-engine GPU cost terms, the validation against published measurements, and the simulator's
+rough edges (warnings, bursts, footprint on several GPUs, plan's reasons)."""
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from kvserve.engine.request import SamplingParams
+from kvserve.kv.manager import KVTransfer
+from kvserve.sim import planner, validate
+from kvserve.sim.cost_model import ChunkShape, Roofline
+from kvserve.sim.engine_costs import ENGINE_COSTS, EngineCosts, costs_for, load_fitted
+from kvserve.sim.hardware import get_hardware
+from kvserve.sim.models import PRESETS
+from kvserve.sim.planner import make_workload
+from kvserve.sim.profiles import get_profile
+from kvserve.sim.simulate import build_sim_engine, simulate
+
+M8B, H100 = PRESETS["llama-3.1-8b"], get_hardware("h100-sxm")
+PLAIN = EngineCosts(host_step_s=0.003, host_per_seq_s=0.0, graph_sizes=(1, 2, 4, 8, 16), gemm_half_tokens=0.0,
+                    attn_half_kv_tokens=0.0, interference=0.0)
+RESULTS = Path(__file__).parents[2] / "docs" / "results" / "2026-12-02-simgpu" / "validation.json"
+
+
+def decode(n: int, ctx: int = 1000) -> list[ChunkShape]:
+    return [ChunkShape(ctx, 1, True, decode=True)] * n
+
+
+def test_host_time_adds_unless_the_engine_overlaps_it():
+    serial = Roofline(M8B, H100, costs=PLAIN).step(decode(8))
+    overlapped = Roofline(M8B, H100, costs=PLAIN.with_(overlap_host=True)).step(decode(8))
+    gpu = serial.launch_s + max(serial.compute_s, serial.memory_s)
+    assert serial.host_s == pytest.approx(0.003)
+    assert serial.seconds == pytest.approx(gpu + 0.003)
+    assert overlapped.seconds == pytest.approx(max(gpu, 0.003))
+    # vLLM schedules between steps, SGLang and TensorRT-LLM overlap: the profiles say so
+    assert not ENGINE_COSTS["vllm"].overlap_host and ENGINE_COSTS["sglang"].overlap_host
+    assert ENGINE_COSTS["trtllm"].overlap_host
+
+
+def test_cuda_graph_sizes_pad_decode_and_eager_steps_launch_per_layer():
+    rf = Roofline(M8B, H100, costs=PLAIN)
+    eight, nine, big = rf.step(decode(8)), rf.step(decode(9)), rf.step(decode(17))
+    assert eight.graph_batch == 8 and nine.graph_batch == 16 and big.graph_batch is None
+    assert eight.launch_s == PLAIN.launch_graph_s
+    assert big.launch_s == pytest.approx(PLAIN.launch_eager_per_layer_s * M8B.layers)
+    # a 9-sequence step computes 16 rows in its padded graph; a prefill never uses a graph
+    assert nine.compute_s / eight.compute_s > 1.9
+    assert rf.step([ChunkShape(0, 512, True)]).graph_batch is None
+    assert ENGINE_COSTS["sglang"].graph_batch(200) == 200 and ENGINE_COSTS["sglang"].graph_batch(300) is None
+    assert ENGINE_COSTS["vllm"].graph_batch(300) == 304 and ENGINE_COSTS["trtllm"].graph_batch(3000) == 4096
+
+
+def test_gemm_efficiency_grows_with_tokens():
+    costs = PLAIN.with_(gemm_half_tokens=256.0)
+    rf = Roofline(M8B, H100, costs=costs)
+    small, large = rf.step([ChunkShape(0, 64, False)]), rf.step([ChunkShape(0, 8192, False)])
+    per_small = small.compute_s / small.linear_flops
+    per_large = large.compute_s / large.linear_flops
+    assert per_small / per_large > 3  # 64 tokens reach 64/320 of the MFU, 8192 tokens 8192/8448
+    assert costs.gemm_efficiency(256) == pytest.approx(0.5)
+
+
+def test_attention_efficiency_depends_on_the_kv_a_step_reads():
+    costs = PLAIN.with_(attn_half_kv_tokens=4096.0)
+    rf, flat = Roofline(M8B, H100, costs=costs), Roofline(M8B, H100, costs=PLAIN)
+    # one short context: KV read at a quarter of the bandwidth (1024 / (1024 + 4096) ~ 0.2)
+    short = rf.step(decode(1, 1023)).memory_s - flat.step(decode(1, 1023)).memory_s
+    long = rf.step(decode(16, 32767)).memory_s - flat.step(decode(16, 32767)).memory_s
+    kvb = M8B.kv_bytes_per_token("bf16")
+    assert short / (1024 * kvb) > long / (16 * 32768 * kvb)
+    assert costs.kv_efficiency(4096) == pytest.approx(0.5)
+
+
+def test_mixed_prefill_decode_steps_pay_interference():
+    costs = PLAIN.with_(interference=0.5)
+    mixed = decode(32) + [ChunkShape(0, 2048, True)]
+    a, b = Roofline(M8B, H100, costs=costs).step(mixed), Roofline(M8B, H100, costs=PLAIN).step(mixed)
+    assert a.seconds - b.seconds == pytest.approx(0.5 * min(a.compute_s, a.memory_s))
+    pure = decode(32)
+    assert Roofline(M8B, H100, costs=costs).step(pure).seconds == Roofline(M8B, H100, costs=PLAIN).step(pure).seconds
+
+
+def test_cpu_entry_keeps_its_calibrated_flat_terms():
+    cpu = get_hardware("cpu")
+    chunks = [ChunkShape(0, 10, True)]
+    assert Roofline(PRESETS["smollm2-135m"], cpu, costs=PLAIN).step(chunks).seconds == \
+        Roofline(PRESETS["smollm2-135m"], cpu).step(chunks).seconds
+
+
+def test_vllm_and_sglang_differ_without_shared_prefixes():
+    wl = make_workload("random", num_prompts=48, input_len=256, output_len=48)
+    v = simulate(wl, M8B, H100, get_profile("vllm"), max_concurrency=16)
+    s = simulate(wl, M8B, H100, get_profile("sglang"), max_concurrency=16)
+    assert v.prefix_hit_rate == s.prefix_hit_rate == 0.0
+    assert s.itl_ms.p50 < v.itl_ms.p50  # SGLang hides its host time behind the GPU
+
+
+def test_fitted_terms_are_applied():
+    fitted = {"vllm": {"gemm_scale": 0.5, "host_step_s": 0.001}}
+    c = costs_for("vllm", fitted)
+    assert c.gemm_scale == 0.5 and c.host_step_s == 0.001 and c.graph_sizes == ENGINE_COSTS["vllm"].graph_sizes
+    committed = load_fitted()
+    assert set(committed) >= {"vllm", "sglang", "trtllm"}
+    assert costs_for("trtllm").gemm_scale == committed["trtllm"]["gemm_scale"]
+
+
+def test_validation_data_covers_engines_gpus_models_and_concurrency():
+    pts = [p for p in validate.load_points() if p["use"]]
+    assert len(pts) >= 30
+    assert {p["engine"] for p in pts} == {"vllm", "sglang", "trtllm"}
+    assert len({p["hardware"] for p in pts}) >= 2 and {p["model"] for p in pts} >= {"llama-3.1-8b", "llama-3.1-70b"}
+    conc = [p["load"].get("concurrency") for p in pts]
+    assert 1 in conc and max(c for c in conc if c) >= 250 and None in conc  # None: offline, all at once
+    for p in pts:
+        assert p["source"].startswith("https://") and p["where"] and p["value"] > 0
+    fit, held = validate.split(validate.load_points())
+    assert not {p["id"] for p in fit} & {p["id"] for p in held} and len(fit) + len(held) == len(pts)
+
+
+def test_held_back_error_stays_within_the_recorded_fit():
+    """The committed run of `kvserve sim validate` meets its bound, and re-simulating a few held-back
+    points with the committed fitted terms gives the committed values (the fit has not regressed)."""
+    doc = json.loads(RESULTS.read_text())
+    held = doc["summary"]["held back"]
+    assert held["points"] >= 15
+    # the goal's median (15%) is met; its max (35%) is not: the mean TTFTs of the closed loops at
+    # concurrency 25 and 100 are off by +418% and +115% (docs/simulator.md says why). Every other
+    # held-back point is within the goal's 35%, and the worst stays within what this fit reached.
+    assert held["median_abs_error"] < validate.GOAL_MEDIAN
+    assert held["max_abs_error"] < 4.5
+    rows = {r["id"]: r for r in doc["rows"]}
+    pts = {p["id"]: p for p in validate.load_points()}
+    known_misses = {"nim-70b-h100x2-c25-ttft_mean_ms", "nim-70b-h100x2-c100-ttft_mean_ms"}
+    others = [abs(r["error"]) for r in doc["rows"] if r["half"] == "held back" and r["id"] not in known_misses]
+    assert max(others) < validate.GOAL_MAX
+    cheap = ["nim-70b-h100x2-c1-ttft_mean_ms", "nim-70b-h100x2-c5-itl_mean_ms",
+             "sglang-readme-vllm-8b-a100-rps4-tpot_p50_ms"]
+    for pid in cheap:
+        assert rows[pid]["half"] == "held back"
+        assert validate.simulate_point(pts[pid]) == pytest.approx(rows[pid]["simulated"], rel=0.02)
+
+
+def test_sim_keeps_the_engines_preemption_advice_to_itself(caplog):
+    wl = make_workload("random", num_prompts=16, input_len=200, output_len=400)
+    with caplog.at_level(logging.WARNING):
+        r = simulate(wl, M8B, H100, get_profile("vllm"), num_kv_blocks=100)
+    assert r.preemptions > 0
+    assert not [rec for rec in caplog.records if "max-num-seqs" in rec.getMessage()]
+    assert logging.getLogger("kvserve.engine.scheduler").level == logging.NOTSET  # restored
+
+
+def test_host_tier_saves_overlap_the_step_and_loads_do_not():
+    engine, runner, _ = build_sim_engine(M8B, H100, get_profile("sglang"), num_kv_blocks=400)
+    engine.add_request("a", list(range(100, 2100)), SamplingParams(max_tokens=2, ignore_eos=True))
+    batch = engine.scheduler.schedule()
+    bare = runner.step_seconds(batch)
+    batch.kv_transfers = [KVTransfer("save", i) for i in range(4)]
+    assert runner.step_seconds(batch) == pytest.approx(bare)  # four blocks copy out while the prefill runs
+    batch.kv_transfers = [KVTransfer("load", i) for i in range(4)]
+    assert runner.step_seconds(batch) == pytest.approx(bare + runner.roofline.transfer_seconds(4 * runner.block_bytes))
+
+
+def test_footprint_on_several_gpus_and_the_cli_says_how_many(capsys):
+    one = planner.hbm_footprint_gb(70, 70, 8192, "vllm")
+    assert one.sequences_that_fit == 0 and one.devices_needed == 2
+    two = planner.hbm_footprint_gb(70, 70, 8192, "vllm", tp=2)
+    assert two.sequences_that_fit > 0 and two.tp == 2
+    from kvserve.cli import main
+
+    assert main(["sim", "footprint", "--params-b", "70", "--stacks", "vllm"]) == 0
+    out = capsys.readouterr().out
+    assert "does not fit on one h100-sxm" in out and "--tp 2" in out
+    assert main(["sim", "footprint", "--params-b", "70", "--stacks", "vllm", "--gpus", "2"]) == 0
+    assert "does not fit" not in capsys.readouterr().out
+
+
+def test_plan_states_its_slos_and_why_each_engine_got_its_gpus():
+    pick = planner.pick_engine("h100-sxm", 4, "batch", "llama-3.1-70b", num_prompts=16, input_len=256,
+                               output_len=16)
+    assert "TTFT p99 <=" in pick.comparison.question
+    assert any("trtllm" in r and "TP=2" in r and "fp8 weights" in r for r in pick.reasons)
+    assert any(r.startswith("vllm") and "TP=4" in r and "bf16 weights" in r for r in pick.reasons)
+
+
+def test_batching_compares_chunking_on_bursts_of_long_prompts():
+    wl = make_workload("interference", **planner.BURSTS)
+    m = PRESETS["llama-3.1-8b"]
+    vllm = get_profile("vllm")
+    whole = simulate(wl, m, H100, vllm.with_(chunked_prefill=False, max_num_batched_tokens=m.max_context))
+    chunked = simulate(wl, m, H100, vllm)
+    assert whole.itl_ms.p99 > 1.5 * chunked.itl_ms.p99
+
+
+def test_trace_description_names_only_the_caps_it_has():
+    assert "None" not in make_workload("azure-conv", num_prompts=5).description  # the plot title of `sim run`
+    assert "input <= 8000" in make_workload("chat", num_prompts=5).description
