@@ -3,7 +3,8 @@
 # cores, one server at a time (never two under load at once), the same workloads (same seed, so the
 # same prompts and arrivals) against each. Then kvserve alone for the prefix-cache scenarios.
 # Needs ../shared/peers (each peer installs itself under $PEERS_HOME). Results: $OUT (default bench-results/).
-# Usage: scripts/bench_report.sh [engines...]   (default: kvserve vllm llamacpp prefix; also: spec)
+# Usage: scripts/bench_report.sh [engines...]   (default: kvserve vllm llamacpp prefix; also: spec,
+# kvserve-fp32 (--dtype float32), vllm-bf16 (vLLM's default dtype))
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench-results}; mkdir -p "$OUT"
@@ -43,6 +44,15 @@ kvserve)
   $K serve --port 8100 & P=$!
   waitport 8100 && workloads 8100 kvserve
   stop $P 8100 ;;
+kvserve-fp32)
+  $K serve --port 8100 --dtype float32 & P=$!
+  waitport 8100 && workloads 8100 kvserve_fp32
+  stop $P 8100 ;;
+vllm-bf16)  # vLLM-CPU's default dtype: its fastest on a CPU with native bf16 (AVX512-BF16 or AMX)
+  "$SHARED/peers/setup-model.sh" >/dev/null
+  "$SHARED/peers/vllm-cpu.sh" 8101 --dtype bfloat16 --enable-prompt-tokens-details & P=$!
+  waitport 8101 && workloads 8101 vllm_bf16
+  kill -TERM $P; sleep 5; pkill -f vllm.entrypoints; waitclosed 8101 ;;
 vllm)
   "$SHARED/peers/setup-model.sh" >/dev/null
   "$SHARED/peers/vllm-cpu.sh" 8101 --dtype float32 --enable-prompt-tokens-details & P=$!
@@ -64,7 +74,7 @@ prefix)
     [ "$cfg" = lpm-host ] && extra="--kv-offload-memory-gb 2"
     $K serve --port 8100 --num-kv-blocks 256 --schedule-policy "$policy" $extra & P=$!
     waitport 8100 && B --base-url http://127.0.0.1:8100 "${RAG[@]}" --save-result "$OUT/prefix_${cfg}.json"
-    curl -s http://127.0.0.1:8100/metrics | grep -E '^kvserve:(prefix_cache|kv_evicted|kv_offload)' > "$OUT/prefix_${cfg}.metrics"
+    curl -s http://127.0.0.1:8100/metrics | grep -E '^kvserve_(prefix_cache|kv_evicted|kv_offload)' > "$OUT/prefix_${cfg}.metrics"
     stop $P 8100
   done
   [ -n "${SKIP_SCRAMBLED:-}" ] && continue
