@@ -15,7 +15,7 @@ import socket
 import threading
 
 from kvserve.config import KVServeConfig
-from kvserve.errors import InvalidArgumentError, KVServeError
+from kvserve.errors import InvalidArgumentError, MissingPackageError
 from kvserve.ray_serve.options import RayServeOptions
 
 log = logging.getLogger("kvserve.ray_serve")
@@ -23,7 +23,7 @@ log = logging.getLogger("kvserve.ray_serve")
 APP_NAME = "kvserve"
 
 
-class MissingRayError(KVServeError):
+class MissingRayError(MissingPackageError):
     """``--ray`` without Ray Serve installed."""
 
 

@@ -14,6 +14,7 @@ import torch
 from kvserve.attention import SeqRows, choose_attention_backend, get_kv_pool
 from kvserve.config import CacheConfig
 from kvserve.engine.batch import Batch, ScheduledChunk, StepOutput
+from kvserve.errors import InvalidArgumentError
 from kvserve.kv.manager import KVTransfer
 from kvserve.model.config import ModelConfig
 from kvserve.model.llama import LlamaForCausalLM
@@ -57,7 +58,8 @@ class TorchRunner:
             budget = default_kv_budget(layout.block_bytes // block_size, model_len, max_num_seqs, self.device)
             num_kv_blocks, why = budget.nbytes // layout.block_bytes, describe_budget(budget, model_len, max_num_seqs)
         if num_kv_blocks < 1:
-            raise ValueError("the KV cache is too small to hold a single block")
+            raise InvalidArgumentError(f"the KV cache is too small to hold a single block of {block_size} tokens "
+                                       f"({layout.block_bytes} bytes): raise --kv-cache-memory-gb or --num-kv-blocks")
         self.num_kv_blocks = num_kv_blocks
         capacity = num_kv_blocks * block_size
         self.max_model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings, capacity)
