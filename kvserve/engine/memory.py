@@ -1,4 +1,5 @@
-"""Memory: this process's resident set, cheaply enough to read once per step; the CPU's KV pool cap."""
+"""Memory: this process's resident set, cheaply enough to read once per step; available host memory
+and the CPU's cap on the default KV pool (torch-free, for ``serve --replicas`` too)."""
 
 from __future__ import annotations
 
@@ -18,13 +19,25 @@ def resident_memory_bytes() -> int | None:
         return None
 
 
-def cpu_kv_cap_bytes() -> int:
-    """The most a CPU server's default KV pool takes: a quarter of available memory, at most 4 GiB
-    (``kvserve.runner.kv_budget``'s cap, computed here without torch for ``serve --replicas``)."""
+GiB = 1 << 30
+CPU_CAP_BYTES = 4 * GiB  # the default KV pool's ceiling on a CPU
+CPU_FREE_FRACTION = 0.25  # ... and its share of available memory
+
+
+def available_host_bytes() -> int:
+    """MemAvailable from /proc/meminfo; 8 GiB where there is none (not Linux)."""
     try:
         with open("/proc/meminfo") as f:
-            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
-        avail = info.get("MemAvailable", 8 << 30)
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
-        avail = 8 << 30
-    return int(min(4 << 30, avail // 4))
+        pass
+    return 8 * GiB
+
+
+def cpu_kv_cap_bytes(avail: int | None = None) -> int:
+    """The most a CPU server's default KV pool takes: a quarter of available memory, at most 4 GiB
+    (``kvserve.runner.kv_budget`` sizes the pool with it; ``serve --replicas`` divides it, torch-free)."""
+    avail = available_host_bytes() if avail is None else avail
+    return min(CPU_CAP_BYTES, int(avail * CPU_FREE_FRACTION))

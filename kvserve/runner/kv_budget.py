@@ -13,9 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-GiB = 1 << 30
-CPU_CAP_BYTES = 4 * GiB
-CPU_FREE_FRACTION = 0.25
+from kvserve.engine.memory import CPU_CAP_BYTES, GiB, available_host_bytes, cpu_kv_cap_bytes
+
 CUDA_FREE_FRACTION = 0.9
 
 
@@ -31,28 +30,16 @@ class KVBudget:
         return self.wanted_bytes > self.cap_bytes
 
 
-def available_host_bytes() -> int:
-    """MemAvailable from /proc/meminfo; 8 GiB where there is none (not Linux)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 8 * GiB
-
-
 def free_memory_cap(device: torch.device) -> tuple[int, str]:
     """The most the KV cache may take on ``device``, and a phrase saying why."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free * CUDA_FREE_FRACTION), f"{CUDA_FREE_FRACTION:.0%} of free device memory"
     avail = available_host_bytes()
-    quarter = int(avail * CPU_FREE_FRACTION)
-    if quarter <= CPU_CAP_BYTES:
-        return quarter, f"a quarter of available memory ({avail / GiB:.1f} GiB)"
-    return CPU_CAP_BYTES, "the CPU's 4 GiB ceiling"
+    cap = cpu_kv_cap_bytes(avail)
+    if cap < CPU_CAP_BYTES:
+        return cap, f"a quarter of available memory ({avail / GiB:.1f} GiB)"
+    return cap, "the CPU's 4 GiB ceiling"
 
 
 def default_kv_budget(bytes_per_token: int, max_model_len: int, max_num_seqs: int, device: torch.device) -> KVBudget:
