@@ -1,4 +1,5 @@
-"""The gather-sdpa attention backend (auto's choice off the CPU or without the native kernels): gather each sequence's KV, then torch SDPA.
+"""The gather-sdpa attention backend (auto's choice off the CPU or without the native kernels):
+gather each sequence's KV, then torch SDPA.
 
 New keys and values are written to their slots first (through the pool, which quantizes for an
 8-bit cache); then each sequence reads its whole context back through its block table (as slot
