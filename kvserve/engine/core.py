@@ -59,8 +59,9 @@ class EngineCore:
     def ready(self) -> EngineReady:
         e = self.engine
         return EngineReady(self.model_name, e.max_model_len, e.vocab_size, e.kv.pool.num_blocks, e.kv.block_size,
-                           resident_memory_bytes(), e.kv.cache is not None, e.kv.cache_root_key,
-                           kv_bytes_per_token(e.runner))
+                           resident_memory_bytes=resident_memory_bytes(),
+                           kv_bytes_per_token=kv_bytes_per_token(e.runner),
+                           prefix_caching=e.kv.cache is not None, cache_root_key=e.kv.cache_root_key)
 
     @property
     def has_work(self) -> bool:

@@ -2,8 +2,8 @@
 
 import torch
 
-from kvserve.attention import sdpa
-from kvserve.attention.sdpa import DecodeGroup, SdpaMetadata
+from kvserve.attention.kv_pool import KVPool, LayerKV
+from kvserve.attention.sdpa import DecodeGroup, GatherSdpaBackend, SdpaMetadata
 
 
 def scattered_case(dtype, heads=6, kv_heads=2, d=32, block=4, seed=0):
@@ -28,7 +28,9 @@ def scattered_case(dtype, heads=6, kv_heads=2, d=32, block=4, seed=0):
 
 def test_decode_attention_reads_through_scattered_block_tables():
     q, kc, vc, meta, ctx = scattered_case(torch.float64)
-    got = sdpa._decode(q, kc, vc, meta, gqa=True)
+    backend = GatherSdpaBackend.__new__(GatherSdpaBackend)  # only its pool's gather is used here
+    backend.pool = KVPool.__new__(KVPool)
+    got = backend._decode(q, LayerKV(kc, vc), meta, gqa=True)
     for b, n in enumerate(ctx.tolist()):
         s = meta.decode_groups[0].slots[b, :n]
         k = kc[s].repeat_interleave(3, dim=1).transpose(0, 1)  # [heads, n, d]
