@@ -91,13 +91,22 @@ def send(url: str, path: str, body: dict) -> int:
 
 
 @pytest.fixture(scope="module")
-def loaded(stack):
-    """The stack after 36 requests through the router, 4 at a time; the load's start time."""
+def loaded(stack, prometheus):
+    """The stack after 36 requests through the router, 4 at a time, in three waves a few scrapes apart
+    (so every rate sees its counters grow, even where a fast machine finishes a wave between two
+    scrapes and a series first appears with its wave); the load's start time."""
     server, router = stack
     start = time.time()
+    deadline = time.monotonic() + 30
+    while scraped(prometheus, 'sum(up{job=~"kvserve.*"})') < 2:  # both targets scraped once before any load
+        assert time.monotonic() < deadline, "Prometheus did not scrape the replica and the router in 30 s"
+        time.sleep(0.2)
     work = bodies(36)
+    statuses = []
     with ThreadPoolExecutor(4) as pool:
-        statuses = list(pool.map(lambda pb: send(router.url, *pb), work))
+        for wave in (work[:12], work[12:24], work[24:]):
+            statuses += pool.map(lambda pb: send(router.url, *pb), wave)
+            time.sleep(2 * SCRAPE_S)
     assert statuses.count(400) == 6 and statuses.count(200) == 30, statuses
     return server, router, start
 
