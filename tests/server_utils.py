@@ -1,17 +1,23 @@
-"""Helpers for the server tests: uvicorn in a thread on a free port, waiting for /metrics values.
+"""Helpers for the server tests: uvicorn in a thread on a free port, `kvserve serve` in a subprocess,
+waiting for /metrics values.
 
 (Event streams are read with kvserve.bench.sse, metric values with kvserve.bench.prometheus.)
 """
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import uvicorn
 
+import kvserve
 from kvserve.bench.prometheus import metric
 from kvserve.config import ServerConfig
 from kvserve.server.app import create_app
@@ -23,6 +29,37 @@ def free_socket() -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     return sock
+
+
+def spawn_serve(*flags: str, log: Path | None = None, timeout: float = 90.0) -> tuple[subprocess.Popen, str]:
+    """`kvserve serve --port <free port> *flags` in a subprocess that imports this same kvserve, once
+    /health answers: (process, url). Its output goes to ``log`` (a path) or a text pipe."""
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    url = f"http://127.0.0.1:{port}"
+    here = str(Path(kvserve.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
+    out = open(log, "w") if log is not None else subprocess.PIPE
+    proc = subprocess.Popen([sys.executable, "-m", "kvserve", "serve", "--port", str(port), *flags],
+                            env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+    if log is not None:
+        out.close()  # the child holds its own copy
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            output = log.read_text() if log is not None else proc.stdout.read()
+            raise AssertionError(f"kvserve serve exited with {proc.returncode}: {output[-3000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            raise AssertionError(f"kvserve serve did not answer /health in {timeout:.0f} s")
+        time.sleep(0.2)
 
 
 class AppThread:

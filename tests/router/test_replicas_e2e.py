@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from kvserve.bench.prometheus import metric
-from server_utils import free_socket
+from server_utils import spawn_serve
 
 pytestmark = pytest.mark.e2e
 
@@ -27,27 +27,8 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, i
 START_TIMEOUT_S = 900  # loading the model is slow on a busy 2-core machine
 
 
-def free_port() -> int:
-    with free_socket() as s:
-        return s.getsockname()[1]
-
-
 def start(*args: str, log_path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    log = open(log_path, "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "kvserve", "serve", "--port", str(port), *args],
-                            stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while True:
-        assert proc.poll() is None, f"the server exited with {proc.returncode}: {open(log_path).read()[-3000:]}"
-        assert time.monotonic() < deadline, "the server did not start"
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
+    return spawn_serve(*args, log=log_path, timeout=START_TIMEOUT_S)
 
 
 def stop(proc: subprocess.Popen) -> int:

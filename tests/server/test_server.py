@@ -15,21 +15,18 @@ import random
 import signal
 import socket
 import subprocess
-import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-import kvserve
 from kvserve import SamplingParams
 from kvserve.bench import sse
 from kvserve.bench.prometheus import metric
 from kvserve.config import KVServeConfig, ServerConfig
 from kvserve.server.engine_client import AsyncEngineClient
-from server_utils import ServerThread, free_socket, wait_for_metrics
+from server_utils import ServerThread, spawn_serve, wait_for_metrics
 
 API_KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -481,29 +478,8 @@ def test_speculative_decoding_usage_and_metrics(tiny_model_dir, offline):
 
 def start_cli_server(model_dir, *flags: str) -> tuple[subprocess.Popen, str]:
     """`kvserve serve` on the tiny model in a subprocess, once /health answers: (process, url)."""
-    sock = free_socket()
-    port = sock.getsockname()[1]
-    sock.close()
-    url = f"http://127.0.0.1:{port}"
-    here = str(Path(kvserve.__file__).resolve().parents[1])  # the subprocess imports this same kvserve
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kvserve", "serve", "--model", str(model_dir), "--port", str(port), "--dtype", "float32",
-         "--num-threads", "1", "--num-kv-blocks", "256", "--uvicorn-log-level", "warning", *flags],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 90
-    while True:
-        if proc.poll() is not None:
-            raise AssertionError(proc.stdout.read())
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError("kvserve serve did not come up")
-        time.sleep(0.2)
+    return spawn_serve("--model", str(model_dir), "--dtype", "float32", "--num-threads", "1", "--num-kv-blocks",
+                       "256", "--uvicorn-log-level", "warning", *flags)
 
 
 def test_cli_serve_queue_limit_and_sigterm(tiny_model_dir):

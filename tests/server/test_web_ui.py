@@ -10,8 +10,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -19,13 +17,12 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-import kvserve
 from kvserve.bench import sse
 from kvserve.bench.prometheus import metric, samples
 from kvserve.config import KVServeConfig, ServerConfig
 from kvserve.server.app import create_app
 from kvserve.server.engine_client import AsyncEngineClient
-from server_utils import TINY_ENGINE, ServerThread, free_socket
+from server_utils import TINY_ENGINE, ServerThread, spawn_serve
 
 CHROMIUM = os.environ.get("KVSERVE_CHROMIUM", "/usr/bin/chromium")
 KEY = "ui-test-key"
@@ -306,25 +303,9 @@ def test_the_embedded_model_answers_in_the_page(browser, embedded_available):
 def test_sigterm_ends_the_live_view_stream_so_the_server_stops(tiny_model_dir):
     """An open /ui/events stream never ends by itself; on SIGTERM the server ends it (cleanly, the
     last chunk whole) instead of waiting out --graceful-shutdown-timeout and cutting it."""
-    sock = free_socket()
-    port = sock.getsockname()[1]
-    sock.close()
-    url = f"http://127.0.0.1:{port}"
-    here = str(Path(kvserve.__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kvserve", "serve", "--model", str(tiny_model_dir), "--port", str(port), "--dtype",
-         "float32", "--num-threads", "1", "--num-kv-blocks", "64", "--graceful-shutdown-timeout", "120"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc, url = spawn_serve("--model", str(tiny_model_dir), "--dtype", "float32", "--num-threads", "1",
+                            "--num-kv-blocks", "64", "--graceful-shutdown-timeout", "120", timeout=180)
     try:
-        for _ in range(900):
-            if proc.poll() is not None:
-                raise AssertionError(proc.stdout.read())
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            threading.Event().wait(0.2)
         with httpx.stream("GET", f"{url}/ui/events", timeout=60) as r:
             events = sse.events(sse.lines(r.iter_text()))
             assert next(events)["alive"]
