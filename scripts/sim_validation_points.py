@@ -65,13 +65,66 @@ for eng, ver in (("sglang", "SGLang v0.3.0 (--enable-torch-compile on the 8B, --
                     note=("Median TTFT / Median TPOT; Poisson arrivals" if use else
                           "not fitted or scored: vLLM 0.6.0's multi-step scheduling (10 steps per schedule) "
                           "delays first tokens in a way the simulator does not model"), **common)
+# SGLang's cookbook (its own project): Llama 3.1 70B, 8 x A100, TP8, SGLang 0.5.6, default flags, bench_serving
+# random dataset without --random-range-ratio (lengths uniform in [1, L]: the published totals average L/2),
+# closed loops of 5c prompts (c=1: 10), scored over the whole run; "Concurrency" is the run's mean in flight
+COOK = ("https://github.com/sgl-project/sgl-cookbook/blob/172d80bdea5035d636774eb90d11c911cfa22590/"
+        "docs/autoregressive/Llama/Llama3.1.md")
+cook = {  # (section, input len, concurrency, prompts, "Concurrency"): output tok/s, mean/median TTFT, median TPOT,
+    # mean/median ITL
+    ("5.1.1.1 Low Concurrency", 1000, 1, 10, 1.00): (52.88, 131.61, 131.77, 18.63, 18.64, 18.64),
+    ("5.1.1.2 Medium Concurrency", 1000, 16, 80, 13.47): (513.48, 264.84, 147.02, 26.08, 25.76, 23.95),
+    ("5.1.1.3 High Concurrency", 1000, 100, 500, 89.70): (1919.38, 245.98, 184.22, 48.67, 46.34, 33.46),
+    ("5.1.2.1 Low Concurrency", 8000, 1, 10, 1.00): (50.69, 395.25, 318.02, 18.81, 18.83, 18.81),
+    ("5.1.2.2 Medium Concurrency", 8000, 16, 80, 14.18): (389.0, 603.42, 531.82, 36.73, 35.36, 25.72),
+    ("5.1.2.3 High Concurrency", 8000, 64, 320, 60.01): (788.27, 633.32, 616.38, 82.85, 75.08, 34.12),
+}
+names = ("output_tok_s", "ttft_mean_ms", "ttft_p50_ms", "tpot_p50_ms", "itl_mean_ms", "itl_p50_ms")
+labels = ("Output token throughput (tok/s)", "Mean TTFT (ms)", "Median TTFT (ms)", "Median TPOT (ms)",
+          "Mean ITL (ms)", "Median ITL (ms)")
+for (section, isl, c, n, mean_c), values in cook.items():
+    for metric, label, v in zip(names, labels, values):
+        add(id=f"sgl-cookbook-70b-a100x8-{isl}-c{c}-{metric}", engine="sglang", source=COOK,
+            where=f"5. Benchmark, 5.1 Speed Benchmark, {section} (--random-input-len {isl} --random-output-len 1000 "
+                  f"--num-prompts {n} --max-concurrency {c}), line '{label}'",
+            engine_version="SGLang 0.5.6 (sglang serve --tp 8, defaults), bench_serving",
+            hardware="a100", model="llama-3.1-70b", tp=8, weights="bf16", kv="bf16",
+            workload={"kind": "random", "input_len": isl, "output_len": 1000, "range_ratio": 0.0, "num_prompts": n},
+            load={"concurrency": c, "mean_concurrency": mean_c}, metric=metric, value=v,
+            note="bench_serving's random lengths (no --random-range-ratio: uniform up to the given lengths); "
+                 "the A100's memory is not stated (80 GB assumed) nor the dtype (bf16, the checkpoint's). The TTFT "
+                 "tails (P99 1.3 s at c=100 with ~500-token prompts, 1.9 s at c=64 with ~4,000) rule out a first "
+                 "wave of c prompts sent at once (its prefill alone would take 4-20 s), so the loop is simulated "
+                 "in steady state like the others; mean_concurrency is the run's printed 'Concurrency'")
+# AMD's ROCm fork of vLLM (v0.10.0, V1 engine): its dev-docker README's latency table, benchmark_latency.py
+# (a static batch of B prompts handed to LLM.generate at once; mean wall time of 5 runs after 3 warm-ups)
+ROCM = "https://github.com/ROCm/vllm/blob/7802e2b729300adb67a665783292cd25684d1292/docs/dev-docker/README.md"
+rocm = {128: (17.188, 17.827, 18.492, 20.227, 21.565, 24.999, 32.641, 46.195),
+        2048: (17.214, 18.012, 18.984, 20.111, 22.547, 25.987, 34.961, 52.283)}
+for isl, secs in rocm.items():
+    for b, v in zip((1, 2, 4, 8, 16, 32, 64, 128), secs):
+        add(id=f"rocm-vllm-70b-mi300x8-{isl}-2048-bs{b}-batch_latency_s", engine="vllm", source=ROCM,
+            where=f"Performance Results, Latency Measurements, Llama 3.1 70B (amd/Llama-3.1-70B-Instruct-FP8-KV), "
+                  f"FP8, TP Size 8, Batch Size {b}, Input {isl}, Output 2048, column 'MI300X Latency (sec)'",
+            engine_version="vLLM v0.10.0, AMD's ROCm fork (image rocm6.4.1_vllm_0.10.0_20250812, V1 engine), "
+                           "benchmark_latency.py --dtype float16 --gpu-memory-utilization 0.9",
+            hardware="mi300x", model="llama-3.1-70b", tp=8, weights="fp8", kv="bf16",
+            workload={"kind": "fixed", "input_len": isl, "output_len": 2048, "num_prompts": b},
+            load={"concurrency": None}, metric="batch_latency_s", value=v,
+            note="end-to-end seconds of one batch of B requests, all generating 2048 tokens; 8 x MI300X 192 GB 750 W; "
+                 "16-bit KV (no --kv-cache-dtype on the latency command). The README's throughput table is left out: "
+                 "its runs keep 1,500-3,200 sequences in flight (--max-num-seqs) and its column is only 'Throughput "
+                 "(tokens/s)'")
 for p in pts:
     p.setdefault("use", True)
 doc = {"_about": "Published GPU measurements of vLLM, SGLang and TensorRT-LLM, each with its source URL, where in the "
        "source it is, the workload and settings, and the value as published. kvserve/sim/validate.py simulates each "
        "and fits the free cost terms on the 'fit' half (every other used point, in file order) and scores the rest. "
        "Llama 3.3 70B has Llama 3.1 70B's shapes (the llama-3.1-70b preset). ShareGPT workloads are synthesized with "
-       "the runs' mean lengths (227 in, 194 out; lognormal, sigma 1): the sources do not list per-request lengths.",
+       "the runs' mean lengths (227 in, 194 out; lognormal, sigma 1): the sources do not list per-request lengths. "
+       "'random' workloads draw lengths as bench_serving does: uniform in [max(1, L x range_ratio), L]. A closed loop "
+       "is scored in steady state (after c warm-up requests); where load.mean_concurrency is given (bench_serving's "
+       "'Concurrency', the whole run's mean in flight), its throughput is the loop's rate at that mean.",
        "collected": "2026-12-02", "points": pts}
 json.dump(doc, open("kvserve/sim/data/validation.json", "w"), indent=1)
 print(len(pts), sum(p["use"] for p in pts))

@@ -23,7 +23,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict:
     from tqdm import tqdm
 
-    from kvserve import SamplingParams
+    from kvserve import SamplingParams, progress
     from kvserve.text.output import OutputProcessor
     from kvserve.errors import InvalidArgumentError
     from kvserve.llm import LLM
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> dict:
         proc.add(eng.add_request(f"bench-{i}", p, params))
     total = args.num_prompts * args.output_len
     t0 = time.perf_counter()
-    with tqdm(total=total, unit="tok", desc="generating") as bar:
+    with tqdm(total=total, unit="tok", desc="generating", disable=not progress.on_terminal()) as bar:
         while eng.has_unfinished():
             bar.update(len(eng.step()))
     elapsed = time.perf_counter() - t0

@@ -39,6 +39,7 @@ log = logging.getLogger("kvserve.replicas")
 READY_POLL_S = 0.25
 WATCH_INTERVAL_S = 0.5
 RESTART_DELAY_S = 2.0
+PORT_RETRIES = 3  # a replica's port taken between choosing it and the replica binding it
 # the flags each replica gets from the parent, not copied from its own
 PER_REPLICA = ("host", "port", "replica_id", "num_threads", "kv_cache_memory_gb", "num_kv_blocks",
                "kv_offload_memory_gb", "kv_offload_dir", "kv_offload_disk_gb")
@@ -85,6 +86,16 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _port_taken(port: int) -> bool:
+    """Whether something else now listens on (or holds) this loopback port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
 
 
 def _pdeathsig() -> object | None:
@@ -164,9 +175,18 @@ class ReplicaSet:
     def wait_ready(self) -> None:
         """Until every replica answers /health with 200; a ReplicaError if one exits first."""
         waiting = list(self.replicas)
+        tries = [0] * len(self.replicas)
         with httpx.Client(trust_env=False, timeout=2.0) as http:
             while waiting:
                 for r in list(waiting):
+                    if r.exit_code is not None and tries[r.index] < PORT_RETRIES and _port_taken(r.port):
+                        # the free port it was given was taken before it could bind: another one
+                        tries[r.index] += 1
+                        old, r.port = r.port, _free_port()
+                        log.warning("replica %d could not bind port %d (taken meanwhile): starting it on %d",
+                                    r.index, old, r.port)
+                        r.start()
+                        continue
                     if r.exit_code is not None:
                         raise ReplicaError(f"replica {r.index} ({r.url}) exited with code {r.exit_code} while "
                                            "starting (its log is above)")
@@ -228,10 +248,6 @@ def serve_replicas(config: KVServeConfig, n: int, policy: str = "cache-aware") -
     configs = replica_configs(config, n)
     sock = bind(srv.host, srv.port)
     replicas = ReplicaSet(configs, srv.replica_id or f"replica-{srv.port}")
-    router = RouterConfig(backends=replicas.urls, policy=policy, model=config.model.model,
-                          tool_call_parser=srv.tool_call_parser, host=srv.host, port=srv.port,
-                          max_request_bytes=srv.max_request_bytes, backend_api_key=srv.api_key,
-                          admin_key=srv.api_key, log_level=srv.uvicorn_log_level)
 
     def stop_starting(*_: object) -> None:
         raise _Stopped
@@ -244,6 +260,10 @@ def serve_replicas(config: KVServeConfig, n: int, policy: str = "cache-aware") -
         finally:
             signal.signal(signal.SIGTERM, previous)
         replicas.watch()
+        router = RouterConfig(backends=replicas.urls, policy=policy, model=config.model.model,  # ports now final
+                              tool_call_parser=srv.tool_call_parser, host=srv.host, port=srv.port,
+                              max_request_bytes=srv.max_request_bytes, backend_api_key=srv.api_key,
+                              admin_key=srv.api_key, log_level=srv.uvicorn_log_level)
         log.info("%d replicas (%d threads each) ready behind the router", n, configs[0].model.num_threads)
         run_router(router, sock)
     except _Stopped:

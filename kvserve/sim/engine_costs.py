@@ -40,7 +40,7 @@ TRTLLM_GRAPH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 1024, 2048, 40
 class EngineCosts:
     # -- host (CPU) side, per step
     host_step_s: float = 0.004  # scheduling + output processing per step (fitted)
-    host_per_seq_s: float = 2e-6  # the same per running sequence
+    host_per_seq_s: float = 20e-6  # the same per running sequence: sampling, output processing (fitted)
     overlap_host: bool = False  # the host prepares step n+1 while the GPU runs step n
     # -- kernel launches
     graph_sizes: tuple[int, ...] = ()  # decode batch sizes with a captured CUDA graph
@@ -98,7 +98,7 @@ ENGINE_COSTS: dict[str, EngineCosts] = {
 ENGINE_COSTS["static"] = ENGINE_COSTS["vllm"]
 ENGINE_COSTS["trtllm-disagg"] = ENGINE_COSTS["trtllm"]
 
-FITTED_FIELDS = ("gemm_scale", "bandwidth_scale", "host_step_s", "allreduce_s")
+FITTED_FIELDS = ("gemm_scale", "bandwidth_scale", "host_step_s", "host_per_seq_s", "allreduce_s")
 
 
 def load_fitted() -> dict[str, dict[str, float]]:

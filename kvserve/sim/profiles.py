@@ -37,6 +37,9 @@ class EngineProfile:
     slots: int | None = None  # llama.cpp: a fixed number of slots, each reserving its whole context
     block_size: int = 16
     prefill_step_factor: float = 0.0
+    # KV cache sized as mem_util of the memory left after weights (TensorRT-LLM's
+    # free_gpu_memory_fraction, default 0.9) rather than mem_util of all memory less the weights
+    kv_memory_of_free: bool = False
     engine: str = "vllm"  # whose cost terms a step pays (kvserve.sim.engine_costs)
     costs_override: EngineCosts | None = None  # cost terms to use instead of the engine's (fitting, tests)
 
@@ -80,10 +83,10 @@ PROFILES: dict[str, EngineProfile] = {
     # TensorRT-LLM's LLM API defaults: max_batch_size 2048, max_num_tokens 8192
     "trtllm": EngineProfile("trtllm", "TensorRT-LLM: in-flight batching (2048 sequences), FP8 weights and KV, MTP (3 tokens, "
                             "acceptance 0.7); overlap scheduler, CUDA graphs up to 8192", weights="fp8", kv="fp8", spec_tokens=3,
-                            acceptance=0.7, engine="trtllm", max_num_seqs=2048),
+                            acceptance=0.7, engine="trtllm", max_num_seqs=2048, kv_memory_of_free=True),
     "trtllm-disagg": EngineProfile("trtllm-disagg", "TensorRT-LLM with prefill/decode disaggregation (two pools)",
                                    weights="fp8", kv="fp8", spec_tokens=3, acceptance=0.7, disaggregated=True,
-                                   engine="trtllm"),
+                                   engine="trtllm", kv_memory_of_free=True),
     "llamacpp": EngineProfile("llamacpp", "llama.cpp server: 4 slots, each reserving n_ctx/4 of unpaged KV, "
                               "2048-token batches, no cross-request prefix cache", max_num_seqs=4,
                               max_num_batched_tokens=2048, prefix_caching=False, slots=4, engine="llamacpp"),

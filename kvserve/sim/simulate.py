@@ -54,7 +54,10 @@ def footprint(model: ModelSpec, profile: EngineProfile, hw: Hardware, tp: int = 
     act = (tokens * (4 * model.hidden + 2 * inter) * 2 + profile.max_num_seqs * model.vocab * 4) / 1e9
     draft = profile.draft_params_b * BYTES[profile.weights]
     kv_tok = model.kv_bytes_per_token(profile.kv) / 1e9
-    budget = hw.hbm_gb * tp * mem_util - weights - act - draft
+    if profile.kv_memory_of_free:  # TensorRT-LLM: a fraction of what is free once weights are loaded
+        budget = (hw.hbm_gb * tp - weights - act - draft) * mem_util
+    else:  # vLLM's gpu_memory_utilization, SGLang's mem_fraction_static: a fraction of all memory
+        budget = hw.hbm_gb * tp * mem_util - weights - act - draft
     return Footprint(weights, act, draft, kv_tok, budget)
 
 
@@ -90,6 +93,7 @@ def build_sim_engine(model: ModelSpec, hw: Hardware, profile: EngineProfile, *, 
 class SimRecord:
     sent: float
     prompt_tokens: int
+    order: int = 0  # admission order: the first ``warmup_requests`` are warm-up
     token_times: list[float] = field(default_factory=list)
     cached_tokens: int = 0
 
@@ -118,9 +122,11 @@ class SimResult:
     kv_blocks: int
     block_size: int
     price_per_hour: float
-    # output tokens/s over the middle half of the output tokens (from the 25th to the 75th percentile
-    # of their times): an offline run's steady rate, without its first fill and its drain tail
+    # an offline run's steady rate: output tokens/s over the middle half of the output tokens (from
+    # the 25th to the 75th percentile of their times), without its first fill and its drain tail; with
+    # warm-up requests in a closed loop, the loop's rate from the measured requests (Little's law)
     steady_output_tokens_per_s: float = 0.0
+    warmup_requests: int = 0
 
     def cost_per_million_output_tokens(self, utilization: float = 1.0) -> float:
         """USD per 1M output tokens with the devices busy ``utilization`` of the time at this rate."""
@@ -131,7 +137,10 @@ class SimResult:
 def simulate(workload: Workload, model: ModelSpec, hw: Hardware, profile: EngineProfile, *, tp: int = 1,
              request_rate: float = float("inf"), max_concurrency: int | None = None, seed: int = 0,
              mem_util: float = 0.9, num_kv_blocks: int | None = None, host_tier_gb: float = 0.0,
-             max_model_len: int | None = None, max_steps: int = 5_000_000) -> SimResult:
+             max_model_len: int | None = None, max_steps: int = 5_000_000, warmup_requests: int = 0) -> SimResult:
+    """Replay ``workload``; with ``warmup_requests`` the first that many admitted requests only load
+    the engine: latencies are the later requests', and with ``max_concurrency`` the steady rate is
+    the closed loop's (a loop measured in steady state, as perf_analyzer's measurement windows do)."""
     # the engine's "KV cache full ... --max-num-seqs" advice is for a server's operator; here the
     # count of preemptions is part of the result instead
     sched_log = logging.getLogger("kvserve.engine.scheduler")
@@ -140,7 +149,8 @@ def simulate(workload: Workload, model: ModelSpec, hw: Hardware, profile: Engine
     try:
         return _simulate(workload, model, hw, profile, tp=tp, request_rate=request_rate,
                          max_concurrency=max_concurrency, seed=seed, mem_util=mem_util, num_kv_blocks=num_kv_blocks,
-                         host_tier_gb=host_tier_gb, max_model_len=max_model_len, max_steps=max_steps)
+                         host_tier_gb=host_tier_gb, max_model_len=max_model_len, max_steps=max_steps,
+                         warmup_requests=warmup_requests)
     finally:
         sched_log.setLevel(level)
 
@@ -148,7 +158,7 @@ def simulate(workload: Workload, model: ModelSpec, hw: Hardware, profile: Engine
 def _simulate(workload: Workload, model: ModelSpec, hw: Hardware, profile: EngineProfile, *, tp: int,
               request_rate: float, max_concurrency: int | None, seed: int, mem_util: float,
               num_kv_blocks: int | None, host_tier_gb: float, max_model_len: int | None,
-              max_steps: int) -> SimResult:
+              max_steps: int, warmup_requests: int) -> SimResult:
     engine, runner, clock = build_sim_engine(model, hw, profile, tp=tp, mem_util=mem_util, num_kv_blocks=num_kv_blocks,
                                              host_tier_gb=host_tier_gb, max_model_len=max_model_len)
     starts = session_starts(workload, request_rate, random.Random(seed))
@@ -174,7 +184,7 @@ def _simulate(workload: Workload, model: ModelSpec, hw: Hardware, profile: Engin
                 rejected += 1
                 progress.advance()
                 continue
-            records[rid] = SimRecord(clock.now, len(turn.prompt))
+            records[rid] = SimRecord(clock.now, len(turn.prompt), order=len(records))
             in_flight += 1
         if not engine.has_unfinished():
             if arrivals:
@@ -201,25 +211,32 @@ def _simulate(workload: Workload, model: ModelSpec, hw: Hardware, profile: Engin
             raise RuntimeError(f"simulation exceeded {max_steps} steps")
 
     done = [r for r in records.values() if r.token_times]
+    measured = [r for r in done if r.order >= warmup_requests] if 0 < warmup_requests < len(done) else done
     duration = max((r.token_times[-1] for r in done), default=0.0) - min((r.sent for r in done), default=0.0)
     duration = max(duration, 1e-9)
     n_out = sum(len(r.token_times) for r in done)
     n_in = sum(r.prompt_tokens for r in done)
-    itls = [b - a for r in done for a, b in zip(r.token_times, r.token_times[1:])]
-    tpots = [(r.token_times[-1] - r.token_times[0]) / (len(r.token_times) - 1) for r in done if len(r.token_times) > 1]
+    itls = [b - a for r in measured for a, b in zip(r.token_times, r.token_times[1:])]
+    tpots = [(r.token_times[-1] - r.token_times[0]) / (len(r.token_times) - 1) for r in measured
+             if len(r.token_times) > 1]
     devices = tp * (2 if profile.disaggregated else 1)
     times = sorted(t for r in done for t in r.token_times)
     q1, q3 = (times[len(times) // 4], times[3 * len(times) // 4]) if times else (0.0, 0.0)
     steady = (len(times) // 2) / (q3 - q1) if q3 > q1 else n_out / duration
+    if measured is not done and max_concurrency:
+        # a full closed loop's rate by Little's law: c requests in flight, each taking its end-to-end
+        # time (a window of wall time would depend on where it falls in the loop's prefill/decode cycle)
+        e2e = sum(r.token_times[-1] - r.sent for r in measured) / len(measured)
+        steady = max_concurrency * sum(len(r.token_times) for r in measured) / len(measured) / max(e2e, 1e-9)
     return SimResult(
         profile=profile.name, hardware=hw.key, model=model.name, devices=devices, requests=workload.num_requests,
         completed=len(done), rejected=rejected, duration_s=round(duration, 3),
         busy_fraction=round(min(1.0, runner.busy_s / duration), 3), input_tokens=n_in, output_tokens=n_out,
         output_tokens_per_s=round(n_out / duration, 2), request_throughput=round(len(done) / duration, 4),
-        ttft_ms=Dist.of([r.token_times[0] - r.sent for r in done]), itl_ms=Dist.of(itls), tpot_ms=Dist.of(tpots),
-        e2e_ms=Dist.of([r.token_times[-1] - r.sent for r in done]),
+        ttft_ms=Dist.of([r.token_times[0] - r.sent for r in measured]), itl_ms=Dist.of(itls),
+        tpot_ms=Dist.of(tpots), e2e_ms=Dist.of([r.token_times[-1] - r.sent for r in measured]),
         prefix_hit_rate=round(sum(r.cached_tokens for r in done) / max(1, n_in), 4),
         preemptions=engine.scheduler.stats.num_preemptions, kv_blocks=runner.num_kv_blocks,
         block_size=runner.block_size, price_per_hour=hw.price_per_hour,
-        steady_output_tokens_per_s=round(steady, 2),
+        steady_output_tokens_per_s=round(steady, 2), warmup_requests=warmup_requests,
     )

@@ -5,7 +5,9 @@ Points live in ``kvserve/sim/data/validation.json`` (source URL, where in the so
 settings, published value). Each is simulated with kvserve's own scheduler under the engine's
 profile and cost terms, at most ``MAX_SIM_REQUESTS`` requests (an offline run of thousands of
 fixed-length requests runs in waves: one wave's throughput is about the run's), a closed loop
-at concurrency c with 1.5 c requests, Poisson arrivals for 40 seconds. The split is fixed:
+at concurrency c measured in steady state (c warm-up requests, then 2c; a source that scores the
+whole run and prints its mean concurrency gets the loop's rate at that mean), Poisson arrivals for
+40 seconds. The split is fixed:
 of the points in use, in file order, even positions fit and odd positions are held back.
 The fit is a coordinate search over each engine's ``FITTED_FIELDS`` minimizing the squared log
 error on its fit points; ``kvserve sim validate --fit`` writes ``data/fitted_terms.json``.
@@ -13,6 +15,7 @@ error on its fit points; ``kvserve sim validate --fit`` writes ``data/fitted_ter
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
@@ -28,6 +31,8 @@ from kvserve.sim.profiles import get_profile
 from kvserve.sim.simulate import SimResult, simulate
 
 MAX_SIM_REQUESTS = 256
+# a closed loop at concurrency c: c warm-up requests, then at least 2c measured ones (up to this many in all)
+MAX_CLOSED_LOOP_REQUESTS = 768
 GOAL_MEDIAN, GOAL_MAX = 0.15, 0.35
 
 
@@ -46,7 +51,7 @@ def workload_for(p: dict) -> tuple[Workload, float, int | None]:
     w, load = p["workload"], p["load"]
     conc, rate = load.get("concurrency"), load.get("request_rate")
     if conc:
-        n = min(max(conc + conc // 2, 8), MAX_SIM_REQUESTS)
+        n = min(conc + max(2 * conc, 16), MAX_CLOSED_LOOP_REQUESTS)
     elif rate:
         n = min(w["num_prompts"], int(40 * rate))
     else:
@@ -56,6 +61,10 @@ def workload_for(p: dict) -> tuple[Workload, float, int | None]:
     for _ in range(n):
         if w["kind"] == "fixed":
             i, o = w["input_len"], w["output_len"]
+        elif w["kind"] == "random":  # bench_serving's random dataset: uniform in [max(1, L x ratio), L]
+            lo = w.get("range_ratio", 0.0)
+            i = rng.randint(max(1, int(w["input_len"] * lo)), w["input_len"])
+            o = rng.randint(max(1, int(w["output_len"] * lo)), w["output_len"])
         else:  # ShareGPT-like: lognormal lengths with the published means (sigma 1)
             i = max(4, min(4000, int(rng.lognormvariate(math.log(w["input_mean"]) - 0.5, 1.0))))
             o = max(1, min(2000, int(rng.lognormvariate(math.log(w["output_mean"]) - 0.5, 1.0))))
@@ -67,19 +76,40 @@ def metric(r: SimResult, name: str, p: dict | None = None) -> float:
     # an offline ShareGPT run of thousands of requests is mostly steady state; a capped one would be
     # mostly its first fill and its drain tail (a few long answers alone): its steady rate stands in
     offline_trace = p is not None and p["workload"]["kind"] != "fixed" and not any(p["load"].values())
-    return {"output_tok_s": lambda: r.steady_output_tokens_per_s if offline_trace else r.output_tokens_per_s,
+    steady = offline_trace or r.warmup_requests > 0
+    return {"output_tok_s": lambda: r.steady_output_tokens_per_s if steady else r.output_tokens_per_s,
             "ttft_mean_ms": lambda: r.ttft_ms.mean, "ttft_p50_ms": lambda: r.ttft_ms.p50,
             "itl_mean_ms": lambda: r.itl_ms.mean, "itl_p50_ms": lambda: r.itl_ms.p50,
-            "tpot_p50_ms": lambda: r.tpot_ms.p50}[name]()  # type: ignore[union-attr]
+            "tpot_p50_ms": lambda: r.tpot_ms.p50, "batch_latency_s": lambda: r.duration_s}[name]()  # type: ignore[union-attr]
+
+
+# the fields that decide a simulation: points that differ only in metric (and value) share one run
+SETTING_FIELDS = ("engine", "hardware", "model", "tp", "weights", "kv", "workload", "load")
+
+
+@functools.lru_cache(maxsize=64)
+def _simulate_setting(setting: str, costs: EngineCosts) -> SimResult:
+    p = json.loads(setting)
+    prof = get_profile(p["engine"]).with_(weights=p["weights"], kv=p["kv"], spec_tokens=0, acceptance=0.0,
+                                          costs_override=costs)
+    wl, rate, conc = workload_for(p)
+    # a closed loop is measured in steady state: its first c requests, started all at once, only warm
+    # it up (genai-perf / perf_analyzer measure in windows once the rate is stable); otherwise
+    # fixed-length requests stay in lockstep waves whose prompts queue behind each other
+    return simulate(wl, get_model(p["model"]), get_hardware(p["hardware"]), prof, tp=p["tp"], request_rate=rate,
+                    max_concurrency=conc, warmup_requests=conc or 0)
 
 
 def simulate_point(p: dict, costs: EngineCosts | None = None) -> float:
-    prof = get_profile(p["engine"]).with_(weights=p["weights"], kv=p["kv"], spec_tokens=0, acceptance=0.0,
-                                          costs_override=costs or costs_for(p["engine"]))
-    wl, rate, conc = workload_for(p)
-    r = simulate(wl, get_model(p["model"]), get_hardware(p["hardware"]), prof, tp=p["tp"], request_rate=rate,
-                 max_concurrency=conc)
-    return metric(r, p["metric"], p)
+    setting = json.dumps({k: p[k] for k in SETTING_FIELDS} | {"id": p["id"].rsplit("-", 1)[0]}, sort_keys=True)
+    r = _simulate_setting(setting, costs or costs_for(p["engine"]))
+    conc = p["load"].get("concurrency")
+    value = metric(r, p["metric"], p)
+    if p["metric"] == "output_tok_s" and p["load"].get("mean_concurrency"):
+        # bench_serving scores tokens over the whole run, fill and drain included, and prints the mean
+        # number in flight ("Concurrency"); by Little's law its rate is the loop's rate at that mean
+        value *= p["load"]["mean_concurrency"] / conc
+    return value
 
 
 @dataclass
@@ -103,16 +133,18 @@ def summary(scored: list[Scored]) -> dict[str, float]:
             "max_abs_error": max(errs, default=0.0)}
 
 
-def fit(points: list[dict], iterations: int = 1, log=print) -> dict[str, dict[str, float]]:
+def fit(points: list[dict], iterations: int = 2, log=print, damping: float = 0.02,
+        start: dict[str, dict[str, float]] | None = None) -> dict[str, dict[str, float]]:
     """Per engine, Gauss-Newton on the log errors of its fit points over log(FITTED_FIELDS): each
     iteration simulates the points once as they are and once per term nudged by 20%, solves the
-    linearized least squares (damped, each step at most a factor of 3), and keeps the step if it helps."""
+    linearized least squares (Levenberg-damped by ``damping`` x points, each step at most a factor
+    of 3), and keeps the step, or half or a quarter of it, if it helps. ``start``: terms per engine to start from (else the catalog's)."""
     import numpy as np
 
     out: dict[str, dict[str, float]] = {}
     for engine in sorted({p["engine"] for p in points}):
         mine = [p for p in points if p["engine"] == engine]
-        base = costs_for(engine, {})
+        base = costs_for(engine, {engine: start[engine]} if start and engine in start else {})
         theta = {k: float(getattr(base, k)) for k in FITTED_FIELDS}
 
         def residuals(th: dict[str, float]) -> np.ndarray:
@@ -125,15 +157,19 @@ def fit(points: list[dict], iterations: int = 1, log=print) -> dict[str, dict[st
             for k in FITTED_FIELDS:
                 cols.append((residuals(dict(theta, **{k: theta[k] * 1.2})) - r) / math.log(1.2))
             jac = np.stack(cols, axis=1)
-            lam = 0.1 * len(mine)  # damping toward the catalog's defaults
+            lam = damping * len(mine)  # keeps weakly determined terms near where they are
             step = np.linalg.solve(jac.T @ jac + lam * np.eye(len(FITTED_FIELDS)), -jac.T @ r)
             step = np.clip(step, -math.log(3), math.log(3))
-            trial = {k: theta[k] * math.exp(s) for k, s in zip(FITTED_FIELDS, step)}
-            r_trial = residuals(trial)
-            log(f"{engine} iteration {it + 1}: rms log error {np.sqrt(np.mean(r ** 2)):.3f} -> "
-                f"{np.sqrt(np.mean(r_trial ** 2)):.3f} with {trial}")
-            if np.mean(r_trial ** 2) >= np.mean(r ** 2):
+            for _ in range(3):  # the full step, else half of it, else a quarter
+                trial = {k: theta[k] * math.exp(s) for k, s in zip(FITTED_FIELDS, step)}
+                r_trial = residuals(trial)
+                log(f"{engine} iteration {it + 1}: rms log error {np.sqrt(np.mean(r ** 2)):.3f} -> "
+                    f"{np.sqrt(np.mean(r_trial ** 2)):.3f} with {trial}")
+                if np.mean(r_trial ** 2) < np.mean(r ** 2):
+                    break
+                step = step / 2
+            else:
                 break
             theta, r = trial, r_trial
-        out[engine] = {k: round(v, 6) for k, v in theta.items()}
+        out[engine] = {k: float(f"{v:.6g}") for k, v in theta.items()}
     return out

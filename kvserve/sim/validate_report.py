@@ -13,12 +13,13 @@ from kvserve.sim import validate
 from kvserve.sim.engine_costs import load_fitted
 
 UNITS = {"output_tok_s": "out tok/s", "ttft_mean_ms": "TTFT mean ms", "ttft_p50_ms": "TTFT p50 ms",
-         "itl_mean_ms": "ITL mean ms", "itl_p50_ms": "ITL p50 ms", "tpot_p50_ms": "TPOT p50 ms"}
+         "itl_mean_ms": "ITL mean ms", "itl_p50_ms": "ITL p50 ms", "tpot_p50_ms": "TPOT p50 ms", "batch_latency_s": "batch s"}
 
 
 def setting(p: dict) -> str:
     w, load = p["workload"], p["load"]
     lens = (f"{w['input_len']}/{w['output_len']}" if w["kind"] == "fixed"
+            else f"random <={w['input_len']}/<={w['output_len']}" if w["kind"] == "random"
             else f"ShareGPT ~{w['input_mean']}/{w['output_mean']}")
     at = (f"c={load['concurrency']}" if load.get("concurrency") else
           f"{load['request_rate']} req/s" if load.get("request_rate") else "offline")
@@ -44,7 +45,17 @@ def plot(rows: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    thr = [r for r in rows if r["point"]["metric"] == "output_tok_s" and r["simulated"] is not None]
+    thr = []
+    for r in rows:
+        p = r["point"]
+        if r["simulated"] is None:
+            continue
+        if p["metric"] == "output_tok_s":
+            thr.append(r)
+        elif p["metric"] == "batch_latency_s":  # a static batch of B: drawn as B x output tokens / its seconds
+            tokens = p["workload"]["num_prompts"] * p["workload"]["output_len"]
+            batch = dict(p, value=tokens / p["value"], load={"concurrency": p["workload"]["num_prompts"]})
+            thr.append(dict(r, point=batch, simulated=tokens / r["simulated"]))
     engines = sorted({r["point"]["engine"] for r in thr})
     fig, axes = plt.subplots(1, len(engines), figsize=(5 * len(engines), 4.2), squeeze=False)
     for ax, eng in zip(axes[0], engines):
@@ -52,20 +63,28 @@ def plot(rows: list[dict], path: str) -> None:
         groups: dict[str, list[dict]] = {}
         for r in mine:
             p = r["point"]
-            key = f"{p['model']} TP{p['tp']} {p['hardware']}"
+            key = f"{p['model'].removeprefix('llama-3.1-')} TP{p['tp']} {p['hardware']}"
+            if p["load"].get("concurrency"):  # a sweep: one curve per workload
+                w = p["workload"]
+                key += f", {w['input_len']}/{w['output_len']}" if "input_len" in w else ", ShareGPT"
             groups.setdefault(key, []).append(r)
         for gi, (key, rs) in enumerate(sorted(groups.items())):
+            rs = sorted(rs, key=lambda r: r["point"]["load"].get("concurrency") or 512)
             xs = [r["point"]["load"].get("concurrency") or 512 for r in rs]
-            color = f"C{gi}"
-            ax.scatter(xs, [r["point"]["value"] for r in rs], marker="o", color=color, label=f"{key} published")
-            ax.scatter(xs, [r["simulated"] for r in rs], marker="x", color=color, label=f"{key} simulated")
+            color = f"C{gi % 10}"
+            line = "-" if len(set(xs)) > 1 else "none"
+            ax.plot(xs, [r["point"]["value"] for r in rs], marker="o", linestyle=line, color=color,
+                    label=f"{key} published")
+            ax.plot(xs, [r["simulated"] for r in rs], marker="x", linestyle="--" if line == "-" else "none",
+                    color=color, label=f"{key} simulated")
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlabel("concurrency (offline runs drawn at 512)")
+        ax.set_xlabel("concurrency or batch size (offline runs drawn at 512)")
         ax.set_ylabel("output tokens/s")
         ax.set_title(eng)
         ax.legend(fontsize=6)
-    fig.suptitle("kvserve sim validate: simulated (x) vs published (o) output throughput", fontsize=9)
+    fig.suptitle("kvserve sim validate: simulated (x, dashed) vs published (o, solid) output throughput; "
+                 "sweeps over concurrency drawn as curves", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -78,3 +78,33 @@ def test_the_routers_admin_routes_need_the_key_serve_replicas_gives_them():
         ok = httpx.get(f"{r.url}/admin/backends", headers={"Authorization": "Bearer k"})
         assert ok.status_code == 200 and ok.json() == {"policy": "cache-aware", "backends": []}
         assert httpx.get(f"{r.url}/health").status_code == 503  # no backend up
+
+
+def test_a_replica_whose_port_was_taken_meanwhile_starts_on_another(monkeypatch):
+    """The free port chosen for a replica can be taken before the replica binds it: it starts again on
+    a new one (stand-in replicas: a tiny HTTP server that exits if its port is busy)."""
+    import socket
+    import sys
+
+    from kvserve.router import replicas as rs
+
+    server = ("import http.server, sys\n"
+              "class H(http.server.BaseHTTPRequestHandler):\n"
+              "    def do_GET(self):\n"
+              "        self.send_response(200); self.end_headers()\n"
+              "    def log_message(self, *a): pass\n"
+              "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n")
+    monkeypatch.setattr(rs.Replica, "argv", lambda self: [sys.executable, "-c", server, str(self.port)])
+    replicas = ReplicaSet(replica_configs(config(), 2, cores=2), "svc")
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", replicas.replicas[0].port))
+    squatter.listen()
+    taken = replicas.replicas[0].port
+    try:
+        replicas.start()
+        replicas.wait_ready()
+        assert replicas.replicas[0].port != taken
+        assert replicas.urls[0] == f"http://127.0.0.1:{replicas.replicas[0].port}"
+    finally:
+        squatter.close()
+        replicas.stop(5)

@@ -21,7 +21,7 @@ from kvserve.sim.simulate import build_sim_engine, simulate
 M8B, H100 = PRESETS["llama-3.1-8b"], get_hardware("h100-sxm")
 PLAIN = EngineCosts(host_step_s=0.003, host_per_seq_s=0.0, graph_sizes=(1, 2, 4, 8, 16), gemm_half_tokens=0.0,
                     attn_half_kv_tokens=0.0, interference=0.0)
-RESULTS = Path(__file__).parents[2] / "docs" / "results" / "2026-12-02-simgpu" / "validation.json"
+RESULTS = Path(__file__).parents[2] / "docs" / "results" / "2026-12-02-s11-simgpu" / "validation.json"
 
 
 def decode(n: int, ctx: int = 1000) -> list[ChunkShape]:
@@ -118,6 +118,31 @@ def test_validation_data_covers_engines_gpus_models_and_concurrency():
         assert p["source"].startswith("https://") and p["where"] and p["value"] > 0
     fit, held = validate.split(validate.load_points())
     assert not {p["id"] for p in fit} & {p["id"] for p in held} and len(fit) + len(held) == len(pts)
+    # each engine has a curve: one setting measured at several concurrencies (or batch sizes)
+    for engine in ("vllm", "sglang", "trtllm"):
+        levels: dict[str, set] = {}
+        for p in pts:
+            if p["engine"] == engine:
+                key = f"{p['hardware']} {p['model']} {p['tp']} {p['workload'].get('input_len')} {p['metric']}"
+                levels.setdefault(key, set()).add(p["load"].get("concurrency") or p["workload"]["num_prompts"])
+        assert max(len(v) for v in levels.values()) >= 3, engine
+
+
+def test_random_lengths_and_whole_run_concurrency_follow_the_benchmark():
+    """bench_serving's random dataset draws lengths uniformly up to the given ones (range ratio 0), and
+    a source's printed mean concurrency scales the loop's rate (Little's law)."""
+    p = {"id": "x-output_tok_s", "engine": "sglang", "hardware": "h100-sxm", "model": "llama-3.1-8b", "tp": 1,
+         "weights": "bf16", "kv": "bf16", "metric": "output_tok_s", "value": 1.0,
+         "workload": {"kind": "random", "input_len": 1000, "output_len": 400, "range_ratio": 0.0, "num_prompts": 80},
+         "load": {"concurrency": 16}}
+    wl, rate, conc = validate.workload_for(p)
+    ins = [len(s.turns[0].prompt) for s in wl.sessions]
+    outs = [s.turns[0].max_tokens for s in wl.sessions]
+    assert conc == 16 and min(ins) >= 1 and max(ins) <= 1000 and 350 < sum(ins) / len(ins) < 650
+    assert max(outs) <= 400 and 130 < sum(outs) / len(outs) < 270
+    full = validate.simulate_point(p)
+    half = validate.simulate_point(dict(p, load={"concurrency": 16, "mean_concurrency": 8}))
+    assert half == pytest.approx(full / 2)
 
 
 def test_held_back_error_stays_within_the_recorded_fit():
@@ -125,22 +150,46 @@ def test_held_back_error_stays_within_the_recorded_fit():
     points with the committed fitted terms gives the committed values (the fit has not regressed)."""
     doc = json.loads(RESULTS.read_text())
     held = doc["summary"]["held back"]
-    assert held["points"] >= 15
-    # the goal's median (15%) is met; its max (35%) is not: the mean TTFTs of the closed loops at
-    # concurrency 25 and 100 are off by +418% and +115% (docs/simulator.md says why). Every other
-    # held-back point is within the goal's 35%, and the worst stays within what this fit reached.
+    assert held["points"] >= 50
+    # the goal's median (15%) is met; its max (35%) is not: SGLang's cookbook mean TTFTs of ~500-token
+    # prompts at concurrency 16 and 100 are off by -62% and -37% (docs/simulator.md says why). Every
+    # other held-back point is within the goal's 35%, and the worst stays within what this fit reached.
     assert held["median_abs_error"] < validate.GOAL_MEDIAN
-    assert held["max_abs_error"] < 4.5
+    assert held["max_abs_error"] < 0.65
     rows = {r["id"]: r for r in doc["rows"]}
     pts = {p["id"]: p for p in validate.load_points()}
-    known_misses = {"nim-70b-h100x2-c25-ttft_mean_ms", "nim-70b-h100x2-c100-ttft_mean_ms"}
+    known_misses = {"sgl-cookbook-70b-a100x8-1000-c16-ttft_mean_ms", "sgl-cookbook-70b-a100x8-1000-c100-ttft_mean_ms"}
     others = [abs(r["error"]) for r in doc["rows"] if r["half"] == "held back" and r["id"] not in known_misses]
     assert max(others) < validate.GOAL_MAX
     cheap = ["nim-70b-h100x2-c1-ttft_mean_ms", "nim-70b-h100x2-c5-itl_mean_ms",
-             "sglang-readme-vllm-8b-a100-rps4-tpot_p50_ms"]
+             "sglang-readme-vllm-8b-a100-rps4-tpot_p50_ms", "sgl-cookbook-70b-a100x8-8000-c16-tpot_p50_ms",
+             "rocm-vllm-70b-mi300x8-128-2048-bs8-batch_latency_s"]
     for pid in cheap:
         assert rows[pid]["half"] == "held back"
         assert validate.simulate_point(pts[pid]) == pytest.approx(rows[pid]["simulated"], rel=0.02)
+
+
+def test_closed_loop_is_measured_after_its_warm_up():
+    """A closed loop started all at once queues its first wave's prompts behind each other; measured
+    after c warm-up requests its TTFT is the steady state's, and its rate is c / end-to-end time."""
+    c = 16
+    wl = make_workload("random", num_prompts=3 * c, input_len=4000, output_len=200)
+    cold = simulate(wl, M8B, H100, get_profile("vllm"), max_concurrency=c)
+    warm = simulate(wl, M8B, H100, get_profile("vllm"), max_concurrency=c, warmup_requests=c)
+    assert warm.ttft_ms.mean < 0.6 * cold.ttft_ms.mean
+    assert warm.steady_output_tokens_per_s == pytest.approx(c * 200 / (warm.e2e_ms.mean / 1000), rel=0.01)
+    assert validate.metric(warm, "output_tok_s") == warm.steady_output_tokens_per_s
+
+
+def test_trtllm_sizes_its_kv_cache_from_the_memory_left_after_weights():
+    from kvserve.sim.simulate import footprint
+
+    m70, trt = PRESETS["llama-3.1-70b"], get_profile("trtllm")
+    free = footprint(m70, trt, H100, tp=2)
+    total = footprint(m70, trt.with_(kv_memory_of_free=False), H100, tp=2)
+    assert free.kv_budget_gb == pytest.approx((2 * H100.hbm_gb - free.fixed_gb) * 0.9)
+    assert free.kv_budget_gb > total.kv_budget_gb + 5  # 0.9 of the free 89 GB, not 0.9 x 160 less 71 GB
+    assert not get_profile("vllm").kv_memory_of_free and not get_profile("sglang").kv_memory_of_free
 
 
 def test_sim_keeps_the_engines_preemption_advice_to_itself(caplog):
