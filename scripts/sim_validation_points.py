@@ -51,6 +51,8 @@ for eng, ver in (("sglang", "SGLang v0.3.0 (--enable-torch-compile on the 8B, --
         tag = "8b-a100" if tp == 1 else "70b-h100x4"
         common = dict(engine=eng, source=SGL, engine_version=ver, hardware=gpu, model=model, tp=tp,
                       weights="bf16", kv="bf16")
+        if eng == "sglang":  # v0.3.0 predates the overlap scheduler (v0.4): host time between steps
+            common["engine_flags"] = {"overlap_host": False, "late_admission": False}
         add(id=f"sglang-readme-{eng}-{tag}-offline", where=f"Offline benchmark results, {table}, {eng}",
             workload=dict(share, num_prompts=5000), load={"concurrency": None}, metric="output_tok_s",
             value=thr[eng], note="ShareGPT, 5000 prompts at once; Output token throughput", **common)

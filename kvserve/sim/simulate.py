@@ -164,18 +164,29 @@ def _simulate(workload: Workload, model: ModelSpec, hw: Hardware, profile: Engin
     starts = session_starts(workload, request_rate, random.Random(seed))
     arrivals = [(t, i, 0) for i, t in enumerate(starts)]
     heapq.heapify(arrivals)
-    ready: deque[tuple[int, int]] = deque()
-    cap = max_concurrency or 1 << 30
-    in_flight, rejected = 0, 0
+    ready: deque[tuple[float, int, int]] = deque()  # arrived, waiting for a client slot
+    sent: deque[tuple[float, int, int]] = deque()  # sent, not yet seen by the scheduler
+    # the times client slots fell free (None: no concurrency cap); a request is sent at the later of
+    # its arrival and the slot it takes
+    free_slots: deque[float] | None = deque([0.0] * max_concurrency) if max_concurrency else None
+    # an overlap event loop (SGLang's) forms step n+1 while step n runs: a request sent during step
+    # n joins step n+2 at the earliest; others pick up what arrived before the step
+    overlap = profile.costs.late_admission
+    last_step_start = 0.0
+    rejected = 0
     records: dict[str, SimRecord] = {}
     steps = 0
     progress.expect(workload.num_requests)
-    while arrivals or ready or engine.has_unfinished():
+    while arrivals or ready or sent or engine.has_unfinished():
         while arrivals and arrivals[0][0] <= clock.now:
-            _, si, ti = heapq.heappop(arrivals)
-            ready.append((si, ti))
-        while ready and in_flight < cap:
-            si, ti = ready.popleft()
+            t, si, ti = heapq.heappop(arrivals)
+            ready.append((t, si, ti))
+        while ready and (free_slots is None or free_slots):
+            t, si, ti = ready.popleft()
+            sent.append((t if free_slots is None else max(t, free_slots.popleft()), si, ti))
+        cutoff = last_step_start if overlap and engine.has_unfinished() else clock.now
+        while sent and sent[0][0] <= cutoff:
+            t, si, ti = sent.popleft()
             turn = workload.sessions[si].turns[ti]
             rid = f"{si}:{ti}"
             try:
@@ -183,26 +194,30 @@ def _simulate(workload: Workload, model: ModelSpec, hw: Hardware, profile: Engin
             except InvalidArgumentError:
                 rejected += 1
                 progress.advance()
+                if free_slots is not None:
+                    free_slots.append(clock.now)
                 continue
-            records[rid] = SimRecord(clock.now, len(turn.prompt), order=len(records))
-            in_flight += 1
+            records[rid] = SimRecord(t, len(turn.prompt), order=len(records))
         if not engine.has_unfinished():
             if arrivals:
                 clock.now = max(clock.now, arrivals[0][0])
             continue
-        before = clock.now
+        before = last_step_start = clock.now
         for req in engine.step():
             rec = records[req.request_id]
             rec.token_times.append(clock.now)
             rec.cached_tokens = req.num_cached_tokens
             if req.is_finished:
-                in_flight -= 1
+                if free_slots is not None:
+                    free_slots.append(clock.now)
                 progress.advance()
                 si, ti = map(int, req.request_id.split(":"))
                 if ti + 1 < len(workload.sessions[si].turns):
                     heapq.heappush(arrivals, (clock.now, si, ti + 1))
         steps += 1
         if clock.now == before:  # nothing could be scheduled
+            if sent:  # requests the overlap scheduler has not seen yet: the cutoff has caught up
+                continue
             if arrivals:
                 clock.now = max(clock.now, arrivals[0][0])
             else:

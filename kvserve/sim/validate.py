@@ -84,14 +84,15 @@ def metric(r: SimResult, name: str, p: dict | None = None) -> float:
 
 
 # the fields that decide a simulation: points that differ only in metric (and value) share one run
-SETTING_FIELDS = ("engine", "hardware", "model", "tp", "weights", "kv", "workload", "load")
+SETTING_FIELDS = ("engine", "hardware", "model", "tp", "weights", "kv", "workload", "load", "engine_flags")
 
 
 @functools.lru_cache(maxsize=64)
 def _simulate_setting(setting: str, costs: EngineCosts) -> SimResult:
     p = json.loads(setting)
+    # engine_flags: how the measured version differed from the profile's (SGLang 0.3 had no overlap scheduler)
     prof = get_profile(p["engine"]).with_(weights=p["weights"], kv=p["kv"], spec_tokens=0, acceptance=0.0,
-                                          costs_override=costs)
+                                          costs_override=costs.with_(**(p.get("engine_flags") or {})))
     wl, rate, conc = workload_for(p)
     # a closed loop is measured in steady state: its first c requests, started all at once, only warm
     # it up (genai-perf / perf_analyzer measure in windows once the rate is stable); otherwise
@@ -101,7 +102,7 @@ def _simulate_setting(setting: str, costs: EngineCosts) -> SimResult:
 
 
 def simulate_point(p: dict, costs: EngineCosts | None = None) -> float:
-    setting = json.dumps({k: p[k] for k in SETTING_FIELDS} | {"id": p["id"].rsplit("-", 1)[0]}, sort_keys=True)
+    setting = json.dumps({k: p.get(k) for k in SETTING_FIELDS} | {"id": p["id"].rsplit("-", 1)[0]}, sort_keys=True)
     r = _simulate_setting(setting, costs or costs_for(p["engine"]))
     conc = p["load"].get("concurrency")
     value = metric(r, p["metric"], p)

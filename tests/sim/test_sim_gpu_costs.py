@@ -151,14 +151,15 @@ def test_held_back_error_stays_within_the_recorded_fit():
     doc = json.loads(RESULTS.read_text())
     held = doc["summary"]["held back"]
     assert held["points"] >= 50
-    # the goal's median (15%) is met; its max (35%) is not: SGLang's cookbook mean TTFTs of ~500-token
-    # prompts at concurrency 16 and 100 are off by -62% and -37% (docs/simulator.md says why). Every
-    # other held-back point is within the goal's 35%, and the worst stays within what this fit reached.
+    # the goal's median (15%) is met; its max (35%) is not: SGLang's cookbook mean TTFT of ~500-token
+    # prompts at concurrency 16 (-57%) and SGLang 0.3's 8B median TTFT at 8 req/s (+40%) miss it
+    # (docs/simulator.md says why). Every other held-back point is within the goal's 35%, and the
+    # worst stays within what this fit reached.
     assert held["median_abs_error"] < validate.GOAL_MEDIAN
-    assert held["max_abs_error"] < 0.65
+    assert held["max_abs_error"] < 0.6
     rows = {r["id"]: r for r in doc["rows"]}
     pts = {p["id"]: p for p in validate.load_points()}
-    known_misses = {"sgl-cookbook-70b-a100x8-1000-c16-ttft_mean_ms", "sgl-cookbook-70b-a100x8-1000-c100-ttft_mean_ms"}
+    known_misses = {"sgl-cookbook-70b-a100x8-1000-c16-ttft_mean_ms", "sglang-readme-sglang-8b-a100-rps8-ttft_p50_ms"}
     others = [abs(r["error"]) for r in doc["rows"] if r["half"] == "held back" and r["id"] not in known_misses]
     assert max(others) < validate.GOAL_MAX
     cheap = ["nim-70b-h100x2-c1-ttft_mean_ms", "nim-70b-h100x2-c5-itl_mean_ms",
@@ -179,6 +180,21 @@ def test_closed_loop_is_measured_after_its_warm_up():
     assert warm.ttft_ms.mean < 0.6 * cold.ttft_ms.mean
     assert warm.steady_output_tokens_per_s == pytest.approx(c * 200 / (warm.e2e_ms.mean / 1000), rel=0.01)
     assert validate.metric(warm, "output_tok_s") == warm.steady_output_tokens_per_s
+
+
+def test_an_overlap_scheduler_admits_a_request_one_step_later():
+    """SGLang forms step n+1 while step n runs, so a request sent during step n joins step n+2: with
+    host time zero (steps cost the same either way) only the admission differs."""
+    wl = make_workload("random", num_prompts=40, input_len=200, output_len=100)
+    no_host = PLAIN.with_(host_step_s=0.0)
+    runs = {}
+    for overlap in (False, True):
+        prof = get_profile("vllm").with_(costs_override=no_host.with_(overlap_host=overlap, late_admission=overlap))
+        runs[overlap] = simulate(wl, M8B, H100, prof, request_rate=20.0)
+    step = runs[False].itl_ms.p50
+    assert runs[True].ttft_ms.mean > runs[False].ttft_ms.mean + 0.5 * step
+    assert runs[True].itl_ms.p50 == pytest.approx(step, rel=0.05)
+    assert ENGINE_COSTS["sglang"].late_admission and not ENGINE_COSTS["vllm"].late_admission
 
 
 def test_trtllm_sizes_its_kv_cache_from_the_memory_left_after_weights():
