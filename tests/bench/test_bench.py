@@ -189,13 +189,16 @@ def test_bench_serve_multi_turn_waits_for_answers(tiny_server, tmp_path):
 
 def test_bench_serve_interference_labels_cohort_and_burst(tiny_server, tmp_path):
     out = tmp_path / "r.json"
-    a = args(tiny_server.url, dataset="interference", cohort=2, input_len=8, output_len=80, burst=1, burst_len=120,
-             burst_output_len=1, burst_delay=0.2, save_result=str(out))
+    # the burst generates 16 tokens so that it spans several of the cohort's steps (with one token it
+    # could end, 12 ms on a fast CPU, between two cohort tokens), and the cohort's 300 tokens outlast
+    # the burst's delay even at the tiny model's 2.4 ms per token on a fast, quiet CPU
+    a = args(tiny_server.url, dataset="interference", cohort=2, input_len=8, output_len=300, burst=1, burst_len=120,
+             burst_output_len=16, burst_delay=0.1, save_result=str(out))
     s = bench_serve.run(a)
-    assert s.errors == 0 and s.completed == 3 and s.output_tokens == 2 * 80 + 1
+    assert s.errors == 0 and s.completed == 3 and s.output_tokens == 2 * 300 + 16
     recs = json.loads(out.read_text())["requests"]
-    assert [r["group"] for r in recs] == ["cohort", "cohort", "burst"] and recs[2]["start"] >= 0.2
-    # the cohort still decodes while the burst runs (80 tokens take far longer than 0.2 s + one prefill)
+    assert [r["group"] for r in recs] == ["cohort", "cohort", "burst"] and recs[2]["start"] >= 0.1
+    # the cohort still decodes while the burst runs
     assert s.interference is not None and s.interference.cohort_itl_p99_during_ms is not None
 
 
