@@ -171,7 +171,7 @@ def _simulate(workload: Workload, model: ModelSpec, hw: Hardware, profile: Engin
     free_slots: deque[float] | None = deque([0.0] * max_concurrency) if max_concurrency else None
     # an overlap event loop (SGLang's) forms step n+1 while step n runs: a request sent during step
     # n joins step n+2 at the earliest; others pick up what arrived before the step
-    overlap = profile.costs.late_admission
+    late_admission = profile.costs.late_admission
     last_step_start = 0.0
     rejected = 0
     records: dict[str, SimRecord] = {}
@@ -184,7 +184,7 @@ def _simulate(workload: Workload, model: ModelSpec, hw: Hardware, profile: Engin
         while ready and (free_slots is None or free_slots):
             t, si, ti = ready.popleft()
             sent.append((t if free_slots is None else max(t, free_slots.popleft()), si, ti))
-        cutoff = last_step_start if overlap and engine.has_unfinished() else clock.now
+        cutoff = last_step_start if late_admission and engine.has_unfinished() else clock.now
         while sent and sent[0][0] <= cutoff:
             t, si, ti = sent.popleft()
             turn = workload.sessions[si].turns[ti]

@@ -9,8 +9,8 @@ at concurrency c measured in steady state (c warm-up requests, then 2c; a source
 whole run and prints its mean concurrency gets the loop's rate at that mean), Poisson arrivals for
 40 seconds. The split is fixed:
 of the points in use, in file order, even positions fit and odd positions are held back.
-The fit is a coordinate search over each engine's ``FITTED_FIELDS`` minimizing the squared log
-error on its fit points; ``kvserve sim validate --fit`` writes ``data/fitted_terms.json``.
+The fit is Gauss-Newton over each engine's ``FITTED_FIELDS`` minimizing the squared log error on
+its fit points; ``kvserve sim validate --fit`` writes ``data/fitted_terms.json``.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def workload_for(p: dict) -> tuple[Workload, float, int | None]:
             i = max(4, min(4000, int(rng.lognormvariate(math.log(w["input_mean"]) - 0.5, 1.0))))
             o = max(1, min(2000, int(rng.lognormvariate(math.log(w["output_mean"]) - 0.5, 1.0))))
         turns.append(Turn([rng.randrange(100, 30000) for _ in range(i)], o))
-    return Workload(p["id"], [Session([t]) for t in turns]), float(rate or math.inf), conc
+    return Workload(p.get("id", "point"), [Session([t]) for t in turns]), float(rate or math.inf), conc
 
 
 def metric(r: SimResult, name: str, p: dict | None = None) -> float:
@@ -77,10 +77,17 @@ def metric(r: SimResult, name: str, p: dict | None = None) -> float:
     # mostly its first fill and its drain tail (a few long answers alone): its steady rate stands in
     offline_trace = p is not None and p["workload"]["kind"] != "fixed" and not any(p["load"].values())
     steady = offline_trace or r.warmup_requests > 0
-    return {"output_tok_s": lambda: r.steady_output_tokens_per_s if steady else r.output_tokens_per_s,
-            "ttft_mean_ms": lambda: r.ttft_ms.mean, "ttft_p50_ms": lambda: r.ttft_ms.p50,
+    if name == "output_tok_s":
+        rate = r.steady_output_tokens_per_s if steady else r.output_tokens_per_s
+        if p is not None and p["load"].get("mean_concurrency"):
+            # bench_serving scores tokens over the whole run, fill and drain included, and prints the
+            # mean number in flight ("Concurrency"); by Little's law its rate is the loop's at that mean
+            rate *= p["load"]["mean_concurrency"] / p["load"]["concurrency"]
+        return rate
+    return {"ttft_mean_ms": lambda: r.ttft_ms.mean, "ttft_p50_ms": lambda: r.ttft_ms.p50,
             "itl_mean_ms": lambda: r.itl_ms.mean, "itl_p50_ms": lambda: r.itl_ms.p50,
-            "tpot_p50_ms": lambda: r.tpot_ms.p50, "batch_latency_s": lambda: r.duration_s}[name]()  # type: ignore[union-attr]
+            "tpot_p50_ms": lambda: r.tpot_ms.p50,
+            "batch_latency_s": lambda: r.duration_s}[name]()  # type: ignore[union-attr]
 
 
 # the fields that decide a simulation: points that differ only in metric (and value) share one run
@@ -102,15 +109,8 @@ def _simulate_setting(setting: str, costs: EngineCosts) -> SimResult:
 
 
 def simulate_point(p: dict, costs: EngineCosts | None = None) -> float:
-    setting = json.dumps({k: p.get(k) for k in SETTING_FIELDS} | {"id": p["id"].rsplit("-", 1)[0]}, sort_keys=True)
-    r = _simulate_setting(setting, costs or costs_for(p["engine"]))
-    conc = p["load"].get("concurrency")
-    value = metric(r, p["metric"], p)
-    if p["metric"] == "output_tok_s" and p["load"].get("mean_concurrency"):
-        # bench_serving scores tokens over the whole run, fill and drain included, and prints the mean
-        # number in flight ("Concurrency"); by Little's law its rate is the loop's rate at that mean
-        value *= p["load"]["mean_concurrency"] / conc
-    return value
+    setting = json.dumps({k: p.get(k) for k in SETTING_FIELDS}, sort_keys=True)
+    return metric(_simulate_setting(setting, costs or costs_for(p["engine"])), p["metric"], p)
 
 
 @dataclass
@@ -139,7 +139,8 @@ def fit(points: list[dict], iterations: int = 2, log=print, damping: float = 0.0
     """Per engine, Gauss-Newton on the log errors of its fit points over log(FITTED_FIELDS): each
     iteration simulates the points once as they are and once per term nudged by 20%, solves the
     linearized least squares (Levenberg-damped by ``damping`` x points, each step at most a factor
-    of 3), and keeps the step, or half or a quarter of it, if it helps. ``start``: terms per engine to start from (else the catalog's)."""
+    of 3), and keeps the step, or half or a quarter of it, if it helps. ``start``: terms per engine
+    to start from (else the catalog's)."""
     import numpy as np
 
     out: dict[str, dict[str, float]] = {}

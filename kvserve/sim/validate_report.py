@@ -13,7 +13,8 @@ from kvserve.sim import validate
 from kvserve.sim.engine_costs import load_fitted
 
 UNITS = {"output_tok_s": "out tok/s", "ttft_mean_ms": "TTFT mean ms", "ttft_p50_ms": "TTFT p50 ms",
-         "itl_mean_ms": "ITL mean ms", "itl_p50_ms": "ITL p50 ms", "tpot_p50_ms": "TPOT p50 ms", "batch_latency_s": "batch s"}
+         "itl_mean_ms": "ITL mean ms", "itl_p50_ms": "ITL p50 ms", "tpot_p50_ms": "TPOT p50 ms",
+         "batch_latency_s": "batch s"}
 
 
 def setting(p: dict) -> str:
