@@ -126,6 +126,9 @@ class SchedulerConfig:
     max_reorder_queue: int = field(default=256, metadata={"cli": False})  # longer waiting queues stay fcfs (cost)
     chunked_prefill: bool = field(default=True, metadata={"cli": False})  # False: a prompt's prefill runs whole
     static_batching: bool = field(default=False, metadata={"cli": False})  # batch-then-wait baseline
+    # False: a step with prefill work carries only prefill chunks, decodes wait (SGLang without
+    # --enable-mixed-chunk); True: decodes and prefill chunks share every step (vLLM V1)
+    mixed_prefill: bool = field(default=True, metadata={"cli": False})
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens"):

@@ -84,20 +84,27 @@ cook = {  # (section, input len, concurrency, prompts, "Concurrency"): output to
 names = ("output_tok_s", "ttft_mean_ms", "ttft_p50_ms", "tpot_p50_ms", "itl_mean_ms", "itl_p50_ms")
 labels = ("Output token throughput (tok/s)", "Mean TTFT (ms)", "Median TTFT (ms)", "Median TPOT (ms)",
           "Mean ITL (ms)", "Median ITL (ms)")
+# the six runs went to one server in this order (one deployment command for the section), and bench_serving
+# seeds its draws (--seed 1): run k's first prompts are run k-1's, so each run finds them in the radix cache
+cook_runs: list[dict] = []  # the series: every run of the section, in order
 for (section, isl, c, n, mean_c), values in cook.items():
+    run = {"workload": {"kind": "random", "input_len": isl, "output_len": 1000, "range_ratio": 0.0, "num_prompts": n,
+                        "seed": 1}, "load": {"concurrency": c}}
     for metric, label, v in zip(names, labels, values):
         add(id=f"sgl-cookbook-70b-a100x8-{isl}-c{c}-{metric}", engine="sglang", source=COOK,
             where=f"5. Benchmark, 5.1 Speed Benchmark, {section} (--random-input-len {isl} --random-output-len 1000 "
                   f"--num-prompts {n} --max-concurrency {c}), line '{label}'",
             engine_version="SGLang 0.5.6 (sglang serve --tp 8, defaults), bench_serving",
             hardware="a100", model="llama-3.1-70b", tp=8, weights="bf16", kv="bf16",
-            workload={"kind": "random", "input_len": isl, "output_len": 1000, "range_ratio": 0.0, "num_prompts": n},
-            load={"concurrency": c, "mean_concurrency": mean_c}, metric=metric, value=v,
-            note="bench_serving's random lengths (no --random-range-ratio: uniform up to the given lengths); "
-                 "the A100's memory is not stated (80 GB assumed) nor the dtype (bf16, the checkpoint's). The TTFT "
-                 "tails (P99 1.3 s at c=100 with ~500-token prompts, 1.9 s at c=64 with ~4,000) rule out a first "
-                 "wave of c prompts sent at once (its prefill alone would take 4-20 s), so the loop is simulated "
-                 "in steady state like the others; mean_concurrency is the run's printed 'Concurrency'")
+            workload=run["workload"], load=dict(run["load"], mean_concurrency=mean_c),
+            series="sgl-cookbook-70b-a100x8", run=len(cook_runs), metric=metric, value=v,
+            note="bench_serving's random dataset, drawn as it draws it (numpy seeded with its default --seed 1: the "
+                 "draws reproduce every run's published input and output token totals); scored over the whole run "
+                 "as bench_serving scores it, after its one warm-up request and after the runs before it on the same "
+                 "server (its series), whose prompts share each index's prefix. The A100's memory is not stated "
+                 "(80 GB assumed) nor the dtype (bf16, the checkpoint's); mean_concurrency is the run's printed "
+                 "'Concurrency', shown beside the simulated one")
+    cook_runs.append(run)
 # AMD's ROCm fork of vLLM (v0.10.0, V1 engine): its dev-docker README's latency table, benchmark_latency.py
 # (a static batch of B prompts handed to LLM.generate at once; mean wall time of 5 runs after 3 warm-ups)
 ROCM = "https://github.com/ROCm/vllm/blob/7802e2b729300adb67a665783292cd25684d1292/docs/dev-docker/README.md"
@@ -124,9 +131,11 @@ doc = {"_about": "Published GPU measurements of vLLM, SGLang and TensorRT-LLM, e
        "and fits the free cost terms on the 'fit' half (every other used point, in file order) and scores the rest. "
        "Llama 3.3 70B has Llama 3.1 70B's shapes (the llama-3.1-70b preset). ShareGPT workloads are synthesized with "
        "the runs' mean lengths (227 in, 194 out; lognormal, sigma 1): the sources do not list per-request lengths. "
-       "'random' workloads draw lengths as bench_serving does: uniform in [max(1, L x range_ratio), L]. A closed loop "
-       "is scored in steady state (after c warm-up requests); where load.mean_concurrency is given (bench_serving's "
-       "'Concurrency', the whole run's mean in flight), its throughput is the loop's rate at that mean.",
-       "collected": "2026-12-02", "points": pts}
+       "'random' workloads draw lengths as bench_serving does: uniform in [max(1, L x range_ratio), L]; with a seed, "
+       "exactly its draws, and the run is simulated whole, after bench_serving's warm-up request. A point of a series "
+       "is run 'run' of the runs 'series' names (below), sent to one server one after another: each run finds the "
+       "earlier runs' prompts in the prefix cache. Other closed loops are scored in steady state (after c warm-up "
+       "requests).",
+       "collected": "2026-12-02", "series": {"sgl-cookbook-70b-a100x8": cook_runs}, "points": pts}
 json.dump(doc, open("kvserve/sim/data/validation.json", "w"), indent=1)
 print(len(pts), sum(p["use"] for p in pts))

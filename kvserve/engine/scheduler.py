@@ -2,7 +2,8 @@
 
 Each step (vLLM V1 style): running requests first, in admission order, each getting what
 it still needs (one token for a decode, a chunk for an unfinished prefill); then waiting
-requests are admitted while the budget, the sequence cap and free KV blocks allow. A new
+requests are admitted while the budget, the sequence cap and free KV blocks allow. With
+``mixed_prefill`` off (SGLang's default) a step with prefill work carries prefill only. A new
 request starts from its longest cached prefix and prefills only the rest; the waiting
 queue is ordered by the schedule policy (fcfs, or cache-aware: lpm, dfs-weight) with a
 starvation guard. When a running request cannot get a block, the newest running request
@@ -246,11 +247,36 @@ class Scheduler:
         batch = Batch()
         budget = self.config.max_num_batched_tokens
         self._plan_prefill_time()
+        # SGLang's default (no --enable-mixed-chunk): a step with prefill work carries only prefill
+        # chunks, and the running requests' decodes wait for the next step
+        prefill_only = not self.config.mixed_prefill and self._has_prefill_work()
         self.spec.begin_step(self.running)
+        budget = self._schedule_running(batch, budget, decodes=not prefill_only)
+        budget = self._admit(batch, budget)
+        if prefill_only and not batch.chunks and not batch.preempted:
+            self._schedule_running(batch, budget, decodes=True)  # nothing could be admitted: decode instead
 
+        batch.kv_transfers = self.kv.take_transfers()
+        batch.finished_request_ids, self._gone = self._gone, []
+        if batch.preempted:
+            self._log_preemptions(len(batch.preempted))
+        self.stats.num_steps += 1
+        return batch
+
+    def _has_prefill_work(self) -> bool:
+        """A running request's prompt is still being prefilled, or a waiting one could join."""
+        return (any(not is_decoding(r) for r in self.running)
+                or bool(self.waiting) and len(self.running) < self.config.max_num_seqs)
+
+    def _schedule_running(self, batch: Batch, budget: int, decodes: bool = True) -> int:
+        """Running requests first, in admission order, each what it still needs (``decodes`` False:
+        prefill chunks only); preempts the newest when one cannot get a block. Returns the budget left."""
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
+            if not decodes and is_decoding(req):
+                i += 1
+                continue
             n = self._chunk_size(req, budget)
             if n == 0:  # a prefill that does not fit this step's time
                 i += 1
@@ -272,8 +298,11 @@ class Scheduler:
                 i += 1
                 continue
             break  # req preempted itself: nothing behind it can fit either
+        return budget
 
-        # Admit new work only when nobody had to be preempted this step.
+    def _admit(self, batch: Batch, budget: int) -> int:
+        """Admit waiting requests while the budget, the sequence cap and free blocks allow, and only
+        when nobody had to be preempted this step. Returns the budget left."""
         if self.config.static_batching and self.running:
             budget = 0  # batch-then-wait: nothing joins until the batch has drained
         if self.waiting and not batch.preempted and budget > 0:
@@ -310,13 +339,7 @@ class Scheduler:
             self._add_chunk(batch, req, n)
             budget -= n
         self.waiting.extendleft(reversed(deferred))
-
-        batch.kv_transfers = self.kv.take_transfers()
-        batch.finished_request_ids, self._gone = self._gone, []
-        if batch.preempted:
-            self._log_preemptions(len(batch.preempted))
-        self.stats.num_steps += 1
-        return batch
+        return budget
 
     def _add_chunk(self, batch: Batch, req: Request, n: int, drafts: list[int] | None = None) -> None:
         chunk = ScheduledChunk(req, req.num_computed_tokens, n, self.kv.table(req.request_id), drafts or [])

@@ -12,8 +12,8 @@ The scheduler is the same for every profile; these terms only change what a step
 - prefill/decode interference: a step that mixes both does not fully overlap its compute-bound and
   memory-bound halves.
 
-The ``fitted`` terms (``gemm_scale``, ``bandwidth_scale``, ``host_step_s``, ``allreduce_s``) are
-multipliers and times fitted to published measurements by ``kvserve sim validate --fit`` (see
+The ``fitted`` terms (``gemm_scale``, ``bandwidth_scale``, ``host_step_s``, ``host_per_seq_s``,
+``allreduce_s``) are multipliers and times fitted to published measurements by ``kvserve sim validate --fit`` (see
 ``kvserve/sim/validate.py`` and ``kvserve/sim/data/fitted_terms.json``); the rest come from the
 engines' documented defaults.
 """

@@ -24,6 +24,7 @@ class EngineProfile:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     chunked_prefill: bool = True
+    mixed_prefill: bool = True  # decodes share steps with prefill chunks (False: SGLang's prefill-only steps)
     static_batching: bool = False
     prefix_caching: bool = True
     schedule_policy: str = "fcfs"
@@ -64,7 +65,8 @@ class EngineProfile:
             cache=CacheConfig(block_size=self.block_size, enable_prefix_caching=self.prefix_caching,
                               kv_cache_dtype=self.kv if self.kv in EIGHT_BIT_KV_DTYPES else "auto"),
             scheduler=SchedulerConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
-                                      chunked_prefill=self.chunked_prefill, static_batching=self.static_batching,
+                                      chunked_prefill=self.chunked_prefill, mixed_prefill=self.mixed_prefill,
+                                      static_batching=self.static_batching,
                                       schedule_policy=self.schedule_policy if self.prefix_caching else "fcfs",
                                       prefill_step_factor=self.prefill_step_factor))
 
@@ -78,8 +80,11 @@ PROFILES: dict[str, EngineProfile] = {
                             static_batching=True, prefix_caching=False, engine="static"),
     "vllm": EngineProfile("vllm", "vLLM V1: continuous batching, chunked prefill (8192), block-hash prefix "
                           "cache, FCFS; host scheduling between steps, CUDA graphs up to 512", engine="vllm"),
-    "sglang": EngineProfile("sglang", "SGLang: radix cache, longest-prefix-match order, chunked prefill (8192); "
-                            "overlap scheduler, CUDA graphs up to 256", schedule_policy="lpm", engine="sglang"),
+    # SGLang runs a step of new prefill whenever it can form one and decodes otherwise; it mixes
+    # the two only with --enable-mixed-chunk (off by default): https://docs.sglang.io/advanced_features/server_arguments.html
+    "sglang": EngineProfile("sglang", "SGLang: radix cache, longest-prefix-match order, chunked prefill (8192) in "
+                            "prefill-only steps; overlap scheduler, CUDA graphs up to 256", schedule_policy="lpm",
+                            mixed_prefill=False, engine="sglang"),
     # TensorRT-LLM's LLM API defaults: max_batch_size 2048, max_num_tokens 8192
     "trtllm": EngineProfile("trtllm", "TensorRT-LLM: in-flight batching (2048 sequences), FP8 weights and KV, MTP (3 tokens, "
                             "acceptance 0.7); overlap scheduler, CUDA graphs up to 8192", weights="fp8", kv="fp8", spec_tokens=3,

@@ -127,6 +127,9 @@ class SimResult:
     # warm-up requests in a closed loop, the loop's rate from the measured requests (Little's law)
     steady_output_tokens_per_s: float = 0.0
     warmup_requests: int = 0
+    # requests in flight on average over the run (bench_serving's "Concurrency": their end-to-end
+    # times summed over the run's duration)
+    mean_concurrency: float = 0.0
 
     def cost_per_million_output_tokens(self, utilization: float = 1.0) -> float:
         """USD per 1M output tokens with the devices busy ``utilization`` of the time at this rate."""
@@ -134,45 +137,66 @@ class SimResult:
         return self.price_per_hour * self.devices / (per_s * 3600) * 1e6 if per_s else float("inf")
 
 
+@dataclass(frozen=True)
+class Run:
+    """One benchmark run against the simulated server: a workload, its arrivals, its client cap."""
+
+    workload: Workload
+    request_rate: float = float("inf")
+    max_concurrency: int | None = None
+    # the first this many admitted requests only load the engine: latencies are the later requests',
+    # and with ``max_concurrency`` the steady rate is the closed loop's
+    warmup_requests: int = 0
+
+
 def simulate(workload: Workload, model: ModelSpec, hw: Hardware, profile: EngineProfile, *, tp: int = 1,
              request_rate: float = float("inf"), max_concurrency: int | None = None, seed: int = 0,
              mem_util: float = 0.9, num_kv_blocks: int | None = None, host_tier_gb: float = 0.0,
              max_model_len: int | None = None, max_steps: int = 5_000_000, warmup_requests: int = 0) -> SimResult:
-    """Replay ``workload``; with ``warmup_requests`` the first that many admitted requests only load
-    the engine: latencies are the later requests', and with ``max_concurrency`` the steady rate is
-    the closed loop's (a loop measured in steady state, as perf_analyzer's measurement windows do)."""
+    """Replay ``workload`` on a fresh engine; with ``warmup_requests`` the first that many admitted
+    requests only load the engine (a loop measured in steady state, as perf_analyzer's measurement
+    windows do)."""
+    run = Run(workload, request_rate, max_concurrency, warmup_requests)
+    return simulate_runs([run], model, hw, profile, tp=tp, seed=seed, mem_util=mem_util, num_kv_blocks=num_kv_blocks,
+                         host_tier_gb=host_tier_gb, max_model_len=max_model_len, max_steps=max_steps)[0]
+
+
+def simulate_runs(runs: list[Run], model: ModelSpec, hw: Hardware, profile: EngineProfile, *, tp: int = 1,
+                  seed: int = 0, mem_util: float = 0.9, num_kv_blocks: int | None = None, host_tier_gb: float = 0.0,
+                  max_model_len: int | None = None, max_steps: int = 5_000_000) -> list[SimResult]:
+    """Replay ``runs`` one after another on one engine, as benchmark runs against one server go: each
+    starts once the last has drained, and finds the prefix cache (and tiers) as the last left them."""
     # the engine's "KV cache full ... --max-num-seqs" advice is for a server's operator; here the
     # count of preemptions is part of the result instead
     sched_log = logging.getLogger("kvserve.engine.scheduler")
     level = sched_log.level
     sched_log.setLevel(logging.ERROR)
     try:
-        return _simulate(workload, model, hw, profile, tp=tp, request_rate=request_rate,
-                         max_concurrency=max_concurrency, seed=seed, mem_util=mem_util, num_kv_blocks=num_kv_blocks,
-                         host_tier_gb=host_tier_gb, max_model_len=max_model_len, max_steps=max_steps,
-                         warmup_requests=warmup_requests)
+        engine, runner, clock = build_sim_engine(model, hw, profile, tp=tp, mem_util=mem_util,
+                                                 num_kv_blocks=num_kv_blocks, host_tier_gb=host_tier_gb,
+                                                 max_model_len=max_model_len)
+        return [_replay(engine, runner, clock, run, hw, profile, tp, seed, max_steps, k) for k, run in enumerate(runs)]
     finally:
         sched_log.setLevel(level)
 
 
-def _simulate(workload: Workload, model: ModelSpec, hw: Hardware, profile: EngineProfile, *, tp: int,
-              request_rate: float, max_concurrency: int | None, seed: int, mem_util: float,
-              num_kv_blocks: int | None, host_tier_gb: float, max_model_len: int | None,
-              max_steps: int, warmup_requests: int) -> SimResult:
-    engine, runner, clock = build_sim_engine(model, hw, profile, tp=tp, mem_util=mem_util, num_kv_blocks=num_kv_blocks,
-                                             host_tier_gb=host_tier_gb, max_model_len=max_model_len)
-    starts = session_starts(workload, request_rate, random.Random(seed))
-    arrivals = [(t, i, 0) for i, t in enumerate(starts)]
+def _replay(engine: Engine, runner: SimRunner, clock: VirtualClock, run: Run, hw: Hardware, profile: EngineProfile,
+            tp: int, seed: int, max_steps: int, run_index: int) -> SimResult:
+    workload, max_concurrency = run.workload, run.max_concurrency
+    t0 = clock.now
+    busy0, preempted0 = runner.busy_s, engine.scheduler.stats.num_preemptions
+    starts = session_starts(workload, run.request_rate, random.Random(seed))
+    arrivals = [(t0 + t, i, 0) for i, t in enumerate(starts)]
     heapq.heapify(arrivals)
     ready: deque[tuple[float, int, int]] = deque()  # arrived, waiting for a client slot
     sent: deque[tuple[float, int, int]] = deque()  # sent, not yet seen by the scheduler
     # the times client slots fell free (None: no concurrency cap); a request is sent at the later of
     # its arrival and the slot it takes
-    free_slots: deque[float] | None = deque([0.0] * max_concurrency) if max_concurrency else None
+    free_slots: deque[float] | None = deque([t0] * max_concurrency) if max_concurrency else None
     # an overlap event loop (SGLang's) forms step n+1 while step n runs: a request sent during step
     # n joins step n+2 at the earliest; others pick up what arrived before the step
     late_admission = profile.costs.late_admission
-    last_step_start = 0.0
+    last_step_start = t0
     rejected = 0
     records: dict[str, SimRecord] = {}
     steps = 0
@@ -188,7 +212,7 @@ def _simulate(workload: Workload, model: ModelSpec, hw: Hardware, profile: Engin
         while sent and sent[0][0] <= cutoff:
             t, si, ti = sent.popleft()
             turn = workload.sessions[si].turns[ti]
-            rid = f"{si}:{ti}"
+            rid = f"{run_index}:{si}:{ti}"
             try:
                 engine.add_request(rid, turn.prompt, SamplingParams(max_tokens=turn.max_tokens, ignore_eos=True))
             except InvalidArgumentError:
@@ -204,14 +228,15 @@ def _simulate(workload: Workload, model: ModelSpec, hw: Hardware, profile: Engin
             continue
         before = last_step_start = clock.now
         for req in engine.step():
-            rec = records[req.request_id]
+            rid = req.request_id
+            rec = records[rid]
             rec.token_times.append(clock.now)
             rec.cached_tokens = req.num_cached_tokens
             if req.is_finished:
                 if free_slots is not None:
                     free_slots.append(clock.now)
                 progress.advance()
-                si, ti = map(int, req.request_id.split(":"))
+                _, si, ti = map(int, rid.split(":"))
                 if ti + 1 < len(workload.sessions[si].turns):
                     heapq.heappush(arrivals, (clock.now, si, ti + 1))
         steps += 1
@@ -224,7 +249,14 @@ def _simulate(workload: Workload, model: ModelSpec, hw: Hardware, profile: Engin
                 raise RuntimeError("simulation stalled: requests wait but nothing can be scheduled")
         if steps > max_steps:
             raise RuntimeError(f"simulation exceeded {max_steps} steps")
+    return _result(records, run, runner, hw, profile, tp, rejected, runner.busy_s - busy0,
+                   engine.scheduler.stats.num_preemptions - preempted0)
 
+
+def _result(records: dict[str, SimRecord], run: Run, runner: SimRunner, hw: Hardware, profile: EngineProfile,
+            tp: int, rejected: int, busy_s: float, preemptions: int) -> SimResult:
+    """What ``bench serve`` reports of one run, from its requests' token times."""
+    workload, max_concurrency, warmup_requests = run.workload, run.max_concurrency, run.warmup_requests
     done = [r for r in records.values() if r.token_times]
     measured = [r for r in done if r.order >= warmup_requests] if 0 < warmup_requests < len(done) else done
     duration = max((r.token_times[-1] for r in done), default=0.0) - min((r.sent for r in done), default=0.0)
@@ -244,14 +276,15 @@ def _simulate(workload: Workload, model: ModelSpec, hw: Hardware, profile: Engin
         e2e = sum(r.token_times[-1] - r.sent for r in measured) / len(measured)
         steady = max_concurrency * sum(len(r.token_times) for r in measured) / len(measured) / max(e2e, 1e-9)
     return SimResult(
-        profile=profile.name, hardware=hw.key, model=model.name, devices=devices, requests=workload.num_requests,
-        completed=len(done), rejected=rejected, duration_s=round(duration, 3),
-        busy_fraction=round(min(1.0, runner.busy_s / duration), 3), input_tokens=n_in, output_tokens=n_out,
+        profile=profile.name, hardware=hw.key, model=runner.roofline.model.name, devices=devices,
+        requests=workload.num_requests, completed=len(done), rejected=rejected, duration_s=round(duration, 3),
+        busy_fraction=round(min(1.0, busy_s / duration), 3), input_tokens=n_in, output_tokens=n_out,
         output_tokens_per_s=round(n_out / duration, 2), request_throughput=round(len(done) / duration, 4),
         ttft_ms=Dist.of([r.token_times[0] - r.sent for r in measured]), itl_ms=Dist.of(itls),
         tpot_ms=Dist.of(tpots), e2e_ms=Dist.of([r.token_times[-1] - r.sent for r in measured]),
         prefix_hit_rate=round(sum(r.cached_tokens for r in done) / max(1, n_in), 4),
-        preemptions=engine.scheduler.stats.num_preemptions, kv_blocks=runner.num_kv_blocks,
+        preemptions=preemptions, kv_blocks=runner.num_kv_blocks,
         block_size=runner.block_size, price_per_hour=hw.price_per_hour,
         steady_output_tokens_per_s=round(steady, 2), warmup_requests=warmup_requests,
+        mean_concurrency=round(sum(r.token_times[-1] - r.sent for r in done) / duration, 2),
     )

@@ -173,3 +173,36 @@ def test_prefill_chunks_shrink_to_the_time_allowance_while_others_decode():
     s.update(b, StepOutput(token_ids={c.request.request_id: [7] for c in b.chunks if c.sample}))
     b = s.schedule()
     assert [c.num_tokens for c in b.chunks if c.request.request_id == "long"] == [1000 - 32 - sum(long_sizes)]
+
+
+def test_prefill_only_steps_hold_decodes_back_until_the_prefill_is_done():
+    """mixed_prefill off (SGLang's default): a step with prefill work carries only prefill chunks, its
+    running requests' decodes wait, and they decode again once the prompt is in (chunks included)."""
+    kv = KVManager(64, 4, enable_prefix_caching=False)
+    s = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=10, prefill_step_factor=0.0,
+                                  mixed_prefill=False), kv)
+    s.add(req("a", 6, max_tokens=8))
+    fake_step(s)  # a's prompt
+    assert [c.is_decode for c in fake_step(s).chunks] == [True]
+    s.add(req("b", 15))
+    steps = [[(c.request.request_id, c.num_tokens) for c in fake_step(s).chunks] for _ in range(3)]
+    assert steps == [[("b", 10)], [("b", 5)], [("a", 1), ("b", 1)]]  # b's chunks alone, then both decode
+    # the vLLM way (the default): the decode and the new prompt's chunk share the step
+    s2, _ = make(budget=10)
+    s2.add(req("a", 6, max_tokens=8))
+    fake_step(s2)
+    s2.add(req("b", 15))
+    assert [(c.request.request_id, c.num_tokens) for c in fake_step(s2).chunks] == [("a", 1), ("b", 9)]
+
+
+def test_prefill_only_steps_decode_when_nothing_can_be_admitted():
+    """A waiting request that cannot get its blocks must not stall the running ones: they decode."""
+    kv = KVManager(4, 4, enable_prefix_caching=False)
+    s = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=100, prefill_step_factor=0.0,
+                                  mixed_prefill=False), kv)
+    s.add(req("a", 8, max_tokens=4))  # 2 of the 4 blocks, 3 once it decodes
+    fake_step(s)
+    s.add(req("b", 12))  # needs 3 blocks: waits
+    b = fake_step(s)
+    assert [(c.request.request_id, c.is_decode) for c in b.chunks] == [("a", True)]
+    assert [r.request_id for r in s.waiting] == ["b"]

@@ -21,7 +21,7 @@ from kvserve.sim.simulate import build_sim_engine, simulate
 M8B, H100 = PRESETS["llama-3.1-8b"], get_hardware("h100-sxm")
 PLAIN = EngineCosts(host_step_s=0.003, host_per_seq_s=0.0, graph_sizes=(1, 2, 4, 8, 16), gemm_half_tokens=0.0,
                     attn_half_kv_tokens=0.0, interference=0.0)
-RESULTS = Path(__file__).parents[2] / "docs" / "results" / "2026-12-02-s11-simgpu" / "validation.json"
+RESULTS = Path(__file__).parents[2] / "docs" / "results" / "2026-12-02-s12-simgpu" / "validation.json"
 
 
 def decode(n: int, ctx: int = 1000) -> list[ChunkShape]:
@@ -128,9 +128,8 @@ def test_validation_data_covers_engines_gpus_models_and_concurrency():
         assert max(len(v) for v in levels.values()) >= 3, engine
 
 
-def test_random_lengths_and_whole_run_concurrency_follow_the_benchmark():
-    """bench_serving's random dataset draws lengths uniformly up to the given ones (range ratio 0), and
-    a source's printed mean concurrency scales the loop's rate (Little's law)."""
+def test_random_lengths_follow_the_benchmark():
+    """bench_serving's random dataset draws lengths uniformly up to the given ones (range ratio 0)."""
     p = {"id": "x-output_tok_s", "engine": "sglang", "hardware": "h100-sxm", "model": "llama-3.1-8b", "tp": 1,
          "weights": "bf16", "kv": "bf16", "metric": "output_tok_s", "value": 1.0,
          "workload": {"kind": "random", "input_len": 1000, "output_len": 400, "range_ratio": 0.0, "num_prompts": 80},
@@ -140,9 +139,52 @@ def test_random_lengths_and_whole_run_concurrency_follow_the_benchmark():
     outs = [s.turns[0].max_tokens for s in wl.sessions]
     assert conc == 16 and min(ins) >= 1 and max(ins) <= 1000 and 350 < sum(ins) / len(ins) < 650
     assert max(outs) <= 400 and 130 < sum(outs) / len(outs) < 270
-    full = validate.simulate_point(p)
-    half = validate.simulate_point(dict(p, load={"concurrency": 16, "mean_concurrency": 8}))
-    assert half == pytest.approx(full / 2)
+
+
+# SGLang's cookbook (kvserve/sim/data/validation.json): (input len, prompts) -> its printed
+# "Total input tokens" and "Total generated tokens"
+COOKBOOK_TOTALS = {(1000, 10): (6101, 4220), (1000, 80): (39668, 40805), (1000, 500): (249831, 252662),
+                   (8000, 10): (41941, 4220), (8000, 80): (300020, 41669), (8000, 320): (1273893, 170000)}
+
+
+def test_seeded_random_runs_reproduce_bench_servings_draws():
+    """With its seed, the workload is bench_serving's own: every cookbook run's published token totals
+    come out exactly, and each index's prompt is the same conversation cut to that run's length."""
+    series = validate.load_series()["sgl-cookbook-70b-a100x8"]
+    assert len(series) == len(COOKBOOK_TOTALS)
+    for run in series:
+        w = run["workload"]
+        lengths = validate.bench_serving_lengths(w)
+        assert (sum(i for i, _ in lengths), sum(o for _, o in lengths)) == COOKBOOK_TOTALS[(w["input_len"],
+                                                                                           w["num_prompts"])]
+    a, b = validate.bench_serving_prompt(3, 900), validate.bench_serving_prompt(3, 5000)
+    assert b[:900] == a and validate.bench_serving_prompt(4, 900)[:16] != a[:16]
+    for p in validate.load_points():  # a point of a series is that run of it
+        if "series" in p:
+            run = validate.load_series()[p["series"]][p["run"]]
+            assert p["workload"] == run["workload"] and p["load"]["concurrency"] == run["load"]["concurrency"]
+
+
+def test_a_series_runs_on_one_server_and_finds_the_earlier_runs_prompts_cached():
+    """Runs sent to one server one after another share its prefix cache: a run whose prompts extend an
+    earlier run's is served partly from the cache and gets its first tokens sooner than on a fresh
+    server; bench_serving's warm-up request precedes each run."""
+    from kvserve.sim.simulate import Run, simulate_runs
+
+    def run(input_len):
+        w = {"kind": "random", "input_len": input_len, "output_len": 32, "num_prompts": 12, "seed": 1}
+        return {"workload": w, "load": {"concurrency": 4}}
+
+    runs = validate._runs_for(run(1000))
+    assert len(runs) == 2 and runs[0].workload.num_requests == 1  # the warm-up, then the run itself
+    assert runs[0].workload.sessions[0].turns[0].prompt == runs[1].workload.sessions[0].turns[0].prompt
+    fresh = simulate_runs(validate._runs_for(run(4000)), M8B, H100, get_profile("sglang"))[-1]
+    series = simulate_runs(validate._runs_for(run(1000)) + validate._runs_for(run(4000)), M8B, H100,
+                           get_profile("sglang"))[-1]
+    assert fresh.prefix_hit_rate < 0.1 < 0.15 < series.prefix_hit_rate  # fresh: the warm-up request's prompt
+    assert series.ttft_ms.mean < 0.95 * fresh.ttft_ms.mean
+    assert series.completed == fresh.completed == 12 and series.mean_concurrency <= 4
+    assert isinstance(runs[1], Run) and runs[1].warmup_requests == 0  # measured whole, as bench_serving does
 
 
 def test_held_back_error_stays_within_the_recorded_fit():
@@ -151,19 +193,18 @@ def test_held_back_error_stays_within_the_recorded_fit():
     doc = json.loads(RESULTS.read_text())
     held = doc["summary"]["held back"]
     assert held["points"] >= 50
-    # the goal's median (15%) is met; its max (35%) is not: SGLang's cookbook mean TTFT of ~500-token
-    # prompts at concurrency 16 (-57%) and SGLang 0.3's 8B median TTFT at 8 req/s (+40%) miss it
-    # (docs/simulator.md says why). Every other held-back point is within the goal's 35%, and the
-    # worst stays within what this fit reached.
+    # the goal's median (15%) is met; its max (35%) is not, narrowly: SGLang's cookbook mean TTFT of
+    # ~500-token prompts at concurrency 16 (-36%; docs/simulator.md says why). Every other held-back
+    # point is within the goal's 35%, and the worst stays within what this fit reached.
     assert held["median_abs_error"] < validate.GOAL_MEDIAN
-    assert held["max_abs_error"] < 0.6
+    assert held["max_abs_error"] < 0.37
     rows = {r["id"]: r for r in doc["rows"]}
     pts = {p["id"]: p for p in validate.load_points()}
-    known_misses = {"sgl-cookbook-70b-a100x8-1000-c16-ttft_mean_ms", "sglang-readme-sglang-8b-a100-rps8-ttft_p50_ms"}
+    known_misses = {"sgl-cookbook-70b-a100x8-1000-c16-ttft_mean_ms"}
     others = [abs(r["error"]) for r in doc["rows"] if r["half"] == "held back" and r["id"] not in known_misses]
     assert max(others) < validate.GOAL_MAX
     cheap = ["nim-70b-h100x2-c1-ttft_mean_ms", "nim-70b-h100x2-c5-itl_mean_ms",
-             "sglang-readme-vllm-8b-a100-rps4-tpot_p50_ms", "sgl-cookbook-70b-a100x8-8000-c16-tpot_p50_ms",
+             "sglang-readme-vllm-8b-a100-rps4-tpot_p50_ms", "sglang-readme-sglang-8b-a100-rps8-ttft_p50_ms",
              "rocm-vllm-70b-mi300x8-128-2048-bs8-batch_latency_s"]
     for pid in cheap:
         assert rows[pid]["half"] == "held back"
