@@ -103,7 +103,7 @@ for (section, isl, c, n, mean_c), values in cook.items():
                  "as bench_serving scores it, after its one warm-up request and after the runs before it on the same "
                  "server (its series), whose prompts share each index's prefix. The A100's memory is not stated "
                  "(80 GB assumed) nor the dtype (bf16, the checkpoint's); mean_concurrency is the run's printed "
-                 "'Concurrency', shown beside the simulated one")
+                 "'Concurrency' (compared with the simulated one in docs/simulator.md)")
     cook_runs.append(run)
 # AMD's ROCm fork of vLLM (v0.10.0, V1 engine): its dev-docker README's latency table, benchmark_latency.py
 # (a static batch of B prompts handed to LLM.generate at once; mean wall time of 5 runs after 3 warm-ups)

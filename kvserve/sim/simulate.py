@@ -228,15 +228,14 @@ def _replay(engine: Engine, runner: SimRunner, clock: VirtualClock, run: Run, hw
             continue
         before = last_step_start = clock.now
         for req in engine.step():
-            rid = req.request_id
-            rec = records[rid]
+            rec = records[req.request_id]
             rec.token_times.append(clock.now)
             rec.cached_tokens = req.num_cached_tokens
             if req.is_finished:
                 if free_slots is not None:
                     free_slots.append(clock.now)
                 progress.advance()
-                _, si, ti = map(int, rid.split(":"))
+                _, si, ti = map(int, req.request_id.split(":"))
                 if ti + 1 < len(workload.sessions[si].turns):
                     heapq.heappush(arrivals, (clock.now, si, ti + 1))
         steps += 1

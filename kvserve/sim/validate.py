@@ -5,8 +5,8 @@ Points live in ``kvserve/sim/data/validation.json`` (source URL, where in the so
 settings, published value). Each is simulated with kvserve's own scheduler under the engine's
 profile and cost terms, at most ``MAX_SIM_REQUESTS`` requests (an offline run of thousands of
 fixed-length requests runs in waves: one wave's throughput is about the run's), a closed loop
-at concurrency c measured in steady state (c warm-up requests, then 2c; a source that scores the
-whole run and prints its mean concurrency gets the loop's rate at that mean), Poisson arrivals for
+at concurrency c measured in steady state (c warm-up requests, then 2c), a seeded bench_serving run
+whole and as it drew it (after the runs of its series on the same server), Poisson arrivals for
 40 seconds. The split is fixed:
 of the points in use, in file order, even positions fit and odd positions are held back.
 The fit is Gauss-Newton over each engine's ``FITTED_FIELDS`` minimizing the squared log error on
