@@ -15,6 +15,7 @@ import torch
 
 from kvserve.config import KVServeConfig
 from kvserve.device import resolve_device, resolve_dtype
+from kvserve.model.quant_linear import runs_quantized
 from kvserve.engine.core import EngineCore
 from kvserve.engine.engine import Engine
 from kvserve.errors import MissingPackageError, ModelLoadError
@@ -41,7 +42,7 @@ def build_engine(config: KVServeConfig, model_cfg: ModelConfig, weights: Weights
     if m.num_threads:
         torch.set_num_threads(m.num_threads)
     device = resolve_device(m.device)
-    dtype = resolve_dtype(m.dtype, device)
+    dtype = resolve_dtype(m.dtype, device, quantized=device == "cpu" and runs_quantized(m.quantization, weights))
     runner = TorchRunner(model_cfg, weights, config.cache, dtype=dtype, device=device, max_model_len=m.max_model_len,
                          seed=m.seed, quantization=m.quantization, max_num_seqs=config.scheduler.max_num_seqs)
     runner.proposer = build_proposer(config, model_cfg, runner, draft_weights)

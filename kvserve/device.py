@@ -4,11 +4,17 @@
 show AVX512-BF16 or AMX-BF16. Elsewhere oneDNN emulates bf16 (it reports bf16 "supported" on any
 AVX512 CPU), and a bf16 GEMM is several times slower than float32 (measured 7x on both this
 project's AVX2 machines and an AVX512 Ice Lake without AVX512-BF16), so ``auto`` is float32.
+A model whose linear layers run on kvserve's integer kernels (the embedded GGUF model's default)
+keeps float32 activations on every CPU: its GEMMs do not run in the model's dtype, and in bf16 a
+decode step falls back from the whole-step native call to the Python layers (2.8x slower a 64-row
+step on a Sapphire Rapids-class Xeon, docs/benchmarks.md, session 13).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 
 import torch
 
@@ -19,6 +25,7 @@ log = logging.getLogger(__name__)
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo names of native bf16 instructions
 
 
+@functools.cache
 def cpu_flags() -> set[str]:
     """The CPU's feature flags from /proc/cpuinfo (empty where there is none: not Linux)."""
     try:
@@ -36,6 +43,14 @@ def native_bf16_flags(flags: set[str]) -> list[str]:
     return [f for f in NATIVE_BF16_FLAGS if f in flags]
 
 
+def amx_gemm_available(flags: set[str] | None = None) -> bool:
+    """Whether quantized linears should take oneDNN's bf16 GEMM for many-row inputs: a CPU with
+    AMX-BF16 (``kvserve.model.quant_linear``), oneDNN in torch, and KVSERVE_AMX not 0."""
+    if os.environ.get("KVSERVE_AMX", "1") == "0" or not torch.backends.mkldnn.is_available():
+        return False
+    return "amx_bf16" in (cpu_flags() if flags is None else flags)
+
+
 def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -44,14 +59,19 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def resolve_dtype(dtype: str, device: str, flags: set[str] | None = None) -> torch.dtype:
+def resolve_dtype(dtype: str, device: str, flags: set[str] | None = None, quantized: bool = False) -> torch.dtype:
     """The torch dtype of ``--dtype`` on ``device``; ``auto`` is decided (and logged) as the module says.
-    ``flags``: the CPU's flags (default: this machine's)."""
+    ``flags``: the CPU's flags (default: this machine's); ``quantized``: the linear layers run on
+    kvserve's integer kernels."""
     if dtype != "auto":
         return getattr(torch, dtype)
     if device.startswith("cuda"):
         log.info("dtype auto: bfloat16 (CUDA)")
         return torch.bfloat16
+    if quantized:
+        log.info("dtype auto: float32 (the linear layers run on the integer kernels, which quantize their inputs "
+                 "themselves, and a decode step runs as one native call only in float32)")
+        return torch.float32
     native = native_bf16_flags(cpu_flags() if flags is None else flags)
     if native:
         log.info("dtype auto: bfloat16 (this CPU has native bf16: %s)", ", ".join(native))

@@ -1,11 +1,12 @@
-"""--dtype auto on each kind of CPU: bfloat16 only where the CPU has native bf16 instructions."""
+"""--dtype auto on each kind of CPU: bfloat16 only where the CPU has native bf16 instructions, and
+float32 for a model on the integer kernels; the AMX GEMM only where the CPU has AMX."""
 
 import logging
 
 import pytest
 import torch
 
-from kvserve.device import cpu_flags, resolve_dtype
+from kvserve.device import amx_gemm_available, cpu_flags, resolve_dtype
 
 AMD_AVX2 = {"fpu", "sse4_2", "avx", "avx2", "fma", "f16c"}
 ICE_LAKE = AMD_AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_vbmi2"}  # oneDNN emulates bf16 here
@@ -39,3 +40,22 @@ def test_this_machines_flags_are_read():
     if not flags:
         pytest.skip("no /proc/cpuinfo")
     assert "sse2" in flags or "fp" in flags or "asimd" in flags  # x86 or ARM: some flag we know
+
+
+@pytest.mark.parametrize("flags", [AMD_AVX2, ICE_LAKE, SAPPHIRE_RAPIDS, ZEN4])
+def test_a_model_on_the_integer_kernels_keeps_float32_activations(flags, caplog):
+    with caplog.at_level(logging.INFO, logger="kvserve.device"):
+        assert resolve_dtype("auto", "cpu", flags, quantized=True) == torch.float32
+    assert "integer kernels" in caplog.text
+    assert resolve_dtype("bfloat16", "cpu", flags, quantized=True) == torch.bfloat16  # asked for: kept
+    assert resolve_dtype("auto", "cuda", flags, quantized=True) == torch.bfloat16
+
+
+def test_the_amx_gemm_needs_amx_and_can_be_turned_off(monkeypatch):
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("torch without oneDNN")
+    monkeypatch.delenv("KVSERVE_AMX", raising=False)
+    assert amx_gemm_available(SAPPHIRE_RAPIDS)
+    assert not any(amx_gemm_available(f) for f in (AMD_AVX2, ICE_LAKE, COOPER_LAKE, ZEN4))
+    monkeypatch.setenv("KVSERVE_AMX", "0")
+    assert not amx_gemm_available(SAPPHIRE_RAPIDS)

@@ -249,6 +249,7 @@ def _model_and_dtype(args: argparse.Namespace, offline: dict[str, Any] | None) -
 
     from kvserve.device import resolve_device, resolve_dtype
     from kvserve.errors import InvalidArgumentError
+    from kvserve.kernels import kernels_available
     from kvserve.model.loader import load_model_config, resolve_model_path
 
     cfg = KVServeConfig.from_cli_args(args)
@@ -260,11 +261,13 @@ def _model_and_dtype(args: argparse.Namespace, offline: dict[str, Any] | None) -
     dtype_name = cfg.model.dtype
     if dtype_name == "auto" and offline and offline.get("dtype") in ELEMENT_BYTES:
         dtype_name = offline["dtype"]  # compare against the run in the precision it ran
-    dtype = resolve_dtype(dtype_name, device)
+    path = str(resolve_model_path(cfg.model.model))
+    quantized = any(weight_formats(cfg.model.quantization, path).values()) and kernels_available()
+    dtype = resolve_dtype(dtype_name, device, quantized=quantized)
     from kvserve.attention.kv_pool import get_kv_pool
 
     kv_dtype = str(get_kv_pool(cfg.cache.kv_cache_dtype).storage_dtype(dtype)).removeprefix("torch.")
-    return load_model_config(resolve_model_path(cfg.model.model)), dtype, kv_dtype
+    return load_model_config(path), dtype, kv_dtype
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

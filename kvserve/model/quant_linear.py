@@ -14,8 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvserve.device import amx_gemm_available
 from kvserve.kernels import kernels_available
 from kvserve.model.config import ModelConfig
+from kvserve.model.layers import PackedLinear
 from kvserve.model.quant import BLOCK, QuantWeight, quantize
 
 log = logging.getLogger(__name__)
@@ -27,6 +29,13 @@ _TARGET = {"int8": "q8_0", "int4": "q4_1"}
 # beats dequantizing them and running MKL's fp32 GEMM at every row count measured, 64 to 1,024 rows
 # (~1.25-1.35x at 512-1,024 rows on an AVX2 EPYC: docs/benchmarks.md, session 8), and every row
 # gets the same arithmetic however the step's rows are batched or chunked.
+# Except on a CPU with AMX (Sapphire Rapids and later): there oneDNN's bf16 GEMM over a prepacked
+# copy of the weight beats the integer kernel from ~16 rows (2x at 64 rows, 3-8x for the LM head;
+# docs/benchmarks.md, session 13), so inputs of at least AMX_MIN_ROWS rows take it, converted to
+# bf16 and back. Fewer rows (a small decode batch) stay on the integer kernel, which reads 3.5x
+# fewer bytes. The cost: a bf16 copy of each weight, and results that depend on whether a step
+# had AMX_MIN_ROWS rows. KVSERVE_AMX=0 turns it off.
+AMX_MIN_ROWS = 16
 
 
 class QuantLinear(nn.Module):
@@ -40,7 +49,7 @@ class QuantLinear(nn.Module):
     """
 
     def __init__(self, weight: QuantWeight, bias: torch.Tensor | None, dtype: torch.dtype,
-                 use_kernels: bool | None = None):
+                 use_kernels: bool | None = None, amx: bool | None = None):
         super().__init__()
         self.kind = weight.kind
         self.out_features, self.in_features = weight.shape
@@ -49,8 +58,11 @@ class QuantLinear(nn.Module):
         # plain attributes, not buffers: ``Module.to(dtype)`` must not cast them
         self.packed: torch.Tensor | None = None
         self.dense: torch.Tensor | None = None
+        self.amx: PackedLinear | None = None  # the bf16 copy for inputs of AMX_MIN_ROWS rows or more
         if self.use_kernels:
             self.packed = torch.ops.kvserve.pack_quant(weight.qs, weight.d, weight.m)
+            if amx_gemm_available() if amx is None else amx:
+                self.amx = PackedLinear(weight.dequantize(torch.bfloat16), None)
         else:
             self.dense = weight.dequantize(dtype)
 
@@ -63,6 +75,11 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.dense is not None:
             return F.linear(x, self.dense, self.bias)
+        if self.amx is not None and x.numel() >= AMX_MIN_ROWS * self.in_features:
+            y = self.amx(x.reshape(-1, self.in_features).to(torch.bfloat16)).to(x.dtype)
+            if self.bias is not None:
+                y += self.bias
+            return y.view(*x.shape[:-1], self.out_features)
         if x.dim() == 2 and x.dtype == torch.float32 and self.bias is None:
             # the decoder's case, with as few torch calls as possible (a decode step makes ~120 of these)
             return torch.ops.kvserve.packed_linear(x, self.packed, self.kind, self.out_features)
@@ -73,7 +90,8 @@ class QuantLinear(nn.Module):
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"{self.in_features}, {self.out_features}, {self.kind}, kernels={self.use_kernels}"
+        return (f"{self.in_features}, {self.out_features}, {self.kind}, kernels={self.use_kernels}, "
+                f"amx={self.amx is not None}")
 
 
 class QuantEmbedding(nn.Module):
@@ -98,6 +116,13 @@ def fused_linear_sources(cfg: ModelConfig) -> dict[str, list[str]]:
         out[f"layers.{i}.mlp.gate_up"] = [mlp + "gate_proj.weight", mlp + "up_proj.weight"]
         out[f"layers.{i}.mlp.down"] = [mlp + "down_proj.weight"]
     return out
+
+
+def runs_quantized(mode: str, weights: dict[str, Any]) -> bool:
+    """Whether the linear layers will run on the integer kernels (on a CPU): a quantizing mode, or
+    ``auto`` over weights stored quantized, and the kernels built."""
+    stored = mode == "auto" and any(isinstance(w, QuantWeight) for w in weights.values())
+    return (mode in _TARGET or stored) and kernels_available()
 
 
 def quantized_modules(cfg: ModelConfig, weights: dict[str, Any], mode: str,

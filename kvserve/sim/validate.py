@@ -9,7 +9,7 @@ at concurrency c measured in steady state (c warm-up requests, then 2c), a seede
 whole and as it drew it (after the runs of its series on the same server), Poisson arrivals for
 40 seconds. The split is fixed:
 of the points in use, in file order, even positions fit and odd positions are held back.
-The fit is Gauss-Newton over each engine's ``FITTED_FIELDS`` minimizing the squared log error on
+The fit is Gauss-Newton over each engine's ``fitted_fields`` minimizing the squared log error on
 its fit points; ``kvserve sim validate --fit`` writes ``data/fitted_terms.json``.
 """
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from kvserve.bench.datasets import Session, Turn, Workload
-from kvserve.sim.engine_costs import FITTED_FIELDS, EngineCosts, costs_for, load_fitted
+from kvserve.sim.engine_costs import EngineCosts, costs_for, fitted_fields, load_fitted
 from kvserve.sim.hardware import get_hardware
 from kvserve.sim.models import get_model
 from kvserve.sim.profiles import get_profile
@@ -193,7 +193,7 @@ def summary(scored: list[Scored]) -> dict[str, float]:
 
 def fit(points: list[dict], iterations: int = 2, log=print, damping: float = 0.02,
         start: dict[str, dict[str, float]] | None = None) -> dict[str, dict[str, float]]:
-    """Per engine, Gauss-Newton on the log errors of its fit points over log(FITTED_FIELDS): each
+    """Per engine, Gauss-Newton on the log errors of its fit points over log(fitted_fields(engine)): each
     iteration simulates the points once as they are and once per term nudged by 20%, solves the
     linearized least squares (Levenberg-damped by ``damping`` x points, each step at most a factor
     of 3), and keeps the step, or half or a quarter of it, if it helps. ``start``: terms per engine
@@ -204,7 +204,7 @@ def fit(points: list[dict], iterations: int = 2, log=print, damping: float = 0.0
     for engine in sorted({p["engine"] for p in points}):
         mine = [p for p in points if p["engine"] == engine]
         base = costs_for(engine, {engine: start[engine]} if start and engine in start else {})
-        names = FITTED_FIELDS
+        names = fitted_fields(engine)
         theta = {k: float(getattr(base, k)) for k in names}
 
         def residuals(th: dict[str, float]) -> np.ndarray:

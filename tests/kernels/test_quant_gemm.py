@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kvserve.model.quant import QuantWeight, from_gguf_blocks, pack_q4, quantize, unpack_q4
-from kvserve.model.quant_linear import QuantLinear
+from kvserve.model.quant_linear import AMX_MIN_ROWS, QuantLinear
 
 
 @pytest.fixture(scope="module")
@@ -144,12 +144,31 @@ def test_quant_linear_kernel_and_fallback_agree(kernels, kind):
 def test_native_dequantize_is_exact_and_prefill_rows_equal_the_same_rows_alone(kernels, kind):
     torch.manual_seed(2)
     qw = quantize(torch.randn(40, 96), kind)
-    layer = QuantLinear(qw, torch.randn(40), torch.float32, use_kernels=True)
+    layer = QuantLinear(qw, torch.randn(40), torch.float32, use_kernels=True, amx=False)
     assert torch.equal(layer.dequantize(), qw.dequantize())
     x = torch.randn(1027, 96)  # prefill-sized: the same kernel, so each row's output is batch-invariant
     y = layer(x)
     assert torch.equal(y[:5], layer(x[:5])) and torch.equal(y[-3:], layer(x[-3:]))
     assert (y - torch.nn.functional.linear(x, qw.dequantize(), layer.bias)).norm() / y.norm() < 0.03
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
+def test_many_rows_take_the_bf16_gemm_where_amx_is_on_and_few_rows_the_integer_kernel(kernels, kind):
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("torch without oneDNN")
+    torch.manual_seed(4)
+    qw = quantize(torch.randn(40, 96), kind)
+    bias = torch.randn(40)
+    amx = QuantLinear(qw, bias, torch.float32, use_kernels=True, amx=True)  # (emulated bf16 off AMX: slow, same maths)
+    plain = QuantLinear(qw, bias, torch.float32, use_kernels=True, amx=False)
+    few = torch.randn(AMX_MIN_ROWS - 1, 96)
+    assert torch.equal(amx(few), plain(few))  # below the switch: the integer kernel itself
+    many = torch.randn(2, AMX_MIN_ROWS, 96)
+    got = amx(many)
+    want = torch.nn.functional.linear(many.bfloat16(), qw.dequantize(torch.bfloat16)).float() + bias
+    assert got.shape == (2, AMX_MIN_ROWS, 40) and got.dtype == torch.float32
+    assert not torch.equal(got, plain(many))  # a different GEMM ...
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)  # ... the bf16 one, bias added
 
 
 @pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
