@@ -33,7 +33,8 @@ class StepTimer:
                 module.forward = self._timed(module.forward, "gemm")
         runner.attention.forward = self._timed(runner.attention.forward, "attention")
         if runner.model.native_stack is not None:
-            runner.model.native_stack = _TimedStack(self._timed(runner.model.native_stack.forward, "native_layers"))
+            stack = runner.model.native_stack
+            runner.model.native_stack = _TimedStack(stack, self._timed(stack.forward, "native_layers"))
         # the runner calls self.sampler(...): swap in a stand-in whose calls are timed
         runner.sampler = _Callable(self._timed(runner.sampler.__call__, "sampling"), runner.sampler)
         execute = runner.execute
@@ -67,10 +68,14 @@ class StepTimer:
 
 
 class _TimedStack:
-    """Stands in for the model's native decode stack: its forward goes through the timer."""
+    """Stands in for the model's native decode stack: its forward goes through the timer, anything
+    else reaches the stack."""
 
-    def __init__(self, forward: Callable[..., Any]):
-        self.forward = forward
+    def __init__(self, stack: Any, forward: Callable[..., Any]):
+        self._stack, self.forward = stack, forward
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stack, name)
 
 
 class _Callable:

@@ -6,7 +6,9 @@ attention, SwiGLU) back to back, so a decode step pays Python's per-op cost once
 per layer. It covers float32 models whose linear layers are all quantized (``QuantLinear`` on the
 native kernels: the default for the embedded GGUF model) and steps whose every row the paged
 kernel attends (``AttentionBackend.native_step``), over a float32 or an 8-bit KV cache (which it
-writes as the pool quantizes); anything else runs the Python layers.
+writes as the pool quantizes); anything else runs the Python layers. On an AMX CPU, a step of
+``AMX_MIN_ROWS`` rows or more runs its linears in oneDNN's bf16 GEMM (as ``QuantLinear`` does),
+each called between OpenMP regions of the other ops.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kvserve.model.quant_linear import QuantLinear
+from kvserve.model.layers import padded_rows
+from kvserve.model.quant_linear import AMX_MIN_ROWS, QuantLinear
 
 if TYPE_CHECKING:
     from kvserve.attention import AttentionBackend, AttentionMetadata
@@ -40,7 +43,18 @@ def build_native_stack(model: "LlamaForCausalLM") -> Any | None:
         stack.add_layer(layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach(),
                         a.qkv.packed, a.qkv.kind, a.qkv.bias, a.o_proj.packed, a.o_proj.kind,
                         mlp.gate_up.packed, mlp.gate_up.kind, mlp.down.packed, mlp.down.kind)
+    for i, layer in enumerate(model.layers):
+        a, mlp = layer.self_attn, layer.mlp
+        amx = [m.amx for m in (a.qkv, a.o_proj, mlp.gate_up, mlp.down)]
+        if all(p is not None for p in amx):
+            stack.add_amx_weights(i, *[p.packed for p in amx])
     return stack
+
+
+def amx_rows(stack: Any, rows: int) -> int:
+    """The rows a step's linears run over in oneDNN's bf16 GEMM (padded as PackedLinear pads them), or
+    0: the integer kernels (fewer than AMX_MIN_ROWS rows, or no bf16 weights: not an AMX CPU)."""
+    return padded_rows(rows) if rows >= AMX_MIN_ROWS and stack.has_amx_weights() else 0
 
 
 def run_native_stack(stack: Any, h: torch.Tensor, positions: torch.Tensor, model: "LlamaForCausalLM",
@@ -54,5 +68,5 @@ def run_native_stack(stack: Any, h: torch.Tensor, positions: torch.Tensor, model
     stack.forward(h, positions, model.rotary.cos, model.rotary.sin, [k for k, _ in kv_caches],
                   [v for _, v in kv_caches], [layer.k_scale for layer in scaled], [layer.v_scale for layer in scaled],
                   native.slot_mapping, native.block_tables, native.seq_info,
-                  native.block_size, native.scale)
+                  native.block_size, native.scale, amx_rows(stack, h.shape[0]))
     return True

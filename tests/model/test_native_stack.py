@@ -149,3 +149,21 @@ def test_greedy_tokens_equal_the_python_layers_end_to_end():
             llm.engine.runner.model.native_stack = None
         outs.append([o.token_ids for o in llm.generate(prompts, params)])
     assert outs[0] == outs[1]
+
+
+def test_a_many_row_step_on_the_amx_path_equals_the_python_layers_on_it(monkeypatch):
+    """On an AMX CPU a step of AMX_MIN_ROWS+ rows runs its linears in oneDNN's bf16 GEMM, in the
+    stack as in the Python layers (forced here: bf16 emulated where the CPU lacks it, same maths)."""
+    import kvserve.model.quant_linear as ql
+
+    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        pytest.skip("oneDNN without bf16 on this CPU")
+    monkeypatch.setattr(ql, "amx_gemm_available", lambda: True)
+    runner = _runner("int4", bias=True)
+    stack = runner.model.native_stack
+    assert stack.has_amx_weights()
+    rows = [(1, 3 + 2 * i) for i in range(ql.AMX_MIN_ROWS + 3)]  # 19 decodes over ragged contexts
+    seqs = _step(runner, rows)
+    _check_one_step(runner, seqs)
+    few = _step(runner, rows[: ql.AMX_MIN_ROWS - 1])  # below the switch: the integer kernels, still equal
+    _check_one_step(runner, few)

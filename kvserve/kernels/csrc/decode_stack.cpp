@@ -26,6 +26,8 @@
 #include <thread>
 #include <vector>
 
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 #include <torch/custom_class.h>
 
 #if defined(__SSE2__)
@@ -105,7 +107,50 @@ struct Layer {
   at::Tensor qkv, o, gate_up, down;  // packed quantized weights (pack_quant)
   kvserve::PackedWeight qkv_w, o_w, gate_up_w, down_w;
   std::optional<at::Tensor> qkv_bias;  // Qwen2-style q/k/v bias
+  // the same weights in bf16, prepacked for oneDNN (mkldnn._reorder_linear_weight): AMX CPUs
+  std::optional<at::Tensor> qkv_amx, o_amx, gate_up_amx, down_amx;
 };
+
+// y = x @ w^T through oneDNN's bf16 GEMM (torch.ops.mkldnn._linear_pointwise): x bf16 [R, K], w as
+// mkldnn._reorder_linear_weight packed it; y bf16 [R, N]. Called outside any OpenMP region of ours:
+// oneDNN splits the work over torch's threads itself.
+at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& w) {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+  torch::jit::Stack st;
+  st.emplace_back(x);
+  st.emplace_back(w);
+  st.emplace_back(c10::IValue());
+  st.emplace_back(std::string("none"));
+  st.emplace_back(c10::List<std::optional<at::Scalar>>());
+  st.emplace_back(c10::IValue());
+  op.callBoxed(&st);
+  return st[0].toTensor();
+}
+
+// Round to nearest even, as c10::BFloat16(float) does for finite values, in integer ops the compiler
+// vectorizes (activations are finite: no NaN case).
+inline void rows_to_bf16(const float* x, c10::BFloat16* y, int64_t n, int64_t r0, int64_t r1) {
+  const uint32_t* in = reinterpret_cast<const uint32_t*>(x);
+  uint16_t* out = reinterpret_cast<uint16_t*>(y);
+  for (int64_t i = r0 * n; i < r1 * n; ++i) out[i] = static_cast<uint16_t>((in[i] + 0x7fffu + ((in[i] >> 16) & 1u)) >> 16);
+}
+
+inline void rows_from_bf16(const c10::BFloat16* x, float* y, int64_t n, int64_t r0, int64_t r1) {
+  const uint16_t* in = reinterpret_cast<const uint16_t*>(x);
+  uint32_t* out = reinterpret_cast<uint32_t*>(y);
+  for (int64_t i = r0 * n; i < r1 * n; ++i) out[i] = static_cast<uint32_t>(in[i]) << 16;
+}
+
+// f(tid, threads) on a team of `threads`, with `barrier` set up for it
+template <class F>
+void in_team(int threads, SpinBarrier& barrier, F&& f) {
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp single
+    barrier.set_threads(omp_get_num_threads());
+    f(omp_get_thread_num(), omp_get_num_threads());
+  }
+}
 
 }  // namespace
 
@@ -136,6 +181,17 @@ struct DecodeStack : torch::CustomClassHolder {
     layers.push_back(std::move(L));
   }
 
+  // Layer i's weights in bf16, prepacked for oneDNN: steps given amx_rows take them (forward)
+  void add_amx_weights(int64_t i, at::Tensor qkv, at::Tensor o, at::Tensor gate_up, at::Tensor down) {
+    TORCH_CHECK(i >= 0 && i < num_layers(), "DecodeStack: no layer ", i);
+    Layer& L = layers[i];
+    L.qkv_amx = qkv, L.o_amx = o, L.gate_up_amx = gate_up, L.down_amx = down;
+  }
+
+  bool has_amx_weights() const {
+    return !layers.empty() && std::all_of(layers.begin(), layers.end(), [](const Layer& L) { return L.qkv_amx.has_value(); });
+  }
+
   int64_t num_layers() const { return static_cast<int64_t>(layers.size()); }
 
   // h: float32 [T, hidden], the residual stream, updated in place through every layer.
@@ -143,10 +199,13 @@ struct DecodeStack : torch::CustomClassHolder {
   // k_scales/v_scales per layer (float32 [kv_heads, head_dim]; empty lists for float32 caches);
   // slot_mapping: int64 [T], where each row's new key and value go; block_tables, seq_info: the
   // paged attention kernel's arguments.
+  // amx_rows > 0 (at least T; every layer given add_amx_weights): the linears run in oneDNN's bf16
+  // GEMM over that many rows (the rows past T zero), each between two OpenMP regions of the rest.
   void forward(at::Tensor h, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
                std::vector<at::Tensor> k_caches, std::vector<at::Tensor> v_caches, std::vector<at::Tensor> k_scales,
                std::vector<at::Tensor> v_scales, const at::Tensor& slot_mapping,
-               const at::Tensor& block_tables, const at::Tensor& seq_info, int64_t block_size, double scale) {
+               const at::Tensor& block_tables, const at::Tensor& seq_info, int64_t block_size, double scale,
+               int64_t amx_rows) {
     const int64_t T = h.size(0), q_size = heads * head_dim, kv_size = kv_heads * head_dim, W = q_size + 2 * kv_size;
     TORCH_CHECK(h.dim() == 2 && h.is_contiguous() && h.scalar_type() == at::kFloat && h.size(1) == hidden,
                 "DecodeStack: h float32 [T, hidden]");
@@ -183,6 +242,8 @@ struct DecodeStack : torch::CustomClassHolder {
       TORCH_CHECK(slots[t] >= 0 && slots[t] < k_caches[0].size(0), "DecodeStack: slot ", slots[t], " out of range");
       TORCH_CHECK(pos[t] >= 0 && pos[t] < cos.size(0), "DecodeStack: position ", pos[t], " beyond the rotary tables");
     }
+    TORCH_CHECK(amx_rows == 0 || (amx_rows >= T && has_amx_weights()),
+                "DecodeStack: amx_rows needs bf16 weights for every layer and at least T rows");
     if (T == 0) return;
 
     // one buffer per intermediate, reused by every layer
@@ -203,6 +264,94 @@ struct DecodeStack : torch::CustomClassHolder {
     const int threads = at::get_num_threads();
     const PagedAttentionPlan plan(attn, q_view, k_caches[0], v_caches[0], block_tables, seq_info, block_size, scale, threads);
     SpinBarrier barrier;
+    // the new K/V of rows [r0, r1) into layer i's cache
+    auto write_kv = [&](size_t i, const float* inv, int64_t r0, int64_t r1) {
+      if (quantized) {
+        quantize(qkvp + q_size, W, k_caches[i].data_ptr(), slots, inv, kv_size, r0, r1);
+        quantize(qkvp + q_size + kv_size, W, v_caches[i].data_ptr(), slots, inv + kv_size, kv_size, r0, r1);
+        return;
+      }
+      float *kcp = k_caches[i].data_ptr<float>(), *vcp = v_caches[i].data_ptr<float>();
+      for (int64_t t = r0; t < r1; ++t) {
+        std::memcpy(kcp + slots[t] * kv_size, qkvp + t * W + q_size, kv_size * sizeof(float));
+        std::memcpy(vcp + slots[t] * kv_size, qkvp + t * W + q_size + kv_size, kv_size * sizeof(float));
+      }
+    };
+    auto add_bias = [&](const Layer& L, int64_t r0, int64_t r1) {
+      if (!L.qkv_bias) return;
+      const float* b = L.qkv_bias->data_ptr<float>();
+      for (int64_t t = r0; t < r1; ++t)
+        for (int64_t j = 0; j < W; ++j) qkvp[t * W + j] += b[j];
+    };
+    // this thread's share of the step's attention (after every row's K/V is written)
+    auto attend = [&](size_t i, int tid, int nt) {
+      const float *ks = quantized ? k_scales[i].data_ptr<float>() : nullptr;
+      const float *vs = quantized ? v_scales[i].data_ptr<float>() : nullptr;
+      for (int64_t c = tid; c < plan.num_chunks(); c += nt) plan.run_chunk(attn, q_view, k_caches[i], v_caches[i], c, ks, vs);
+      if (plan.num_merges() > 0) {  // split decodes: combine their parts
+        barrier.wait();
+        const auto [m0, m1] = share(plan.num_merges(), tid, nt);
+        plan.run_merges(attn, m0, m1, vs);
+      }
+    };
+    if (amx_rows > 0) {  // the same ops, the linears between regions
+      const auto bf16 = h.options().dtype(at::kBFloat16);
+      at::Tensor xb = at::zeros({amx_rows, hidden}, bf16), ab = at::zeros({amx_rows, q_size}, bf16);
+      at::Tensor actb = at::zeros({amx_rows, intermediate}, bf16);
+      auto *xbp = xb.data_ptr<c10::BFloat16>(), *abp = ab.data_ptr<c10::BFloat16>(), *actbp = actb.data_ptr<c10::BFloat16>();
+      at::Tensor y;  // the last linear's output, bf16 [amx_rows, n]
+      auto yp = [&] { return y.data_ptr<c10::BFloat16>(); };
+      for (size_t i = 0; i < layers.size(); ++i) {
+        const Layer& L = layers[i];
+        in_team(threads, barrier, [&](int tid, int nt) {
+          const auto [r0, r1] = share(T, tid, nt);
+          if (i > 0) {  // the previous layer's down projection, added to the residual
+            rows_from_bf16(yp(), dp, hidden, r0, r1);
+            for (int64_t t = r0; t < r1; ++t)
+              for (int64_t j = 0; j < hidden; ++j) hp[t * hidden + j] += dp[t * hidden + j];
+          }
+          rows::rms_norm(hp, L.input_norm.data_ptr<float>(), xp, hidden, feps, r0, r1);
+          rows_to_bf16(xp, xbp, hidden, r0, r1);
+        });
+        y = amx_linear(xb, *L.qkv_amx);
+        in_team(threads, barrier, [&](int tid, int nt) {
+          const auto [r0, r1] = share(T, tid, nt);
+          rows_from_bf16(yp(), qkvp, W, r0, r1);
+          add_bias(L, r0, r1);
+          rows::rotary(qkvp, heads, head_dim, W, pos, cp, sp, r0, r1);
+          rows::rotary(qkvp + q_size, kv_heads, head_dim, W, pos, cp, sp, r0, r1);
+          write_kv(i, quantized ? inv_scales.data() + 2 * i * kv_size : nullptr, r0, r1);
+          barrier.wait();
+          attend(i, tid, nt);
+          barrier.wait();
+          rows_to_bf16(attnp, abp, q_size, r0, r1);
+        });
+        y = amx_linear(ab, *L.o_amx);
+        in_team(threads, barrier, [&](int tid, int nt) {
+          const auto [r0, r1] = share(T, tid, nt);
+          rows_from_bf16(yp(), dp, hidden, r0, r1);
+          for (int64_t t = r0; t < r1; ++t)
+            for (int64_t j = 0; j < hidden; ++j) hp[t * hidden + j] += dp[t * hidden + j];
+          rows::rms_norm(hp, L.post_norm.data_ptr<float>(), xp, hidden, feps, r0, r1);
+          rows_to_bf16(xp, xbp, hidden, r0, r1);
+        });
+        y = amx_linear(xb, *L.gate_up_amx);
+        in_team(threads, barrier, [&](int tid, int nt) {
+          const auto [r0, r1] = share(T, tid, nt);
+          rows_from_bf16(yp(), gup, 2 * intermediate, r0, r1);
+          rows::silu_mul(gup, actp, intermediate, r0, r1);
+          rows_to_bf16(actp, actbp, intermediate, r0, r1);
+        });
+        y = amx_linear(actb, *L.down_amx);
+      }
+      in_team(threads, barrier, [&](int tid, int nt) {
+        const auto [r0, r1] = share(T, tid, nt);
+        rows_from_bf16(yp(), dp, hidden, r0, r1);
+        for (int64_t t = r0; t < r1; ++t)
+          for (int64_t j = 0; j < hidden; ++j) hp[t * hidden + j] += dp[t * hidden + j];
+      });
+      return;
+    }
 #pragma omp parallel num_threads(threads)
     {
       const int tid = omp_get_thread_num();
@@ -223,34 +372,12 @@ struct DecodeStack : torch::CustomClassHolder {
         quantize_rows_range(xp, qa_hidden, r0, r1);
         barrier.wait();
         linear(L.qkv_w, qa_hidden, qkvp);
-        if (L.qkv_bias) {
-          const float* b = L.qkv_bias->data_ptr<float>();
-          for (int64_t t = r0; t < r1; ++t)
-            for (int64_t j = 0; j < W; ++j) qkvp[t * W + j] += b[j];
-        }
+        add_bias(L, r0, r1);
         rows::rotary(qkvp, heads, head_dim, W, pos, cp, sp, r0, r1);
         rows::rotary(qkvp + q_size, kv_heads, head_dim, W, pos, cp, sp, r0, r1);
-        const float *ks = nullptr, *vs = nullptr;
-        if (quantized) {
-          const float* inv = inv_scales.data() + 2 * i * kv_size;
-          quantize(qkvp + q_size, W, k_caches[i].data_ptr(), slots, inv, kv_size, r0, r1);
-          quantize(qkvp + q_size + kv_size, W, v_caches[i].data_ptr(), slots, inv + kv_size, kv_size, r0, r1);
-          ks = k_scales[i].data_ptr<float>(), vs = v_scales[i].data_ptr<float>();
-        } else {
-          float *kcp = k_caches[i].data_ptr<float>(), *vcp = v_caches[i].data_ptr<float>();
-          for (int64_t t = r0; t < r1; ++t) {
-            std::memcpy(kcp + slots[t] * kv_size, qkvp + t * W + q_size, kv_size * sizeof(float));
-            std::memcpy(vcp + slots[t] * kv_size, qkvp + t * W + q_size + kv_size, kv_size * sizeof(float));
-          }
-        }
+        write_kv(i, quantized ? inv_scales.data() + 2 * i * kv_size : nullptr, r0, r1);
         barrier.wait();
-        for (int64_t c = tid; c < plan.num_chunks(); c += nt)
-          plan.run_chunk(attn, q_view, k_caches[i], v_caches[i], c, ks, vs);
-        if (plan.num_merges() > 0) {  // split decodes: combine their parts
-          barrier.wait();
-          const auto [m0, m1] = share(plan.num_merges(), tid, nt);
-          plan.run_merges(attn, m0, m1, vs);
-        }
+        attend(i, tid, nt);
         barrier.wait();
         quantize_rows_range(attnp, qa_attn, r0, r1);
         barrier.wait();
@@ -283,6 +410,8 @@ TORCH_LIBRARY_FRAGMENT(kvserve, m) {
   m.class_<kvserve::DecodeStack>("DecodeStack")
       .def(torch::init<int64_t, int64_t, int64_t, int64_t, int64_t, double>())
       .def("add_layer", &kvserve::DecodeStack::add_layer)
+      .def("add_amx_weights", &kvserve::DecodeStack::add_amx_weights)
+      .def("has_amx_weights", &kvserve::DecodeStack::has_amx_weights)
       .def("num_layers", &kvserve::DecodeStack::num_layers)
       .def("forward", &kvserve::DecodeStack::forward);
 }
