@@ -32,14 +32,22 @@ if TYPE_CHECKING:
 # stream's ITL p50 went 36.5 -> 25.2 ms and 64 streams 114 -> 125 tokens/s with them asleep, and an
 # engine alone was no slower. A value set by the user is kept.
 ENGINE_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+# On an AMX CPU a many-row decode step leaves the single region (its linears are oneDNN calls between
+# regions: kvserve.model.native_stack), ~240 regions a step, and sleeping threads made a 64-row step
+# slower than the integer kernels (59 vs 53 ms); a short spin before sleeping keeps the gain (41 vs
+# 53 ms) while idle threads still sleep within microseconds (docs/benchmarks.md, session 13).
+AMX_ENGINE_ENV = {"GOMP_SPINCOUNT": "2000"}
 
 
 @contextlib.contextmanager
 def engine_environment():
-    """Around starting an engine process: ENGINE_ENV for it (the OpenMP runtime reads it once, when
+    """Around starting an engine process: ENGINE_ENV (AMX_ENGINE_ENV on an AMX CPU) for it (the OpenMP runtime reads it once, when
     torch loads in the child), this process's environment unchanged afterwards."""
-    added = [k for k in ENGINE_ENV if k not in os.environ]
-    os.environ.update({k: ENGINE_ENV[k] for k in added})
+    from kvserve.device import amx_gemm_available
+
+    env = AMX_ENGINE_ENV if amx_gemm_available() else ENGINE_ENV
+    added = [k for k in env if k not in os.environ and not (k == "GOMP_SPINCOUNT" and "OMP_WAIT_POLICY" in os.environ)]
+    os.environ.update({k: env[k] for k in added})
     try:
         yield
     finally:
