@@ -13,7 +13,7 @@ The scheduler is the same for every profile; these terms only change what a step
   memory-bound halves.
 
 The ``fitted`` terms (``gemm_scale``, ``bandwidth_scale``, ``host_step_s``, ``host_per_seq_s``,
-``allreduce_s``, and SGLang's ``gemm_half_tokens``) are multipliers and times fitted to published measurements by ``kvserve sim validate --fit`` (see
+``allreduce_s``; ``ENGINE_FITTED_FIELDS`` may add terms per engine) are multipliers and times fitted to published measurements by ``kvserve sim validate --fit`` (see
 ``kvserve/sim/validate.py`` and ``kvserve/sim/data/fitted_terms.json``); the rest come from the
 engines' documented defaults.
 """
@@ -50,7 +50,7 @@ class EngineCosts:
     launch_eager_per_layer_s: float = 40e-6  # launching a layer's kernels one by one
     # -- GEMMs: mfu(tokens) = hardware mfu * gemm_scale * tokens / (tokens + gemm_half_tokens)
     gemm_scale: float = 1.0  # (fitted)
-    gemm_half_tokens: float = 128.0  # (fitted for SGLang)
+    gemm_half_tokens: float = 128.0
     # -- memory: weights at hardware mbu * bandwidth_scale; KV reads also at
     #    kv_tokens / (kv_tokens + attn_half_kv_tokens) of that (small batches of short contexts do worse)
     bandwidth_scale: float = 1.0  # (fitted)
@@ -104,10 +104,11 @@ ENGINE_COSTS["static"] = ENGINE_COSTS["vllm"]
 ENGINE_COSTS["trtllm-disagg"] = ENGINE_COSTS["trtllm"]
 
 FITTED_FIELDS = ("gemm_scale", "bandwidth_scale", "host_step_s", "host_per_seq_s", "allreduce_s")
-# Terms fitted for one engine only, where its published points determine them. SGLang's include small
-# batches at c=1 whose decode is weight-bound on the GPU: the GEMM knee decides whether a batch of one
-# is charged for bytes or for "compute", and the catalog's 128 tokens is a guess.
-ENGINE_FITTED_FIELDS: dict[str, tuple[str, ...]] = {"sglang": (*FITTED_FIELDS, "gemm_half_tokens")}
+# Terms fitted for one engine only, where its published points determine them (none now). Tried in
+# session 13: SGLang's GEMM knee (gemm_half_tokens) refit with the rest went 128 -> 79 tokens and fixed
+# its small-batch TPOTs (+31% -> +3%), but the held-back max rose 36% -> 46% (cookbook c=100 mean
+# TTFT +46%): rejected, docs/simulator.md.
+ENGINE_FITTED_FIELDS: dict[str, tuple[str, ...]] = {}
 
 
 def fitted_fields(engine: str) -> tuple[str, ...]:

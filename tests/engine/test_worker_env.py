@@ -1,17 +1,20 @@
-"""The engine process starts with OpenMP's passive wait policy unless the user chose one, and the
-parent's environment is left as it was."""
+"""The engine process starts with OpenMP's passive wait policy (a short spin on an AMX CPU) unless the
+user chose one, and the parent's environment is left as it was."""
 
 import multiprocessing as mp
 import os
 
+from kvserve import device
 from kvserve.engine.worker import engine_environment
 
 
 def _report(q) -> None:
-    q.put(os.environ.get("OMP_WAIT_POLICY"))
+    q.put(os.environ.get("OMP_WAIT_POLICY") or os.environ.get("GOMP_SPINCOUNT"))
 
 
-def _child_sees(monkeypatch, preset: str | None) -> tuple[str | None, str | None]:
+def _child_sees(monkeypatch, preset: str | None, amx: bool = False) -> tuple[str | None, str | None]:
+    monkeypatch.setattr(device, "amx_gemm_available", lambda: amx)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     if preset is None:
         monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     else:
@@ -32,3 +35,9 @@ def test_engine_process_waits_passively_and_the_parent_is_unchanged(monkeypatch)
 
 def test_a_users_wait_policy_is_kept(monkeypatch):
     assert _child_sees(monkeypatch, "ACTIVE") == ("ACTIVE", "ACTIVE")
+
+
+def test_on_an_amx_cpu_the_engine_spins_briefly_instead(monkeypatch):
+    assert _child_sees(monkeypatch, None, amx=True) == ("2000", None)
+    assert os.environ.get("GOMP_SPINCOUNT") is None
+    assert _child_sees(monkeypatch, "PASSIVE", amx=True) == ("PASSIVE", "PASSIVE")  # the user's choice wins
