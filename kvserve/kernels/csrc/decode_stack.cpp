@@ -301,15 +301,17 @@ struct DecodeStack : torch::CustomClassHolder {
       auto *xbp = xb.data_ptr<c10::BFloat16>(), *abp = ab.data_ptr<c10::BFloat16>(), *actbp = actb.data_ptr<c10::BFloat16>();
       at::Tensor y;  // the last linear's output, bf16 [amx_rows, n]
       auto yp = [&] { return y.data_ptr<c10::BFloat16>(); };
+      // rows [r0, r1) of the last linear's output (hidden wide) added to the residual stream
+      auto add_linear_output = [&](int64_t r0, int64_t r1) {
+        rows_from_bf16(yp(), dp, hidden, r0, r1);
+        for (int64_t t = r0; t < r1; ++t)
+          for (int64_t j = 0; j < hidden; ++j) hp[t * hidden + j] += dp[t * hidden + j];
+      };
       for (size_t i = 0; i < layers.size(); ++i) {
         const Layer& L = layers[i];
         in_team(threads, barrier, [&](int tid, int nt) {
           const auto [r0, r1] = share(T, tid, nt);
-          if (i > 0) {  // the previous layer's down projection, added to the residual
-            rows_from_bf16(yp(), dp, hidden, r0, r1);
-            for (int64_t t = r0; t < r1; ++t)
-              for (int64_t j = 0; j < hidden; ++j) hp[t * hidden + j] += dp[t * hidden + j];
-          }
+          if (i > 0) add_linear_output(r0, r1);  // the previous layer's down projection
           rows::rms_norm(hp, L.input_norm.data_ptr<float>(), xp, hidden, feps, r0, r1);
           rows_to_bf16(xp, xbp, hidden, r0, r1);
         });
@@ -329,9 +331,7 @@ struct DecodeStack : torch::CustomClassHolder {
         y = amx_linear(ab, *L.o_amx);
         in_team(threads, barrier, [&](int tid, int nt) {
           const auto [r0, r1] = share(T, tid, nt);
-          rows_from_bf16(yp(), dp, hidden, r0, r1);
-          for (int64_t t = r0; t < r1; ++t)
-            for (int64_t j = 0; j < hidden; ++j) hp[t * hidden + j] += dp[t * hidden + j];
+          add_linear_output(r0, r1);
           rows::rms_norm(hp, L.post_norm.data_ptr<float>(), xp, hidden, feps, r0, r1);
           rows_to_bf16(xp, xbp, hidden, r0, r1);
         });
@@ -346,9 +346,7 @@ struct DecodeStack : torch::CustomClassHolder {
       }
       in_team(threads, barrier, [&](int tid, int nt) {
         const auto [r0, r1] = share(T, tid, nt);
-        rows_from_bf16(yp(), dp, hidden, r0, r1);
-        for (int64_t t = r0; t < r1; ++t)
-          for (int64_t j = 0; j < hidden; ++j) hp[t * hidden + j] += dp[t * hidden + j];
+        add_linear_output(r0, r1);
       });
       return;
     }
