@@ -42,7 +42,7 @@ def build_engine(config: KVServeConfig, model_cfg: ModelConfig, weights: Weights
     if m.num_threads:
         torch.set_num_threads(m.num_threads)
     device = resolve_device(m.device)
-    dtype = resolve_dtype(m.dtype, device, quantized=device == "cpu" and runs_quantized(m.quantization, weights))
+    dtype = resolve_dtype(m.dtype, device, quantized=runs_quantized(m.quantization, weights))
     runner = TorchRunner(model_cfg, weights, config.cache, dtype=dtype, device=device, max_model_len=m.max_model_len,
                          seed=m.seed, quantization=m.quantization, max_num_seqs=config.scheduler.max_num_seqs)
     runner.proposer = build_proposer(config, model_cfg, runner, draft_weights)

@@ -43,11 +43,9 @@ def build_native_stack(model: "LlamaForCausalLM") -> Any | None:
         stack.add_layer(layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach(),
                         a.qkv.packed, a.qkv.kind, a.qkv.bias, a.o_proj.packed, a.o_proj.kind,
                         mlp.gate_up.packed, mlp.gate_up.kind, mlp.down.packed, mlp.down.kind)
-    for i, layer in enumerate(model.layers):
-        a, mlp = layer.self_attn, layer.mlp
         amx = [m.amx for m in (a.qkv, a.o_proj, mlp.gate_up, mlp.down)]
         if all(p is not None for p in amx):
-            stack.add_amx_weights(i, *[p.packed for p in amx])
+            stack.add_amx_weights(stack.num_layers() - 1, *[p.packed for p in amx])
     return stack
 
 

@@ -283,8 +283,14 @@ struct DecodeStack : torch::CustomClassHolder {
       for (int64_t t = r0; t < r1; ++t)
         for (int64_t j = 0; j < W; ++j) qkvp[t * W + j] += b[j];
     };
-    // this thread's share of the step's attention (after every row's K/V is written)
-    auto attend = [&](size_t i, int tid, int nt) {
+    // layer i's attention once q/k/v are in qkvp: bias, rotary and the new K/V of this thread's rows
+    // [r0, r1), then its share of the step's paged attention into attn (every thread meets at the end)
+    auto attend = [&](size_t i, const Layer& L, int tid, int nt, int64_t r0, int64_t r1) {
+      add_bias(L, r0, r1);
+      rows::rotary(qkvp, heads, head_dim, W, pos, cp, sp, r0, r1);
+      rows::rotary(qkvp + q_size, kv_heads, head_dim, W, pos, cp, sp, r0, r1);
+      write_kv(i, quantized ? inv_scales.data() + 2 * i * kv_size : nullptr, r0, r1);
+      barrier.wait();
       const float *ks = quantized ? k_scales[i].data_ptr<float>() : nullptr;
       const float *vs = quantized ? v_scales[i].data_ptr<float>() : nullptr;
       for (int64_t c = tid; c < plan.num_chunks(); c += nt) plan.run_chunk(attn, q_view, k_caches[i], v_caches[i], c, ks, vs);
@@ -293,6 +299,7 @@ struct DecodeStack : torch::CustomClassHolder {
         const auto [m0, m1] = share(plan.num_merges(), tid, nt);
         plan.run_merges(attn, m0, m1, vs);
       }
+      barrier.wait();
     };
     if (amx_rows > 0) {  // the same ops, the linears between regions
       const auto bf16 = h.options().dtype(at::kBFloat16);
@@ -319,13 +326,7 @@ struct DecodeStack : torch::CustomClassHolder {
         in_team(threads, barrier, [&](int tid, int nt) {
           const auto [r0, r1] = share(T, tid, nt);
           rows_from_bf16(yp(), qkvp, W, r0, r1);
-          add_bias(L, r0, r1);
-          rows::rotary(qkvp, heads, head_dim, W, pos, cp, sp, r0, r1);
-          rows::rotary(qkvp + q_size, kv_heads, head_dim, W, pos, cp, sp, r0, r1);
-          write_kv(i, quantized ? inv_scales.data() + 2 * i * kv_size : nullptr, r0, r1);
-          barrier.wait();
-          attend(i, tid, nt);
-          barrier.wait();
+          attend(i, L, tid, nt, r0, r1);
           rows_to_bf16(attnp, abp, q_size, r0, r1);
         });
         y = amx_linear(ab, *L.o_amx);
@@ -370,13 +371,7 @@ struct DecodeStack : torch::CustomClassHolder {
         quantize_rows_range(xp, qa_hidden, r0, r1);
         barrier.wait();
         linear(L.qkv_w, qa_hidden, qkvp);
-        add_bias(L, r0, r1);
-        rows::rotary(qkvp, heads, head_dim, W, pos, cp, sp, r0, r1);
-        rows::rotary(qkvp + q_size, kv_heads, head_dim, W, pos, cp, sp, r0, r1);
-        write_kv(i, quantized ? inv_scales.data() + 2 * i * kv_size : nullptr, r0, r1);
-        barrier.wait();
-        attend(i, tid, nt);
-        barrier.wait();
+        attend(i, L, tid, nt, r0, r1);
         quantize_rows_range(attnp, qa_attn, r0, r1);
         barrier.wait();
         linear(L.o_w, qa_attn, dp);
