@@ -59,6 +59,10 @@ class NativeAttention:
 
 
 class AttentionBackend(ABC):
+    # The dtype prefill chunks attend in through SDPA; None: the model's. The runner sets bfloat16
+    # for a float32 model whose many-row linears already run in bf16 on AMX (``QuantLinear.amx``).
+    prefill_dtype: torch.dtype | None = None
+
     def __init__(self, pool: KVPool, model_dtype: torch.dtype):
         self.pool = pool
         self.device = pool.device

@@ -71,9 +71,9 @@ class KVPool:
         shape = ((self.num_blocks + 1) * self.block_size, self.layout.num_kv_heads, self.layout.head_dim)
         layers = []
         for _ in range(self.layout.num_layers):
-            k, v = (torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(2))
-            k[self.null_slot :].zero_()
-            v[self.null_slot :].zero_()
+            # zeroed whole (the null slot must read zeros), which also touches every page now: left
+            # to the first write, a fresh block's page faults cost a cold 1.7k-token prompt ~0.13 s
+            k, v = (torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(2))
             layers.append(LayerKV(k, v))
         return layers
 

@@ -32,11 +32,14 @@ if TYPE_CHECKING:
 # stream's ITL p50 went 36.5 -> 25.2 ms and 64 streams 114 -> 125 tokens/s with them asleep, and an
 # engine alone was no slower. A value set by the user is kept.
 ENGINE_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
-# On an AMX CPU a many-row decode step leaves the single region (its linears are oneDNN calls between
-# regions: kvserve.model.native_stack), ~240 regions a step, and sleeping threads made a 64-row step
-# slower than the integer kernels (59 vs 53 ms); a short spin before sleeping keeps the gain (41 vs
-# 53 ms) while idle threads still sleep within microseconds (docs/benchmarks.md, session 13).
-AMX_ENGINE_ENV = {"GOMP_SPINCOUNT": "2000"}
+# On an AMX CPU a many-row step leaves OpenMP regions often: the decode stack's linears are oneDNN
+# calls between its regions (kvserve.model.native_stack), and prefill runs the Python layers, whose
+# ops are bf16 GEMMs, conversions and attention pieces with gaps between them. Sleeping threads made
+# a 64-row step slower than the integer kernels (59 vs 53 ms); a spin of 2,000 pauses (~0.1 ms here)
+# still slept through the Python path's gaps: c64 429 vs 570 output tok/s, prefix-RAG TTFT p99 3.24
+# vs 2.03 s against 10,000 (~0.5 ms), which matched OMP_WAIT_POLICY=ACTIVE; idle threads still sleep
+# within a millisecond (docs/benchmarks.md, session 14).
+AMX_ENGINE_ENV = {"GOMP_SPINCOUNT": "10000"}
 
 
 @contextlib.contextmanager

@@ -120,6 +120,11 @@ class SwiGLU(nn.Module):
         self.native = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.native and getattr(self.gate_up, "runs_amx", _never)(x):
+            # an AMX step (QuantLinear.amx): the intermediate stays bf16 from gate_up's GEMM through
+            # the activation into down's, instead of two round trips through float32
+            act = torch.ops.kvserve.silu_mul(self.gate_up(x, out_dtype=torch.bfloat16))
+            return self.down(act, out_dtype=x.dtype)
         gu = self.gate_up(x)
         if self.native:
             return self.down(torch.ops.kvserve.silu_mul(gu))
@@ -140,13 +145,24 @@ class PackedLinear(nn.Module):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
         self.bias = None if bias is None else bias.detach().contiguous()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """``dtype``: what the GEMM reads x as (the weight's dtype); the cast and the padding rows
+        are one copy."""
         m = x.shape[0]
         rows = padded_rows(m) if x.dim() == 2 else m
         if rows != m:
-            x = torch.cat([x, x.new_zeros(rows - m, x.shape[1])])
+            padded = x.new_empty(rows, x.shape[1], dtype=dtype or x.dtype)
+            padded[:m].copy_(x)
+            padded[m:].zero_()
+            x = padded
+        elif dtype is not None:
+            x = x.to(dtype)
         out = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return out[:m] if rows != m else out
+
+
+def _never(x: torch.Tensor) -> bool:
+    return False
 
 
 def padded_rows(m: int) -> int:

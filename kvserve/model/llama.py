@@ -132,6 +132,10 @@ class LlamaForCausalLM(nn.Module):
             return torch.nn.functional.linear(hidden, self.embed_tokens.weight).float()
         return self.lm_head(hidden).float()
 
+    def runs_amx(self) -> bool:
+        """Whether the quantized linears run many-row inputs through their bf16 AMX copies."""
+        return any(m.amx is not None for m in self.modules() if isinstance(m, QuantLinear))
+
     def quantization_tag(self) -> str:
         """The formats of the quantized layers, e.g. "q4_1,q8_0" (empty when all are dense)."""
         kinds = {m.kind for m in self.modules() if isinstance(m, QuantLinear)}

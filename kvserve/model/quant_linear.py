@@ -72,11 +72,17 @@ class QuantLinear(nn.Module):
             return self.dense.to(dtype)
         return torch.ops.kvserve.dequantize_packed(self.packed, self.kind, self.out_features, self.in_features).to(dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def runs_amx(self, x: torch.Tensor) -> bool:
+        """Whether ``x`` goes through the bf16 AMX copy (AMX_MIN_ROWS rows or more)."""
+        return self.amx is not None and x.numel() >= AMX_MIN_ROWS * self.in_features
+
+    def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """``out_dtype`` (default: x's) is honoured on the AMX path only, where a bf16 output saves
+        the next bf16 consumer a conversion (``SwiGLU``)."""
         if self.dense is not None:
             return F.linear(x, self.dense, self.bias)
-        if self.amx is not None and x.numel() >= AMX_MIN_ROWS * self.in_features:
-            y = self.amx(x.reshape(-1, self.in_features).to(torch.bfloat16)).to(x.dtype)
+        if self.runs_amx(x):
+            y = self.amx(x.reshape(-1, self.in_features), dtype=torch.bfloat16).to(out_dtype or x.dtype)
             if self.bias is not None:
                 y += self.bias
             return y.view(*x.shape[:-1], self.out_features)

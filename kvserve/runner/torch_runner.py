@@ -69,6 +69,10 @@ class TorchRunner:
         self.kv_pool = pool_cls(layout, num_kv_blocks, self.device)
         calibrate_kv_scales(self.model, self.kv_pool, dtype)  # an 8-bit pool's scales, before any token
         self.attention = backend_cls(self.kv_pool, dtype)
+        if dtype == torch.float32 and self.model.runs_amx():  # prefill attention on AMX tiles too
+            self.attention.prefill_dtype = torch.bfloat16
+            log.info("prefill attention: bfloat16 SDPA (AMX; the many-row linears run in bf16 too; KVSERVE_AMX=0 "
+                     "keeps both in float32)")
         self.block_bytes = self.kv_pool.block_bytes  # what a tier stores per block (an 8-bit pool's scales too)
         self.kv_bytes_per_token = layout.bytes_per_token
         self.kv_fingerprint = self.kv_pool.fingerprint(cfg, weights, dtype, self.model.quantization_tag())

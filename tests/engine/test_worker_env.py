@@ -38,6 +38,6 @@ def test_a_users_wait_policy_is_kept(monkeypatch):
 
 
 def test_on_an_amx_cpu_the_engine_spins_briefly_instead(monkeypatch):
-    assert _child_sees(monkeypatch, None, amx=True) == ("2000", None)
+    assert _child_sees(monkeypatch, None, amx=True) == ("10000", None)
     assert os.environ.get("GOMP_SPINCOUNT") is None
     assert _child_sees(monkeypatch, "PASSIVE", amx=True) == ("PASSIVE", "PASSIVE")  # the user's choice wins

@@ -84,6 +84,51 @@ def test_one_step_in_bfloat16(kernels):
     torch.testing.assert_close(b.float(), a.float(), atol=3e-2, rtol=3e-2)
 
 
+def shared_prefix_case(dtype=torch.float32, heads=9, kv_heads=3, d=64, bs=16, seed=3):
+    """Three chunks continuing contexts that begin with the same 6 cached blocks (one cached further
+    than the others), a long chunk with its own context, and two decodes; tables otherwise shuffled."""
+    rng = random.Random(seed)
+    pool = KVPool(KVLayout(1, kv_heads, d, bs, str(dtype).removeprefix("torch.")), num_blocks=120, device=CPU)
+    g = torch.Generator().manual_seed(seed)
+    for t in pool.layers[0]:
+        t[: pool.null_slot] = torch.randn(pool.null_slot, kv_heads, d, generator=g).to(dtype)
+    free = list(range(120))
+    rng.shuffle(free)
+    shared = [free.pop() for _ in range(6)]
+    rows = [(1, 40), (1, 300), (40, 100, True), (200, 0, False), (37, 96, True), (70, 130, True), (50, 60, False)]
+    seqs = []
+    for n, start, *sharing in rows:
+        blocks = -(-(start + n) // bs)
+        table = (shared + [free.pop() for _ in range(blocks - 6)]) if sharing and sharing[0] else [
+            free.pop() for _ in range(blocks)]
+        seqs.append(SeqRows([1] * n, start, table))
+    t = sum(r[0] for r in rows)
+    q, k, v = (torch.randn(t, h, d, generator=g).to(dtype) for h in (heads, kv_heads, kv_heads))
+    return pool, seqs, 2, q, k, v
+
+
+@needs_kernels
+@pytest.mark.parametrize("prefill_dtype", [None, torch.bfloat16])
+def test_chunks_sharing_a_prefix_attend_it_once(kernels, prefill_dtype, monkeypatch):
+    """Cascade attention over a shared cached prefix gives what each chunk's own attention gives."""
+    import kvserve.attention.paged as paged
+
+    monkeypatch.setattr(paged, "LONG_CHUNK", 30)  # every continuing chunk here goes to SDPA
+    pool, seqs, nd, q, k, v = shared_prefix_case()
+    want_backend = GatherSdpaBackend(pool, torch.float32)
+    want = want_backend.forward(q, k, v, tuple(t.clone() for t in pool.layers[0]), want_backend.build_metadata(seqs, nd))
+    backend = PagedBackend(pool, torch.float32)
+    backend.prefill_dtype = prefill_dtype
+    meta = backend.build_metadata(seqs, nd)
+    groups = sorted((gr.prefix, len(gr.chunks)) for gr in meta.gathered)
+    # the three sharing 6 blocks (96 tokens, all before each of their chunks) form one group; the
+    # fourth continuing chunk attends alone; the fresh prompt and the decodes are not in a group
+    assert groups == [(0, 1), (96, 3)]
+    got = backend.forward(q, k, v, tuple(t.clone() for t in pool.layers[0]), meta)
+    tol = 2e-2 if prefill_dtype else 1e-5
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+
+
 # -- end to end: a tiny random model, greedy, float32 -------------------------------------------
 GREEDY = SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True)
 

@@ -339,9 +339,7 @@ struct DecodeStack : torch::CustomClassHolder {
         y = amx_linear(xb, *L.gate_up_amx);
         in_team(threads, barrier, [&](int tid, int nt) {
           const auto [r0, r1] = share(T, tid, nt);
-          rows_from_bf16(yp(), gup, 2 * intermediate, r0, r1);
-          rows::silu_mul(gup, actp, intermediate, r0, r1);
-          rows_to_bf16(actp, actbp, intermediate, r0, r1);
+          rows::silu_mul_bf16(yp(), actbp, intermediate, r0, r1);  // bf16 through, as SwiGLU does on AMX
         });
         y = amx_linear(actb, *L.down_amx);
       }

@@ -67,12 +67,17 @@ void silu_mul_range(const T* src, T* dst, int64_t inter, int64_t r0, int64_t r1)
     T* o = dst + r * inter;
     int64_t j = 0;
 #if defined(__AVX2__) || defined(__AVX512F__)
+    using namespace vec;
+    const vf one = vset1(1.f), minus_one = vset1(-1.f);
     if constexpr (std::is_same_v<T, float>) {
-      using namespace vec;
-      const vf one = vset1(1.f), minus_one = vset1(-1.f);
       for (; j + W <= inter; j += W) {
         const vf a = vload(g + j);
         vstore(o + j, vmul(vdiv(a, vadd(one, vexp(vmul(a, minus_one)))), vload(u + j)));
+      }
+    } else if constexpr (std::is_same_v<T, BF16>) {  // bf16 in and out (an AMX prefill's MLP)
+      for (; j + W <= inter; j += W) {
+        const vf a = vload(g + j);
+        vstore(o + j, vmul(vround_bf16(vdiv(a, vadd(one, vexp(vmul(a, minus_one))))), vload(u + j)));
       }
     }
 #endif
@@ -95,6 +100,9 @@ void rotary(float* x, int64_t heads, int64_t d, int64_t row_stride, const int64_
 }
 void silu_mul(const float* gu, float* out, int64_t inter, int64_t r0, int64_t r1) {
   silu_mul_range<float>(gu, out, inter, r0, r1);
+}
+void silu_mul_bf16(const c10::BFloat16* gu, c10::BFloat16* out, int64_t inter, int64_t r0, int64_t r1) {
+  silu_mul_range<c10::BFloat16>(gu, out, inter, r0, r1);
 }
 }  // namespace rows
 

@@ -43,6 +43,8 @@ void rms_norm(const float* x, const float* w, float* out, int64_t h, float eps, 
 void rotary(float* x, int64_t heads, int64_t d, int64_t row_stride, const int64_t* pos, const float* cos,
             const float* sin, int64_t r0, int64_t r1);
 void silu_mul(const float* gu, float* out, int64_t inter, int64_t r0, int64_t r1);
+// bf16 [r, 2 * inter] -> bf16 [r, inter], silu rounded to bf16 before the product (as torch does)
+void silu_mul_bf16(const c10::BFloat16* gu, c10::BFloat16* out, int64_t inter, int64_t r0, int64_t r1);
 }  // namespace rows
 
 // paged_attention.cpp

@@ -49,6 +49,17 @@ inline vf vload(const FP8E4M3* p) {
   return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(kE4M3FromHalf));
 }
 inline void vstore(float* p, vf x) { _mm512_storeu_ps(p, x); }
+inline __m512i bf16_bits(vf x) {  // the bf16 nearest x (ties to even) in each lane's top half
+  const __m512i i = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(i, 16), _mm512_set1_epi32(1));
+  return _mm512_add_epi32(i, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+}
+inline vf vround_bf16(vf x) {
+  return _mm512_castsi512_ps(_mm512_and_si512(bf16_bits(x), _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+inline void vstore(BF16* p, vf x) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_bits(x), 16)));
+}
 inline vf vset1(float x) { return _mm512_set1_ps(x); }
 inline vf vzero() { return _mm512_setzero_ps(); }
 inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
@@ -96,6 +107,19 @@ inline vf vload(const FP8E5M2* p) { return vload_each(p); }
 inline vf vload(const FP8E4M3* p) { return vload_each(p); }
 #endif
 inline void vstore(float* p, vf x) { _mm256_storeu_ps(p, x); }
+inline __m256i bf16_bits(vf x) {  // the bf16 nearest x (ties to even) in each lane's top half
+  const __m256i i = _mm256_castps_si256(x);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(i, 16), _mm256_set1_epi32(1));
+  return _mm256_add_epi32(i, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
+}
+inline vf vround_bf16(vf x) {
+  return _mm256_castsi256_ps(_mm256_and_si256(bf16_bits(x), _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+inline void vstore(BF16* p, vf x) {
+  const __m256i r = _mm256_srli_epi32(bf16_bits(x), 16);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                   _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
+}
 inline vf vset1(float x) { return _mm256_set1_ps(x); }
 inline vf vzero() { return _mm256_setzero_ps(); }
 #if defined(__FMA__)
@@ -127,6 +151,8 @@ inline vf vload(const int8_t* p) { return static_cast<float>(*p); }
 inline vf vload(const FP8E5M2* p) { return static_cast<float>(*p); }
 inline vf vload(const FP8E4M3* p) { return static_cast<float>(*p); }
 inline void vstore(float* p, vf x) { *p = x; }
+inline void vstore(BF16* p, vf x) { *p = static_cast<BF16>(x); }
+inline vf vround_bf16(vf x) { return static_cast<float>(static_cast<BF16>(x)); }
 inline vf vset1(float x) { return x; }
 inline vf vzero() { return 0.f; }
 inline vf vfma(vf a, vf b, vf c) { return a * b + c; }
