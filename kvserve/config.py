@@ -22,7 +22,7 @@ from kvserve.errors import InvalidArgumentError
 
 DTYPES = ("auto", "bfloat16", "float16", "float32", "float64")
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")  # vLLM's names; the KV pools register them
+KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")  # vLLM's names; the KV pools register them
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
 SPECULATIVE_METHODS = ("ngram", "draft")
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "none")
@@ -81,7 +81,8 @@ class CacheConfig:
                                        "shared by replicas (each block saved once computed; Redis evicts: run it with "
                                        "maxmemory and allkeys-lru)"})
     kv_cache_dtype: str = field(default="auto", metadata={"help": "how the KV cache stores K and V: auto (in the "
-                                "model's --dtype); fp8 (= fp8_e4m3), fp8_e5m2, int8: 8 bits with scales (per head; "
+                                "model's --dtype; bfloat16 for a float32 model on an AMX CPU, where prefill attends in "
+                                "bf16); bfloat16; fp8 (= fp8_e4m3), fp8_e5m2, int8: 8 bits with scales (per head; "
                                 "int8: per channel) computed at start-up (half of bf16's bytes, a quarter of float32's); other KV pools "
                                 "register by name (kvserve.attention.register_kv_pool)", "choices": KV_CACHE_DTYPES})
     attention_backend: str = field(default="auto", metadata={"help": "attention implementation: auto (paged where "

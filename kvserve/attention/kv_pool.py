@@ -1,13 +1,13 @@
 """KVPool: the paged KV cache's tensors, and the block payloads the offload tiers store.
 
 Per layer, K and V are tensors [num_slots, kv_heads, head_dim]; a slot is
-``block_id * block_size + offset``. One zeroed block past the pool holds the null slot, where
-padded attention reads point, so the rest of the cache can stay uninitialised (never read
-before it is written) and the OS maps its pages only as they fill.
+``block_id * block_size + offset``. One block past the pool holds the null slot, where padded
+attention reads point. The pool is zeroed at allocation, which maps every page up front: left to
+the first writes, a cold prompt's page faults cost it ~0.13 s (1.7k tokens, embedded model).
 
 Pools are registered by KV cache dtype name (``--kv-cache-dtype``). "auto" stores K and V in
-the model's dtype; a pool that stores them otherwise (8-bit with scales: quantized_pool.py) is a
-subclass registered under its own name. Backends write and read through the pool (``store``,
+the model's dtype; a pool that stores them otherwise (bfloat16 for a float32 model, below; 8-bit
+with scales: quantized_pool.py) is a subclass registered under its own name. Backends write and read through the pool (``store``,
 ``gather``), so they need not know how it stores K and V.
 """
 
@@ -42,6 +42,7 @@ class LayerKV(tuple):
 
 class KVPool:
     quantized = False  # True: K and V are stored in fewer bits, with scales (LayerKV.k_scale, v_scale)
+    converts_on_read = False  # True: gather and as_stored give another dtype than the one stored
     scales_tag = ""  # how a quantized pool's scales are laid out, for the fingerprint
 
     def __init__(self, layout: KVLayout, num_blocks: int, device: torch.device):
@@ -71,8 +72,6 @@ class KVPool:
         shape = ((self.num_blocks + 1) * self.block_size, self.layout.num_kv_heads, self.layout.head_dim)
         layers = []
         for _ in range(self.layout.num_layers):
-            # zeroed whole (the null slot must read zeros), which also touches every page now: left
-            # to the first write, a fresh block's page faults cost a cold 1.7k-token prompt ~0.13 s
             k, v = (torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(2))
             layers.append(LayerKV(k, v))
         return layers
@@ -138,3 +137,29 @@ get_kv_pool = _POOLS.get  # (name) -> cls; InvalidArgumentError listing the name
 kv_pool_names = _POOLS.names
 
 register_kv_pool("auto", KVPool)
+
+
+class BF16KVPool(KVPool):
+    """K and V stored as bfloat16 whatever the model's dtype: half a float32 cache's bytes, so a
+    float32 model's decode attention, bound by reading the cache, reads half as much. Chosen by
+    ``auto`` where prefill already attends in bf16 (an AMX CPU: ``AttentionBackend.prefill_dtype``),
+    so K and V are rounded where that attention rounds them anyway."""
+
+    converts_on_read = True
+
+    @classmethod
+    def storage_dtype(cls, model_dtype: torch.dtype) -> torch.dtype:
+        return torch.bfloat16
+
+    def store(self, layer: LayerKV, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        layer[0].index_copy_(0, slots, k.to(torch.bfloat16))
+        layer[1].index_copy_(0, slots, v.to(torch.bfloat16))
+
+    def as_stored(self, layer: LayerKV, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return k.to(torch.bfloat16).to(k.dtype), v.to(torch.bfloat16).to(v.dtype)
+
+    def gather(self, layer: LayerKV, slots: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return layer[0][slots].to(dtype), layer[1][slots].to(dtype)
+
+
+register_kv_pool("bfloat16", BF16KVPool)

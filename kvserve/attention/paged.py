@@ -34,6 +34,7 @@ from kvserve.errors import InvalidArgumentError
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
 EIGHT_BIT_DTYPES = (torch.int8, torch.float8_e4m3fn, torch.float8_e5m2)  # read with their scales
+BF16_KV_F32_MODEL = (torch.bfloat16, torch.float32)  # the kernel widens bf16 K/V itself
 LONG_CHUNK = 128
 MIN_SHARED_PREFIX = 64  # cached tokens chunks must share before their group attends the prefix once
 BF16_LONG_CHUNK = 16  # with bf16 SDPA (AMX) the GEMMs win from 32 rows after ~1.8k cached: 0.8x the kernel's time
@@ -43,7 +44,7 @@ def paged_unsupported(device: torch.device, model_dtype: torch.dtype, kv_dtype: 
     """Why the paged kernel cannot serve this setup, or None when it can (this may build the kernels)."""
     if device.type != "cpu":
         return f"the device is {device.type} and the paged kernel runs on CPU only"
-    if kv_dtype != model_dtype and kv_dtype not in EIGHT_BIT_DTYPES:
+    if kv_dtype != model_dtype and kv_dtype not in EIGHT_BIT_DTYPES and (kv_dtype, model_dtype) != BF16_KV_F32_MODEL:
         return f"the KV cache stores {kv_dtype}, not the model's {model_dtype}"
     if model_dtype not in SUPPORTED_DTYPES:
         return f"the kernel reads float32 or bfloat16, not {model_dtype}"
@@ -189,7 +190,7 @@ class PagedBackend(AttentionBackend):
                       group: ContextGroup, out: torch.Tensor, dt: torch.dtype) -> None:
         if group.prefix_slots is not None:
             q_all = torch.cat([q[c.first : c.first + c.rows] for c in group.chunks])
-            kp, vp = self.pool.gather(layer_kv, group.prefix_slots, q.dtype)
+            kp, vp = self.pool.gather(layer_kv, group.prefix_slots, dt)
             o_prefix, lse_prefix = _attend(q_all, kp, vp, dt)
         row = 0
         for c in group.chunks:
@@ -197,7 +198,7 @@ class PagedBackend(AttentionBackend):
             kf, vf = self.pool.as_stored(layer_kv, k[rows], v[rows])
             o, lse = _attend(q[rows], kf, vf, dt, causal=True)
             if c.cached_slots is not None:
-                kc, vc = self.pool.gather(layer_kv, c.cached_slots, q.dtype)
+                kc, vc = self.pool.gather(layer_kv, c.cached_slots, dt)
                 o, lse = _merge(o, lse, *_attend(q[rows], kc, vc, dt))
             if group.prefix_slots is not None:
                 o, lse = _merge(o, lse, o_prefix[row : row + c.rows], lse_prefix[row : row + c.rows])

@@ -33,6 +33,7 @@ HEADROOM = 2.0
 
 class QuantizedKVPool(KVPool):
     quantized = True
+    converts_on_read = True
     storage: torch.dtype  # what K and V are stored as
     qmax: float  # the largest magnitude the storage dtype holds (scaled values saturate there)
     integer: bool  # rounded to integers (int8), else converted (fp8 rounds to nearest itself)

@@ -53,7 +53,7 @@ class SdpaMetadata(AttentionMetadata):
 class GatherSdpaBackend(AttentionBackend):
     def __init__(self, pool: KVPool, model_dtype: torch.dtype):
         super().__init__(pool, model_dtype)
-        if pool.dtype != model_dtype and not pool.quantized:  # a quantized pool dequantizes what is gathered
+        if pool.dtype != model_dtype and not pool.converts_on_read:  # others give back the dtype asked for
             raise InvalidArgumentError(f"the gather-sdpa attention backend reads the KV cache in the model's dtype "
                                        f"({model_dtype}), and this KV cache stores {pool.dtype}", param="kv_cache_dtype")
 

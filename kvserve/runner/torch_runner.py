@@ -44,10 +44,16 @@ class TorchRunner:
         self.cfg = cfg
         self.block_size = block_size = cache.block_size
         num_kv_blocks = cache.num_kv_blocks
-        pool_cls = get_kv_pool(cache.kv_cache_dtype)
-        backend_cls = choose_attention_backend(cache.attention_backend, self.device, dtype, pool_cls.storage_dtype(dtype))
-
         self.model = LlamaForCausalLM.from_hf_weights(cfg, weights, dtype, self.device, quantization)
+        # a float32 model whose many-row linears run in bf16 on AMX attends prefill in bf16 too
+        bf16_prefill = dtype == torch.float32 and self.model.runs_amx()
+        kv_name = cache.kv_cache_dtype
+        if kv_name == "auto" and bf16_prefill:  # K/V rounded where prefill rounds them anyway
+            kv_name = "bfloat16"
+            log.info("KV cache dtype auto: bfloat16 (float32 model, prefill attends in bf16 on AMX; half the bytes "
+                     "a decode step reads)")
+        pool_cls = get_kv_pool(kv_name)
+        backend_cls = choose_attention_backend(cache.attention_backend, self.device, dtype, pool_cls.storage_dtype(dtype))
 
         layout = pool_cls.layout_for(cfg, dtype, block_size)
         why = "--num-kv-blocks"
@@ -65,11 +71,11 @@ class TorchRunner:
         self.max_model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings, capacity)
         log.info("allocating %d KV blocks of %d tokens (%.2f GiB, %s, %d bytes per token; --kv-cache-dtype %s): %s",
                  num_kv_blocks, block_size, num_kv_blocks * layout.block_bytes / (1 << 30), layout.dtype,
-                 layout.bytes_per_token, cache.kv_cache_dtype, why)
+                 layout.bytes_per_token, kv_name, why)
         self.kv_pool = pool_cls(layout, num_kv_blocks, self.device)
         calibrate_kv_scales(self.model, self.kv_pool, dtype)  # an 8-bit pool's scales, before any token
         self.attention = backend_cls(self.kv_pool, dtype)
-        if dtype == torch.float32 and self.model.runs_amx():  # prefill attention on AMX tiles too
+        if bf16_prefill:
             self.attention.prefill_dtype = torch.bfloat16
             log.info("prefill attention: bfloat16 SDPA (AMX; the many-row linears run in bf16 too; KVSERVE_AMX=0 "
                      "keeps both in float32)")
@@ -131,7 +137,8 @@ class TorchRunner:
         if plain:
             at = [first_row[i] for i in plain]
             reqs = [chunks[i].request for i in plain]
-            tokens, logprobs = self.sampler(logits[torch.tensor(at, device=self.device)], reqs)
+            plain_logits = logits if len(at) == len(rows) else logits[torch.tensor(at, device=self.device)]
+            tokens, logprobs = self.sampler(plain_logits, reqs)
             for r, t in zip(reqs, tokens):
                 out.token_ids[r.request_id] = [t]
                 if r.request_id in logprobs:

@@ -91,3 +91,13 @@ def test_native_model_forward_matches_the_torch_one():
         inputs = build_inputs(seqs, backend)
         outs.append(model(inputs.input_ids, inputs.positions, backend, inputs.meta, pool.layers))
     torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows,vocab", [(64, 49152), (1, 49152), (3, 7), (5, 129)])
+def test_argmax_rows_is_torchs_argmax_ties_included(rows, vocab):
+    g = torch.Generator().manual_seed(vocab)
+    x = torch.randn(rows, vocab, generator=g)
+    x[0, -1] = x.max() + 1  # the last column (the scalar tail)
+    if vocab > 10:
+        x[-1, 3] = x[-1, vocab // 2] = x[-1].max() + 2  # a tie: the first index wins, as in torch
+    assert torch.equal(torch.ops.kvserve.argmax_rows(x), x.argmax(-1))

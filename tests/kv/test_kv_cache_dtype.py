@@ -93,7 +93,8 @@ def _fill(pool, g: torch.Generator) -> None:
     """Scales, then random K/V in every slot of layer 0, written through the pool."""
     layer = pool.layers[0]
     n, (h, d) = pool.null_slot, layer[0].shape[1:]
-    pool.set_scales(torch.rand(1, h, d, generator=g) + 0.5, torch.rand(1, h, d, generator=g) + 0.5)
+    if pool.quantized:
+        pool.set_scales(torch.rand(1, h, d, generator=g) + 0.5, torch.rand(1, h, d, generator=g) + 0.5)
     pool.store(layer, torch.arange(n), torch.randn(n, h, d, generator=g), torch.randn(n, h, d, generator=g))
 
 
@@ -115,7 +116,7 @@ def _reference(q, pool, seqs, scale) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("backend", ["gather-sdpa", "paged"])
-@pytest.mark.parametrize("kv", EIGHT_BIT)
+@pytest.mark.parametrize("kv", EIGHT_BIT + ["bfloat16"])  # bfloat16: a float32 model over a bf16 cache
 def test_attention_equals_a_reference_over_the_dequantized_cache(kv, backend):
     if backend == "paged":
         from kvserve.kernels import load_kernels
@@ -158,6 +159,25 @@ def test_a_tier_payload_carries_its_scales(kv):
             assert torch.all((w - x).abs() <= s / 2 * (1 + 1e-5))
         else:
             assert torch.allclose(w, x, rtol=0.13, atol=1e-3)
+
+
+def test_auto_stores_bf16_where_prefill_attends_in_bf16(monkeypatch, caplog):
+    """On an AMX CPU a quantized float32 model prefills in bf16, and ``auto`` then stores K/V in
+    bf16 (half the bytes); elsewhere, or with KVSERVE_AMX=0, ``auto`` keeps the model's dtype."""
+    import kvserve.model.quant_linear as ql
+
+    cfg, weights = tiny_weights()
+    for amx, want in ((True, torch.bfloat16), (False, torch.float32)):
+        monkeypatch.setattr(ql, "amx_gemm_available", lambda amx=amx: amx)
+        with caplog.at_level(logging.INFO, logger="kvserve.runner.torch_runner"):
+            r = TorchRunner(cfg, weights, CacheConfig(num_kv_blocks=16), dtype=torch.float32, quantization="int8")
+        assert r.kv_pool.dtype == want and r.kv_bytes_per_token == (2 if amx else 4) * 2 * cfg.num_hidden_layers * \
+            cfg.num_key_value_heads * cfg.head_dim
+        assert r.attention.prefill_dtype == (torch.bfloat16 if amx else None)
+        assert ("KV cache dtype auto: bfloat16" in caplog.text) == amx
+        caplog.clear()
+    dense = TorchRunner(cfg, weights, CacheConfig(num_kv_blocks=16, kv_cache_dtype="bfloat16"), dtype=torch.float32)
+    assert dense.kv_pool.dtype == torch.bfloat16  # asked for: any float32 model
 
 
 def test_fingerprints_tell_kv_dtypes_apart():

@@ -93,10 +93,10 @@ def test_one_step_equals_the_python_layers(quantization, bias, rows, threads):
 
 
 @pytest.mark.parametrize("rows", STEPS)
-@pytest.mark.parametrize("kv", ["fp8", "fp8_e5m2", "int8"])
-def test_one_step_over_an_8bit_cache_equals_the_python_layers(kv, rows):
-    """The stack quantizes new K/V as the pool does (the same bytes) and its kernel reads them with
-    the same scales."""
+@pytest.mark.parametrize("kv", ["fp8", "fp8_e5m2", "int8", "bfloat16"])
+def test_one_step_over_a_narrower_cache_equals_the_python_layers(kv, rows):
+    """The stack stores new K/V as the pool does (the same bytes: quantized, or rounded to bf16)
+    and its kernel reads them with the same scales."""
     runner = _runner("int8", kv=kv)
     seqs = _step(runner, STEPS[rows])
     before = torch.get_num_threads()

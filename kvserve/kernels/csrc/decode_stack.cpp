@@ -225,8 +225,9 @@ struct DecodeStack : torch::CustomClassHolder {
       const at::Tensor &kc = k_caches[i], &vc = v_caches[i];
       TORCH_CHECK(kc.is_contiguous() && vc.is_contiguous() && kc.dim() == 3 && kc.size(1) == kv_heads &&
                       kc.size(2) == head_dim && vc.sizes() == kc.sizes() && vc.scalar_type() == kc.scalar_type() &&
-                      kc.scalar_type() == k_caches[0].scalar_type() && (quantized || kc.scalar_type() == at::kFloat),
-                  "DecodeStack: caches [slots, kv_heads, d] of one dtype, float32 or 8-bit with scales");
+                      kc.scalar_type() == k_caches[0].scalar_type() &&
+                      (quantized || kc.scalar_type() == at::kFloat || kc.scalar_type() == at::kBFloat16),
+                  "DecodeStack: caches [slots, kv_heads, d] of one dtype, float32, bfloat16 or 8-bit with scales");
       if (quantized) check_kv_scales(kc, k_scales[i], v_scales[i]);
     }
     // per layer, 1 / scale of K then V (the quantizer multiplies, as the pool does)
@@ -269,6 +270,14 @@ struct DecodeStack : torch::CustomClassHolder {
       if (quantized) {
         quantize(qkvp + q_size, W, k_caches[i].data_ptr(), slots, inv, kv_size, r0, r1);
         quantize(qkvp + q_size + kv_size, W, v_caches[i].data_ptr(), slots, inv + kv_size, kv_size, r0, r1);
+        return;
+      }
+      if (k_caches[i].scalar_type() == at::kBFloat16) {  // rounded as the pool's store rounds (torch's .to)
+        auto *kcp = k_caches[i].data_ptr<c10::BFloat16>(), *vcp = v_caches[i].data_ptr<c10::BFloat16>();
+        for (int64_t t = r0; t < r1; ++t) {
+          rows_to_bf16(qkvp + t * W + q_size, kcp + slots[t] * kv_size, kv_size, 0, 1);
+          rows_to_bf16(qkvp + t * W + q_size + kv_size, vcp + slots[t] * kv_size, kv_size, 0, 1);
+        }
         return;
       }
       float *kcp = k_caches[i].data_ptr<float>(), *vcp = v_caches[i].data_ptr<float>();

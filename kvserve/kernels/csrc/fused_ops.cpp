@@ -157,9 +157,48 @@ at::Tensor silu_mul(const at::Tensor& gu) {
   return out;
 }
 
+// The first index of each row's largest value (torch.argmax's choice among ties), for greedy
+// sampling: rows in parallel, a vector max then a scan for its first position. torch's argmax ran
+// 64 rows of the 49k vocabulary on one thread at ~2.7 GB/s (4.6 ms, a twentieth of the step).
+// A row holding NaN gets some index in range (torch would give the NaN's).
+at::Tensor argmax_rows(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat && x.size(1) > 0,
+              "argmax_rows: float32 [R, V] contiguous, V > 0");
+  const int64_t rows = x.size(0), n = x.size(1);
+  auto out = at::empty({rows}, x.options().dtype(at::kLong));
+  const float* xp = x.data_ptr<float>();
+  int64_t* op = out.data_ptr<int64_t>();
+  at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* row = xp + r * n;
+      float best = row[0];
+      int64_t j = 0;
+#if defined(__AVX2__) || defined(__AVX512F__)
+      using namespace vec;
+      if (n >= 4 * W) {
+        vf m0 = vload(row), m1 = vload(row + W), m2 = vload(row + 2 * W), m3 = vload(row + 3 * W);
+        for (j = 4 * W; j + 4 * W <= n; j += 4 * W) {
+          m0 = vmax(m0, vload(row + j)), m1 = vmax(m1, vload(row + j + W));
+          m2 = vmax(m2, vload(row + j + 2 * W)), m3 = vmax(m3, vload(row + j + 3 * W));
+        }
+        float lanes[W];
+        vstore(lanes, vmax(vmax(m0, m1), vmax(m2, m3)));
+        for (int l = 0; l < W; ++l) best = std::max(best, lanes[l]);
+      }
+#endif
+      for (; j < n; ++j) best = std::max(best, row[j]);
+      int64_t at = 0;
+      while (at < n && !(row[at] == best)) ++at;
+      op[r] = at < n ? at : 0;
+    }
+  });
+  return out;
+}
+
 }  // namespace kvserve
 
 TORCH_LIBRARY_FRAGMENT(kvserve, m) {
+  m.def("argmax_rows(Tensor x) -> Tensor", &kvserve::argmax_rows);
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor", &kvserve::rms_norm);
   m.def("add_rms_norm(Tensor(a!) residual, Tensor delta, Tensor w, float eps) -> Tensor", &kvserve::add_rms_norm);
   m.def("rotary_(Tensor(a!) q, Tensor(b!) k, Tensor positions, Tensor cos, Tensor sin) -> ()", &kvserve::rotary_);
