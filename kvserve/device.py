@@ -12,12 +12,12 @@ step on a Sapphire Rapids-class Xeon, docs/benchmarks.md, session 13).
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 
 import torch
 
+from kvserve.cpuinfo import cpu_flags
 from kvserve.errors import InvalidArgumentError
 
 log = logging.getLogger(__name__)
@@ -25,17 +25,6 @@ log = logging.getLogger(__name__)
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo names of native bf16 instructions
 
 
-@functools.cache
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where there is none: not Linux)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def native_bf16_flags(flags: set[str]) -> list[str]:

@@ -42,15 +42,30 @@ ENGINE_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 AMX_ENGINE_ENV = {"GOMP_SPINCOUNT": "10000"}
 
 
-@contextlib.contextmanager
-def engine_environment():
-    """Around starting an engine process: ENGINE_ENV (AMX_ENGINE_ENV on an AMX CPU) for it (the OpenMP runtime reads it once, when
-    torch loads in the child), this process's environment unchanged afterwards."""
-    from kvserve.device import amx_gemm_available
+def amx_cpu() -> bool:
+    """A CPU with AMX-BF16, the AMX paths not turned off (KVSERVE_AMX=0); torch-free, so the CLI can ask
+    before OpenMP loads (kvserve.device.amx_gemm_available also asks torch for oneDNN)."""
+    from kvserve.cpuinfo import cpu_flags
 
-    env = AMX_ENGINE_ENV if amx_gemm_available() else ENGINE_ENV
+    return os.environ.get("KVSERVE_AMX", "1") != "0" and "amx_bf16" in cpu_flags()
+
+
+def apply_engine_env() -> list[str]:
+    """Adds to this process's environment the engine's OpenMP settings for this CPU (ENGINE_ENV, or
+    AMX_ENGINE_ENV) that the user did not set; a wait policy of the user's also rules out our spin
+    count. Returns the names added. The CLI calls it before torch loads (in-process engines, and the
+    engine process it spawns inherits them); ``engine_environment`` otherwise."""
+    env = AMX_ENGINE_ENV if amx_cpu() else ENGINE_ENV
     added = [k for k in env if k not in os.environ and not (k == "GOMP_SPINCOUNT" and "OMP_WAIT_POLICY" in os.environ)]
     os.environ.update({k: env[k] for k in added})
+    return added
+
+
+@contextlib.contextmanager
+def engine_environment():
+    """Around starting an engine process: ``apply_engine_env`` for it (the OpenMP runtime reads the
+    environment once, when torch loads in the child), this process's environment unchanged afterwards."""
+    added = apply_engine_env()
     try:
         yield
     finally:
