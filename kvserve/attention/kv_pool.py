@@ -163,3 +163,9 @@ class BF16KVPool(KVPool):
 
 
 register_kv_pool("bfloat16", BF16KVPool)
+
+
+def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype, bf16_prefill: bool) -> str:
+    """``--kv-cache-dtype``'s pool name: ``auto`` is bfloat16 for a float32 model that prefills in bf16
+    (its quantized linears on AMX), where K/V are rounded where that attention rounds them anyway."""
+    return "bfloat16" if name == "auto" and bf16_prefill and model_dtype == torch.float32 else name

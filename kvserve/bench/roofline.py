@@ -264,9 +264,11 @@ def _model_and_dtype(args: argparse.Namespace, offline: dict[str, Any] | None) -
     path = str(resolve_model_path(cfg.model.model))
     quantized = any(weight_formats(cfg.model.quantization, path).values()) and kernels_available()
     dtype = resolve_dtype(dtype_name, device, quantized=quantized)
-    from kvserve.attention.kv_pool import get_kv_pool
+    from kvserve.attention.kv_pool import get_kv_pool, resolve_kv_cache_dtype
+    from kvserve.device import amx_gemm_available
 
-    kv_dtype = str(get_kv_pool(cfg.cache.kv_cache_dtype).storage_dtype(dtype)).removeprefix("torch.")
+    kv_name = resolve_kv_cache_dtype(cfg.cache.kv_cache_dtype, dtype, quantized and amx_gemm_available())
+    kv_dtype = str(get_kv_pool(kv_name).storage_dtype(dtype)).removeprefix("torch.")
     return load_model_config(path), dtype, kv_dtype
 
 

@@ -12,6 +12,7 @@ import logging
 import torch
 
 from kvserve.attention import SeqRows, choose_attention_backend, get_kv_pool
+from kvserve.attention.kv_pool import resolve_kv_cache_dtype
 from kvserve.config import CacheConfig
 from kvserve.engine.batch import Batch, ScheduledChunk, StepOutput
 from kvserve.errors import InvalidArgumentError
@@ -47,9 +48,8 @@ class TorchRunner:
         self.model = LlamaForCausalLM.from_hf_weights(cfg, weights, dtype, self.device, quantization)
         # a float32 model whose many-row linears run in bf16 on AMX attends prefill in bf16 too
         bf16_prefill = dtype == torch.float32 and self.model.runs_amx()
-        kv_name = cache.kv_cache_dtype
-        if kv_name == "auto" and bf16_prefill:  # K/V rounded where prefill rounds them anyway
-            kv_name = "bfloat16"
+        kv_name = resolve_kv_cache_dtype(cache.kv_cache_dtype, dtype, bf16_prefill)
+        if kv_name != cache.kv_cache_dtype:
             log.info("KV cache dtype auto: bfloat16 (float32 model, prefill attends in bf16 on AMX; half the bytes "
                      "a decode step reads)")
         pool_cls = get_kv_pool(kv_name)
