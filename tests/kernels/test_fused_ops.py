@@ -101,3 +101,37 @@ def test_argmax_rows_is_torchs_argmax_ties_included(rows, vocab):
     if vocab > 10:
         x[-1, 3] = x[-1, vocab // 2] = x[-1].max() + 2  # a tie: the first index wins, as in torch
     assert torch.equal(torch.ops.kvserve.argmax_rows(x), x.argmax(-1))
+
+
+def _torch_draw(x: torch.Tensor, temperature: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    cdf = (x / temperature.unsqueeze(1)).softmax(-1).cumsum(-1)
+    return torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
+
+
+@pytest.mark.parametrize("rows,vocab", [(64, 49152), (3, 7), (5, 129), (2, 1)])
+def test_sample_rows_is_the_inverse_cdf_draw_of_softmax_over_temperature(rows, vocab):
+    g = torch.Generator().manual_seed(vocab)
+    x = torch.randn(rows, vocab, generator=g) * 2
+    temperature = torch.rand(rows, generator=g) + 0.3
+    u = torch.rand(rows, generator=g)
+    got = torch.ops.kvserve.sample_rows(x, 1 / temperature, u)
+    assert torch.equal(got, _torch_draw(x, temperature, u).clamp(max=vocab - 1))
+
+
+def test_sample_rows_never_draws_a_masked_token_and_follows_the_distribution():
+    n = 20000
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.3, 0.2] + [0.0] * 30)  # a vector block, then the tail
+    x = probs.log().repeat(n, 1)  # -inf where masked
+    g = torch.Generator().manual_seed(0)
+    u = torch.rand(n, generator=g)
+    u[:2] = torch.tensor([0.0, 1.0 - 1e-7])  # the ends of [0, 1) land on tokens with mass
+    tokens = torch.ops.kvserve.sample_rows(x, torch.ones(n), u)
+    assert tokens[:2].tolist() == [1, 4]
+    freq = torch.bincount(tokens, minlength=probs.numel()).float() / n
+    assert freq[probs == 0].sum() == 0
+    assert torch.allclose(freq, probs, atol=0.015)
+    # a tiny temperature is greedy; a row with no mass at all gets its first max, as argmax would
+    y = torch.randn(2, 1000, generator=g)
+    y[1] = float("-inf")
+    assert torch.ops.kvserve.sample_rows(y, torch.tensor([1e6, 1.0]), torch.tensor([0.99, 0.5])).tolist() == [
+        int(y[0].argmax()), 0]

@@ -72,3 +72,23 @@ def test_top_k_top_p_fast_path_equals_the_full_sort():
         want = _reference_filter(logits[i], k, p)
         assert torch.allclose(together[i], want, atol=1e-6), (k, p)
         assert torch.allclose(alone, want, atol=1e-6), (k, p)
+
+
+def test_plain_temperature_rows_draw_natively_as_the_torch_path_does():
+    from kvserve.kernels import kernels_available
+
+    if not kernels_available():
+        import pytest
+
+        pytest.skip("native kernels not built")
+    torch.manual_seed(1)
+    logits = torch.randn(6, 3000) * 3
+    # plain temperature rows (native on CPU), a filtered one and a greedy one share the batch
+    reqs = [_req(f"p{i}", temperature=0.7 + 0.1 * i, seed=i) for i in range(4)]
+    reqs += [_req("k", temperature=1.0, top_k=5, seed=9), _req("g", temperature=0.0)]
+    native = Sampler(torch.device("cpu"))
+    assert native.native
+    torch_only = Sampler(torch.device("cpu"))
+    torch_only.native = False
+    for _ in range(20):  # seeded rows: the same uniforms on both sides, hence the same tokens
+        assert native(logits, reqs)[0] == torch_only(logits, reqs)[0]

@@ -68,6 +68,9 @@ inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
 inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
 inline vf vmin(vf a, vf b) { return _mm512_min_ps(a, b); }
 inline vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
+inline vf vzero_below(vf x, float lo, vf e) {  // e where x >= lo, else 0 (NaN x: 0)
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(lo), _CMP_GE_OQ), e);
+}
 inline float vsum(vf x) { return _mm512_reduce_add_ps(x); }
 inline vf vround(vf x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline vf vscale2(vf p, vf n) {  // p * 2^n, n integral
@@ -132,6 +135,7 @@ inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
 inline vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
 inline vf vmin(vf a, vf b) { return _mm256_min_ps(a, b); }
 inline vf vdiv(vf a, vf b) { return _mm256_div_ps(a, b); }
+inline vf vzero_below(vf x, float lo, vf e) { return _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(lo), _CMP_GE_OQ), e); }
 inline float vsum(vf x) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -161,6 +165,7 @@ inline vf vadd(vf a, vf b) { return a + b; }
 inline vf vmax(vf a, vf b) { return std::max(a, b); }
 inline vf vmin(vf a, vf b) { return std::min(a, b); }
 inline vf vdiv(vf a, vf b) { return a / b; }
+inline vf vzero_below(vf x, float lo, vf e) { return x >= lo ? e : 0.f; }
 inline float vsum(vf x) { return x; }
 #endif
 
