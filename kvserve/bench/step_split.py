@@ -28,6 +28,7 @@ class StepTimer:
         self.batch = batch
         self.steps: list[dict[str, float]] = []
         self._acc: dict[str, float] = defaultdict(float)
+        self._inside: set[str] = set()  # the parts being timed now
         for module in runner.model.modules():
             if type(module).__name__.endswith("Linear"):
                 module.forward = self._timed(module.forward, "gemm")
@@ -55,14 +56,18 @@ class StepTimer:
         runner.execute = timed_execute
 
     def _timed(self, fn: Callable[..., Any], part: str) -> Callable[..., Any]:
-        acc = self._acc
+        acc, inside = self._acc, self._inside
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if part in inside:  # a linear inside a linear (QuantLinear's bf16 PackedLinear): counted once
+                return fn(*args, **kwargs)
+            inside.add(part)
             t0 = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
                 acc[part] += time.perf_counter() - t0
+                inside.discard(part)
 
         return wrapper
 

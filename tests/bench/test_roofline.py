@@ -174,3 +174,18 @@ def test_quantized_linear_timing_runs_through_the_kernel_path():
     times = rf.measure_gemms(cfg, torch.float32, [1, 3], repeats=1, min_time_s=0.001,
                              formats=rf.weight_formats("int8", "unused"))
     assert set(times) == {1, 3} and all(t > 0 for per in times.values() for t in per.values())
+
+
+def test_step_timer_counts_a_linear_inside_a_linear_once(monkeypatch):
+    import itertools
+
+    from kvserve.bench import step_split
+
+    timer = step_split.StepTimer.__new__(step_split.StepTimer)  # the timers alone, no runner
+    timer._acc, timer._inside = {"gemm": 0.0}, set()
+    clock = itertools.count()
+    monkeypatch.setattr(step_split.time, "perf_counter", lambda: float(next(clock)))
+    inner = timer._timed(lambda: None, "gemm")  # as QuantLinear's bf16 PackedLinear
+    outer = timer._timed(lambda: inner(), "gemm")
+    outer()
+    assert timer._acc["gemm"] == 1.0  # one reading before, one after: the inner call adds nothing
