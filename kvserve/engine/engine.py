@@ -108,7 +108,8 @@ class Engine:
 
             compiled = grammar if grammar is not None else self.grammars.get_or_compile(params.guided)
             # the grammar ends on EOS or a stop token (with ignore_eos too: a complete match is the end)
-            req.grammar = new_matcher(compiled, stop_token_ids=[*self.eos_token_ids, *(params.stop_token_ids or ())])
+            req.grammar = new_matcher(compiled, stop_token_ids=[*self.eos_token_ids, *(params.stop_token_ids or ())],
+                                      utf8_guard=getattr(self.grammars, "utf8_guard", None))
         self.scheduler.add(req)
         return req
 

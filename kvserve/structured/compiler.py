@@ -13,6 +13,7 @@ tokenizer's special tokens, which xgrammar would otherwise treat as literal text
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -29,6 +30,7 @@ import xgrammar as xgr
 from kvserve.errors import InvalidArgumentError
 from kvserve.structured.lark import CompiledLark, compile_lark, looks_like_lark
 from kvserve.structured.spec import GuidedSpec, choice_to_ebnf
+from kvserve.structured.utf8_guard import SurrogateGuard
 from kvserve.structured.worker import (
     CompileCrashed,
     CompileTimeout,
@@ -124,6 +126,11 @@ class GrammarCache:
         cache = cls(build_tokenizer_info(tokenizer, vocab_size, stop_token_ids), **kwargs)
         cache.hf_tokenizer = tokenizer  # Lark grammars build llguidance's tokenizer from it
         return cache
+
+    @functools.cached_property
+    def utf8_guard(self) -> SurrogateGuard:
+        """The vocabulary's ``SurrogateGuard`` for matchers (built on first use, ~0.1 s)."""
+        return SurrogateGuard.from_tokenizer_info(self.tokenizer_info)
 
     @property
     def vocab_size(self) -> int:

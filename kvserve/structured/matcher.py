@@ -26,6 +26,8 @@ from typing import Any
 import torch
 import xgrammar as xgr
 
+from kvserve.structured.utf8_guard import SurrogateGuard
+
 
 def bitmask_width(vocab_size: int) -> int:
     """Int32 words per bitmask row."""
@@ -43,9 +45,11 @@ class GrammarMatcher:
     Not thread-safe: drive one matcher from one thread at a time.
     """
 
-    def __init__(self, compiled: xgr.CompiledGrammar, *, stop_token_ids: Sequence[int] | None = None):
+    def __init__(self, compiled: xgr.CompiledGrammar, *, stop_token_ids: Sequence[int] | None = None,
+                 utf8_guard: SurrogateGuard | None = None):
         """``stop_token_ids`` (e.g. the model's EOS ids plus the request's stop tokens) replace the
-        tokenizer info's; None or empty keeps them."""
+        tokenizer info's; None or empty keeps them. ``utf8_guard`` (the vocabulary's, built once)
+        keeps UTF-8-encoded surrogates out, which xgrammar lets through."""
         stops = list(stop_token_ids) if stop_token_ids else None
         self._m = xgr.GrammarMatcher(compiled, override_stop_tokens=stops)
         # xgrammar refuses a special token even when it is a stop token, with a warning each time
@@ -53,6 +57,8 @@ class GrammarMatcher:
         self._special_stops = frozenset(stops or ()) & frozenset(compiled.tokenizer_info.special_token_ids)
         self.vocab_size: int = compiled.tokenizer_info.vocab_size
         self.num_accepted = 0  # tokens accepted and not rolled back (the stop token included)
+        self._guard = utf8_guard
+        self._lead: list[bool] = []  # per accepted token, with a guard: does the output end in a lone ED byte
 
     @property
     def stop_token_ids(self) -> list[int]:
@@ -63,14 +69,29 @@ class GrammarMatcher:
         if self._m.is_terminated():
             raise RuntimeError("the grammar matcher has terminated: no token may follow the stop token")
         self._m.fill_next_token_bitmask(bitmask, row)
+        if self._guard is not None and self._lead and self._lead[-1]:
+            self._guard.mask(bitmask, row)
+
+    def _lead_after(self, pending: bool, token_id: int) -> bool | None:
+        """With a guard: whether the output ends in a lone ED after ``token_id``; None if the
+        token would make a surrogate. Without one: False."""
+        if self._guard is None:
+            return False
+        if not self._guard.allows(pending, token_id):
+            return None
+        return self._guard.after(pending, token_id)
 
     def accept(self, token_id: int) -> bool:
         """Advance by one token; False (state unchanged) if the grammar does not allow it."""
         if token_id in self._special_stops:
             return False
+        lead = self._lead_after(bool(self._lead) and self._lead[-1], token_id)
+        if lead is None:
+            return False
         ok = self._m.accept_token(int(token_id))
         if ok:
             self.num_accepted += 1
+            self._lead.append(lead)
         return ok
 
     def rollback(self, n: int) -> None:
@@ -80,13 +101,17 @@ class GrammarMatcher:
         if n:
             self._m.rollback(n)
             self.num_accepted -= n
+            del self._lead[len(self._lead) - n:]
 
     def validate_tokens(self, tokens: Sequence[int]) -> int:
         """How many leading ``tokens`` the grammar allows in a row; the state is left unchanged."""
         n = 0
+        pending = bool(self._lead) and self._lead[-1]
         for token in tokens:
-            if token in self._special_stops or not self._m.accept_token(int(token)):
+            lead = self._lead_after(pending, token)
+            if lead is None or token in self._special_stops or not self._m.accept_token(int(token)):
                 break
+            pending = lead
             n += 1
         if n:
             self._m.rollback(n)
@@ -103,15 +128,18 @@ class GrammarMatcher:
     def reset(self) -> None:
         self._m.reset()
         self.num_accepted = 0
+        self._lead.clear()
 
 
-def new_matcher(compiled: Any, *, stop_token_ids: Sequence[int] | None = None) -> GrammarMatcher:
-    """A request's matcher for what ``GrammarCache`` compiled: xgrammar's, or llguidance's for Lark."""
+def new_matcher(compiled: Any, *, stop_token_ids: Sequence[int] | None = None,
+                utf8_guard: SurrogateGuard | None = None) -> GrammarMatcher:
+    """A request's matcher for what ``GrammarCache`` compiled: xgrammar's (with ``utf8_guard``, see
+    ``GrammarCache.utf8_guard``), or llguidance's for Lark."""
     from kvserve.structured.lark import CompiledLark, LarkMatcher
 
     if isinstance(compiled, CompiledLark):
         return LarkMatcher(compiled, stop_token_ids=stop_token_ids)  # type: ignore[return-value]  # same interface
-    return GrammarMatcher(compiled, stop_token_ids=stop_token_ids)
+    return GrammarMatcher(compiled, stop_token_ids=stop_token_ids, utf8_guard=utf8_guard)
 
 
 def fill_masks(matchers: Sequence[GrammarMatcher | None],
