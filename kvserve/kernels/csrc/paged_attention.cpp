@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__) || defined(__AVX512F__)
@@ -113,26 +114,53 @@ inline void scores(const float* q, const T* k, int64_t kstride, int n, int reada
   for (; j < n; ++j) s[j] = dot<DS>(q, k + j * kstride, d);
 }
 
-// acc += sum_j p[j] v_j over the n rows at v, vstride elements apart. Keys outer, up to 8 vectors
-// of acc held in registers: independent FMA chains (a chain along the keys would wait on latency).
+// acc[0, NC * W) += sum_j p[j] v_j[0, NC * W): the accumulators stay in registers, two sets (even
+// and odd keys) so that each FMA chain waits on its latency half as often.
+template <int NC, typename T>
+inline void accumulate_regs(float* acc, const float* p, const T* v, int64_t vstride, int n) {
+  vf a[NC], b[NC];
+  for (int c = 0; c < NC; ++c) a[c] = vload(acc + c * W), b[c] = vzero();
+  int j = 0;
+  for (; j + 2 <= n; j += 2) {
+    const vf p0 = vset1(p[j]), p1 = vset1(p[j + 1]);
+    const T *v0 = v + j * vstride, *v1 = v0 + vstride;
+    for (int c = 0; c < NC; ++c) a[c] = vfma(p0, vload(v0 + c * W), a[c]);
+    for (int c = 0; c < NC; ++c) b[c] = vfma(p1, vload(v1 + c * W), b[c]);
+  }
+  if (j < n) {
+    const vf p0 = vset1(p[j]);
+    for (int c = 0; c < NC; ++c) a[c] = vfma(p0, vload(v + j * vstride + c * W), a[c]);
+  }
+  for (int c = 0; c < NC; ++c) vstore(acc + c * W, vadd(a[c], b[c]));
+}
+
+// acc += sum_j p[j] v_j over the n rows at v, vstride elements apart: 8 vectors of acc at a time
+// (a count the compiler knows, so they are registers), then any rest element by element.
 template <int DS, typename T>
 inline void accumulate(float* acc, const float* p, const T* v, int64_t vstride, int n, int d_rt) {
   const int d = DS > 0 ? DS : d_rt;
   int i = 0;
-  while (i + W <= d) {
-    const int nc = std::min(8, (d - i) / W);
-    vf a[8];
-    for (int c = 0; c < nc; ++c) a[c] = vload(acc + i + c * W);
-    for (int j = 0; j < n; ++j) {
-      const vf pj = vset1(p[j]);
-      const T* vj = v + j * vstride + i;
-      for (int c = 0; c < nc; ++c) a[c] = vfma(pj, vload(vj + c * W), a[c]);
-    }
-    for (int c = 0; c < nc; ++c) vstore(acc + i + c * W, a[c]);
-    i += nc * W;
+  if constexpr (DS > 0 && DS % W == 0 && DS / W < 8) {
+    accumulate_regs<DS / W>(acc, p, v, vstride, n);
+    return;
   }
+  for (; i + 8 * W <= d; i += 8 * W) accumulate_regs<8>(acc + i, p, v + i, vstride, n);
+  for (; i + W <= d; i += W) accumulate_regs<1>(acc + i, p, v + i, vstride, n);
   for (; i < d; ++i)
     for (int j = 0; j < n; ++j) acc[i] += p[j] * to_f32(v[j * vstride + i]);
+}
+
+// rows [0, n) of one kv head's block (stride elements apart) as float32 rows of d, contiguous
+template <int DS, typename T>
+inline void widen_rows(const T* src, int64_t stride, int n, int d_rt, float* dst) {
+  const int d = DS > 0 ? DS : d_rt;
+  for (int j = 0; j < n; ++j) {
+    const T* row = src + j * stride;
+    float* out = dst + j * d;
+    int i = 0;
+    for (; i + W <= d; i += W) vstore(out + i, vload(row + i));
+    for (; i < d; ++i) out[i] = to_f32(row[i]);
+  }
 }
 
 constexpr int32_t kAllKeys = std::numeric_limits<int32_t>::max();
@@ -160,12 +188,30 @@ struct Args {
   const float *k_scale, *v_scale;  // an 8-bit cache's [kv_heads, d] scales; null for float caches
 };
 
+// Asks for rows [0, n) of K and V at element offset `base` (row stride `stride` elements, `bytes` bytes
+// each) to be brought into the cache ahead of use: the blocks of a table are scattered over the pool,
+// so the hardware prefetcher cannot guess the next one.
+template <typename T>
+inline void prefetch_block(const Args& a, int64_t base, int n, int64_t stride, int64_t bytes, const T*) {
+#if defined(__AVX2__) || defined(__AVX512F__)
+  const char* k = reinterpret_cast<const char*>(static_cast<const T*>(a.k) + base);
+  const char* v = reinterpret_cast<const char*>(static_cast<const T*>(a.v) + base);
+  const int64_t row = stride * static_cast<int64_t>(sizeof(T));
+  for (int j = 0; j < n; ++j)
+    for (int64_t off = 0; off < bytes; off += 64) {
+      _mm_prefetch(k + j * row + off, _MM_HINT_T0);
+      _mm_prefetch(v + j * row + off, _MM_HINT_T0);
+    }
+#endif
+}
+
 // Per-thread scratch, kept between calls: the item's query rows (fp32, pre-scaled), their
 // accumulators and softmax state, and one block's scores (padded to whole vectors).
 struct Scratch {
-  std::vector<float> q, acc, m, l, s;
+  std::vector<float> q, acc, m, l, s, kw, vw;  // kw, vw: one block of one kv head's K and V, widened
   void fit(int64_t rows, int64_t d, int64_t bs) {
     if (static_cast<int64_t>(q.size()) < rows * d) q.resize(rows * d), acc.resize(rows * d);
+    if (static_cast<int64_t>(kw.size()) < bs * d) kw.resize(bs * d), vw.resize(bs * d);
     if (static_cast<int64_t>(m.size()) < rows) m.resize(rows), l.resize(rows);
     if (static_cast<int64_t>(s.size()) < (bs + W - 1) / W * W) s.resize((bs + W - 1) / W * W);
   }
@@ -198,45 +244,62 @@ void run_item(const Args& a, const Item& it, Scratch& sc) {
   const int n_keys = std::min(first_pos + it.t1, it.k1);  // keys up to the last row's position
   const int32_t* table = a.tables + info[3];
   const int64_t kstride = a.kv_heads * d;  // from one slot's row of a head to the next slot's
+  // A non-float32 cache's block rows of one kv head are widened to float32 once (into sc.kw / sc.vw)
+  // and read from there by every query row of that kv head: its G heads and the tile's tokens.
+  constexpr bool kWiden = !std::is_same_v<TKV, float>;
+  const int per_head = (it.t1 - it.t0) * G;  // query rows of one kv head
   for (int kb = it.k0; kb < n_keys; kb += bs) {
     const int n = std::min(bs, n_keys - kb);
     const int64_t block = static_cast<int64_t>(table[kb / bs]) * bs * kstride;
-    for (int r = 0; r < R; ++r) {
-      const int nv = std::min(n, first_pos + it.t0 + r / HG + 1 - kb);  // causal: keys <= the row's position
-      if (nv <= 0) continue;
-      const int64_t base = block + (it.h0 + (r % HG) / G) * d;
+    if (kb + bs < n_keys)  // the next block is elsewhere in the pool: fetch it while this one is used
+      prefetch_block(a, static_cast<int64_t>(table[kb / bs + 1]) * bs * kstride + it.h0 * d,
+                     std::min(bs, n_keys - kb - bs), kstride, (it.h1 - it.h0) * d * static_cast<int64_t>(sizeof(TKV)),
+                     static_cast<const TKV*>(nullptr));
+    for (int hh = 0; hh < it.h1 - it.h0; ++hh) {
+      const int64_t base = block + (it.h0 + hh) * d;
       const TKV* kp = static_cast<const TKV*>(a.k) + base;
       const TKV* vp = static_cast<const TKV*>(a.v) + base;
-      const float* qr = qb + r * d;
-      float* ar = acc + r * d;
-      scores<DS>(qr, kp, kstride, nv, bs, d, s);
-      const int nvw = (nv + W - 1) / W * W;  // whole vectors: the lanes past nv hold -inf for the max
-      for (int j = nv; j < nvw; ++j) s[j] = kNegInf;
-      vf vm = vload(s);
-      for (int j = W; j < nvw; j += W) vm = vmax(vm, vload(s + j));
-      float bm = kNegInf;
-      {
-        float lanes[W];
-        vstore(lanes, vm);
-        for (int u = 0; u < W; ++u) bm = std::max(bm, lanes[u]);
+      const float *krows, *vrows;
+      int64_t fstride;
+      int readable = bs;
+      if constexpr (kWiden) {
+        readable = std::min(bs, (n + W - 1) / W * W);  // whole groups of W keys for scores()
+        widen_rows<DS>(kp, kstride, readable, d, sc.kw.data());
+        widen_rows<DS>(vp, kstride, n, d, sc.vw.data());
+        krows = sc.kw.data(), vrows = sc.vw.data(), fstride = d;
+      } else {
+        krows = kp, vrows = vp, fstride = kstride;
       }
-      if (bm > m[r]) {  // a new running max: rescale what was accumulated under the old one
-        if (m[r] != kNegInf) {
-          const float alpha = std::exp(m[r] - bm);
-          l[r] *= alpha;
-          for (int i = 0; i < d; ++i) ar[i] *= alpha;
+      for (int rr = 0; rr < per_head; ++rr) {
+        const int tt = rr / G, r = tt * HG + hh * G + rr % G;  // row r: token it.t0 + tt, head h0 * G + hh * G + g
+        const int nv = std::min(n, first_pos + it.t0 + tt + 1 - kb);  // causal: keys <= the row's position
+        if (nv <= 0) continue;
+        const float* qr = qb + r * d;
+        float* ar = acc + r * d;
+        scores<DS>(qr, krows, fstride, nv, readable, d, s);
+        const int nvw = (nv + W - 1) / W * W;  // whole vectors: the lanes past nv hold -inf for the max
+        for (int j = nv; j < nvw; ++j) s[j] = kNegInf;
+        vf vm = vload(s);
+        for (int j = W; j < nvw; j += W) vm = vmax(vm, vload(s + j));
+        const float bm = vhmax(vm);
+        if (bm > m[r]) {  // a new running max: rescale what was accumulated under the old one
+          if (m[r] != kNegInf) {
+            const float alpha = std::exp(m[r] - bm);
+            l[r] *= alpha;
+            for (int i = 0; i < d; ++i) ar[i] *= alpha;
+          }
+          m[r] = bm;
         }
-        m[r] = bm;
+        const vf neg_m = vset1(-m[r]);
+        vf vs = vzero();
+        for (int j = 0; j < nvw; j += W) {
+          const vf e = vexp(vadd(vload(s + j), neg_m));
+          vstore(s + j, e);
+          vs = vadd(vs, e);
+        }
+        l[r] += vsum(vs);  // the padding adds exp's floor (~1e-38 a lane): lost beside the real lanes
+        accumulate<DS>(ar, s, vrows, fstride, nv, d);
       }
-      const vf neg_m = vset1(-m[r]);
-      vf vs = vzero();
-      for (int j = 0; j < nvw; j += W) {
-        const vf e = vexp(vadd(vload(s + j), neg_m));
-        vstore(s + j, e);
-        vs = vadd(vs, e);
-      }
-      l[r] += vsum(vs);  // the padding adds exp's floor (~1e-38 a lane): lost beside the real lanes
-      accumulate<DS>(ar, s, vp, kstride, nv, d);
     }
   }
   if (it.part >= 0) {  // a part of a split decode: its rows' state, for merge_parts

@@ -72,6 +72,7 @@ inline vf vzero_below(vf x, float lo, vf e) {  // e where x >= lo, else 0 (NaN x
   return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(lo), _CMP_GE_OQ), e);
 }
 inline float vsum(vf x) { return _mm512_reduce_add_ps(x); }
+inline float vhmax(vf x) { return _mm512_reduce_max_ps(x); }
 inline vf vround(vf x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline vf vscale2(vf p, vf n) {  // p * 2^n, n integral
   __m512i e = _mm512_slli_epi32(_mm512_cvtps_epi32(n), 23);
@@ -141,6 +142,11 @@ inline float vsum(vf x) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
 }
+inline float vhmax(vf x) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(s, _mm_shuffle_ps(s, s, 1)));
+}
 inline vf vround(vf x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline vf vscale2(vf p, vf n) {
   __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
@@ -167,6 +173,7 @@ inline vf vmin(vf a, vf b) { return std::min(a, b); }
 inline vf vdiv(vf a, vf b) { return a / b; }
 inline vf vzero_below(vf x, float lo, vf e) { return x >= lo ? e : 0.f; }
 inline float vsum(vf x) { return x; }
+inline float vhmax(vf x) { return x; }
 #endif
 
 // exp(x). Vector paths: 2^(x log2 e) split into an integer power (exponent bits) and 2^f,
