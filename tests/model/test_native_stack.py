@@ -167,3 +167,34 @@ def test_a_many_row_step_on_the_amx_path_equals_the_python_layers_on_it(monkeypa
     _check_one_step(runner, seqs)
     few = _step(runner, rows[: ql.AMX_MIN_ROWS - 1])  # below the switch: the integer kernels, still equal
     _check_one_step(runner, few)
+
+
+def test_an_amx_prefill_keeps_q_k_v_in_bf16_and_agrees_with_the_float32_path(monkeypatch):
+    """A fresh prompt on the AMX path (bf16 GEMMs, bf16 attention and KV cache): q/k/v stay bf16 from
+    the qkv GEMM into o_proj, and the hidden states and cache writes agree with the float32 round
+    trips to bf16 precision. (Decode steps keep the stack's float32 arithmetic: the test above.)"""
+    import kvserve.model.quant_linear as ql
+
+    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        pytest.skip("oneDNN without bf16 on this CPU")
+    monkeypatch.setattr(ql, "amx_gemm_available", lambda: True)
+    runner = _runner("int4", kv="bfloat16")
+    assert runner.attention.prefill_dtype == torch.bfloat16
+    seqs = _step(runner, [(40, 0)])  # one fresh prompt: not a step the native stack runs
+    attn = runner.model.layers[0].self_attn
+    seen: dict[str, torch.dtype] = {}
+    hooks = [attn.qkv.register_forward_hook(lambda m, i, o: seen.__setitem__("qkv_out", o.dtype)),
+             attn.o_proj.register_forward_hook(lambda m, i, o: seen.__setitem__("o_in", i[0].dtype))]
+    try:
+        got, got_caches = _forward(runner, seqs, native=True)
+        assert seen == {"qkv_out": torch.bfloat16, "o_in": torch.bfloat16}
+        runner.attention.prefill_dtype = None  # the float32 round trips (attention in float32)
+        ref, ref_caches = _forward(runner, seqs, native=True)
+        assert seen["qkv_out"] == torch.float32
+    finally:
+        for h in hooks:
+            h.remove()
+    torch.testing.assert_close(got, ref, atol=0.05, rtol=0.05)
+    for (gk, gv), (rk, rv) in zip(got_caches, ref_caches):
+        torch.testing.assert_close(gk.float(), rk.float(), atol=0.05, rtol=0.05)
+        torch.testing.assert_close(gv.float(), rv.float(), atol=0.05, rtol=0.05)
