@@ -59,7 +59,7 @@ inline float dot(const float* a, const T* b, int d_rt) {
 
 #if defined(__AVX2__) && !defined(__AVX512F__)
 // The 8 horizontal sums of a[0..7], as one vector.
-inline vf reduce8(const vf* a) {
+__attribute__((always_inline)) inline vf reduce8(const vf* a) {
   vf t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
   vf t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
   vf u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);  // per 128-bit half: sums of a0..3, a4..7
@@ -71,7 +71,7 @@ inline vf reduce8(const vf* a) {
 // The 16 horizontal sums of a[0..15], as one vector (lane u: the sum of a[u]'s lanes): pairs folded
 // within 128-bit lanes, then quads, then across the 128-bit lanes. 45 shuffles and adds where 16
 // separate reductions take ~130.
-inline vf reduce16(const vf* a) {
+__attribute__((always_inline)) inline vf reduce16(const vf* a) {
   vf b[8], c[4];
   for (int u = 0; u < 8; ++u)  // per 128-bit lane: two partial sums of a[2u], two of a[2u + 1]
     b[u] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * u], a[2 * u + 1]), _mm512_unpackhi_ps(a[2 * u], a[2 * u + 1]));
@@ -150,6 +150,111 @@ inline void accumulate(float* acc, const float* p, const T* v, int64_t vstride, 
     for (int j = 0; j < n; ++j) acc[i] += p[j] * to_f32(v[j * vstride + i]);
 }
 
+#if defined(__AVX512BF16__)
+// With AVX512-BF16, a bf16 cache is read as stored: q . k and p . v as bf16 pair dot products
+// (vdpbf16ps: exact products, float32 sums) over q and the probabilities rounded to bf16, as bf16
+// attention on the AMX prefill path does; no widening of K or V.
+constexpr bool kBF16Dot = true;
+
+// s[j] = q . k_j for the n keys at k (bf16 rows kstride apart), q as bf16 [DS]: 16 keys at a time where
+// `readable` allows (see scores()), the rest one by one.
+template <int DS>
+inline void scores_bf16(const uint16_t* q, const BF16* k, int64_t kstride, int n, int readable, float* s) {
+  constexpr int C = DS / 32;
+  __m512bh qv[C];
+  for (int c = 0; c < C; ++c) qv[c] = (__m512bh)_mm512_loadu_si512(q + 32 * c);
+  int j = 0;
+  for (; j < n && j + 16 <= readable; j += 16) {
+    __m512 a[16];
+    for (int u = 0; u < 16; ++u) {
+      a[u] = _mm512_setzero_ps();
+      for (int c = 0; c < C; ++c)
+        a[u] = _mm512_dpbf16_ps(a[u], qv[c], (__m512bh)_mm512_loadu_si512(k + (j + u) * kstride + 32 * c));
+    }
+    _mm512_storeu_ps(s + j, reduce16(a));
+  }
+  for (; j < n; ++j) {
+    __m512 a = _mm512_setzero_ps();
+    for (int c = 0; c < C; ++c) a = _mm512_dpbf16_ps(a, qv[c], (__m512bh)_mm512_loadu_si512(k + j * kstride + 32 * c));
+    s[j] = _mm512_reduce_add_ps(a);
+  }
+}
+
+// The n rows at v (bf16, vstride apart) as pairs of rows interleaved for vdpbf16ps: pair i, vector z of
+// DS / 16 holds (v[2i][dim], v[2i + 1][dim]) for the 16 dims that z covers (see unpermute_bf16); a
+// missing last row of an odd n reads as zeros.
+template <int DS>
+inline void pair_rows(const BF16* v, int64_t vstride, int n, uint16_t* out) {
+  constexpr int C = DS / 32;
+  for (int i = 0; 2 * i < n; ++i) {
+    const BF16* r0 = v + 2 * i * vstride;
+    for (int c = 0; c < C; ++c) {
+      const __m512i a = _mm512_loadu_si512(r0 + 32 * c);
+      const __m512i b = 2 * i + 1 < n ? _mm512_loadu_si512(r0 + vstride + 32 * c) : _mm512_setzero_si512();
+      _mm512_storeu_si512(out + (i * 2 * C + 2 * c) * 32, _mm512_unpacklo_epi16(a, b));
+      _mm512_storeu_si512(out + (i * 2 * C + 2 * c + 1) * 32, _mm512_unpackhi_epi16(a, b));
+    }
+  }
+}
+
+// acc (in pair_rows' dim order) += sum_j p_j v_j over n keys, p rounded to bf16
+template <int DS>
+inline void accumulate_bf16(float* acc, const float* p, const uint16_t* vpairs, int n, uint16_t* pb) {
+  constexpr int Z = DS / 16;
+  for (int j = 0; j < n; j += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb + j), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(p + j)));
+  if (n % 2) pb[n] = 0;  // the zero row's weight
+  const uint32_t* pairs = reinterpret_cast<const uint32_t*>(pb);
+  __m512 a[Z];
+#pragma GCC unroll 16
+  for (int z = 0; z < Z; ++z) a[z] = _mm512_loadu_ps(acc + 16 * z);
+  for (int i = 0; 2 * i < n; ++i) {
+    const __m512bh w = (__m512bh)_mm512_set1_epi32(static_cast<int>(pairs[i]));
+#pragma GCC unroll 16
+    for (int z = 0; z < Z; ++z) a[z] = _mm512_dpbf16_ps(a[z], w, (__m512bh)_mm512_loadu_si512(vpairs + (i * Z + z) * 32));
+  }
+#pragma GCC unroll 16
+  for (int z = 0; z < Z; ++z) _mm512_storeu_ps(acc + 16 * z, a[z]);
+}
+
+// acc [DS] from pair_rows' order (position 16 z + k: dim 32 (z / 2) + 8 (k / 4) + 4 (z % 2) + k % 4) to dims
+template <int DS>
+inline void unpermute_bf16(float* acc) {
+  float tmp[DS];
+  for (int z = 0; z < DS / 16; ++z)
+    for (int k = 0; k < 16; ++k) tmp[32 * (z / 2) + 8 * (k / 4) + 4 * (z % 2) + k % 4] = acc[16 * z + k];
+  std::copy(tmp, tmp + DS, acc);
+}
+#else
+constexpr bool kBF16Dot = false;
+#endif
+
+// One row's scores s[0, nv) of a block into its running softmax: the max m (rescaling what acc and l
+// hold under a smaller one), then s[j] = exp(s[j] - m), summed into l. s has room for whole vectors.
+inline void softmax_update(float* s, int nv, int d, float& m, float& l, float* acc) {
+  const int nvw = (nv + W - 1) / W * W;  // whole vectors: the lanes past nv hold -inf for the max
+  for (int j = nv; j < nvw; ++j) s[j] = kNegInf;
+  vf vm = vload(s);
+  for (int j = W; j < nvw; j += W) vm = vmax(vm, vload(s + j));
+  const float bm = vhmax(vm);
+  if (bm > m) {  // a new running max: rescale what was accumulated under the old one
+    if (m != kNegInf) {
+      const float alpha = std::exp(m - bm);
+      l *= alpha;
+      for (int i = 0; i < d; ++i) acc[i] *= alpha;
+    }
+    m = bm;
+  }
+  const vf neg_m = vset1(-m);
+  vf vs = vzero();
+  for (int j = 0; j < nvw; j += W) {
+    const vf e = vexp(vadd(vload(s + j), neg_m));
+    vstore(s + j, e);
+    vs = vadd(vs, e);
+  }
+  l += vsum(vs);  // the padding adds exp's floor (~1e-38 a lane): lost beside the real lanes
+}
+
 // rows [0, n) of one kv head's block (stride elements apart) as float32 rows of d, contiguous
 template <int DS, typename T>
 inline void widen_rows(const T* src, int64_t stride, int n, int d_rt, float* dst) {
@@ -209,7 +314,10 @@ inline void prefetch_block(const Args& a, int64_t base, int n, int64_t stride, i
 // accumulators and softmax state, and one block's scores (padded to whole vectors).
 struct Scratch {
   std::vector<float> q, acc, m, l, s, kw, vw;  // kw, vw: one block of one kv head's K and V, widened
+  std::vector<uint16_t> qh, vp, pb;            // the bf16-dot path: q rows, V's row pairs, probabilities
   void fit(int64_t rows, int64_t d, int64_t bs) {
+    if (static_cast<int64_t>(qh.size()) < rows * d) qh.resize(rows * d);
+    if (static_cast<int64_t>(vp.size()) < (bs + 1) * d) vp.resize((bs + 1) * d), pb.resize(bs + W + 1);
     if (static_cast<int64_t>(q.size()) < rows * d) q.resize(rows * d), acc.resize(rows * d);
     if (static_cast<int64_t>(kw.size()) < bs * d) kw.resize(bs * d), vw.resize(bs * d);
     if (static_cast<int64_t>(m.size()) < rows) m.resize(rows), l.resize(rows);
@@ -241,12 +349,17 @@ void run_item(const Args& a, const Item& it, Scratch& sc) {
     m[r] = kNegInf;
     l[r] = 0.f;
   }
+  constexpr bool kDot = kBF16Dot && std::is_same_v<TKV, BF16> && DS > 0 && DS % 32 == 0;
+  if constexpr (kDot) {  // the scaled q rows rounded to bf16
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < d; i += W) vstore(reinterpret_cast<BF16*>(sc.qh.data()) + r * d + i, vload(qb + r * d + i));
+  }
   const int n_keys = std::min(first_pos + it.t1, it.k1);  // keys up to the last row's position
   const int32_t* table = a.tables + info[3];
   const int64_t kstride = a.kv_heads * d;  // from one slot's row of a head to the next slot's
   // A non-float32 cache's block rows of one kv head are widened to float32 once (into sc.kw / sc.vw)
   // and read from there by every query row of that kv head: its G heads and the tile's tokens.
-  constexpr bool kWiden = !std::is_same_v<TKV, float>;
+  constexpr bool kWiden = !std::is_same_v<TKV, float> && !kDot;
   const int per_head = (it.t1 - it.t0) * G;  // query rows of one kv head
   for (int kb = it.k0; kb < n_keys; kb += bs) {
     const int n = std::min(bs, n_keys - kb);
@@ -262,7 +375,10 @@ void run_item(const Args& a, const Item& it, Scratch& sc) {
       const float *krows, *vrows;
       int64_t fstride;
       int readable = bs;
-      if constexpr (kWiden) {
+      if constexpr (kDot) {
+        pair_rows<DS>(vp, kstride, n, sc.vp.data());
+        krows = vrows = nullptr, fstride = 0;
+      } else if constexpr (kWiden) {
         readable = std::min(bs, (n + W - 1) / W * W);  // whole groups of W keys for scores()
         widen_rows<DS>(kp, kstride, readable, d, sc.kw.data());
         widen_rows<DS>(vp, kstride, n, d, sc.vw.data());
@@ -276,31 +392,20 @@ void run_item(const Args& a, const Item& it, Scratch& sc) {
         if (nv <= 0) continue;
         const float* qr = qb + r * d;
         float* ar = acc + r * d;
+        if constexpr (kDot) {
+          scores_bf16<DS>(sc.qh.data() + r * d, kp, kstride, nv, readable, s);
+          softmax_update(s, nv, d, m[r], l[r], ar);
+          accumulate_bf16<DS>(ar, s, sc.vp.data(), nv, sc.pb.data());
+          continue;
+        }
         scores<DS>(qr, krows, fstride, nv, readable, d, s);
-        const int nvw = (nv + W - 1) / W * W;  // whole vectors: the lanes past nv hold -inf for the max
-        for (int j = nv; j < nvw; ++j) s[j] = kNegInf;
-        vf vm = vload(s);
-        for (int j = W; j < nvw; j += W) vm = vmax(vm, vload(s + j));
-        const float bm = vhmax(vm);
-        if (bm > m[r]) {  // a new running max: rescale what was accumulated under the old one
-          if (m[r] != kNegInf) {
-            const float alpha = std::exp(m[r] - bm);
-            l[r] *= alpha;
-            for (int i = 0; i < d; ++i) ar[i] *= alpha;
-          }
-          m[r] = bm;
-        }
-        const vf neg_m = vset1(-m[r]);
-        vf vs = vzero();
-        for (int j = 0; j < nvw; j += W) {
-          const vf e = vexp(vadd(vload(s + j), neg_m));
-          vstore(s + j, e);
-          vs = vadd(vs, e);
-        }
-        l[r] += vsum(vs);  // the padding adds exp's floor (~1e-38 a lane): lost beside the real lanes
+        softmax_update(s, nv, d, m[r], l[r], ar);
         accumulate<DS>(ar, s, vrows, fstride, nv, d);
       }
     }
+  }
+  if constexpr (kDot) {  // the sums back in the order of dims
+    for (int r = 0; r < R; ++r) unpermute_bf16<DS>(acc + r * d);
   }
   if (it.part >= 0) {  // a part of a split decode: its rows' state, for merge_parts
     for (int r = 0; r < R; ++r) {
@@ -556,7 +661,13 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
 
 }  // namespace kvserve
 
+namespace {
+bool bf16_dot_attention() { return kBF16Dot; }
+}  // namespace
+
 TORCH_LIBRARY_FRAGMENT(kvserve, m) {
+  // whether a bfloat16 cache is attended with bf16 pair dot products (this build has AVX512-BF16)
+  m.def("bf16_dot_attention() -> bool", &bf16_dot_attention);
   m.def("paged_attention(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor seq_info, int block_size, float scale, Tensor? k_scale=None, Tensor? v_scale=None) -> ()",
         &kvserve::paged_attention);
