@@ -17,6 +17,7 @@
 // many short ones do not leave threads idle. A decode that is a large share of the call (few
 // sequences, long context) is also split along its keys into parts run as separate items, whose
 // softmax states are merged afterwards (flash-decoding; see paged_attention()).
+#include "bf16_dot.h"
 #include "ops.h"
 #include "vec.h"
 
@@ -37,6 +38,7 @@ constexpr int kMinPartKeys = 64;  // a split decode's parts have at least this m
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 using namespace kvserve::vec;
+using namespace kvserve::bf16dot;
 
 template <typename T>
 inline float to_f32(T x) { return static_cast<float>(x); }
@@ -56,36 +58,6 @@ inline float dot(const float* a, const T* b, int d_rt) {
   for (; i < d; ++i) sum += a[i] * to_f32(b[i]);  // a head_dim that is not a multiple of W
   return sum;
 }
-
-#if defined(__AVX2__) && !defined(__AVX512F__)
-// The 8 horizontal sums of a[0..7], as one vector.
-__attribute__((always_inline)) inline vf reduce8(const vf* a) {
-  vf t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
-  vf t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
-  vf u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);  // per 128-bit half: sums of a0..3, a4..7
-  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
-#endif
-
-#if defined(__AVX512F__)
-// The 16 horizontal sums of a[0..15], as one vector (lane u: the sum of a[u]'s lanes): pairs folded
-// within 128-bit lanes, then quads, then across the 128-bit lanes. 45 shuffles and adds where 16
-// separate reductions take ~130.
-__attribute__((always_inline)) inline vf reduce16(const vf* a) {
-  vf b[8], c[4];
-  for (int u = 0; u < 8; ++u)  // per 128-bit lane: two partial sums of a[2u], two of a[2u + 1]
-    b[u] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * u], a[2 * u + 1]), _mm512_unpackhi_ps(a[2 * u], a[2 * u + 1]));
-  for (int u = 0; u < 4; ++u)  // per 128-bit lane: that lane's sums of a[4u .. 4u + 3]
-    c[u] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * u], b[2 * u + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_ps(b[2 * u], b[2 * u + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  const vf e0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                              _mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(3, 2, 3, 2)));
-  const vf e1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(1, 0, 1, 0)),
-                              _mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(3, 2, 3, 2)));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_f32x4(e0, e1, _MM_SHUFFLE(3, 1, 3, 1)));
-}
-#endif
 
 // s[j] = q . k_j for the n keys at k, kstride elements apart. Keys up to `readable` may be read
 // (the rest of their block): a group of W keys runs whole where it fits, and the scores past n it
@@ -149,85 +121,6 @@ inline void accumulate(float* acc, const float* p, const T* v, int64_t vstride, 
   for (; i < d; ++i)
     for (int j = 0; j < n; ++j) acc[i] += p[j] * to_f32(v[j * vstride + i]);
 }
-
-#if defined(__AVX512BF16__)
-// With AVX512-BF16, a bf16 cache is read as stored: q . k and p . v as bf16 pair dot products
-// (vdpbf16ps: exact products, float32 sums) over q and the probabilities rounded to bf16, as bf16
-// attention on the AMX prefill path does; no widening of K or V.
-constexpr bool kBF16Dot = true;
-
-// s[j] = q . k_j for the n keys at k (bf16 rows kstride apart), q as bf16 [DS]: 16 keys at a time where
-// `readable` allows (see scores()), the rest one by one.
-template <int DS>
-inline void scores_bf16(const uint16_t* q, const BF16* k, int64_t kstride, int n, int readable, float* s) {
-  constexpr int C = DS / 32;
-  __m512bh qv[C];
-  for (int c = 0; c < C; ++c) qv[c] = (__m512bh)_mm512_loadu_si512(q + 32 * c);
-  int j = 0;
-  for (; j < n && j + 16 <= readable; j += 16) {
-    __m512 a[16];
-    for (int u = 0; u < 16; ++u) {
-      a[u] = _mm512_setzero_ps();
-      for (int c = 0; c < C; ++c)
-        a[u] = _mm512_dpbf16_ps(a[u], qv[c], (__m512bh)_mm512_loadu_si512(k + (j + u) * kstride + 32 * c));
-    }
-    _mm512_storeu_ps(s + j, reduce16(a));
-  }
-  for (; j < n; ++j) {
-    __m512 a = _mm512_setzero_ps();
-    for (int c = 0; c < C; ++c) a = _mm512_dpbf16_ps(a, qv[c], (__m512bh)_mm512_loadu_si512(k + j * kstride + 32 * c));
-    s[j] = _mm512_reduce_add_ps(a);
-  }
-}
-
-// The n rows at v (bf16, vstride apart) as pairs of rows interleaved for vdpbf16ps: pair i, vector z of
-// DS / 16 holds (v[2i][dim], v[2i + 1][dim]) for the 16 dims that z covers (see unpermute_bf16); a
-// missing last row of an odd n reads as zeros.
-template <int DS>
-inline void pair_rows(const BF16* v, int64_t vstride, int n, uint16_t* out) {
-  constexpr int C = DS / 32;
-  for (int i = 0; 2 * i < n; ++i) {
-    const BF16* r0 = v + 2 * i * vstride;
-    for (int c = 0; c < C; ++c) {
-      const __m512i a = _mm512_loadu_si512(r0 + 32 * c);
-      const __m512i b = 2 * i + 1 < n ? _mm512_loadu_si512(r0 + vstride + 32 * c) : _mm512_setzero_si512();
-      _mm512_storeu_si512(out + (i * 2 * C + 2 * c) * 32, _mm512_unpacklo_epi16(a, b));
-      _mm512_storeu_si512(out + (i * 2 * C + 2 * c + 1) * 32, _mm512_unpackhi_epi16(a, b));
-    }
-  }
-}
-
-// acc (in pair_rows' dim order) += sum_j p_j v_j over n keys, p rounded to bf16
-template <int DS>
-inline void accumulate_bf16(float* acc, const float* p, const uint16_t* vpairs, int n, uint16_t* pb) {
-  constexpr int Z = DS / 16;
-  for (int j = 0; j < n; j += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb + j), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(p + j)));
-  if (n % 2) pb[n] = 0;  // the zero row's weight
-  const uint32_t* pairs = reinterpret_cast<const uint32_t*>(pb);
-  __m512 a[Z];
-#pragma GCC unroll 16
-  for (int z = 0; z < Z; ++z) a[z] = _mm512_loadu_ps(acc + 16 * z);
-  for (int i = 0; 2 * i < n; ++i) {
-    const __m512bh w = (__m512bh)_mm512_set1_epi32(static_cast<int>(pairs[i]));
-#pragma GCC unroll 16
-    for (int z = 0; z < Z; ++z) a[z] = _mm512_dpbf16_ps(a[z], w, (__m512bh)_mm512_loadu_si512(vpairs + (i * Z + z) * 32));
-  }
-#pragma GCC unroll 16
-  for (int z = 0; z < Z; ++z) _mm512_storeu_ps(acc + 16 * z, a[z]);
-}
-
-// acc [DS] from pair_rows' order (position 16 z + k: dim 32 (z / 2) + 8 (k / 4) + 4 (z % 2) + k % 4) to dims
-template <int DS>
-inline void unpermute_bf16(float* acc) {
-  float tmp[DS];
-  for (int z = 0; z < DS / 16; ++z)
-    for (int k = 0; k < 16; ++k) tmp[32 * (z / 2) + 8 * (k / 4) + 4 * (z % 2) + k % 4] = acc[16 * z + k];
-  std::copy(tmp, tmp + DS, acc);
-}
-#else
-constexpr bool kBF16Dot = false;
-#endif
 
 // One row's scores s[0, nv) of a block into its running softmax: the max m (rescaling what acc and l
 // hold under a smaller one), then s[j] = exp(s[j] - m), summed into l. s has room for whole vectors.
