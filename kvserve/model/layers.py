@@ -120,7 +120,7 @@ class SwiGLU(nn.Module):
         self.native = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.native and getattr(self.gate_up, "runs_amx", _never)(x):
+        if self.native and runs_amx(self.gate_up, x):
             # an AMX step (QuantLinear.amx): the intermediate stays bf16 from gate_up's GEMM through
             # the activation into down's, instead of two round trips through float32
             act = torch.ops.kvserve.silu_mul(self.gate_up(x, out_dtype=torch.bfloat16))
@@ -161,8 +161,11 @@ class PackedLinear(nn.Module):
         return out[:m] if rows != m else out
 
 
-def _never(x: torch.Tensor) -> bool:
-    return False
+def runs_amx(linear: nn.Module, x: torch.Tensor) -> bool:
+    """Whether ``linear`` (a ``QuantLinear`` with a bf16 AMX copy; any other layer: never) takes
+    ``x`` through oneDNN's bf16 GEMM."""
+    check = getattr(linear, "runs_amx", None)
+    return bool(check(x)) if check is not None else False
 
 
 def padded_rows(m: int) -> int:

@@ -10,7 +10,7 @@ from torch import nn
 from kvserve.attention import AttentionBackend, AttentionMetadata
 from kvserve.model.config import ModelConfig
 from kvserve.model.native_stack import build_native_stack, run_native_stack
-from kvserve.model.layers import PackedLinear, RMSNorm, Rotary, RotaryStep, SwiGLU, pack_linears
+from kvserve.model.layers import PackedLinear, RMSNorm, Rotary, RotaryStep, SwiGLU, pack_linears, runs_amx
 from kvserve.model.quant import QuantWeight
 from kvserve.model.quant_linear import QuantEmbedding, QuantLinear, fused_linear_sources, quantized_modules
 
@@ -33,7 +33,7 @@ class Attention(nn.Module):
         # stay bf16 from the GEMM through rotary, the KV write and attention into o_proj: no float32 round
         # trips (~4% of a prefill). Steps the native decode stack could run keep its float32 arithmetic.
         bf16 = (attn.prefill_dtype == torch.bfloat16 and kv_cache[0].dtype == torch.bfloat16
-                and getattr(self.qkv, "runs_amx", _never)(x) and attn.native_step(meta) is None)
+                and runs_amx(self.qkv, x) and attn.native_step(meta) is None)
         qkv = self.qkv(x, out_dtype=torch.bfloat16) if bf16 else self.qkv(x)
         q, k, v = qkv.split(self.split, dim=-1)
         q, k = rope.apply(q.view(t, self.num_heads, self.head_dim), k.view(t, self.num_kv_heads, self.head_dim))
@@ -189,10 +189,6 @@ class LlamaForCausalLM(nn.Module):
         missing = set(own) - done
         if missing:
             raise ValueError(f"weights missing from the checkpoint: {sorted(missing)[:5]}")
-
-
-def _never(x: torch.Tensor) -> bool:
-    return False
 
 
 def _only_in(name: str, quantized: dict[str, QuantWeight], cfg: ModelConfig) -> bool:

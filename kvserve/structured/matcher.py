@@ -69,23 +69,23 @@ class GrammarMatcher:
         if self._m.is_terminated():
             raise RuntimeError("the grammar matcher has terminated: no token may follow the stop token")
         self._m.fill_next_token_bitmask(bitmask, row)
-        if self._guard is not None and self._lead and self._lead[-1]:
+        if self._guard is not None and self._pending_lead:
             self._guard.mask(bitmask, row)
 
+    @property
+    def _pending_lead(self) -> bool:
+        """Whether the output so far ends in a lone ED byte (only tracked with a guard)."""
+        return bool(self._lead) and self._lead[-1]
+
     def _lead_after(self, pending: bool, token_id: int) -> bool | None:
-        """With a guard: whether the output ends in a lone ED after ``token_id``; None if the
-        token would make a surrogate. Without one: False."""
-        if self._guard is None:
-            return False
-        if not self._guard.allows(pending, token_id):
-            return None
-        return self._guard.after(pending, token_id)
+        """The guard's state after ``token_id`` (None: it would make a surrogate); without a guard, False."""
+        return False if self._guard is None else self._guard.after(pending, token_id)
 
     def accept(self, token_id: int) -> bool:
         """Advance by one token; False (state unchanged) if the grammar does not allow it."""
         if token_id in self._special_stops:
             return False
-        lead = self._lead_after(bool(self._lead) and self._lead[-1], token_id)
+        lead = self._lead_after(self._pending_lead, token_id)
         if lead is None:
             return False
         ok = self._m.accept_token(int(token_id))
@@ -106,7 +106,7 @@ class GrammarMatcher:
     def validate_tokens(self, tokens: Sequence[int]) -> int:
         """How many leading ``tokens`` the grammar allows in a row; the state is left unchanged."""
         n = 0
-        pending = bool(self._lead) and self._lead[-1]
+        pending = self._pending_lead
         for token in tokens:
             lead = self._lead_after(pending, token)
             if lead is None or token in self._special_stops or not self._m.accept_token(int(token)):

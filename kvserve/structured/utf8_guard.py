@@ -42,16 +42,15 @@ class SurrogateGuard:
         vocab: list[bytes] = info.decoded_vocab  # type: ignore[attr-defined]
         return cls(vocab, (info.vocab_size + 31) // 32)  # type: ignore[attr-defined]
 
-    def after(self, pending_lead: bool, token_id: int) -> bool:
+    def after(self, pending_lead: bool, token_id: int) -> bool | None:
         """Whether the output ends with a lone lead byte ED once ``token_id`` follows it
-        (``pending_lead``: whether it did before); a token of no bytes (special) changes nothing."""
-        if token_id >= len(self.ends_with_lead) or self.empty[token_id]:
+        (``pending_lead``: whether it did before; a token of no bytes, a special one, changes
+        nothing), or None when the token would complete a surrogate's first two bytes."""
+        if token_id >= len(self.ends_with_lead):
             return pending_lead
-        return self.ends_with_lead[token_id]
-
-    def allows(self, pending_lead: bool, token_id: int) -> bool:
-        """False for the token that would complete a surrogate's first two bytes."""
-        return not (pending_lead and token_id < len(self.makes_surrogate) and self.makes_surrogate[token_id])
+        if pending_lead and self.makes_surrogate[token_id]:
+            return None
+        return pending_lead if self.empty[token_id] else self.ends_with_lead[token_id]
 
     def mask(self, bitmask: torch.Tensor, row: int) -> None:
         """Clear, in ``bitmask[row]``, the tokens that would make a surrogate after a lone ED."""

@@ -55,8 +55,9 @@ def test_a_surrogate_cannot_follow_a_lone_ed_byte(tok, cache):
     assert m.validate_tokens([a0, x80]) == 0
     assert allowed(m, vocab, x9f)  # ED 9F BF is U+D7FF, a real character
     assert m.validate_tokens([x9f, byte_token(cache, 0xBF)]) == 2
-    # rolled back past the ED, the continuation bytes are as free as xgrammar makes them
+    # rolled back past the ED, a continuation byte is a plain character's again; the ED given back, guarded
     m.rollback(1)
+    assert m.validate_tokens([a0]) == 0  # a lone continuation byte is no character: xgrammar refuses it
     assert m.accept(ed) and not m.accept(a0)
 
 
