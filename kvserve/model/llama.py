@@ -133,10 +133,17 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(h)
 
     @torch.inference_mode()
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor, keep_bf16: bool = False) -> torch.Tensor:
+        """float32 logits [rows, vocab]. ``keep_bf16``: where the LM head computes in bf16 (an AMX
+        GEMM, a bf16 model), its bf16 output as it is, without a conversion pass over the rows (the
+        sampler's native draws read bf16: ``Sampler.reads_bf16``)."""
         if self.lm_head is None:
-            return torch.nn.functional.linear(hidden, self.embed_tokens.weight).float()
-        return self.lm_head(hidden).float()
+            out = torch.nn.functional.linear(hidden, self.embed_tokens.weight)
+        elif keep_bf16 and isinstance(self.lm_head, QuantLinear):
+            out = self.lm_head(hidden, out_dtype=torch.bfloat16)  # bf16 on its AMX path; float32 otherwise
+        else:
+            out = self.lm_head(hidden)
+        return out if keep_bf16 and out.dtype == torch.bfloat16 else out.float()
 
     def runs_amx(self) -> bool:
         """Whether the quantized linears run many-row inputs through their bf16 AMX copies."""

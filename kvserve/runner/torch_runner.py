@@ -124,9 +124,12 @@ class TorchRunner:
             rows.extend(range(first + c.num_tokens - n, first + c.num_tokens))
         if not rows:
             return out
-        logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)])
         scored = [chunks[i] for i in sampling]
         constrained = any(c.request.grammar is not None for c in scored)
+        # an AMX LM head's bf16 logits go to the sampler as they are when only its native draws read them
+        keep_bf16 = not constrained and not any(c.is_verify for c in scored) and \
+            self.sampler.reads_bf16([c.request for c in scored])
+        logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)], keep_bf16=keep_bf16)
         if constrained:  # kvserve.structured (and xgrammar) load only once a request has a grammar
             from kvserve.structured.masking import advance_grammars, apply_grammar_masks
 

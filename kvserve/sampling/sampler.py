@@ -22,7 +22,7 @@ from kvserve.sampling.processors import LogitProcessing
 
 def greedy_tokens(logits: torch.Tensor, native: bool) -> torch.Tensor:
     """The first largest logit's index per row, as ``logits.argmax(-1)`` gives it."""
-    if native and logits.dtype == torch.float32 and logits.device.type == "cpu":
+    if native and logits.dtype in (torch.float32, torch.bfloat16) and logits.device.type == "cpu":
         return torch.ops.kvserve.argmax_rows(logits.contiguous())
     return logits.argmax(dim=-1)
 
@@ -59,8 +59,20 @@ class Sampler:
                 u[i] = torch.rand(1, generator=self.generator(r), device=self.device)
         return u
 
+    def reads_bf16(self, requests: list[Request]) -> bool:
+        """Whether these requests' tokens can be drawn from bf16 logits as an AMX LM head wrote them:
+        every row greedy or plain temperature, drawn natively, and nothing that needs float32 logits
+        (penalties, logit processing, logprobs). The native draws read bf16 as the floats it holds, so
+        the tokens are those of the converted logits."""
+        return self.native and all(
+            (r.params.greedy or _plain_temperature(r)) and not r.params.has_penalties
+            and not r.params.has_logit_processing and r.params.logprobs is None for r in requests)
+
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> tuple[list[int], dict[str, TokenLogprobs]]:
-        """logits: float32 [len(requests), vocab]. Returns token ids and optional logprobs."""
+        """logits: float32 [len(requests), vocab] (or bf16 where ``reads_bf16(requests)``). Returns
+        token ids and optional logprobs."""
+        if logits.dtype != torch.float32 and not self.reads_bf16(requests):
+            logits = logits.float()
         raw = logits  # logprobs describe the model's distribution, before penalties and processing
         if any(r.params.has_penalties or r.params.has_logit_processing for r in requests):
             logits = logits.clone()

@@ -135,3 +135,18 @@ def test_sample_rows_never_draws_a_masked_token_and_follows_the_distribution():
     y[1] = float("-inf")
     assert torch.ops.kvserve.sample_rows(y, torch.tensor([1e6, 1.0]), torch.tensor([0.99, 0.5])).tolist() == [
         int(y[0].argmax()), 0]
+
+
+@pytest.mark.parametrize("rows,vocab", [(64, 49152), (3, 7), (5, 129)])
+def test_argmax_and_draw_read_bfloat16_logits_as_the_floats_they_hold(rows, vocab):
+    # an AMX LM head's bf16 logits go to the native draws unconverted: the tokens must be those of
+    # the converted float32 logits (ties included: bf16 makes many)
+    g = torch.Generator().manual_seed(vocab)
+    x = (torch.randn(rows, vocab, generator=g) * 3).bfloat16()
+    x[-1, 0] = x[-1, vocab - 1] = x[-1].max() + 1
+    assert torch.equal(torch.ops.kvserve.argmax_rows(x), torch.ops.kvserve.argmax_rows(x.float()))
+    assert torch.equal(torch.ops.kvserve.argmax_rows(x), x.float().argmax(-1))
+    inv_t, u = 1 / (torch.rand(rows, generator=g) + 0.3), torch.rand(rows, generator=g)
+    assert torch.equal(torch.ops.kvserve.sample_rows(x, inv_t, u), torch.ops.kvserve.sample_rows(x.float(), inv_t, u))
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        torch.ops.kvserve.argmax_rows(x.half())

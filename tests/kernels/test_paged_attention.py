@@ -158,6 +158,27 @@ def test_split_decode_shapes(threads, heads, kv_heads, d, bs):
     check([(1, 777)], heads=heads, kv_heads=kv_heads, d=d, bs=bs)
 
 
+@pytest.mark.parametrize("heads, kv_heads, bs", [(8, 1, 16), (10, 2, 32), (6, 3, 4), (12, 2, 7), (9, 3, 16)])
+def test_bfloat16_cache_decodes_every_group_and_block_size(heads, kv_heads, bs):
+    # decodes over a bf16 cache (on AVX512-BF16 CPUs the pair-dot decode path: up to 4 query heads of a
+    # kv head at a time, 16 keys at a time, keys past the context masked): query-head groups of 1-6,
+    # blocks shorter and longer than 16 keys, odd fills; the cache's slots no context covers hold NaN,
+    # which a masked key must not let through
+    seqs = [(1, c) for c in (1, 2, 15, 16, 17, 31, 33, 100, 257)]
+    q, k, v, tables, info, bs = make_case(seqs, heads=heads, kv_heads=kv_heads, bs=bs, d=64)
+    used = torch.zeros(k.shape[0], dtype=torch.bool)
+    for _, _, ctx, offset in info.tolist():
+        table = tables[offset:].tolist()
+        used[[table[p // bs] * bs + p % bs for p in range(ctx)]] = True
+    k[~used], v[~used] = float("nan"), float("nan")
+    kb, vb = k.bfloat16(), v.bfloat16()
+    got = run_op(q, kb, vb, tables, info, bs)
+    want = reference(q, kb.float().nan_to_num(), vb.float().nan_to_num(), tables, info, bs)
+    # bf16 pair dots: q and the probabilities rounded to bf16 (see test_float32_q_with_bfloat16_kv)
+    tol = dict(atol=1e-2, rtol=1e-2) if torch.ops.kvserve.bf16_dot_attention() else dict(atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(got.double(), want, **tol)
+
+
 @pytest.mark.parametrize("threads", [2, 4], indirect=True)
 def test_split_decode_bfloat16(threads):
     check([(1, 1234)], heads=9, kv_heads=3, dtype=torch.bfloat16, tol=2e-2)

@@ -198,3 +198,41 @@ def test_an_amx_prefill_keeps_q_k_v_in_bf16_and_agrees_with_the_float32_path(mon
     for (gk, gv), (rk, rv) in zip(got_caches, ref_caches):
         torch.testing.assert_close(gk.float(), rk.float(), atol=0.05, rtol=0.05)
         torch.testing.assert_close(gv.float(), rv.float(), atol=0.05, rtol=0.05)
+
+
+def test_an_amx_lm_head_hands_its_bf16_logits_to_native_draws_only(monkeypatch):
+    """On the AMX path the LM head's GEMM writes bf16 logits: ``logits(keep_bf16=True)`` returns
+    them unconverted (the float32 ones are exactly their conversion), and the runner asks for them
+    only when the sampler's native draws are all that read them."""
+    import kvserve.model.quant_linear as ql
+
+    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        pytest.skip("oneDNN without bf16 on this CPU")
+    monkeypatch.setattr(ql, "amx_gemm_available", lambda: True)
+    hf = tiny_hf_model(kv_heads=2, hidden=64, layers=2)
+    llm = LLM.from_weights(kvserve_config(hf), hf_weights(hf), dtype="float32", quantization="int8", num_kv_blocks=64)
+    runner = llm.engine.runner
+    hidden = torch.randn(ql.AMX_MIN_ROWS + 2, runner.cfg.hidden_size)
+    kept = runner.model.logits(hidden, keep_bf16=True)
+    assert kept.dtype == torch.bfloat16 and torch.equal(kept.float(), runner.model.logits(hidden))
+    few = hidden[: ql.AMX_MIN_ROWS - 1]  # the integer kernel: float32 either way
+    assert runner.model.logits(few, keep_bf16=True).dtype == torch.float32
+    seen: list[torch.dtype] = []
+    sampler = runner.sampler
+
+    class Spy:  # the runner calls self.sampler(...): record the logits' dtype on the way
+        def __getattr__(self, name):
+            return getattr(sampler, name)
+
+        def __call__(self, logits, reqs):
+            seen.append(logits.dtype)
+            return sampler(logits, reqs)
+
+    runner.sampler = Spy()
+    prompts = [[3 + i, 4, 5] for i in range(ql.AMX_MIN_ROWS + 2)]
+    greedy = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    llm.generate(prompts, greedy)
+    assert torch.bfloat16 in seen
+    seen.clear()
+    llm.generate(prompts, SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True, logprobs=1))
+    assert seen and torch.bfloat16 not in seen

@@ -92,3 +92,29 @@ def test_plain_temperature_rows_draw_natively_as_the_torch_path_does():
     torch_only.native = False
     for _ in range(20):  # seeded rows: the same uniforms on both sides, hence the same tokens
         assert native(logits, reqs)[0] == torch_only(logits, reqs)[0]
+
+
+def test_bf16_logits_draw_what_their_float32_conversion_draws():
+    # the runner hands an AMX LM head's bf16 logits over unconverted when reads_bf16 says the
+    # sampler only draws natively from them; anything else is converted first
+    from kvserve.kernels import kernels_available
+
+    if not kernels_available():
+        import pytest
+
+        pytest.skip("native kernels not built")
+    torch.manual_seed(2)
+    logits = (torch.randn(5, 3000) * 3).bfloat16()
+    plain = [_req(f"p{i}", temperature=0.8, seed=i) for i in range(3)] + [_req("g", temperature=0.0)]
+    sampler, reference = Sampler(torch.device("cpu")), Sampler(torch.device("cpu"))
+    assert sampler.reads_bf16(plain)
+    for _ in range(10):  # seeded rows: the same uniforms on both sides
+        assert sampler(logits[:4], plain)[0] == reference(logits[:4].float(), plain)[0]
+    others = [_req("k", temperature=1.0, top_k=5, seed=9), _req("l", temperature=0.0, logprobs=2),
+              _req("r", temperature=0.0, repetition_penalty=1.3)]
+    for r in others:
+        assert not sampler.reads_bf16(plain + [r])
+    tokens, logprobs = sampler(logits[:3], others)  # converted first: the torch paths run as before
+    assert tokens == reference(logits[:3].float(), others)[0] and "l" in logprobs
+    sampler.native = False
+    assert not sampler.reads_bf16(plain)

@@ -80,6 +80,58 @@ inline void accumulate_bf16(float* acc, const float* p, const uint16_t* vpairs, 
   for (int z = 0; z < Z; ++z) _mm512_storeu_ps(acc + 16 * z, a[z]);
 }
 
+// Up to 16 keys (n >= 1; rows `stride` apart from k and v) of one kv head for the G query heads of one
+// decode token, all at once: each head's scores, its running softmax without branches (m: the max so
+// far; lv: per-lane sums of the exps, summed across lanes at the end; acc scaled by exp(m_old - m)),
+// then p . V with V's row pairs interleaved in registers once for all G heads (pair_rows' order, see
+// unpermute_bf16). q: the G heads' scaled bf16 rows [G, DS]; acc [G, DS]; s: scratch of 16 G floats.
+// The same arithmetic as scores_bf16 + softmax_update + accumulate_bf16 per head; here the heads'
+// dependency chains interleave, and the keys past n are masked rather than branched around. lv: [G, 16].
+template <int DS, int G>
+inline void decode_keys_bf16(const uint16_t* q, const BF16* k, const BF16* v, int64_t stride, int n, int readable,
+                             float* m, float* lv, float* acc, float* s) {
+  constexpr int Z = DS / 16, C = DS / 32;
+  for (int g = 0; g < G; ++g) scores_bf16<DS>(q + g * DS, k, stride, n, readable, s + 16 * g);
+  const __mmask16 valid = n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
+  const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
+  uint32_t pairs[G][8];
+  __m512 alpha[G];
+  for (int g = 0; g < G; ++g) {
+    const __m512 sv = _mm512_mask_blend_ps(valid, neg_inf, _mm512_loadu_ps(s + 16 * g));
+    const float mn = std::max(m[g], _mm512_reduce_max_ps(sv));
+    alpha[g] = mn > m[g] ? vec::vexp(_mm512_set1_ps(m[g] - mn)) : _mm512_set1_ps(1.f);
+    const __m512 p = _mm512_maskz_mov_ps(valid, vec::vexp(_mm512_sub_ps(sv, _mm512_set1_ps(mn))));
+    _mm512_storeu_ps(lv + 16 * g, _mm512_fmadd_ps(_mm512_loadu_ps(lv + 16 * g), alpha[g], p));
+    m[g] = mn;
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs[g]), (__m256i)_mm512_cvtneps_pbh(p));
+  }
+  __m512 a[G][Z];
+  for (int g = 0; g < G; ++g)
+    for (int z = 0; z < Z; ++z) a[g][z] = _mm512_mul_ps(_mm512_loadu_ps(acc + g * DS + 16 * z), alpha[g]);
+  for (int i = 0; 2 * i < n; ++i) {
+    const BF16* r0 = v + 2 * i * stride;
+    const bool second = 2 * i + 1 < n;  // an odd n's last pair: its missing row reads as zeros
+    __m512i lo[C], hi[C];
+    for (int c = 0; c < C; ++c) {
+      const __m512i x = _mm512_loadu_si512(r0 + 32 * c);
+      const __m512i y = second ? _mm512_loadu_si512(r0 + stride + 32 * c) : _mm512_setzero_si512();
+      lo[c] = _mm512_unpacklo_epi16(x, y), hi[c] = _mm512_unpackhi_epi16(x, y);
+    }
+    for (int g = 0; g < G; ++g) {
+      const __m512bh w = (__m512bh)_mm512_set1_epi32(static_cast<int>(pairs[g][i]));
+      for (int c = 0; c < C; ++c) {
+        a[g][2 * c] = _mm512_dpbf16_ps(a[g][2 * c], w, (__m512bh)lo[c]);
+        a[g][2 * c + 1] = _mm512_dpbf16_ps(a[g][2 * c + 1], w, (__m512bh)hi[c]);
+      }
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int z = 0; z < Z; ++z) _mm512_storeu_ps(acc + g * DS + 16 * z, a[g][z]);
+}
+
+// the sum of 16 floats (decode_keys_bf16's per-lane sums)
+inline float sum16(const float* x) { return _mm512_reduce_add_ps(_mm512_loadu_ps(x)); }
+
 // acc [DS] from pair_rows' order (position 16 z + k: dim 32 (z / 2) + 8 (k / 4) + 4 (z % 2) + k % 4) to dims
 template <int DS>
 inline void unpermute_bf16(float* acc) {
@@ -95,6 +147,10 @@ template <int DS> void scores_bf16(const uint16_t* q, const BF16* k, int64_t kst
 template <int DS> void pair_rows(const BF16* v, int64_t vstride, int n, uint16_t* out);
 template <int DS> void accumulate_bf16(float* acc, const float* p, const uint16_t* vpairs, int n, uint16_t* pb);
 template <int DS> void unpermute_bf16(float* acc);
+float sum16(const float* x);
+template <int DS, int G>
+void decode_keys_bf16(const uint16_t* q, const BF16* k, const BF16* v, int64_t stride, int n, int readable, float* m,
+                      float* lv, float* acc, float* s);
 #endif
 
 }  // namespace bf16dot

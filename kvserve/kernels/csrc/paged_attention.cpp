@@ -207,17 +207,31 @@ inline void prefetch_block(const Args& a, int64_t base, int n, int64_t stride, i
 // accumulators and softmax state, and one block's scores (padded to whole vectors).
 struct Scratch {
   std::vector<float> q, acc, m, l, s, kw, vw;  // kw, vw: one block of one kv head's K and V, widened
+  std::vector<float> lv;                       // the bf16-dot decode path: per-lane softmax sums, 16 a row
   std::vector<uint16_t> qh, vp, pb;            // the bf16-dot path: q rows, V's row pairs, probabilities
   void fit(int64_t rows, int64_t d, int64_t bs) {
     if (static_cast<int64_t>(qh.size()) < rows * d) qh.resize(rows * d);
     if (static_cast<int64_t>(vp.size()) < (bs + 1) * d) vp.resize((bs + 1) * d), pb.resize(bs + W + 1);
     if (static_cast<int64_t>(q.size()) < rows * d) q.resize(rows * d), acc.resize(rows * d);
     if (static_cast<int64_t>(kw.size()) < bs * d) kw.resize(bs * d), vw.resize(bs * d);
-    if (static_cast<int64_t>(m.size()) < rows) m.resize(rows), l.resize(rows);
-    if (static_cast<int64_t>(s.size()) < (bs + W - 1) / W * W) s.resize((bs + W - 1) / W * W);
+    if (static_cast<int64_t>(m.size()) < rows) m.resize(rows), l.resize(rows), lv.resize(rows * 16);
+    if (static_cast<int64_t>(s.size()) < std::max<int64_t>((bs + W - 1) / W * W, 4 * 16))
+      s.resize(std::max<int64_t>((bs + W - 1) / W * W, 4 * 16));
   }
 };
 thread_local Scratch tl_scratch;
+
+// decode_keys_bf16 for gn (1..4) heads
+template <int DS>
+inline void decode_heads_bf16(int gn, const uint16_t* q, const BF16* k, const BF16* v, int64_t stride, int n,
+                              int readable, float* m, float* lv, float* acc, float* s) {
+  switch (gn) {
+    case 1: decode_keys_bf16<DS, 1>(q, k, v, stride, n, readable, m, lv, acc, s); break;
+    case 2: decode_keys_bf16<DS, 2>(q, k, v, stride, n, readable, m, lv, acc, s); break;
+    case 3: decode_keys_bf16<DS, 3>(q, k, v, stride, n, readable, m, lv, acc, s); break;
+    default: decode_keys_bf16<DS, 4>(q, k, v, stride, n, readable, m, lv, acc, s); break;
+  }
+}
 
 template <int DS, typename TQ, typename TKV>
 void run_item(const Args& a, const Item& it, Scratch& sc) {
@@ -254,13 +268,42 @@ void run_item(const Args& a, const Item& it, Scratch& sc) {
   // and read from there by every query row of that kv head: its G heads and the tile's tokens.
   constexpr bool kWiden = !std::is_same_v<TKV, float> && !kDot;
   const int per_head = (it.t1 - it.t0) * G;  // query rows of one kv head
-  for (int kb = it.k0; kb < n_keys; kb += bs) {
-    const int n = std::min(bs, n_keys - kb);
-    const int64_t block = static_cast<int64_t>(table[kb / bs]) * bs * kstride;
-    if (kb + bs < n_keys)  // the next block is elsewhere in the pool: fetch it while this one is used
+  // the block after the one at key kb is elsewhere in the pool: fetch it while this one is used
+  auto prefetch_next = [&](int kb) {
+    if (kb + bs < n_keys)
       prefetch_block(a, static_cast<int64_t>(table[kb / bs + 1]) * bs * kstride + it.h0 * d,
                      std::min(bs, n_keys - kb - bs), kstride, (it.h1 - it.h0) * d * static_cast<int64_t>(sizeof(TKV)),
                      static_cast<const TKV*>(nullptr));
+  };
+  bool done = false;
+  if constexpr (kDot) {
+    if (it.t1 - it.t0 == 1) {  // one token (a decode): every head of a kv head at once, 16 keys at a time
+      float* lv = sc.lv.data();
+      std::fill(lv, lv + R * 16, 0.f);
+      for (int kb = it.k0; kb < n_keys; kb += bs) {
+        const int n = std::min(bs, n_keys - kb);  // all at or before the token's position
+        const int64_t block = static_cast<int64_t>(table[kb / bs]) * bs * kstride;
+        prefetch_next(kb);
+        for (int hh = 0; hh < it.h1 - it.h0; ++hh) {
+          const TKV* kp = static_cast<const TKV*>(a.k) + block + (it.h0 + hh) * d;
+          const TKV* vp = static_cast<const TKV*>(a.v) + block + (it.h0 + hh) * d;
+          for (int j0 = 0; j0 < n; j0 += 16)
+            for (int g0 = 0; g0 < G; g0 += 4) {
+              const int r = hh * G + g0;
+              decode_heads_bf16<DS>(std::min(4, G - g0), sc.qh.data() + r * d, kp + j0 * kstride, vp + j0 * kstride,
+                                    kstride, std::min(16, n - j0), std::min(16, bs - j0), m + r, lv + 16 * r,
+                                    acc + r * d, s);
+            }
+        }
+      }
+      for (int r = 0; r < R; ++r) l[r] = sum16(lv + 16 * r);
+      done = true;
+    }
+  }
+  for (int kb = it.k0; kb < n_keys && !done; kb += bs) {
+    const int n = std::min(bs, n_keys - kb);
+    const int64_t block = static_cast<int64_t>(table[kb / bs]) * bs * kstride;
+    prefetch_next(kb);
     for (int hh = 0; hh < it.h1 - it.h0; ++hh) {
       const int64_t base = block + (it.h0 + hh) * d;
       const TKV* kp = static_cast<const TKV*>(a.k) + base;
