@@ -69,6 +69,7 @@ inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
 inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
 inline vf vmin(vf a, vf b) { return _mm512_min_ps(a, b); }
 inline vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
+inline vf vrcp(vf b) { return _mm512_rcp14_ps(b); }  // 1 / b to 2^-14
 inline vf vzero_below(vf x, float lo, vf e) {  // e where x >= lo, else 0 (NaN x: 0)
   return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(lo), _CMP_GE_OQ), e);
 }
@@ -137,6 +138,7 @@ inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
 inline vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
 inline vf vmin(vf a, vf b) { return _mm256_min_ps(a, b); }
 inline vf vdiv(vf a, vf b) { return _mm256_div_ps(a, b); }
+inline vf vrcp(vf b) { return _mm256_rcp_ps(b); }  // 1 / b to 1.5 x 2^-12
 inline vf vzero_below(vf x, float lo, vf e) { return _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(lo), _CMP_GE_OQ), e); }
 inline float vsum(vf x) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
@@ -172,6 +174,7 @@ inline vf vadd(vf a, vf b) { return a + b; }
 inline vf vmax(vf a, vf b) { return std::max(a, b); }
 inline vf vmin(vf a, vf b) { return std::min(a, b); }
 inline vf vdiv(vf a, vf b) { return a / b; }
+inline vf vrcp(vf b) { return 1.f / b; }
 inline vf vzero_below(vf x, float lo, vf e) { return x >= lo ? e : 0.f; }
 inline float vsum(vf x) { return x; }
 inline float vhmax(vf x) { return x; }
