@@ -234,7 +234,7 @@ inline void decode_heads_bf16(int gn, const uint16_t* q, const BF16* k, const BF
 }
 
 template <int DS, typename TQ, typename TKV>
-void run_item(const Args& a, const Item& it, Scratch& sc) {
+void run_item(const Args& a, const Item& it, Scratch& sc, const Item* next) {
   const int d = DS > 0 ? DS : static_cast<int>(a.d);
   const int G = static_cast<int>(a.heads / a.kv_heads);
   const int bs = static_cast<int>(a.bs);
@@ -268,12 +268,26 @@ void run_item(const Args& a, const Item& it, Scratch& sc) {
   // and read from there by every query row of that kv head: its G heads and the tile's tokens.
   constexpr bool kWiden = !std::is_same_v<TKV, float> && !kDot;
   const int per_head = (it.t1 - it.t0) * G;  // query rows of one kv head
-  // the block after the one at key kb is elsewhere in the pool: fetch it while this one is used
-  auto prefetch_next = [&](int kb) {
-    if (kb + bs < n_keys)
-      prefetch_block(a, static_cast<int64_t>(table[kb / bs + 1]) * bs * kstride + it.h0 * d,
-                     std::min(bs, n_keys - kb - bs), kstride, (it.h1 - it.h0) * d * static_cast<int64_t>(sizeof(TKV)),
-                     static_cast<const TKV*>(nullptr));
+  // The block after the one at key kb may be anywhere in the pool (a pool churned by many requests
+  // scatters every table): fetch it while this one is used, a kv head's share of its rows before
+  // each kv head's work (hh of the item's nh); on an item's last block, the first block of `next`
+  // (the thread's next item, or null). Issued all at once, the prefetches filled the core's miss
+  // buffers and stalled the work they were meant to overlap: 30 layers of 64 decodes over a
+  // scattered, cold bf16 cache took 25 ms so and 15 ms spread (docs/benchmarks.md, session 17).
+  const int nh = it.h1 - it.h0;
+  auto prefetch_next = [&](int kb, int hh) {
+    int32_t blk, rows, h0 = it.h0, heads = nh;
+    if (kb + bs < n_keys) {
+      blk = table[kb / bs + 1], rows = std::min(bs, n_keys - kb - bs);
+    } else {
+      if (next == nullptr) return;
+      const int32_t* ninfo = a.info + 4 * next->seq;
+      rows = std::min(bs, std::min(ninfo[2] - ninfo[1] + next->t1, next->k1) - next->k0);
+      blk = a.tables[ninfo[3] + next->k0 / bs], h0 = next->h0, heads = next->h1 - next->h0;
+    }
+    const int j0 = rows * hh / nh, j1 = rows * (hh + 1) / nh;
+    prefetch_block(a, static_cast<int64_t>(blk) * bs * kstride + h0 * d + j0 * kstride, j1 - j0,
+                   kstride, heads * d * static_cast<int64_t>(sizeof(TKV)), static_cast<const TKV*>(nullptr));
   };
   bool done = false;
   if constexpr (kDot) {
@@ -283,8 +297,8 @@ void run_item(const Args& a, const Item& it, Scratch& sc) {
       for (int kb = it.k0; kb < n_keys; kb += bs) {
         const int n = std::min(bs, n_keys - kb);  // all at or before the token's position
         const int64_t block = static_cast<int64_t>(table[kb / bs]) * bs * kstride;
-        prefetch_next(kb);
-        for (int hh = 0; hh < it.h1 - it.h0; ++hh) {
+        for (int hh = 0; hh < nh; ++hh) {
+          prefetch_next(kb, hh);
           const TKV* kp = static_cast<const TKV*>(a.k) + block + (it.h0 + hh) * d;
           const TKV* vp = static_cast<const TKV*>(a.v) + block + (it.h0 + hh) * d;
           for (int j0 = 0; j0 < n; j0 += 16)
@@ -303,8 +317,8 @@ void run_item(const Args& a, const Item& it, Scratch& sc) {
   for (int kb = it.k0; kb < n_keys && !done; kb += bs) {
     const int n = std::min(bs, n_keys - kb);
     const int64_t block = static_cast<int64_t>(table[kb / bs]) * bs * kstride;
-    prefetch_next(kb);
-    for (int hh = 0; hh < it.h1 - it.h0; ++hh) {
+    for (int hh = 0; hh < nh; ++hh) {
+      prefetch_next(kb, hh);
       const int64_t base = block + (it.h0 + hh) * d;
       const TKV* kp = static_cast<const TKV*>(a.k) + base;
       const TKV* vp = static_cast<const TKV*>(a.v) + base;
@@ -393,7 +407,7 @@ template <int DS, typename TQ, typename TKV>
 void run_items(const Args& a, const std::vector<Item>& items, int64_t i0, int64_t i1) {
   Scratch& sc = tl_scratch;
   sc.fit(std::max<int64_t>(kTile, a.kv_heads) * (a.heads / a.kv_heads), a.d, a.bs);
-  for (int64_t i = i0; i < i1; ++i) run_item<DS, TQ, TKV>(a, items[i], sc);
+  for (int64_t i = i0; i < i1; ++i) run_item<DS, TQ, TKV>(a, items[i], sc, i + 1 < i1 ? &items[i + 1] : nullptr);
 }
 
 using RunItems = void (*)(const Args&, const std::vector<Item>&, int64_t, int64_t);
