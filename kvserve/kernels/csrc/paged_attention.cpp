@@ -200,6 +200,9 @@ inline void prefetch_block(const Args& a, int64_t base, int n, int64_t stride, i
       _mm_prefetch(k + j * row + off, _MM_HINT_T0);
       _mm_prefetch(v + j * row + off, _MM_HINT_T0);
     }
+  // Prefetches have no effect the compiler must keep in place: GCC moved these past the work they
+  // are spread over (30 layers of 64 decodes: 26 ms against 15 ms with this barrier)
+  asm volatile("" ::: "memory");
 #endif
 }
 
