@@ -201,7 +201,7 @@ inline void prefetch_block(const Args& a, int64_t base, int n, int64_t stride, i
       _mm_prefetch(v + j * row + off, _MM_HINT_T0);
     }
   // Prefetches have no effect the compiler must keep in place: GCC moved these past the work they
-  // are spread over (30 layers of 64 decodes: 26 ms against 15 ms with this barrier)
+  // are spread over (30 layers of 64 decodes over a cold cache: 26 ms, against 15 ms with this barrier)
   asm volatile("" ::: "memory");
 #endif
 }
@@ -274,9 +274,9 @@ void run_item(const Args& a, const Item& it, Scratch& sc, const Item* next) {
   // The block after the one at key kb may be anywhere in the pool (a pool churned by many requests
   // scatters every table): fetch it while this one is used, a kv head's share of its rows before
   // each kv head's work (hh of the item's nh); on an item's last block, the first block of `next`
-  // (the thread's next item, or null). Issued all at once, the prefetches filled the core's miss
-  // buffers and stalled the work they were meant to overlap: 30 layers of 64 decodes over a
-  // scattered, cold bf16 cache took 25 ms so and 15 ms spread (docs/benchmarks.md, session 17).
+  // (the thread's next item, or null). Issued all at once, they fill the core's miss buffers while
+  // the block's own arithmetic waits: 30 layers of 64 decodes over a scattered, cold bf16 cache take
+  // ~16 ms so and ~14.3 ms spread; over a fresh engine's contiguous tables, the same (session 17).
   const int nh = it.h1 - it.h0;
   auto prefetch_next = [&](int kb, int hh) {
     int32_t blk, rows, h0 = it.h0, heads = nh;
