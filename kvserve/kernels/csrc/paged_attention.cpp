@@ -218,8 +218,9 @@ struct Scratch {
     if (static_cast<int64_t>(q.size()) < rows * d) q.resize(rows * d), acc.resize(rows * d);
     if (static_cast<int64_t>(kw.size()) < bs * d) kw.resize(bs * d), vw.resize(bs * d);
     if (static_cast<int64_t>(m.size()) < rows) m.resize(rows), l.resize(rows), lv.resize(rows * 16);
-    if (static_cast<int64_t>(s.size()) < std::max<int64_t>((bs + W - 1) / W * W, 4 * 16))
-      s.resize(std::max<int64_t>((bs + W - 1) / W * W, 4 * 16));
+    // a block's scores in whole vectors, or 16 for each of decode_keys_bf16's up to 4 heads
+    const int64_t s_len = std::max<int64_t>((bs + W - 1) / W * W, 4 * 16);
+    if (static_cast<int64_t>(s.size()) < s_len) s.resize(s_len);
   }
 };
 thread_local Scratch tl_scratch;
