@@ -15,12 +15,18 @@ Where the runner sets ``prefill_dtype`` to bfloat16 (a quantized float32 model o
 chunks that go to SDPA attend in bf16, whose GEMMs run on AMX tiles with float32 accumulation:
 2.5-3x torch's float32 flash attention. Then chunks over BF16_LONG_CHUNK tokens already go.
 
+Where the kernels can (a bf16 cache and brgemm on AMX: ``flash_prefill``), those prompt chunks go to
+``torch.ops.kvserve.flash_prefill`` instead of SDPA: it reads the cache through the tables as the
+decode kernel does (no gather, no pieces to merge), runs both GEMMs on AMX tiles with the GQA heads
+stacked as rows, and its softmax costs about half of torch's (the prefix-RAG wave 1.45-1.5 -> 1.2-1.28 s).
+
 An 8-bit KV cache (int8, fp8) is read by the kernel as stored, with its scales; the chunks that go
 to SDPA dequantize just the context they gather.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -38,6 +44,10 @@ BF16_KV_F32_MODEL = (torch.bfloat16, torch.float32)  # the kernel widens bf16 K/
 LONG_CHUNK = 128
 MIN_SHARED_PREFIX = 64  # cached tokens chunks must share before their group attends the prefix once
 BF16_LONG_CHUNK = 16  # with bf16 SDPA (AMX) the GEMMs win from 32 rows after ~1.8k cached: 0.8x the kernel's time
+# flash_prefill (AMX brgemm; kernels/csrc/flash_prefill.cpp) attends chunks of this many rows or more that
+# start a sequence or run past BF16_LONG_CHUNK, in place of SDPA; KVSERVE_FLASH_PREFILL=0 keeps SDPA.
+FLASH_MIN_ROWS = 2
+FLASH_PREFILL = os.environ.get("KVSERVE_FLASH_PREFILL", "1") != "0"
 
 
 def paged_unsupported(device: torch.device, model_dtype: torch.dtype, kv_dtype: torch.dtype) -> str | None:
@@ -86,6 +96,9 @@ class PagedMetadata(AttentionMetadata):
     seq_info: torch.Tensor = field(default_factory=lambda: torch.empty(0, 4, dtype=torch.int32))
     fresh: list[tuple[int, int]] = field(default_factory=list)  # (first row, rows) of chunks starting a sequence
     gathered: list[ContextGroup] = field(default_factory=list)  # long chunks continuing a context
+    # chunks of more than one row that flash_prefill attends (where it runs), in seq_info's form
+    flash_tables: torch.Tensor | None = None
+    flash_info: torch.Tensor | None = None
 
 
 class PagedBackend(AttentionBackend):
@@ -99,6 +112,14 @@ class PagedBackend(AttentionBackend):
             raise InvalidArgumentError(f"the paged attention backend cannot run here: {reason}; "
                                        f"use --attention-backend gather-sdpa (or auto)", param="attention_backend")
         self.scale = pool.layout.head_dim ** -0.5
+        layout = pool.layout
+        self._flash_runs = (pool.dtype == torch.bfloat16 and not pool.quantized and layout.head_dim % 32 == 0
+                            and layout.head_dim <= 256 and bool(torch.ops.kvserve.flash_prefill_available()))
+
+    def flash_prefill(self) -> bool:
+        """Whether prompt chunks go to ``flash_prefill`` (bf16 prefill over a bf16 cache, head_dim a
+        multiple of 32, and a build and CPU whose brgemm runs bf16: AMX) rather than to torch's SDPA."""
+        return self.prefill_dtype == torch.bfloat16 and self._flash_runs and FLASH_PREFILL
 
     def build_metadata(self, seqs: Sequence[SeqRows], num_decodes: int) -> PagedMetadata:
         # Plain Python lists, one tensor each at the end: this runs every step.
@@ -109,6 +130,9 @@ class PagedBackend(AttentionBackend):
         fresh: list[tuple[int, int]] = []
         long: list[tuple[int, SeqRows]] = []
         long_chunk = BF16_LONG_CHUNK if self.prefill_dtype == torch.bfloat16 else LONG_CHUNK
+        flash = self.flash_prefill()
+        flash_info: list[int] = []
+        flash_tables: list[int] = []
         row = 0
         for s in seqs:
             n, table = len(s.tokens), s.block_table
@@ -117,7 +141,10 @@ class PagedBackend(AttentionBackend):
                 slots.append(table[p // bs] * bs + p % bs)
             else:
                 slots.extend(_slot_range(table, bs, s.start, s.end))
-            if s.start == 0 and n > 1 and self.fresh_prefill_sdpa:
+            if flash and n >= FLASH_MIN_ROWS and (s.start == 0 or n > long_chunk):
+                flash_info += (row, n, s.end, len(flash_tables))
+                flash_tables += table
+            elif s.start == 0 and n > 1 and self.fresh_prefill_sdpa:
                 fresh.append((row, n))
             elif s.start > 0 and n > long_chunk:
                 long.append((row, s))
@@ -131,6 +158,8 @@ class PagedBackend(AttentionBackend):
             seq_info=torch.tensor(info, dtype=torch.int32).view(-1, 4),
             fresh=fresh,
             gathered=self._context_groups(long),
+            flash_tables=torch.tensor(flash_tables, dtype=torch.int32) if flash_info else None,
+            flash_info=torch.tensor(flash_info, dtype=torch.int32).view(-1, 4) if flash_info else None,
         )
 
     def _context_groups(self, long: list[tuple[int, SeqRows]]) -> list[ContextGroup]:
@@ -159,7 +188,7 @@ class PagedBackend(AttentionBackend):
         return groups
 
     def native_step(self, meta: PagedMetadata) -> NativeAttention | None:  # type: ignore[override]
-        if meta.fresh or meta.gathered or not meta.seq_info.shape[0]:
+        if meta.fresh or meta.gathered or meta.flash_info is not None or not meta.seq_info.shape[0]:
             return None  # some rows go to SDPA
         return NativeAttention(meta.slot_mapping, meta.block_tables, meta.seq_info, self.pool.block_size, self.scale)
 
@@ -174,6 +203,9 @@ class PagedBackend(AttentionBackend):
             scales = (layer_kv.k_scale, layer_kv.v_scale) if self.pool.quantized else (None, None)
             torch.ops.kvserve.paged_attention(out, q, k_cache, v_cache, meta.block_tables, meta.seq_info,
                                               self.pool.block_size, self.scale, *scales)
+        if meta.flash_info is not None:
+            torch.ops.kvserve.flash_prefill(out, q, k_cache, v_cache, meta.flash_tables, meta.flash_info,
+                                            self.pool.block_size, self.scale)
         gqa = q.shape[1] != k.shape[1]
         dt = self.prefill_dtype or q.dtype
         for first, n in meta.fresh:

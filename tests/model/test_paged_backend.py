@@ -201,3 +201,31 @@ def test_without_kernels_auto_says_gather_sdpa_and_paged_refuses():
     assert r.stdout.splitlines()[0] == "GatherSdpaBackend", r.stderr
     assert "native kernels are not available" in r.stdout
     assert "attention backend: gather-sdpa (auto: the native kernels are not available" in r.stderr
+
+
+@needs_kernels
+@pytest.mark.parametrize("case", [step_case, shared_prefix_case])
+def test_bf16_prompt_chunks_go_to_flash_prefill_and_match_sdpa(kernels, case, monkeypatch):
+    """Over a bf16 cache with bf16 prefill (AMX), the prompt chunks (fresh, and continuing a context
+    past BF16_LONG_CHUNK) go to flash_prefill; decodes and short chunks stay with the paged kernel;
+    the outputs are the SDPA path's within bf16 rounding."""
+    import kvserve.attention.paged as paged
+
+    if not torch.ops.kvserve.flash_prefill_available():
+        pytest.skip("flash_prefill needs AMX")
+    pool, seqs, nd, q, k, v = case(torch.bfloat16)
+    outs = []
+    for flash in (False, True):
+        monkeypatch.setattr(paged, "FLASH_PREFILL", flash)
+        backend = PagedBackend(pool, torch.bfloat16)
+        backend.prefill_dtype = torch.bfloat16
+        meta = backend.build_metadata(seqs, nd)
+        layer = tuple(t.clone() for t in pool.layers[0])
+        if flash:
+            assert backend.flash_prefill() and not meta.fresh and not meta.gathered
+            chunks = [(s.start, len(s.tokens)) for s in seqs if len(s.tokens) > 1 and (
+                s.start == 0 or len(s.tokens) > paged.BF16_LONG_CHUNK)]
+            assert [(e - n, n) for _, n, e, _ in meta.flash_info.tolist()] == chunks
+            assert backend.native_step(meta) is None
+        outs.append(backend.forward(q, k, v, layer, meta))
+    torch.testing.assert_close(outs[1].float(), outs[0].float(), atol=3e-2, rtol=3e-2)

@@ -1,0 +1,319 @@
+// kvserve::flash_prefill: causal attention of prompt chunks over a bf16 paged KV cache, both GEMMs
+// (q . k^T and p . v) on oneDNN's brgemm ukernels (AMX tiles, through torch's at::native::cpublas)
+// and the streaming softmax between them in AVX512.
+//
+//   out, q:        [T, heads, d]            bf16 or float32 (out written for the listed rows only; q's
+//                                           rows may be strided, as a view of the fused qkv output)
+//   k/v_cache:     bf16 [slots, kv_heads, d], slot = block * block_size + offset
+//   block_tables:  int32 [N]                every sequence's blocks, one table after another
+//   seq_info:      int32 [S, 4]             (first q row, q rows, context length incl. them, table offset)
+//
+// Query row i of sequence s sits at position ctx - n + i and attends to keys 0..that position, all
+// read from the cache (the step has stored its own rows' K/V before calling), so a chunk that
+// continues a context needs no gather and no merge of partial attentions.
+//
+// Why not torch's flash attention (what these chunks used before): at head_dim 64 its softmax
+// (exp, sums, conversions) takes ~60% of its time and its GEMMs the rest; it runs each query head
+// on its own. Here the G query heads of a kv head are stacked as the rows of one matrix (row =
+// token * G + head; the causal bound follows the token), so each GEMM has G times the rows, and
+// the softmax is one pass for the max and one for exp2 (a degree-4 polynomial: < 5e-5 relative
+// error, far below the bf16 rounding of the probabilities that p . v reads), the sum and the bf16
+// probabilities.
+//
+// Work: each (sequence, kv head) has its keys packed once per call into the brgemm's layouts (K
+// transposed and V with row pairs interleaved: bf16 pairs along the reduced dimension), padded to
+// kKeyAlign keys with zeros; then tasks of (sequence, kv head, kBQ query tokens), the costliest
+// first, are taken by the threads from a shared counter.
+#include "ops.h"
+
+#include <ATen/native/CPUBlas.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+#include <immintrin.h>
+#define KVSERVE_FLASH_PREFILL 1
+#endif
+
+namespace kvserve {
+namespace {
+
+#ifdef KVSERVE_FLASH_PREFILL
+using BF16 = c10::BFloat16;
+constexpr int kBK = 256;       // keys per GEMM block
+constexpr int kKeyAlign = 32;  // a block's keys are padded (masked) to a multiple of this
+constexpr int kRowAlign = 8;   // a task's query tokens are a multiple of this (fewer distinct GEMM shapes)
+constexpr float kLog2e = 1.4426950408889634f;
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// 2^t for finite t <= 0: 2^round(t) (vscalefps, which flushes to 0 far below) times the Taylor
+// polynomial of degree 4 of the fraction: relative error < 5e-5, under a tenth of the bf16 rounding
+// the probabilities get next.
+inline __m512 exp2_nonpositive(__m512 t) {
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 p = _mm512_set1_ps(9.618129107628477e-03f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550410866482158e-02f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402265069591007e-01f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471805599453e-01f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+inline __mmask16 first_lanes(int64_t n) {
+  return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << std::max<int64_t>(n, 0)) - 1);
+}
+
+struct Seq {
+  int64_t first, rows, ctx, table;  // seq_info's row
+  int64_t keys;                     // ctx padded to kKeyAlign
+  int64_t packed;                   // offset of its kv heads' packed K and V (elements)
+  int64_t bq;                       // query tokens per task: its rows in even parts of at most kMaxBQ
+};
+
+struct Task {
+  int32_t seq, head, block;  // block: the task's first query token / bq
+  int64_t cost;
+};
+
+class FlashPrefill {
+ public:
+  FlashPrefill(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+               const at::Tensor& block_tables, const at::Tensor& seq_info, int64_t block_size, double scale)
+      : out_(out), q_(q), kc_(k_cache.data_ptr<BF16>()), vc_(v_cache.data_ptr<BF16>()),
+        tables_(block_tables.data_ptr<int32_t>()), bs_(block_size), c_(static_cast<float>(scale) * kLog2e) {
+    heads_ = q.size(1);
+    d_ = q.size(2);
+    kv_heads_ = k_cache.size(1);
+    group_ = heads_ / kv_heads_;
+    max_bq_ = group_ <= 4 ? 64 : 32;
+    const int64_t slots = k_cache.size(0), ntab = block_tables.numel(), T = q.size(0);
+    const int32_t* info = seq_info.data_ptr<int32_t>();
+    int64_t packed = 0;
+    for (int64_t s = 0; s < seq_info.size(0); ++s) {
+      const int64_t first = info[4 * s], rows = info[4 * s + 1], ctx = info[4 * s + 2], table = info[4 * s + 3];
+      TORCH_CHECK(rows >= 1 && first >= 0 && first + rows <= T && ctx >= rows, "flash_prefill: bad seq_info row ", s);
+      TORCH_CHECK(table >= 0 && table + (ctx + bs_ - 1) / bs_ <= ntab, "flash_prefill: sequence ", s,
+                  "'s table runs past block_tables");
+      for (int64_t b = 0; b < (ctx + bs_ - 1) / bs_; ++b)
+        TORCH_CHECK(tables_[table + b] >= 0 && (tables_[table + b] + 1) * bs_ <= slots,
+                    "flash_prefill: a block index is outside the cache");
+      const int64_t keys = round_up(ctx, kKeyAlign), parts = (rows + max_bq_ - 1) / max_bq_;
+      const int64_t bq = std::min(max_bq_, round_up((rows + parts - 1) / parts, kRowAlign));
+      seqs_.push_back({first, rows, ctx, table, keys, packed, bq});
+      packed += 2 * kv_heads_ * keys * d_;  // K then V per kv head
+      for (int64_t h = 0; h < kv_heads_; ++h)
+        for (int64_t i0 = 0; i0 < rows; i0 += bq)
+          tasks_.push_back({static_cast<int32_t>(s), static_cast<int32_t>(h), static_cast<int32_t>(i0 / bq),
+                            ctx - rows + std::min(i0 + bq, rows)});
+    }
+    std::stable_sort(tasks_.begin(), tasks_.end(), [](const Task& a, const Task& b) { return a.cost > b.cost; });
+    packed_ = at::empty({packed}, q.options().dtype(at::kBFloat16));
+  }
+
+  void run() {
+    // pack: (sequence, kv head, kBK keys) items
+    std::vector<std::array<int64_t, 3>> items;
+    for (int64_t s = 0; s < static_cast<int64_t>(seqs_.size()); ++s)
+      for (int64_t h = 0; h < kv_heads_; ++h)
+        for (int64_t j0 = 0; j0 < seqs_[s].keys; j0 += kBK) items.push_back({s, h, j0});
+    at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) pack(items[i][0], items[i][1], items[i][2]);
+    });
+    std::atomic<int64_t> next{0};
+    at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+      Scratch sc(max_bq_ * group_, d_);
+      for (int64_t t; (t = next.fetch_add(1)) < static_cast<int64_t>(tasks_.size());) attend(tasks_[t], sc);
+      at::native::cpublas::brgemm_release(true);
+    });
+  }
+
+ private:
+  struct Scratch {
+    std::vector<BF16> q, p;
+    std::vector<float> s, o, mx, l;
+    Scratch(int64_t m, int64_t d) : q(m * d), p(m * kBK), s(m * kBK), o(m * d), mx(m), l(m) {}
+  };
+
+  BF16* packed_k(const Seq& s, int64_t h) const { return packed_.data_ptr<BF16>() + s.packed + 2 * h * s.keys * d_; }
+  BF16* packed_v(const Seq& s, int64_t h) const { return packed_k(s, h) + s.keys * d_; }
+  const BF16* key_row(const BF16* cache, const Seq& s, int64_t h, int64_t j) const {
+    return cache + ((tables_[s.table + j / bs_] * bs_ + j % bs_) * kv_heads_ + h) * d_;
+  }
+
+  // keys [j0, j0 + kBK) of (s, h): K as [d / 2][keys][2] (K^T in bf16 pairs along d), V as
+  // [keys / 2][d][2] (pairs of consecutive keys); keys past the context are zeros.
+  void pack(int64_t si, int64_t h, int64_t j0) const {
+    const Seq& s = seqs_[si];
+    const int64_t j1 = std::min(j0 + kBK, s.keys), pairs = d_ / 2;
+    uint32_t* kt = reinterpret_cast<uint32_t*>(packed_k(s, h));
+    for (int64_t j = j0; j < j1; j += 16) {  // 16 keys' rows gathered a bf16 pair at a time
+      int64_t off[16];
+      for (int k = 0; k < 16; ++k)
+        off[k] = j + k < s.ctx ? (key_row(kc_, s, h, j + k) - kc_) * static_cast<int64_t>(sizeof(BF16)) : 0;
+      const __mmask8 lo8 = static_cast<__mmask8>(first_lanes(s.ctx - j) & 0xFF);
+      const __mmask8 hi8 = static_cast<__mmask8>(first_lanes(s.ctx - j - 8) & 0xFF);
+      const __m512i o0 = _mm512_loadu_si512(off), o1 = _mm512_loadu_si512(off + 8);
+      for (int64_t p = 0; p < pairs; ++p) {
+        const char* base = reinterpret_cast<const char*>(kc_) + 4 * p;
+        const __m256i a = _mm512_mask_i64gather_epi32(_mm256_setzero_si256(), lo8, o0, base, 1);
+        const __m256i b = _mm512_mask_i64gather_epi32(_mm256_setzero_si256(), hi8, o1, base, 1);
+        _mm512_storeu_si512(kt + p * s.keys + j, _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
+      }
+    }
+    static const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
+                                               6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    static const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    BF16* vp = packed_v(s, h);
+    for (int64_t j = j0; j < j1; j += 2) {
+      BF16* dst = vp + j * d_;  // (j / 2) * d pairs of 2
+      for (int64_t c = 0; c < d_; c += 32) {
+        const __m512i a = j < s.ctx ? _mm512_loadu_si512(key_row(vc_, s, h, j) + c) : _mm512_setzero_si512();
+        const __m512i b = j + 1 < s.ctx ? _mm512_loadu_si512(key_row(vc_, s, h, j + 1) + c) : _mm512_setzero_si512();
+        _mm512_storeu_si512(dst + 2 * c, _mm512_permutex2var_epi16(a, lo, b));
+        _mm512_storeu_si512(dst + 2 * c + 32, _mm512_permutex2var_epi16(a, hi, b));
+      }
+    }
+  }
+
+  void attend(const Task& t, Scratch& sc) const {
+    const Seq& s = seqs_[t.seq];
+    const int64_t i0 = static_cast<int64_t>(t.block) * s.bq, nq = std::min(s.bq, s.rows - i0);
+    const int64_t start = s.ctx - s.rows, kend = start + i0 + nq, G = group_, d = d_, m = s.bq * G;
+    // the task's rows, token-major: row i * G + g is token i0 + i of query head h * G + g
+    for (int64_t i = 0; i < s.bq; ++i)
+      for (int64_t g = 0; g < G; ++g) {
+        BF16* dst = sc.q.data() + (i * G + g) * d;
+        if (i >= nq) {
+          std::fill(dst, dst + d, BF16(0.f));
+          continue;
+        }
+        const int64_t off = (s.first + i0 + i) * q_.stride(0) + (t.head * G + g) * d;
+        if (q_.scalar_type() == at::kBFloat16) {
+          std::copy_n(q_.data_ptr<BF16>() + off, d, dst);
+        } else {
+          const float* src = q_.data_ptr<float>() + off;
+          for (int64_t c = 0; c < d; c += 16)
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + c), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + c)));
+        }
+      }
+    std::fill(sc.mx.begin(), sc.mx.end(), -std::numeric_limits<float>::infinity());
+    std::fill(sc.l.begin(), sc.l.end(), 0.f);
+    const BF16* kt = packed_k(s, t.head);
+    const BF16* vp = packed_v(s, t.head);
+    for (int64_t j0 = 0; j0 < kend; j0 += kBK) {
+      const int64_t n = std::min<int64_t>(kBK, round_up(kend - j0, kKeyAlign));
+      at::native::cpublas::brgemm(m, n, d, d, s.keys, kBK, false, sc.q.data(), kt + 2 * j0, sc.s.data(), true);
+      for (int64_t r = 0; r < m; ++r) {
+        const int64_t pos = start + i0 + std::min(r / G, nq - 1);  // padding rows repeat the last token
+        softmax_block(sc.s.data() + r * kBK, sc.p.data() + r * kBK, n, pos - j0 + 1, sc.mx[r], sc.l[r],
+                      j0 > 0 ? sc.o.data() + r * d : nullptr);
+      }
+      at::native::cpublas::brgemm(m, d, n, kBK, d, d, j0 > 0, sc.p.data(), vp + j0 * d, sc.o.data(), true);
+    }
+    for (int64_t i = 0; i < nq; ++i)
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t r = i * G + g, off = ((s.first + i0 + i) * heads_ + t.head * G + g) * d;
+        const __m512 inv = _mm512_set1_ps(1.f / sc.l[r]);
+        const float* o = sc.o.data() + r * d;
+        for (int64_t c = 0; c < d; c += 16) {
+          const __m512 y = _mm512_mul_ps(_mm512_loadu_ps(o + c), inv);
+          if (out_.scalar_type() == at::kBFloat16)
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out_.data_ptr<BF16>() + off + c), (__m256i)_mm512_cvtneps_pbh(y));
+          else
+            _mm512_storeu_ps(out_.data_ptr<float>() + off + c, y);
+        }
+      }
+  }
+
+  // One row's n scores (the first `valid` are keys it may see): the running max and sum updated,
+  // its probabilities as bf16 (zeros past `valid`), and its output so far (o; null on the first
+  // block) rescaled to the new max.
+  void softmax_block(const float* s, BF16* p, int64_t n, int64_t valid, float& mx, float& l, float* o) const {
+    const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    __m512 vmax = neg_inf;
+    for (int64_t k = 0; k < valid && k < n; k += 16)
+      vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(neg_inf, first_lanes(valid - k), s + k));
+    const float block_max = valid > 0 ? _mm512_reduce_max_ps(vmax) * c_ : mx;
+    const float m_new = std::max(mx, block_max);
+    if (o != nullptr && m_new > mx) {
+      const __m512 alpha = _mm512_set1_ps(std::exp2(mx - m_new));
+      l *= std::exp2(mx - m_new);
+      for (int64_t c = 0; c < d_; c += 16) _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(o + c), alpha));
+    }
+    mx = m_new;
+    const __m512 cv = _mm512_set1_ps(c_), mv = _mm512_set1_ps(m_new);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t k = 0; k < n; k += 16) {
+      __m512 e = _mm512_setzero_ps();
+      if (k < valid) {
+        e = _mm512_maskz_mov_ps(first_lanes(valid - k), exp2_nonpositive(_mm512_fmsub_ps(_mm512_loadu_ps(s + k), cv, mv)));
+        sum = _mm512_add_ps(sum, e);
+      }
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + k), (__m256i)_mm512_cvtneps_pbh(e));
+    }
+    l += _mm512_reduce_add_ps(sum);
+  }
+
+  const at::Tensor& out_;
+  const at::Tensor& q_;
+  const BF16* kc_;
+  const BF16* vc_;
+  const int32_t* tables_;
+  int64_t bs_;
+  float c_;  // scale * log2(e): scores go to the exp2 domain
+  int64_t heads_ = 0, d_ = 0, kv_heads_ = 0, group_ = 0, max_bq_ = 0;
+  std::vector<Seq> seqs_;
+  std::vector<Task> tasks_;
+  at::Tensor packed_;
+};
+#endif
+
+bool flash_prefill_available() {
+#ifdef KVSERVE_FLASH_PREFILL
+  return at::native::cpublas::could_pack(at::kBFloat16);
+#else
+  return false;
+#endif
+}
+
+void flash_prefill(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                   const at::Tensor& block_tables, const at::Tensor& seq_info, int64_t block_size, double scale) {
+  TORCH_CHECK(flash_prefill_available(), "flash_prefill: this build or CPU has no bf16 brgemm (AMX)");
+  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2) && out.sizes() == q.sizes() &&
+                  out.is_contiguous(),
+              "flash_prefill: q and out are [T, heads, d] of one shape, out contiguous, q's heads of one token adjacent");
+  for (const at::Tensor* t : {&q, static_cast<const at::Tensor*>(&out)})
+    TORCH_CHECK(t->scalar_type() == at::kBFloat16 || t->scalar_type() == at::kFloat,
+                "flash_prefill: q and out are bfloat16 or float32");
+  TORCH_CHECK(k_cache.scalar_type() == at::kBFloat16 && v_cache.scalar_type() == at::kBFloat16 &&
+                  k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.sizes() == v_cache.sizes() &&
+                  k_cache.dim() == 3 && k_cache.size(2) == q.size(2),
+              "flash_prefill: the caches are contiguous bfloat16 [slots, kv_heads, d] with q's d");
+  TORCH_CHECK(q.size(2) % 32 == 0 && q.size(2) <= 256, "flash_prefill: head_dim must be a multiple of 32, at most 256");
+  TORCH_CHECK(k_cache.size(1) > 0 && q.size(1) % k_cache.size(1) == 0, "flash_prefill: heads must be a multiple of kv_heads");
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt && seq_info.scalar_type() == at::kInt && seq_info.dim() == 2 &&
+                  seq_info.size(1) == 4 && block_tables.is_contiguous() && seq_info.is_contiguous(),
+              "flash_prefill: block_tables int32 [N], seq_info int32 [S, 4]");
+  TORCH_CHECK(block_size > 0, "flash_prefill: block_size must be positive");
+#ifdef KVSERVE_FLASH_PREFILL
+  FlashPrefill(out, q, k_cache, v_cache, block_tables, seq_info, block_size, scale).run();
+#endif
+}
+
+}  // namespace
+}  // namespace kvserve
+
+TORCH_LIBRARY_FRAGMENT(kvserve, m) {
+  // whether flash_prefill runs here: an AVX512-BF16 build over a torch whose brgemm does bf16 (AMX)
+  m.def("flash_prefill_available() -> bool", &kvserve::flash_prefill_available);
+  m.def("flash_prefill(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+        "Tensor seq_info, int block_size, float scale) -> ()",
+        &kvserve::flash_prefill);
+}
