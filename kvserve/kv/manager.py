@@ -147,6 +147,18 @@ class KVManager:
         self._cached_upto[seq_id] = (node, len(table))
         return m
 
+    def share_computing(self, seq_id: str, blocks: Sequence[int], m: PrefixMatch) -> None:
+        """Extend a just-matched sequence's table with ``blocks`` that another sequence fills with the
+        same tokens in the step being scheduled; they count as device hits. The runner writes every
+        row's K/V in a layer before any row reads the cache, so the sequence's own rows in that step
+        see them. (They enter the prefix cache when the step is done, as the other's blocks.)"""
+        table = self.tables[seq_id]
+        for b in blocks:
+            self.pool.share(b)
+        table.extend(blocks)
+        m.device_tokens += len(blocks) * self.block_size
+        m.num_tokens = len(table) * self.block_size
+
     def _restore(self, seq_id: str, token_ids: Sequence[int], limit: int, node: RadixNode, m: PrefixMatch) -> RadixNode:
         bs, table = self.block_size, self.tables[seq_id]
         keys: list[bytes] = []

@@ -122,10 +122,13 @@ class FakeRunner:
             for p in range(c.start):
                 got = self.mem[table[p // bs]][p % bs]
                 assert got == want[p], f"{rid}: KV of position {p} (block {table[p // bs]}) is wrong or missing"
-            # writes only go to blocks held by this sequence alone and not in the prefix cache
+            # writes only go to blocks not in the prefix cache, held by this sequence alone or also by
+            # later chunks of this step that only read them (a prefix shared as it is computed)
             for p in range(c.start, c.end):
                 b = table[p // bs]
-                assert pool.ref_count(b) == 1 and not pool.is_cached(b), \
+                readers = sum(1 for o in batch.chunks[batch.chunks.index(c) + 1 :]
+                              if b in o.block_table and o.start >= (o.block_table.index(b) + 1) * bs)
+                assert pool.ref_count(b) == 1 + readers and not pool.is_cached(b), \
                     f"{rid}: writes position {p} into block {b} (refcount {pool.ref_count(b)}, cached {pool.is_cached(b)})"
                 assert (b, p % bs) not in written, f"block {b} slot {p % bs} written twice in one step"
                 written.add((b, p % bs))

@@ -104,3 +104,18 @@ def test_bad_tables_and_shapes_are_refused():
         run_flash(q, k, v, tables, rows, bs)
     with pytest.raises(RuntimeError, match="bfloat16"):
         run_flash(q, k.float(), v.float(), tables, info, bs)
+
+
+def test_a_score_far_above_the_first_blocks_moves_the_reference():
+    """softmax_block exponentiates later blocks against the first block's max while they stay within
+    2^64 of it; a key past the first 256 whose scores are far above that takes the rescaling path
+    (every row after it puts almost all its weight there)."""
+    q, k, v, tables, info, bs = make_case([(40, 600)], heads=4, kv_heads=2, dtype=torch.bfloat16)
+    slot = tables[400 // bs].item() * bs + 400 % bs  # key 400 of the only sequence
+    u = torch.randn(64, generator=torch.Generator().manual_seed(1))
+    q[:, :2] = u.bfloat16()  # kv head 0's query heads, all rows: scores 20 |u|^2 / 8 ~ 160 at key 400
+    k[slot, 0] = (20 * u).bfloat16()
+    got = run_flash(q, k, v, tables, info, bs)
+    want = reference(q, k, v, tables, info, bs)
+    torch.testing.assert_close(got.double(), want, atol=2e-2, rtol=2e-2)
+    assert torch.allclose(want[:, 0].float(), v[slot, 0].float(), atol=0.05)  # the case does what it says

@@ -270,19 +270,36 @@ def test_tier_restore_skipped_when_prefilling_again_is_cheaper():
 
 
 def test_a_prefix_being_prefilled_is_not_computed_twice():
-    """Two requests with one long shared prefix arrive together: the second waits for the first's
-    blocks instead of computing the same prefix beside it."""
-    kv = KVManager(64, 4)
-    s = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, prefill_step_factor=0.0), kv)
+    """Two requests with one long shared prefix arrive together: the second shares the blocks the
+    first fills in the same step and computes only its own tail beside it. With the first's prompt
+    cut into chunks, the second waits for each next chunk rather than compute it beside the first,
+    and joins the step in which the first fills the last block they share."""
     shared = list(range(1, 41))
-    s.add(Request("a", shared + [90], SamplingParams(max_tokens=2, ignore_eos=True)))
-    s.add(Request("b", shared + [91, 92], SamplingParams(max_tokens=2, ignore_eos=True)))
-    first = s.schedule()
-    assert [c.request.request_id for c in first.chunks] == ["a"]  # b is deferred, not dropped
-    s.update(first, StepOutput(token_ids={c.request.request_id: [7] for c in first.chunks if c.sample}))
-    second = s.schedule()
-    b = [c for c in second.chunks if c.request.request_id == "b"][0]
-    assert b.start == 40 and s.requests["b"].num_cached_tokens == 40
+
+    def two(budget: int) -> tuple[KVManager, Scheduler]:
+        kv = KVManager(64, 4)
+        s = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=budget, prefill_step_factor=0.0), kv)
+        s.add(Request("a", shared + [90], SamplingParams(max_tokens=2, ignore_eos=True)))
+        s.add(Request("b", shared + [91, 92], SamplingParams(max_tokens=2, ignore_eos=True)))
+        return kv, s
+
+    def step(kv: KVManager, s: Scheduler) -> dict[str, object]:
+        batch = s.schedule()
+        kv.check()
+        s.update(batch, StepOutput(token_ids={c.request.request_id: [7] for c in batch.chunks if c.sample}))
+        kv.check()
+        return {c.request.request_id: c for c in batch.chunks}
+
+    kv, s = two(64)
+    chunks = step(kv, s)
+    a, b = chunks["a"], chunks["b"]
+    assert (a.start, a.num_tokens, b.start, b.num_tokens) == (0, 41, 40, 2)
+    assert b.block_table[:10] == a.block_table[:10]  # the same blocks, written once in this step
+    assert s.requests["b"].num_cached_tokens == 40 and kv.stats.device_hits == 40
+
+    kv, s = two(16)
+    seen = [{rid: (c.start, c.num_tokens) for rid, c in step(kv, s).items()} for _ in range(3)]
+    assert seen == [{"a": (0, 16)}, {"a": (16, 16)}, {"a": (32, 9), "b": (40, 2)}]
 
 
 def test_a_disk_tier_that_cannot_write_turns_itself_off_with_one_warning(tmp_path: Path, monkeypatch, caplog):
@@ -305,3 +322,23 @@ def test_a_disk_tier_that_cannot_write_turns_itself_off_with_one_warning(tmp_pat
     assert not tier.enabled and bytes([0]) * 16 not in tier
     assert len([r for r in caplog.records if "turned off" in r.getMessage()]) == 1
     assert not list((tmp_path / "kv").glob("*.tmp"))
+
+
+@pytest.mark.parametrize("backend", ["gather-sdpa", "paged"])
+def test_prompts_sharing_blocks_filled_in_the_same_step_generate_what_they_generate_alone(model, backend):
+    """Four prompts on one 30-token prefix arrive together on an empty cache: the first computes the
+    prefix, the others share its blocks in that same step (their rows read K/V written by the first's
+    rows in each layer). Greedy tokens equal each prompt's run alone without a prefix cache."""
+    from kvserve.kernels import load_kernels
+
+    if backend == "paged" and not load_kernels():
+        pytest.skip("native kernels did not build")
+    rng = random.Random(7)
+    shared = [rng.randrange(3, 97) for _ in range(30)]
+    prompts = [shared + [rng.randrange(3, 97) for _ in range(n)] for n in (3, 9, 1, 14)]
+    llm = make_llm(model, attention_backend=backend, max_num_batched_tokens=256)
+    together = [o.token_ids for o in llm.generate(prompts, GREEDY)]
+    assert llm.engine.kv.stats.device_hits == 3 * 28  # 7 full blocks each, shared within the one step
+    alone = [make_llm(model, attention_backend=backend, enable_prefix_caching=False).generate([p], GREEDY)[0].token_ids
+             for p in prompts]
+    assert together == alone

@@ -16,9 +16,9 @@
 // (exp, sums, conversions) takes ~60% of its time and its GEMMs the rest; it runs each query head
 // on its own. Here the G query heads of a kv head are stacked as the rows of one matrix (row =
 // token * G + head; the causal bound follows the token), so each GEMM has G times the rows, and
-// the softmax is one pass for the max and one for exp2 (a degree-4 polynomial: < 5e-5 relative
+// the softmax is one pass per block over the scores: exp2 (a degree-4 polynomial: < 5e-5 relative
 // error, far below the bf16 rounding of the probabilities that p . v reads), the sum and the bf16
-// probabilities.
+// probabilities, against a reference max that rarely moves (softmax_block).
 //
 // Work: each (sequence, kv head) has its keys packed once per call into the brgemm's layouts (K
 // transposed and V with row pairs interleaved: bf16 pairs along the reduced dimension), padded to
@@ -137,8 +137,8 @@ class FlashPrefill {
  private:
   struct Scratch {
     std::vector<BF16> q, p;
-    std::vector<float> s, o, mx, l;
-    Scratch(int64_t m, int64_t d) : q(m * d), p(m * kBK), s(m * kBK), o(m * d), mx(m), l(m) {}
+    std::vector<float> s, o, mx, l;  // l: 16 lanes per row
+    Scratch(int64_t m, int64_t d) : q(m * d), p(m * kBK), s(m * kBK), o(m * d), mx(m), l(16 * m) {}
   };
 
   BF16* packed_k(const Seq& s, int64_t h) const { return packed_.data_ptr<BF16>() + s.packed + 2 * h * s.keys * d_; }
@@ -212,7 +212,7 @@ class FlashPrefill {
       at::native::cpublas::brgemm(m, n, d, d, s.keys, kBK, false, sc.q.data(), kt + 2 * j0, sc.s.data(), true);
       for (int64_t r = 0; r < m; ++r) {
         const int64_t pos = start + i0 + std::min(r / G, nq - 1);  // padding rows repeat the last token
-        softmax_block(sc.s.data() + r * kBK, sc.p.data() + r * kBK, n, pos - j0 + 1, sc.mx[r], sc.l[r],
+        softmax_block(sc.s.data() + r * kBK, sc.p.data() + r * kBK, n, pos - j0 + 1, sc.mx[r], sc.l.data() + 16 * r,
                       j0 > 0 ? sc.o.data() + r * d : nullptr);
       }
       at::native::cpublas::brgemm(m, d, n, kBK, d, d, j0 > 0, sc.p.data(), vp + j0 * d, sc.o.data(), true);
@@ -220,7 +220,7 @@ class FlashPrefill {
     for (int64_t i = 0; i < nq; ++i)
       for (int64_t g = 0; g < G; ++g) {
         const int64_t r = i * G + g, off = ((s.first + i0 + i) * heads_ + t.head * G + g) * d;
-        const __m512 inv = _mm512_set1_ps(1.f / sc.l[r]);
+        const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(_mm512_loadu_ps(sc.l.data() + 16 * r)));
         const float* o = sc.o.data() + r * d;
         for (int64_t c = 0; c < d; c += 16) {
           const __m512 y = _mm512_mul_ps(_mm512_loadu_ps(o + c), inv);
@@ -232,33 +232,55 @@ class FlashPrefill {
       }
   }
 
-  // One row's n scores (the first `valid` are keys it may see): the running max and sum updated,
-  // its probabilities as bf16 (zeros past `valid`), and its output so far (o; null on the first
-  // block) rescaled to the new max.
-  void softmax_block(const float* s, BF16* p, int64_t n, int64_t valid, float& mx, float& l, float* o) const {
+  // One row's n scores (the first `valid` are keys it may see): its probabilities as bf16 (zeros
+  // past `valid`) and its running sum (per lane: lanes[16], summed at the end). They are exp2(score - mx), mx the row's reference: the max of
+  // its first block (o null), kept for the later blocks as long as none exceeds it by more than
+  // kHeadroom. bf16 and float32 share their exponent range, so probabilities up to 2^kHeadroom lose
+  // nothing and need no max pass and no rescaling of the output; a block past that (rare: a score
+  // far above all of the first block's) moves the reference, rescales o and the sum, and is redone.
+  void softmax_block(const float* s, BF16* p, int64_t n, int64_t valid, float& mx, float* lanes, float* o) const {
+    constexpr float kHeadroom = 64.f;
     const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-    __m512 vmax = neg_inf;
-    for (int64_t k = 0; k < valid && k < n; k += 16)
-      vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(neg_inf, first_lanes(valid - k), s + k));
-    const float block_max = valid > 0 ? _mm512_reduce_max_ps(vmax) * c_ : mx;
-    const float m_new = std::max(mx, block_max);
-    if (o != nullptr && m_new > mx) {
-      const __m512 alpha = _mm512_set1_ps(std::exp2(mx - m_new));
-      l *= std::exp2(mx - m_new);
-      for (int64_t c = 0; c < d_; c += 16) _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(o + c), alpha));
+    const int64_t upto = std::min(valid, n);
+    if (o == nullptr) {
+      __m512 vmax = neg_inf;
+      for (int64_t k = 0; k < upto; k += 16)
+        vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(neg_inf, first_lanes(upto - k), s + k));
+      mx = _mm512_reduce_max_ps(vmax) * c_;
     }
-    mx = m_new;
-    const __m512 cv = _mm512_set1_ps(c_), mv = _mm512_set1_ps(m_new);
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t k = 0; k < n; k += 16) {
-      __m512 e = _mm512_setzero_ps();
-      if (k < valid) {
-        e = _mm512_maskz_mov_ps(first_lanes(valid - k), exp2_nonpositive(_mm512_fmsub_ps(_mm512_loadu_ps(s + k), cv, mv)));
+    const __m512 cv = _mm512_set1_ps(c_);
+    for (;;) {
+      const __m512 mv = _mm512_set1_ps(mx);
+      __m512 sum = _mm512_loadu_ps(lanes), vmax = neg_inf;
+      int64_t k = 0;
+      for (; k + 16 <= upto; k += 16) {
+        const __m512 x = _mm512_loadu_ps(s + k);
+        vmax = _mm512_max_ps(vmax, x);
+        const __m512 e = exp2_nonpositive(_mm512_fmsub_ps(x, cv, mv));
         sum = _mm512_add_ps(sum, e);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + k), (__m256i)_mm512_cvtneps_pbh(e));
       }
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + k), (__m256i)_mm512_cvtneps_pbh(e));
+      if (k < upto) {
+        const __mmask16 live = first_lanes(upto - k);
+        const __m512 x = _mm512_mask_loadu_ps(neg_inf, live, s + k);
+        vmax = _mm512_max_ps(vmax, x);
+        const __m512 e = _mm512_maskz_mov_ps(live, exp2_nonpositive(_mm512_fmsub_ps(_mm512_maskz_mov_ps(live, x), cv, mv)));
+        sum = _mm512_add_ps(sum, e);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + k), (__m256i)_mm512_cvtneps_pbh(e));
+        k += 16;
+      }
+      for (; k < n; k += 16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + k), _mm256_setzero_si256());
+      // within the headroom in every lane (the usual case): no horizontal reductions at all
+      if (!_mm512_cmp_ps_mask(_mm512_fmsub_ps(vmax, cv, mv), _mm512_set1_ps(kHeadroom), _CMP_GT_OQ)) {
+        _mm512_storeu_ps(lanes, sum);
+        return;
+      }
+      const float block_max = _mm512_reduce_max_ps(vmax) * c_;
+      const __m512 scale = _mm512_set1_ps(std::exp2(mx - block_max));
+      _mm512_storeu_ps(lanes, _mm512_mul_ps(_mm512_loadu_ps(lanes), scale));
+      for (int64_t c = 0; c < d_; c += 16) _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(o + c), scale));
+      mx = block_max;
     }
-    l += _mm512_reduce_add_ps(sum);
   }
 
   const at::Tensor& out_;

@@ -48,6 +48,19 @@ void rotary_range(T* x, int64_t heads, int64_t d, int64_t row_stride, const int6
     const float* s = sin + pos[i] * d;
     for (int64_t hh = 0; hh < heads; ++hh) {
       T* v = x + i * row_stride + hh * d;
+#if defined(__AVX2__) || defined(__AVX512F__)
+      if constexpr (std::is_same_v<T, c10::BFloat16>) {  // an AMX prefill's q/k: the compiler left this loop scalar
+        using namespace vec;
+        if (half % W == 0) {
+          for (int64_t j = 0; j < half; j += W) {
+            const vf a = vload(v + j), b = vload(v + j + half);
+            vstore(v + j, vsub(vmul(a, vload(c + j)), vmul(b, vload(s + j))));
+            vstore(v + j + half, vadd(vmul(b, vload(c + j + half)), vmul(a, vload(s + j + half))));
+          }
+          continue;
+        }
+      }
+#endif
 #pragma omp simd
       for (int64_t j = 0; j < half; ++j) {
         const float a = to_f(v[j]), b = to_f(v[j + half]);

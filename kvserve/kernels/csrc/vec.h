@@ -66,6 +66,7 @@ inline vf vzero() { return _mm512_setzero_ps(); }
 inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
 inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+inline vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
 inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
 inline vf vmin(vf a, vf b) { return _mm512_min_ps(a, b); }
 inline vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
@@ -135,6 +136,7 @@ inline vf vfma(vf a, vf b, vf c) { return _mm256_add_ps(_mm256_mul_ps(a, b), c);
 #endif
 inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
 inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
+inline vf vsub(vf a, vf b) { return _mm256_sub_ps(a, b); }
 inline vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
 inline vf vmin(vf a, vf b) { return _mm256_min_ps(a, b); }
 inline vf vdiv(vf a, vf b) { return _mm256_div_ps(a, b); }
@@ -171,6 +173,7 @@ inline vf vzero() { return 0.f; }
 inline vf vfma(vf a, vf b, vf c) { return a * b + c; }
 inline vf vmul(vf a, vf b) { return a * b; }
 inline vf vadd(vf a, vf b) { return a + b; }
+inline vf vsub(vf a, vf b) { return a - b; }
 inline vf vmax(vf a, vf b) { return std::max(a, b); }
 inline vf vmin(vf a, vf b) { return std::min(a, b); }
 inline vf vdiv(vf a, vf b) { return a / b; }
