@@ -78,6 +78,10 @@ class AttentionBackend(ABC):
         """q: [T, heads, d]; k, v: [T, kv_heads, d] for the new tokens; ``layer_kv``: the layer's
         (K, V) cache from the pool. Writes k, v to their slots; returns [T, heads, d]."""
 
+    def warm_up(self, num_heads: int) -> None:
+        """Compile what the first steps would otherwise compile on the way (called once the runner has
+        set ``prefill_dtype``; ``num_heads``: the model's query heads); nothing by default."""
+
     def native_step(self, meta: AttentionMetadata) -> NativeAttention | None:
         """The arguments of the native paged kernel when it can attend every row of this step
         (then the model may run whole layers natively); None, the default, when it cannot."""

@@ -121,6 +121,19 @@ class PagedBackend(AttentionBackend):
         multiple of 32, and a build and CPU whose brgemm runs bf16: AMX) rather than to torch's SDPA."""
         return self.prefill_dtype == torch.bfloat16 and self._flash_runs and FLASH_PREFILL
 
+    def warm_up(self, num_heads: int) -> None:
+        """flash_prefill's brgemm kernels, one per GEMM shape (query tokens per task x keys per block):
+        otherwise the first prompts pay ~10 ms in the first layer that meets them."""
+        if not self.flash_prefill():
+            return
+        layout, bs = self.pool.layout, self.pool.block_size
+        seqs = [(rows, keys) for rows in range(8, 65, 8) for keys in range(max(32, rows), 257, 32)]
+        blocks = torch.arange(-(-256 // bs), dtype=torch.int32)
+        info = torch.tensor([(sum(r for r, _ in seqs[:i]), r, c, 0) for i, (r, c) in enumerate(seqs)], dtype=torch.int32)
+        k = torch.zeros(blocks.numel() * bs, layout.num_kv_heads, layout.head_dim, dtype=torch.bfloat16)
+        q = torch.zeros(sum(r for r, _ in seqs), num_heads, layout.head_dim, dtype=torch.bfloat16)
+        torch.ops.kvserve.flash_prefill(torch.empty_like(q), q, k, k, blocks, info, bs, self.scale)
+
     def build_metadata(self, seqs: Sequence[SeqRows], num_decodes: int) -> PagedMetadata:
         # Plain Python lists, one tensor each at the end: this runs every step.
         bs = self.pool.block_size

@@ -77,8 +77,10 @@ class TorchRunner:
         self.attention = backend_cls(self.kv_pool, dtype)
         if bf16_prefill:
             self.attention.prefill_dtype = torch.bfloat16
-            log.info("prefill attention: bfloat16 SDPA (AMX; the many-row linears run in bf16 too; KVSERVE_AMX=0 "
-                     "keeps both in float32)")
+            flash = getattr(self.attention, "flash_prefill", lambda: False)()
+            log.info("prefill attention: bfloat16 %s (AMX; the many-row linears run in bf16 too; KVSERVE_AMX=0 "
+                     "keeps both in float32)", "flash_prefill (AMX brgemm)" if flash else "SDPA")
+        self.attention.warm_up(cfg.num_attention_heads)
         self.block_bytes = self.kv_pool.block_bytes  # what a tier stores per block (an 8-bit pool's scales too)
         self.kv_bytes_per_token = layout.bytes_per_token
         self.kv_fingerprint = self.kv_pool.fingerprint(cfg, weights, dtype, self.model.quantization_tag())
