@@ -12,7 +12,7 @@ import shutil
 import pytest
 import torch
 
-from test_paged_attention import make_case, reference
+from test_paged_attention import check_bad_tables_refused, make_case, reference
 
 pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler")
 
@@ -89,15 +89,9 @@ def test_repeatable():
 
 
 def test_bad_tables_and_shapes_are_refused():
-    q, k, v, tables, info, bs = make_case([(20, 30)], heads=9, kv_heads=3, dtype=torch.bfloat16)
-    bad = tables.clone()
-    bad[0] = 10_000
-    with pytest.raises(RuntimeError, match="outside the cache"):
-        run_flash(q, k, v, bad, info, bs)
-    long = info.clone()
-    long[0, 2] = 10_000
-    with pytest.raises(RuntimeError, match="runs past block_tables"):
-        run_flash(q, k, v, tables, long, bs)
+    case = make_case([(20, 30)], heads=9, kv_heads=3, dtype=torch.bfloat16)
+    check_bad_tables_refused(run_flash, case, "outside the cache", "runs past block_tables")
+    q, k, v, tables, info, bs = case
     rows = info.clone()
     rows[0, 1] = 21  # more rows than q has
     with pytest.raises(RuntimeError, match="bad seq_info"):

@@ -209,13 +209,19 @@ def test_split_decode_is_repeatable(threads):
     torch.testing.assert_close(run_op(q, k, v, tables, info, bs), first, atol=0, rtol=0)
 
 
-def test_bad_indices_are_refused_not_followed():
-    q, k, v, tables, info, bs = make_case([(1, 30)])
+def check_bad_tables_refused(run, case, bad_block: str, short_table: str) -> None:
+    """``run`` refuses (with the messages given) a table naming a block outside the cache and a
+    context longer than its table, rather than follow them."""
+    q, k, v, tables, info, bs = case
     bad = tables.clone()
     bad[0] = 10_000
-    with pytest.raises(RuntimeError, match="block id out of range"):
-        run_op(q, k, v, bad, info, bs)
+    with pytest.raises(RuntimeError, match=bad_block):
+        run(q, k, v, bad, info, bs)
     info_long = info.clone()
     info_long[0, 2] = 10_000
-    with pytest.raises(RuntimeError, match="block table too short"):
-        run_op(q, k, v, tables, info_long, bs)
+    with pytest.raises(RuntimeError, match=short_table):
+        run(q, k, v, tables, info_long, bs)
+
+
+def test_bad_indices_are_refused_not_followed():
+    check_bad_tables_refused(run_op, make_case([(1, 30)]), "block id out of range", "block table too short")
