@@ -22,8 +22,9 @@
 //
 // Work: each (sequence, kv head) has its keys packed once per call into the brgemm's layouts (K
 // transposed and V with row pairs interleaved: bf16 pairs along the reduced dimension), padded to
-// kKeyAlign keys with zeros; then tasks of (sequence, kv head, kBQ query tokens), the costliest
-// first, are taken by the threads from a shared counter.
+// kKeyAlign keys with zeros; then tasks of (sequence, kv head, up to 64 query tokens: 32 where more
+// than 4 query heads share a kv head), the costliest first, are taken by the threads from a shared
+// counter.
 #include "ops.h"
 
 #include <ATen/native/CPUBlas.h>
@@ -74,7 +75,7 @@ struct Seq {
   int64_t first, rows, ctx, table;  // seq_info's row
   int64_t keys;                     // ctx padded to kKeyAlign
   int64_t packed;                   // offset of its kv heads' packed K and V (elements)
-  int64_t bq;                       // query tokens per task: its rows in even parts of at most kMaxBQ
+  int64_t bq;                       // query tokens per task: its rows in even parts of at most max_bq_
 };
 
 struct Task {
@@ -86,7 +87,8 @@ class FlashPrefill {
  public:
   FlashPrefill(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                const at::Tensor& block_tables, const at::Tensor& seq_info, int64_t block_size, double scale)
-      : out_(out), q_(q), kc_(k_cache.data_ptr<BF16>()), vc_(v_cache.data_ptr<BF16>()),
+      : q_bf16_(q.scalar_type() == at::kBFloat16), out_bf16_(out.scalar_type() == at::kBFloat16), q_(q.data_ptr()),
+        out_(out.data_ptr()), q_stride_(q.stride(0)), kc_(k_cache.data_ptr<BF16>()), vc_(v_cache.data_ptr<BF16>()),
         tables_(block_tables.data_ptr<int32_t>()), bs_(block_size), c_(static_cast<float>(scale) * kLog2e) {
     heads_ = q.size(1);
     d_ = q.size(2);
@@ -194,11 +196,11 @@ class FlashPrefill {
           std::fill(dst, dst + d, BF16(0.f));
           continue;
         }
-        const int64_t off = (s.first + i0 + i) * q_.stride(0) + (t.head * G + g) * d;
-        if (q_.scalar_type() == at::kBFloat16) {
-          std::copy_n(q_.data_ptr<BF16>() + off, d, dst);
+        const int64_t off = (s.first + i0 + i) * q_stride_ + (t.head * G + g) * d;
+        if (q_bf16_) {
+          std::copy_n(static_cast<const BF16*>(q_) + off, d, dst);
         } else {
-          const float* src = q_.data_ptr<float>() + off;
+          const float* src = static_cast<const float*>(q_) + off;
           for (int64_t c = 0; c < d; c += 16)
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + c), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + c)));
         }
@@ -224,10 +226,10 @@ class FlashPrefill {
         const float* o = sc.o.data() + r * d;
         for (int64_t c = 0; c < d; c += 16) {
           const __m512 y = _mm512_mul_ps(_mm512_loadu_ps(o + c), inv);
-          if (out_.scalar_type() == at::kBFloat16)
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out_.data_ptr<BF16>() + off + c), (__m256i)_mm512_cvtneps_pbh(y));
+          if (out_bf16_)
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<BF16*>(out_) + off + c), (__m256i)_mm512_cvtneps_pbh(y));
           else
-            _mm512_storeu_ps(out_.data_ptr<float>() + off + c, y);
+            _mm512_storeu_ps(static_cast<float*>(out_) + off + c, y);
         }
       }
   }
@@ -283,8 +285,10 @@ class FlashPrefill {
     }
   }
 
-  const at::Tensor& out_;
-  const at::Tensor& q_;
+  bool q_bf16_, out_bf16_;  // else float32
+  const void* q_;
+  void* out_;
+  int64_t q_stride_;  // elements between q's tokens
   const BF16* kc_;
   const BF16* vc_;
   const int32_t* tables_;
