@@ -130,6 +130,9 @@ class SchedulerConfig:
     # False: a step with prefill work carries only prefill chunks, decodes wait (SGLang without
     # --enable-mixed-chunk); True: decodes and prefill chunks share every step (vLLM V1)
     mixed_prefill: bool = field(default=True, metadata={"cli": False})
+    # a request may share the blocks another chunk of the same step fills with its prompt's tokens and run
+    # in that step (False: it waits a step for them to reach the cache, as SGLang's in-batch check does)
+    share_prefix_in_step: bool = field(default=True, metadata={"cli": False})
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens"):

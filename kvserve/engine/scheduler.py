@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from kvserve.config import SchedulerConfig, SpeculationConfig
 from kvserve.engine.batch import Batch, ScheduledChunk, StepOutput
+from kvserve.engine.inflight_prefix import blocks_filled_this_step, prefix_being_computed
 from kvserve.engine.request import FinishReason, Request, RequestStatus
 from kvserve.engine.step_cost import StepCostModel, StepFeatures
 from kvserve.kv.manager import KVManager, PrefixMatch
@@ -178,49 +179,6 @@ class Scheduler:
         decode_only = self.cost.decode_seconds(len(decoding), sum(r.num_tokens for r in decoding) / 1024)
         self._prefill_time_left = (factor - 1.0) * decode_only
 
-    def _computed_this_step(self, batch: Batch, req: Request, cached: int) -> list[int]:
-        """Full blocks past the first ``cached`` tokens of ``req``'s prompt that a prefill chunk already
-        in ``batch`` fills with the same tokens (at most all but the prompt's last token, whose logits
-        ``req`` needs): ``req`` can share them and run in this step rather than wait a step for them
-        to reach the cache (a burst of requests on one document: the second computes only its
-        question, beside the first's document)."""
-        if self.kv.cache is None:
-            return []
-        bs, first = self.kv.block_size, cached // self.kv.block_size
-        limit = (req.num_prompt_tokens - 1) // bs  # blocks req may take over
-        best: list[int] = []
-        for c in batch.chunks:
-            other = c.request
-            end = min(c.end // bs, limit, other.num_prompt_tokens // bs)
-            if end - first <= len(best) or c.is_decode:
-                continue
-            mine, theirs = req.token_ids, other.token_ids
-            if mine[first * bs : (first + 1) * bs] != theirs[first * bs : (first + 1) * bs] or mine[:cached] != theirs[:cached]:
-                continue
-            n = first
-            while n < end and mine[n * bs : (n + 1) * bs] == theirs[n * bs : (n + 1) * bs]:
-                n += 1
-            if n - first > len(best):
-                best = self.kv.table(other.request_id)[first:n]
-        return best
-
-    def _prefix_being_computed(self, req: Request, cached: int) -> bool:
-        """Whether a running request still prefilling shares at least one more full block with
-        ``req`` than the cache holds (SGLang's in-batch prefix check)."""
-        if self.kv.cache is None:
-            return False
-        bs = self.kv.block_size
-        want = req.token_ids[: req.num_prompt_tokens - 1]
-        for r in self.running:
-            if r.num_computed_tokens >= r.num_prompt_tokens:
-                continue
-            i = cached
-            if i + bs > min(len(want), r.num_prompt_tokens):
-                continue
-            if want[i : i + bs] == r.token_ids[i : i + bs] and want[:i] == r.token_ids[:i]:
-                return True
-        return False
-
     def _predict_prefill(self, start: int, n: int) -> float | None:
         return self.cost.prefill_seconds(start, n) if self.cost.ready else None
 
@@ -339,10 +297,12 @@ class Scheduler:
             # a request that wants its prompt's logprobs runs the whole prompt, as in vLLM
             uncached = req.needs_prompt_logprobs
             match = PrefixMatch() if uncached else self.kv.match_prefix(req.request_id, req.token_ids)
-            if not uncached and (computing := self._computed_this_step(batch, req, match.num_tokens)):
+            if (not uncached and self.kv.cache is not None and self.config.share_prefix_in_step and (computing := (
+                    blocks_filled_this_step(batch.chunks, req, match.num_tokens, self.kv.block_size, self.kv.table)))):
                 self.kv.share_computing(req.request_id, computing, match)
             req.num_computed_tokens = match.num_tokens
-            if not uncached and self._prefix_being_computed(req, match.num_tokens):
+            if (not uncached and self.kv.cache is not None
+                    and prefix_being_computed(self.running, req, match.num_tokens, self.kv.block_size)):
                 # a running request is prefilling the same prefix right now: wait for its blocks
                 # to land in the cache instead of computing them a second time
                 self.kv.free(req.request_id)

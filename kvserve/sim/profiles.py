@@ -25,6 +25,9 @@ class EngineProfile:
     max_num_batched_tokens: int = 8192
     chunked_prefill: bool = True
     mixed_prefill: bool = True  # decodes share steps with prefill chunks (False: SGLang's prefill-only steps)
+    # a prefix computed in a step serves the step's other requests on it (kvserve); the others wait a step
+    # for it, as SGLang's in-batch prefix check makes them (and as the validation was fitted)
+    share_prefix_in_step: bool = False
     static_batching: bool = False
     prefix_caching: bool = True
     schedule_policy: str = "fcfs"
@@ -68,13 +71,15 @@ class EngineProfile:
                                       chunked_prefill=self.chunked_prefill, mixed_prefill=self.mixed_prefill,
                                       static_batching=self.static_batching,
                                       schedule_policy=self.schedule_policy if self.prefix_caching else "fcfs",
-                                      prefill_step_factor=self.prefill_step_factor))
+                                      prefill_step_factor=self.prefill_step_factor,
+                                      share_prefix_in_step=self.share_prefix_in_step))
 
 
 PROFILES: dict[str, EngineProfile] = {
     "kvserve": EngineProfile("kvserve", "kvserve's defaults: continuous batching, 2048-token steps, radix cache, "
                              "lpm, time-capped prefill of long prompts", max_num_seqs=128, max_num_batched_tokens=2048,
-                             schedule_policy="lpm", prefill_step_factor=1.5, engine="kvserve"),
+                             schedule_policy="lpm", prefill_step_factor=1.5, share_prefix_in_step=True,
+                             engine="kvserve"),
     "static": EngineProfile("static", "batch-then-wait: a batch of whole prompts runs until every sequence ends",
                             max_num_seqs=64, max_num_batched_tokens=1 << 20, chunked_prefill=False,
                             static_batching=True, prefix_caching=False, engine="static"),

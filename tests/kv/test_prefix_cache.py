@@ -273,12 +273,14 @@ def test_a_prefix_being_prefilled_is_not_computed_twice():
     """Two requests with one long shared prefix arrive together: the second shares the blocks the
     first fills in the same step and computes only its own tail beside it. With the first's prompt
     cut into chunks, the second waits for each next chunk rather than compute it beside the first,
-    and joins the step in which the first fills the last block they share."""
+    and joins the step in which the first fills the last block they share. Without in-step sharing
+    it waits a step for the blocks to be cached."""
     shared = list(range(1, 41))
 
-    def two(budget: int) -> tuple[KVManager, Scheduler]:
+    def two(budget: int, share: bool = True) -> tuple[KVManager, Scheduler]:
         kv = KVManager(64, 4)
-        s = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=budget, prefill_step_factor=0.0), kv)
+        s = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=budget, prefill_step_factor=0.0,
+                                      share_prefix_in_step=share), kv)
         s.add(Request("a", shared + [90], SamplingParams(max_tokens=2, ignore_eos=True)))
         s.add(Request("b", shared + [91, 92], SamplingParams(max_tokens=2, ignore_eos=True)))
         return kv, s
@@ -300,6 +302,10 @@ def test_a_prefix_being_prefilled_is_not_computed_twice():
     kv, s = two(16)
     seen = [{rid: (c.start, c.num_tokens) for rid, c in step(kv, s).items()} for _ in range(3)]
     assert seen == [{"a": (0, 16)}, {"a": (16, 16)}, {"a": (32, 9), "b": (40, 2)}]
+
+    kv, s = two(64, share=False)  # SGLang's in-batch check (the simulator's sglang profile): b waits a step
+    seen = [{rid: (c.start, c.num_tokens) for rid, c in step(kv, s).items()} for _ in range(2)]
+    assert seen[0] == {"a": (0, 41)} and seen[1]["b"] == (40, 2)
 
 
 def test_a_disk_tier_that_cannot_write_turns_itself_off_with_one_warning(tmp_path: Path, monkeypatch, caplog):

@@ -126,7 +126,8 @@ def test_radix_hit_rate_equals_the_real_engine(policy):
     llm.generate(prompts, SamplingParams(max_tokens=1, ignore_eos=True, temperature=0))
     real = llm.engine.kv.stats
 
-    prof = get_profile("vllm").with_(schedule_policy=policy, max_num_seqs=4, max_num_batched_tokens=64, block_size=4)
+    prof = get_profile("vllm").with_(schedule_policy=policy, max_num_seqs=4, max_num_batched_tokens=64, block_size=4,
+                                     share_prefix_in_step=True)  # as the real engine (kvserve's default)
     wl = Workload("trace", [Session([Turn(p, 1)]) for p in prompts])
     engine, _, _ = build_sim_engine(TINY, get_hardware("h100-sxm"), prof, num_kv_blocks=40)
     for i, p in enumerate(prompts):
