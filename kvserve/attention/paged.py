@@ -127,8 +127,9 @@ class PagedBackend(AttentionBackend):
         if not self.flash_prefill():
             return
         layout, bs = self.pool.layout, self.pool.block_size
-        seqs = [(rows, keys) for rows in range(8, 65, 8) for keys in range(max(32, rows), 257, 32)]
-        blocks = torch.arange(-(-256 // bs), dtype=torch.int32)
+        # every task size (8-64 query tokens) with a full 256-key block, then a last block of each size
+        seqs = [(rows, 256 + keys) for rows in range(8, 65, 8) for keys in range(32, 257, 32)]
+        blocks = torch.arange(-(-512 // bs), dtype=torch.int32)
         info = torch.tensor([(sum(r for r, _ in seqs[:i]), r, c, 0) for i, (r, c) in enumerate(seqs)], dtype=torch.int32)
         k = torch.zeros(blocks.numel() * bs, layout.num_kv_heads, layout.head_dim, dtype=torch.bfloat16)
         q = torch.zeros(sum(r for r, _ in seqs), num_heads, layout.head_dim, dtype=torch.bfloat16)

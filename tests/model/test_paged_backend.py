@@ -219,6 +219,7 @@ def test_bf16_prompt_chunks_go_to_flash_prefill_and_match_sdpa(kernels, case, mo
         monkeypatch.setattr(paged, "FLASH_PREFILL", flash)
         backend = PagedBackend(pool, torch.bfloat16)
         backend.prefill_dtype = torch.bfloat16
+        backend.warm_up(q.shape[1])  # its own dummy cache: the pool is left as it was
         meta = backend.build_metadata(seqs, nd)
         layer = tuple(t.clone() for t in pool.layers[0])
         if flash:
