@@ -130,18 +130,25 @@ class FlashPrefill {
     });
     std::atomic<int64_t> next{0};
     at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-      Scratch sc(max_bq_ * group_, d_);
+      Scratch& sc = tl_scratch;
+      sc.fit(max_bq_ * group_, d_);
       for (int64_t t; (t = next.fetch_add(1)) < static_cast<int64_t>(tasks_.size());) attend(tasks_[t], sc);
       at::native::cpublas::brgemm_release(true);
     });
   }
 
  private:
+  // A thread's buffers for m task rows of d: kept between calls and only grown (as paged_attention's),
+  // so a call neither allocates nor zeroes them; attend() writes every part it reads.
   struct Scratch {
     std::vector<BF16> q, p;
     std::vector<float> s, o, mx, l;  // l: 16 lanes per row
-    Scratch(int64_t m, int64_t d) : q(m * d), p(m * kBK), s(m * kBK), o(m * d), mx(m), l(16 * m) {}
+    void fit(int64_t m, int64_t d) {
+      if (static_cast<int64_t>(mx.size()) < m) mx.resize(m), l.resize(16 * m), p.resize(m * kBK), s.resize(m * kBK);
+      if (static_cast<int64_t>(q.size()) < m * d) q.resize(m * d), o.resize(m * d);
+    }
   };
+  static inline thread_local Scratch tl_scratch;
 
   BF16* packed_k(const Seq& s, int64_t h) const { return packed_.data_ptr<BF16>() + s.packed + 2 * h * s.keys * d_; }
   BF16* packed_v(const Seq& s, int64_t h) const { return packed_k(s, h) + s.keys * d_; }
@@ -205,8 +212,8 @@ class FlashPrefill {
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + c), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + c)));
         }
       }
-    std::fill(sc.mx.begin(), sc.mx.end(), -std::numeric_limits<float>::infinity());
-    std::fill(sc.l.begin(), sc.l.end(), 0.f);
+    std::fill_n(sc.mx.begin(), m, -std::numeric_limits<float>::infinity());
+    std::fill_n(sc.l.begin(), 16 * m, 0.f);
     const BF16* kt = packed_k(s, t.head);
     const BF16* vp = packed_v(s, t.head);
     for (int64_t j0 = 0; j0 < kend; j0 += kBK) {
