@@ -15,8 +15,9 @@ class ScheduledChunk:
     """``num_tokens`` tokens of ``request`` starting at position ``start`` go through the model.
 
     The KV of positions < start is already in the cache, or is written by another chunk of the
-    same step (a shared prefix: every layer writes all rows' K/V before any row reads the cache). ``sample`` is true when the chunk
-    reaches the end of the request's tokens, so a next token is drawn from its last logits.
+    same step (a shared prefix: every layer writes all rows' K/V before any row reads the cache).
+    ``sample`` is true when the chunk reaches the end of the request's tokens, so a next token is
+    drawn from its last logits.
     A verify chunk is a decode followed by drafted tokens: all of them are scored at once.
     """
 

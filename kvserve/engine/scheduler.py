@@ -297,12 +297,13 @@ class Scheduler:
             # a request that wants its prompt's logprobs runs the whole prompt, as in vLLM
             uncached = req.needs_prompt_logprobs
             match = PrefixMatch() if uncached else self.kv.match_prefix(req.request_id, req.token_ids)
-            if (not uncached and self.kv.cache is not None and self.config.share_prefix_in_step and (computing := (
-                    blocks_filled_this_step(batch.chunks, req, match.num_tokens, self.kv.block_size, self.kv.table)))):
-                self.kv.share_computing(req.request_id, computing, match)
+            overlaps = not uncached and self.kv.cache is not None  # may overlap a prefix still being computed
+            if overlaps and self.config.share_prefix_in_step:
+                bs = self.kv.block_size
+                if computing := blocks_filled_this_step(batch.chunks, req, match.num_tokens, bs, self.kv.table):
+                    self.kv.share_computing(req.request_id, computing, match)
             req.num_computed_tokens = match.num_tokens
-            if (not uncached and self.kv.cache is not None
-                    and prefix_being_computed(self.running, req, match.num_tokens, self.kv.block_size)):
+            if overlaps and prefix_being_computed(self.running, req, match.num_tokens, self.kv.block_size):
                 # a running request is prefilling the same prefix right now: wait for its blocks
                 # to land in the cache instead of computing them a second time
                 self.kv.free(req.request_id)
