@@ -44,7 +44,8 @@ def build_engine(config: KVServeConfig, model_cfg: ModelConfig, weights: Weights
     device = resolve_device(m.device)
     dtype = resolve_dtype(m.dtype, device, quantized=runs_quantized(m.quantization, weights))
     runner = TorchRunner(model_cfg, weights, config.cache, dtype=dtype, device=device, max_model_len=m.max_model_len,
-                         seed=m.seed, quantization=m.quantization, max_num_seqs=config.scheduler.max_num_seqs)
+                         seed=m.seed, quantization=m.quantization, max_num_seqs=config.scheduler.max_num_seqs,
+                         max_num_batched_tokens=config.scheduler.max_num_batched_tokens)
     runner.proposer = build_proposer(config, model_cfg, runner, draft_weights)
 
     def grammars():  # built on first use: describing the vocabulary to xgrammar takes ~0.5 s

@@ -78,6 +78,14 @@ class AttentionBackend(ABC):
         """q: [T, heads, d]; k, v: [T, kv_heads, d] for the new tokens; ``layer_kv``: the layer's
         (K, V) cache from the pool. Writes k, v to their slots; returns [T, heads, d]."""
 
+    def forward_rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     layer_kv: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
+                     rows: torch.Tensor) -> torch.Tensor:
+        """As ``forward`` (every row's k, v written), but the attention of ``rows`` (int64 row indices,
+        each sequence's ascending) only: [len(rows), heads, d]. The model's last layer needs no more
+        than the rows the step samples. By default, all rows' then those."""
+        return self.forward(q, k, v, layer_kv, meta)[rows]
+
     def warm_up(self, num_heads: int) -> None:
         """Compile what the first steps would otherwise compile on the way (called once the runner has
         set ``prefill_dtype``; ``num_heads``: the model's query heads); nothing by default."""

@@ -26,6 +26,7 @@ to SDPA dequantize just the context they gather.
 
 from __future__ import annotations
 
+import bisect
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -99,6 +100,7 @@ class PagedMetadata(AttentionMetadata):
     # chunks of more than one row that flash_prefill attends (where it runs), in seq_info's form
     flash_tables: torch.Tensor | None = None
     flash_info: torch.Tensor | None = None
+    seqs: Sequence[SeqRows] = ()  # the step's sequences in row order (forward_rows maps rows to them)
 
 
 class PagedBackend(AttentionBackend):
@@ -174,6 +176,7 @@ class PagedBackend(AttentionBackend):
             gathered=self._context_groups(long),
             flash_tables=torch.tensor(flash_tables, dtype=torch.int32) if flash_info else None,
             flash_info=torch.tensor(flash_info, dtype=torch.int32).view(-1, 4) if flash_info else None,
+            seqs=seqs,
         )
 
     def _context_groups(self, long: list[tuple[int, SeqRows]]) -> list[ContextGroup]:
@@ -231,6 +234,43 @@ class PagedBackend(AttentionBackend):
         for group in meta.gathered:
             self._attend_group(q, k, v, layer_kv, group, out, dt)
         return out
+
+    def forward_rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_kv: LayerKV,
+                     meta: PagedMetadata, rows: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        """Every row's K/V stored, then only ``rows`` attend, each run of a sequence's consecutive rows
+        as one causal chunk over its context through the paged kernel (which reads the cache in place):
+        what the last layer needs when the step samples a row or two per sequence."""
+        self.pool.store(layer_kv, meta.slot_mapping, k, v)
+        tables, info = self._row_runs(meta.seqs, rows.tolist())
+        out = q.new_empty(rows.numel(), q.shape[1], q.shape[2])
+        if info:
+            scales = (layer_kv.k_scale, layer_kv.v_scale) if self.pool.quantized else (None, None)
+            torch.ops.kvserve.paged_attention(out, q[rows], layer_kv[0], layer_kv[1], torch.tensor(tables, dtype=torch.int32),
+                                              torch.tensor(info, dtype=torch.int32).view(-1, 4), self.pool.block_size,
+                                              self.scale, *scales)
+        return out
+
+    def _row_runs(self, seqs: Sequence[SeqRows], rows: list[int]) -> tuple[list[int], list[int]]:
+        """The paged kernel's (tables, seq_info) for ``rows`` of the step: a run of consecutive rows of
+        one sequence is one chunk whose context ends at its last row's position."""
+        bs = self.pool.block_size
+        firsts, first = [], 0
+        for s in seqs:
+            firsts.append(first)
+            first += len(s.tokens)
+        tables: list[int] = []
+        info: list[int] = []
+        i = 0
+        while i < len(rows):
+            s_idx = bisect.bisect_right(firsts, rows[i]) - 1
+            s, j = seqs[s_idx], i + 1
+            while j < len(rows) and rows[j] == rows[j - 1] + 1 and rows[j] < firsts[s_idx] + len(s.tokens):
+                j += 1
+            ctx = s.start + rows[j - 1] - firsts[s_idx] + 1
+            info += (i, j - i, ctx, len(tables))
+            tables += s.block_table[: -(-ctx // bs)]
+            i = j
+        return tables, info
 
     def _attend_group(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_kv: LayerKV,
                       group: ContextGroup, out: torch.Tensor, dt: torch.dtype) -> None:

@@ -10,9 +10,11 @@ from torch import nn
 from kvserve.attention import AttentionBackend, AttentionMetadata
 from kvserve.model.config import ModelConfig
 from kvserve.model.native_stack import build_native_stack, run_native_stack
-from kvserve.model.layers import PackedLinear, RMSNorm, Rotary, RotaryStep, SwiGLU, pack_linears, runs_amx
+from kvserve.model.layers import (PackedLinear, RMSNorm, Rotary, RotaryStep, SwiGLU, pack_linears, padded_rows,
+                                  runs_amx)
 from kvserve.model.quant import QuantWeight
-from kvserve.model.quant_linear import QuantEmbedding, QuantLinear, fused_linear_sources, quantized_modules
+from kvserve.model.quant_linear import (AMX_MIN_ROWS, QuantEmbedding, QuantLinear, fused_linear_sources,
+                                       quantized_modules)
 
 
 class Attention(nn.Module):
@@ -21,25 +23,38 @@ class Attention(nn.Module):
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
+        self.hidden_size = cfg.hidden_size
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.split = (q_size, kv_size, kv_size)
         self.qkv = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x, rope: RotaryStep, attn: AttentionBackend, meta: AttentionMetadata,
-                kv_cache: tuple[torch.Tensor, torch.Tensor]):
-        t = x.shape[0]
-        # where the GEMM runs in bf16 and attention and the KV cache are bf16 anyway (AMX prefill), q/k/v
-        # stay bf16 from the GEMM through rotary, the KV write and attention into o_proj: no float32 round
-        # trips (~4% of a prefill). Steps the native decode stack could run keep its float32 arithmetic.
-        bf16 = (attn.prefill_dtype == torch.bfloat16 and kv_cache[0].dtype == torch.bfloat16
+    def runs_bf16(self, x: torch.Tensor, attn: AttentionBackend, meta: AttentionMetadata,
+                  kv_cache: tuple[torch.Tensor, torch.Tensor]) -> bool:
+        """Whether q/k/v stay bf16 from the GEMM through rotary, the KV write and attention into o_proj:
+        where the GEMM runs in bf16 and attention and the KV cache are bf16 anyway (AMX prefill), which
+        saves the float32 round trips (~4% of a prefill). Steps the native decode stack could run keep
+        its float32 arithmetic."""
+        return (attn.prefill_dtype == torch.bfloat16 and kv_cache[0].dtype == torch.bfloat16
                 and runs_amx(self.qkv, x) and attn.native_step(meta) is None)
+
+    def forward(self, x, rope: RotaryStep, attn: AttentionBackend, meta: AttentionMetadata,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], bf16: bool = False, rows: torch.Tensor | None = None):
+        """``bf16`` (see ``runs_bf16``): x is the bf16 input of the qkv GEMM and the output is bf16.
+        ``rows``: every row's K/V is written but only these attend: the output is theirs."""
+        t = x.shape[0]
         qkv = self.qkv(x, out_dtype=torch.bfloat16) if bf16 else self.qkv(x)
         q, k, v = qkv.split(self.split, dim=-1)
         q, k = rope.apply(q.view(t, self.num_heads, self.head_dim), k.view(t, self.num_kv_heads, self.head_dim))
         v = v.view(t, self.num_kv_heads, self.head_dim)
-        o = attn.forward(q, k, v, kv_cache, meta)
-        return self.o_proj(o.reshape(t, -1), out_dtype=x.dtype) if bf16 else self.o_proj(o.reshape(t, -1))
+        if rows is None:
+            o = attn.forward(q, k, v, kv_cache, meta)
+        else:
+            o = attn.forward_rows(q, k, v, kv_cache, meta, rows)
+        if not o.shape[0]:  # no row attends (a step that samples nothing): the K/V writes were all
+            return x.new_empty(0, self.hidden_size)
+        o = o.reshape(o.shape[0], -1)
+        return self.o_proj(o, out_dtype=torch.bfloat16) if bf16 else self.o_proj(o)
 
 
 class DecoderLayer(nn.Module):
@@ -50,11 +65,27 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, h, rope, attn, meta, kv_cache):
-        """Adds the layer's attention and MLP outputs to the residual stream ``h``, in place."""
-        x = self.self_attn(self.input_layernorm(h), rope, attn, meta, kv_cache)
-        x = self.post_attention_layernorm.add_forward(h, x)
-        return h.add_(self.mlp(x))
+    def forward(self, h, delta, rope, attn, meta, kv_cache,
+                rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Adds ``delta`` (the previous layer's MLP output, or None) to the residual stream ``h`` in
+        place, then this layer's attention output; returns the stream and this layer's MLP output, for
+        the next layer's norm (or the final one) to add in the same pass as its own.
+
+        ``rows`` (the last layer, when the caller reads only the rows it samples): every row's K/V is
+        written, but attention, the MLP and the returned stream are those rows' only.
+
+        On an AMX step the norms write bf16 (what the GEMMs read) and the GEMMs' bf16 outputs go
+        into the float32 residual as they are: no conversion passes between them."""
+        bf16_attn = self.self_attn.runs_bf16(h, attn, meta, kv_cache)
+        x = self.input_layernorm.add_forward(h, delta, torch.bfloat16 if bf16_attn else None)
+        x = self.self_attn(x, rope, attn, meta, kv_cache, bf16_attn, rows)
+        if rows is not None:
+            h = h[rows]
+            if not rows.numel():
+                return h, None
+        bf16_mlp = self.mlp.native and runs_amx(self.mlp.gate_up, h)
+        x = self.post_attention_layernorm.add_forward(h, x, torch.bfloat16 if bf16_mlp else None)
+        return h, self.mlp(x)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -121,16 +152,24 @@ class LlamaForCausalLM(nn.Module):
         attn: AttentionBackend,
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        keep_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Hidden states [T, hidden] after the final norm, for a flat ragged batch of T tokens;
-        ``attn`` attends over ``kv_caches`` (per layer K, V) with the step's ``meta``."""
+        ``attn`` attends over ``kv_caches`` (per layer K, V) with the step's ``meta``.
+
+        ``keep_rows`` (int64 row indices, each sequence's ascending): the caller reads only these rows
+        (those it samples), so the last layer attends and runs its MLP for them alone (every row's K/V
+        is still written): the result is [len(keep_rows), hidden]. A prefill chunk samples one row of
+        hundreds, so this saves most of a layer."""
         h = self.embed_tokens(input_ids)  # a fresh tensor: the layers add to it in place
         if self.native_stack is not None and run_native_stack(self.native_stack, h, positions, self, attn, meta, kv_caches):
-            return self.norm(h)
+            return self.norm(h) if keep_rows is None else self.norm(h[keep_rows])
         rope = self.rotary.for_step(positions, h.dtype, self.native)
-        for layer, kv in zip(self.layers, kv_caches):
-            h = layer(h, rope, attn, meta, kv)
-        return self.norm(h)
+        delta = None
+        last = len(self.layers) - 1
+        for i, (layer, kv) in enumerate(zip(self.layers, kv_caches)):
+            h, delta = layer(h, delta, rope, attn, meta, kv, keep_rows if i == last else None)
+        return self.norm.add_forward(h, delta)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor, keep_bf16: bool = False) -> torch.Tensor:
@@ -148,6 +187,27 @@ class LlamaForCausalLM(nn.Module):
     def runs_amx(self) -> bool:
         """Whether the quantized linears run many-row inputs through their bf16 AMX copies."""
         return any(m.amx is not None for m in self.modules() if isinstance(m, QuantLinear))
+
+    @torch.inference_mode()
+    def warm_up(self, max_rows: int, max_sampled_rows: int) -> int:
+        """Runs zeros once through each distinct shape of the AMX linears at every row count
+        ``padded_rows`` hands them, AMX_MIN_ROWS to ``max_rows`` (the LM head: to ``max_sampled_rows``).
+        oneDNN compiles a kernel for each input shape on its first use (~3-5 ms here, ~1 MiB kept), which
+        the first steps would otherwise pay on the way: ~5% of a first prefix-RAG wave. Returns the
+        number of kernels. The shapes are bounded (``padded_rows``), so these are the kernels a running
+        server compiles anyway."""
+        linears: dict[tuple[int, int, int], QuantLinear] = {}
+        for m in self.modules():
+            if isinstance(m, QuantLinear) and m.amx is not None:
+                limit = max_sampled_rows if m is self.lm_head else max_rows
+                linears.setdefault((m.in_features, m.out_features, limit), m)
+        done = 0
+        for (k, _, limit), m in linears.items():
+            assert m.amx is not None
+            for rows in sorted({padded_rows(r) for r in range(AMX_MIN_ROWS, limit + 1)}):
+                m.amx(torch.zeros(rows, k, dtype=torch.bfloat16), dtype=torch.bfloat16)
+                done += 1
+        return done
 
     def quantization_tag(self) -> str:
         """The formats of the quantized layers, e.g. "q4_1,q8_0" (empty when all are dense)."""

@@ -73,8 +73,9 @@ class QuantLinear(nn.Module):
         return torch.ops.kvserve.dequantize_packed(self.packed, self.kind, self.out_features, self.in_features).to(dtype)
 
     def runs_amx(self, x: torch.Tensor) -> bool:
-        """Whether ``x`` goes through the bf16 AMX copy (AMX_MIN_ROWS rows or more)."""
-        return self.amx is not None and x.numel() >= AMX_MIN_ROWS * self.in_features
+        """Whether ``x`` goes through the bf16 AMX copy (AMX_MIN_ROWS rows or more; not once a dense
+        weight has been set, which ``forward`` takes first)."""
+        return self.dense is None and self.amx is not None and x.numel() >= AMX_MIN_ROWS * self.in_features
 
     def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """``out_dtype`` (default: x's) is honoured on the AMX path only, where a bf16 output saves

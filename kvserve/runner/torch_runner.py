@@ -8,6 +8,7 @@ are checked against its draft. With a proposer, it then drafts the next step's t
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
@@ -36,10 +37,11 @@ class TorchRunner:
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], cache: CacheConfig, *,
                  dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
                  max_model_len: int | None = None, seed: int = 0, proposer: Proposer | None = None,
-                 quantization: str = "none", max_num_seqs: int = 128):
+                 quantization: str = "none", max_num_seqs: int = 128, max_num_batched_tokens: int = 2048):
         """``cache``: the KV cache part of the config (block size, pool size and dtype, attention backend);
         ``quantization``: which weights the model keeps quantized (``quantized_modules``);
-        ``max_num_seqs`` sizes the default pool (``kv_budget``)."""
+        ``max_num_seqs`` sizes the default pool (``kv_budget``); with ``max_num_batched_tokens`` it bounds
+        the row counts the start-up warm-up compiles GEMM kernels for."""
         self.device = torch.device(device)
         self.dtype = dtype
         self.cfg = cfg
@@ -81,6 +83,11 @@ class TorchRunner:
             log.info("prefill attention: bfloat16 %s (AMX; the many-row linears run in bf16 too; KVSERVE_AMX=0 "
                      "keeps both in float32)", "flash_prefill (AMX brgemm)" if flash else "SDPA")
         self.attention.warm_up(cfg.num_attention_heads)
+        if self.device.type == "cpu":
+            started = time.perf_counter()
+            kernels = self.model.warm_up(max_num_batched_tokens, max_num_seqs)
+            if kernels:
+                log.info("warm-up: %d AMX GEMM kernels compiled in %.2f s", kernels, time.perf_counter() - started)
         self.block_bytes = self.kv_pool.block_bytes  # what a tier stores per block (an 8-bit pool's scales too)
         self.kv_bytes_per_token = layout.bytes_per_token
         self.kv_fingerprint = self.kv_pool.fingerprint(cfg, weights, dtype, self.model.quantization_tag())
@@ -112,9 +119,6 @@ class TorchRunner:
         chunks = batch.chunks
         seqs = [SeqRows(c.input_token_ids, c.start, c.block_table) for c in chunks]
         inputs = build_inputs(seqs, self.attention)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.attention, inputs.meta, self.kv_pool.layers)
-        if any(c.request.needs_prompt_logprobs for c in chunks):
-            self._prompt_logprobs(hidden, chunks, inputs.offsets, out)
         # the rows to score: a sampling chunk's last row; all 1 + k rows of a verify chunk
         rows: list[int] = []
         first_row: dict[int, int] = {}  # sampling chunk -> its first row in ``logits``
@@ -124,6 +128,14 @@ class TorchRunner:
             n = 1 + len(c.draft_token_ids)
             first_row[i] = len(rows)
             rows.extend(range(first + c.num_tokens - n, first + c.num_tokens))
+        # the model's last layer for those rows only, unless prompt logprobs read every row (or they are all)
+        all_rows = any(c.request.needs_prompt_logprobs for c in chunks)
+        keep = None if all_rows or len(rows) == len(inputs.input_ids) else \
+            torch.tensor(rows, dtype=torch.long, device=self.device)
+        hidden = self.model(inputs.input_ids, inputs.positions, self.attention, inputs.meta, self.kv_pool.layers,
+                            keep_rows=keep)
+        if all_rows:
+            self._prompt_logprobs(hidden, chunks, inputs.offsets, out)
         if not rows:
             return out
         scored = [chunks[i] for i in sampling]
@@ -131,7 +143,8 @@ class TorchRunner:
         # an AMX LM head's bf16 logits go to the sampler as they are when only its native draws read them
         keep_bf16 = not constrained and not any(c.is_verify for c in scored) and \
             self.sampler.reads_bf16([c.request for c in scored])
-        logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)], keep_bf16=keep_bf16)
+        logits = self.model.logits(hidden if keep is not None else hidden[torch.tensor(rows, device=self.device)],
+                                   keep_bf16=keep_bf16)
         if constrained:  # kvserve.structured (and xgrammar) load only once a request has a grammar
             from kvserve.structured.masking import advance_grammars, apply_grammar_masks
 

@@ -39,6 +39,32 @@ def test_rms_norm_and_fused_add(dtype, tol):
     torch.testing.assert_close(out_fused, out_ref, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("hidden", [48, 37])  # whole vectors; a scalar tail
+def test_norm_of_a_float32_stream_with_bf16_deltas_and_outputs(hidden):
+    """An AMX step: the GEMMs' bf16 outputs go into the float32 residual and the norms write the bf16
+    the next GEMM reads, in one pass: the same numbers as adding them widened and casting after."""
+    torch.manual_seed(1)
+    n = RMSNorm(hidden, 1e-5)
+    n.weight.data = torch.randn(hidden)
+    ref = RMSNorm(hidden, 1e-5)
+    ref.weight.data = n.weight.data.clone()
+    n.native = True
+    x, d = torch.randn(6, hidden), torch.randn(6, hidden).bfloat16()
+    r1, r2 = x.clone(), x.clone()
+    want = ref.add_forward(r1, d.float()).bfloat16()
+    got = n.add_forward(r2, d, torch.bfloat16)
+    assert got.dtype == torch.bfloat16 and r2.dtype == torch.float32
+    torch.testing.assert_close(r2, r1, atol=0, rtol=0)  # the residual sum is exact
+    assert (got.float() - want.float()).abs().max() <= 2 ** -7 * want.float().abs().max()  # one bf16 rounding apart at most
+    torch.testing.assert_close(n.add_forward(x.clone(), d), ref.add_forward(x.clone(), d.float()), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(n(x, torch.bfloat16), ref(x).bfloat16(), atol=2e-2, rtol=2e-2)
+    assert n.add_forward(x.clone(), None).dtype == torch.float32  # no delta: the norm alone
+    with pytest.raises(RuntimeError, match="out_dtype"):
+        torch.ops.kvserve.rms_norm(x.bfloat16(), n.weight.bfloat16(), 1e-5, torch.float32)
+    with pytest.raises(RuntimeError, match="delta"):
+        torch.ops.kvserve.add_rms_norm(x, d.float().double(), n.weight, 1e-5)
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 2e-2)])
 def test_rotary_in_place_on_strided_q_and_k(dtype, tol):
     rot = Rotary(16, 64, 10000.0, None)

@@ -183,11 +183,15 @@ def test_an_amx_prefill_keeps_q_k_v_in_bf16_and_agrees_with_the_float32_path(mon
     seqs = _step(runner, [(40, 0)])  # one fresh prompt: not a step the native stack runs
     attn = runner.model.layers[0].self_attn
     seen: dict[str, torch.dtype] = {}
-    hooks = [attn.qkv.register_forward_hook(lambda m, i, o: seen.__setitem__("qkv_out", o.dtype)),
-             attn.o_proj.register_forward_hook(lambda m, i, o: seen.__setitem__("o_in", i[0].dtype))]
+    mlp = runner.model.layers[0].mlp
+    hooks = [attn.qkv.register_forward_hook(lambda m, i, o: seen.update(qkv_in=i[0].dtype, qkv_out=o.dtype)),
+             attn.o_proj.register_forward_hook(lambda m, i, o: seen.update(o_in=i[0].dtype, o_out=o.dtype)),
+             mlp.gate_up.register_forward_hook(lambda m, i, o: seen.update(mlp_in=i[0].dtype)),
+             mlp.down.register_forward_hook(lambda m, i, o: seen.update(mlp_out=o.dtype))]
     try:
         got, got_caches = _forward(runner, seqs, native=True)
-        assert seen == {"qkv_out": torch.bfloat16, "o_in": torch.bfloat16}
+        # the norms write the bf16 the GEMMs read, whose bf16 outputs go into the float32 residual as they are
+        assert set(seen.values()) == {torch.bfloat16} and len(seen) == 6
         runner.attention.prefill_dtype = None  # the float32 round trips (attention in float32)
         ref, ref_caches = _forward(runner, seqs, native=True)
         assert seen["qkv_out"] == torch.float32
@@ -198,6 +202,25 @@ def test_an_amx_prefill_keeps_q_k_v_in_bf16_and_agrees_with_the_float32_path(mon
     for (gk, gv), (rk, rv) in zip(got_caches, ref_caches):
         torch.testing.assert_close(gk.float(), rk.float(), atol=0.05, rtol=0.05)
         torch.testing.assert_close(gv.float(), rv.float(), atol=0.05, rtol=0.05)
+
+
+def test_warm_up_compiles_each_amx_linear_shape_at_each_row_bucket(monkeypatch):
+    """The start-up warm-up runs every distinct AMX linear shape once per row count ``padded_rows``
+    can hand it (the LM head up to the sampled rows): what the first steps would compile otherwise."""
+    import kvserve.model.quant_linear as ql
+    from kvserve.model.layers import padded_rows
+
+    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        pytest.skip("oneDNN without bf16 on this CPU")
+    monkeypatch.setattr(ql, "amx_gemm_available", lambda: True)
+    model = _runner("int4").model
+    shapes = {(m.in_features, m.out_features) for m in model.modules() if isinstance(m, ql.QuantLinear)
+              and m is not model.lm_head}
+    buckets = len({padded_rows(r) for r in range(ql.AMX_MIN_ROWS, 101)})
+    head = len({padded_rows(r) for r in range(ql.AMX_MIN_ROWS, 21)}) if isinstance(model.lm_head, ql.QuantLinear) else 0
+    assert model.warm_up(100, 20) == len(shapes) * buckets + head
+    monkeypatch.setattr(ql, "amx_gemm_available", lambda: False)
+    assert _runner("int4").model.warm_up(100, 20) == 0  # nothing to compile off AMX
 
 
 def test_an_amx_lm_head_hands_its_bf16_logits_to_native_draws_only(monkeypatch):

@@ -84,6 +84,27 @@ def test_one_step_in_bfloat16(kernels):
     torch.testing.assert_close(b.float(), a.float(), atol=3e-2, rtol=3e-2)
 
 
+@needs_kernels
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+def test_forward_rows_attends_only_the_rows_asked_for(kernels, dtype, tol):
+    """The model's last layer asks for the rows it samples: every row's K/V is still written, and each
+    asked row's attention is what the whole step's would have been (a decode; a fresh chunk's last
+    row; a verify chunk's last three; a one-token prompt), or nothing at all."""
+    pool, seqs, nd, q, k, v = step_case(dtype)
+    backend = PagedBackend(pool, dtype)
+    meta = backend.build_metadata(seqs, nd)
+    full_kv = tuple(t.clone() for t in pool.layers[0])
+    full = backend.forward(q, k, v, full_kv, meta)
+    # rows: decodes 0-3, the 40-token chunk 4-43, the 25-token prompt 44-68, the one-token prompt 69
+    for rows in ([1, 3, 41, 42, 43, 68, 69], [0, 1, 2, 3], [68], []):
+        layer = tuple(t.clone() for t in pool.layers[0])
+        idx = torch.tensor(rows, dtype=torch.long)
+        got = backend.forward_rows(q, k, v, layer, meta, idx)
+        assert got.shape == (len(rows), *q.shape[1:])
+        torch.testing.assert_close(got.float(), full[idx].float(), atol=tol, rtol=tol)
+        assert all(torch.equal(a, b) for a, b in zip(layer, full_kv))  # every row's K/V written
+
+
 def shared_prefix_case(dtype=torch.float32, heads=9, kv_heads=3, d=64, bs=16, seed=3):
     """Three chunks continuing contexts that begin with the same 6 cached blocks (one cached further
     than the others), a long chunk with its own context, and two decodes; tables otherwise shuffled."""

@@ -1,5 +1,5 @@
 // Fused element-wise ops of the decoder layer, one pass each instead of 5-10 torch ops:
-// rms_norm, add_rms_norm (residual add then norm), rotary_ (in place on q and k), silu_mul.
+// rms_norm, add_rms_norm (residual add then norm, in one pass), rotary_ (in place on q and k), silu_mul.
 // At decode batch sizes each torch op costs more in dispatch than in arithmetic, so a layer's
 // ~50 small ops were a fifth of a single-stream step. float32 and bfloat16 (computed in float).
 //
@@ -23,18 +23,44 @@ inline int64_t grain_rows(int64_t row_elems) { return std::max<int64_t>(1, (int6
 template <typename T>
 inline float to_f(T v) { return static_cast<float>(v); }
 
-// out[r] = w * (x[r] / rms(x[r])) with the normalisation in float, cast to T before the scale
-// (the order Hugging Face's LlamaRMSNorm uses)
-template <typename T>
-void rms_norm_range(const T* x, const T* w, T* out, int64_t h, float eps, int64_t r0, int64_t r1) {
+// residual[r] += delta[r] where a delta is given (stored as R), then out[r] = w * (residual[r] / rms)
+// with the normalisation in float and cast to R before the scale (the order Hugging Face's
+// LlamaRMSNorm uses), stored as O: R, or bf16 where a bf16 GEMM reads it next (the cast its input
+// would otherwise get, in the same pass). D: the delta's type (R, or bf16 from a bf16 GEMM).
+template <typename R, typename D, typename O>
+void norm_rows(R* x, const D* delta, const R* w, O* out, int64_t h, float eps, int64_t r0, int64_t r1) {
+  using namespace vec;
+  constexpr bool r_bf16 = std::is_same_v<R, BF16>;
   for (int64_t r = r0; r < r1; ++r) {
-    const T* xr = x + r * h;
-    T* orow = out + r * h;
-    float ss = 0.f;
-#pragma omp simd reduction(+ : ss)
-    for (int64_t i = 0; i < h; ++i) ss += to_f(xr[i]) * to_f(xr[i]);
+    R* xr = x + r * h;
+    const D* dr = delta != nullptr ? delta + r * h : nullptr;
+    O* orow = out + r * h;
+    vf acc = vzero();
+    int64_t j = 0;
+    for (; j + W <= h; j += W) {
+      vf v = vload(xr + j);
+      if (dr != nullptr) {
+        v = vadd(v, vload(dr + j));
+        if constexpr (r_bf16) v = vround_bf16(v);
+        vstore(xr + j, v);
+      }
+      acc = vfma(v, v, acc);
+    }
+    float ss = vsum(acc);
+    for (; j < h; ++j) {
+      if (dr != nullptr) xr[j] = static_cast<R>(to_f(xr[j]) + to_f(dr[j]));
+      ss += to_f(xr[j]) * to_f(xr[j]);
+    }
     const float inv = 1.0f / std::sqrt(ss / static_cast<float>(h) + eps);
-    for (int64_t i = 0; i < h; ++i) orow[i] = static_cast<T>(to_f(w[i]) * to_f(static_cast<T>(to_f(xr[i]) * inv)));
+    const vf vinv = vset1(inv);
+    for (j = 0; j + W <= h; j += W) {
+      vf y = vmul(vload(xr + j), vinv);
+      if constexpr (r_bf16) y = vround_bf16(y);
+      y = vmul(vload(w + j), y);
+      if constexpr (r_bf16 && !std::is_same_v<O, BF16>) y = vround_bf16(y);
+      vstore(orow + j, y);
+    }
+    for (; j < h; ++j) orow[j] = static_cast<O>(static_cast<R>(to_f(w[j]) * to_f(static_cast<R>(to_f(xr[j]) * inv))));
   }
 }
 
@@ -92,7 +118,7 @@ void silu_mul_range(const T* src, T* dst, int64_t inter, int64_t r0, int64_t r1)
       // division's throughput bounded the loop, and silu is rounded to bf16 right after
       const vf two = vset1(2.f);
       for (; j + W <= inter; j += W) {
-        const vf a = vload(g + j), b = vadd(one, vexp(vmul(a, minus_one)));
+        const vf a = vload(g + j), b = vadd(one, vexp_for_bf16(vmul(a, minus_one)));
         vf r = vrcp(b);
         r = vmul(r, vfma(vmul(b, r), minus_one, two));
         vstore(o + j, vmul(vround_bf16(vmul(a, r)), vload(u + j)));
@@ -110,7 +136,7 @@ void silu_mul_range(const T* src, T* dst, int64_t inter, int64_t r0, int64_t r1)
 
 namespace rows {
 void rms_norm(const float* x, const float* w, float* out, int64_t h, float eps, int64_t r0, int64_t r1) {
-  rms_norm_range<float>(x, w, out, h, eps, r0, r1);
+  norm_rows<float, float, float>(const_cast<float*>(x), nullptr, w, out, h, eps, r0, r1);  // no delta: x only read
 }
 void rotary(float* x, int64_t heads, int64_t d, int64_t row_stride, const int64_t* pos, const float* cos,
             const float* sin, int64_t r0, int64_t r1) {
@@ -124,25 +150,50 @@ void silu_mul_bf16(const c10::BFloat16* gu, c10::BFloat16* out, int64_t inter, i
 }
 }  // namespace rows
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && w.is_contiguous() && x.size(1) == w.size(0), "rms_norm: bad shapes");
-  auto out = at::empty_like(x);
+namespace {
+template <typename R, typename D, typename O>
+void norm_rows_parallel(const at::Tensor& x, const at::Tensor* delta, const at::Tensor& w, at::Tensor& out, double eps) {
   const int64_t h = x.size(1);
-  AT_DISPATCH_FLOATING_TYPES_AND(at::ScalarType::BFloat16, x.scalar_type(), "rms_norm", [&] {
-    at::parallel_for(0, x.size(0), grain_rows(h), [&](int64_t r0, int64_t r1) {
-      rms_norm_range<scalar_t>(x.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), h,
-                               static_cast<float>(eps), r0, r1);
-    });
+  R* xp = static_cast<R*>(x.data_ptr());
+  const D* dp = delta != nullptr ? static_cast<const D*>(delta->data_ptr()) : nullptr;
+  at::parallel_for(0, x.size(0), grain_rows(h), [&](int64_t r0, int64_t r1) {
+    norm_rows<R, D, O>(xp, dp, static_cast<const R*>(w.data_ptr()), static_cast<O*>(out.data_ptr()), h,
+                       static_cast<float>(eps), r0, r1);
   });
-  return out;
 }
 
-// residual += delta (in place); returns rms_norm(residual)
-at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& delta, const at::Tensor& w, double eps) {
-  TORCH_CHECK(residual.is_contiguous() && delta.is_contiguous() && residual.sizes() == delta.sizes(),
-              "add_rms_norm: bad shapes");
-  residual.add_(delta);
-  return rms_norm(residual, w, eps);
+// residual (float32 or bf16) += delta (its dtype, or bf16 on a float32 residual) when given; returns
+// the norm as out_dtype (default: the residual's; bf16 allowed on a float32 residual)
+at::Tensor norm_impl(at::Tensor& x, const at::Tensor* delta, const at::Tensor& w, double eps,
+                     std::optional<at::ScalarType> out_dtype) {
+  const auto rt = x.scalar_type(), ot = out_dtype.value_or(rt);
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && w.is_contiguous() && w.dim() == 1 && x.size(1) == w.size(0) &&
+                  w.scalar_type() == rt, "rms_norm: x [T, H] contiguous, w [H] of x's dtype");
+  TORCH_CHECK(rt == at::kFloat || rt == at::kBFloat16, "rms_norm: float32 or bfloat16");
+  TORCH_CHECK(ot == rt || ot == at::kBFloat16, "rms_norm: out_dtype is x's or bfloat16");
+  const auto dt = delta != nullptr ? delta->scalar_type() : rt;
+  TORCH_CHECK(delta == nullptr || (delta->is_contiguous() && delta->sizes() == x.sizes() && (dt == rt || dt == at::kBFloat16)),
+              "add_rms_norm: delta is contiguous, of the residual's shape, its dtype or bfloat16");
+  auto out = at::empty(x.sizes(), x.options().dtype(ot));
+  using F = float;
+  using BF16 = vec::BF16;
+  if (rt == at::kBFloat16) norm_rows_parallel<BF16, BF16, BF16>(x, delta, w, out, eps);
+  else if (dt == at::kBFloat16 && ot == at::kBFloat16) norm_rows_parallel<F, BF16, BF16>(x, delta, w, out, eps);
+  else if (dt == at::kBFloat16) norm_rows_parallel<F, BF16, F>(x, delta, w, out, eps);
+  else if (ot == at::kBFloat16) norm_rows_parallel<F, F, BF16>(x, delta, w, out, eps);
+  else norm_rows_parallel<F, F, F>(x, delta, w, out, eps);
+  return out;
+}
+}  // namespace
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, std::optional<at::ScalarType> out_dtype) {
+  return norm_impl(const_cast<at::Tensor&>(x), nullptr, w, eps, out_dtype);  // no delta: x is only read
+}
+
+// residual += delta (in place, one pass with the norm's sum of squares); returns rms_norm(residual)
+at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& delta, const at::Tensor& w, double eps,
+                        std::optional<at::ScalarType> out_dtype) {
+  return norm_impl(residual, &delta, w, eps, out_dtype);
 }
 
 // q: [T, heads, d], k: [T, kv_heads, d], rotated in place; cos, sin: float32 [max_pos, d]
@@ -325,8 +376,9 @@ at::Tensor sample_rows(const at::Tensor& x, const at::Tensor& inv_temp, const at
 TORCH_LIBRARY_FRAGMENT(kvserve, m) {
   m.def("argmax_rows(Tensor x) -> Tensor", &kvserve::argmax_rows);
   m.def("sample_rows(Tensor x, Tensor inv_temp, Tensor u) -> Tensor", &kvserve::sample_rows);
-  m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor", &kvserve::rms_norm);
-  m.def("add_rms_norm(Tensor(a!) residual, Tensor delta, Tensor w, float eps) -> Tensor", &kvserve::add_rms_norm);
+  m.def("rms_norm(Tensor x, Tensor w, float eps, ScalarType? out_dtype=None) -> Tensor", &kvserve::rms_norm);
+  m.def("add_rms_norm(Tensor(a!) residual, Tensor delta, Tensor w, float eps, ScalarType? out_dtype=None) -> Tensor",
+        &kvserve::add_rms_norm);
   m.def("rotary_(Tensor(a!) q, Tensor(b!) k, Tensor positions, Tensor cos, Tensor sin) -> ()", &kvserve::rotary_);
   m.def("silu_mul(Tensor gu) -> Tensor", &kvserve::silu_mul);
 }

@@ -11,8 +11,9 @@
 namespace kvserve {
 
 // fused_ops.cpp
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps);
-at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& delta, const at::Tensor& w, double eps);
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, std::optional<at::ScalarType> out_dtype);
+at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& delta, const at::Tensor& w, double eps,
+                        std::optional<at::ScalarType> out_dtype);
 void rotary_(at::Tensor& q, at::Tensor& k, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin);
 at::Tensor silu_mul(const at::Tensor& gu);
 

@@ -55,12 +55,20 @@ inline __m512i bf16_bits(vf x) {  // the bf16 nearest x (ties to even) in each l
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(i, 16), _mm512_set1_epi32(1));
   return _mm512_add_epi32(i, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
 }
+#if defined(__AVX512BF16__)
+// the same rounding (nearest, ties to even) in one instruction where the CPU converts to bf16 natively
+inline vf vround_bf16(vf x) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x)), 16));
+}
+inline void vstore(BF16* p, vf x) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(x)); }
+#else
 inline vf vround_bf16(vf x) {
   return _mm512_castsi512_ps(_mm512_and_si512(bf16_bits(x), _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
 }
 inline void vstore(BF16* p, vf x) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_bits(x), 16)));
 }
+#endif
 inline vf vset1(float x) { return _mm512_set1_ps(x); }
 inline vf vzero() { return _mm512_setzero_ps(); }
 inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
@@ -195,6 +203,26 @@ inline vf vexp(vf x) {
   vf p = vset1(1.525273380405984e-05f);
   p = vfma(p, f, vset1(1.5403530393381606e-04f));
   p = vfma(p, f, vset1(1.3333558146428443e-03f));
+  p = vfma(p, f, vset1(9.618129107628477e-03f));
+  p = vfma(p, f, vset1(5.550410866482158e-02f));
+  p = vfma(p, f, vset1(2.402265069591007e-01f));
+  p = vfma(p, f, vset1(6.931471805599453e-01f));
+  p = vfma(p, f, vset1(1.0f));
+  return vscale2(p, n);
+#else
+  return std::exp(x);
+#endif
+}
+
+// exp(x) to ~3e-6 relative (degree-5 polynomial): for results rounded to bf16 next (2^-9), where the
+// full-precision exp's two extra terms only cost time (the bf16 MLP's silu).
+inline vf vexp_for_bf16(vf x) {
+#if defined(__AVX2__) || defined(__AVX512F__)
+  x = vmin(vmax(x, vset1(-87.0f)), vset1(88.0f));
+  vf t = vmul(x, vset1(1.4426950408889634f));
+  vf n = vround(t);
+  vf f = vfma(n, vset1(-1.0f), t);
+  vf p = vset1(1.3333558146428443e-03f);
   p = vfma(p, f, vset1(9.618129107628477e-03f));
   p = vfma(p, f, vset1(5.550410866482158e-02f));
   p = vfma(p, f, vset1(2.402265069591007e-01f));
