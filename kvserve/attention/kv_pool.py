@@ -53,6 +53,7 @@ class KVPool:
         self.block_size = layout.block_size
         self.null_slot = num_blocks * layout.block_size
         self.layers = self._allocate()  # per layer (K, V)
+        self._native_store: bool | None = None  # the kernels' store_rows_ (CPU), decided on first use
 
     @classmethod
     def storage_dtype(cls, model_dtype: torch.dtype) -> torch.dtype:
@@ -79,8 +80,20 @@ class KVPool:
     # -- what backends call: writing new K/V, reading a context back in the model's dtype
     def store(self, layer: LayerKV, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Writes the new tokens' k, v [T, kv_heads, d] to their slots."""
-        layer[0].index_copy_(0, slots, k)
-        layer[1].index_copy_(0, slots, v)
+        self._store(layer[0], slots, k)
+        self._store(layer[1], slots, v)
+
+    def _store(self, cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:
+        """cache[slots] = x (cast to the cache's dtype): one row copy per token where the kernels run."""
+        if self._native_store is None:
+            from kvserve.kernels import kernels_available
+
+            self._native_store = self.device.type == "cpu" and kernels_available()
+        x = x.to(cache.dtype)
+        if self._native_store and x.stride(-1) == 1 and x.stride(1) == x.shape[2]:
+            torch.ops.kvserve.store_rows_(cache, slots, x)
+        else:
+            cache.index_copy_(0, slots, x)
 
     def as_stored(self, layer: LayerKV, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v as the cache gives them back once stored: what a chunk attends over in its own fresh
@@ -150,10 +163,6 @@ class BF16KVPool(KVPool):
     @classmethod
     def storage_dtype(cls, model_dtype: torch.dtype) -> torch.dtype:
         return torch.bfloat16
-
-    def store(self, layer: LayerKV, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        layer[0].index_copy_(0, slots, k.to(torch.bfloat16))
-        layer[1].index_copy_(0, slots, v.to(torch.bfloat16))
 
     def as_stored(self, layer: LayerKV, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return k.to(torch.bfloat16).to(k.dtype), v.to(torch.bfloat16).to(v.dtype)

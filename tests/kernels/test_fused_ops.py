@@ -176,3 +176,20 @@ def test_argmax_and_draw_read_bfloat16_logits_as_the_floats_they_hold(rows, voca
     assert torch.equal(torch.ops.kvserve.sample_rows(x, inv_t, u), torch.ops.kvserve.sample_rows(x.float(), inv_t, u))
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):
         torch.ops.kvserve.argmax_rows(x.half())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_store_rows_writes_what_index_copy_does(dtype):
+    """The KV write: rows of a strided view (k of the fused qkv output) to scattered slots."""
+    torch.manual_seed(2)
+    qkv = torch.randn(7, 4 * 8 + 2 * 2 * 8).to(dtype)
+    k = qkv[:, 32:48].view(7, 2, 8)
+    slots = torch.tensor([5, 0, 19, 3, 11, 12, 7])
+    want, got = torch.zeros(20, 2, 8, dtype=dtype), torch.zeros(20, 2, 8, dtype=dtype)
+    want.index_copy_(0, slots, k)
+    torch.ops.kvserve.store_rows_(got, slots, k)
+    assert torch.equal(got, want)
+    with pytest.raises(RuntimeError, match="out of range"):
+        torch.ops.kvserve.store_rows_(got, torch.tensor([0, 1, 2, 3, 4, 5, 20]), k)
+    with pytest.raises(RuntimeError, match="dtype"):
+        torch.ops.kvserve.store_rows_(got, slots, k.double())

@@ -16,6 +16,7 @@ at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& delta, const at:
                         std::optional<at::ScalarType> out_dtype);
 void rotary_(at::Tensor& q, at::Tensor& k, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin);
 at::Tensor silu_mul(const at::Tensor& gu);
+void store_rows_(at::Tensor& cache, const at::Tensor& slots, const at::Tensor& x);
 
 // quant_gemm.cpp
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const std::string& kind, int64_t n);
