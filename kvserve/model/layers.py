@@ -18,26 +18,29 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.native = False  # True: the fused kernels of kvserve.kernels (CPU, set by the model)
 
-    def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-        """``out_dtype``: bf16 where a bf16 GEMM reads the output next (the cast fused into the norm)."""
+    def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None, out_rows: int = 0) -> torch.Tensor:
+        """``out_dtype``: bf16 where a bf16 GEMM reads the output next (the cast fused into the norm).
+        ``out_rows`` (more than x's): that many rows, zeros past x's: the GEMM's padded input
+        (``padded_rows``), written here instead of copied there."""
         if self.native:
-            return torch.ops.kvserve.rms_norm(x, self.weight, self.eps, out_dtype)
+            return torch.ops.kvserve.rms_norm(x, self.weight, self.eps, out_dtype, out_rows)
         # Normalise in float32 and cast back before the scale, exactly as the reference does.
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         y = self.weight * h.to(x.dtype)
-        return y if out_dtype is None else y.to(out_dtype)
+        y = y if out_dtype is None else y.to(out_dtype)
+        return y if out_rows <= y.shape[0] else torch.cat([y, y.new_zeros(out_rows - y.shape[0], y.shape[1])])
 
     def add_forward(self, residual: torch.Tensor, delta: torch.Tensor | None,
-                    out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                    out_dtype: torch.dtype | None = None, out_rows: int = 0) -> torch.Tensor:
         """residual += delta (in place; delta may be bf16 on a float32 residual), then the norm of the
         sum: one kernel, one pass for the add, where native. No delta: the norm alone."""
         if delta is None:
-            return self.forward(residual, out_dtype)
+            return self.forward(residual, out_dtype, out_rows)
         if self.native:
-            return torch.ops.kvserve.add_rms_norm(residual, delta, self.weight, self.eps, out_dtype)
+            return torch.ops.kvserve.add_rms_norm(residual, delta, self.weight, self.eps, out_dtype, out_rows)
         residual.add_(delta)
-        return self.forward(residual, out_dtype)
+        return self.forward(residual, out_dtype, out_rows)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:

@@ -39,11 +39,13 @@ class Attention(nn.Module):
                 and runs_amx(self.qkv, x) and attn.native_step(meta) is None)
 
     def forward(self, x, rope: RotaryStep, attn: AttentionBackend, meta: AttentionMetadata,
-                kv_cache: tuple[torch.Tensor, torch.Tensor], bf16: bool = False, rows: torch.Tensor | None = None):
+                kv_cache: tuple[torch.Tensor, torch.Tensor], bf16: bool = False, rows: torch.Tensor | None = None,
+                tokens: int | None = None):
         """``bf16`` (see ``runs_bf16``): x is the bf16 input of the qkv GEMM and the output is bf16.
-        ``rows``: every row's K/V is written but only these attend: the output is theirs."""
-        t = x.shape[0]
-        qkv = self.qkv(x, out_dtype=torch.bfloat16) if bf16 else self.qkv(x)
+        ``rows``: every row's K/V is written but only these attend: the output is theirs.
+        ``tokens``: the step's rows, where x has zero rows past them (the GEMM's padding)."""
+        t = x.shape[0] if tokens is None else tokens
+        qkv = (self.qkv(x, out_dtype=torch.bfloat16) if bf16 else self.qkv(x))[:t]
         q, k, v = qkv.split(self.split, dim=-1)
         q, k = rope.apply(q.view(t, self.num_heads, self.head_dim), k.view(t, self.num_kv_heads, self.head_dim))
         v = v.view(t, self.num_kv_heads, self.head_dim)
@@ -76,16 +78,18 @@ class DecoderLayer(nn.Module):
 
         On an AMX step the norms write bf16 (what the GEMMs read) and the GEMMs' bf16 outputs go
         into the float32 residual as they are: no conversion passes between them."""
+        t = h.shape[0]
         bf16_attn = self.self_attn.runs_bf16(h, attn, meta, kv_cache)
-        x = self.input_layernorm.add_forward(h, delta, torch.bfloat16 if bf16_attn else None)
-        x = self.self_attn(x, rope, attn, meta, kv_cache, bf16_attn, rows)
+        # the norms write the bf16 GEMMs' inputs already padded to the rows oneDNN gets (padded_rows)
+        x = self.input_layernorm.add_forward(h, delta, *((torch.bfloat16, padded_rows(t)) if bf16_attn else ()))
+        x = self.self_attn(x, rope, attn, meta, kv_cache, bf16_attn, rows, t)
         if rows is not None:
             h = h[rows]
             if not rows.numel():
                 return h, None
         bf16_mlp = self.mlp.native and runs_amx(self.mlp.gate_up, h)
-        x = self.post_attention_layernorm.add_forward(h, x, torch.bfloat16 if bf16_mlp else None)
-        return h, self.mlp(x)
+        x = self.post_attention_layernorm.add_forward(h, x, *((torch.bfloat16, padded_rows(h.shape[0])) if bf16_mlp else ()))
+        return h, self.mlp(x)[: h.shape[0]]
 
 
 class LlamaForCausalLM(nn.Module):

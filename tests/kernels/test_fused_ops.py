@@ -59,6 +59,11 @@ def test_norm_of_a_float32_stream_with_bf16_deltas_and_outputs(hidden):
     torch.testing.assert_close(n.add_forward(x.clone(), d), ref.add_forward(x.clone(), d.float()), atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(n(x, torch.bfloat16), ref(x).bfloat16(), atol=2e-2, rtol=2e-2)
     assert n.add_forward(x.clone(), None).dtype == torch.float32  # no delta: the norm alone
+    # out_rows: the GEMM's padded input, zeros past the rows
+    for norm in (n, ref):
+        padded = norm.add_forward(x.clone(), d, torch.bfloat16, 8)
+        assert padded.shape == (8, hidden) and not padded[6:].any()
+        torch.testing.assert_close(padded[:6], norm.add_forward(x.clone(), d, torch.bfloat16), atol=0, rtol=0)
     with pytest.raises(RuntimeError, match="out_dtype"):
         torch.ops.kvserve.rms_norm(x.bfloat16(), n.weight.bfloat16(), 1e-5, torch.float32)
     with pytest.raises(RuntimeError, match="delta"):

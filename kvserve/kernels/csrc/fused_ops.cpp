@@ -164,9 +164,10 @@ void norm_rows_parallel(const at::Tensor& x, const at::Tensor* delta, const at::
 }
 
 // residual (float32 or bf16) += delta (its dtype, or bf16 on a float32 residual) when given; returns
-// the norm as out_dtype (default: the residual's; bf16 allowed on a float32 residual)
+// the norm as out_dtype (default: the residual's; bf16 allowed on a float32 residual), out_rows rows
+// if more than the residual's (zeros past them)
 at::Tensor norm_impl(at::Tensor& x, const at::Tensor* delta, const at::Tensor& w, double eps,
-                     std::optional<at::ScalarType> out_dtype) {
+                     std::optional<at::ScalarType> out_dtype, int64_t out_rows) {
   const auto rt = x.scalar_type(), ot = out_dtype.value_or(rt);
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && w.is_contiguous() && w.dim() == 1 && x.size(1) == w.size(0) &&
                   w.scalar_type() == rt, "rms_norm: x [T, H] contiguous, w [H] of x's dtype");
@@ -175,7 +176,10 @@ at::Tensor norm_impl(at::Tensor& x, const at::Tensor* delta, const at::Tensor& w
   const auto dt = delta != nullptr ? delta->scalar_type() : rt;
   TORCH_CHECK(delta == nullptr || (delta->is_contiguous() && delta->sizes() == x.sizes() && (dt == rt || dt == at::kBFloat16)),
               "add_rms_norm: delta is contiguous, of the residual's shape, its dtype or bfloat16");
-  auto out = at::empty(x.sizes(), x.options().dtype(ot));
+  // out_rows > T: the output has that many rows, those past T zeros (a GEMM's padded input, no copy)
+  const int64_t t = x.size(0);
+  auto out = at::empty({std::max(out_rows, t), x.size(1)}, x.options().dtype(ot));
+  if (out.size(0) > t) out.narrow(0, t, out.size(0) - t).zero_();
   using F = float;
   using BF16 = vec::BF16;
   if (rt == at::kBFloat16) norm_rows_parallel<BF16, BF16, BF16>(x, delta, w, out, eps);
@@ -187,14 +191,15 @@ at::Tensor norm_impl(at::Tensor& x, const at::Tensor* delta, const at::Tensor& w
 }
 }  // namespace
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, std::optional<at::ScalarType> out_dtype) {
-  return norm_impl(const_cast<at::Tensor&>(x), nullptr, w, eps, out_dtype);  // no delta: x is only read
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, std::optional<at::ScalarType> out_dtype,
+                    int64_t out_rows) {
+  return norm_impl(const_cast<at::Tensor&>(x), nullptr, w, eps, out_dtype, out_rows);  // no delta: x is only read
 }
 
 // residual += delta (in place, one pass with the norm's sum of squares); returns rms_norm(residual)
 at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& delta, const at::Tensor& w, double eps,
-                        std::optional<at::ScalarType> out_dtype) {
-  return norm_impl(residual, &delta, w, eps, out_dtype);
+                        std::optional<at::ScalarType> out_dtype, int64_t out_rows) {
+  return norm_impl(residual, &delta, w, eps, out_dtype, out_rows);
 }
 
 // q: [T, heads, d], k: [T, kv_heads, d], rotated in place; cos, sin: float32 [max_pos, d]
@@ -398,9 +403,10 @@ at::Tensor sample_rows(const at::Tensor& x, const at::Tensor& inv_temp, const at
 TORCH_LIBRARY_FRAGMENT(kvserve, m) {
   m.def("argmax_rows(Tensor x) -> Tensor", &kvserve::argmax_rows);
   m.def("sample_rows(Tensor x, Tensor inv_temp, Tensor u) -> Tensor", &kvserve::sample_rows);
-  m.def("rms_norm(Tensor x, Tensor w, float eps, ScalarType? out_dtype=None) -> Tensor", &kvserve::rms_norm);
-  m.def("add_rms_norm(Tensor(a!) residual, Tensor delta, Tensor w, float eps, ScalarType? out_dtype=None) -> Tensor",
-        &kvserve::add_rms_norm);
+  m.def("rms_norm(Tensor x, Tensor w, float eps, ScalarType? out_dtype=None, int out_rows=0) -> Tensor",
+        &kvserve::rms_norm);
+  m.def("add_rms_norm(Tensor(a!) residual, Tensor delta, Tensor w, float eps, ScalarType? out_dtype=None, "
+        "int out_rows=0) -> Tensor", &kvserve::add_rms_norm);
   m.def("rotary_(Tensor(a!) q, Tensor(b!) k, Tensor positions, Tensor cos, Tensor sin) -> ()", &kvserve::rotary_);
   m.def("silu_mul(Tensor gu) -> Tensor", &kvserve::silu_mul);
   m.def("store_rows_(Tensor(a!) cache, Tensor slots, Tensor x) -> ()", &kvserve::store_rows_);

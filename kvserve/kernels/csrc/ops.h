@@ -11,9 +11,10 @@
 namespace kvserve {
 
 // fused_ops.cpp
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, std::optional<at::ScalarType> out_dtype);
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, std::optional<at::ScalarType> out_dtype,
+                    int64_t out_rows);
 at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& delta, const at::Tensor& w, double eps,
-                        std::optional<at::ScalarType> out_dtype);
+                        std::optional<at::ScalarType> out_dtype, int64_t out_rows);
 void rotary_(at::Tensor& q, at::Tensor& k, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin);
 at::Tensor silu_mul(const at::Tensor& gu);
 void store_rows_(at::Tensor& cache, const at::Tensor& slots, const at::Tensor& x);
