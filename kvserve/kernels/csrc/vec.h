@@ -191,48 +191,32 @@ inline float vsum(vf x) { return x; }
 inline float vhmax(vf x) { return x; }
 #endif
 
-// exp(x). Vector paths: 2^(x log2 e) split into an integer power (exponent bits) and 2^f,
-// |f| <= 1/2, by its degree-7 Taylor polynomial (relative error ~1e-8, below fp32's epsilon). x is
-// clamped to [-87, 88]: below, ~1e-38 instead of 0; above, ~1.6e38 instead of inf.
-inline vf vexp(vf x) {
+// exp(x). Vector paths: 2^(x log2 e) split into an integer power (exponent bits) and 2^f, |f| <= 1/2,
+// by its Taylor polynomial of degree Degree: 7 (vexp) is within ~1e-8 relative, below fp32's epsilon;
+// 5 (vexp_for_bf16) within ~3e-6, for results rounded to bf16 next (2^-9), where the two extra terms
+// only cost time (the bf16 MLP's silu). x is clamped to [-87, 88]: below, ~1e-38 instead of 0;
+// above, ~1.6e38 instead of inf.
+template <int Degree>
+inline vf vexp_taylor(vf x) {
 #if defined(__AVX2__) || defined(__AVX512F__)
+  static_assert(Degree >= 1 && Degree <= 7, "coefficients up to degree 7");
+  constexpr float c[8] = {1.0f, 6.931471805599453e-01f, 2.402265069591007e-01f, 5.550410866482158e-02f,
+                          9.618129107628477e-03f, 1.3333558146428443e-03f, 1.5403530393381606e-04f,
+                          1.525273380405984e-05f};  // ln(2)^k / k!
   x = vmin(vmax(x, vset1(-87.0f)), vset1(88.0f));
   vf t = vmul(x, vset1(1.4426950408889634f));
   vf n = vround(t);
   vf f = vfma(n, vset1(-1.0f), t);
-  vf p = vset1(1.525273380405984e-05f);
-  p = vfma(p, f, vset1(1.5403530393381606e-04f));
-  p = vfma(p, f, vset1(1.3333558146428443e-03f));
-  p = vfma(p, f, vset1(9.618129107628477e-03f));
-  p = vfma(p, f, vset1(5.550410866482158e-02f));
-  p = vfma(p, f, vset1(2.402265069591007e-01f));
-  p = vfma(p, f, vset1(6.931471805599453e-01f));
-  p = vfma(p, f, vset1(1.0f));
+  vf p = vset1(c[Degree]);
+#pragma GCC unroll 8
+  for (int k = Degree - 1; k >= 0; --k) p = vfma(p, f, vset1(c[k]));
   return vscale2(p, n);
 #else
   return std::exp(x);
 #endif
 }
-
-// exp(x) to ~3e-6 relative (degree-5 polynomial): for results rounded to bf16 next (2^-9), where the
-// full-precision exp's two extra terms only cost time (the bf16 MLP's silu).
-inline vf vexp_for_bf16(vf x) {
-#if defined(__AVX2__) || defined(__AVX512F__)
-  x = vmin(vmax(x, vset1(-87.0f)), vset1(88.0f));
-  vf t = vmul(x, vset1(1.4426950408889634f));
-  vf n = vround(t);
-  vf f = vfma(n, vset1(-1.0f), t);
-  vf p = vset1(1.3333558146428443e-03f);
-  p = vfma(p, f, vset1(9.618129107628477e-03f));
-  p = vfma(p, f, vset1(5.550410866482158e-02f));
-  p = vfma(p, f, vset1(2.402265069591007e-01f));
-  p = vfma(p, f, vset1(6.931471805599453e-01f));
-  p = vfma(p, f, vset1(1.0f));
-  return vscale2(p, n);
-#else
-  return std::exp(x);
-#endif
-}
+inline vf vexp(vf x) { return vexp_taylor<7>(x); }
+inline vf vexp_for_bf16(vf x) { return vexp_taylor<5>(x); }
 
 #if defined(__AVX2__) && !defined(__AVX512F__)
 // The 8 horizontal sums of a[0..7], as one vector.
