@@ -235,7 +235,7 @@ void store_rows_(at::Tensor& cache, const at::Tensor& slots, const at::Tensor& x
   char* dst = static_cast<char*>(cache.data_ptr());
   const char* src = static_cast<const char*>(x.data_ptr());
   const int64_t src_stride = x.stride(0) * x.element_size();
-  at::parallel_for(0, n, std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, row_bytes)), [&](int64_t t0, int64_t t1) {
+  at::parallel_for(0, n, grain_rows(x.size(1) * x.size(2)), [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) std::memcpy(dst + sp[t] * row_bytes, src + t * src_stride, row_bytes);
   });
 }
