@@ -36,7 +36,7 @@
 #include <limits>
 #include <vector>
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512BF16__)
 #include <immintrin.h>
 #define KVSERVE_FLASH_PREFILL 1
 #endif
@@ -53,17 +53,17 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-// 2^t for finite t: 2^round(t) (vscalefps, which flushes to 0 far below) times a degree-3 polynomial
-// of the fraction, fitted for relative error (< 8e-5 over [-1/2, 1/2], as the degree-4 Taylor
-// polynomial's 6e-5): under a twentieth of the bf16 rounding the probabilities get next.
+// 2^t for finite t: 2^floor(t) (vscalefps, which flushes to 0 far below) times a degree-3 polynomial
+// of the fraction t - floor(t) (vreduceps: one instruction), fitted for relative error (< 8e-5 over
+// [0, 1), as the degree-4 Taylor polynomial's 6e-5 over [-1/2, 1/2]): under a twentieth of the bf16
+// rounding the probabilities get next.
 inline __m512 exp2_fast(__m512 t) {
-  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(t, n);
-  __m512 p = _mm512_set1_ps(0.05518098f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24263459f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.69326131f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.99992620f));
-  return _mm512_scalef_ps(p, n);
+  const __m512 f = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 p = _mm512_set1_ps(0.07802423f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.22606723f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.69583370f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.99992518f));
+  return _mm512_scalef_ps(p, t);
 }
 
 inline __mmask16 first_lanes(int64_t n) {
@@ -241,65 +241,61 @@ class FlashPrefill {
   }
 
   // One row's n scores (the first `valid` are keys it may see): its probabilities as bf16 (zeros
-  // past `valid`) and its running sum (per lane: lanes[16], summed at the end). They are exp2(score - mx), mx the row's reference: the max of
-  // its first block (o null), kept for the later blocks as long as none exceeds it by more than
-  // kHeadroom. bf16 and float32 share their exponent range, so probabilities up to 2^kHeadroom lose
-  // nothing and need no max pass and no rescaling of the output; a block past that (rare: a score
-  // far above all of the first block's) moves the reference, rescales o and the sum, and is redone.
+  // past `valid`) and its running sum (per lane: lanes[16], summed at the end). They are
+  // exp2(score - mx), mx the row's reference: the max of its first block (o null), kept for the later
+  // blocks while their probabilities stay within 2^kHeadroom. bf16 and float32 share their exponent
+  // range, so such probabilities lose nothing and need no max pass and no rescaling of the output.
+  // The check costs no instruction in the loop: a lane of the block's own sums (at most 16
+  // probabilities) passes 16 * 2^kHeadroom only if one of them passed 2^kHeadroom (or overflowed).
+  // Such a block (rare: a score far above all of the first block's) moves the reference to its max,
+  // rescales o and the sum, and is redone.
   void softmax_block(const float* s, BF16* p, int64_t n, int64_t valid, float& mx, float* lanes, float* o) const {
     constexpr float kHeadroom = 64.f;
     const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
     const int64_t upto = std::min(valid, n);
-    if (o == nullptr) {
+    auto block_max = [&] {
       __m512 vmax = neg_inf;
       for (int64_t k = 0; k < upto; k += 16)
         vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(neg_inf, first_lanes(upto - k), s + k));
-      mx = _mm512_reduce_max_ps(vmax) * c_;
-    }
+      return _mm512_reduce_max_ps(vmax) * c_;
+    };
+    if (o == nullptr) mx = block_max();
     const __m512 cv = _mm512_set1_ps(c_);
     for (;;) {
       const __m512 mv = _mm512_set1_ps(mx);
-      __m512 sum = _mm512_loadu_ps(lanes), vmax = neg_inf;
-      __m512 sum2 = _mm512_setzero_ps(), vmax2 = neg_inf;
+      __m512 sum = _mm512_setzero_ps(), sum2 = _mm512_setzero_ps();
       int64_t k = 0;
       for (; k + 32 <= upto; k += 32) {  // two vectors a turn: two dependency chains, one bf16 conversion
-        const __m512 x0 = _mm512_loadu_ps(s + k), x1 = _mm512_loadu_ps(s + k + 16);
-        vmax = _mm512_max_ps(vmax, x0);
-        vmax2 = _mm512_max_ps(vmax2, x1);
-        const __m512 e0 = exp2_fast(_mm512_fmsub_ps(x0, cv, mv)), e1 = exp2_fast(_mm512_fmsub_ps(x1, cv, mv));
+        const __m512 e0 = exp2_fast(_mm512_fmsub_ps(_mm512_loadu_ps(s + k), cv, mv));
+        const __m512 e1 = exp2_fast(_mm512_fmsub_ps(_mm512_loadu_ps(s + k + 16), cv, mv));
         sum = _mm512_add_ps(sum, e0);
         sum2 = _mm512_add_ps(sum2, e1);
         _mm512_storeu_si512(p + k, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
       }
       sum = _mm512_add_ps(sum, sum2);
-      vmax = _mm512_max_ps(vmax, vmax2);
       for (; k + 16 <= upto; k += 16) {
-        const __m512 x = _mm512_loadu_ps(s + k);
-        vmax = _mm512_max_ps(vmax, x);
-        const __m512 e = exp2_fast(_mm512_fmsub_ps(x, cv, mv));
+        const __m512 e = exp2_fast(_mm512_fmsub_ps(_mm512_loadu_ps(s + k), cv, mv));
         sum = _mm512_add_ps(sum, e);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + k), (__m256i)_mm512_cvtneps_pbh(e));
       }
       if (k < upto) {
         const __mmask16 live = first_lanes(upto - k);
-        const __m512 x = _mm512_mask_loadu_ps(neg_inf, live, s + k);
-        vmax = _mm512_max_ps(vmax, x);
-        const __m512 e = _mm512_maskz_mov_ps(live, exp2_fast(_mm512_fmsub_ps(_mm512_maskz_mov_ps(live, x), cv, mv)));
+        const __m512 x = _mm512_maskz_loadu_ps(live, s + k);
+        const __m512 e = _mm512_maskz_mov_ps(live, exp2_fast(_mm512_fmsub_ps(x, cv, mv)));
         sum = _mm512_add_ps(sum, e);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + k), (__m256i)_mm512_cvtneps_pbh(e));
         k += 16;
       }
       for (; k < n; k += 16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + k), _mm256_setzero_si256());
-      // within the headroom in every lane (the usual case): no horizontal reductions at all
-      if (!_mm512_cmp_ps_mask(_mm512_fmsub_ps(vmax, cv, mv), _mm512_set1_ps(kHeadroom), _CMP_GT_OQ)) {
-        _mm512_storeu_ps(lanes, sum);
+      if (!_mm512_cmp_ps_mask(sum, _mm512_set1_ps(16.f * std::exp2(kHeadroom)), _CMP_GT_OQ)) {  // the usual case
+        _mm512_storeu_ps(lanes, _mm512_add_ps(_mm512_loadu_ps(lanes), sum));
         return;
       }
-      const float block_max = _mm512_reduce_max_ps(vmax) * c_;
-      const __m512 scale = _mm512_set1_ps(std::exp2(mx - block_max));
+      const float top = block_max();
+      const __m512 scale = _mm512_set1_ps(std::exp2(mx - top));
       _mm512_storeu_ps(lanes, _mm512_mul_ps(_mm512_loadu_ps(lanes), scale));
       for (int64_t c = 0; c < d_; c += 16) _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(o + c), scale));
-      mx = block_max;
+      mx = top;
     }
   }
 
