@@ -82,6 +82,34 @@ def test_only_the_listed_rows_are_written_and_strided_q_works():
     assert out[70:].isnan().all() and not out[:70].isnan().any()
 
 
+def test_sequences_sharing_a_prefix_share_its_packed_keys():
+    """RAG's shape: sequences whose tables begin with the same blocks (a shared document) pack those
+    keys once. Shared chunks must still be told apart where a sequence's keys stop inside one (1,125
+    and 1,130 keys end in the same block: fewer valid keys) or its table parts from the others."""
+    bs = 16
+    q, k, v, _, _, _ = make_case([(1, 1400)], heads=9, kv_heads=3, bs=bs, dtype=torch.bfloat16)  # 93 blocks of K/V
+    doc = list(range(0, 71))  # 71 blocks = 1,136 keys shared, then each sequence's own blocks
+    own = iter(range(71, 93))
+    seqs = [(300, 1200), (30, 1125), (81, 1130), (200, 1200), (40, 560), (1120, 1120)]
+    tables, info, row = [], [], 0
+    for n, ctx in seqs:
+        nb = -(-ctx // bs)
+        table = doc[:nb] + [next(own) for _ in range(max(0, nb - len(doc)))]
+        info.append([row, n, ctx, len(tables)])
+        tables += table
+        row += n
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(row, 9, 64, generator=g).bfloat16()
+    tables, info = torch.tensor(tables, dtype=torch.int32), torch.tensor(info, dtype=torch.int32)
+    got = run_flash(q, k, v, tables, info, bs)
+    torch.testing.assert_close(got.double(), reference(q, k, v, tables, info, bs), atol=2e-2, rtol=2e-2)
+    # each sequence alone gives the same rows (the chunks it shares are the chunks it would pack)
+    for s, (first, n, ctx, off) in enumerate(info.tolist()):
+        one = torch.tensor([[0, n, ctx, 0]], dtype=torch.int32)
+        alone = run_flash(q[first:first + n].contiguous(), k, v, tables[off:].contiguous(), one, bs)
+        assert torch.equal(alone, got[first:first + n]), s
+
+
 def test_repeatable():
     q, k, v, tables, info, bs = make_case([(300, 700), (64, 64)], heads=9, kv_heads=3, dtype=torch.bfloat16)
     first = run_flash(q, k, v, tables, info, bs)

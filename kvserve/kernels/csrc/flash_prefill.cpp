@@ -22,7 +22,9 @@
 //
 // Work: each (sequence, kv head) has its keys packed once per call into the brgemm's layouts (K
 // transposed and V with row pairs interleaved: bf16 pairs along the reduced dimension), padded to
-// kKeyAlign keys with zeros; then tasks of (sequence, kv head, up to 64 query tokens: 32 where more
+// kKeyAlign keys with zeros, in chunks of kBK keys: sequences that share a prefix's blocks share its
+// chunks (packed once), and every q . k^T has the same leading dimension (one brgemm kernel per
+// shape, whatever the context's length); then tasks of (sequence, kv head, up to 64 query tokens: 32 where more
 // than 4 query heads share a kv head), the costliest first, are taken by the threads from a shared
 // counter.
 #include "ops.h"
@@ -34,6 +36,7 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512BF16__)
@@ -73,7 +76,7 @@ inline __mmask16 first_lanes(int64_t n) {
 struct Seq {
   int64_t first, rows, ctx, table;  // seq_info's row
   int64_t keys;                     // ctx padded to kKeyAlign
-  int64_t packed;                   // offset of its kv heads' packed K and V (elements)
+  int64_t chunks;                   // its first entry in chunk_: kv head-major, then kBK-key blocks
   int64_t bq;                       // query tokens per task: its rows in even parts of at most max_bq_
 };
 
@@ -97,6 +100,9 @@ class FlashPrefill {
     const int64_t slots = k_cache.size(0), ntab = block_tables.numel(), T = q.size(0);
     const int32_t* info = seq_info.data_ptr<int32_t>();
     int64_t packed = 0;
+    // a chunk of K and V per (kv head, kBK keys) whose cache rows differ from every earlier one's:
+    // sequences that share a prefix (the same blocks in their tables) share its chunks
+    std::map<std::vector<int64_t>, int64_t> seen;
     for (int64_t s = 0; s < seq_info.size(0); ++s) {
       const int64_t first = info[4 * s], rows = info[4 * s + 1], ctx = info[4 * s + 2], table = info[4 * s + 3];
       TORCH_CHECK(rows >= 1 && first >= 0 && first + rows <= T && ctx >= rows, "flash_prefill: bad seq_info row ", s);
@@ -107,8 +113,19 @@ class FlashPrefill {
                     "flash_prefill: a block index is outside the cache");
       const int64_t keys = round_up(ctx, kKeyAlign), parts = (rows + max_bq_ - 1) / max_bq_;
       const int64_t bq = std::min(max_bq_, round_up((rows + parts - 1) / parts, kRowAlign));
-      seqs_.push_back({first, rows, ctx, table, keys, packed, bq});
-      packed += 2 * kv_heads_ * keys * d_;  // K then V per kv head
+      seqs_.push_back({first, rows, ctx, table, keys, static_cast<int64_t>(chunk_.size()), bq});
+      for (int64_t h = 0; h < kv_heads_; ++h)
+        for (int64_t j0 = 0; j0 < keys; j0 += kBK) {
+          const int64_t j1 = std::min(j0 + kBK, keys), valid = std::min(j1, ctx);
+          std::vector<int64_t> id = {h, j0, j1, valid};  // the rows' blocks and where the keys stop
+          for (int64_t b = j0 / bs_; b <= (valid - 1) / bs_; ++b) id.push_back(tables_[table + b]);
+          const auto [it, fresh] = seen.try_emplace(std::move(id), packed);
+          if (fresh) {
+            items_.push_back({s, h, j0, packed});
+            packed += 2 * kBK * d_;  // K, then V
+          }
+          chunk_.push_back(it->second);
+        }
       for (int64_t h = 0; h < kv_heads_; ++h)
         for (int64_t i0 = 0; i0 < rows; i0 += bq)
           tasks_.push_back({static_cast<int32_t>(s), static_cast<int32_t>(h), static_cast<int32_t>(i0 / bq),
@@ -119,13 +136,8 @@ class FlashPrefill {
   }
 
   void run() {
-    // pack: (sequence, kv head, kBK keys) items
-    std::vector<std::array<int64_t, 3>> items;
-    for (int64_t s = 0; s < static_cast<int64_t>(seqs_.size()); ++s)
-      for (int64_t h = 0; h < kv_heads_; ++h)
-        for (int64_t j0 = 0; j0 < seqs_[s].keys; j0 += kBK) items.push_back({s, h, j0});
-    at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) pack(items[i][0], items[i][1], items[i][2]);
+    at::parallel_for(0, static_cast<int64_t>(items_.size()), 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) pack(items_[i][0], items_[i][1], items_[i][2], items_[i][3]);
     });
     std::atomic<int64_t> next{0};
     at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
@@ -149,18 +161,20 @@ class FlashPrefill {
   };
   static inline thread_local Scratch tl_scratch;
 
-  BF16* packed_k(const Seq& s, int64_t h) const { return packed_.data_ptr<BF16>() + s.packed + 2 * h * s.keys * d_; }
-  BF16* packed_v(const Seq& s, int64_t h) const { return packed_k(s, h) + s.keys * d_; }
+  // (s, h)'s chunk of keys [j0, j0 + kBK): K then V
+  BF16* chunk(const Seq& s, int64_t h, int64_t j0) const {
+    return packed_.data_ptr<BF16>() + chunk_[s.chunks + h * ((s.keys + kBK - 1) / kBK) + j0 / kBK];
+  }
   const BF16* key_row(const BF16* cache, const Seq& s, int64_t h, int64_t j) const {
     return cache + ((tables_[s.table + j / bs_] * bs_ + j % bs_) * kv_heads_ + h) * d_;
   }
 
-  // keys [j0, j0 + kBK) of (s, h): K as [d / 2][keys][2] (K^T in bf16 pairs along d), V as
-  // [keys / 2][d][2] (pairs of consecutive keys); keys past the context are zeros.
-  void pack(int64_t si, int64_t h, int64_t j0) const {
+  // keys [j0, j0 + kBK) of (s, h) into the chunk at `at`: K as [d / 2][kBK][2] (K^T in bf16 pairs
+  // along d), V as [kBK / 2][d][2] (pairs of consecutive keys); keys past the context are zeros.
+  void pack(int64_t si, int64_t h, int64_t j0, int64_t at) const {
     const Seq& s = seqs_[si];
     const int64_t j1 = std::min(j0 + kBK, s.keys), pairs = d_ / 2;
-    uint32_t* kt = reinterpret_cast<uint32_t*>(packed_k(s, h));
+    uint32_t* kt = reinterpret_cast<uint32_t*>(packed_.data_ptr<BF16>() + at);
     for (int64_t j = j0; j < j1; j += 16) {  // 16 keys' rows gathered a bf16 pair at a time
       int64_t off[16];
       for (int k = 0; k < 16; ++k)
@@ -172,15 +186,15 @@ class FlashPrefill {
         const char* base = reinterpret_cast<const char*>(kc_) + 4 * p;
         const __m256i a = _mm512_mask_i64gather_epi32(_mm256_setzero_si256(), lo8, o0, base, 1);
         const __m256i b = _mm512_mask_i64gather_epi32(_mm256_setzero_si256(), hi8, o1, base, 1);
-        _mm512_storeu_si512(kt + p * s.keys + j, _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
+        _mm512_storeu_si512(kt + p * kBK + (j - j0), _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
       }
     }
     static const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
                                                6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
     static const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
-    BF16* vp = packed_v(s, h);
+    BF16* vp = packed_.data_ptr<BF16>() + at + kBK * d_;
     for (int64_t j = j0; j < j1; j += 2) {
-      BF16* dst = vp + j * d_;  // (j / 2) * d pairs of 2
+      BF16* dst = vp + (j - j0) * d_;  // ((j - j0) / 2) * d pairs of 2
       for (int64_t c = 0; c < d_; c += 32) {
         const __m512i a = j < s.ctx ? _mm512_loadu_si512(key_row(vc_, s, h, j) + c) : _mm512_setzero_si512();
         const __m512i b = j + 1 < s.ctx ? _mm512_loadu_si512(key_row(vc_, s, h, j + 1) + c) : _mm512_setzero_si512();
@@ -213,17 +227,16 @@ class FlashPrefill {
       }
     std::fill_n(sc.mx.begin(), m, -std::numeric_limits<float>::infinity());
     std::fill_n(sc.l.begin(), 16 * m, 0.f);
-    const BF16* kt = packed_k(s, t.head);
-    const BF16* vp = packed_v(s, t.head);
     for (int64_t j0 = 0; j0 < kend; j0 += kBK) {
       const int64_t n = std::min<int64_t>(kBK, round_up(kend - j0, kKeyAlign));
-      at::native::cpublas::brgemm(m, n, d, d, s.keys, kBK, false, sc.q.data(), kt + 2 * j0, sc.s.data(), true);
+      const BF16* kv = chunk(s, t.head, j0);
+      at::native::cpublas::brgemm(m, n, d, d, kBK, kBK, false, sc.q.data(), kv, sc.s.data(), true);
       for (int64_t r = 0; r < nq * G; ++r) {  // padding rows: whatever p holds (finite), outputs dropped
         const int64_t pos = start + i0 + r / G;
         softmax_block(sc.s.data() + r * kBK, sc.p.data() + r * kBK, n, pos - j0 + 1, sc.mx[r], sc.l.data() + 16 * r,
                       j0 > 0 ? sc.o.data() + r * d : nullptr);
       }
-      at::native::cpublas::brgemm(m, d, n, kBK, d, d, j0 > 0, sc.p.data(), vp + j0 * d, sc.o.data(), true);
+      at::native::cpublas::brgemm(m, d, n, kBK, d, d, j0 > 0, sc.p.data(), kv + kBK * d, sc.o.data(), true);
     }
     for (int64_t i = 0; i < nq; ++i)
       for (int64_t g = 0; g < G; ++g) {
@@ -311,6 +324,8 @@ class FlashPrefill {
   int64_t heads_ = 0, d_ = 0, kv_heads_ = 0, group_ = 0, max_bq_ = 0;
   std::vector<Seq> seqs_;
   std::vector<Task> tasks_;
+  std::vector<std::array<int64_t, 4>> items_;  // chunks to pack: (sequence, kv head, first key, offset)
+  std::vector<int64_t> chunk_;                 // every (sequence, kv head, block)'s chunk offset
   at::Tensor packed_;
 };
 #endif
