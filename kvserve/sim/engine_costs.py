@@ -44,6 +44,10 @@ class EngineCosts:
     overlap_host: bool = False  # the host prepares step n+1 while the GPU runs step n
     # ... and so a request sent during step n joins step n+2 at the earliest (SGLang's overlap event loop)
     late_admission: bool = False
+    # the front end (HTTP, tokenizing, handing the request to the scheduler) takes one request at a
+    # time: a burst reaches the scheduler spread out by this much per request and per prompt token
+    frontend_per_request_s: float = 0.0
+    frontend_per_token_s: float = 0.0
     # -- kernel launches
     graph_sizes: tuple[int, ...] = ()  # decode batch sizes with a captured CUDA graph
     launch_graph_s: float = 50e-6  # GPU-side cost of replaying one captured graph
@@ -84,7 +88,11 @@ ENGINE_COSTS: dict[str, EngineCosts] = {
                         source="https://blog.vllm.ai/2025/01/27/v1-alpha-release.html"),
     # SGLang: the overlap scheduler (on by default since v0.4) runs the CPU's scheduling of the next
     # batch while the GPU computes the current one: https://lmsys.org/blog/2024-12-04-sglang-v0-4/
+    # Its TokenizerManager (one process) parses, tokenizes and forwards each request in turn: ~1 ms a
+    # request and ~0.5 us a prompt token (a fast tokenizer's ~2M tokens/s) are assumed, not fitted
+    # (docs/simulator.md, session 20)
     "sglang": EngineCosts(overlap_host=True, late_admission=True, graph_sizes=SGLANG_GRAPH_SIZES,
+                          frontend_per_request_s=1e-3, frontend_per_token_s=0.5e-6,
                           source="https://lmsys.org/blog/2024-12-04-sglang-v0-4/"),
     # TensorRT-LLM (PyTorch backend): overlap scheduler on by default, CUDA graphs with padding:
     # https://nvidia.github.io/TensorRT-LLM/features/overlap-scheduler.html. Its executor loop would
@@ -104,11 +112,12 @@ ENGINE_COSTS["static"] = ENGINE_COSTS["vllm"]
 ENGINE_COSTS["trtllm-disagg"] = ENGINE_COSTS["trtllm"]
 
 FITTED_FIELDS = ("gemm_scale", "bandwidth_scale", "host_step_s", "host_per_seq_s", "allreduce_s")
-# Terms fitted for one engine only, where its published points determine them (none now). Tried in
-# session 13: SGLang's GEMM knee (gemm_half_tokens) refit with the rest went 128 -> 79 tokens and fixed
-# its small-batch TPOTs (+31% -> +3%), but the held-back max rose 36% -> 46% (cookbook c=100 mean
-# TTFT +46%): rejected, docs/simulator.md.
-ENGINE_FITTED_FIELDS: dict[str, tuple[str, ...]] = {}
+# Terms fitted for one engine only, where its published points determine them. SGLang's front-end time
+# per request (session 20): its bursts (bench_serving's concurrency-capped starts) reach the scheduler
+# spread out. Tried and rejected in session 13: SGLang's GEMM knee (gemm_half_tokens) refit with the
+# rest went 128 -> 79 tokens and fixed its small-batch TPOTs (+31% -> +3%), but the held-back max rose
+# 36% -> 46% (cookbook c=100 mean TTFT +46%): docs/simulator.md.
+ENGINE_FITTED_FIELDS: dict[str, tuple[str, ...]] = {"sglang": (*FITTED_FIELDS, "frontend_per_request_s")}
 
 
 def fitted_fields(engine: str) -> tuple[str, ...]:

@@ -189,13 +189,17 @@ def _replay(engine: Engine, runner: SimRunner, clock: VirtualClock, run: Run, hw
     arrivals = [(t0 + t, i, 0) for i, t in enumerate(starts)]
     heapq.heapify(arrivals)
     ready: deque[tuple[float, int, int]] = deque()  # arrived, waiting for a client slot
-    sent: deque[tuple[float, int, int]] = deque()  # sent, not yet seen by the scheduler
+    sent: deque[tuple[float, float, int, int]] = deque()  # sent, not yet seen by the scheduler: (seen, sent, ...)
     # the times client slots fell free (None: no concurrency cap); a request is sent at the later of
     # its arrival and the slot it takes
     free_slots: deque[float] | None = deque([t0] * max_concurrency) if max_concurrency else None
     # an overlap event loop (SGLang's) forms step n+1 while step n runs: a request sent during step
     # n joins step n+2 at the earliest; others pick up what arrived before the step
     late_admission = profile.costs.late_admission
+    # the engine's front end (HTTP, tokenizing, handing over) takes one request at a time: a burst of
+    # requests reaches the scheduler spread out, one per front-end time
+    frontend_s, frontend_token_s = profile.costs.frontend_per_request_s, profile.costs.frontend_per_token_s
+    frontend_free = t0
     last_step_start = t0
     rejected = 0
     records: dict[str, SimRecord] = {}
@@ -207,10 +211,12 @@ def _replay(engine: Engine, runner: SimRunner, clock: VirtualClock, run: Run, hw
             ready.append((t, si, ti))
         while ready and (free_slots is None or free_slots):
             t, si, ti = ready.popleft()
-            sent.append((t if free_slots is None else max(t, free_slots.popleft()), si, ti))
+            t = t if free_slots is None else max(t, free_slots.popleft())
+            frontend_free = max(t, frontend_free) + frontend_s + frontend_token_s * len(workload.sessions[si].turns[ti].prompt)
+            sent.append((frontend_free, t, si, ti))
         cutoff = last_step_start if late_admission and engine.has_unfinished() else clock.now
         while sent and sent[0][0] <= cutoff:
-            t, si, ti = sent.popleft()
+            _, t, si, ti = sent.popleft()
             turn = workload.sessions[si].turns[ti]
             rid = f"{run_index}:{si}:{ti}"
             try:
@@ -223,8 +229,8 @@ def _replay(engine: Engine, runner: SimRunner, clock: VirtualClock, run: Run, hw
                 continue
             records[rid] = SimRecord(t, len(turn.prompt), order=len(records))
         if not engine.has_unfinished():
-            if arrivals:
-                clock.now = max(clock.now, arrivals[0][0])
+            if arrivals or sent:  # idle until the next request arrives or gets through the front end
+                clock.now = max(clock.now, min(([arrivals[0][0]] if arrivals else []) + ([sent[0][0]] if sent else [])))
             continue
         before = last_step_start = clock.now
         for req in engine.step():
@@ -240,7 +246,8 @@ def _replay(engine: Engine, runner: SimRunner, clock: VirtualClock, run: Run, hw
                     heapq.heappush(arrivals, (clock.now, si, ti + 1))
         steps += 1
         if clock.now == before:  # nothing could be scheduled
-            if sent:  # requests the overlap scheduler has not seen yet: the cutoff has caught up
+            if sent:  # requests the scheduler has not seen yet: the cutoff has caught up, or the front end will
+                clock.now = max(clock.now, sent[0][0])
                 continue
             if arrivals:
                 clock.now = max(clock.now, arrivals[0][0])
