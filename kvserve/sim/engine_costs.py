@@ -88,8 +88,9 @@ ENGINE_COSTS: dict[str, EngineCosts] = {
                         source="https://blog.vllm.ai/2025/01/27/v1-alpha-release.html"),
     # SGLang: the overlap scheduler (on by default since v0.4) runs the CPU's scheduling of the next
     # batch while the GPU computes the current one: https://lmsys.org/blog/2024-12-04-sglang-v0-4/
-    # Its TokenizerManager (one process) parses, tokenizes and forwards each request in turn: ~1 ms a
-    # request and ~0.5 us a prompt token (a fast tokenizer's ~2M tokens/s) are assumed, not fitted
+    # Its TokenizerManager (one process) parses, tokenizes and forwards each request in turn. The
+    # catalog assumes ~1 ms a request and ~0.5 us a prompt token (a fast tokenizer's ~2M tokens/s); the
+    # per-request time is then fitted (fitted_terms.json: 1.09 ms), the per-token one is not
     # (docs/simulator.md, session 20)
     "sglang": EngineCosts(overlap_host=True, late_admission=True, graph_sizes=SGLANG_GRAPH_SIZES,
                           frontend_per_request_s=1e-3, frontend_per_token_s=0.5e-6,

@@ -212,7 +212,8 @@ def _replay(engine: Engine, runner: SimRunner, clock: VirtualClock, run: Run, hw
         while ready and (free_slots is None or free_slots):
             t, si, ti = ready.popleft()
             t = t if free_slots is None else max(t, free_slots.popleft())
-            frontend_free = max(t, frontend_free) + frontend_s + frontend_token_s * len(workload.sessions[si].turns[ti].prompt)
+            prompt_len = len(workload.sessions[si].turns[ti].prompt)
+            frontend_free = max(t, frontend_free) + frontend_s + frontend_token_s * prompt_len
             sent.append((frontend_free, t, si, ti))
         cutoff = last_step_start if late_admission and engine.has_unfinished() else clock.now
         while sent and sent[0][0] <= cutoff:

@@ -24,9 +24,9 @@
 // transposed and V with row pairs interleaved: bf16 pairs along the reduced dimension), padded to
 // kKeyAlign keys with zeros, in chunks of kBK keys: sequences that share a prefix's blocks share its
 // chunks (packed once), and every q . k^T has the same leading dimension (one brgemm kernel per
-// shape, whatever the context's length); then tasks of (sequence, kv head, up to 64 query tokens: 32 where more
-// than 4 query heads share a kv head), the costliest first, are taken by the threads from a shared
-// counter.
+// shape, whatever the context's length). Then tasks of (sequence, kv head, up to 64 query tokens:
+// 32 where more than 4 query heads share a kv head), the costliest first, are taken by the threads
+// from a shared counter.
 #include "ops.h"
 
 #include <ATen/native/CPUBlas.h>
