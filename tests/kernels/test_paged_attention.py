@@ -161,7 +161,8 @@ def test_split_decode_shapes(threads, heads, kv_heads, d, bs):
 @pytest.mark.parametrize("heads, kv_heads, bs", [(8, 1, 16), (10, 2, 32), (6, 3, 4), (12, 2, 7), (9, 3, 16)])
 def test_bfloat16_cache_decodes_every_group_and_block_size(heads, kv_heads, bs):
     # decodes over a bf16 cache (on AVX512-BF16 CPUs the pair-dot decode path: up to 4 query heads of a
-    # kv head at a time, 16 keys at a time, keys past the context masked): query-head groups of 1-6,
+    # kv head at a time, 16 keys at a time, keys past the context masked; on AMX CPUs, blocks of 16
+    # and 32 keys run on tiles instead, amx_decode.h): query-head groups of 1-6,
     # blocks shorter and longer than 16 keys, odd fills; the cache's slots no context covers hold NaN,
     # which a masked key must not let through
     seqs = [(1, c) for c in (1, 2, 15, 16, 17, 31, 33, 100, 257)]
@@ -177,6 +178,31 @@ def test_bfloat16_cache_decodes_every_group_and_block_size(heads, kv_heads, bs):
     # bf16 pair dots: q and the probabilities rounded to bf16 (see test_float32_q_with_bfloat16_kv)
     tol = dict(atol=1e-2, rtol=1e-2) if torch.ops.kvserve.bf16_dot_attention() else dict(atol=2e-5, rtol=2e-5)
     torch.testing.assert_close(got.double(), want, **tol)
+
+
+@pytest.mark.parametrize("heads, kv_heads, bs", [(9, 3, 16), (16, 4, 16), (32, 4, 32), (12, 1, 16)])
+def test_decodes_on_amx_tiles_follow_scores_that_rise_along_the_context(heads, kv_heads, bs):
+    # AMX CPUs: a decode's 16 query rows at most (kv heads grouped to fit) on tiles, 32 keys a step.
+    # The keys lean ever further along the queries' common direction, so each step's scores pass the
+    # running max by far more than its slack: O and the sums are rescaled again and again, and the
+    # weight ends on the last keys. Unused slots hold NaN, which the padded key rows must not let through.
+    if not torch.ops.kvserve.amx_decode_attention():
+        pytest.skip("no AMX decode attention in this build")
+    seqs = [(1, c) for c in (1, 16, 17, 32, 33, 100, 300)]
+    q, k, v, tables, info, bs = make_case(seqs, heads=heads, kv_heads=kv_heads, bs=bs, d=64)
+    direction = torch.randn(64, generator=torch.Generator().manual_seed(1))
+    q = q * 0.1 + direction
+    used = torch.zeros(k.shape[0], dtype=torch.bool)
+    for _, _, ctx, offset in info.tolist():
+        table = tables[offset:].tolist()
+        slots = [table[p // bs] * bs + p % bs for p in range(ctx)]
+        used[slots] = True
+        k[slots] = k[slots] * 0.1 + 0.05 * torch.arange(ctx, dtype=torch.float32)[:, None, None] * direction
+    k[~used], v[~used] = float("nan"), float("nan")
+    kb, vb = k.bfloat16(), v.bfloat16()
+    got = run_op(q, kb, vb, tables, info, bs)
+    want = reference(q, kb.float().nan_to_num(), vb.float().nan_to_num(), tables, info, bs)
+    torch.testing.assert_close(got.double(), want, atol=1e-2, rtol=1e-2)
 
 
 @pytest.mark.parametrize("threads", [2, 4], indirect=True)

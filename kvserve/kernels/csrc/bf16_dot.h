@@ -133,12 +133,17 @@ inline void decode_keys_bf16(const uint16_t* q, const BF16* k, const BF16* v, in
 inline float sum16(const float* x) { return _mm512_reduce_add_ps(_mm512_loadu_ps(x)); }
 
 // acc [DS] from pair_rows' order (position 16 z + k: dim 32 (z / 2) + 8 (k / 4) + 4 (z % 2) + k % 4) to dims
+// in registers: vectors 2c and 2c + 1 hold dims 32c.. as 4-dim quarters a0 b0 a1 b1 | a2 b2 a3 b3 of
+// the two; scattered scalar stores read back as vectors would stall on store forwarding instead
 template <int DS>
 inline void unpermute_bf16(float* acc) {
-  float tmp[DS];
-  for (int z = 0; z < DS / 16; ++z)
-    for (int k = 0; k < 16; ++k) tmp[32 * (z / 2) + 8 * (k / 4) + 4 * (z % 2) + k % 4] = acc[16 * z + k];
-  std::copy(tmp, tmp + DS, acc);
+  const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i hi = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (int c = 0; c < DS / 32; ++c) {
+    const __m512 a = _mm512_loadu_ps(acc + 32 * c), b = _mm512_loadu_ps(acc + 32 * c + 16);
+    _mm512_storeu_ps(acc + 32 * c, _mm512_permutex2var_ps(a, lo, b));
+    _mm512_storeu_ps(acc + 32 * c + 16, _mm512_permutex2var_ps(a, hi, b));
+  }
 }
 #else
 constexpr bool kBF16Dot = false;

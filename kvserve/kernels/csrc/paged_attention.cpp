@@ -17,6 +17,7 @@
 // many short ones do not leave threads idle. A decode that is a large share of the call (few
 // sequences, long context) is also split along its keys into parts run as separate items, whose
 // softmax states are merged afterwards (flash-decoding; see paged_attention()).
+#include "amx_decode.h"
 #include "bf16_dot.h"
 #include "ops.h"
 #include "vec.h"
@@ -39,6 +40,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 using namespace kvserve::vec;
 using namespace kvserve::bf16dot;
+namespace amxdecode = kvserve::amxdecode;
 
 template <typename T>
 inline float to_f32(T x) { return static_cast<float>(x); }
@@ -279,23 +281,40 @@ void run_item(const Args& a, const Item& it, Scratch& sc, const Item* next) {
   // the block's own arithmetic waits: 30 layers of 64 decodes over a scattered, cold bf16 cache take
   // ~16 ms so and ~14.3 ms spread; over a fresh engine's contiguous tables, the same (session 17).
   const int nh = it.h1 - it.h0;
-  auto prefetch_next = [&](int kb, int hh) {
+  // rows [rows * part / parts, rows * (part + 1) / parts) of the block holding key x; past this
+  // item's blocks, x continues into the next item's keys
+  auto prefetch_part = [&](int x, int part, int parts) {
     int32_t blk, rows, h0 = it.h0, heads = nh;
-    if (kb + bs < n_keys) {
-      blk = table[kb / bs + 1], rows = std::min(bs, n_keys - kb - bs);
+    if (x < n_keys) {
+      blk = table[x / bs], rows = std::min(bs, n_keys - x / bs * bs);
     } else {
       if (next == nullptr) return;
+      const int end = it.k0 + (n_keys - it.k0 + bs - 1) / bs * bs;  // past this item's last block
       const int32_t* ninfo = a.info + 4 * next->seq;
-      rows = std::min(bs, std::min(ninfo[2] - ninfo[1] + next->t1, next->k1) - next->k0);
-      blk = a.tables[ninfo[3] + next->k0 / bs], h0 = next->h0, heads = next->h1 - next->h0;
+      const int nx = next->k0 + (x - end), nn = std::min(ninfo[2] - ninfo[1] + next->t1, next->k1);
+      if (nx >= nn) return;
+      rows = std::min(bs, nn - nx / bs * bs);
+      blk = a.tables[ninfo[3] + nx / bs], h0 = next->h0, heads = next->h1 - next->h0;
     }
-    const int j0 = rows * hh / nh, j1 = rows * (hh + 1) / nh;
+    const int j0 = rows * part / parts, j1 = rows * (part + 1) / parts;
     prefetch_block(a, static_cast<int64_t>(blk) * bs * kstride + h0 * d + j0 * kstride, j1 - j0,
                    kstride, heads * d * static_cast<int64_t>(sizeof(TKV)), static_cast<const TKV*>(nullptr));
   };
+  // a kv head's share of the block after the one at key kb (kb on a block boundary)
+  auto prefetch_next = [&](int kb, int hh) { prefetch_part(kb + bs, hh, nh); };
   bool done = false;
+  if constexpr (kDot && amxdecode::kAmxDecode && DS == 64) {
+    if (it.t1 - it.t0 == 1 && bs % 16 == 0 && R <= 16 && amxdecode::ready()) {  // on AMX tiles
+      float* lv = sc.lv.data();
+      std::fill(lv, lv + R * 16, 0.f);
+      amxdecode::attend(sc.qh.data(), G, nh, static_cast<const BF16*>(a.k), static_cast<const BF16*>(a.v), table, bs,
+                        kstride, it.h0, it.k0, n_keys, m, lv, acc, prefetch_part);
+      for (int r = 0; r < R; ++r) l[r] = sum16(lv + 16 * r);
+      done = true;
+    }
+  }
   if constexpr (kDot) {
-    if (it.t1 - it.t0 == 1) {  // one token (a decode): every head of a kv head at once, 16 keys at a time
+    if (it.t1 - it.t0 == 1 && !done) {  // one token (a decode): every head of a kv head at once, 16 keys at a time
       float* lv = sc.lv.data();
       std::fill(lv, lv + R * 16, 0.f);
       for (int kb = it.k0; kb < n_keys; kb += bs) {
@@ -411,7 +430,11 @@ template <int DS, typename TQ, typename TKV>
 void run_items(const Args& a, const std::vector<Item>& items, int64_t i0, int64_t i1) {
   Scratch& sc = tl_scratch;
   sc.fit(std::max<int64_t>(kTile, a.kv_heads) * (a.heads / a.kv_heads), a.d, a.bs);
+  constexpr bool kTiles = kBF16Dot && amxdecode::kAmxDecode && DS == 64 && std::is_same_v<TKV, BF16>;
+  const bool tiles = kTiles && amxdecode::ready();
+  if (tiles) amxdecode::configure();  // decode items run on AMX tiles (amx_decode.h)
   for (int64_t i = i0; i < i1; ++i) run_item<DS, TQ, TKV>(a, items[i], sc, i + 1 < i1 ? &items[i + 1] : nullptr);
+  if (tiles) amxdecode::release();
 }
 
 using RunItems = void (*)(const Args&, const std::vector<Item>&, int64_t, int64_t);
@@ -517,6 +540,10 @@ PagedAttentionPlan::PagedAttentionPlan(const at::Tensor& out, const at::Tensor& 
   // so every thread has items. Multi-token items take one kv head and a tile of tokens.
   int64_t hp = kv_heads;
   while (hp > 1 && S * ((kv_heads + hp - 1) / hp) < 4 * threads) --hp;
+  // AMX tiles take up to 16 query rows: as many kv heads as fit (amx_decode.h)
+  if (k_cache.scalar_type() == at::kBFloat16 && d == 64 && block_size % 16 == 0 && kBF16Dot && amxdecode::kAmxDecode &&
+      amxdecode::ready())
+    hp = std::min<int64_t>(hp, std::max<int64_t>(1, 16 / (heads / kv_heads)));
   // Flash-decoding (split-K). A decode's work is one pass over its context: with few sequences
   // the items above are too few to balance (3 kv heads on 2 threads: one thread does 2/3), and
   // each streams its K/V from memory one block after another. So a decode costing more than half
@@ -617,6 +644,7 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
 
 namespace {
 bool bf16_dot_attention() { return kBF16Dot; }
+bool amx_decode_attention() { return kBF16Dot && amxdecode::kAmxDecode && amxdecode::ready(); }
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(kvserve, m) {
@@ -625,4 +653,6 @@ TORCH_LIBRARY_FRAGMENT(kvserve, m) {
   m.def("paged_attention(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor seq_info, int block_size, float scale, Tensor? k_scale=None, Tensor? v_scale=None) -> ()",
         &kvserve::paged_attention);
+  // whether decodes over a bfloat16 cache (head size 64) run on AMX tiles (amx_decode.h)
+  m.def("amx_decode_attention() -> bool", &amx_decode_attention);
 }
