@@ -230,8 +230,9 @@ def _replay(engine: Engine, runner: SimRunner, clock: VirtualClock, run: Run, hw
                 continue
             records[rid] = SimRecord(t, len(turn.prompt), order=len(records))
         if not engine.has_unfinished():
-            if arrivals or sent:  # idle until the next request arrives or gets through the front end
-                clock.now = max(clock.now, min(([arrivals[0][0]] if arrivals else []) + ([sent[0][0]] if sent else [])))
+            # idle until the next request arrives or gets through the front end
+            if upcoming := [queue[0][0] for queue in (arrivals, sent) if queue]:
+                clock.now = max(clock.now, min(upcoming))
             continue
         before = last_step_start = clock.now
         for req in engine.step():

@@ -17,6 +17,7 @@
 #pragma once
 #include "bf16_dot.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -128,10 +129,28 @@ void attend(const uint16_t* q, int G, int nh, const BF16* k_cache, const BF16* v
     }
   }
   std::memset(pt, 0, nh * 16 * sizeof(__m512i));  // P's rows of other kv heads stay zero
-  _tile_zero(4);
-  _tile_zero(5);
-  _tile_zero(6);
-  _tile_zero(7);
+  auto zero_o = [] {
+    _tile_zero(4);
+    _tile_zero(5);
+    _tile_zero(6);
+    _tile_zero(7);
+  };
+  // O's tiles added into acc, each row then scaled by alpha[r] (as lv is), and the tiles zeroed
+  auto fold_o = [&](const float* alpha) {
+    _tile_stored(4, sc.o[0], 64);
+    _tile_stored(5, sc.o[1], 64);
+    _tile_stored(6, sc.o[2], 64);
+    _tile_stored(7, sc.o[3], 64);
+    for (int r = 0; r < R; ++r) {
+      const __m512 a = _mm512_set1_ps(alpha[r]);
+      for (int z = 0; z < 4; ++z)
+        _mm512_storeu_ps(acc + r * D + 16 * z,
+                         _mm512_mul_ps(_mm512_add_ps(_mm512_loadu_ps(acc + r * D + 16 * z), _mm512_loadu_ps(sc.o[z][r])), a));
+      _mm512_storeu_ps(lv + 16 * r, _mm512_mul_ps(_mm512_loadu_ps(lv + 16 * r), a));
+    }
+    zero_o();
+  };
+  zero_o();
   const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
   const int64_t row_bytes = kstride * static_cast<int64_t>(sizeof(BF16));
   for (int kb = k0; kb < n_keys; kb += 32) {
@@ -144,11 +163,11 @@ void attend(const uint16_t* q, int G, int nh, const BF16* k_cache, const BF16* v
       kg[g] = k_cache + slot * kstride + h0 * D;
       vg[g] = v_cache + slot * kstride + h0 * D;
     }
-    // S^T of each group of 16 keys, every kv head's product into one tile
     // the next step's keys, a sixth before each stage of this one's work: issued at once, the
     // requests past the core's miss buffers stall it until earlier ones arrive, so they are spread
     auto fetch_ahead = [&](int stage) { prefetch(kb + 32 + 16 * (stage / 3), stage % 3, 3); };
     fetch_ahead(0);
+    // S^T of each group of 16 keys, every kv head's product into one tile
     _tile_zero(0);
     _tile_zero(3);
     for (int hh = 0; hh < nh; ++hh)
@@ -205,23 +224,7 @@ void attend(const uint16_t* q, int G, int nh, const BF16* k_cache, const BF16* v
         moved = true;
       }
     }
-    if (moved) {
-      _tile_stored(4, sc.o[0], 64);
-      _tile_stored(5, sc.o[1], 64);
-      _tile_stored(6, sc.o[2], 64);
-      _tile_stored(7, sc.o[3], 64);
-      for (int r = 0; r < R; ++r) {
-        const __m512 a = _mm512_set1_ps(alpha[r]);
-        for (int z = 0; z < 4; ++z)
-          _mm512_storeu_ps(acc + r * D + 16 * z,
-                           _mm512_mul_ps(_mm512_add_ps(_mm512_loadu_ps(acc + r * D + 16 * z), _mm512_loadu_ps(sc.o[z][r])), a));
-        _mm512_storeu_ps(lv + 16 * r, _mm512_mul_ps(_mm512_loadu_ps(lv + 16 * r), a));
-      }
-      _tile_zero(4);
-      _tile_zero(5);
-      _tile_zero(6);
-      _tile_zero(7);
-    }
+    if (moved) fold_o(alpha);
     fetch_ahead(4);
     // p = exp(s - m), summed per lane, and as bf16 into row r of its kv head's P
     for (int r = 0; r < R; ++r) {
@@ -244,13 +247,8 @@ void attend(const uint16_t* q, int G, int nh, const BF16* k_cache, const BF16* v
       _tile_dpbf16ps(7, 3, 1);
     }
   }
-  _tile_stored(4, sc.o[0], 64);
-  _tile_stored(5, sc.o[1], 64);
-  _tile_stored(6, sc.o[2], 64);
-  _tile_stored(7, sc.o[3], 64);
-  for (int r = 0; r < R; ++r)
-    for (int z = 0; z < 4; ++z)
-      _mm512_storeu_ps(acc + r * D + 16 * z, _mm512_add_ps(_mm512_loadu_ps(acc + r * D + 16 * z), _mm512_loadu_ps(sc.o[z][r])));
+  static constexpr float kOnes[16] = {1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f};
+  fold_o(kOnes);  // x 1 is exact: acc += O
 }
 #else
 constexpr bool kAmxDecode = false;
@@ -261,6 +259,12 @@ template <class Prefetch>
 void attend(const uint16_t*, int, int, const BF16*, const BF16*, const int32_t*, int, int64_t, int, int, int, float*,
             float*, float*, Prefetch&&) {}
 #endif
+
+// Whether a call's decodes run here: a bf16 cache, head size 64, blocks of whole 16-key groups, and
+// the tile state granted
+inline bool usable(bool bf16_cache, int64_t d, int64_t block_size) {
+  return kAmxDecode && bf16_cache && d == 64 && block_size % 16 == 0 && ready();
+}
 
 }  // namespace amxdecode
 }  // namespace kvserve

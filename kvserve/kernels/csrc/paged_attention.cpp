@@ -304,7 +304,7 @@ void run_item(const Args& a, const Item& it, Scratch& sc, const Item* next) {
   auto prefetch_next = [&](int kb, int hh) { prefetch_part(kb + bs, hh, nh); };
   bool done = false;
   if constexpr (kDot && amxdecode::kAmxDecode && DS == 64) {
-    if (it.t1 - it.t0 == 1 && bs % 16 == 0 && R <= 16 && amxdecode::ready()) {  // on AMX tiles
+    if (it.t1 - it.t0 == 1 && R <= 16 && amxdecode::usable(true, d, bs)) {  // on AMX tiles
       float* lv = sc.lv.data();
       std::fill(lv, lv + R * 16, 0.f);
       amxdecode::attend(sc.qh.data(), G, nh, static_cast<const BF16*>(a.k), static_cast<const BF16*>(a.v), table, bs,
@@ -430,8 +430,7 @@ template <int DS, typename TQ, typename TKV>
 void run_items(const Args& a, const std::vector<Item>& items, int64_t i0, int64_t i1) {
   Scratch& sc = tl_scratch;
   sc.fit(std::max<int64_t>(kTile, a.kv_heads) * (a.heads / a.kv_heads), a.d, a.bs);
-  constexpr bool kTiles = kBF16Dot && amxdecode::kAmxDecode && DS == 64 && std::is_same_v<TKV, BF16>;
-  const bool tiles = kTiles && amxdecode::ready();
+  const bool tiles = amxdecode::usable(std::is_same_v<TKV, BF16>, a.d, a.bs);
   if (tiles) amxdecode::configure();  // decode items run on AMX tiles (amx_decode.h)
   for (int64_t i = i0; i < i1; ++i) run_item<DS, TQ, TKV>(a, items[i], sc, i + 1 < i1 ? &items[i + 1] : nullptr);
   if (tiles) amxdecode::release();
@@ -541,8 +540,7 @@ PagedAttentionPlan::PagedAttentionPlan(const at::Tensor& out, const at::Tensor& 
   int64_t hp = kv_heads;
   while (hp > 1 && S * ((kv_heads + hp - 1) / hp) < 4 * threads) --hp;
   // AMX tiles take up to 16 query rows: as many kv heads as fit (amx_decode.h)
-  if (k_cache.scalar_type() == at::kBFloat16 && d == 64 && block_size % 16 == 0 && kBF16Dot && amxdecode::kAmxDecode &&
-      amxdecode::ready())
+  if (amxdecode::usable(k_cache.scalar_type() == at::kBFloat16, d, block_size))
     hp = std::min<int64_t>(hp, std::max<int64_t>(1, 16 / (heads / kv_heads)));
   // Flash-decoding (split-K). A decode's work is one pass over its context: with few sequences
   // the items above are too few to balance (3 kv heads on 2 threads: one thread does 2/3), and
@@ -644,7 +642,7 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
 
 namespace {
 bool bf16_dot_attention() { return kBF16Dot; }
-bool amx_decode_attention() { return kBF16Dot && amxdecode::kAmxDecode && amxdecode::ready(); }
+bool amx_decode_attention() { return amxdecode::ready(); }
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(kvserve, m) {
