@@ -161,9 +161,10 @@ def _timed(fn: Callable[[], None], min_time_s: float, repeats: int) -> float:
     return median(out)
 
 
-def make_linear(weight: Any, bias: Any, fmt: str | None = None) -> Callable[[Any], Any]:
+def make_linear(weight: Any, bias: Any, fmt: str | None = None, decoder: bool = False) -> Callable[[Any], Any]:
     """The engine's kernel for this weight: QuantLinear in a quantized format, PackedLinear where
-    packing is supported, else F.linear."""
+    packing is supported, else F.linear. A quantized ``decoder`` linear has the tile copy the model's
+    decoder layers have on an AMX CPU."""
     import torch
 
     from kvserve.model.layers import PackedLinear, cpu_packing_supported
@@ -172,30 +173,51 @@ def make_linear(weight: Any, bias: Any, fmt: str | None = None) -> Callable[[Any
         from kvserve.model.quant import quantize
         from kvserve.model.quant_linear import QuantLinear
 
-        return QuantLinear(quantize(weight.float(), fmt), bias, weight.dtype)
+        return QuantLinear(quantize(weight.float(), fmt), bias, weight.dtype, tiles=decoder)
     if cpu_packing_supported(weight.dtype):
         return PackedLinear(weight, bias)
     return lambda x: torch.nn.functional.linear(x, weight, bias)
 
 
+def held_bytes(kernel: Any, shape: LinearShape, dtype: Any) -> int:
+    """Bytes of the weight a many-row input makes ``kernel`` read: a QuantLinear's bf16 copy (tile or
+    oneDNN, on AMX CPUs), else its packed quantized weight; any other linear's in ``dtype``."""
+    import torch
+
+    from kvserve.model.quant_linear import QuantLinear
+
+    if isinstance(kernel, QuantLinear):
+        if kernel.tiles is not None or kernel.amx is not None:
+            return 2 * shape.n * shape.k
+        if kernel.packed is not None:
+            return kernel.packed.numel()
+    return shape.n * shape.k * torch.empty((), dtype=dtype).element_size()
+
+
 def measure_gemms(cfg: ModelConfig, dtype: Any, rows: list[int], repeats: int, min_time_s: float = 0.05,
                   cold_mib: int = COLD_MIB, formats: dict[str, str | None] | None = None) -> dict[int, dict[str, float]]:
     """Seconds per call of each linear at each row count. Decoder linears cycle through several
-    layers' worth of distinct weights (up to ``cold_mib``), so a weight is not cache-hot on every call."""
+    layers' worth of distinct weights (up to ``cold_mib`` of what their kernels read, at most one per
+    layer), so a weight is not cache-hot on every call, as in a step."""
     import torch
 
     shapes = linear_shapes(cfg)
-    esize = torch.empty((), dtype=dtype).element_size()
-    layer_bytes = sum(s.k * s.n for s in shapes if s.count > 1) * esize
-    copies = max(1, min(cfg.num_hidden_layers, math.ceil(cold_mib * 2**20 / max(layer_bytes, 1))))
     gen = torch.Generator().manual_seed(0)
     kernels: dict[str, list[Callable[[Any], Any]]] = {}
     with torch.inference_mode():
+        def build(s: LinearShape) -> Callable[[Any], Any]:
+            return make_linear(torch.randn(s.n, s.k, generator=gen).mul_(0.02).to(dtype),
+                               torch.zeros(s.n, dtype=dtype) if s.bias else None, (formats or {}).get(s.name),
+                               decoder=s.count > 1)
+
         for s in shapes:
-            n_copies = copies if s.count > 1 else 1
-            kernels[s.name] = [make_linear(torch.randn(s.n, s.k, generator=gen).mul_(0.02).to(dtype),
-                                           torch.zeros(s.n, dtype=dtype) if s.bias else None, (formats or {}).get(s.name))
-                               for _ in range(n_copies)]
+            kernels[s.name] = [build(s)]
+        # as many layers' worth of copies as fill cold_mib, in the bytes the kernels read
+        layer_bytes = sum(held_bytes(kernels[s.name][0], s, dtype) for s in shapes if s.count > 1)
+        copies = max(1, min(cfg.num_hidden_layers, math.ceil(cold_mib * 2**20 / max(layer_bytes, 1))))
+        for s in shapes:
+            if s.count > 1:
+                kernels[s.name] += [build(s) for _ in range(copies - 1)]
         result: dict[int, dict[str, float]] = {}
         for m in rows:
             result[m] = {}

@@ -131,7 +131,7 @@ class LlamaForCausalLM(nn.Module):
                 _set_module(model, path, QuantEmbedding(qw, dtype))
             else:
                 bias = _fused_bias(cfg, weights, path)
-                _set_module(model, path, QuantLinear(qw, bias, dtype))
+                _set_module(model, path, QuantLinear(qw, bias, dtype, tiles=path != "lm_head"))
         if device.type == "cpu" and cpu_packing_supported(dtype):
             model.pack_for_cpu()
         if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
@@ -194,8 +194,9 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def warm_up(self, max_rows: int, max_sampled_rows: int) -> int:
-        """Runs zeros once through each distinct shape of the AMX linears at every row count
-        ``padded_rows`` hands them, AMX_MIN_ROWS to ``max_rows`` (the LM head: to ``max_sampled_rows``).
+        """Runs zeros once through each distinct shape of the oneDNN AMX linears at every row count
+        ``padded_rows`` hands them, AMX_MIN_ROWS (past a tile copy's rows) to ``max_rows`` (the LM
+        head: to ``max_sampled_rows``).
         oneDNN compiles a kernel for each input shape on its first use (~3-5 ms here, ~1 MiB kept), which
         the first steps would otherwise pay on the way: ~5% of a first prefix-RAG wave. Returns the
         number of kernels. The shapes are bounded (``padded_rows``), so these are the kernels a running
@@ -208,7 +209,8 @@ class LlamaForCausalLM(nn.Module):
         done = 0
         for (k, _, limit), m in linears.items():
             assert m.amx is not None
-            for rows in sorted({padded_rows(r) for r in range(AMX_MIN_ROWS, limit + 1)}):
+            # rows up to m.tile_rows go to the tile kernel, which compiles nothing
+            for rows in sorted({padded_rows(r) for r in range(max(AMX_MIN_ROWS, m.tile_rows + 1), limit + 1)}):
                 m.amx(torch.zeros(rows, k, dtype=torch.bfloat16), dtype=torch.bfloat16)
                 done += 1
         return done

@@ -7,8 +7,9 @@ per layer. It covers float32 models whose linear layers are all quantized (``Qua
 native kernels: the default for the embedded GGUF model) and steps whose every row the paged
 kernel attends (``AttentionBackend.native_step``), over a float32 or an 8-bit KV cache (which it
 writes as the pool quantizes); anything else runs the Python layers. On an AMX CPU, a step of
-``AMX_MIN_ROWS`` rows or more runs its linears in oneDNN's bf16 GEMM (as ``QuantLinear`` does),
-each called between OpenMP regions of the other ops.
+``AMX_MIN_ROWS`` rows or more runs its linears in bf16 between OpenMP regions of the other ops: up to
+``amx_linear_max_rows()`` rows (every decode step) on the tile kernel (kernels/csrc/amx_gemm.cpp),
+more in oneDNN's GEMM, as ``QuantLinear`` does with the same weights.
 """
 
 from __future__ import annotations
@@ -43,15 +44,17 @@ def build_native_stack(model: "LlamaForCausalLM") -> Any | None:
         stack.add_layer(layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach(),
                         a.qkv.packed, a.qkv.kind, a.qkv.bias, a.o_proj.packed, a.o_proj.kind,
                         mlp.gate_up.packed, mlp.gate_up.kind, mlp.down.packed, mlp.down.kind)
-        amx = [m.amx for m in (a.qkv, a.o_proj, mlp.gate_up, mlp.down)]
-        if all(p is not None for p in amx):
-            stack.add_amx_weights(stack.num_layers() - 1, *[p.packed for p in amx])
+        linears = (a.qkv, a.o_proj, mlp.gate_up, mlp.down)
+        if all(m.amx is not None for m in linears):
+            stack.add_amx_weights(stack.num_layers() - 1, *[m.amx.packed for m in linears])
+        if all(m.tiles is not None for m in linears):  # a decode step's rows: the tile kernel
+            stack.add_tile_weights(stack.num_layers() - 1, *[m.tiles for m in linears])
     return stack
 
 
 def amx_rows(stack: Any, rows: int) -> int:
-    """The rows a step's linears run over in oneDNN's bf16 GEMM (padded as PackedLinear pads them), or
-    0: the integer kernels (fewer than AMX_MIN_ROWS rows, or no bf16 weights: not an AMX CPU)."""
+    """The rows a step's linears run over in bf16 (padded as PackedLinear pads them; the tile kernel
+    takes the step's own rows of them), or 0: the integer kernels (fewer than AMX_MIN_ROWS rows, or no bf16 weights: not an AMX CPU)."""
     return padded_rows(rows) if rows >= AMX_MIN_ROWS and stack.has_amx_weights() else 0
 
 

@@ -35,6 +35,11 @@ _TARGET = {"int8": "q8_0", "int4": "q4_1"}
 # bf16 and back. Fewer rows (a small decode batch) stay on the integer kernel, which reads 3.5x
 # fewer bytes. The cost: a bf16 copy of each weight, and results that depend on whether a step
 # had AMX_MIN_ROWS rows. KVSERVE_AMX=0 turns it off.
+# A decoder layer's linear (``tiles=True``) also gets a copy packed for kvserve's own AMX kernel
+# (kernels/csrc/amx_gemm.cpp), which takes inputs of AMX_MIN_ROWS to ``amx_linear_max_rows()`` (96)
+# rows: at 64 rows it reads weights from memory ~15-25% faster than oneDNN, and from the cache
+# 1.2-2x faster (scripts/amx_linear_bench.py; docs/benchmarks.md, session 22). oneDNN stays faster
+# for more rows and for the LM head's wide output. The cost: a second bf16 copy of those weights.
 AMX_MIN_ROWS = 16
 
 
@@ -49,7 +54,7 @@ class QuantLinear(nn.Module):
     """
 
     def __init__(self, weight: QuantWeight, bias: torch.Tensor | None, dtype: torch.dtype,
-                 use_kernels: bool | None = None, amx: bool | None = None):
+                 use_kernels: bool | None = None, amx: bool | None = None, tiles: bool = False):
         super().__init__()
         self.kind = weight.kind
         self.out_features, self.in_features = weight.shape
@@ -59,10 +64,16 @@ class QuantLinear(nn.Module):
         self.packed: torch.Tensor | None = None
         self.dense: torch.Tensor | None = None
         self.amx: PackedLinear | None = None  # the bf16 copy for inputs of AMX_MIN_ROWS rows or more
+        self.tiles: torch.Tensor | None = None  # the bf16 copy for amx_linear (up to tile_rows rows)
+        self.tile_rows = 0
         if self.use_kernels:
             self.packed = torch.ops.kvserve.pack_quant(weight.qs, weight.d, weight.m)
             if amx_gemm_available() if amx is None else amx:
-                self.amx = PackedLinear(weight.dequantize(torch.bfloat16), None)
+                bf16 = weight.dequantize(torch.bfloat16)
+                self.amx = PackedLinear(bf16, None)
+                if tiles and torch.ops.kvserve.amx_gemm_available():
+                    self.tiles = torch.ops.kvserve.amx_pack(bf16)
+                    self.tile_rows = torch.ops.kvserve.amx_linear_max_rows()
         else:
             self.dense = weight.dequantize(dtype)
 
@@ -83,7 +94,12 @@ class QuantLinear(nn.Module):
         if self.dense is not None:
             return F.linear(x, self.dense, self.bias)
         if self.runs_amx(x):
-            y = self.amx(x.reshape(-1, self.in_features), dtype=torch.bfloat16).to(out_dtype or x.dtype)
+            flat = x.reshape(-1, self.in_features)
+            if flat.shape[0] <= self.tile_rows:  # the tile copy (a decode step's rows)
+                y = torch.ops.kvserve.amx_linear(flat.to(torch.bfloat16), self.tiles, self.out_features)
+            else:
+                y = self.amx(flat, dtype=torch.bfloat16)
+            y = y.to(out_dtype or x.dtype)
             if self.bias is not None:
                 y += self.bias
             return y.view(*x.shape[:-1], self.out_features)
@@ -98,7 +114,7 @@ class QuantLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"{self.in_features}, {self.out_features}, {self.kind}, kernels={self.use_kernels}, "
-                f"amx={self.amx is not None}")
+                f"amx={self.amx is not None}, tiles={self.tiles is not None}")
 
 
 class QuantEmbedding(nn.Module):

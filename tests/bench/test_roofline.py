@@ -189,3 +189,22 @@ def test_step_timer_counts_a_linear_inside_a_linear_once(monkeypatch):
     outer = timer._timed(lambda: inner(), "gemm")
     outer()
     assert timer._acc["gemm"] == 1.0  # one reading before, one after: the inner call adds nothing
+
+
+def test_the_gemm_timing_sizes_its_weight_copies_in_the_bytes_the_kernels_read():
+    """A QuantLinear with a bf16 copy (AMX) reads 2 bytes a weight at many rows, one without reads its
+    packed quantized weight; a dense linear reads its dtype's bytes."""
+    import shutil
+
+    from kvserve.kernels import load_kernels
+    from kvserve.model.quant import quantize
+    from kvserve.model.quant_linear import QuantLinear
+
+    shape = rf.LinearShape("gate_up", 64, 96, 2)
+    w = torch.randn(96, 64)
+    assert rf.held_bytes(lambda x: x, shape, torch.float32) == 96 * 64 * 4
+    if shutil.which("c++") is None or not load_kernels():
+        pytest.skip("native kernels did not build")
+    assert rf.held_bytes(QuantLinear(quantize(w, "q4_1"), None, torch.float32, amx=True), shape, torch.float32) == 96 * 64 * 2
+    plain = QuantLinear(quantize(w, "q4_1"), None, torch.float32, amx=False)
+    assert rf.held_bytes(plain, shape, torch.float32) == plain.packed.numel() == 96 * 64 * 20 // 32

@@ -162,6 +162,7 @@ def test_a_many_row_step_on_the_amx_path_equals_the_python_layers_on_it(monkeypa
     runner = _runner("int4", bias=True)
     stack = runner.model.native_stack
     assert stack.has_amx_weights()
+    assert stack.has_tile_weights() == torch.ops.kvserve.amx_gemm_available()  # real AMX: the tile kernel in both
     rows = [(1, 3 + 2 * i) for i in range(ql.AMX_MIN_ROWS + 3)]  # 19 decodes over ragged contexts
     seqs = _step(runner, rows)
     _check_one_step(runner, seqs)
@@ -216,11 +217,13 @@ def test_warm_up_compiles_each_amx_linear_shape_at_each_row_bucket(monkeypatch):
     model = _runner("int4").model
     shapes = {(m.in_features, m.out_features) for m in model.modules() if isinstance(m, ql.QuantLinear)
               and m is not model.lm_head}
-    buckets = len({padded_rows(r) for r in range(ql.AMX_MIN_ROWS, 101)})
+    tile_rows = model.layers[0].mlp.down.tile_rows  # the decoder's tile copies (AMX CPUs) take these rows
+    assert tile_rows == (torch.ops.kvserve.amx_linear_max_rows() if torch.ops.kvserve.amx_gemm_available() else 0)
+    buckets = len({padded_rows(r) for r in range(max(ql.AMX_MIN_ROWS, tile_rows + 1), 301)})
     head = len({padded_rows(r) for r in range(ql.AMX_MIN_ROWS, 21)}) if isinstance(model.lm_head, ql.QuantLinear) else 0
-    assert model.warm_up(100, 20) == len(shapes) * buckets + head
+    assert model.warm_up(300, 20) == len(shapes) * buckets + head
     monkeypatch.setattr(ql, "amx_gemm_available", lambda: False)
-    assert _runner("int4").model.warm_up(100, 20) == 0  # nothing to compile off AMX
+    assert _runner("int4").model.warm_up(300, 20) == 0  # nothing to compile off AMX
 
 
 def test_an_amx_lm_head_hands_its_bf16_logits_to_native_draws_only(monkeypatch):

@@ -15,55 +15,26 @@
 // row's max moves only when a step's scores pass it by more than kSlack (exp(kSlack) fits bf16 and
 // float sums easily), so the rescaling store and reload of O happens about once per sequence.
 #pragma once
+#include "amx_tiles.h"
 #include "bf16_dot.h"
 
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <vector>
-
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#define KVSERVE_AMX_DECODE 1
-#endif
 
 namespace kvserve {
 namespace amxdecode {
 
 using vec::BF16;
+using amx::configure;
+using amx::ready;
+using amx::release;
 
-#if defined(KVSERVE_AMX_DECODE)
+#if defined(KVSERVE_AMX_TILES)
 constexpr bool kAmxDecode = true;
 constexpr float kSlack = 8.f;
 
-// The kernel asks Linux for the tile state once (ARCH_REQ_XCOMP_PERM; oneDNN asks the same for its
-// AMX GEMMs); KVSERVE_AMX=0 turns this path off, as it turns off the engine's other AMX paths.
-inline bool ready() {
-  static const bool ok = [] {
-    const char* env = std::getenv("KVSERVE_AMX");
-    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
-    constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
-  }();
-  return ok;
-}
-
-// Eight tiles of 16 rows x 64 bytes: 0 and 3 S^T of a step's two key groups (then 3 is P), 1 K (or
-// a V pair block), 2 Q^T, 4-7 O by 16 dims.
-// Loaded on each thread before a call's items (oneDNN's GEMMs load their own between calls).
-inline void configure() {
-  alignas(64) uint8_t cfg[64] = {};
-  cfg[0] = 1;  // palette 1
-  for (int t = 0; t < 8; ++t) {
-    cfg[16 + 2 * t] = 64;  // bytes per row
-    cfg[48 + t] = 16;      // rows
-  }
-  _tile_loadconfig(cfg);
-}
-
-inline void release() { _tile_release(); }
+// Tiles (amx_tiles.h): 0 and 3 S^T of a step's two key groups (then 3 is P), 1 K (or a V pair
+// block), 2 Q^T, 4-7 O by 16 dims.
 
 // r[0..16) as the rows of a 16 x 16 matrix, transposed in place
 inline void transpose16(__m512* r) {
@@ -252,9 +223,6 @@ void attend(const uint16_t* q, int G, int nh, const BF16* k_cache, const BF16* v
 }
 #else
 constexpr bool kAmxDecode = false;
-inline bool ready() { return false; }
-inline void configure() {}
-inline void release() {}
 template <class Prefetch>
 void attend(const uint16_t*, int, int, const BF16*, const BF16*, const int32_t*, int, int64_t, int, int, int, float*,
             float*, float*, Prefetch&&) {}

@@ -109,12 +109,14 @@ struct Layer {
   std::optional<at::Tensor> qkv_bias;  // Qwen2-style q/k/v bias
   // the same weights in bf16, prepacked for oneDNN (mkldnn._reorder_linear_weight): AMX CPUs
   std::optional<at::Tensor> qkv_amx, o_amx, gate_up_amx, down_amx;
+  // and packed for amx_linear (amx_gemm.cpp), which steps of up to kAmxLinearMaxRows rows take instead
+  std::optional<at::Tensor> qkv_tiles, o_tiles, gate_up_tiles, down_tiles;
 };
 
 // y = x @ w^T through oneDNN's bf16 GEMM (torch.ops.mkldnn._linear_pointwise): x bf16 [R, K], w as
 // mkldnn._reorder_linear_weight packed it; y bf16 [R, N]. Called outside any OpenMP region of ours:
 // oneDNN splits the work over torch's threads itself.
-at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& w) {
+at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& w) {
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
   torch::jit::Stack st;
   st.emplace_back(x);
@@ -186,6 +188,17 @@ struct DecodeStack : torch::CustomClassHolder {
     TORCH_CHECK(i >= 0 && i < num_layers(), "DecodeStack: no layer ", i);
     Layer& L = layers[i];
     L.qkv_amx = qkv, L.o_amx = o, L.gate_up_amx = gate_up, L.down_amx = down;
+  }
+
+  // Layer i's weights packed by amx_pack: steps of up to kAmxLinearMaxRows rows take them over oneDNN's
+  void add_tile_weights(int64_t i, at::Tensor qkv, at::Tensor o, at::Tensor gate_up, at::Tensor down) {
+    TORCH_CHECK(i >= 0 && i < num_layers(), "DecodeStack: no layer ", i);
+    Layer& L = layers[i];
+    L.qkv_tiles = qkv, L.o_tiles = o, L.gate_up_tiles = gate_up, L.down_tiles = down;
+  }
+
+  bool has_tile_weights() const {
+    return !layers.empty() && std::all_of(layers.begin(), layers.end(), [](const Layer& L) { return L.qkv_tiles.has_value(); });
   }
 
   bool has_amx_weights() const {
@@ -315,8 +328,11 @@ struct DecodeStack : torch::CustomClassHolder {
       at::Tensor xb = at::zeros({amx_rows, hidden}, bf16), ab = at::zeros({amx_rows, q_size}, bf16);
       at::Tensor actb = at::zeros({amx_rows, intermediate}, bf16);
       auto *xbp = xb.data_ptr<c10::BFloat16>(), *abp = ab.data_ptr<c10::BFloat16>(), *actbp = actb.data_ptr<c10::BFloat16>();
-      at::Tensor y;  // the last linear's output, bf16 [amx_rows, n]
+      at::Tensor y;  // the last linear's output, bf16 [amx_rows or T, n]
       auto yp = [&] { return y.data_ptr<c10::BFloat16>(); };
+      const bool tiles = T <= kAmxLinearMaxRows && has_tile_weights();
+      auto linear = [&](const at::Tensor& xin, const std::optional<at::Tensor>& tiled, const std::optional<at::Tensor>& onednn,
+                        int64_t n) { return tiles ? amx_linear(xin.narrow(0, 0, T), *tiled, n, std::nullopt) : onednn_linear(xin, *onednn); };
       // rows [r0, r1) of the last linear's output (hidden wide) added to the residual stream
       auto add_linear_output = [&](int64_t r0, int64_t r1) {
         rows_from_bf16(yp(), dp, hidden, r0, r1);
@@ -331,26 +347,26 @@ struct DecodeStack : torch::CustomClassHolder {
           rows::rms_norm(hp, L.input_norm.data_ptr<float>(), xp, hidden, feps, r0, r1);
           rows_to_bf16(xp, xbp, hidden, r0, r1);
         });
-        y = amx_linear(xb, *L.qkv_amx);
+        y = linear(xb, L.qkv_tiles, L.qkv_amx, W);
         in_team(threads, barrier, [&](int tid, int nt) {
           const auto [r0, r1] = share(T, tid, nt);
           rows_from_bf16(yp(), qkvp, W, r0, r1);
           attend(i, L, tid, nt, r0, r1);
           rows_to_bf16(attnp, abp, q_size, r0, r1);
         });
-        y = amx_linear(ab, *L.o_amx);
+        y = linear(ab, L.o_tiles, L.o_amx, hidden);
         in_team(threads, barrier, [&](int tid, int nt) {
           const auto [r0, r1] = share(T, tid, nt);
           add_linear_output(r0, r1);
           rows::rms_norm(hp, L.post_norm.data_ptr<float>(), xp, hidden, feps, r0, r1);
           rows_to_bf16(xp, xbp, hidden, r0, r1);
         });
-        y = amx_linear(xb, *L.gate_up_amx);
+        y = linear(xb, L.gate_up_tiles, L.gate_up_amx, 2 * intermediate);
         in_team(threads, barrier, [&](int tid, int nt) {
           const auto [r0, r1] = share(T, tid, nt);
           rows::silu_mul_bf16(yp(), actbp, intermediate, r0, r1);  // bf16 through, as SwiGLU does on AMX
         });
-        y = amx_linear(actb, *L.down_amx);
+        y = linear(actb, L.down_tiles, L.down_amx, hidden);
       }
       in_team(threads, barrier, [&](int tid, int nt) {
         const auto [r0, r1] = share(T, tid, nt);
@@ -412,6 +428,8 @@ TORCH_LIBRARY_FRAGMENT(kvserve, m) {
       .def("add_layer", &kvserve::DecodeStack::add_layer)
       .def("add_amx_weights", &kvserve::DecodeStack::add_amx_weights)
       .def("has_amx_weights", &kvserve::DecodeStack::has_amx_weights)
+      .def("add_tile_weights", &kvserve::DecodeStack::add_tile_weights)
+      .def("has_tile_weights", &kvserve::DecodeStack::has_tile_weights)
       .def("num_layers", &kvserve::DecodeStack::num_layers)
       .def("forward", &kvserve::DecodeStack::forward);
 }

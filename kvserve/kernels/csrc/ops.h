@@ -50,6 +50,13 @@ void silu_mul(const float* gu, float* out, int64_t inter, int64_t r0, int64_t r1
 void silu_mul_bf16(const c10::BFloat16* gu, c10::BFloat16* out, int64_t inter, int64_t r0, int64_t r1);
 }  // namespace rows
 
+// amx_gemm.cpp: y [M, n] = x [M, K] . W^T (+ bias), bf16, W as amx_pack packed it; AMX CPUs only.
+// The engine calls it for up to kAmxLinearMaxRows rows, where it measured faster than oneDNN's GEMM
+// (scripts/amx_linear_bench.py: about even at 128 rows, behind from 192; docs/benchmarks.md, session 22).
+constexpr int64_t kAmxLinearMaxRows = 96;
+bool amx_gemm_available();
+at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, const std::optional<at::Tensor>& bias);
+
 // paged_attention.cpp
 void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_tables, const at::Tensor& seq_info, int64_t block_size, double scale,
