@@ -57,7 +57,7 @@ def forward_flops(shapes: list[LinearShape], m: int) -> float:
 
 
 # bytes per weight of the quantized formats (kvserve/model/quant.py): 32 values + fp16 scale (and min)
-FORMAT_BYTES = {"q8_0": 34 / 32, "q4_1": 20 / 32}
+FORMAT_BYTES = {"q8_0": 34 / 32, "q4_1": 20 / 32, "bf16": 2}
 
 
 def weight_bytes(cfg: ModelConfig, dtype: str, formats: dict[str, str | None] | None = None) -> int:
@@ -68,6 +68,20 @@ def weight_bytes(cfg: ModelConfig, dtype: str, formats: dict[str, str | None] | 
     linear = sum(s.k * s.n * s.count * FORMAT_BYTES.get(formats.get(s.name) or "", ELEMENT_BYTES[dtype])
                  for s in linear_shapes(cfg))
     return int(linear + (2 * cfg.num_hidden_layers + 1) * cfg.hidden_size * ELEMENT_BYTES[dtype])
+
+
+def batch_weight_bytes(cfg: ModelConfig, dtype: str, formats: dict[str, str | None], rows: int,
+                       amx: bool | None = None) -> int | None:
+    """What a step of ``rows`` rows reads for its weights where that differs from ``weight_bytes``: on
+    an AMX CPU, quantized linears take AMX_MIN_ROWS rows or more in their bf16 copies; else None."""
+    from kvserve.device import amx_gemm_available
+    from kvserve.kernels import kernels_available
+    from kvserve.model.quant_linear import AMX_MIN_ROWS
+
+    amx = (amx_gemm_available() and kernels_available()) if amx is None else amx
+    if not (amx and rows >= AMX_MIN_ROWS and any(formats.values())):
+        return None
+    return weight_bytes(cfg, dtype, {n: "bf16" if f else None for n, f in formats.items()})
 
 
 _GGUF_TENSOR = {"qkv": "blk.0.attn_q.weight", "o_proj": "blk.0.attn_output.weight", "gate_up": "blk.0.ffn_gate.weight",
@@ -102,17 +116,22 @@ def gemm_rate(shapes: list[LinearShape], m: int, seconds_per_call: dict[str, flo
 
 
 def ceilings(cfg: ModelConfig, dtype: str, bandwidth_gbs: float, gflops_at_batch: float, batch: int,
-             context_len: int, kv_dtype: str | None = None, formats: dict[str, str | None] | None = None) -> dict[str, Any]:
+             context_len: int, kv_dtype: str | None = None, formats: dict[str, str | None] | None = None,
+             batch_weight_bytes: int | None = None) -> dict[str, Any]:
     """The decode ceilings: batch 1 (bytes read per token / bandwidth) and a batch of ``batch``
-    decodes (max of GEMM time and bytes time per step), each sequence ``context_len`` tokens deep."""
+    decodes (max of GEMM time and bytes time per step), each sequence ``context_len`` tokens deep.
+    ``batch_weight_bytes``: what the batch's linears read, where not the batch-1 formats (the bf16
+    copies quantized linears take for many rows on an AMX CPU)."""
     w = weight_bytes(cfg, dtype, formats)
+    w_batch = w if batch_weight_bytes is None else batch_weight_bytes
     kv_token = kv_layout(cfg, kv_dtype or dtype).bytes_per_token * context_len  # one sequence's KV read
     b1_s = (w + kv_token) / (bandwidth_gbs * 1e9)
     gemm_s = forward_flops(linear_shapes(cfg), batch) / (gflops_at_batch * 1e9)
-    bytes_s = (w + batch * kv_token) / (bandwidth_gbs * 1e9)
+    bytes_s = (w_batch + batch * kv_token) / (bandwidth_gbs * 1e9)
     step_s = max(gemm_s, bytes_s)
     return {
         "weight_bytes": w,
+        "batch_weight_bytes": w_batch,
         "kv_bytes_per_sequence": kv_token,
         "context_len": context_len,
         "batch1": {"bytes_per_token": w + kv_token, "min_ms_per_token": b1_s * 1e3, "max_tokens_per_s": 1 / b1_s},
@@ -343,9 +362,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"  M={m:<5} {rates[m]:8.1f} GFLOP/s   forward GEMMs {forward_flops(shapes, m) / rates[m] / 1e6:8.2f} ms"
               f"   ({per})")
 
-    ceil = ceilings(model, dtype_name, bw, rates[args.batch], args.batch, context, kv_dtype, formats)
+    ceil = ceilings(model, dtype_name, bw, rates[args.batch], args.batch, context, kv_dtype, formats,
+                    batch_weight_bytes(model, dtype_name, formats, args.batch))
     b1, bn = ceil["batch1"], ceil["batch"]
-    print(f"ceilings at context {context} (weights {ceil['weight_bytes'] / 2**20:.1f} MiB, "
+    at_batch = (f"; {ceil['batch_weight_bytes'] / 2**20:.1f} MiB at batch {args.batch}: bf16 copies"
+                if ceil["batch_weight_bytes"] != ceil["weight_bytes"] else "")
+    print(f"ceilings at context {context} (weights {ceil['weight_bytes'] / 2**20:.1f} MiB{at_batch}, "
           f"KV {ceil['kv_bytes_per_sequence'] / 2**20:.2f} MiB per sequence, {kv_dtype}):")
     print(f"  batch 1 decode: >= {b1['min_ms_per_token']:.2f} ms/token, <= {b1['max_tokens_per_s']:.1f} tokens/s "
           f"(memory bound)")
@@ -363,7 +385,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     if offline is not None and offline_batch:
         gemm_ms = forward_flops(shapes, offline_batch) / rates[offline_batch] / 1e6
-        at = ceilings(model, dtype_name, bw, rates[offline_batch], offline_batch, context, kv_dtype, formats)
+        at = ceilings(model, dtype_name, bw, rates[offline_batch], offline_batch, context, kv_dtype, formats,
+                      batch_weight_bytes(model, dtype_name, formats, offline_batch))
         result["offline"] = achieved(offline, gemm_ms, at["batch"]["max_tokens_per_s"])
         result["offline"]["batch"] = offline_batch
         o = result["offline"]

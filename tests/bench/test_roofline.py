@@ -59,6 +59,22 @@ def test_ceilings_by_hand():
     assert rf.ceilings(CFG, "float32", 1.0, 1.0, 1, 10, kv_dtype="bfloat16")["kv_bytes_per_sequence"] == 320
 
 
+def test_a_many_row_batch_on_amx_reads_the_quantized_linears_bf16_copies():
+    """On an AMX CPU a step of 16+ rows runs quantized linears on bf16 copies: the batch ceiling counts
+    their bytes, the batch-1 ceiling the quantized ones."""
+    formats = {"qkv": "q4_1", "o_proj": "q4_1", "gate_up": "q4_1", "down": "q4_1", "lm_head": "q8_0"}
+    bf16 = rf.weight_bytes(CFG, "float32", dict.fromkeys(formats, "bf16"))
+    assert bf16 == rf.weight_bytes(CFG, "bfloat16") + (2 * CFG.num_hidden_layers + 1) * CFG.hidden_size * 2  # norms in fp32
+    assert rf.batch_weight_bytes(CFG, "float32", formats, 64, amx=True) == bf16
+    assert rf.batch_weight_bytes(CFG, "float32", formats, 8, amx=True) is None  # the integer kernels
+    assert rf.batch_weight_bytes(CFG, "float32", formats, 64, amx=False) is None
+    assert rf.batch_weight_bytes(CFG, "float32", dict.fromkeys(formats), 64, amx=True) is None  # dense weights
+    c = rf.ceilings(CFG, "float32", 1.0, 1.0, 64, 10, formats=formats, batch_weight_bytes=bf16)
+    assert c["weight_bytes"] == rf.weight_bytes(CFG, "float32", formats) < c["batch_weight_bytes"] == bf16
+    assert c["batch"]["bytes_ms"] == pytest.approx((bf16 + 64 * 640) / 1e9 * 1e3)
+    assert c["batch1"]["bytes_per_token"] == c["weight_bytes"] + 640
+
+
 def test_achieved_fractions():
     a = rf.achieved({"decode_step_ms_p50": 20.0, "output_tokens_per_s": 128.0}, gemm_step_ms=15.616,
                     ceiling_tokens_per_s=256.0)
