@@ -7,7 +7,8 @@ where ``cpu_packing_supported``, else ``F.linear``); the memory read bandwidth
 (summing a tensor much larger than the last-level cache); and the ceilings they give: batch-1 decode
 bound by bytes read per token, a batch of N decodes bound by its GEMMs (or its bytes, the larger).
 With ``--offline-json`` it says what fraction of each ceiling a ``bench offline`` run reached.
-The arithmetic (``linear_shapes`` .. ``ceilings``, ``achieved``) is pure; only ``measure_*`` time.
+The arithmetic (``linear_shapes`` .. ``ceilings``, ``achieved``) is pure; the timing is
+``bench/gemm_timing.py``'s.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from kvserve.model.config import ModelConfig
 
 DEFAULT_ROWS = (1, 8, 64)
 SMALL_BUDGET = 512  # the step's token budget joins the row counts when at most this
-COLD_MIB = 256  # decoder-layer weight copies cycled in the GEMM timing: more than the LLC, like the real model
 
 
 @dataclass(frozen=True)
@@ -162,110 +162,6 @@ def row_counts(batch: int, token_budget: int, extra: list[int] | None = None) ->
     return sorted(r for r in rows if r >= 1)
 
 
-# ---- measurements (torch) ----
-
-def _timed(fn: Callable[[], None], min_time_s: float, repeats: int) -> float:
-    """Median over ``repeats`` of the mean seconds per call, each repeat calling ``fn`` for ``min_time_s``."""
-    fn()  # warm-up: oneDNN compiles its kernel for this shape here
-    out = []
-    for _ in range(repeats):
-        n, t0 = 0, time.perf_counter()
-        while True:
-            fn()
-            n += 1
-            elapsed = time.perf_counter() - t0
-            if elapsed >= min_time_s:
-                break
-        out.append(elapsed / n)
-    return median(out)
-
-
-def make_linear(weight: Any, bias: Any, fmt: str | None = None, decoder: bool = False) -> Callable[[Any], Any]:
-    """The engine's kernel for this weight: QuantLinear in a quantized format, PackedLinear where
-    packing is supported, else F.linear. A quantized ``decoder`` linear has the tile copy the model's
-    decoder layers have on an AMX CPU."""
-    import torch
-
-    from kvserve.model.layers import PackedLinear, cpu_packing_supported
-
-    if fmt is not None:
-        from kvserve.model.quant import quantize
-        from kvserve.model.quant_linear import QuantLinear
-
-        return QuantLinear(quantize(weight.float(), fmt), bias, weight.dtype, tiles=decoder)
-    if cpu_packing_supported(weight.dtype):
-        return PackedLinear(weight, bias)
-    return lambda x: torch.nn.functional.linear(x, weight, bias)
-
-
-def held_bytes(kernel: Any, shape: LinearShape, dtype: Any) -> int:
-    """Bytes of the weight a many-row input makes ``kernel`` read: a QuantLinear's bf16 copy (tile or
-    oneDNN, on AMX CPUs), else its packed quantized weight; any other linear's in ``dtype``."""
-    import torch
-
-    from kvserve.model.quant_linear import QuantLinear
-
-    if isinstance(kernel, QuantLinear):
-        if kernel.tiles is not None or kernel.amx is not None:
-            return 2 * shape.n * shape.k
-        if kernel.packed is not None:
-            return kernel.packed.numel()
-    return shape.n * shape.k * torch.empty((), dtype=dtype).element_size()
-
-
-def measure_gemms(cfg: ModelConfig, dtype: Any, rows: list[int], repeats: int, min_time_s: float = 0.05,
-                  cold_mib: int = COLD_MIB, formats: dict[str, str | None] | None = None) -> dict[int, dict[str, float]]:
-    """Seconds per call of each linear at each row count. Decoder linears cycle through several
-    layers' worth of distinct weights (up to ``cold_mib`` of what their kernels read, at most one per
-    layer), so a weight is not cache-hot on every call, as in a step."""
-    import torch
-
-    shapes = linear_shapes(cfg)
-    gen = torch.Generator().manual_seed(0)
-    kernels: dict[str, list[Callable[[Any], Any]]] = {}
-    with torch.inference_mode():
-        def build(s: LinearShape) -> Callable[[Any], Any]:
-            return make_linear(torch.randn(s.n, s.k, generator=gen).mul_(0.02).to(dtype),
-                               torch.zeros(s.n, dtype=dtype) if s.bias else None, (formats or {}).get(s.name),
-                               decoder=s.count > 1)
-
-        for s in shapes:
-            kernels[s.name] = [build(s)]
-        # as many layers' worth of copies as fill cold_mib, in the bytes the kernels read
-        layer_bytes = sum(held_bytes(kernels[s.name][0], s, dtype) for s in shapes if s.count > 1)
-        copies = max(1, min(cfg.num_hidden_layers, math.ceil(cold_mib * 2**20 / max(layer_bytes, 1))))
-        for s in shapes:
-            if s.count > 1:
-                kernels[s.name] += [build(s) for _ in range(copies - 1)]
-        result: dict[int, dict[str, float]] = {}
-        for m in rows:
-            result[m] = {}
-            for s in shapes:
-                x = torch.randn(m, s.k, generator=gen).to(dtype)
-                ks = kernels[s.name]
-
-                def run(ks: list = ks, x: Any = x) -> None:
-                    for k in ks:
-                        k(x)
-
-                result[m][s.name] = _timed(run, min_time_s, repeats) / len(ks)
-    return result
-
-
-def measure_bandwidth(mib: int, repeats: int) -> float:
-    """Read bandwidth in GB/s: a float32 tensor of ``mib`` MiB summed, median of ``repeats``."""
-    import torch
-
-    t = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
-    t.sum()  # warm-up: pages touched, threads started
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        t.sum()
-        times.append(time.perf_counter() - t0)
-    return t.numel() * 4 / median(times) / 1e9
-
-
 # ---- the command ----
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -352,9 +248,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           f"dtype: {dtype_name}   kernel: {kernel}   threads: {torch.get_num_threads()}")
     print("linears (K x N): " + ", ".join(f"{s.name} {s.k}x{s.n}" + (f" x{s.count}" if s.count > 1 else "")
                                           for s in shapes))
+    from kvserve.bench.gemm_timing import measure_bandwidth, measure_gemms
+
     bw = measure_bandwidth(args.bandwidth_mib, max(args.repeats, 3))
     print(f"memory read bandwidth: {bw:.1f} GB/s ({args.bandwidth_mib} MiB float32 summed)")
-    times = measure_gemms(model, dtype, rows, args.repeats, args.min_time_ms / 1e3, formats=formats)
+    times = measure_gemms(shapes, model.num_hidden_layers, dtype, rows, args.repeats, args.min_time_ms / 1e3,
+                          formats=formats)
     rates = {m: gemm_rate(shapes, m, times[m]) for m in rows}
     print("GEMM rate, all linears of one forward:")
     for m in rows:

@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+from kvserve.bench import gemm_timing as gt
 from kvserve.bench import roofline as rf
 from kvserve.cli import main
 from kvserve.model.config import ModelConfig
@@ -92,15 +93,16 @@ def test_row_counts():
 def test_make_linear_is_the_engines_linear():
     torch.manual_seed(0)
     w, b, x = torch.randn(24, 16), torch.randn(24), torch.randn(3, 16)
-    torch.testing.assert_close(rf.make_linear(w, b)(x), torch.nn.functional.linear(x, w, b), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(gt.make_linear(w, b)(x), torch.nn.functional.linear(x, w, b), rtol=1e-4, atol=1e-4)
 
 
 def test_measure_gemms_and_bandwidth_give_positive_figures():
-    times = rf.measure_gemms(CFG, torch.float32, [1, 5], repeats=1, min_time_s=0.0)
+    times = gt.measure_gemms(rf.linear_shapes(CFG), CFG.num_hidden_layers, torch.float32, [1, 5], repeats=1,
+                              min_time_s=0.0)
     assert set(times) == {1, 5}
     assert all(t > 0 for per in times.values() for t in per.values())
     assert set(times[1]) == {"qkv", "o_proj", "gate_up", "down", "lm_head"}
-    assert rf.measure_bandwidth(8, 1) > 0
+    assert gt.measure_bandwidth(8, 1) > 0
 
 
 def test_cli_end_to_end_with_an_offline_result(tiny_model_dir, tmp_path):
@@ -187,8 +189,8 @@ def test_quantized_formats_lower_the_bytes_and_follow_the_mode(tmp_path):
 def test_quantized_linear_timing_runs_through_the_kernel_path():
     cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=2, num_key_value_heads=1)  # K a multiple of the 32-value blocks
-    times = rf.measure_gemms(cfg, torch.float32, [1, 3], repeats=1, min_time_s=0.001,
-                             formats=rf.weight_formats("int8", "unused"))
+    times = gt.measure_gemms(rf.linear_shapes(cfg), cfg.num_hidden_layers, torch.float32, [1, 3], repeats=1,
+                             min_time_s=0.001, formats=rf.weight_formats("int8", "unused"))
     assert set(times) == {1, 3} and all(t > 0 for per in times.values() for t in per.values())
 
 
@@ -218,9 +220,9 @@ def test_the_gemm_timing_sizes_its_weight_copies_in_the_bytes_the_kernels_read()
 
     shape = rf.LinearShape("gate_up", 64, 96, 2)
     w = torch.randn(96, 64)
-    assert rf.held_bytes(lambda x: x, shape, torch.float32) == 96 * 64 * 4
+    assert gt.held_bytes(lambda x: x, shape, torch.float32) == 96 * 64 * 4
     if shutil.which("c++") is None or not load_kernels():
         pytest.skip("native kernels did not build")
-    assert rf.held_bytes(QuantLinear(quantize(w, "q4_1"), None, torch.float32, amx=True), shape, torch.float32) == 96 * 64 * 2
+    assert gt.held_bytes(QuantLinear(quantize(w, "q4_1"), None, torch.float32, amx=True), shape, torch.float32) == 96 * 64 * 2
     plain = QuantLinear(quantize(w, "q4_1"), None, torch.float32, amx=False)
-    assert rf.held_bytes(plain, shape, torch.float32) == plain.packed.numel() == 96 * 64 * 20 // 32
+    assert gt.held_bytes(plain, shape, torch.float32) == plain.packed.numel() == 96 * 64 * 20 // 32
