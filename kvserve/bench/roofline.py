@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-from kvserve.bench.stats import median
 from kvserve.config import KVServeConfig
 from kvserve.kv.layout import ELEMENT_BYTES, KVLayout
 from kvserve.model.config import ModelConfig

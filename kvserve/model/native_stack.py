@@ -8,7 +8,7 @@ native kernels: the default for the embedded GGUF model) and steps whose every r
 kernel attends (``AttentionBackend.native_step``), over a float32 or an 8-bit KV cache (which it
 writes as the pool quantizes); anything else runs the Python layers. On an AMX CPU, a step of
 ``AMX_MIN_ROWS`` rows or more runs its linears in bf16 between OpenMP regions of the other ops: up to
-``amx_linear_max_rows()`` rows (every decode step) on the tile kernel (kernels/csrc/amx_gemm.cpp),
+``amx_linear_max_rows()`` rows (a decode step of up to 96 sequences) on the tile kernel (kernels/csrc/amx_gemm.cpp),
 more in oneDNN's GEMM, as ``QuantLinear`` does with the same weights.
 """
 
@@ -54,7 +54,8 @@ def build_native_stack(model: "LlamaForCausalLM") -> Any | None:
 
 def amx_rows(stack: Any, rows: int) -> int:
     """The rows a step's linears run over in bf16 (padded as PackedLinear pads them; the tile kernel
-    takes the step's own rows of them), or 0: the integer kernels (fewer than AMX_MIN_ROWS rows, or no bf16 weights: not an AMX CPU)."""
+    takes the step's own rows of them), or 0: the integer kernels (fewer than AMX_MIN_ROWS rows, or
+    no bf16 weights: not an AMX CPU)."""
     return padded_rows(rows) if rows >= AMX_MIN_ROWS and stack.has_amx_weights() else 0
 
 
