@@ -314,8 +314,9 @@ def _measure_step(args: argparse.Namespace, shapes: list[LinearShape], gflops: f
     gemm_only = forward_flops(shapes, args.batch) / gflops / 1e6
     split["gemm_only_ms"] = gemm_only
     split["step_over_gemm_only"] = ms["total"] / gemm_only
-    parts = "  ".join(f"{p} {ms[p]:.1f} ({100 * ms[p] / ms['total']:.0f}%)" for p in ("gemm", "attention", "native_layers", "sampling", "rest")
-                     if ms[p] > 0 or p != "native_layers")
+    shown = [p for p in ("gemm", "attention", "native_layers", "sampling", "head_draw", "rest")
+             if ms[p] > 0 or p not in ("native_layers", "head_draw")]  # those two only where they ran
+    parts = "  ".join(f"{p} {ms[p]:.1f} ({100 * ms[p] / ms['total']:.0f}%)" for p in shown)
     print(f"live decode step, {args.batch} sequences of {args.step_prompt_len}+ tokens, p50 of {split['steps']} steps: "
           f"{ms['total']:.1f} ms = {split['step_over_gemm_only']:.2f}x GEMM-only {gemm_only:.1f} ms")
     print(f"  {parts}")

@@ -18,7 +18,8 @@ from typing import Any, Callable
 
 from kvserve.bench.stats import median
 
-PARTS = ("gemm", "attention", "native_layers", "sampling")
+# head_draw: the LM head that draws the tokens itself (amx_head.cpp), its GEMM and sampling in one
+PARTS = ("gemm", "attention", "native_layers", "sampling", "head_draw")
 
 
 class StepTimer:
@@ -36,6 +37,7 @@ class StepTimer:
         if runner.model.native_stack is not None:
             stack = runner.model.native_stack
             runner.model.native_stack = _TimedStack(stack, self._timed(stack.forward, "native_layers"))
+        runner.model.draw_in_head = self._timed(runner.model.draw_in_head, "head_draw")
         # the runner calls self.sampler(...): swap in a stand-in whose calls are timed
         runner.sampler = _Callable(self._timed(runner.sampler.__call__, "sampling"), runner.sampler)
         execute = runner.execute

@@ -131,7 +131,7 @@ class LlamaForCausalLM(nn.Module):
                 _set_module(model, path, QuantEmbedding(qw, dtype))
             else:
                 bias = _fused_bias(cfg, weights, path)
-                _set_module(model, path, QuantLinear(qw, bias, dtype, tiles=path != "lm_head"))
+                _set_module(model, path, QuantLinear(qw, bias, dtype, tiles=path != "lm_head", head=path == "lm_head"))
         if device.type == "cpu" and cpu_packing_supported(dtype):
             model.pack_for_cpu()
         if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
@@ -187,6 +187,18 @@ class LlamaForCausalLM(nn.Module):
         else:
             out = self.lm_head(hidden)
         return out if keep_bf16 and out.dtype == torch.bfloat16 else out.float()
+
+    def draws_in_head(self, hidden: torch.Tensor) -> bool:
+        """Whether ``draw_in_head`` takes these rows (a quantized LM head with its AMX tile copy)."""
+        return isinstance(self.lm_head, QuantLinear) and self.lm_head.draws(hidden)
+
+    @torch.inference_mode()
+    def draw_in_head(self, hidden: torch.Tensor, inv_temp: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """One token per row (int64), drawn inside the LM head without writing logits: greedy where
+        ``inv_temp`` is 0, else from softmax(logits * inv_temp) with the row's uniform ``u``
+        (``QuantLinear.draw``). Only where ``draws_in_head(hidden)``."""
+        assert isinstance(self.lm_head, QuantLinear)
+        return self.lm_head.draw(hidden, inv_temp, u)
 
     def runs_amx(self) -> bool:
         """Whether the quantized linears run many-row inputs through their bf16 AMX copies."""

@@ -40,6 +40,9 @@ _TARGET = {"int8": "q8_0", "int4": "q4_1"}
 # rows: at 64 rows it reads weights from memory ~15-25% faster than oneDNN, and from the cache
 # 1.2-2x faster (scripts/amx_linear_bench.py; docs/benchmarks.md, session 22). oneDNN stays faster
 # for more rows and for the LM head's wide output. The cost: a second bf16 copy of those weights.
+# The LM head (``head=True``) gets a tile copy too, for one use: a step whose rows all draw greedily or
+# with plain temperature draws inside the head (``draw``, kernels/csrc/amx_head.cpp), with no logits
+# written: at 64 rows 2.0 vs 4.0 ms greedy, 3.2 vs 4.1 ms sampled (docs/benchmarks.md, session 23).
 AMX_MIN_ROWS = 16
 
 
@@ -54,7 +57,7 @@ class QuantLinear(nn.Module):
     """
 
     def __init__(self, weight: QuantWeight, bias: torch.Tensor | None, dtype: torch.dtype,
-                 use_kernels: bool | None = None, amx: bool | None = None, tiles: bool = False):
+                 use_kernels: bool | None = None, amx: bool | None = None, tiles: bool = False, head: bool = False):
         super().__init__()
         self.kind = weight.kind
         self.out_features, self.in_features = weight.shape
@@ -66,14 +69,18 @@ class QuantLinear(nn.Module):
         self.amx: PackedLinear | None = None  # the bf16 copy for inputs of AMX_MIN_ROWS rows or more
         self.tiles: torch.Tensor | None = None  # the bf16 copy for amx_linear (up to tile_rows rows)
         self.tile_rows = 0
+        self.draw_tiles: torch.Tensor | None = None  # the LM head's bf16 copy for amx_head_sample
         if self.use_kernels:
             self.packed = torch.ops.kvserve.pack_quant(weight.qs, weight.d, weight.m)
             if amx_gemm_available() if amx is None else amx:
                 bf16 = weight.dequantize(torch.bfloat16)
                 self.amx = PackedLinear(bf16, None)
-                if tiles and torch.ops.kvserve.amx_gemm_available():
-                    self.tiles = torch.ops.kvserve.amx_pack(bf16)
-                    self.tile_rows = torch.ops.kvserve.amx_linear_max_rows()
+                if (tiles or head) and torch.ops.kvserve.amx_gemm_available():
+                    if head:
+                        self.draw_tiles = torch.ops.kvserve.amx_pack(bf16)
+                    else:
+                        self.tiles = torch.ops.kvserve.amx_pack(bf16)
+                        self.tile_rows = torch.ops.kvserve.amx_linear_max_rows()
         else:
             self.dense = weight.dequantize(dtype)
 
@@ -87,6 +94,20 @@ class QuantLinear(nn.Module):
         """Whether ``x`` goes through the bf16 AMX copy (AMX_MIN_ROWS rows or more; not once a dense
         weight has been set, which ``forward`` takes first)."""
         return self.dense is None and self.amx is not None and x.numel() >= AMX_MIN_ROWS * self.in_features
+
+    def draws(self, x: torch.Tensor) -> bool:
+        """Whether ``draw`` takes these rows: an LM head with its tile copy, and rows that would run
+        on the bf16 AMX copy anyway (AMX_MIN_ROWS or more), so a draw sees the logits' bf16 rounding
+        either way."""
+        return self.draw_tiles is not None and self.runs_amx(x)
+
+    def draw(self, x: torch.Tensor, inv_temp: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """This LM head's token per row of ``x`` [rows, in] without writing the logits: greedy where
+        ``inv_temp`` is 0, else drawn from softmax(logits * inv_temp) with the row's U[0, 1) number
+        ``u``, as ``sample_rows`` would over the bf16 logits (``draws(x)`` must hold)."""
+        assert self.draw_tiles is not None
+        return torch.ops.kvserve.amx_head_sample(x.to(torch.bfloat16).contiguous(), self.draw_tiles,
+                                                 self.out_features, inv_temp, u)
 
     def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """``out_dtype`` (default: x's) is honoured on the AMX path only, where a bf16 output saves
@@ -114,7 +135,7 @@ class QuantLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"{self.in_features}, {self.out_features}, {self.kind}, kernels={self.use_kernels}, "
-                f"amx={self.amx is not None}, tiles={self.tiles is not None}")
+                f"amx={self.amx is not None}, tiles={self.tiles is not None}, draw_tiles={self.draw_tiles is not None}")
 
 
 class QuantEmbedding(nn.Module):

@@ -143,8 +143,17 @@ class TorchRunner:
         # an AMX LM head's bf16 logits go to the sampler as they are when only its native draws read them
         keep_bf16 = not constrained and not any(c.is_verify for c in scored) and \
             self.sampler.reads_bf16([c.request for c in scored])
-        logits = self.model.logits(hidden if keep is not None else hidden[torch.tensor(rows, device=self.device)],
-                                   keep_bf16=keep_bf16)
+        hidden = hidden if keep is not None else hidden[torch.tensor(rows, device=self.device)]
+        if keep_bf16 and self.model.draws_in_head(hidden):  # every row one token, greedy or plain temperature
+            reqs = [c.request for c in scored]
+            tokens = self.model.draw_in_head(hidden, *self.sampler.head_draw_inputs(reqs)).tolist()
+            for r, t in zip(reqs, tokens):
+                out.token_ids[r.request_id] = [t]
+                self._draft_probs.pop(r.request_id, None)
+            if self.proposer is not None:
+                self._propose(scored, out)
+            return out
+        logits = self.model.logits(hidden, keep_bf16=keep_bf16)
         if constrained:  # kvserve.structured (and xgrammar) load only once a request has a grammar
             from kvserve.structured.masking import advance_grammars, apply_grammar_masks
 

@@ -1,6 +1,8 @@
 """The sampler: one call per step over the logits of every request that samples.
 
-Greedy rows take an argmax (on CPU the native one: rows in parallel, vectorized). Random rows with
+Greedy rows take an argmax (on CPU the native one: rows in parallel, vectorized). Where every row
+is greedy or plain temperature, an AMX CPU's quantized LM head can draw them itself, writing no
+logits: the runner asks ``head_draw_inputs`` for the temperatures and uniform numbers. Random rows with
 plain temperature draw natively on CPU too (``native_temperature_draw``: one pass for the max, one
 for the exps). Other random rows are filtered (top-k, top-p, min-p) in one batched
 pass, then all draw at once by inverting their cumulative distributions: one uniform number
@@ -67,6 +69,18 @@ class Sampler:
         return self.native and all(
             (r.params.greedy or _plain_temperature(r)) and not r.params.has_penalties
             and not r.params.has_logit_processing and r.params.logprobs is None for r in requests)
+
+    def head_draw_inputs(self, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
+        """For a draw inside the LM head (``LlamaForCausalLM.draw_in_head``), where ``reads_bf16(requests)``:
+        per row the inverse temperature (0: greedy) and the U[0, 1) number, taken from the generators
+        as ``__call__`` takes them (the random rows', in order), so a seeded request draws the same."""
+        inv_t = torch.zeros(len(requests), dtype=torch.float32)
+        u = torch.zeros(len(requests), dtype=torch.float32)
+        rand = [i for i, r in enumerate(requests) if not r.params.greedy]
+        if rand:
+            inv_t[rand] = torch.tensor([1.0 / requests[i].params.temperature for i in rand], dtype=torch.float32)
+            u[rand] = self._uniforms([requests[i] for i in rand]).float().cpu()
+        return inv_t, u
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> tuple[list[int], dict[str, TokenLogprobs]]:
         """logits: float32 [len(requests), vocab] (or bf16 where ``reads_bf16(requests)``). Returns

@@ -31,16 +31,24 @@ inline bool ready() {
   return ok;
 }
 
-// Eight tiles, each 16 rows of 64 bytes: 16 x 32 bf16, or 16 x 16 float32.
-inline void configure() {
-  alignas(64) uint8_t cfg[64] = {};
-  cfg[0] = 1;  // palette 1
+// Eight tiles, each 16 rows of 64 bytes: 16 x 32 bf16, or 16 x 16 float32. The configuration is a
+// constant in memory, not built on the stack: GCC's _tile_loadconfig tells the compiler it reads 8 of
+// its 64 bytes, so stores to the rest of a stack copy may be dropped (the ldtilecfg then faults).
+struct alignas(64) TileConfig {
+  uint8_t bytes[64];
+};
+constexpr TileConfig tile_config() {
+  TileConfig cfg{};
+  cfg.bytes[0] = 1;  // palette 1
   for (int t = 0; t < 8; ++t) {
-    cfg[16 + 2 * t] = 64;  // bytes per row
-    cfg[48 + t] = 16;      // rows
+    cfg.bytes[16 + 2 * t] = 64;  // bytes per row
+    cfg.bytes[48 + t] = 16;      // rows
   }
-  _tile_loadconfig(cfg);
+  return cfg;
 }
+inline constexpr TileConfig kTileConfig = tile_config();
+
+inline void configure() { _tile_loadconfig(&kTileConfig); }
 
 inline void release() { _tile_release(); }
 #else

@@ -56,6 +56,10 @@ void silu_mul_bf16(const c10::BFloat16* gu, c10::BFloat16* out, int64_t inter, i
 constexpr int64_t kAmxLinearMaxRows = 96;
 bool amx_gemm_available();
 at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, const std::optional<at::Tensor>& bias);
+// amx_head.cpp: per row of x, the token of greedy decoding (inv_temp 0) or of a plain-temperature
+// draw with u, from the logits x . W^T, W an amx_pack'ed LM head, without writing the logits
+at::Tensor amx_head_sample(const at::Tensor& x, const at::Tensor& packed, int64_t n, const at::Tensor& inv_temp,
+                           const at::Tensor& u);
 
 // paged_attention.cpp
 void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,

@@ -229,23 +229,25 @@ __attribute__((always_inline)) inline vf reduce8(const vf* a) {
 #endif
 
 #if defined(__AVX512F__)
-// The 16 horizontal sums of a[0..15], as one vector (lane u: the sum of a[u]'s lanes): pairs folded
-// within 128-bit lanes, then quads, then across the 128-bit lanes. 45 shuffles and adds where 16
-// separate reductions take ~130.
-__attribute__((always_inline)) inline vf reduce16(const vf* a) {
+// The 16 horizontal reductions of a[0..15] by `op` (add, max), as one vector (lane u: a[u]'s lanes
+// reduced): pairs folded within 128-bit lanes, then quads, then across the 128-bit lanes. 45
+// shuffles and ops where 16 separate reductions take ~130.
+template <typename Op>
+__attribute__((always_inline)) inline vf reduce16_by(const vf* a, Op op) {
   vf b[8], c[4];
-  for (int u = 0; u < 8; ++u)  // per 128-bit lane: two partial sums of a[2u], two of a[2u + 1]
-    b[u] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * u], a[2 * u + 1]), _mm512_unpackhi_ps(a[2 * u], a[2 * u + 1]));
-  for (int u = 0; u < 4; ++u)  // per 128-bit lane: that lane's sums of a[4u .. 4u + 3]
-    c[u] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * u], b[2 * u + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_ps(b[2 * u], b[2 * u + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  const vf e0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                              _mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(3, 2, 3, 2)));
-  const vf e1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(1, 0, 1, 0)),
-                              _mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(3, 2, 3, 2)));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_f32x4(e0, e1, _MM_SHUFFLE(3, 1, 3, 1)));
+  for (int u = 0; u < 8; ++u)  // per 128-bit lane: two partials of a[2u], two of a[2u + 1]
+    b[u] = op(_mm512_unpacklo_ps(a[2 * u], a[2 * u + 1]), _mm512_unpackhi_ps(a[2 * u], a[2 * u + 1]));
+  for (int u = 0; u < 4; ++u)  // per 128-bit lane: that lane's partials of a[4u .. 4u + 3]
+    c[u] = op(_mm512_shuffle_ps(b[2 * u], b[2 * u + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+              _mm512_shuffle_ps(b[2 * u], b[2 * u + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const vf e0 = op(_mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                   _mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const vf e1 = op(_mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                   _mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  return op(_mm512_shuffle_f32x4(e0, e1, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_f32x4(e0, e1, _MM_SHUFFLE(3, 1, 3, 1)));
 }
+__attribute__((always_inline)) inline vf reduce16(const vf* a) { return reduce16_by(a, [](vf x, vf y) { return vadd(x, y); }); }
+__attribute__((always_inline)) inline vf reduce16_max(const vf* a) { return reduce16_by(a, [](vf x, vf y) { return vmax(x, y); }); }
 #endif
 
 }  // namespace vec
