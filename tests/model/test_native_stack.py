@@ -256,7 +256,7 @@ def test_an_amx_lm_head_hands_its_bf16_logits_to_native_draws_only(monkeypatch):
 
     runner.sampler = Spy()
     # an AMX build draws such steps inside the head, with no logits (tests/sampling/test_head_draw.py)
-    monkeypatch.setattr(runner.model, "draws_in_head", lambda hidden: False)
+    monkeypatch.setattr(runner.model, "draws_in_head", lambda *a: False)
     prompts = [[3 + i, 4, 5] for i in range(ql.AMX_MIN_ROWS + 2)]
     greedy = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
     llm.generate(prompts, greedy)

@@ -47,7 +47,7 @@ def _run(llm, monkeypatch, prompts, params, fused: bool) -> tuple[list[list[int]
                 out = torch.ops.kvserve.amx_linear(hidden.bfloat16().contiguous(), head.draw_tiles, head.out_features)
                 return out if keep_bf16 else out.float()
 
-            m.setattr(model, "draws_in_head", lambda hidden: False)
+            m.setattr(model, "draws_in_head", lambda *a: False)
             m.setattr(model, "logits", tile_logits)
         outs = llm.generate(prompts, params)
     return [o.token_ids for o in outs], len(calls)
@@ -84,6 +84,21 @@ def test_rows_that_need_logits_keep_the_logits_path(llm, monkeypatch):
         assert steps == 0, odd
     few = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     assert _run(llm, monkeypatch, prompts[:8], few, fused=True)[1] == 0  # under AMX_MIN_ROWS rows: no bf16 head
+
+
+def test_the_head_draws_where_it_measured_faster(llm):
+    """16+ rows (the head's bf16 copy); up to HEAD_DRAW_MAX_ROWS greedy rows, HEAD_DRAW_MAX_SAMPLED_ROWS
+    when some row samples (its exps cost more than the separate draw past that)."""
+    from kvserve.model.quant_linear import AMX_MIN_ROWS, HEAD_DRAW_MAX_ROWS, HEAD_DRAW_MAX_SAMPLED_ROWS
+
+    model = llm.engine.runner.model
+    rows = lambda n: torch.zeros(n, model.lm_head.in_features)  # noqa: E731
+    assert not model.draws_in_head(rows(AMX_MIN_ROWS - 1), False)
+    assert model.draws_in_head(rows(AMX_MIN_ROWS), True)
+    assert model.draws_in_head(rows(HEAD_DRAW_MAX_SAMPLED_ROWS), True)
+    assert not model.draws_in_head(rows(HEAD_DRAW_MAX_SAMPLED_ROWS + 1), True)
+    assert model.draws_in_head(rows(HEAD_DRAW_MAX_ROWS), False)
+    assert not model.draws_in_head(rows(HEAD_DRAW_MAX_ROWS + 1), False)
 
 
 def test_the_step_split_times_the_draw_in_the_head_as_its_own_part(tiny_model_dir):
