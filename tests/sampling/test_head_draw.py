@@ -112,3 +112,36 @@ def test_the_step_split_times_the_draw_in_the_head_as_its_own_part(tiny_model_di
     timer = StepTimer(llm.engine.runner, batch=20)
     llm.generate(_prompts(20), SamplingParams(max_tokens=4, temperature=1.0, ignore_eos=True))
     assert timer.steps and all(s["head_draw"] > 0 and s["sampling"] == 0 for s in timer.steps)
+
+
+def test_with_drafts_verifying_steps_take_the_logits_and_the_rest_draw_in_the_head(tiny_model_dir, monkeypatch):
+    """Speculative decoding: drafts are proposed after steps the head drew; steps that verify drafts
+    take the logits path. The proposer here drafts every other step (the sequence's last token), so
+    both kinds of step run; every request still gets all its tokens."""
+    from kvserve.kernels import load_kernels
+    from kvserve.llm import LLM
+    from kvserve.spec.proposer import Draft
+
+    if not load_kernels() or not torch.ops.kvserve.amx_gemm_available():
+        pytest.skip("no AMX-BF16 tiles on this CPU (or no native kernels)")
+    llm = LLM(str(tiny_model_dir), dtype="float32", quantization="int8", num_kv_blocks=512, block_size=4,
+              max_num_seqs=32, speculative_method="ngram", enable_prefix_caching=False)
+    runner = llm.engine.runner
+    calls = {"propose": 0, "logits": 0}
+
+    def propose(batch):
+        calls["propose"] += 1
+        return {} if calls["propose"] % 2 else {d.request.request_id: Draft(d.token_ids[-1:] * 2) for d in batch}
+
+    monkeypatch.setattr(runner.proposer, "propose", propose)
+    logits = runner.model.logits
+
+    def counted_logits(*a, **k):
+        calls["logits"] += 1
+        return logits(*a, **k)
+
+    monkeypatch.setattr(runner.model, "logits", counted_logits)
+    tokens, drew = _run(llm, monkeypatch, _prompts(20), SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),
+                        fused=True)
+    assert all(len(t) == 12 for t in tokens)
+    assert drew >= 1 and calls["logits"] >= 1
