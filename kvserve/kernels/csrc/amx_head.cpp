@@ -18,6 +18,7 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
 
 namespace kvserve {
 using namespace panels;
@@ -182,9 +183,10 @@ at::Tensor amx_head_sample(const at::Tensor& x, const at::Tensor& packed, int64_
   const Gemm g{xc.data_ptr<BF16>(), packed.data_ptr<BF16>(), M, n, K};
   const float* it = inv_temp.data_ptr<float>();
   const float* up = u.data_ptr<float>();
-  std::vector<float> maxes(M * P), mass(M * P);
-  std::vector<uint8_t> first(M * P);
-  PanelStats st{maxes.data(), mass.data(), first.data(), P};
+  // left uninitialized: every row's maxima are written, and a row's masses or first columns as it needs
+  std::unique_ptr<float[]> maxes(new float[M * P]), mass(new float[M * P]);
+  std::unique_ptr<uint8_t[]> first(new uint8_t[M * P]);
+  PanelStats st{maxes.get(), mass.get(), first.get(), P};
   at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
     amx::configure();
     run_panels(g, p0, p1, [&](const Block& blk) { reduce_block(g, it, st, blk); });
