@@ -110,7 +110,7 @@ class QuantLinear(nn.Module):
     def draw(self, x: torch.Tensor, inv_temp: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """This LM head's token per row of ``x`` [rows, in] without writing the logits: greedy where
         ``inv_temp`` is 0, else drawn from softmax(logits * inv_temp) with the row's U[0, 1) number
-        ``u``, as ``sample_rows`` would over the bf16 logits (``draws(x)`` must hold)."""
+        ``u``, as ``sample_rows`` would over the bf16 logits (where ``draws`` holds)."""
         assert self.draw_tiles is not None
         return torch.ops.kvserve.amx_head_sample(x.to(torch.bfloat16).contiguous(), self.draw_tiles,
                                                  self.out_features, inv_temp, u)

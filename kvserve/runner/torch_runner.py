@@ -140,11 +140,10 @@ class TorchRunner:
             return out
         scored = [chunks[i] for i in sampling]
         constrained = any(c.request.grammar is not None for c in scored)
-        # an AMX LM head's bf16 logits go to the sampler as they are when only its native draws read them
-        keep_bf16 = not constrained and not any(c.is_verify for c in scored) and \
-            self.sampler.reads_bf16([c.request for c in scored])
-        hidden = hidden if keep is not None else hidden[torch.tensor(rows, device=self.device)]
         reqs = [c.request for c in scored]
+        # an AMX LM head's bf16 logits go to the sampler as they are when only its native draws read them
+        keep_bf16 = not constrained and not any(c.is_verify for c in scored) and self.sampler.reads_bf16(reqs)
+        hidden = hidden if keep is not None else hidden[torch.tensor(rows, device=self.device)]
         if keep_bf16 and self.model.draws_in_head(hidden, any(not r.params.greedy for r in reqs)):
             # every row one token, greedy or plain temperature: the head draws them, no logits
             tokens = self.model.draw_in_head(hidden, *self.sampler.head_draw_inputs(reqs)).tolist()
@@ -164,10 +163,10 @@ class TorchRunner:
         plain = [i for i in sampling if not chunks[i].is_verify]
         if plain:
             at = [first_row[i] for i in plain]
-            reqs = [chunks[i].request for i in plain]
+            plain_reqs = [chunks[i].request for i in plain]
             plain_logits = logits if len(at) == len(rows) else logits[torch.tensor(at, device=self.device)]
-            tokens, logprobs = self.sampler(plain_logits, reqs)
-            for r, t in zip(reqs, tokens):
+            tokens, logprobs = self.sampler(plain_logits, plain_reqs)
+            for r, t in zip(plain_reqs, tokens):
                 out.token_ids[r.request_id] = [t]
                 if r.request_id in logprobs:
                     out.logprobs[r.request_id] = [logprobs[r.request_id]]
