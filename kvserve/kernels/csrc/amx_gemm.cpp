@@ -54,7 +54,7 @@ at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, 
   TORCH_CHECK(amx_gemm_available(), "amx_linear: this build or CPU has no AMX-BF16 tiles");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.device().is_cpu(),
               "amx_linear: x must be a 2-D bfloat16 CPU tensor");
-  const int64_t M = x.size(0), K = x.size(1), P = num_panels(n);
+  const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(holds_panels(packed, n, K),
               "amx_linear: packed does not hold an amx_pack'ed [", n, ", ", K, "] weight");
   TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n),
@@ -66,11 +66,7 @@ at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, 
   const Gemm g{xc.data_ptr<BF16>(), packed.data_ptr<BF16>(), M, n, K};
   const float* b = bias ? bias->data_ptr<float>() : nullptr;
   BF16* yp = y.data_ptr<BF16>();
-  at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
-    amx::configure();
-    run_panels(g, p0, p1, [&](const Block& blk) { write_block(g, b, yp, blk); });
-    amx::release();
-  });
+  for_each_block(g, [&](const Block& blk) { write_block(g, b, yp, blk); });
 #endif
   return y;
 }

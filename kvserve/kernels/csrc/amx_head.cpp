@@ -26,13 +26,7 @@ namespace {
 
 #if defined(KVSERVE_AMX_TILES)
 using vec::vf;
-constexpr float kExpFloor = -87.0f;  // exp((x - m) * inv_temp) below this counts as 0 (as fused_ops.cpp)
-
-// exp((x - m) * inv_t) per lane, 0 below the floor (and for -inf or NaN lanes)
-inline vf scaled_exp(vf x, vf neg_m, vf inv_t) {
-  const vf t = vec::vmul(vec::vadd(x, neg_m), inv_t);
-  return vec::vzero_below(t, kExpFloor, vec::vexp(t));
-}
+using vec::scaled_exp;  // the softmax term, as fused_ops.cpp's draw computes it
 
 // What the first pass keeps per row and panel ([M, P], row-major)
 struct PanelStats {
@@ -123,10 +117,7 @@ int64_t sample_pick(const Gemm& g, const PanelStats& st, int64_t r, float inv_t,
   int64_t p = 0;
   for (; p + 16 <= P; p += 16)
     vec::vstore(w.data() + p, vec::vmul(_mm512_loadu_ps(mass + p), scaled_exp(_mm512_loadu_ps(mx + p), neg_m, it)));
-  for (; p < P; ++p) {
-    const float t = (mx[p] - m) * inv_t;
-    w[p] = t >= kExpFloor ? mass[p] * std::exp(t) : 0.f;
-  }
+  for (; p < P; ++p) w[p] = mass[p] * vec::scaled_exp1(mx[p], m, inv_t);
   double total = 0.0;
   for (p = 0; p < P; ++p) total += w[p];
   if (!(total > 0.0)) return greedy_pick(st, r);  // unreachable for finite logits: the max's panel has mass >= 1
@@ -187,11 +178,7 @@ at::Tensor amx_head_sample(const at::Tensor& x, const at::Tensor& packed, int64_
   std::unique_ptr<float[]> maxes(new float[M * P]), mass(new float[M * P]);
   std::unique_ptr<uint8_t[]> first(new uint8_t[M * P]);
   PanelStats st{maxes.get(), mass.get(), first.get(), P};
-  at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
-    amx::configure();
-    run_panels(g, p0, p1, [&](const Block& blk) { reduce_block(g, it, st, blk); });
-    amx::release();
-  });
+  for_each_block(g, [&](const Block& blk) { reduce_block(g, it, st, blk); });
   int64_t* op = out.data_ptr<int64_t>();
   at::parallel_for(0, M, 1, [&](int64_t r0, int64_t r1) {
     amx::configure();

@@ -15,6 +15,7 @@
 #include "amx_tiles.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cstring>
@@ -125,6 +126,17 @@ void run_panels(const Gemm& g, int64_t p0, int64_t p1, Done&& done) {
       }
     }
   }
+}
+
+// Every block of the GEMM, the panels split across the threads (each configures its tiles first):
+// `done(block)` runs on the thread that made the block.
+template <typename Done>
+void for_each_block(const Gemm& g, Done&& done) {
+  at::parallel_for(0, num_panels(g.N), 1, [&](int64_t p0, int64_t p1) {
+    amx::configure();
+    run_panels(g, p0, p1, done);
+    amx::release();
+  });
 }
 #endif
 

@@ -277,17 +277,8 @@ float row_max(const T* row, int64_t n) {
   return best;
 }
 
-// exp((x - m) * inv_t) of W lanes, 0 where that is below exp's range (masked -inf logits among them)
-constexpr float kExpFloor = -87.0f;
-inline vec::vf scaled_exp(vec::vf x, vec::vf neg_m, vec::vf inv_t) {
-  using namespace vec;
-  const vf t = vmul(vadd(x, neg_m), inv_t);
-  return vzero_below(t, kExpFloor, vexp(t));
-}
-inline float scaled_exp1(float x, float m, float inv_t) {
-  const float t = (x - m) * inv_t;
-  return t >= kExpFloor ? std::exp(t) : 0.f;
-}
+using vec::scaled_exp;
+using vec::scaled_exp1;
 
 // Logits as the LM head left them: float32, or bfloat16 where an AMX GEMM wrote them (read as the
 // floats they are: the same token as after a conversion, without its pass over the rows).

@@ -218,6 +218,18 @@ inline vf vexp_taylor(vf x) {
 inline vf vexp(vf x) { return vexp_taylor<7>(x); }
 inline vf vexp_for_bf16(vf x) { return vexp_taylor<5>(x); }
 
+// A softmax term exp((x - m) * inv_t) for the samplers (fused_ops.cpp's draw, amx_head.cpp's head): W
+// lanes with neg_m = -m, or one float; 0 where the exponent is below exp's range (-inf or NaN logits).
+constexpr float kExpFloor = -87.0f;
+inline vf scaled_exp(vf x, vf neg_m, vf inv_t) {
+  const vf t = vmul(vadd(x, neg_m), inv_t);
+  return vzero_below(t, kExpFloor, vexp(t));
+}
+inline float scaled_exp1(float x, float m, float inv_t) {
+  const float t = (x - m) * inv_t;
+  return t >= kExpFloor ? std::exp(t) : 0.f;
+}
+
 #if defined(__AVX2__) && !defined(__AVX512F__)
 // The 8 horizontal sums of a[0..7], as one vector.
 __attribute__((always_inline)) inline vf reduce8(const vf* a) {
