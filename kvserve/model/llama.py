@@ -188,16 +188,16 @@ class LlamaForCausalLM(nn.Module):
             out = self.lm_head(hidden)
         return out if keep_bf16 and out.dtype == torch.bfloat16 else out.float()
 
-    def draws_in_head(self, hidden: torch.Tensor, sampled: bool) -> bool:
-        """Whether ``draw_in_head`` takes these rows (a quantized LM head with its AMX tile copy;
-        ``sampled``: some row is drawn at a temperature, not greedily; ``QuantLinear.draws``)."""
-        return isinstance(self.lm_head, QuantLinear) and self.lm_head.draws(hidden, sampled)
+    def draws_in_head(self, hidden: torch.Tensor) -> bool:
+        """Whether ``draw_in_head`` takes these rows (a quantized LM head with its AMX tile copy, and
+        rows in the range where it measured faster: ``QuantLinear.draws``)."""
+        return isinstance(self.lm_head, QuantLinear) and self.lm_head.draws(hidden)
 
     @torch.inference_mode()
     def draw_in_head(self, hidden: torch.Tensor, inv_temp: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """One token per row (int64), drawn inside the LM head without writing logits: greedy where
         ``inv_temp`` is 0, else from softmax(logits * inv_temp) with the row's uniform ``u``
-        (``QuantLinear.draw``). Only where ``draws_in_head(hidden, sampled)``."""
+        (``QuantLinear.draw``). Only where ``draws_in_head(hidden)``."""
         assert isinstance(self.lm_head, QuantLinear)
         return self.lm_head.draw(hidden, inv_temp, u)
 

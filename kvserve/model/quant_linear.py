@@ -42,13 +42,13 @@ _TARGET = {"int8": "q8_0", "int4": "q4_1"}
 # for more rows and for the LM head's wide output. The cost: a second bf16 copy of those weights.
 # The LM head (``head=True``) gets a tile copy too, for one use: a step whose rows all draw greedily or
 # with plain temperature draws inside the head (``draw``, kernels/csrc/amx_head.cpp), with no logits
-# written. Against oneDNN's head and the native draw (scripts/amx_head_bench.py, cold weights; the
-# runner's sampler adds ~0.35 ms of Python to the latter): greedy 3.7 vs 3.9 ms at 64 rows, 4.9 vs
-# 5.5 at 128, even at 256; sampled 2.8 vs 3.5 ms at 32 rows, even at 64, 5.5 vs 5.0 at 96, where its
-# exps, interleaved with the tile products, cost more than the draw's separate pass. Hence the caps.
+# written. Against oneDNN's head and the native argmax / draw (scripts/amx_head_bench.py, cold weights;
+# the runner's sampler adds ~0.35 ms of Python to the latter): greedy 2.60 vs 3.00 ms at 32 rows, 3.63
+# vs 3.29 at 64, 4.87 vs 3.95 at 128; sampled 2.90 vs 3.42 at 32 rows, 4.03 vs 3.96 at 64, 6.40 vs 5.58
+# at 128. Past 64 rows the tile GEMM's own products (slower than oneDNN's there) and, for sampled rows,
+# exps interleaved with them cost more than the Python saved (docs/benchmarks.md, session 23).
 AMX_MIN_ROWS = 16
-HEAD_DRAW_MAX_ROWS = 256  # every row greedy
-HEAD_DRAW_MAX_SAMPLED_ROWS = 64  # any row drawn at a temperature
+HEAD_DRAW_MAX_ROWS = 64
 
 
 class QuantLinear(nn.Module):
@@ -100,12 +100,11 @@ class QuantLinear(nn.Module):
         weight has been set, which ``forward`` takes first)."""
         return self.dense is None and self.amx is not None and x.numel() >= AMX_MIN_ROWS * self.in_features
 
-    def draws(self, x: torch.Tensor, sampled: bool) -> bool:
-        """Whether ``draw`` takes these rows (``sampled``: some row is drawn at a temperature): an LM
-        head with its tile copy, rows that would run on the bf16 AMX copy anyway (AMX_MIN_ROWS or
-        more, so a draw sees the logits' bf16 rounding either way), and no more than the caps above."""
-        cap = HEAD_DRAW_MAX_SAMPLED_ROWS if sampled else HEAD_DRAW_MAX_ROWS
-        return self.draw_tiles is not None and self.runs_amx(x) and x.shape[0] <= cap
+    def draws(self, x: torch.Tensor) -> bool:
+        """Whether ``draw`` takes these rows: an LM head with its tile copy, rows that would run on the
+        bf16 AMX copy anyway (AMX_MIN_ROWS or more, so a draw sees the logits' bf16 rounding either
+        way), and no more than HEAD_DRAW_MAX_ROWS."""
+        return self.draw_tiles is not None and self.runs_amx(x) and x.shape[0] <= HEAD_DRAW_MAX_ROWS
 
     def draw(self, x: torch.Tensor, inv_temp: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """This LM head's token per row of ``x`` [rows, in] without writing the logits: greedy where

@@ -144,7 +144,7 @@ class TorchRunner:
         # an AMX LM head's bf16 logits go to the sampler as they are when only its native draws read them
         keep_bf16 = not constrained and not any(c.is_verify for c in scored) and self.sampler.reads_bf16(reqs)
         hidden = hidden if keep is not None else hidden[torch.tensor(rows, device=self.device)]
-        if keep_bf16 and self.model.draws_in_head(hidden, any(not r.params.greedy for r in reqs)):
+        if keep_bf16 and self.model.draws_in_head(hidden):
             # every row one token, greedy or plain temperature: the head draws them, no logits
             tokens = self.model.draw_in_head(hidden, *self.sampler.head_draw_inputs(reqs)).tolist()
             for r, t in zip(reqs, tokens):

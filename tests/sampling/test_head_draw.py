@@ -87,18 +87,16 @@ def test_rows_that_need_logits_keep_the_logits_path(llm, monkeypatch):
 
 
 def test_the_head_draws_where_it_measured_faster(llm):
-    """16+ rows (the head's bf16 copy); up to HEAD_DRAW_MAX_ROWS greedy rows, HEAD_DRAW_MAX_SAMPLED_ROWS
-    when some row samples (its exps cost more than the separate draw past that)."""
-    from kvserve.model.quant_linear import AMX_MIN_ROWS, HEAD_DRAW_MAX_ROWS, HEAD_DRAW_MAX_SAMPLED_ROWS
+    """AMX_MIN_ROWS (the head's bf16 copy) to HEAD_DRAW_MAX_ROWS rows: past that the separate head and
+    draw measured faster."""
+    from kvserve.model.quant_linear import AMX_MIN_ROWS, HEAD_DRAW_MAX_ROWS
 
     model = llm.engine.runner.model
     rows = lambda n: torch.zeros(n, model.lm_head.in_features)  # noqa: E731
-    assert not model.draws_in_head(rows(AMX_MIN_ROWS - 1), False)
-    assert model.draws_in_head(rows(AMX_MIN_ROWS), True)
-    assert model.draws_in_head(rows(HEAD_DRAW_MAX_SAMPLED_ROWS), True)
-    assert not model.draws_in_head(rows(HEAD_DRAW_MAX_SAMPLED_ROWS + 1), True)
-    assert model.draws_in_head(rows(HEAD_DRAW_MAX_ROWS), False)
-    assert not model.draws_in_head(rows(HEAD_DRAW_MAX_ROWS + 1), False)
+    assert not model.draws_in_head(rows(AMX_MIN_ROWS - 1))
+    assert model.draws_in_head(rows(AMX_MIN_ROWS))
+    assert model.draws_in_head(rows(HEAD_DRAW_MAX_ROWS))
+    assert not model.draws_in_head(rows(HEAD_DRAW_MAX_ROWS + 1))
 
 
 def test_the_step_split_times_the_draw_in_the_head_as_its_own_part(tiny_model_dir):
