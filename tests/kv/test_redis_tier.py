@@ -20,7 +20,8 @@ from kvserve.llm import LLM
 
 redis = pytest.importorskip("redis")
 if shutil.which("redis-server") is None:
-    pytest.skip("redis-server is not installed (apt-get install redis-server; .ci/run does)", allow_module_level=True)
+    pytest.skip("no redis-server on the PATH (Debian: apt-get install redis-server; make test does as root)",
+                allow_module_level=True)
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 BS = 4
