@@ -11,8 +11,8 @@ import kvserve
 from kvserve.engine.worker import apply_engine_env
 
 # Set before torch, and so OpenMP, loads: for in-process engines (generate, chat, bench offline) and
-# the engine process `serve` spawns, which inherits them (before session 14 this set PASSIVE on every
-# CPU, which then kept an AMX CPU's engine from its spin count: c64 492 vs 649 output tok/s).
+# the engine process `serve` spawns, which inherits them (not PASSIVE on every CPU: that kept an AMX
+# CPU's engine from its spin count, c64 492 vs 649 output tok/s; docs/benchmarks.md).
 apply_engine_env()
 
 from kvserve.config import PARTS, KVServeConfig

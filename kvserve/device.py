@@ -7,7 +7,7 @@ project's AVX2 machines and an AVX512 Ice Lake without AVX512-BF16), so ``auto``
 A model whose linear layers run on kvserve's integer kernels (the embedded GGUF model's default)
 keeps float32 activations on every CPU: its GEMMs do not run in the model's dtype, and in bf16 a
 decode step falls back from the whole-step native call to the Python layers (2.8x slower a 64-row
-step on a Sapphire Rapids-class Xeon, docs/benchmarks.md, session 13).
+step on a Sapphire Rapids-class Xeon, docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvserve.attention.general import LayerAttention, attend_general
 from kvserve.attention.kv_pool import KVPool
 from kvserve.attention.registry import Registry
 
@@ -44,6 +45,7 @@ class AttentionMetadata:
     """Built once per step and shared by every layer; backends extend it."""
 
     slot_mapping: torch.Tensor  # [T] where each new token's K/V is written
+    seqs: Sequence[SeqRows] = ()  # the step's sequences in row order
 
 
 @dataclass
@@ -74,21 +76,42 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                layer_kv: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
+                layer_kv: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
+                scale: float | None = None) -> torch.Tensor:
         """q: [T, heads, d]; k, v: [T, kv_heads, d] for the new tokens; ``layer_kv``: the layer's
-        (K, V) cache from the pool. Writes k, v to their slots; returns [T, heads, d]."""
+        (K, V) cache from the pool; ``scale``: the softmax's (None: head_dim ** -0.5). Writes k, v to
+        their slots; returns [T, heads, d]."""
 
     def forward_rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      layer_kv: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
-                     rows: torch.Tensor) -> torch.Tensor:
+                     rows: torch.Tensor, scale: float | None = None) -> torch.Tensor:
         """As ``forward`` (every row's k, v written), but the attention of ``rows`` (int64 row indices,
         each sequence's ascending) only: [len(rows), heads, d]. The model's last layer needs no more
         than the rows the step samples. By default, all rows' then those."""
-        return self.forward(q, k, v, layer_kv, meta)[rows]
+        return self.forward(q, k, v, layer_kv, meta, *(() if scale is None else (scale,)))[rows]
+
+    def attend_layer(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     layer_kv: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
+                     spec: LayerAttention, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """A layer's attention with its own options: ``forward`` (or ``forward_rows`` for ``rows``), or,
+        for a window or a soft cap, the general path over the stored K/V."""
+        if not spec.masked:
+            scale = () if spec.scale is None else (spec.scale,)  # a backend may take the default scale only
+            if rows is None:
+                return self.forward(q, k, v, layer_kv, meta, *scale)
+            return self.forward_rows(q, k, v, layer_kv, meta, rows, *scale)
+        self.pool.store(layer_kv, meta.slot_mapping, k, v)
+        out = attend_general(self.pool, q, layer_kv, meta, spec)
+        return out if rows is None else out[rows]
 
     def warm_up(self, num_heads: int) -> None:
         """Compile what the first steps would otherwise compile on the way (called once the runner has
         set ``prefill_dtype``; ``num_heads``: the model's query heads); nothing by default."""
+
+    def attends_bf16(self, meta: AttentionMetadata) -> bool:
+        """Whether this step's rows attend in bf16 (``prefill_dtype``) with no row for the native decode
+        stack: then a layer may keep q/k/v in bf16 from its GEMM into attention."""
+        return self.prefill_dtype == torch.bfloat16 and self.native_step(meta) is None
 
     def native_step(self, meta: AttentionMetadata) -> NativeAttention | None:
         """The arguments of the native paged kernel when it can attend every row of this step

@@ -100,7 +100,6 @@ class PagedMetadata(AttentionMetadata):
     # chunks of more than one row that flash_prefill attends (where it runs), in seq_info's form
     flash_tables: torch.Tensor | None = None
     flash_info: torch.Tensor | None = None
-    seqs: Sequence[SeqRows] = ()  # the step's sequences in row order (forward_rows maps rows to them)
 
 
 class PagedBackend(AttentionBackend):
@@ -209,9 +208,10 @@ class PagedBackend(AttentionBackend):
             return None  # some rows go to SDPA
         return NativeAttention(meta.slot_mapping, meta.block_tables, meta.seq_info, self.pool.block_size, self.scale)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                layer_kv: LayerKV, meta: PagedMetadata) -> torch.Tensor:  # type: ignore[override]
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_kv: LayerKV, meta: PagedMetadata,
+                scale: float | None = None) -> torch.Tensor:  # type: ignore[override]
         k_cache, v_cache = layer_kv
+        scale = self.scale if scale is None else scale
         self.pool.store(layer_kv, meta.slot_mapping, k, v)
         if q.stride(-1) != 1:
             q = q.contiguous()
@@ -219,24 +219,24 @@ class PagedBackend(AttentionBackend):
         if meta.seq_info.shape[0]:  # an 8-bit cache is read as stored, with its scales
             scales = (layer_kv.k_scale, layer_kv.v_scale) if self.pool.quantized else (None, None)
             torch.ops.kvserve.paged_attention(out, q, k_cache, v_cache, meta.block_tables, meta.seq_info,
-                                              self.pool.block_size, self.scale, *scales)
+                                              self.pool.block_size, scale, *scales)
         if meta.flash_info is not None:
             torch.ops.kvserve.flash_prefill(out, q, k_cache, v_cache, meta.flash_tables, meta.flash_info,
-                                            self.pool.block_size, self.scale)
+                                            self.pool.block_size, scale)
         gqa = q.shape[1] != k.shape[1]
         dt = self.prefill_dtype or q.dtype
         for first, n in meta.fresh:
             rows = slice(first, first + n)
             kf, vf = self.pool.as_stored(layer_kv, k[rows], v[rows])
             o = F.scaled_dot_product_attention(_heads_first(q[rows], dt), _heads_first(kf, dt), _heads_first(vf, dt),
-                                               is_causal=True, enable_gqa=gqa)
+                                               is_causal=True, enable_gqa=gqa, scale=scale)
             out[rows] = o[0].transpose(0, 1)
         for group in meta.gathered:
-            self._attend_group(q, k, v, layer_kv, group, out, dt)
+            self._attend_group(q, k, v, layer_kv, group, out, dt, scale)
         return out
 
-    def forward_rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_kv: LayerKV,
-                     meta: PagedMetadata, rows: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward_rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_kv: LayerKV, meta: PagedMetadata,
+                     rows: torch.Tensor, scale: float | None = None) -> torch.Tensor:  # type: ignore[override]
         """Every row's K/V stored, then only ``rows`` attend, each run of a sequence's consecutive rows
         as one causal chunk over its context through the paged kernel (which reads the cache in place):
         what the last layer needs when the step samples a row or two per sequence."""
@@ -247,7 +247,7 @@ class PagedBackend(AttentionBackend):
             scales = (layer_kv.k_scale, layer_kv.v_scale) if self.pool.quantized else (None, None)
             torch.ops.kvserve.paged_attention(out, q[rows], layer_kv[0], layer_kv[1], torch.tensor(tables, dtype=torch.int32),
                                               torch.tensor(info, dtype=torch.int32).view(-1, 4), self.pool.block_size,
-                                              self.scale, *scales)
+                                              self.scale if scale is None else scale, *scales)
         return out
 
     def _row_runs(self, seqs: Sequence[SeqRows], rows: list[int]) -> tuple[list[int], list[int]]:
@@ -273,19 +273,19 @@ class PagedBackend(AttentionBackend):
         return tables, info
 
     def _attend_group(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_kv: LayerKV,
-                      group: ContextGroup, out: torch.Tensor, dt: torch.dtype) -> None:
+                      group: ContextGroup, out: torch.Tensor, dt: torch.dtype, scale: float) -> None:
         if group.prefix_slots is not None:
             q_all = torch.cat([q[c.first : c.first + c.rows] for c in group.chunks])
             kp, vp = self.pool.gather(layer_kv, group.prefix_slots, dt)
-            o_prefix, lse_prefix = _attend(q_all, kp, vp, dt)
+            o_prefix, lse_prefix = _attend(q_all, kp, vp, dt, scale)
         row = 0
         for c in group.chunks:
             rows = slice(c.first, c.first + c.rows)
             kf, vf = self.pool.as_stored(layer_kv, k[rows], v[rows])
-            o, lse = _attend(q[rows], kf, vf, dt, causal=True)
+            o, lse = _attend(q[rows], kf, vf, dt, scale, causal=True)
             if c.cached_slots is not None:
                 kc, vc = self.pool.gather(layer_kv, c.cached_slots, dt)
-                o, lse = _merge(o, lse, *_attend(q[rows], kc, vc, dt))
+                o, lse = _merge(o, lse, *_attend(q[rows], kc, vc, dt, scale))
             if group.prefix_slots is not None:
                 o, lse = _merge(o, lse, o_prefix[row : row + c.rows], lse_prefix[row : row + c.rows])
             out[rows] = o
@@ -295,7 +295,7 @@ class PagedBackend(AttentionBackend):
 register_attention_backend("paged", PagedBackend)
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype,
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype, scale: float,
             causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of q [n, heads, d] over k, v [C, kv_heads, d] in ``dtype`` (``causal``: q and k are
     the same n positions): the output [n, heads, d] and its log-sum-exp [n, heads] (float32).
@@ -308,10 +308,10 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtyp
     group = heads // kv_heads
     sdpa = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     if causal:
-        o, lse = sdpa(_heads_first(q, dtype), _heads_first(k, dtype), _heads_first(v, dtype), 0.0, True)
+        o, lse = sdpa(_heads_first(q, dtype), _heads_first(k, dtype), _heads_first(v, dtype), 0.0, True, scale=scale)
         return o[0].transpose(0, 1), lse[0].transpose(0, 1)
     qf = q.to(dtype).view(n, kv_heads, group, d).permute(1, 2, 0, 3).reshape(1, kv_heads, group * n, d)
-    o, lse = sdpa(qf, _heads_first(k, dtype), _heads_first(v, dtype), 0.0, False)
+    o, lse = sdpa(qf, _heads_first(k, dtype), _heads_first(v, dtype), 0.0, False, scale=scale)
     o = o.view(kv_heads, group, n, d).permute(2, 0, 1, 3).reshape(n, heads, d)
     return o, lse.view(kv_heads, group, n).permute(2, 0, 1).reshape(n, heads)
 

@@ -86,18 +86,19 @@ class GatherSdpaBackend(AttentionBackend):
                 span.mask = k_pos <= q_pos
             prefills.append(span)
             row += len(s.tokens)
-        return SdpaMetadata(torch.tensor(slots, device=device), num_decodes, groups, prefills)
+        return SdpaMetadata(slot_mapping=torch.tensor(slots, device=device), seqs=seqs, num_decodes=num_decodes,
+                            decode_groups=groups, prefills=prefills)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                layer_kv: LayerKV, meta: SdpaMetadata) -> torch.Tensor:  # type: ignore[override]
+                layer_kv: LayerKV, meta: SdpaMetadata, scale: float | None = None) -> torch.Tensor:  # type: ignore[override]
         self.pool.store(layer_kv, meta.slot_mapping, k, v)
         gqa = q.shape[1] != k.shape[1]
         if meta.num_decodes == q.shape[0] and not meta.prefills:
-            return self._decode(q, layer_kv, meta, gqa)
+            return self._decode(q, layer_kv, meta, gqa, scale)
         out = torch.empty_like(q)
         nd = meta.num_decodes
         if nd:
-            out[:nd] = self._decode(q[:nd], layer_kv, meta, gqa)
+            out[:nd] = self._decode(q[:nd], layer_kv, meta, gqa, scale)
         for span in meta.prefills:
             rows = slice(span.q_start, span.q_start + span.num_tokens)
             qs = q[rows].transpose(0, 1).unsqueeze(0)
@@ -112,25 +113,28 @@ class GatherSdpaBackend(AttentionBackend):
                 attn_mask=span.mask,
                 is_causal=span.mask is None,
                 enable_gqa=gqa,
+                scale=scale,
             )
             out[rows] = o[0].transpose(0, 1)
         return out
 
 
-    def _decode(self, q: torch.Tensor, layer_kv: LayerKV, meta: SdpaMetadata, gqa: bool) -> torch.Tensor:
+    def _decode(self, q: torch.Tensor, layer_kv: LayerKV, meta: SdpaMetadata, gqa: bool,
+                scale: float | None = None) -> torch.Tensor:
         groups = meta.decode_groups
         if len(groups) == 1:
-            return self._decode_group(q, layer_kv, groups[0], gqa)
+            return self._decode_group(q, layer_kv, groups[0], gqa, scale)
         out = torch.empty_like(q)
         for g in groups:
-            out[g.start : g.end] = self._decode_group(q[g.start : g.end], layer_kv, g, gqa)
+            out[g.start : g.end] = self._decode_group(q[g.start : g.end], layer_kv, g, gqa, scale)
         return out
 
-    def _decode_group(self, q: torch.Tensor, layer_kv: LayerKV, g: DecodeGroup, gqa: bool) -> torch.Tensor:
+    def _decode_group(self, q: torch.Tensor, layer_kv: LayerKV, g: DecodeGroup, gqa: bool,
+                      scale: float | None = None) -> torch.Tensor:
         # Gather each sequence's context through its block table: [B, L, kv_heads, d].
         kd, vd = self.pool.gather(layer_kv, g.slots, q.dtype)
         o = F.scaled_dot_product_attention(q.unsqueeze(2), kd.transpose(1, 2), vd.transpose(1, 2), attn_mask=g.mask,
-                                           enable_gqa=gqa)
+                                           enable_gqa=gqa, scale=scale)
         return o.squeeze(2)
 
 

@@ -38,7 +38,7 @@ ENGINE_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 # a 64-row step slower than the integer kernels (59 vs 53 ms); a spin of 2,000 pauses (~0.1 ms here)
 # still slept through the Python path's gaps: c64 429 vs 570 output tok/s, prefix-RAG TTFT p99 3.24
 # vs 2.03 s against 10,000 (~0.5 ms), which matched OMP_WAIT_POLICY=ACTIVE; idle threads still sleep
-# within a millisecond (docs/benchmarks.md, session 14).
+# within a millisecond (docs/benchmarks.md).
 AMX_ENGINE_ENV = {"GOMP_SPINCOUNT": "10000"}
 
 

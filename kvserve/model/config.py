@@ -1,14 +1,22 @@
-"""ModelConfig: the shape of a Llama-family decoder, whatever file it came from."""
+"""ModelConfig: the shape of a decoder and the options of its layers, whatever file it came from.
+
+One parse of a Hugging Face ``config.json`` (``from_hf_dict``): the fields every decoder has are read
+here, and the architecture's own entry (``kvserve.model.architectures``) adds its options (q/k norms,
+windows, soft caps, MoE, ...). The loaders, the runner and the simulator all read this one result.
+Torch-free, so that the simulator can use it.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+FULL, SLIDING = "full_attention", "sliding_attention"  # HF's layer_types values
+
 
 @dataclass
 class ModelConfig:
-    """Architecture hyper-parameters, named as in a Hugging Face ``config.json``."""
+    """Architecture hyper-parameters, named as in a Hugging Face ``config.json`` where it has a name."""
 
     vocab_size: int
     hidden_size: int
@@ -28,31 +36,92 @@ class ModelConfig:
     eos_token_ids: list[int] = field(default_factory=list)
     architecture: str = "LlamaForCausalLM"
 
+    # --- layer options (the defaults are Llama's) ---
+    o_proj_bias: bool = False  # Llama's attention_bias covers o_proj too; Qwen2's does not
+    mlp_bias: bool = False
+    hidden_act: str = "silu"  # the gated MLP's activation: silu or gelu_pytorch_tanh
+    # q/k RMSNorm after the projections: "head" over each head's dims (Qwen3, Gemma 3), "full" over the
+    # whole projection (OLMo 2), None: none
+    qk_norm: str | None = None
+    # where the norms sit: "pre" (Llama), "sandwich" (Gemma 2/3: also on each sublayer's output),
+    # "post" (OLMo 2: only on each sublayer's output)
+    norm_layout: str = "pre"
+    norm_offset: float = 0.0  # Gemma's norms scale by (1 + weight)
+    attn_scale: float | None = None  # softmax scale; None: head_dim ** -0.5
+    attn_logit_softcap: float | None = None  # Gemma 2: cap * tanh(scores / cap)
+    final_logit_softcap: float | None = None
+    logit_scale: float = 1.0  # logits multiplied by this (Granite: 1 / logits_scaling)
+    embed_scale: float = 1.0  # embeddings multiplied by this (Gemma: sqrt(hidden), Granite: embedding_multiplier)
+    residual_scale: float = 1.0  # each sublayer's output multiplied by this before the add (Granite)
+    sliding_window: int | None = None  # keys a sliding layer attends: the query's own and the window - 1 before
+    layer_types: list[str] | None = None  # per layer FULL or SLIDING; None: every layer FULL (or all SLIDING with a window)
+    rope_local_theta: float | None = None  # sliding layers' own RoPE base, unscaled (Gemma 3)
+    partial_rotary_factor: float = 1.0  # the share of each head's dims that rotate (Phi-4-mini)
+    # --- mixture of experts ---
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False  # renormalise the chosen experts' weights to sum to 1
+    moe_layers: list[bool] | None = None  # per layer: MoE or the dense MLP; None: every layer MoE when num_experts
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE: a dense expert every token takes, gated by a sigmoid
+
     def __post_init__(self) -> None:
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        if self.layer_types is not None and len(self.layer_types) != self.num_hidden_layers:
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers")
+        if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(f"num_experts_per_tok must be 1..{self.num_experts}")
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of ``layer``, or None where it attends the whole context."""
+        if self.sliding_window is None:
+            return None
+        if self.layer_types is None or self.layer_types[layer] == SLIDING:
+            return self.sliding_window
+        return None
+
+    def is_moe(self, layer: int) -> bool:
+        return bool(self.num_experts) and (self.moe_layers is None or self.moe_layers[layer])
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(int(self.head_dim or 0) * self.partial_rotary_factor)
+
+    def llama_layers(self) -> str | None:
+        """None when every layer is plain Llama (what the native decode stack runs), else the first
+        option that is not, for the start-up log."""
+        checks = [(self.qk_norm is not None, "q/k norms"), (self.norm_layout != "pre", f"{self.norm_layout} norms"),
+                  (self.norm_offset != 0, "norms offset by 1"), (self.hidden_act != "silu", self.hidden_act),
+                  (self.attn_scale is not None, "a softmax scale of its own"),
+                  (self.attn_logit_softcap is not None, "attention soft caps"),
+                  (self.sliding_window is not None, "sliding windows"), (self.num_experts > 0, "experts"),
+                  (self.o_proj_bias or self.mlp_bias, "biases past q/k/v"),
+                  (self.embed_scale != 1 or self.residual_scale != 1, "scaled embeddings or residuals"),
+                  (self.partial_rotary_factor != 1, "partial rotary")]
+        return next((why for bad, why in checks if bad), None)
 
     @classmethod
-    def from_hf_dict(cls, d: dict[str, Any]) -> "ModelConfig":
-        """Build from a parsed Hugging Face config.json."""
-        arch = (d.get("architectures") or ["LlamaForCausalLM"])[0]
+    def from_hf_dict(cls, d: dict[str, Any], strict: bool = True) -> "ModelConfig":
+        """Build from a parsed Hugging Face config.json: the common fields, then the architecture's own
+        (``kvserve.model.architectures``); raises ``ValueError`` for an architecture not registered.
+        Not ``strict`` (the simulator's shapes): an unregistered or unnamed architecture is read by its
+        common keys (``generic_config``)."""
+        from kvserve.model.architectures import GENERIC, architecture_names, get_architecture
+
+        named = (d.get("architectures") or [None])[0]
+        arch = named or "LlamaForCausalLM"
+        spec = get_architecture(arch) if strict or (named in architecture_names()) else GENERIC
+        d = spec.text_config(d)
         eos = d.get("eos_token_id")
         eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-        rope_theta = d.get("rope_theta")
-        rope_scaling = d.get("rope_scaling")
-        rope_params = d.get("rope_parameters")  # transformers >= 5 nests rope settings here
-        if isinstance(rope_params, dict):
-            rope_theta = rope_theta or rope_params.get("rope_theta")
-            if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
-                rope_scaling = dict(rope_params)
-        if rope_scaling is not None and rope_scaling.get("rope_type", rope_scaling.get("type")) == "default":
-            rope_scaling = None
-        return cls(
+        rope_theta, rope_scaling = rope_settings(d)
+        common: dict[str, Any] = dict(
             vocab_size=d["vocab_size"],
             hidden_size=d["hidden_size"],
-            intermediate_size=d["intermediate_size"],
+            intermediate_size=d.get("intermediate_size") or 0,
             num_hidden_layers=d["num_hidden_layers"],
             num_attention_heads=d["num_attention_heads"],
             num_key_value_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
@@ -62,8 +131,30 @@ class ModelConfig:
             rope_scaling=rope_scaling,
             max_position_embeddings=d.get("max_position_embeddings", 4096),
             tie_word_embeddings=d.get("tie_word_embeddings", False),
-            attention_bias=d.get("attention_bias", arch.startswith("Qwen2")),
+            attention_bias=bool(d.get("attention_bias", False)),
+            o_proj_bias=bool(d.get("attention_bias", False)),
+            mlp_bias=bool(d.get("mlp_bias", False)),
+            hidden_act=d.get("hidden_act") or d.get("hidden_activation") or "silu",
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=eos_ids,
             architecture=arch,
         )
+        common.update(spec.config(d))
+        return cls(**common)
+
+
+def rope_settings(d: dict[str, Any]) -> tuple[float | None, dict[str, Any] | None]:
+    """rope_theta and the scaling dict (None for plain RoPE), from transformers 4's top-level keys or
+    transformers 5's ``rope_parameters``."""
+    rope_theta = d.get("rope_theta")
+    rope_scaling = d.get("rope_scaling")
+    rope_params = d.get("rope_parameters")
+    if isinstance(rope_params, dict):
+        if "full_attention" in rope_params:  # Gemma 3 in transformers 5: per layer type
+            rope_params = rope_params["full_attention"]
+        rope_theta = rope_theta or rope_params.get("rope_theta")
+        if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
+            rope_scaling = dict(rope_params)
+    if rope_scaling is not None and rope_scaling.get("rope_type", rope_scaling.get("type")) == "default":
+        rope_scaling = None
+    return rope_theta, rope_scaling

@@ -1,71 +1,49 @@
-"""The Llama-family decoder (Llama 2/3, SmolLM, Mistral-style GQA, Qwen2 with q/k/v bias)."""
+"""The decoder every architecture is built as: embeddings, layers (attention and a gated MLP or a mixture of
+experts, their norms in the architecture's layout), the final norm and the LM head; loading a checkpoint
+into it, and the CPU fast paths (oneDNN-packed and quantized linears, native ops, the native decode stack,
+the LM head's own draw). The options come from ``ModelConfig``; ``kvserve.model.architectures`` registers
+what each architecture turns on."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
 from torch import nn
 
 from kvserve.attention import AttentionBackend, AttentionMetadata
+from kvserve.model.attention import Attention
 from kvserve.model.config import ModelConfig
+from kvserve.model.layers import PackedLinear, RMSNorm, pack_linears, padded_rows, runs_amx
+from kvserve.model.mlp import GatedMLP, MoE
 from kvserve.model.native_stack import build_native_stack, run_native_stack
-from kvserve.model.layers import (PackedLinear, RMSNorm, Rotary, RotaryStep, SwiGLU, pack_linears, padded_rows,
-                                  runs_amx)
-from kvserve.model.quant import QuantWeight
-from kvserve.model.quant_linear import (AMX_MIN_ROWS, QuantEmbedding, QuantLinear, fused_linear_sources,
-                                       quantized_modules)
+from kvserve.model.quant_linear import AMX_MIN_ROWS, QuantEmbedding, QuantLinear
+from kvserve.model.rotary import Rotary, RotaryStep
 
-
-class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.num_heads = cfg.num_attention_heads
-        self.num_kv_heads = cfg.num_key_value_heads
-        self.head_dim = cfg.head_dim
-        self.hidden_size = cfg.hidden_size
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.split = (q_size, kv_size, kv_size)
-        self.qkv = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
-
-    def runs_bf16(self, x: torch.Tensor, attn: AttentionBackend, meta: AttentionMetadata,
-                  kv_cache: tuple[torch.Tensor, torch.Tensor]) -> bool:
-        """Whether q/k/v stay bf16 from the GEMM through rotary, the KV write and attention into o_proj:
-        where the GEMM runs in bf16 and attention and the KV cache are bf16 anyway (AMX prefill), which
-        saves the float32 round trips (~4% of a prefill). Steps the native decode stack could run keep
-        its float32 arithmetic."""
-        return (attn.prefill_dtype == torch.bfloat16 and kv_cache[0].dtype == torch.bfloat16
-                and runs_amx(self.qkv, x) and attn.native_step(meta) is None)
-
-    def forward(self, x, rope: RotaryStep, attn: AttentionBackend, meta: AttentionMetadata,
-                kv_cache: tuple[torch.Tensor, torch.Tensor], bf16: bool = False, rows: torch.Tensor | None = None,
-                tokens: int | None = None):
-        """``bf16`` (see ``runs_bf16``): x is the bf16 input of the qkv GEMM and the output is bf16.
-        ``rows``: every row's K/V is written but only these attend: the output is theirs.
-        ``tokens``: the step's rows, where x has zero rows past them (the GEMM's padding)."""
-        t = x.shape[0] if tokens is None else tokens
-        qkv = (self.qkv(x, out_dtype=torch.bfloat16) if bf16 else self.qkv(x))[:t]
-        q, k, v = qkv.split(self.split, dim=-1)
-        q, k = rope.apply(q.view(t, self.num_heads, self.head_dim), k.view(t, self.num_kv_heads, self.head_dim))
-        v = v.view(t, self.num_kv_heads, self.head_dim)
-        if rows is None:
-            o = attn.forward(q, k, v, kv_cache, meta)
-        else:
-            o = attn.forward_rows(q, k, v, kv_cache, meta, rows)
-        if not o.shape[0]:  # no row attends (a step that samples nothing): the K/V writes were all
-            return x.new_empty(0, self.hidden_size)
-        o = o.reshape(o.shape[0], -1)
-        return self.o_proj(o, out_dtype=torch.bfloat16) if bf16 else self.o_proj(o)
+log = logging.getLogger(__name__)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.layout = cfg.norm_layout
+        if self.layout != "post":  # before attention and before the MLP
+            self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if self.layout != "pre":  # on attention's and the MLP's outputs
+            self.attn_out_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.mlp_out_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer)
+        self.mlp: GatedMLP | MoE
+        if cfg.is_moe(layer):
+            self.mlp = MoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_tok,
+                           cfg.norm_topk_prob, cfg.hidden_act, cfg.shared_expert_intermediate_size)
+        else:
+            self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, cfg.mlp_bias)
+        self.residual_scale = cfg.residual_scale
+        # the bf16 hand-offs between the norms and the AMX GEMMs: Llama's layout and plain attention only
+        self.fast = self.layout == "pre" and self.self_attn.plain and cfg.residual_scale == 1
 
     def forward(self, h, delta, rope, attn, meta, kv_cache,
                 rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -79,74 +57,75 @@ class DecoderLayer(nn.Module):
         On an AMX step the norms write bf16 (what the GEMMs read) and the GEMMs' bf16 outputs go
         into the float32 residual as they are: no conversion passes between them."""
         t = h.shape[0]
-        bf16_attn = self.self_attn.runs_bf16(h, attn, meta, kv_cache)
-        # the norms write the bf16 GEMMs' inputs already padded to the rows oneDNN gets (padded_rows)
-        x = self.input_layernorm.add_forward(h, delta, *((torch.bfloat16, padded_rows(t)) if bf16_attn else ()))
+        bf16_attn = self.fast and self.self_attn.runs_bf16(h, attn, meta, kv_cache)
+        if self.layout == "post":
+            x = h if delta is None else h.add_(delta)
+        else:  # the norms write the bf16 GEMMs' inputs already padded to the rows oneDNN gets (padded_rows)
+            x = self.input_layernorm.add_forward(h, delta, *((torch.bfloat16, padded_rows(t)) if bf16_attn else ()))
         x = self.self_attn(x, rope, attn, meta, kv_cache, bf16_attn, rows, t)
         if rows is not None:
             h = h[rows]
             if not rows.numel():
                 return h, None
-        bf16_mlp = self.mlp.native and runs_amx(self.mlp.gate_up, h)
-        x = self.post_attention_layernorm.add_forward(h, x, *((torch.bfloat16, padded_rows(h.shape[0])) if bf16_mlp else ()))
-        return h, self.mlp(x)[: h.shape[0]]
+        x = self._out(x, "attn_out_norm")
+        if self.layout == "post":
+            x = h.add_(x)
+        else:
+            bf16_mlp = self.fast and isinstance(self.mlp, GatedMLP) and self.mlp.runs_amx(h)
+            x = self.post_attention_layernorm.add_forward(h, x, *((torch.bfloat16, padded_rows(h.shape[0])) if bf16_mlp
+                                                                  else ()))
+        return h, self._out(self.mlp(x)[: h.shape[0]], "mlp_out_norm")
+
+    def _out(self, x: torch.Tensor, norm: str) -> torch.Tensor:
+        """A sublayer's output as the residual stream takes it: normed (sandwich and post layouts), scaled."""
+        if self.layout != "pre":
+            x = getattr(self, norm)(x)
+        return x * self.residual_scale if self.residual_scale != 1 else x
 
 
-class LlamaForCausalLM(nn.Module):
+class CausalLM(nn.Module):
+    """Any registered architecture (``kvserve.model.architectures``), from its ``ModelConfig``."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.rotary = Rotary(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+        head_dim = int(cfg.head_dim or 0)
+        self.rotary = Rotary(cfg.rotary_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling, head_dim)
+        # Gemma 3's sliding layers rotate with their own base, unscaled
+        self.local_rotary = None if cfg.rope_local_theta is None else Rotary(
+            cfg.rotary_dim, cfg.max_position_embeddings, cfg.rope_local_theta, None, head_dim)
+        self.uses_local = [cfg.rope_local_theta is not None and cfg.window(i) is not None for i in range(len(self.layers))]
         self.native = False
         self.native_stack: Any | None = None  # every layer in one native call (kvserve.model.native_stack)
 
     @classmethod
     def from_hf_weights(cls, cfg: ModelConfig, weights: dict[str, Any], dtype: torch.dtype,
-                        device: torch.device, quantization: str = "none") -> "LlamaForCausalLM":
-        """Build on the meta device, load, cast, and pack the linears for oneDNN where it helps.
+                        device: torch.device, quantization: str = "none") -> "CausalLM":
+        """The model over checkpoint ``weights`` (``kvserve.model.assemble.build_model``)."""
+        from kvserve.model.assemble import build_model
 
-        ``weights`` may hold ``QuantWeight``s (a GGUF loaded with ``keep_quantized``);
-        ``quantization`` (see ``quantized_modules``) says which layers stay or become quantized,
-        the rest is dequantized to ``dtype``.
-        """
-        from kvserve.model.layers import cpu_packing_supported
-
-        quantized = quantized_modules(cfg, weights, quantization, device)
-        weights = {k: v.dequantize() if isinstance(v, QuantWeight) else v for k, v in weights.items()
-                   if not (isinstance(v, QuantWeight) and _only_in(k, quantized, cfg))}
-        with torch.device("meta"):
-            model = cls(cfg)
-            for path in quantized:  # no dense storage for these: they are built below
-                _set_module(model, path, nn.Identity())
-        model = model.to_empty(device=device)
-        model.load_hf_weights(weights)
-        model = model.to(dtype).eval()
-        model.rotary.to(device)
-        for path, qw in quantized.items():
-            if path == "embed_tokens":
-                _set_module(model, path, QuantEmbedding(qw, dtype))
-            else:
-                bias = _fused_bias(cfg, weights, path)
-                _set_module(model, path, QuantLinear(qw, bias, dtype, tiles=path != "lm_head", head=path == "lm_head"))
-        if device.type == "cpu" and cpu_packing_supported(dtype):
-            model.pack_for_cpu()
-        if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
-            from kvserve.kernels import load_kernels
-
-            model.use_native_ops(load_kernels())
-        return model
+        return build_model(cls, cfg, weights, dtype, device, quantization)
 
     def use_native_ops(self, on: bool = True) -> None:
         """Norms, rotary and the MLP's activation through the fused CPU kernels (kvserve.kernels)."""
         self.native = on
         for m in self.modules():
-            if isinstance(m, (RMSNorm, SwiGLU)):
+            if isinstance(m, RMSNorm):
                 m.native = on
-        self.native_stack = build_native_stack(self) if on else None
+            elif isinstance(m, (GatedMLP, MoE)):
+                m.use_native(on)
+        self.native_stack = None
+        if on:
+            why = self.config.llama_layers()
+            if why is None:
+                self.native_stack = build_native_stack(self)
+            else:
+                log.info("%s: decode steps run the Python layers (the native decode stack runs Llama's layers; this "
+                         "model has %s)", self.config.architecture, why)
 
     @torch.inference_mode()
     def forward(
@@ -166,32 +145,52 @@ class LlamaForCausalLM(nn.Module):
         is still written): the result is [len(keep_rows), hidden]. A prefill chunk samples one row of
         hundreds, so this saves most of a layer."""
         h = self.embed_tokens(input_ids)  # a fresh tensor: the layers add to it in place
+        if self.config.embed_scale != 1:  # in the hidden dtype, as transformers scales
+            h = h * torch.tensor(self.config.embed_scale, dtype=h.dtype)
         if self.native_stack is not None and run_native_stack(self.native_stack, h, positions, self, attn, meta, kv_caches):
             return self.norm(h) if keep_rows is None else self.norm(h[keep_rows])
         rope = self.rotary.for_step(positions, h.dtype, self.native)
+        local: RotaryStep | None = None
+        if self.local_rotary is not None:
+            local = self.local_rotary.for_step(positions, h.dtype, self.native)
         delta = None
         last = len(self.layers) - 1
         for i, (layer, kv) in enumerate(zip(self.layers, kv_caches)):
-            h, delta = layer(h, delta, rope, attn, meta, kv, keep_rows if i == last else None)
+            step = local if self.uses_local[i] and local is not None else rope
+            h, delta = layer(h, delta, step, attn, meta, kv, keep_rows if i == last else None)
         return self.norm.add_forward(h, delta)
+
+    @property
+    def transforms_logits(self) -> bool:
+        """Whether logits are scaled or capped after the LM head (Granite, Gemma 2)."""
+        return self.config.logit_scale != 1 or self.config.final_logit_softcap is not None
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor, keep_bf16: bool = False) -> torch.Tensor:
         """float32 logits [rows, vocab]. ``keep_bf16``: where the LM head computes in bf16 (an AMX
         GEMM, a bf16 model), its bf16 output as it is, without a conversion pass over the rows (the
-        sampler's native draws read bf16: ``Sampler.reads_bf16``)."""
+        sampler's native draws read bf16: ``Sampler.reads_bf16``). Scaled and capped after the head
+        where the architecture says (then always float32)."""
+        keep_bf16 = keep_bf16 and not self.transforms_logits
         if self.lm_head is None:
             out = torch.nn.functional.linear(hidden, self.embed_tokens.weight)
         elif keep_bf16 and isinstance(self.lm_head, QuantLinear):
             out = self.lm_head(hidden, out_dtype=torch.bfloat16)  # bf16 on its AMX path; float32 otherwise
         else:
             out = self.lm_head(hidden)
-        return out if keep_bf16 and out.dtype == torch.bfloat16 else out.float()
+        if keep_bf16 and out.dtype == torch.bfloat16:
+            return out
+        out = out.float()
+        if self.config.logit_scale != 1:
+            out = out * self.config.logit_scale
+        if (cap := self.config.final_logit_softcap) is not None:
+            out = torch.tanh(out / cap) * cap
+        return out
 
     def draws_in_head(self, hidden: torch.Tensor) -> bool:
         """Whether ``draw_in_head`` takes these rows (a quantized LM head with its AMX tile copy, and
-        rows in the range where it measured faster: ``QuantLinear.draws``)."""
-        return isinstance(self.lm_head, QuantLinear) and self.lm_head.draws(hidden)
+        rows in the range where it measured faster: ``QuantLinear.draws``; logits the head's as they are)."""
+        return isinstance(self.lm_head, QuantLinear) and not self.transforms_logits and self.lm_head.draws(hidden)
 
     @torch.inference_mode()
     def draw_in_head(self, hidden: torch.Tensor, inv_temp: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -201,8 +200,8 @@ class LlamaForCausalLM(nn.Module):
         assert isinstance(self.lm_head, QuantLinear)
         return self.lm_head.draw(hidden, inv_temp, u)
 
-    def runs_amx(self) -> bool:
-        """Whether the quantized linears run many-row inputs through their bf16 AMX copies."""
+    def has_amx_weights(self) -> bool:
+        """Whether the quantized linears hold bf16 AMX copies (for many-row inputs)."""
         return any(m.amx is not None for m in self.modules() if isinstance(m, QuantLinear))
 
     @torch.inference_mode()
@@ -239,62 +238,3 @@ class LlamaForCausalLM(nn.Module):
         pack_linears(self)
         if self.lm_head is None:  # tied: the head gets its own packed copy of the embedding
             self.lm_head = PackedLinear(self.embed_tokens.weight, None)
-
-    def load_hf_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        """Copy Hugging Face-named tensors in, fusing q/k/v and gate/up into single GEMMs."""
-        own = dict(self.named_parameters())
-        done: set[str] = set()
-
-        def put(name: str, *parts: torch.Tensor) -> None:
-            if name not in own:  # a quantized layer holds this weight (see from_hf_weights)
-                return
-            tensor = torch.cat(parts) if len(parts) > 1 else parts[0]
-            p = own[name]
-            if p.shape != tensor.shape:
-                raise ValueError(f"{name}: expected shape {tuple(p.shape)}, file has {tuple(tensor.shape)}")
-            with torch.no_grad():
-                p.copy_(tensor)
-            done.add(name)
-
-        put("embed_tokens.weight", weights.get("model.embed_tokens.weight"))
-        put("norm.weight", weights["model.norm.weight"])
-        if self.lm_head is not None:
-            put("lm_head.weight", weights.get("lm_head.weight", weights.get("model.embed_tokens.weight")))
-        for i in range(self.config.num_hidden_layers):
-            src, dst = f"model.layers.{i}.", f"layers.{i}."
-            put(dst + "input_layernorm.weight", weights[src + "input_layernorm.weight"])
-            put(dst + "post_attention_layernorm.weight", weights[src + "post_attention_layernorm.weight"])
-            attn = src + "self_attn."
-            put(dst + "self_attn.qkv.weight", *[weights.get(attn + f"{p}_proj.weight") for p in "qkv"])
-            if self.config.attention_bias:
-                put(dst + "self_attn.qkv.bias", *[weights[attn + f"{p}_proj.bias"] for p in "qkv"])
-            put(dst + "self_attn.o_proj.weight", weights.get(attn + "o_proj.weight"))
-            mlp = src + "mlp."
-            put(dst + "mlp.gate_up.weight", weights.get(mlp + "gate_proj.weight"), weights.get(mlp + "up_proj.weight"))
-            put(dst + "mlp.down.weight", weights.get(mlp + "down_proj.weight"))
-        missing = set(own) - done
-        if missing:
-            raise ValueError(f"weights missing from the checkpoint: {sorted(missing)[:5]}")
-
-
-def _only_in(name: str, quantized: dict[str, QuantWeight], cfg: ModelConfig) -> bool:
-    """Whether weight ``name`` is used only by quantized layers (so it need not be dequantized)."""
-    users = [path for path, names in fused_linear_sources(cfg).items() if name in names]
-    if name == "model.embed_tokens.weight":
-        return "embed_tokens" in quantized and (cfg.tie_word_embeddings is False or "lm_head" in quantized)
-    if name == "lm_head.weight":
-        return "lm_head" in quantized
-    return bool(users) and all(u in quantized for u in users)
-
-
-def _fused_bias(cfg: ModelConfig, weights: dict[str, Any], path: str) -> torch.Tensor | None:
-    if path.endswith("self_attn.qkv") and cfg.attention_bias:
-        prefix = "model." + path.removesuffix("qkv")
-        return torch.cat([weights[prefix + f"{p}_proj.bias"] for p in "qkv"])
-    return None
-
-
-def _set_module(model: nn.Module, path: str, module: nn.Module) -> None:
-    """``model.<path> = module``; unlike ``set_submodule`` it may replace a None (a tied LM head)."""
-    parent, _, name = path.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, name, module)

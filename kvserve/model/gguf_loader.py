@@ -1,8 +1,10 @@
 """Loading a GGUF file: metadata -> ``ModelConfig``, tensors -> torch weights, and its tokenizer.
 
 Tensors of type F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q4_K/Q6_K are dequantized to float32 at load (or,
-asked to, Q8_0/Q4_0/Q4_1 ones are kept quantized as ``QuantWeight``s) and renamed to Hugging Face's Llama names; llama.cpp's rotary reordering of q/k rows is undone, so a
-GGUF file gives the same layout as a Hugging Face folder. The tokenizer is the one transformers
+asked to, Q8_0/Q4_0/Q4_1 ones are kept quantized as ``QuantWeight``s) and renamed to the names the
+architecture's Hugging Face checkpoints use (its metadata goes through the same config parse as a
+config.json); llama.cpp's rotary reordering of q/k rows is undone, so a GGUF file gives the same layout
+as a Hugging Face folder. The tokenizer is the one transformers
 builds from the GGUF metadata.
 """
 
@@ -18,13 +20,13 @@ import numpy as np
 import torch
 
 from kvserve.errors import ModelLoadError
+from kvserve.model.architectures import Architecture, get_architecture, gguf_architectures
 from kvserve.model.checkpoint import LoadedModel
 from kvserve.model.config import ModelConfig
 from kvserve.model.quant import QuantWeight, from_gguf_blocks
 
 logger = logging.getLogger(__name__)
 
-GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
 
 class _FastGGUFReader(gguf.GGUFReader):
@@ -113,38 +115,43 @@ _GGUF_GLOBAL_NAMES = {
     "output_norm": "model.norm",
     "output": "lm_head",
 }
-_GGUF_LAYER_NAMES = {
+# llama.cpp's names for a layer's tensors -> our roles (``LLAMA_WEIGHTS``), which the architecture names
+_GGUF_LAYER_ROLES = {
     "attn_norm": "input_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
+    "attn_q": "q_proj",
+    "attn_k": "k_proj",
+    "attn_v": "v_proj",
+    "attn_output": "o_proj",
+    "attn_q_norm": "q_norm",
+    "attn_k_norm": "k_norm",
     "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
+    "ffn_gate": "gate_proj",
+    "ffn_up": "up_proj",
+    "ffn_down": "down_proj",
 }
 
 
-def gguf_to_hf_name(name: str) -> str | None:
-    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``; None if not a Llama tensor."""
+def gguf_to_hf_name(name: str, arch: Architecture | None = None) -> str | None:
+    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight`` (the name ``arch``'s
+    checkpoints give it; Llama's by default); None if not a tensor kvserve reads."""
+    arch = arch or get_architecture("LlamaForCausalLM")
     stem, _, suffix = name.rpartition(".")
     if suffix not in ("weight", "bias"):
         return None
     if stem in _GGUF_GLOBAL_NAMES:
         return f"{_GGUF_GLOBAL_NAMES[stem]}.{suffix}"
     parts = stem.split(".")
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _GGUF_LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_GGUF_LAYER_NAMES[parts[2]]}.{suffix}"
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _GGUF_LAYER_ROLES:
+        hf = arch.weight_name(_GGUF_LAYER_ROLES[parts[2]])
+        return None if hf is None else f"model.layers.{parts[1]}.{hf}.{suffix}"
     return None
 
 
 def _gguf_config(meta: dict[str, Any], tensors: dict[str, Any], source: Path) -> ModelConfig:
     arch = meta.get("general.architecture")
-    if arch not in GGUF_ARCHITECTURES:
-        raise ModelLoadError(
-            f"{source}: GGUF architecture {arch!r} is not supported (only {', '.join(GGUF_ARCHITECTURES)})"
-        )
+    known = gguf_architectures()
+    if arch not in known:
+        raise ModelLoadError(f"{source}: GGUF architecture {arch!r} is not supported (only {', '.join(known)})")
 
     def get(key: str, default: Any = None) -> Any:
         value = meta.get(f"{arch}.{key}", default)
@@ -188,24 +195,22 @@ def _gguf_config(meta: dict[str, Any], tensors: dict[str, Any], source: Path) ->
         if meta.get(key) is not None
     ]
     bos = meta.get("tokenizer.ggml.bos_token_id")
-    return ModelConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=head_dim,
-        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(get("rope.freq_base", 10000.0)),
-        rope_scaling=rope_scaling,
-        max_position_embeddings=int(get("context_length", 4096)),
-        tie_word_embeddings="output.weight" not in tensors,
-        attention_bias="blk.0.attn_q.bias" in tensors,
-        bos_token_id=None if bos is None else int(bos),
-        eos_token_ids=list(dict.fromkeys(eos_ids)),
-        architecture=GGUF_ARCHITECTURES[arch],
-    )
+    # the config.json this file's model would have: then the one parse, the architecture's options included
+    hf = {"architectures": [known[arch]], "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": intermediate,
+          "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+          "head_dim": head_dim, "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+          "rope_theta": float(get("rope.freq_base", 10000.0)), "rope_scaling": rope_scaling,
+          "max_position_embeddings": int(get("context_length", 4096)),
+          "tie_word_embeddings": "output.weight" not in tensors, "bos_token_id": None if bos is None else int(bos),
+          "eos_token_id": list(dict.fromkeys(eos_ids))}
+    if "blk.0.attn_q.bias" in tensors:
+        hf["attention_bias"] = True
+    try:
+        config = ModelConfig.from_hf_dict(hf)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ModelLoadError(f"{source}: unusable GGUF metadata ({type(e).__name__}: {e})") from e
+    config.o_proj_bias = "blk.0.attn_output.bias" in tensors
+    return config
 
 
 def gguf_config(path: Path) -> ModelConfig:
@@ -227,9 +232,10 @@ def load_gguf(path: Path, keep_quantized: bool = False) -> LoadedModel:
 
     # Only llama.cpp's "llama" converter permutes q/k; qwen2 is converted for NEOX-style rope as is.
     permuted = meta["general.architecture"] == "llama"
+    arch = get_architecture(config.architecture)
     weights: dict[str, torch.Tensor] = {}
     for name, tensor in tensors.items():
-        hf_name = gguf_to_hf_name(name)
+        hf_name = gguf_to_hf_name(name, arch)
         if hf_name is None:
             logger.debug("%s: skipping tensor %s", path, name)
             continue

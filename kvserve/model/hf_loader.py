@@ -13,11 +13,10 @@ from typing import Any
 import torch
 
 from kvserve.errors import ModelLoadError
-from kvserve.model.checkpoint import LoadedModel, expected_weight_shapes
+from kvserve.model.architectures import get_architecture
+from kvserve.model.checkpoint import LoadedModel
 from kvserve.model.config import ModelConfig
-
-# Architectures whose checkpoints use exactly the Llama parameter names (Qwen2 adds q/k/v biases).
-HF_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+from kvserve.model.weights import expected_weight_shapes
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -33,14 +32,15 @@ def hf_folder_config(folder: Path) -> ModelConfig:
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise ModelLoadError(f"folder {folder} has no config.json")
+    raw = _read_json(config_path)
     try:
-        config = ModelConfig.from_hf_dict(_read_json(config_path))
+        get_architecture((raw.get("architectures") or ["LlamaForCausalLM"])[0])
+    except ValueError as e:
+        raise ModelLoadError(f"{folder}: {e}") from e
+    try:
+        config = ModelConfig.from_hf_dict(raw)
     except (KeyError, TypeError, ValueError) as e:
         raise ModelLoadError(f"{config_path}: unusable config ({type(e).__name__}: {e})") from e
-    if config.architecture not in HF_ARCHITECTURES:
-        raise ModelLoadError(
-            f"{folder}: architecture {config.architecture} is not supported (only {', '.join(HF_ARCHITECTURES)})"
-        )
     generation_path = folder / "generation_config.json"
     if generation_path.is_file():
         eos = _read_json(generation_path).get("eos_token_id")

@@ -1,14 +1,10 @@
-"""Building blocks of a Llama-family decoder: RMSNorm, rotary embeddings, the SwiGLU MLP."""
+"""Building blocks every decoder shares: RMSNorm (the residual add fused in), oneDNN-packed linears and their row
+padding. Rotary embeddings are in ``rotary``, the MLPs in ``mlp``, attention in ``attention``."""
 
 from __future__ import annotations
 
-import math
-
 import torch
-import torch.nn.functional as F
 from torch import nn
-
-from kvserve.errors import ModelLoadError
 
 
 class RMSNorm(nn.Module):
@@ -41,103 +37,6 @@ class RMSNorm(nn.Module):
             return torch.ops.kvserve.add_rms_norm(residual, delta, self.weight, self.eps, out_dtype, out_rows)
         residual.add_(delta)
         return self.forward(residual, out_dtype, out_rows)
-
-
-def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
-    """Inverse frequencies of RoPE, with Llama-3 or linear scaling when configured."""
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
-    inv_freq = 1.0 / (theta**exponents)
-    if not scaling:
-        return inv_freq
-    kind = scaling.get("rope_type", scaling.get("type"))
-    factor = float(scaling.get("factor", 1.0))
-    if kind == "linear":
-        return inv_freq / factor
-    if kind == "llama3":
-        low = float(scaling.get("low_freq_factor", 1.0))
-        high = float(scaling.get("high_freq_factor", 4.0))
-        old_ctx = float(scaling.get("original_max_position_embeddings", 8192))
-        wavelen = 2 * math.pi / inv_freq
-        # long wavelengths are slowed by `factor`, short ones kept, the band between blended
-        scaled = torch.where(wavelen > old_ctx / low, inv_freq / factor, inv_freq)
-        smooth = (old_ctx / wavelen - low) / (high - low)
-        blended = (1 - smooth) * scaled / factor + smooth * scaled
-        medium = (wavelen >= old_ctx / high) & (wavelen <= old_ctx / low)
-        return torch.where(medium, blended, scaled)
-    raise ModelLoadError(f"unsupported rope_scaling type {kind!r} (supported: llama3, linear)")
-
-
-class Rotary:
-    """Precomputed cos/sin tables, indexed by absolute position (rotate-half convention).
-
-    Plain tensors, not module buffers, so that building the model on the meta device and
-    materialising it with ``to_empty`` leaves them intact.
-    """
-
-    def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None):
-        inv_freq = rope_inv_freq(head_dim, theta, scaling)
-        t = torch.arange(max_positions, dtype=torch.float32, device="cpu")
-        freqs = torch.outer(t, inv_freq)
-        emb = torch.cat([freqs, freqs], dim=-1)
-        self.cos, self.sin = emb.cos(), emb.sin()
-
-    def to(self, device: torch.device) -> "Rotary":
-        self.cos, self.sin = self.cos.to(device), self.sin.to(device)
-        return self
-
-    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin of shape [T, 1, head_dim] for the given positions (computed once per step)."""
-        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
-
-    def for_step(self, positions: torch.Tensor, dtype: torch.dtype, native: bool) -> "RotaryStep":
-        if native:  # the kernel indexes the float32 tables itself
-            return RotaryStep(positions, self.cos, self.sin, native=True)
-        cos, sin = self.tables(positions, dtype)
-        return RotaryStep(positions, cos, sin, native=False)
-
-
-class RotaryStep:
-    """One step's rotary embedding: the tables gathered at its positions (or, native, the whole
-    tables and the positions, rotated in place by one kernel for q and k together)."""
-
-    def __init__(self, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, native: bool):
-        self.positions, self.cos, self.sin, self.native = positions, cos, sin, native
-
-    def apply(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, heads, head_dim], k: [T, kv_heads, head_dim]."""
-        if self.native:
-            torch.ops.kvserve.rotary_(q, k, self.positions, self.cos, self.sin)
-            return q, k
-        return apply_rotary(q, self.cos, self.sin), apply_rotary(k, self.cos, self.sin)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, heads, head_dim]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
-
-
-class SwiGLU(nn.Module):
-    """gate and up projections fused into one GEMM, then silu(gate) * up, then down."""
-
-    def __init__(self, hidden: int, intermediate: int):
-        super().__init__()
-        self.gate_up = nn.Linear(hidden, 2 * intermediate, bias=False)
-        self.down = nn.Linear(intermediate, hidden, bias=False)
-        self.intermediate = intermediate
-        self.native = False
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.native and runs_amx(self.gate_up, x):
-            # an AMX step (QuantLinear.amx): the intermediate stays bf16 from gate_up's GEMM through
-            # the activation into down's, instead of two round trips through float32
-            act = torch.ops.kvserve.silu_mul(self.gate_up(x, out_dtype=torch.bfloat16))
-            return self.down(act, out_dtype=x.dtype)
-        gu = self.gate_up(x)
-        if self.native:
-            return self.down(torch.ops.kvserve.silu_mul(gu))
-        return self.down(F.silu(gu[..., : self.intermediate]) * gu[..., self.intermediate :])
 
 
 class PackedLinear(nn.Module):

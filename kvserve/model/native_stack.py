@@ -23,10 +23,10 @@ from kvserve.model.quant_linear import AMX_MIN_ROWS, QuantLinear
 
 if TYPE_CHECKING:
     from kvserve.attention import AttentionBackend, AttentionMetadata
-    from kvserve.model.llama import LlamaForCausalLM
+    from kvserve.model.decoder import CausalLM
 
 
-def build_native_stack(model: "LlamaForCausalLM") -> Any | None:
+def build_native_stack(model: "CausalLM") -> Any | None:
     """A DecodeStack over ``model``'s layers, or None when some layer cannot run natively."""
     cfg = model.config
     if not model.native or model.norm.weight.dtype != torch.float32:
@@ -59,7 +59,7 @@ def amx_rows(stack: Any, rows: int) -> int:
     return padded_rows(rows) if rows >= AMX_MIN_ROWS and stack.has_amx_weights() else 0
 
 
-def run_native_stack(stack: Any, h: torch.Tensor, positions: torch.Tensor, model: "LlamaForCausalLM",
+def run_native_stack(stack: Any, h: torch.Tensor, positions: torch.Tensor, model: "CausalLM",
                      attn: "AttentionBackend", meta: "AttentionMetadata",
                      kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
     """Run every layer on ``h`` in place when this step allows it; False (nothing done) otherwise."""

@@ -1,8 +1,8 @@
 """Layers over quantized weights (``QuantLinear``, ``QuantEmbedding``) and which layers get them.
 
 ``quantized_modules`` decides, from the ``--quantization`` mode and the loaded weights, which of the
-decoder's linear layers (q/k/v and gate/up fused, as ``LlamaForCausalLM`` fuses them), the LM head
-and the embedding table are built over a ``QuantWeight``; every other weight is loaded dense.
+decoder's linear layers (q/k/v and gate/up fused, as ``CausalLM`` fuses them: ``kvserve.model.weights``), the LM
+head and the embedding table are built over a ``QuantWeight``; every other weight is loaded dense.
 """
 
 from __future__ import annotations
@@ -19,26 +19,27 @@ from kvserve.kernels import kernels_available
 from kvserve.model.config import ModelConfig
 from kvserve.model.layers import PackedLinear
 from kvserve.model.quant import BLOCK, QuantWeight, quantize
+from kvserve.model.weights import linear_sources
 
 log = logging.getLogger(__name__)
 
 QUANTIZATION_MODES = ("auto", "none", "int8", "int4")
 # the format each mode converts weights to; auto keeps a GGUF's as stored and leaves dense ones dense
 _TARGET = {"int8": "q8_0", "int4": "q4_1"}
-# Prefill-sized inputs take the integer-dot kernel too: since the weights are packed (session 7) it
+# Prefill-sized inputs take the integer-dot kernel too: with the weights packed it
 # beats dequantizing them and running MKL's fp32 GEMM at every row count measured, 64 to 1,024 rows
-# (~1.25-1.35x at 512-1,024 rows on an AVX2 EPYC: docs/benchmarks.md, session 8), and every row
+# (~1.25-1.35x at 512-1,024 rows on an AVX2 EPYC: docs/benchmarks.md), and every row
 # gets the same arithmetic however the step's rows are batched or chunked.
 # Except on a CPU with AMX (Sapphire Rapids and later): there oneDNN's bf16 GEMM over a prepacked
 # copy of the weight beats the integer kernel from ~16 rows (2x at 64 rows, 3-8x for the LM head;
-# docs/benchmarks.md, session 13), so inputs of at least AMX_MIN_ROWS rows take it, converted to
+# docs/benchmarks.md), so inputs of at least AMX_MIN_ROWS rows take it, converted to
 # bf16 and back. Fewer rows (a small decode batch) stay on the integer kernel, which reads 3.5x
 # fewer bytes. The cost: a bf16 copy of each weight, and results that depend on whether a step
 # had AMX_MIN_ROWS rows. KVSERVE_AMX=0 turns it off.
 # A decoder layer's linear (``tiles=True``) also gets a copy packed for kvserve's own AMX kernel
 # (kernels/csrc/amx_gemm.cpp), which takes inputs of AMX_MIN_ROWS to ``amx_linear_max_rows()`` (96)
 # rows: at 64 rows it reads weights from memory ~15-25% faster than oneDNN, and from the cache
-# 1.2-2x faster (scripts/amx_linear_bench.py; docs/benchmarks.md, session 22). oneDNN stays faster
+# 1.2-2x faster (scripts/amx_linear_bench.py; docs/benchmarks.md). oneDNN stays faster
 # for more rows and for the LM head's wide output. The cost: a second bf16 copy of those weights.
 # The LM head (``head=True``) gets a tile copy too, for one use: a step whose rows all draw greedily or
 # with plain temperature draws inside the head (``draw``, kernels/csrc/amx_head.cpp), with no logits
@@ -46,7 +47,7 @@ _TARGET = {"int8": "q8_0", "int4": "q4_1"}
 # the runner's sampler adds ~0.35 ms of Python to the latter): greedy 2.60 vs 3.00 ms at 32 rows, 3.63
 # vs 3.29 at 64, 4.87 vs 3.95 at 128; sampled 2.90 vs 3.42 at 32 rows, 4.03 vs 3.96 at 64, 6.40 vs 5.58
 # at 128. Past 64 rows the tile GEMM's own products (slower than oneDNN's there) and, for sampled rows,
-# exps interleaved with them cost more than the Python saved (docs/benchmarks.md, session 23).
+# exps interleaved with them cost more than the Python saved (docs/benchmarks.md).
 AMX_MIN_ROWS = 16
 HEAD_DRAW_MAX_ROWS = 64
 
@@ -155,18 +156,6 @@ class QuantEmbedding(nn.Module):
         return self.weight_q.rows(ids.reshape(-1)).dequantize(self.dtype).view(*ids.shape, -1)
 
 
-def fused_linear_sources(cfg: ModelConfig) -> dict[str, list[str]]:
-    """Module path in ``LlamaForCausalLM`` -> the Hugging Face weights whose rows it stacks."""
-    out: dict[str, list[str]] = {}
-    for i in range(cfg.num_hidden_layers):
-        attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
-        out[f"layers.{i}.self_attn.qkv"] = [attn + f"{p}_proj.weight" for p in "qkv"]
-        out[f"layers.{i}.self_attn.o_proj"] = [attn + "o_proj.weight"]
-        out[f"layers.{i}.mlp.gate_up"] = [mlp + "gate_proj.weight", mlp + "up_proj.weight"]
-        out[f"layers.{i}.mlp.down"] = [mlp + "down_proj.weight"]
-    return out
-
-
 def runs_quantized(mode: str, weights: dict[str, Any]) -> bool:
     """Whether the linear layers will run on the integer kernels (on a CPU): a quantizing mode, or
     ``auto`` over weights stored quantized, and the kernels built."""
@@ -192,7 +181,7 @@ def quantized_modules(cfg: ModelConfig, weights: dict[str, Any], mode: str,
         if mode != "auto" or any(isinstance(w, QuantWeight) for w in weights.values()):
             log.info("quantization %s: quantized kernels are CPU-only; weights dequantized on %s", mode, device)
         return {}
-    groups = fused_linear_sources(cfg)
+    groups = linear_sources(cfg)
     head = "lm_head.weight" if "lm_head.weight" in weights else "model.embed_tokens.weight"
     groups["lm_head"] = [head]
     out: dict[str, QuantWeight] = {}

@@ -43,7 +43,7 @@ class _Recorder(GatherSdpaBackend):
 
 @torch.inference_mode()
 def calibrate_kv_scales(model, pool: KVPool, model_dtype: torch.dtype, num_tokens: int = CALIBRATION_TOKENS) -> None:
-    """Set ``pool``'s scales from one forward of ``model`` (a ``LlamaForCausalLM``); no-op for a pool
+    """Set ``pool``'s scales from one forward of ``model`` (a ``CausalLM``); no-op for a pool
     that stores the model's dtype."""
     if not pool.quantized:
         return

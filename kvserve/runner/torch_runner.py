@@ -19,7 +19,7 @@ from kvserve.engine.batch import Batch, ScheduledChunk, StepOutput
 from kvserve.errors import InvalidArgumentError
 from kvserve.kv.manager import KVTransfer
 from kvserve.model.config import ModelConfig
-from kvserve.model.llama import LlamaForCausalLM
+from kvserve.model.decoder import CausalLM
 from kvserve.runner.inputs import build_inputs
 from kvserve.runner.kv_budget import default_kv_budget
 from kvserve.runner.kv_budget import describe as describe_budget
@@ -47,9 +47,9 @@ class TorchRunner:
         self.cfg = cfg
         self.block_size = block_size = cache.block_size
         num_kv_blocks = cache.num_kv_blocks
-        self.model = LlamaForCausalLM.from_hf_weights(cfg, weights, dtype, self.device, quantization)
+        self.model = CausalLM.from_hf_weights(cfg, weights, dtype, self.device, quantization)
         # a float32 model whose many-row linears run in bf16 on AMX attends prefill in bf16 too
-        bf16_prefill = dtype == torch.float32 and self.model.runs_amx()
+        bf16_prefill = dtype == torch.float32 and self.model.has_amx_weights()
         kv_name = resolve_kv_cache_dtype(cache.kv_cache_dtype, dtype, bf16_prefill)
         if kv_name != cache.kv_cache_dtype:
             log.info("KV cache dtype auto: bfloat16 (float32 model, prefill attends in bf16 on AMX; half the bytes "

@@ -71,7 +71,7 @@ class Sampler:
             and not r.params.has_logit_processing and r.params.logprobs is None for r in requests)
 
     def head_draw_inputs(self, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
-        """For a draw inside the LM head (``LlamaForCausalLM.draw_in_head``), where ``reads_bf16(requests)``:
+        """For a draw inside the LM head (``CausalLM.draw_in_head``), where ``reads_bf16(requests)``:
         per row the inverse temperature (0: greedy) and the U[0, 1) number, taken from the generators
         as ``__call__`` takes them (the random rows', in order), so a seeded request draws the same."""
         inv_t = torch.zeros(len(requests), dtype=torch.float32)

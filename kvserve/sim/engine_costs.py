@@ -91,7 +91,7 @@ ENGINE_COSTS: dict[str, EngineCosts] = {
     # Its TokenizerManager (one process) parses, tokenizes and forwards each request in turn. The
     # catalog assumes ~1 ms a request and ~0.5 us a prompt token (a fast tokenizer's ~2M tokens/s); the
     # per-request time is then fitted (fitted_terms.json: 1.09 ms), the per-token one is not
-    # (docs/simulator.md, session 20)
+    # (docs/simulator.md)
     "sglang": EngineCosts(overlap_host=True, late_admission=True, graph_sizes=SGLANG_GRAPH_SIZES,
                           frontend_per_request_s=1e-3, frontend_per_token_s=0.5e-6,
                           source="https://lmsys.org/blog/2024-12-04-sglang-v0-4/"),
@@ -114,8 +114,8 @@ ENGINE_COSTS["trtllm-disagg"] = ENGINE_COSTS["trtllm"]
 
 FITTED_FIELDS = ("gemm_scale", "bandwidth_scale", "host_step_s", "host_per_seq_s", "allreduce_s")
 # Terms fitted for one engine only, where its published points determine them. SGLang's front-end time
-# per request (session 20): its bursts (bench_serving's concurrency-capped starts) reach the scheduler
-# spread out. Tried and rejected in session 13: SGLang's GEMM knee (gemm_half_tokens) refit with the
+# per request: its bursts (bench_serving's concurrency-capped starts) reach the scheduler
+# spread out. Tried and rejected: SGLang's GEMM knee (gemm_half_tokens) refit with the
 # rest went 128 -> 79 tokens and fixed its small-batch TPOTs (+31% -> +3%), but the held-back max rose
 # 36% -> 46% (cookbook c=100 mean TTFT +46%): docs/simulator.md.
 ENGINE_FITTED_FIELDS: dict[str, tuple[str, ...]] = {"sglang": (*FITTED_FIELDS, "frontend_per_request_s")}

@@ -1,7 +1,8 @@
 """Model shapes for the simulator: parameter counts (total and active), KV bytes per token.
 
-Built from a Hugging Face ``config.json`` (dense Llama/Qwen/Mistral-style and MoE with
-``num_local_experts`` / ``num_experts`` and ``num_experts_per_tok``), or a preset.
+Built from a Hugging Face ``config.json`` through the engine's own parse (``ModelConfig``, with the
+registered architectures' options; others by their common keys, experts under any of their usual
+names), or a preset.
 """
 
 from __future__ import annotations
@@ -78,23 +79,23 @@ class ModelSpec:
 
     @classmethod
     def from_hf_config(cls, d: dict[str, Any], name: str = "model") -> "ModelSpec":
+        """The shape of a config.json as the engine parses it (``ModelConfig.from_hf_dict``), or, for an
+        architecture it does not serve, as its common keys tell."""
+        from kvserve.model.config import ModelConfig
+
         try:
-            heads = d["num_attention_heads"]
-            hidden = d["hidden_size"]
-            experts = d.get("num_local_experts") or d.get("num_experts") or d.get("n_routed_experts") or 0
-            return cls(
-                name=name, hidden=hidden, layers=d["num_hidden_layers"], heads=heads,
-                kv_heads=d.get("num_key_value_heads", heads), head_dim=d.get("head_dim") or hidden // heads,
-                intermediate=d.get("intermediate_size", 0), vocab=d["vocab_size"],
-                tied=bool(d.get("tie_word_embeddings", False)), experts=experts,
-                experts_per_token=d.get("num_experts_per_tok", 0) if experts else 0,
-                expert_intermediate=(d.get("moe_intermediate_size") or d.get("intermediate_size", 0)) if experts else 0,
-                shared_expert_intermediate=(d.get("shared_expert_intermediate_size", 0)
-                                            or d.get("n_shared_experts", 0) * d.get("moe_intermediate_size", 0)),
-                max_context=d.get("max_position_embeddings", 131072),
-            )
+            cfg = ModelConfig.from_hf_dict(d, strict=False)
         except KeyError as e:
             raise InvalidArgumentError(f"config.json lacks {e.args[0]!r}") from e
+        except (TypeError, ValueError) as e:
+            raise InvalidArgumentError(f"config.json: {e}") from e
+        return cls(name=name, hidden=cfg.hidden_size, layers=cfg.num_hidden_layers, heads=cfg.num_attention_heads,
+                   kv_heads=cfg.num_key_value_heads, head_dim=int(cfg.head_dim or 0),
+                   intermediate=cfg.intermediate_size, vocab=cfg.vocab_size, tied=cfg.tie_word_embeddings,
+                   experts=cfg.num_experts, experts_per_token=cfg.num_experts_per_tok,
+                   expert_intermediate=cfg.moe_intermediate_size,
+                   shared_expert_intermediate=cfg.shared_expert_intermediate_size,
+                   max_context=d.get("max_position_embeddings", 131072))
 
 
 def _llama(name, hidden, layers, heads, kv, inter, vocab, tied=False, ctx=131072):

@@ -18,7 +18,7 @@ import torch
 from kvserve.attention import DEFAULT_ATTENTION_BACKEND, SeqRows, choose_attention_backend, get_kv_pool
 from kvserve.kv.block_pool import BlockPool
 from kvserve.model.config import ModelConfig
-from kvserve.model.llama import LlamaForCausalLM
+from kvserve.model.decoder import CausalLM
 from kvserve.runner.inputs import build_inputs
 from kvserve.runner.kv_calibration import calibrate_kv_scales
 from kvserve.sampling.sampler import filtered_probs, draw_one
@@ -42,7 +42,7 @@ class DraftProposer:
                  attention_backend: str = DEFAULT_ATTENTION_BACKEND, kv_cache_dtype: str = "auto"):
         pool_cls = get_kv_pool(kv_cache_dtype)
         backend_cls = choose_attention_backend(attention_backend, device, dtype, pool_cls.storage_dtype(dtype))
-        self.model = LlamaForCausalLM.from_hf_weights(cfg, weights, dtype, device)
+        self.model = CausalLM.from_hf_weights(cfg, weights, dtype, device)
         self.device = device
         self.block_size = block_size
         self.max_positions = cfg.max_position_embeddings

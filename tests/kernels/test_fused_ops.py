@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvserve.model.layers import RMSNorm, Rotary, apply_rotary
+from kvserve.model.layers import RMSNorm
+from kvserve.model.rotary import Rotary, apply_rotary
 
 pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler")
 
@@ -106,14 +107,14 @@ def test_native_model_forward_matches_the_torch_one():
     from conftest import hf_weights, kvserve_config, tiny_hf_model
 
     from kvserve.attention import SeqRows, get_attention_backend, get_kv_pool
-    from kvserve.model.llama import LlamaForCausalLM
+    from kvserve.model.decoder import CausalLM
     from kvserve.runner.inputs import build_inputs
 
     hf = tiny_hf_model()
     cfg = kvserve_config(hf)
     outs = []
     for native in (False, True):
-        model = LlamaForCausalLM.from_hf_weights(cfg, hf_weights(hf), torch.float32, torch.device("cpu"))
+        model = CausalLM.from_hf_weights(cfg, hf_weights(hf), torch.float32, torch.device("cpu"))
         model.use_native_ops(native)
         pool_cls = get_kv_pool("auto")
         pool = pool_cls(pool_cls.layout_for(cfg, torch.float32, 4), 16, torch.device("cpu"))

@@ -376,15 +376,19 @@ def _add_tiny_tokenizer(writer: gguf.GGUFWriter) -> None:
     writer.add_chat_template("{% for m in messages %}{{ m['content'] }}<|im_end|>{% endfor %}")
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+GGUF_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+@pytest.mark.parametrize("arch", sorted(GGUF_ARCHS))
 def test_tiny_gguf_model_equals_transformers(tmp_path: Path, arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A GGUF written the way llama.cpp's converter writes it loads back to the HF weights."""
     from kvserve.model.config import ModelConfig
 
     vocab, hidden, inter, layers, heads, kv_heads = 259, 64, 96, 2, 4, 2
     config = ModelConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-                         num_attention_heads=heads, num_key_value_heads=kv_heads,
-                         attention_bias=arch == "qwen2", tie_word_embeddings=False)
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, architecture=GGUF_ARCHS[arch],
+                         attention_bias=arch == "qwen2", tie_word_embeddings=False,
+                         qk_norm="head" if arch == "qwen3" else None)
     rng = np.random.default_rng(2)
     hf = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in expected_weight_shapes(config).items()}
 
@@ -403,7 +407,8 @@ def test_tiny_gguf_model_equals_transformers(tmp_path: Path, arch: str, monkeypa
     _add_tiny_tokenizer(writer)
     leaf = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
-            "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+            "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+            "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
     for name, w in hf.items():
         if name.startswith("model.layers."):
             _, _, i, rest = name.split(".", 3)
@@ -428,7 +433,7 @@ def test_tiny_gguf_model_equals_transformers(tmp_path: Path, arch: str, monkeypa
     for name, w in hf.items():
         np.testing.assert_array_equal(loaded.weights[name].numpy(), w, err_msg=name)
     c = loaded.config
-    assert c.architecture == {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[arch]
+    assert c.architecture == GGUF_ARCHS[arch] and c.qk_norm == ("head" if arch == "qwen3" else None)
     assert (c.vocab_size, c.num_key_value_heads, c.head_dim, c.max_position_embeddings) == (vocab, 2, 16, 512)
     assert c.rope_theta == 20000.0 and c.rms_norm_eps == pytest.approx(1e-6)
     assert c.attention_bias == (arch == "qwen2") and not c.tie_word_embeddings

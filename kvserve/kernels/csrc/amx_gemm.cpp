@@ -8,7 +8,7 @@
 // up rather than overlap, as in the decode attention), and cache-hot weights 1.2-2x faster. From
 // ~128 rows oneDNN catches up (our output writes and x's re-reads from L2 cost more per row: the
 // writes are ~1/3 of the time at 2,048 rows), and it is faster for the LM head's 49k-wide output;
-// those stay on oneDNN (scripts/amx_linear_bench.py; docs/benchmarks.md, session 22). The LM head's
+// those stay on oneDNN (scripts/amx_linear_bench.py; docs/benchmarks.md). The LM head's
 // sampling rows go to amx_head.cpp, which writes no logits.
 #include "amx_panels.h"
 #include "ops.h"

@@ -52,7 +52,7 @@ void silu_mul_bf16(const c10::BFloat16* gu, c10::BFloat16* out, int64_t inter, i
 
 // amx_gemm.cpp: y [M, n] = x [M, K] . W^T (+ bias), bf16, W as amx_pack packed it; AMX CPUs only.
 // The engine calls it for up to kAmxLinearMaxRows rows, where it measured faster than oneDNN's GEMM
-// (scripts/amx_linear_bench.py: about even at 128 rows, behind from 192; docs/benchmarks.md, session 22).
+// (scripts/amx_linear_bench.py: about even at 128 rows, behind from 192; docs/benchmarks.md).
 constexpr int64_t kAmxLinearMaxRows = 96;
 bool amx_gemm_available();
 at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, const std::optional<at::Tensor>& bias);

@@ -279,7 +279,7 @@ void run_item(const Args& a, const Item& it, Scratch& sc, const Item* next) {
   // each kv head's work (hh of the item's nh); on an item's last block, the first block of `next`
   // (the thread's next item, or null). Issued all at once, they fill the core's miss buffers while
   // the block's own arithmetic waits: 30 layers of 64 decodes over a scattered, cold bf16 cache take
-  // ~16 ms so and ~14.3 ms spread; over a fresh engine's contiguous tables, the same (session 17).
+  // ~16 ms so and ~14.3 ms spread; over a fresh engine's contiguous tables, the same.
   const int nh = it.h1 - it.h0;
   // rows [rows * part / parts, rows * (part + 1) / parts) of the block holding key x; past this
   // item's blocks, x continues into the next item's keys

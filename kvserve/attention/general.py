@@ -1,0 +1,80 @@
+"""Attention with a sliding window or a soft cap on its scores (Mistral, Gemma 2/3, Phi-3): in torch, over
+each sequence's context gathered from the cache, with the scores computed, capped and masked explicitly.
+
+Every backend sends such layers here (``AttentionBackend.attend_layer``); layers without either option
+keep the backends' kernels. The context a windowed layer gathers starts where its first row's window
+does, so a long context costs the window, not its length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kvserve.attention.kv_pool import KVPool, LayerKV
+
+
+@dataclass(frozen=True)
+class LayerAttention:
+    """A layer's own attention options (None: the default): the softmax scale (default head_dim ** -0.5),
+    a sliding window (the query's key and the window - 1 before it), a soft cap on the scores
+    (cap * tanh(score / cap))."""
+
+    scale: float | None = None
+    window: int | None = None
+    softcap: float | None = None
+
+    @property
+    def masked(self) -> bool:
+        """Whether the layer needs the general path (``kvserve.attention.general``)."""
+        return self.window is not None or self.softcap is not None
+
+
+@dataclass
+class _SeqContext:
+    rows: slice  # the sequence's rows in the step
+    slots: torch.Tensor  # its context's slots, from position first
+    first: int
+    start: int  # position of its first row
+
+
+def _contexts(pool: KVPool, meta: Any, window: int | None) -> list[_SeqContext]:
+    """Per sequence the slots its rows attend (from its first row's window on), computed once per step
+    and window and kept on the step's metadata."""
+    cache = meta.__dict__.setdefault("_general_contexts", {})
+    if window in cache:
+        return cache[window]
+    bs, out, row = pool.block_size, [], 0
+    for s in meta.seqs:
+        first = 0 if window is None else max(0, s.start - window + 1)
+        slots = [s.block_table[p // bs] * bs + p % bs for p in range(first, s.end)]
+        out.append(_SeqContext(slice(row, row + len(s.tokens)), torch.tensor(slots, device=pool.device), first, s.start))
+        row += len(s.tokens)
+    cache[window] = out
+    return out
+
+
+def attend_general(pool: KVPool, q: torch.Tensor, layer_kv: LayerKV, meta: Any, spec: LayerAttention) -> torch.Tensor:
+    """q: [T, heads, d], the step's rows (their K/V already stored); ``meta``: the step's
+    ``AttentionMetadata`` (its ``seqs``); returns [T, heads, d]."""
+    out = torch.empty_like(q)
+    heads, d = q.shape[1], q.shape[2]
+    scale = spec.scale if spec.scale is not None else d**-0.5
+    for ctx in _contexts(pool, meta, spec.window):
+        qs = q[ctx.rows].float()  # [n, heads, d]
+        k, v = pool.gather(layer_kv, ctx.slots, torch.float32)  # [C, kv_heads, d]
+        group = heads // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        scores = torch.einsum("nhd,chd->hnc", qs, k) * scale
+        if spec.softcap is not None:
+            scores = torch.tanh(scores / spec.softcap) * spec.softcap
+        q_pos = torch.arange(ctx.start, ctx.start + qs.shape[0], device=q.device)[:, None]
+        k_pos = torch.arange(ctx.first, ctx.first + k.shape[0], device=q.device)[None, :]
+        allowed = k_pos <= q_pos
+        if spec.window is not None:
+            allowed &= k_pos > q_pos - spec.window
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        out[ctx.rows] = torch.einsum("hnc,chd->nhd", torch.softmax(scores, dim=-1), v).to(q.dtype)
+    return out

@@ -1,0 +1,111 @@
+"""The model registry: each architecture a module here, registered by one line in ``_MODULES``.
+
+An architecture is data, not code: what its ``config.json`` turns on in the shared decoder
+(``ModelConfig``'s layer options: q/k norms, windows, soft caps, norms' layout, experts, ...) and how
+its checkpoints name the weights (overrides of ``LLAMA_WEIGHTS``, for safetensors; llama.cpp's names
+for GGUF follow from the same roles). ``kvserve.model.decoder`` builds every one of them from the same
+parts, and ``kvserve.model.weights`` reads the one table for the loaders, the checkpoint check and
+the quantized layers' fusing. Torch-free: the simulator parses configs through it too.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# Our names for a layer's weights (roles) -> the names Llama's checkpoints give them, under
+# "model.layers.{i}."; an architecture overrides what its checkpoints call otherwise (None: absent).
+LLAMA_WEIGHTS: dict[str, str | None] = {
+    "input_layernorm": "input_layernorm",  # before attention
+    "post_attention_layernorm": "post_attention_layernorm",  # before the MLP
+    "attn_out_norm": None,  # on attention's output (sandwich and post layouts)
+    "mlp_out_norm": None,  # on the MLP's output (sandwich and post layouts)
+    "q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj",
+    "qkv_proj": None,  # q, k and v already stacked in one tensor (Phi-3)
+    "o_proj": "self_attn.o_proj",
+    "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm",
+    "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj", "down_proj": "mlp.down_proj",
+    "gate_up_proj": None,  # gate and up already stacked (Phi-3)
+    "router": "mlp.gate",
+    "expert": "mlp.experts.{e}.",  # then expert_gate / expert_up / expert_down
+    "expert_gate": "gate_proj", "expert_up": "up_proj", "expert_down": "down_proj",
+    "shared_expert": "mlp.shared_expert.",  # then gate_proj / up_proj / down_proj
+    "shared_expert_gate": "mlp.shared_expert_gate",
+}
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """One registered architecture (``name``: the ``architectures`` entry of its config.json)."""
+
+    name: str
+    # config.json (its text part) -> the ModelConfig fields it sets beyond the common ones
+    config: Callable[[dict[str, Any]], dict[str, Any]] = lambda d: {}
+    weights: Mapping[str, str | None] = field(default_factory=dict)  # overrides of LLAMA_WEIGHTS
+    gguf: str | None = None  # llama.cpp's general.architecture, where kvserve reads its GGUF files
+    # a multimodal config -> the text model's part (its layers, heads, ...)
+    text_config: Callable[[dict[str, Any]], dict[str, Any]] = lambda d: d
+
+    def weight_name(self, role: str) -> str | None:
+        return self.weights[role] if role in self.weights else LLAMA_WEIGHTS[role]
+
+
+_ARCHITECTURES: dict[str, Architecture] = {}
+
+
+def register(arch: Architecture) -> Architecture:
+    _ARCHITECTURES[arch.name] = arch
+    return arch
+
+
+def get_architecture(name: str) -> Architecture:
+    """The registered architecture, or ValueError naming the supported ones."""
+    _load()
+    if name not in _ARCHITECTURES:
+        raise ValueError(f"architecture {name} is not supported (supported: {', '.join(architecture_names())})")
+    return _ARCHITECTURES[name]
+
+
+def generic_config(d: dict[str, Any]) -> dict[str, Any]:
+    """Any config's shape as far as the common keys tell (experts under any of their usual names): what the
+    simulator reads of an architecture kvserve does not serve."""
+    experts = first_of(d, "num_experts", "num_local_experts", "n_routed_experts", default=0)
+    if not experts:
+        return {"sliding_window": d.get("sliding_window") or None}
+    inter = first_of(d, "moe_intermediate_size", "intermediate_size", default=0)
+    shared = first_of(d, "shared_expert_intermediate_size", default=(d.get("n_shared_experts") or 0) * inter)
+    return {"num_experts": experts, "num_experts_per_tok": d.get("num_experts_per_tok") or 1,
+            "moe_intermediate_size": inter, "shared_expert_intermediate_size": shared,
+            "sliding_window": d.get("sliding_window") or None}
+
+
+GENERIC = Architecture("generic", generic_config)
+
+
+def architecture_names() -> list[str]:
+    _load()
+    return sorted(_ARCHITECTURES)
+
+
+def gguf_architectures() -> dict[str, str]:
+    """llama.cpp's architecture name -> ours, for the GGUF loader."""
+    _load()
+    return {a.gguf: a.name for a in _ARCHITECTURES.values() if a.gguf}
+
+
+# one line per architecture module
+_MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma2", "gemma3", "phi3", "olmo2", "olmoe",
+            "granite"]
+
+
+def _load() -> None:
+    if not _ARCHITECTURES:
+        for module in _MODULES:
+            importlib.import_module(f"{__name__}.{module}")
+
+
+def first_of(d: dict[str, Any], *keys: str, default: Any = None) -> Any:
+    """The first of ``keys`` that ``d`` sets (not None)."""
+    return next((d[k] for k in keys if d.get(k) is not None), default)

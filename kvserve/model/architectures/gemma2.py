@@ -1,0 +1,27 @@
+"""Gemma 2: norms before and after each sublayer (scaled by 1 + weight), GELU-tanh, embeddings scaled by
+sqrt(hidden), soft caps on attention scores and logits, sliding-window layers alternating with global ones."""
+
+from kvserve.model.architectures import Architecture, first_of, register
+from kvserve.model.config import FULL, SLIDING
+
+# Gemma's names for the sandwich norms: theirs "post_attention_layernorm" is on attention's output
+GEMMA_WEIGHTS = {"post_attention_layernorm": "pre_feedforward_layernorm", "attn_out_norm": "post_attention_layernorm",
+                 "mlp_out_norm": "post_feedforward_layernorm"}
+
+
+def gemma_config(d: dict, default_pattern: int) -> dict:
+    """What Gemma 2 and 3 share. Older configs have no layer_types: every ``pattern``-th layer is global."""
+    layers = d["num_hidden_layers"]
+    pattern = first_of(d, "sliding_window_pattern", "_sliding_window_pattern", default=default_pattern)
+    types = d.get("layer_types") or [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(layers)]
+    return {"norm_layout": "sandwich", "norm_offset": 1.0, "hidden_act": first_of(d, "hidden_activation", "hidden_act",
+                                                                                  default="gelu_pytorch_tanh"),
+            "attn_scale": float(first_of(d, "query_pre_attn_scalar", "head_dim",
+                                          default=d["hidden_size"] // d["num_attention_heads"])) ** -0.5,
+            "embed_scale": float(d["hidden_size"]) ** 0.5, "sliding_window": d.get("sliding_window") or None,
+            "layer_types": list(types), "attn_logit_softcap": d.get("attn_logit_softcapping"),
+            "final_logit_softcap": d.get("final_logit_softcapping"), "o_proj_bias": False,
+            "tie_word_embeddings": d.get("tie_word_embeddings", True)}
+
+
+register(Architecture("Gemma2ForCausalLM", lambda d: gemma_config(d, 2), weights=GEMMA_WEIGHTS))

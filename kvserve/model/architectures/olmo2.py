@@ -1,0 +1,7 @@
+"""OLMo 2: no norm before a sublayer, one on each sublayer's output; q/k norms over the whole projection."""
+
+from kvserve.model.architectures import Architecture, register
+
+register(Architecture("Olmo2ForCausalLM", lambda d: {"norm_layout": "post", "qk_norm": "full"}, weights={
+    "input_layernorm": None, "post_attention_layernorm": None, "attn_out_norm": "post_attention_layernorm",
+    "mlp_out_norm": "post_feedforward_layernorm"}))

@@ -1,0 +1,21 @@
+"""Phi-3 / Phi-3.5 / Phi-4-mini: q/k/v and gate/up stored stacked, longrope scaling, partial rotary (Phi-4-mini),
+a sliding window where the config sets one."""
+
+from kvserve.model.architectures import Architecture, first_of, register
+from kvserve.model.config import rope_settings
+
+
+def phi3_config(d: dict) -> dict:
+    params = d.get("rope_parameters") if isinstance(d.get("rope_parameters"), dict) else {}
+    out = {"sliding_window": d.get("sliding_window") or None, "o_proj_bias": False,
+           "partial_rotary_factor": float(first_of(d, "partial_rotary_factor", default=params.get("partial_rotary_factor",
+                                                                                                   1.0)))}
+    _, scaling = rope_settings(d)
+    if scaling is not None and d.get("original_max_position_embeddings"):
+        # longrope picks its factors by this length; transformers keeps it beside the scaling dict
+        out["rope_scaling"] = {**scaling, "original_max_position_embeddings": d["original_max_position_embeddings"]}
+    return out
+
+
+register(Architecture("Phi3ForCausalLM", phi3_config, weights={"qkv_proj": "self_attn.qkv_proj",
+                                                               "gate_up_proj": "mlp.gate_up_proj"}))

@@ -1,0 +1,25 @@
+"""Qwen2-MoE and Qwen3-MoE: a top-k mixture of experts in every ``decoder_sparse_step``-th layer (dense MLP in
+``mlp_only_layers``); Qwen2-MoE adds a shared expert under a sigmoid gate and q/k/v biases, Qwen3-MoE q/k norms."""
+
+from kvserve.model.architectures import Architecture, first_of, register
+
+
+def moe_config(d: dict) -> dict:
+    layers, step = d["num_hidden_layers"], d.get("decoder_sparse_step") or 1
+    dense = set(d.get("mlp_only_layers") or [])
+    return {"num_experts": first_of(d, "num_experts", "num_local_experts"), "num_experts_per_tok": d["num_experts_per_tok"],
+            "moe_intermediate_size": d["moe_intermediate_size"], "norm_topk_prob": bool(d.get("norm_topk_prob", False)),
+            "moe_layers": [i not in dense and (i + 1) % step == 0 for i in range(layers)]}
+
+
+def qwen2_moe_config(d: dict) -> dict:
+    return {**moe_config(d), "attention_bias": bool(d.get("qkv_bias", True)), "o_proj_bias": False,
+            "shared_expert_intermediate_size": d.get("shared_expert_intermediate_size") or 0}
+
+
+def qwen3_moe_config(d: dict) -> dict:
+    return {**moe_config(d), "qk_norm": "head", "o_proj_bias": False}
+
+
+register(Architecture("Qwen2MoeForCausalLM", qwen2_moe_config))
+register(Architecture("Qwen3MoeForCausalLM", qwen3_moe_config))

@@ -1,0 +1,101 @@
+"""Building a ``CausalLM`` over checkpoint weights: on the meta device, the quantized layers built over their
+``QuantWeight``s, every other parameter copied from the tensors ``weight_sources`` names (stacked where
+the model fuses them), cast, then packed for oneDNN and switched to the native ops where they run."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from kvserve.model.config import ModelConfig
+from kvserve.model.layers import RMSNorm, cpu_packing_supported
+from kvserve.model.quant import QuantWeight
+from kvserve.model.quant_linear import QuantEmbedding, QuantLinear, quantized_modules
+from kvserve.model.weights import linear_sources, weight_sources
+
+if TYPE_CHECKING:
+    from kvserve.model.decoder import CausalLM
+
+
+def build_model(cls: type["CausalLM"], cfg: ModelConfig, weights: dict[str, Any], dtype: torch.dtype,
+                device: torch.device, quantization: str = "none") -> "CausalLM":
+    """Build on the meta device, load, cast, and pack the linears for oneDNN where it helps.
+
+    ``weights`` may hold ``QuantWeight``s (a GGUF loaded with ``keep_quantized``); ``quantization``
+    (see ``quantized_modules``) says which layers stay or become quantized, the rest is dequantized
+    to ``dtype``.
+    """
+    quantized = quantized_modules(cfg, weights, quantization, device)
+    weights = {k: v.dequantize() if isinstance(v, QuantWeight) else v for k, v in weights.items()
+               if not (isinstance(v, QuantWeight) and _only_in(k, quantized, cfg))}
+    with torch.device("meta"):
+        model = cls(cfg)
+        for path in quantized:  # no dense storage for these: they are built below
+            _set_module(model, path, nn.Identity())
+    model = model.to_empty(device=device)
+    load_weights(model, cfg, weights)
+    model = model.to(dtype).eval()
+    model.rotary.to(device)
+    if model.local_rotary is not None:
+        model.local_rotary.to(device)
+    sources = weight_sources(cfg)
+    for path, qw in quantized.items():
+        if path == "embed_tokens":
+            _set_module(model, path, QuantEmbedding(qw, dtype))
+        else:
+            bias = _stacked(weights, sources.get(path + ".bias"))
+            _set_module(model, path, QuantLinear(qw, bias, dtype, tiles=path != "lm_head", head=path == "lm_head"))
+    if device.type == "cpu" and cpu_packing_supported(dtype):
+        model.pack_for_cpu()
+    if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
+        from kvserve.kernels import load_kernels
+
+        model.use_native_ops(load_kernels())
+    return model
+
+
+def load_weights(model: nn.Module, cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> None:
+    """Copy checkpoint tensors into ``model``'s parameters by ``weight_sources`` (q/k/v and gate/up
+    stacked into single GEMMs). Parameters a quantized layer holds instead are skipped."""
+    own = dict(model.named_parameters())
+    sources = weight_sources(cfg)
+    if cfg.tie_word_embeddings is False and "lm_head.weight" not in weights:
+        sources["lm_head.weight"] = sources["embed_tokens.weight"]  # a checkpoint that ties without saying so
+    offset = {name for name, m in model.named_modules() if isinstance(m, RMSNorm)} if cfg.norm_offset else set()
+    for name, p in own.items():
+        if name not in sources:
+            raise ValueError(f"{name}: no checkpoint tensor is mapped to it")
+        tensor = _stacked(weights, sources[name])
+        if tensor is None:
+            raise ValueError(f"weights missing from the checkpoint: {[n for n, _ in sources[name] if n not in weights][:5]}")
+        if p.shape != tensor.shape:
+            raise ValueError(f"{name}: expected shape {tuple(p.shape)}, file has {tuple(tensor.shape)}")
+        with torch.no_grad():
+            p.copy_(tensor)
+            if name.removesuffix(".weight") in offset:  # Gemma's norms scale by 1 + weight: stored as such
+                p.add_(cfg.norm_offset)
+
+
+def _stacked(weights: dict[str, Any], sources: list[tuple[str, tuple[int, ...]]] | None) -> torch.Tensor | None:
+    if not sources or any(n not in weights for n, _ in sources):
+        return None
+    parts = [weights[n] for n, _ in sources]
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+def _only_in(name: str, quantized: dict[str, QuantWeight], cfg: ModelConfig) -> bool:
+    """Whether weight ``name`` is used only by quantized layers (so it need not be dequantized)."""
+    users = [path for path, names in linear_sources(cfg).items() if name in names]
+    if name == "model.embed_tokens.weight":
+        return "embed_tokens" in quantized and (cfg.tie_word_embeddings is False or "lm_head" in quantized)
+    if name == "lm_head.weight":
+        return "lm_head" in quantized
+    return bool(users) and all(u in quantized for u in users)
+
+
+def _set_module(model: nn.Module, path: str, module: nn.Module) -> None:
+    """``model.<path> = module``; unlike ``set_submodule`` it may replace a None (a tied LM head)."""
+    parent, _, name = path.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, name, module)

@@ -1,0 +1,66 @@
+"""A decoder layer's attention, with the options architectures differ by: biases, q/k norms (per head or
+over the whole projection), the softmax scale, a sliding window, a soft cap on the scores. q, k and v come
+from one GEMM; the attention backend attends (``AttentionBackend.attend_layer``)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kvserve.attention import AttentionBackend, AttentionMetadata
+from kvserve.attention.backend import LayerAttention
+from kvserve.model.config import ModelConfig
+from kvserve.model.layers import RMSNorm, runs_amx
+from kvserve.model.rotary import RotaryStep
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = d = int(cfg.head_dim or 0)
+        self.hidden_size = cfg.hidden_size
+        q_size, kv_size = self.num_heads * d, self.num_kv_heads * d
+        self.split = (q_size, kv_size, kv_size)
+        self.qkv = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
+        self.qk_norm = cfg.qk_norm
+        if cfg.qk_norm is not None:
+            full = cfg.qk_norm == "full"
+            self.q_norm = RMSNorm(q_size if full else d, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(kv_size if full else d, cfg.rms_norm_eps)
+        self.spec = LayerAttention(cfg.attn_scale, cfg.window(layer), cfg.attn_logit_softcap)
+        self.plain = cfg.qk_norm is None and not self.spec.masked  # what the bf16 path below handles
+
+    def runs_bf16(self, x: torch.Tensor, attn: AttentionBackend, meta: AttentionMetadata,
+                  kv_cache: tuple[torch.Tensor, torch.Tensor]) -> bool:
+        """Whether q/k/v stay bf16 from the GEMM through rotary, the KV write and attention into o_proj:
+        where the GEMM runs in bf16 and attention and the KV cache are bf16 anyway (AMX prefill), which
+        saves the float32 round trips (~4% of a prefill). Steps the native decode stack could run keep
+        its float32 arithmetic."""
+        return (self.plain and kv_cache[0].dtype == torch.bfloat16 and runs_amx(self.qkv, x)
+                and attn.attends_bf16(meta))
+
+    def forward(self, x, rope: RotaryStep, attn: AttentionBackend, meta: AttentionMetadata,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], bf16: bool = False, rows: torch.Tensor | None = None,
+                tokens: int | None = None):
+        """``bf16`` (see ``runs_bf16``): x is the bf16 input of the qkv GEMM and the output is bf16.
+        ``rows``: every row's K/V is written but only these attend: the output is theirs.
+        ``tokens``: the step's rows, where x has zero rows past them (the GEMM's padding)."""
+        t = x.shape[0] if tokens is None else tokens
+        qkv = (self.qkv(x, out_dtype=torch.bfloat16) if bf16 else self.qkv(x))[:t]
+        q, k, v = qkv.split(self.split, dim=-1)
+        if self.qk_norm == "full":
+            q, k = self.q_norm(q.contiguous()), self.k_norm(k.contiguous())
+        q, k = q.reshape(t, self.num_heads, self.head_dim), k.reshape(t, self.num_kv_heads, self.head_dim)
+        if self.qk_norm == "head":
+            q = self.q_norm(q.reshape(-1, self.head_dim)).view(t, self.num_heads, self.head_dim)
+            k = self.k_norm(k.reshape(-1, self.head_dim)).view(t, self.num_kv_heads, self.head_dim)
+        q, k = rope.apply(q, k)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        o = attn.attend_layer(q, k, v, kv_cache, meta, self.spec, rows)
+        if not o.shape[0]:  # no row attends (a step that samples nothing): the K/V writes were all
+            return x.new_empty(0, self.hidden_size)
+        o = o.reshape(o.shape[0], -1)
+        return self.o_proj(o, out_dtype=torch.bfloat16) if bf16 else self.o_proj(o)

@@ -1,0 +1,90 @@
+"""The MLPs: a gated MLP (gate and up in one GEMM, an activation, down) and a mixture of experts
+(a router's top-k of gated MLPs, grouped by expert within a step, and an optional shared expert)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvserve.model.layers import runs_amx
+
+ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+               "gelu_new": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu}
+
+
+def activation(name: str):
+    if name not in ACTIVATIONS:
+        raise ValueError(f"activation {name!r} is not supported (supported: {', '.join(ACTIVATIONS)})")
+    return ACTIVATIONS[name]
+
+
+class GatedMLP(nn.Module):
+    """gate and up projections fused into one GEMM, then act(gate) * up, then down."""
+
+    def __init__(self, hidden: int, intermediate: int, act: str = "silu", bias: bool = False):
+        super().__init__()
+        self.gate_up = nn.Linear(hidden, 2 * intermediate, bias=bias)
+        self.down = nn.Linear(intermediate, hidden, bias=bias)
+        self.intermediate = intermediate
+        self.act_name, self.act = act, activation(act)
+        self.native = False  # the fused silu_mul kernel (kvserve.kernels); set by the model, for SiLU only
+
+    def use_native(self, on: bool) -> None:
+        self.native = on and self.act_name == "silu"
+
+    def runs_amx(self, x: torch.Tensor) -> bool:
+        """Whether ``x`` runs both GEMMs on their AMX copies with the activation between them in bf16 (a
+        weight kept dense, e.g. one whose inputs are not a whole number of quantized blocks: never)."""
+        return self.native and runs_amx(self.gate_up, x) and getattr(self.down, "amx", None) is not None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.runs_amx(x):
+            # an AMX step (QuantLinear.amx): the intermediate stays bf16 from gate_up's GEMM through
+            # the activation into down's, instead of two round trips through float32
+            act = torch.ops.kvserve.silu_mul(self.gate_up(x, out_dtype=torch.bfloat16))
+            return self.down(act, out_dtype=x.dtype)
+        gu = self.gate_up(x)
+        if self.native:
+            return self.down(torch.ops.kvserve.silu_mul(gu))
+        return self.down(self.act(gu[..., : self.intermediate]) * gu[..., self.intermediate :])
+
+
+class MoE(nn.Module):
+    """Each token's top ``top_k`` experts of ``experts``, weighted by the router's softmax (renormalised
+    over the chosen ones with ``norm_topk``); a step runs each expert once over all the tokens routed to it."""
+
+    def __init__(self, hidden: int, intermediate: int, experts: int, top_k: int, norm_topk: bool, act: str,
+                 shared_intermediate: int = 0):
+        super().__init__()
+        self.router = nn.Linear(hidden, experts, bias=False)
+        self.experts = nn.ModuleList(GatedMLP(hidden, intermediate, act) for _ in range(experts))
+        self.top_k, self.norm_topk = top_k, norm_topk
+        self.shared = GatedMLP(hidden, shared_intermediate, act) if shared_intermediate else None
+        self.shared_gate = nn.Linear(hidden, 1, bias=False) if shared_intermediate else None
+
+    def use_native(self, on: bool) -> None:
+        for m in self.modules():
+            if isinstance(m, GatedMLP):
+                m.use_native(on)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(self.router(x).float(), dim=-1)
+        weights, chosen = probs.topk(self.top_k, dim=-1)
+        if self.norm_topk:
+            weights = weights / weights.sum(-1, keepdim=True)
+        weights = weights.to(x.dtype)
+        out = torch.zeros(x.shape[0], x.shape[1], dtype=x.dtype, device=x.device)
+        # tokens grouped by expert: one GEMM per expert the step routed to, none for the others
+        order = chosen.flatten().argsort(stable=True)
+        counts = torch.bincount(chosen.flatten(), minlength=len(self.experts)).tolist()
+        tokens, slot_weights = order // self.top_k, weights.flatten()[order]
+        start = 0
+        for e, n in enumerate(counts):
+            if n:
+                rows = tokens[start : start + n]
+                out.index_add_(0, rows, self.experts[e](x[rows]) * slot_weights[start : start + n, None])
+                start += n
+        if self.shared is not None and self.shared_gate is not None:
+            out += torch.sigmoid(self.shared_gate(x)) * self.shared(x)
+        return out

@@ -1,0 +1,89 @@
+"""Which checkpoint tensors make each of the decoder's parameters: one table, from the architecture's names.
+
+``weight_sources(cfg)`` maps every parameter of ``kvserve.model.decoder.CausalLM`` to the Hugging Face
+tensors (name, shape) stacked along their first dimension to make it (q/k/v into one GEMM, gate/up into
+another; one tensor where the checkpoint already stacks them). The loaders read the names it lists,
+``expected_weight_shapes`` checks a checkpoint against it, ``load_weights`` copies by it and
+``linear_sources`` is what the quantized layers fuse. Torch-free.
+"""
+
+from __future__ import annotations
+
+from kvserve.model.architectures import Architecture, get_architecture
+from kvserve.model.config import ModelConfig
+
+Source = tuple[str, tuple[int, ...]]  # a checkpoint tensor's name and shape
+LINEARS = ("qkv", "o_proj", "gate_up", "down")  # the decoder's linear modules (last part of their path)
+
+
+def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
+    """Our parameter path -> the checkpoint tensors stacked to make it."""
+    arch = get_architecture(cfg.architecture)
+    h, d = cfg.hidden_size, int(cfg.head_dim or 0)
+    q_rows, kv_rows = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+    out: dict[str, list[Source]] = {"embed_tokens.weight": [("model.embed_tokens.weight", (cfg.vocab_size, h))]}
+
+    def linear(dst: str, prefix: str, parts: list[tuple[str, int]], fused: str | None, cols: int, bias: bool) -> None:
+        """``dst``.weight (and .bias) from the stacked tensor ``fused`` when the checkpoint has one, else
+        from the ``parts`` (role, rows)."""
+        names = [(fused, sum(r for _, r in parts))] if fused else [(arch.weight_name(role), r) for role, r in parts]
+        for suffix, shape in (("weight", lambda r: (r, cols)), ("bias", lambda r: (r,)))[: 2 if bias else 1]:
+            out[f"{dst}.{suffix}"] = [(f"{prefix}{name}.{suffix}", shape(r)) for name, r in names]
+
+    for i in range(cfg.num_hidden_layers):
+        p, dst = f"model.layers.{i}.", f"layers.{i}."
+        for role in ("input_layernorm", "post_attention_layernorm", "attn_out_norm", "mlp_out_norm"):
+            name = arch.weight_name(role)
+            if name is not None:
+                out[f"{dst}{role}.weight"] = [(f"{p}{name}.weight", (h,))]
+        linear(dst + "self_attn.qkv", p, [("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)],
+               arch.weight_name("qkv_proj"), h, cfg.attention_bias)
+        linear(dst + "self_attn.o_proj", p, [("o_proj", h)], None, q_rows, cfg.o_proj_bias)
+        if cfg.qk_norm is not None:
+            full = cfg.qk_norm == "full"
+            for role, rows in (("q_norm", q_rows), ("k_norm", kv_rows)):
+                out[f"{dst}self_attn.{role}.weight"] = [(f"{p}{arch.weight_name(role)}.weight", (rows if full else d,))]
+        if not cfg.is_moe(i):
+            mlp(out, arch, dst + "mlp.", p, "", cfg.intermediate_size, h, cfg.mlp_bias)
+            continue
+        out[f"{dst}mlp.router.weight"] = [(f"{p}{arch.weight_name('router')}.weight", (cfg.num_experts, h))]
+        for e in range(cfg.num_experts):
+            mlp(out, arch, f"{dst}mlp.experts.{e}.", p + str(arch.weight_name("expert")).format(e=e), "expert_",
+                cfg.moe_intermediate_size, h, False)
+        if cfg.shared_expert_intermediate_size:
+            mlp(out, arch, dst + "mlp.shared.", p + str(arch.weight_name("shared_expert")), "shared_",
+                cfg.shared_expert_intermediate_size, h, False)
+            out[f"{dst}mlp.shared_gate.weight"] = [(f"{p}{arch.weight_name('shared_expert_gate')}.weight", (1, h))]
+    out["norm.weight"] = [("model.norm.weight", (h,))]
+    if not cfg.tie_word_embeddings:
+        out["lm_head.weight"] = [("lm_head.weight", (cfg.vocab_size, h))]
+    return out
+
+
+def mlp(out: dict[str, list[Source]], arch: Architecture, dst: str, prefix: str, kind: str, inter: int, h: int, bias: bool) -> None:
+    """A gated MLP's gate_up and down: the layer's own (``kind`` ""), an expert's or the shared expert's."""
+    if kind == "expert_":
+        gate, up, down = (str(arch.weight_name(r)) for r in ("expert_gate", "expert_up", "expert_down"))
+        fused = None
+    elif kind == "shared_":
+        gate, up, down, fused = "gate_proj", "up_proj", "down_proj", None
+    else:
+        gate, up, down = (str(arch.weight_name(r)) for r in ("gate_proj", "up_proj", "down_proj"))
+        fused = arch.weight_name("gate_up_proj")
+    suffixes = ("weight", "bias") if bias else ("weight",)
+    for suffix in suffixes:
+        rows = (lambda r: (r, h)) if suffix == "weight" else (lambda r: (r,))
+        names = [(fused, 2 * inter)] if fused else [(gate, inter), (up, inter)]
+        out[f"{dst}gate_up.{suffix}"] = [(f"{prefix}{n}.{suffix}", rows(r)) for n, r in names]
+        out[f"{dst}down.{suffix}"] = [(f"{prefix}{down}.{suffix}", (h, inter) if suffix == "weight" else (h,))]
+
+
+def expected_weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every checkpoint tensor the engine reads, with its shape."""
+    return {name: shape for sources in weight_sources(cfg).values() for name, shape in sources}
+
+
+def linear_sources(cfg: ModelConfig) -> dict[str, list[str]]:
+    """The decoder's linear modules (by path) -> the checkpoint weights whose rows they stack."""
+    return {path.removesuffix(".weight"): [n for n, _ in sources] for path, sources in weight_sources(cfg).items()
+            if path.endswith(".weight") and path.removesuffix(".weight").rpartition(".")[2] in LINEARS}

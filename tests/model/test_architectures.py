@@ -1,0 +1,170 @@
+"""Every registered architecture against transformers: a tiny random checkpoint written at test time
+(seeded; norms and biases random too, so a weight mapped to the wrong place shows), loaded through
+the Hugging Face folder path, and greedy tokens equal to transformers' ``generate`` in float32 with
+``--quantization none``: on the native path (paged kernel, fused ops) and the torch path (gather-sdpa,
+no native ops); with chunked prefill, prefix-cache hits, preemption, and windows shorter than the
+prompt. The quantized default is held to logprob closeness instead."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from conftest import hf_greedy
+from kvserve import SamplingParams
+from kvserve.llm import LLM
+from kvserve.model.architectures import architecture_names
+from kvserve.model.loader import load_model
+
+COMMON = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=16, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
+              pad_token_id=0, tie_word_embeddings=False)
+WINDOW = 6  # shorter than most prompts below
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+
+# registered name -> (transformers config class, its arguments beyond COMMON)
+CASES: dict[str, tuple[str, dict]] = {
+    "LlamaForCausalLM": ("LlamaConfig", dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                           "high_freq_factor": 4.0,
+                                                           "original_max_position_embeddings": 32})),
+    "Qwen2ForCausalLM": ("Qwen2Config", dict(tie_word_embeddings=True)),
+    "Qwen3ForCausalLM": ("Qwen3Config", dict(rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                           "original_max_position_embeddings": 64})),
+    "Qwen2MoeForCausalLM": ("Qwen2MoeConfig", dict(MOE, shared_expert_intermediate_size=48, decoder_sparse_step=1,
+                                                   mlp_only_layers=[1])),
+    "Qwen3MoeForCausalLM": ("Qwen3MoeConfig", dict(MOE, norm_topk_prob=True)),
+    "MistralForCausalLM": ("MistralConfig", dict(sliding_window=WINDOW)),
+    "MixtralForCausalLM": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW)),
+    "Gemma2ForCausalLM": ("Gemma2Config", dict(sliding_window=WINDOW, query_pre_attn_scalar=24, tie_word_embeddings=True,
+                                               attn_logit_softcapping=5.0, final_logit_softcapping=3.0)),
+    "Gemma3ForCausalLM": ("Gemma3TextConfig", dict(sliding_window=WINDOW, num_hidden_layers=3, query_pre_attn_scalar=16,
+                                                   layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                                                   tie_word_embeddings=True,
+                                                   rope_scaling={"rope_type": "linear", "factor": 2.0})),
+    "Phi3ForCausalLM": ("Phi3Config", dict(partial_rotary_factor=0.5, original_max_position_embeddings=64,
+                                           rope_scaling={"type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.5],
+                                                         "long_factor": [2.0, 3.0, 4.0, 5.0]})),
+    "Olmo2ForCausalLM": ("Olmo2Config", {}),
+    "OlmoeForCausalLM": ("OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2, intermediate_size=32)),
+    "GraniteForCausalLM": ("GraniteConfig", dict(embedding_multiplier=3.0, residual_multiplier=0.5,
+                                                 attention_multiplier=0.3, logits_scaling=2.0, attention_bias=True)),
+}
+PROMPT_LENS = [1, 5, 9, 17, 30]
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+
+def test_every_registered_architecture_has_a_case():
+    assert sorted(CASES) == architecture_names()
+
+
+def hf_model(name: str):
+    import transformers
+
+    config_class, extra = CASES[name]
+    cfg = getattr(transformers, config_class)(**{**COMMON, **extra})
+    cfg.architectures = [name]
+    torch.manual_seed(0)
+    model = getattr(transformers, name)(cfg)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.2 if "gate.weight" not in pname else 1.0)  # routers peaked too
+            else:  # norms and biases away from their initial values, so a misplaced one changes the answer
+                p.add_(torch.randn_like(p) * 0.2)
+    return model.eval()
+
+
+_folders: dict[str, tuple] = {}
+
+
+def checkpoint(name: str, tmp_path_factory):
+    """(transformers model, the folder it saved) for ``name``, built once per session."""
+    if name not in _folders:
+        model = hf_model(name)
+        folder = tmp_path_factory.mktemp(name)
+        model.save_pretrained(folder)
+        word_tokenizer(COMMON["vocab_size"]).save_pretrained(folder)
+        _folders[name] = (model, folder)
+    return _folders[name]
+
+
+def word_tokenizer(vocab: int):
+    """A word-level tokenizer over ``vocab`` ids ("t0" ...): the folder loads as a checkpoint does."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", bos_token="t1", eos_token="t2")
+
+
+def prompts(seed: int = 1) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 97) for _ in range(n)] for n in PROMPT_LENS]
+
+
+def make_llm(folder, torch_path: bool = False, quantization: str = "none", **kw) -> LLM:
+    loaded = load_model(folder)
+    loaded.config.eos_token_ids = []
+    kw.setdefault("num_kv_blocks", 256)
+    kw.setdefault("block_size", 4)
+    llm = LLM.from_weights(loaded.config, loaded.weights, dtype="float32", quantization=quantization,
+                           attention_backend="gather-sdpa" if torch_path else "auto", **kw)
+    if torch_path:
+        llm.engine.runner.model.use_native_ops(False)
+    return llm
+
+
+_expected: dict[str, list[list[int]]] = {}
+
+
+def expected(name: str, tmp_path_factory) -> list[list[int]]:
+    if name not in _expected:
+        model, _ = checkpoint(name, tmp_path_factory)
+        _expected[name] = [hf_greedy(model, p, GREEDY.max_tokens) for p in prompts()]
+    return _expected[name]
+
+
+@pytest.mark.parametrize("torch_path", [False, True], ids=["native", "torch"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_greedy_equals_transformers(name, torch_path, tmp_path_factory):
+    _, folder = checkpoint(name, tmp_path_factory)
+    llm = make_llm(folder, torch_path, max_num_batched_tokens=512)
+    got = [o.token_ids for o in llm.generate(prompts(), GREEDY)]
+    assert got == expected(name, tmp_path_factory)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_chunked_prefill_prefix_hits_and_preemption_keep_the_answer(name, tmp_path_factory):
+    _, folder = checkpoint(name, tmp_path_factory)
+    want = expected(name, tmp_path_factory)
+    # prompts in chunks of 3 tokens; then again, every prompt a prefix-cache hit
+    llm = make_llm(folder, max_num_batched_tokens=3)
+    assert [o.token_ids for o in llm.generate(prompts(), GREEDY)] == want
+    hits = llm.engine.kv.stats.device_hits
+    assert [o.token_ids for o in llm.generate(prompts(), GREEDY)] == want
+    assert llm.engine.kv.stats.device_hits >= hits + 16  # the longer prompts' whole blocks
+    # a pool that holds about one sequence: later ones are preempted and recomputed
+    llm = make_llm(folder, max_num_batched_tokens=32, num_kv_blocks=(max(PROMPT_LENS) + 8) // 4 + 2)
+    assert [o.token_ids for o in llm.generate(prompts(), GREEDY)] == want
+    assert llm.engine.scheduler.stats.num_preemptions > 0
+    assert llm.engine.kv.num_available_blocks == llm.engine.kv.pool.num_blocks
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_quantized_default_stays_close_to_dense(name, tmp_path_factory):
+    """int8 weights: the dense model's greedy token is within the quantized model's top 3, and their
+    logprobs within 0.5 of each other, at every step while the two agree (vLLM's check_logprobs_close)."""
+    _, folder = checkpoint(name, tmp_path_factory)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=3)
+    dense = make_llm(folder).generate(prompts(), params)
+    quant = make_llm(folder, quantization="int8").generate(prompts(), params)
+    for d, q in zip(dense, quant):
+        for step, (dt, qt) in enumerate(zip(d.token_ids, q.token_ids)):
+            top = dict(q.logprobs[step].top)
+            assert dt in top, (name, step, dt, top)
+            assert abs(top[dt] - d.logprobs[step].logprob) < 0.5
+            if dt != qt:
+                break
