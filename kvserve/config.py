@@ -223,6 +223,11 @@ class ServerConfig:
         "help": "how the model writes tool calls (docs/tool-calling.md): auto (detected from the chat template, "
                 "hermes when it shows none), hermes, llama3_json, mistral; none: no function calling",
         "choices": TOOL_CALL_PARSERS})
+    reasoning_parser: str | None = field(default=None, metadata={
+        "help": "split a thinking model's reasoning from its answer (docs/tool-calling.md): deepseek_r1 (the "
+                "output starts thinking, up to </think>) or qwen3 (a <think>...</think> block the output opens "
+                "with); chat answers then carry message.reasoning_content and streams delta.reasoning_content; "
+                "default: off"})
     otlp_traces_endpoint: str | None = field(default=None, metadata={
         "help": "send a trace span per request to this OpenTelemetry collector (OTLP over HTTP, e.g. "
                 "http://127.0.0.1:4318/v1/traces; needs pip install kvserve[tracing]); docs/tracing.md"})
@@ -234,6 +239,11 @@ class ServerConfig:
     def __post_init__(self) -> None:
         _check(self.tool_call_parser in TOOL_CALL_PARSERS,
                f"--tool-call-parser must be one of {', '.join(TOOL_CALL_PARSERS)}", "tool_call_parser")
+        # checked here, not by argparse choices: a one-line error, and the registry may gain parsers
+        if self.reasoning_parser is not None:
+            from kvserve.text.reasoning import check_reasoning_parser
+
+            check_reasoning_parser(self.reasoning_parser)
         _check(self.max_waiting_requests is None or self.max_waiting_requests >= 0,
                "--max-waiting-requests must be at least 0", "max_waiting_requests")
         _check(self.max_request_bytes >= 1, "--max-request-bytes must be positive", "max_request_bytes")

@@ -4,9 +4,9 @@ The router loads the tokenizer of the model its replicas serve (``--model``, the
 default; no weights are read) and tokenizes each completion or chat request once, on one thread of
 its own (a Hugging Face tokenizer is not safe to share between threads), exactly as the server
 does: completion prompts with ``Tokenizer.encode``, chat messages (and tools) through the chat
-template with the server's own request model and tool handling. A request the router cannot
-tokenize (malformed, or too long to be worth it) is still forwarded, unpredicted: the replica
-answers it, with its error when it is one.
+template with the server's own request model and tool handling, and the request's
+``chat_template_kwargs``. A request the router cannot tokenize (malformed, or too long to be worth
+it) is still forwarded, unpredicted: the replica answers it, with its error when it is one.
 """
 
 from __future__ import annotations
@@ -78,7 +78,10 @@ class PromptTokenizer:
 
         req = P.ChatCompletionRequest.model_validate(body)
         messages, tools = self.tools.template_inputs(req.template_messages(), self.tools.plan(req))
-        if sum(len(m.get("content") or "") for m in messages) + len(str(tools or "")) > MAX_PROMPT_CHARS:
+        kwargs = req.chat_template_kwargs
+        if (sum(len(m.get("content") or "") for m in messages) + len(str(tools or "")) + len(str(kwargs or ""))
+                > MAX_PROMPT_CHARS):
             return None
         return [self.tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt,
-                                                   continue_final_message=req.continue_final_message, tools=tools)]
+                                                   continue_final_message=req.continue_final_message, tools=tools,
+                                                   chat_template_kwargs=kwargs)]

@@ -299,6 +299,8 @@ class ChatCompletionRequest(_SamplingRequest):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     echo: bool = False
+    # vLLM's: more variables for the chat template (e.g. {"enable_thinking": false} for Qwen3's)
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def check(self) -> None:
         super().check()

@@ -41,10 +41,12 @@ class StructuredOutputs(BaseModel):
 
 
 class OmitsNone(BaseModel):
-    """Leaves the fields named in ``OMIT_IF_NONE`` out of its JSON when they are None: kvserve's and
-    vLLM's extras appear only when asked for, or when they carry something."""
+    """Leaves the fields named in ``OMIT_IF_NONE`` out of its JSON when they are None, and those in
+    ``OMIT_IF_UNSET`` unless they were given (even as None): kvserve's and vLLM's extras appear only
+    when asked for, or when they carry something."""
 
     OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ()
+    OMIT_IF_UNSET: ClassVar[tuple[str, ...]] = ()
 
     @model_serializer(mode="wrap")
     def _omit_none(self, handler: Any) -> dict[str, Any]:
@@ -52,6 +54,9 @@ class OmitsNone(BaseModel):
         for key in self.OMIT_IF_NONE:
             if key in data and data[key] is None:
                 del data[key]
+        for key in self.OMIT_IF_UNSET:
+            if key not in self.model_fields_set:
+                data.pop(key, None)
         return data
 
 

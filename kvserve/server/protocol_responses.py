@@ -106,10 +106,16 @@ class ToolCall(BaseModel):
     function: FunctionCall
 
 
-class ChatMessageOut(BaseModel):
+class ChatMessageOut(OmitsNone):
+    # with --reasoning-parser, always there (null when the answer has none), as vLLM sends them;
+    # ``reasoning`` is vLLM's newer name of ``reasoning_content``
+    OMIT_IF_UNSET = ("reasoning_content", "reasoning")
+
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     tool_calls: list[ToolCall] | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
 
 class ChatChoice(OmitsNone):
@@ -140,6 +146,8 @@ class DeltaMessage(BaseModel):
     role: str | None = None
     content: str | None = None
     tool_calls: list[dict[str, Any]] | None = None  # pieces of calls, as OpenAI streams them
+    reasoning_content: str | None = None  # with --reasoning-parser: pieces of the thinking (and its newer name)
+    reasoning: str | None = None
 
     @model_serializer(mode="wrap")
     def _drop_none(self, handler: Any) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 A renderer is made per HTTP request, once its engine requests are started, and is handed to
 ``kvserve.server.streaming.respond``, which calls ``response`` (the whole answer, from each
 choice's final output) or ``events`` (the SSE events of a stream). Choice k is prompt k // n's
-choice k % n.
+choice k % n. With ``--reasoning-parser`` the chat renderer splits each choice's text into its
+reasoning and its content (``kvserve.text.reasoning``) before anything else reads it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from pydantic import BaseModel
 
 from kvserve.text.output import RequestOutput
+from kvserve.text.reasoning import Split
 from kvserve.engine.request import TokenLogprobs
 from kvserve.server import protocol as P
 from kvserve.server.state import ServerState
@@ -117,6 +119,11 @@ def usage(prompt_lens: list[int], cached: list[int], outs: dict[int, RequestOutp
         result.speculative = P.SpeculativeUsage(draft_tokens=drafted, accepted_tokens=accepted, verify_steps=verifies,
                                                 mean_accepted_length=round(1 + accepted / verifies, 4))
     return result
+
+
+def reasoning_fields(reasoning: str | None) -> dict[str, str | None]:
+    """A message's reasoning under both of vLLM's names (``reasoning`` is the newer)."""
+    return {"reasoning_content": reasoning, "reasoning": reasoning}
 
 
 def _delta_logprobs(out: RequestOutput) -> list[TokenLogprobs]:
@@ -314,11 +321,32 @@ class ChatRenderer(_Renderer[P.ChatLogprobs]):
         last = len(body.messages) - 1  # echo: the assistant's last message opens the answer
         echo = body.echo and body.messages[last].role == "assistant"
         self.echoed = body.messages[last].to_template_dict(last)["content"] if echo else ""
+        self.reasoning = state.reasoning_splitter(body)  # None: no --reasoning-parser, the text is all content
+
+    def _split(self, text: str) -> tuple[str | None, str | None]:
+        """A whole answer's reasoning (None for none) and content (with a parser, None for none)."""
+        return (None, text) if self.reasoning is None else self.reasoning.whole(text)
+
+    def _split_delta(self, k: int, out: RequestOutput) -> Split:
+        """The reasoning and content that choice k's new text decides (and at its end, what was held back)."""
+        if self.reasoning is None:
+            return Split("", out.delta_text)
+        return self.reasoning.delta(k, out.delta_text, out.finished)
+
+    def _message(self, content: str | None, reason: str | None) -> tuple[P.ChatMessageOut, str | None]:
+        """The message of an answer's content (its text after any reasoning), and its finish reason."""
+        if self.echoed:
+            content = self.echoed + (content or "")
+        return P.ChatMessageOut(content=content), reason
 
     def _choice(self, k: int, out: RequestOutput) -> P.ChatChoice:
         lp = chat_logprobs(self.state, out.logprobs, self.top_n) if self.top_n is not None else None
-        return P.ChatChoice(index=k, message=P.ChatMessageOut(content=self.echoed + out.text), logprobs=lp,
-                            finish_reason=out.finish_reason, stop_reason=out.stop_reason,
+        reasoning, content = self._split(out.text)
+        message, finish_reason = self._message(content, out.finish_reason)
+        if self.reasoning is not None:  # given even when None, so that they show (null), as vLLM's do
+            message = message.model_copy(update=reasoning_fields(reasoning))
+        return P.ChatChoice(index=k, message=message, logprobs=lp, finish_reason=finish_reason,
+                            stop_reason=out.stop_reason,
                             token_ids=out.token_ids if self.body.return_token_ids else None)
 
     def response(self, outs: dict[int, RequestOutput]) -> BaseModel:
@@ -359,11 +387,16 @@ class ChatRenderer(_Renderer[P.ChatLogprobs]):
         return chat_logprobs(self.state, _delta_logprobs(out), self.top_n) if self.top_n is not None else None
 
     def _delta_event(self, k: int, out: RequestOutput, lp: P.ChatLogprobs | None) -> str:
+        """A chunk of the delta; "" while the reasoning parser holds the text back (it may be a tag)
+        and nothing else must go out (an empty body part, which HTTP servers do not send)."""
+        reasoning, content = self._split_delta(k, out)
+        token_ids = out.delta_token_ids if self.body.return_token_ids else None
+        if not (reasoning or content or out.finished or lp is not None or token_ids or self.body.continuous_usage):
+            return ""
+        delta = P.DeltaMessage.model_construct(content=content or None, **reasoning_fields(reasoning or None))
         return self._chunk([P.ChatStreamChoice.model_construct(
-            index=k, delta=P.DeltaMessage.model_construct(content=out.delta_text or None), logprobs=lp,
-            finish_reason=out.finish_reason if out.finished else None,
-            stop_reason=out.stop_reason if out.finished else None,
-            token_ids=out.delta_token_ids if self.body.return_token_ids else None)], self._choice_usage(k, out))
+            index=k, delta=delta, logprobs=lp, finish_reason=out.finish_reason if out.finished else None,
+            stop_reason=out.stop_reason if out.finished else None, token_ids=token_ids)], self._choice_usage(k, out))
 
     def _usage_event(self, usage: P.Usage) -> str:
         return self._chunk([], usage=usage)

@@ -23,6 +23,7 @@ from kvserve.server.engine_client import EngineClient
 from kvserve.server.engine_view import EngineView
 from kvserve.server.metrics import ServerMetrics
 from kvserve.server.request_stream import RequestStream
+from kvserve.text.reasoning import ReasoningSplitter
 from kvserve.text.tokenizer import bad_words_token_ids
 from kvserve.server.tools import ToolCalling, ToolPlan
 
@@ -113,11 +114,18 @@ class ServerState:
     async def chat_prompt(self, body: P.ChatCompletionRequest, tools: ToolPlan | None = None) -> list[int]:
         """The token ids of a chat request's messages (and tools), through the model's chat template."""
         messages, template_tools = self.tools.template_inputs(body.template_messages(), tools)
-        self.check_prompt_chars(sum(len(m["content"]) for m in messages) + len(str(template_tools or "")))
+        kwargs = body.chat_template_kwargs
+        self.check_prompt_chars(sum(len(m["content"]) for m in messages) + len(str(template_tools or ""))
+                                + len(str(kwargs or "")))
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._tokenize_pool, lambda: self.tokenizer.apply_chat_template(
             messages, add_generation_prompt=body.add_generation_prompt,
-            continue_final_message=body.continue_final_message, tools=template_tools))
+            continue_final_message=body.continue_final_message, tools=template_tools, chat_template_kwargs=kwargs))
+
+    def reasoning_splitter(self, body: P.ChatCompletionRequest) -> ReasoningSplitter | None:
+        """How the request's answers split into reasoning and content; None without --reasoning-parser."""
+        name = self.config.reasoning_parser
+        return None if name is None else ReasoningSplitter.of(name, body.chat_template_kwargs)
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)

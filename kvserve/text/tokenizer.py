@@ -7,7 +7,9 @@ failure modes into ``InvalidArgumentError``; ``check_unicode`` refuses text no t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
+import json
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvserve.engine.request import check_bad_words
@@ -60,11 +62,13 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                             continue_final_message: bool = False,
-                            tools: list[dict[str, Any]] | None = None) -> list[int]:
+                            tools: list[dict[str, Any]] | None = None,
+                            chat_template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
         """Render ``messages`` (and ``tools``, OpenAI's function definitions, when given) with the model's
         chat template and tokenize, as HF does. Any role is passed to the template (which may refuse
         it); ``continue_final_message`` leaves the last message open, for the model to continue (it
-        must be an assistant's)."""
+        must be an assistant's); ``chat_template_kwargs`` are more variables for the template (vLLM's
+        request field: ``{"enable_thinking": false}``), those it does not read are harmless."""
         if not self.has_chat_template:
             raise InvalidArgumentError(
                 "this model has no chat template; use the completions endpoint with a plain prompt",
@@ -76,7 +80,7 @@ class Tokenizer:
                                        param="continue_final_message")
         import jinja2
 
-        extra = {"tools": tools} if tools else {}
+        extra = {**self._template_kwargs(chat_template_kwargs), **({"tools": tools} if tools else {})}
         try:
             ids = self.hf.apply_chat_template(
                 [dict(m) for m in messages],
@@ -93,6 +97,21 @@ class Tokenizer:
                 raise
             raise InvalidArgumentError(f"continue_final_message: {e}", param="continue_final_message") from e
         return [int(i) for i in ids]
+
+    def _template_kwargs(self, kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+        """``chat_template_kwargs``, checked: a name of apply_chat_template's own arguments (``tokenize``,
+        ``chat_template``, ...) or of what the template gets anyway (``messages``) would change how the
+        prompt is made, not just what the template reads: a 400."""
+        if not kwargs:
+            return {}
+        params = inspect.signature(self.hf.apply_chat_template).parameters
+        reserved = {"messages", *(n for n, p in params.items() if p.kind is not p.VAR_KEYWORD)}
+        taken = sorted(reserved.intersection(kwargs))
+        if taken:
+            raise InvalidArgumentError(f"chat_template_kwargs cannot set {', '.join(taken)}",
+                                       param="chat_template_kwargs")
+        check_unicode(json.dumps(kwargs, ensure_ascii=False), "chat_template_kwargs", "chat_template_kwargs")
+        return dict(kwargs)
 
 
 def _check_messages(messages: Any) -> None:

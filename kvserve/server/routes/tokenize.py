@@ -33,6 +33,7 @@ class TokenizeChatRequest(BaseModel):
     messages: list[P.ChatMessageIn] = Field(min_length=1)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None  # as in a chat request, so that the counts agree
     return_token_strs: bool = False
 
 
@@ -73,10 +74,10 @@ async def tokenize(state: State, body: dict[str, Any] = Body(...)) -> TokenizeRe
             raise InvalidArgumentError("continue_final_message and add_generation_prompt cannot both be true "
                                        "(set add_generation_prompt to false)", param="continue_final_message")
         messages = [m.to_template_dict(i) for i, m in enumerate(chat.messages)]
-        state.check_prompt_chars(sum(len(m["content"]) for m in messages))
+        state.check_prompt_chars(sum(len(m["content"]) for m in messages) + len(str(chat.chat_template_kwargs or "")))
         tokens = await state.in_tokenizer_thread(lambda: state.tokenizer.apply_chat_template(
             messages, add_generation_prompt=chat.add_generation_prompt,
-            continue_final_message=chat.continue_final_message))
+            continue_final_message=chat.continue_final_message, chat_template_kwargs=chat.chat_template_kwargs))
         want_strs = chat.return_token_strs
     else:
         req: TokenizeCompletionRequest = _parse(TokenizeCompletionRequest, body)
