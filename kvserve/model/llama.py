@@ -122,9 +122,10 @@ class LlamaForCausalLM(nn.Module):
             model = cls(cfg)
             for path in quantized:  # no dense storage for these: they are built below
                 _set_module(model, path, nn.Identity())
-        model = model.to_empty(device=device)
+        # allocated in the final dtype: copying in casts, and no float32 model is held on the way
+        model = model.to(dtype).to_empty(device=device)
         model.load_hf_weights(weights)
-        model = model.to(dtype).eval()
+        model = model.eval()
         model.rotary.to(device)
         for path, qw in quantized.items():
             if path == "embed_tokens":
