@@ -75,7 +75,10 @@ def build_proposer(config: KVServeConfig, model_cfg: ModelConfig, runner: TorchR
     if draft_weights is None:
         from kvserve.model.loader import load_model, resolve_model_path
 
-        loaded = load_model(resolve_model_path(spec.speculative_model))
+        # --load-format dummy applies to the draft too, with another seed: a draft of the target's shape
+        # would otherwise be the target itself, every token accepted
+        m = config.model
+        loaded = load_model(resolve_model_path(spec.speculative_model), load_format=m.load_format, seed=m.seed + 1)
         draft_weights = (loaded.config, loaded.weights)
     draft_cfg, weights = draft_weights
     if draft_cfg.vocab_size != model_cfg.vocab_size:
@@ -111,7 +114,8 @@ def build_engine_core(config: KVServeConfig) -> EngineCore:
 
     path = resolve_model_path(config.model.model)
     log.info("loading model %s ...", path)
-    loaded = load_model(path, keep_quantized=config.model.quantization != "none")
+    m = config.model
+    loaded = load_model(path, keep_quantized=m.quantization != "none", load_format=m.load_format, seed=m.seed)
     eos = Tokenizer(loaded.tokenizer, loaded.config).eos_token_ids
     return EngineCore(build_engine(config, loaded.config, loaded.weights, eos, hf_tokenizer=loaded.tokenizer),
                       loaded.name)

@@ -22,6 +22,7 @@ from kvserve.errors import InvalidArgumentError
 
 DTYPES = ("auto", "bfloat16", "float16", "float32", "float64")
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
+LOAD_FORMATS = ("auto", "dummy")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")  # vLLM's names; the KV pools register them
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
 SPECULATIVE_METHODS = ("ngram", "draft")
@@ -51,13 +52,20 @@ class ModelOptions:
                               "of 32, native kernels): auto keeps a GGUF's Q8_0/Q4_0/Q4_1 weights as stored and "
                               "other weights dense; none dequantizes everything to --dtype; int8 / int4 quantize "
                               "every linear layer at load (Q8_0 / Q4_1)", "choices": QUANTIZATIONS})
-    seed: int = field(default=0, metadata={"help": "seed of the shared generator for unseeded sampling"})
+    load_format: str = field(default="auto", metadata={"help": "auto: read the model's weights; dummy: random "
+                             "weights (seeded by --seed) of the shapes config.json implies, for a folder that holds "
+                             "only config.json and a tokenizer: any size can be served and benchmarked without its "
+                             "weights (outputs are meaningless)", "choices": LOAD_FORMATS})
+    seed: int = field(default=0, metadata={"help": "seed of the shared generator for unseeded sampling (and of "
+                      "--load-format dummy's weights)"})
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: all cores)"})
 
     def __post_init__(self) -> None:
         _check(self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}", "dtype")
         _check(self.quantization in QUANTIZATIONS, f"--quantization must be one of {', '.join(QUANTIZATIONS)}",
                "quantization")
+        _check(self.load_format in LOAD_FORMATS, f"--load-format must be one of {', '.join(LOAD_FORMATS)}",
+               "load_format")
         _check(self.max_model_len is None or self.max_model_len >= 2, "--max-model-len must be at least 2",
                "max_model_len")
 

@@ -37,7 +37,9 @@ class LLM:
         from kvserve.text.tokenizer import Tokenizer
 
         self.config = KVServeConfig.from_kwargs(model=model, **engine_args)
-        loaded = load_model(resolve_model_path(model), keep_quantized=self.config.model.quantization != "none")
+        m = self.config.model
+        loaded = load_model(resolve_model_path(model), keep_quantized=m.quantization != "none",
+                            load_format=m.load_format, seed=m.seed)
         self.tokenizer = Tokenizer(loaded.tokenizer, loaded.config)
         self.model_name = loaded.name
         self._start(build_engine(self.config, loaded.config, loaded.weights, self.tokenizer.eos_token_ids,

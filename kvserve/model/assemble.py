@@ -34,9 +34,10 @@ def build_model(cls: type["CausalLM"], cfg: ModelConfig, weights: dict[str, Any]
         model = cls(cfg)
         for path in quantized:  # no dense storage for these: they are built below
             _set_module(model, path, nn.Identity())
-    model = model.to_empty(device=device)
+    # allocated in the final dtype: copying in casts, and no float32 model is held on the way
+    model = model.to(dtype).to_empty(device=device)
     load_weights(model, cfg, weights)
-    model = model.to(dtype).eval()
+    model = model.eval()
     model.rotary.to(device)
     if model.local_rotary is not None:
         model.local_rotary.to(device)
@@ -72,10 +73,10 @@ def load_weights(model: nn.Module, cfg: ModelConfig, weights: dict[str, torch.Te
             raise ValueError(f"weights missing from the checkpoint: {[n for n, _ in sources[name] if n not in weights][:5]}")
         if p.shape != tensor.shape:
             raise ValueError(f"{name}: expected shape {tuple(p.shape)}, file has {tuple(tensor.shape)}")
+        if name.removesuffix(".weight") in offset:  # Gemma's norms scale by 1 + weight: stored as such
+            tensor = tensor.float() + cfg.norm_offset
         with torch.no_grad():
             p.copy_(tensor)
-            if name.removesuffix(".weight") in offset:  # Gemma's norms scale by 1 + weight: stored as such
-                p.add_(cfg.norm_offset)
 
 
 def _stacked(weights: dict[str, Any], sources: list[tuple[str, tuple[int, ...]]] | None) -> torch.Tensor | None:

@@ -72,7 +72,8 @@ def _read_safetensors(folder: Path, wanted: dict[str, tuple[int, ...]]) -> dict[
             raise ModelLoadError(f"{index} has no weight_map")
         files = [folder / shard for shard in dict.fromkeys(weight_map.values())]
     else:
-        raise ModelLoadError(f"{folder} has neither model.safetensors nor model.safetensors.index.json")
+        raise ModelLoadError(f"{folder} has neither model.safetensors nor model.safetensors.index.json; to run it "
+                             "with random weights (benchmarks), pass --load-format dummy")
 
     weights: dict[str, torch.Tensor] = {}
     for file in files:

@@ -3,6 +3,8 @@
 The public entry points: ``resolve_model_path`` finds the model (``locate``), ``load_model`` and
 ``load_tokenizer`` pick the reader by the path's kind, a Hugging Face folder (``hf_loader``) or a
 ``.gguf`` file (``gguf_loader``), and ``LoadedModel`` (``checkpoint``) is what ``load_model`` returns.
+With ``load_format="dummy"`` (``--load-format dummy``) only the config and the tokenizer are read and the
+weights are random (``dummy``).
 """
 
 from __future__ import annotations
@@ -16,23 +18,33 @@ from typing import Any
 from kvserve.errors import ModelLoadError
 from kvserve.model.checkpoint import LoadedModel, check_weights
 from kvserve.model.config import ModelConfig
+from kvserve.model.dummy import checkpoint_dtype, dummy_weights
 from kvserve.model.gguf_loader import gguf_config, gguf_tokenizer, load_gguf
 from kvserve.model.hf_loader import hf_folder_config, hf_folder_tokenizer, load_hf_folder
 from kvserve.model.locate import resolve_model_path
 
-__all__ = ["LoadedModel", "load_model", "load_model_config", "load_tokenizer", "resolve_model_path"]
+__all__ = ["LOAD_FORMATS", "LoadedModel", "load_model", "load_model_config", "load_tokenizer", "resolve_model_path"]
 
 logger = logging.getLogger(__name__)
+
+LOAD_FORMATS = ("auto", "dummy")
 
 
 def _is_gguf_file(path: Path) -> bool:
     return path.is_file() and path.suffix.lower() == ".gguf"
 
 
-def load_model(path: str | os.PathLike[str], keep_quantized: bool = False) -> LoadedModel:
+def load_model(path: str | os.PathLike[str], keep_quantized: bool = False, load_format: str = "auto",
+               seed: int = 0) -> LoadedModel:
     """Load a Hugging Face folder or a GGUF file (see ``resolve_model_path``); with
-    ``keep_quantized``, a GGUF's Q8_0/Q4_0/Q4_1 weights stay quantized (``QuantWeight``)."""
+    ``keep_quantized``, a GGUF's Q8_0/Q4_0/Q4_1 weights stay quantized (``QuantWeight``).
+    ``load_format`` "dummy": the weights are random, drawn with ``seed`` (``dummy_weights``); only
+    the config and the tokenizer are read, so the folder needs no weights (any it has are ignored)."""
     path = Path(path)
+    if load_format not in LOAD_FORMATS:
+        raise ModelLoadError(f"unknown load format {load_format!r} (one of {', '.join(LOAD_FORMATS)})")
+    if load_format == "dummy":
+        return _load_dummy(path, seed)
     start = time.perf_counter()
     if path.is_dir():
         loaded = load_hf_folder(path)
@@ -43,6 +55,24 @@ def load_model(path: str | os.PathLike[str], keep_quantized: bool = False) -> Lo
     check_weights(loaded.config, loaded.weights, str(path))
     logger.info("loaded %s (%d tensors) in %.1fs", path, len(loaded.weights), time.perf_counter() - start)
     return loaded
+
+
+def _load_dummy(path: Path, seed: int) -> LoadedModel:
+    """The config and tokenizer of ``path`` with random weights in the checkpoint's names, shapes and dtype."""
+    start = time.perf_counter()
+    config = load_model_config(path)
+    dtype = checkpoint_dtype(path)
+    weights = dummy_weights(config, dtype, seed)
+    check_weights(config, weights, str(path))
+    generated = time.perf_counter() - start
+    tokenizer = load_tokenizer(path)
+    params = sum(w.numel() for w in weights.values())
+    # a warning, so that `kvserve generate` (which configures no logging) says it too
+    logger.warning("dummy weights (--load-format dummy): %d random tensors for %s, %.2fB parameters in %s (seed %d), "
+                   "generated in %.1fs; outputs are meaningless", len(weights), path, params / 1e9,
+                   str(dtype).removeprefix("torch."), seed, generated)
+    name = path.resolve().name if path.is_dir() else path.stem
+    return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, name=name)
 
 
 def load_model_config(path: str | os.PathLike[str]) -> ModelConfig:

@@ -16,8 +16,9 @@ def config(*flags: str) -> KVServeConfig:
 
 def test_cli_args_give_the_same_config_back():
     c = config("--dtype", "float32", "--max-num-seqs", "8", "--no-enable-prefix-caching", "--served-model-name",
-               "a", "b", "--log-requests", "--kv-cache-memory-gb", "0.5", "--port", "9000")
+               "a", "b", "--log-requests", "--kv-cache-memory-gb", "0.5", "--port", "9000", "--load-format", "dummy")
     args = c.to_cli_args(tuple(PARTS))
+    assert c.model.load_format == "dummy" and "--load-format" in args  # replicas load dummy weights too
     assert "--port" in args and "--served-model-name" in args and "--no-enable-prefix-caching" in args
     assert config(*args) == c
     assert config(*KVServeConfig().to_cli_args(tuple(PARTS))) == KVServeConfig()
