@@ -32,6 +32,7 @@ cd "$ROOT"
 echo "test_bare: the kernel, engine and server tests with$HIDDEN hidden from the PATH"
 set +e
 env -u KVSERVE_CHROMIUM PATH="$bare_path" "$PY" -m pytest -q -p no:cacheprovider -rs --junitxml="$WORK/junit.xml" \
+  --basetemp="$WORK/tmp" \
   tests/kernels tests/engine tests/server tests/kv/test_redis_tier.py ${PYTEST_ARGS:-}
 code=$?
 set -e
