@@ -33,17 +33,18 @@ echo "test_bare: the kernel, engine and server tests with$HIDDEN hidden from the
 set +e
 env -u KVSERVE_CHROMIUM PATH="$bare_path" "$PY" -m pytest -q -p no:cacheprovider -rs --junitxml="$WORK/junit.xml" \
   --basetemp="$WORK/tmp" \
-  tests/kernels tests/engine tests/server tests/kv/test_redis_tier.py ${PYTEST_ARGS:-}
-code=$?
+  tests/kernels tests/engine tests/server tests/kv/test_redis_tier.py ${PYTEST_ARGS:-} 2>&1 | tee "$WORK/pytest.log"
+code=${PIPESTATUS[0]}
 set -e
-"$PY" - "$WORK/junit.xml" "$code" <<'PYEOF'
+"$PY" - "$WORK/junit.xml" "$code" "$WORK/pytest.log" <<'PYEOF'
 import sys
 import xml.etree.ElementTree as ET
 
 root = ET.parse(sys.argv[1]).getroot()
 suites = [root] if root.tag == "testsuite" else list(root)
 count = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "errors", "failures", "skipped")}
-skips = " ".join(e.get("message", "") for e in root.iter("skipped"))
+# the skip reasons: the tests' (junit) and a whole module's (only in pytest's -rs summary)
+skips = " ".join(e.get("message", "") for e in root.iter("skipped")) + open(sys.argv[3]).read()
 expected = {"redis-server": "no redis-server", "prometheus": "no prometheus", "promtool": "no promtool",
             "chromium": "no chromium"}
 missing = [name for name, reason in expected.items() if reason not in skips]

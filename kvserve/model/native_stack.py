@@ -44,6 +44,8 @@ def build_native_stack(model: "CausalLM") -> Any | None:
         stack.add_layer(layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach(),
                         a.qkv.packed, a.qkv.kind, a.qkv.bias, a.o_proj.packed, a.o_proj.kind,
                         mlp.gate_up.packed, mlp.gate_up.kind, mlp.down.packed, mlp.down.kind)
+        if a.qk_norm == "head":
+            stack.set_qk_norm(stack.num_layers() - 1, a.q_norm.weight.detach(), a.k_norm.weight.detach())
         linears = (a.qkv, a.o_proj, mlp.gate_up, mlp.down)
         if all(m.amx is not None for m in linears):
             stack.add_amx_weights(stack.num_layers() - 1, *[m.amx.packed for m in linears])

@@ -34,9 +34,25 @@ def kernels():
         yield
 
 
+def _qwen3():
+    """A tiny random Qwen3 (q/k norms per head, which the stack applies before rotary)."""
+    import transformers
+
+    cfg = transformers.Qwen3Config(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                   max_position_embeddings=512, tie_word_embeddings=False)
+    cfg.architectures = ["Qwen3ForCausalLM"]
+    torch.manual_seed(0)
+    hf = transformers.Qwen3ForCausalLM(cfg)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.normal_(0, 0.2) if p.dim() > 1 else p.add_(torch.randn_like(p) * 0.2)
+    return hf.eval()
+
+
 def _runner(quantization: str, *, bias: bool = False, dtype=torch.float32, backend: str = "auto",
-            kv: str = "auto") -> TorchRunner:
-    hf = tiny_hf_model(bias=bias, kv_heads=2, hidden=64, layers=2)
+            kv: str = "auto", qwen3: bool = False) -> TorchRunner:
+    hf = _qwen3() if qwen3 else tiny_hf_model(bias=bias, kv_heads=2, hidden=64, layers=2)
     return TorchRunner(kvserve_config(hf), hf_weights(hf),
                        CacheConfig(num_kv_blocks=64, attention_backend=backend, kv_cache_dtype=kv),
                        dtype=dtype, quantization=quantization)
@@ -79,9 +95,10 @@ STEPS = {"mixed": [(1, 3), (1, 17), (1, 150), (20, 40), (1, 33)], "long": [(1, 5
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("rows", STEPS)
-@pytest.mark.parametrize("quantization,bias", [("int4", False), ("int8", False), ("int4", True)])
-def test_one_step_equals_the_python_layers(quantization, bias, rows, threads):
-    runner = _runner(quantization, bias=bias)
+@pytest.mark.parametrize("quantization,bias,qwen3", [("int4", False, False), ("int8", False, False),
+                                                    ("int4", True, False), ("int8", False, True)])
+def test_one_step_equals_the_python_layers(quantization, bias, qwen3, rows, threads):
+    runner = _runner(quantization, bias=bias, qwen3=qwen3)
     assert runner.model.native_stack is not None and runner.model.native_stack.num_layers() == 2
     seqs = _step(runner, STEPS[rows])
     before = torch.get_num_threads()

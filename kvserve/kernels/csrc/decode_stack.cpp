@@ -107,6 +107,7 @@ struct Layer {
   at::Tensor qkv, o, gate_up, down;  // packed quantized weights (pack_quant)
   kvserve::PackedWeight qkv_w, o_w, gate_up_w, down_w;
   std::optional<at::Tensor> qkv_bias;  // Qwen2-style q/k/v bias
+  std::optional<at::Tensor> q_norm, k_norm;  // Qwen3-style RMSNorm of each q and k head [head_dim], before rotary
   // the same weights in bf16, prepacked for oneDNN (mkldnn._reorder_linear_weight): AMX CPUs
   std::optional<at::Tensor> qkv_amx, o_amx, gate_up_amx, down_amx;
   // and packed for amx_linear (amx_gemm.cpp), which steps of up to kAmxLinearMaxRows rows take instead
@@ -181,6 +182,15 @@ struct DecodeStack : torch::CustomClassHolder {
             packed_weight(gate_up, gate_up_kind, 2 * intermediate, hidden),
             packed_weight(down, down_kind, hidden, intermediate), qkv_bias};
     layers.push_back(std::move(L));
+  }
+
+  // Layer i's q and k heads normed (each head's head_dim values, the layers' eps) before rotary
+  void set_qk_norm(int64_t i, at::Tensor q_norm, at::Tensor k_norm) {
+    TORCH_CHECK(i >= 0 && i < num_layers(), "DecodeStack: no layer ", i);
+    for (const at::Tensor* w : {&q_norm, &k_norm})
+      TORCH_CHECK(w->scalar_type() == at::kFloat && w->is_contiguous() && w->numel() == head_dim,
+                  "DecodeStack: float32 q/k norm weights of head_dim");
+    layers[i].q_norm = q_norm, layers[i].k_norm = k_norm;
   }
 
   // Layer i's weights in bf16, prepacked for oneDNN: steps given amx_rows take them (forward)
@@ -309,6 +319,14 @@ struct DecodeStack : torch::CustomClassHolder {
     // [r0, r1), then its share of the step's paged attention into attn (every thread meets at the end)
     auto attend = [&](size_t i, const Layer& L, int tid, int nt, int64_t r0, int64_t r1) {
       add_bias(L, r0, r1);
+      if (L.q_norm) {  // a row's heads are consecutive rows of head_dim: normed in place
+        const float *qn = L.q_norm->data_ptr<float>(), *kn = L.k_norm->data_ptr<float>();
+        for (int64_t t = r0; t < r1; ++t) {
+          float* row = qkvp + t * W;
+          rows::rms_norm(row, qn, row, head_dim, static_cast<float>(eps), 0, heads);
+          rows::rms_norm(row + q_size, kn, row + q_size, head_dim, static_cast<float>(eps), 0, kv_heads);
+        }
+      }
       rows::rotary(qkvp, heads, head_dim, W, pos, cp, sp, r0, r1);
       rows::rotary(qkvp + q_size, kv_heads, head_dim, W, pos, cp, sp, r0, r1);
       write_kv(i, quantized ? inv_scales.data() + 2 * i * kv_size : nullptr, r0, r1);
@@ -426,6 +444,7 @@ TORCH_LIBRARY_FRAGMENT(kvserve, m) {
   m.class_<kvserve::DecodeStack>("DecodeStack")
       .def(torch::init<int64_t, int64_t, int64_t, int64_t, int64_t, double>())
       .def("add_layer", &kvserve::DecodeStack::add_layer)
+      .def("set_qk_norm", &kvserve::DecodeStack::set_qk_norm)
       .def("add_amx_weights", &kvserve::DecodeStack::add_amx_weights)
       .def("has_amx_weights", &kvserve::DecodeStack::has_amx_weights)
       .def("add_tile_weights", &kvserve::DecodeStack::add_tile_weights)
