@@ -28,20 +28,21 @@ def build_model(cls: type["CausalLM"], cfg: ModelConfig, weights: dict[str, Any]
     to ``dtype``.
     """
     quantized = quantized_modules(cfg, weights, quantization, device)
+    sources = weight_sources(cfg)
+    only_quantized = _used_only_by(quantized, cfg, sources)
     weights = {k: v.dequantize() if isinstance(v, QuantWeight) else v for k, v in weights.items()
-               if not (isinstance(v, QuantWeight) and _only_in(k, quantized, cfg))}
+               if not (isinstance(v, QuantWeight) and k in only_quantized)}
     with torch.device("meta"):
         model = cls(cfg)
         for path in quantized:  # no dense storage for these: they are built below
             _set_module(model, path, nn.Identity())
     # allocated in the final dtype: copying in casts, and no float32 model is held on the way
     model = model.to(dtype).to_empty(device=device)
-    load_weights(model, cfg, weights)
+    load_weights(model, cfg, weights, sources)
     model = model.eval()
     model.rotary.to(device)
     if model.local_rotary is not None:
         model.local_rotary.to(device)
-    sources = weight_sources(cfg)
     for path, qw in quantized.items():
         if path == "embed_tokens":
             _set_module(model, path, QuantEmbedding(qw, dtype))
@@ -57,11 +58,12 @@ def build_model(cls: type["CausalLM"], cfg: ModelConfig, weights: dict[str, Any]
     return model
 
 
-def load_weights(model: nn.Module, cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> None:
-    """Copy checkpoint tensors into ``model``'s parameters by ``weight_sources`` (q/k/v and gate/up
-    stacked into single GEMMs). Parameters a quantized layer holds instead are skipped."""
+def load_weights(model: nn.Module, cfg: ModelConfig, weights: dict[str, torch.Tensor],
+                 sources: dict[str, list[tuple[str, tuple[int, ...]]]]) -> None:
+    """Copy checkpoint tensors into ``model``'s parameters by ``sources`` (``weight_sources``: q/k/v and
+    gate/up stacked into single GEMMs). Parameters a quantized layer holds instead are not there."""
     own = dict(model.named_parameters())
-    sources = weight_sources(cfg)
+    sources = dict(sources)
     if cfg.tie_word_embeddings is False and "lm_head.weight" not in weights:
         sources["lm_head.weight"] = sources["embed_tokens.weight"]  # a checkpoint that ties without saying so
     offset = {name for name, m in model.named_modules() if isinstance(m, RMSNorm)} if cfg.norm_offset else set()
@@ -86,14 +88,19 @@ def _stacked(weights: dict[str, Any], sources: list[tuple[str, tuple[int, ...]]]
     return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
-def _only_in(name: str, quantized: dict[str, QuantWeight], cfg: ModelConfig) -> bool:
-    """Whether weight ``name`` is used only by quantized layers (so it need not be dequantized)."""
-    users = [path for path, names in linear_sources(cfg).items() if name in names]
-    if name == "model.embed_tokens.weight":
-        return "embed_tokens" in quantized and (cfg.tie_word_embeddings is False or "lm_head" in quantized)
-    if name == "lm_head.weight":
-        return "lm_head" in quantized
-    return bool(users) and all(u in quantized for u in users)
+def _used_only_by(quantized: dict[str, QuantWeight], cfg: ModelConfig,
+                  sources: dict[str, list[tuple[str, tuple[int, ...]]]]) -> set[str]:
+    """The checkpoint weights only quantized layers use (so they need not be dequantized)."""
+    users: dict[str, list[str]] = {}
+    for path, names in linear_sources(cfg, sources).items():
+        for name in names:
+            users.setdefault(name, []).append(path)
+    out = {name for name, paths in users.items() if all(p in quantized for p in paths)}
+    if "embed_tokens" in quantized and (cfg.tie_word_embeddings is False or "lm_head" in quantized):
+        out.add("model.embed_tokens.weight")
+    if "lm_head" in quantized:
+        out.add("lm_head.weight")
+    return out
 
 
 def _set_module(model: nn.Module, path: str, module: nn.Module) -> None:

@@ -106,7 +106,8 @@ class ModelConfig:
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], strict: bool = True) -> "ModelConfig":
         """Build from a parsed Hugging Face config.json: the common fields, then the architecture's own
-        (``kvserve.model.architectures``); raises ``ValueError`` for an architecture not registered.
+        (``kvserve.model.architectures``); raises ``UnsupportedArchitecture`` (a ``ValueError``) for an
+        architecture not registered.
         Not ``strict`` (the simulator's shapes): an unregistered or unnamed architecture is read by its
         common keys (``generic_config``)."""
         from kvserve.model.architectures import GENERIC, architecture_names, get_architecture

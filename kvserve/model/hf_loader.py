@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from kvserve.errors import ModelLoadError
-from kvserve.model.architectures import get_architecture
+from kvserve.model.architectures import UnsupportedArchitecture
 from kvserve.model.checkpoint import LoadedModel
 from kvserve.model.config import ModelConfig
 from kvserve.model.weights import expected_weight_shapes
@@ -32,13 +32,10 @@ def hf_folder_config(folder: Path) -> ModelConfig:
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise ModelLoadError(f"folder {folder} has no config.json")
-    raw = _read_json(config_path)
     try:
-        get_architecture((raw.get("architectures") or ["LlamaForCausalLM"])[0])
-    except ValueError as e:
+        config = ModelConfig.from_hf_dict(_read_json(config_path))
+    except UnsupportedArchitecture as e:
         raise ModelLoadError(f"{folder}: {e}") from e
-    try:
-        config = ModelConfig.from_hf_dict(raw)
     except (KeyError, TypeError, ValueError) as e:
         raise ModelLoadError(f"{config_path}: unusable config ({type(e).__name__}: {e})") from e
     generation_path = folder / "generation_config.json"

@@ -83,7 +83,9 @@ def expected_weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return {name: shape for sources in weight_sources(cfg).values() for name, shape in sources}
 
 
-def linear_sources(cfg: ModelConfig) -> dict[str, list[str]]:
-    """The decoder's linear modules (by path) -> the checkpoint weights whose rows they stack."""
-    return {path.removesuffix(".weight"): [n for n, _ in sources] for path, sources in weight_sources(cfg).items()
+def linear_sources(cfg: ModelConfig, sources: dict[str, list[Source]] | None = None) -> dict[str, list[str]]:
+    """The decoder's linear modules (by path) -> the checkpoint weights whose rows they stack
+    (``sources``: ``weight_sources(cfg)`` where the caller has it already)."""
+    table = weight_sources(cfg) if sources is None else sources
+    return {path.removesuffix(".weight"): [n for n, _ in names] for path, names in table.items()
             if path.endswith(".weight") and path.removesuffix(".weight").rpartition(".")[2] in LINEARS}

@@ -18,6 +18,7 @@ def kvserve(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess
     (["generate", "hi", "--model", "meta-llama/Llama-3.1-8B"], "never downloads"),
     (["generate", "hi", "--model", "/no/such/folder"], "no such file"),
     (["generate", "hi", "--block-size", "0"], "--block-size"),
+    (["serve", "--reasoning-parser", "nope"], "--reasoning-parser must be one of deepseek_r1, qwen3"),
 ])
 def test_bad_arguments_give_one_line(args, needle):
     r = kvserve(*args)

@@ -55,16 +55,20 @@ class Architecture:
 _ARCHITECTURES: dict[str, Architecture] = {}
 
 
+class UnsupportedArchitecture(ValueError):
+    """A config.json naming an architecture that is not registered."""
+
+
 def register(arch: Architecture) -> Architecture:
     _ARCHITECTURES[arch.name] = arch
     return arch
 
 
 def get_architecture(name: str) -> Architecture:
-    """The registered architecture, or ValueError naming the supported ones."""
+    """The registered architecture, or ``UnsupportedArchitecture`` naming the supported ones."""
     _load()
     if name not in _ARCHITECTURES:
-        raise ValueError(f"architecture {name} is not supported (supported: {', '.join(architecture_names())})")
+        raise UnsupportedArchitecture(f"architecture {name} is not supported (supported: {', '.join(architecture_names())})")
     return _ARCHITECTURES[name]
 
 
