@@ -3,7 +3,8 @@
 ``torch.classes.kvserve.DecodeStack`` (kvserve/kernels/csrc/decode_stack.cpp) holds every layer's
 weights and runs the same kernels the Python layers call (norms, quantized linears, rotary, paged
 attention, SwiGLU) back to back, so a decode step pays Python's per-op cost once, not ~12 times
-per layer. It covers float32 models whose linear layers are all quantized (``QuantLinear`` on the
+per layer. It covers Llama's layers and Qwen3's (``ModelConfig.llama_layers``), in float32 models whose
+linear layers are all quantized (``QuantLinear`` on the
 native kernels: the default for the embedded GGUF model) and steps whose every row the paged
 kernel attends (``AttentionBackend.native_step``), over a float32 or an 8-bit KV cache (which it
 writes as the pool quantizes); anything else runs the Python layers. On an AMX CPU, a step of

@@ -123,7 +123,7 @@ def test_with_drafts_verifying_steps_take_the_logits_and_the_rest_draw_in_the_he
     if not load_kernels() or not torch.ops.kvserve.amx_gemm_available():
         pytest.skip("no AMX-BF16 tiles on this CPU (or no native kernels)")
     llm = LLM(str(tiny_model_dir), dtype="float32", quantization="int8", num_kv_blocks=512, block_size=4,
-              max_num_seqs=32, speculative_method="ngram", enable_prefix_caching=False)
+              max_num_seqs=32, speculative_method="ngram", adaptive_speculation=False, enable_prefix_caching=False)
     runner = llm.engine.runner
     calls = {"propose": 0, "logits": 0}
 
