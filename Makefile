@@ -29,15 +29,21 @@ run: $(STAMP)
 chat: $(STAMP)
 	$(BIN)/kvserve chat $(ARGS)
 
+# the suite runs in TEST_WORKERS processes (pytest-xdist; 0: one process), a test file per worker at a
+# time, each worker's torch on one thread (OMP_NUM_THREADS): more threads than cores spin against each
+# other. The kernel tests run on two threads at least (tests/kernels/conftest.py), so the kernels'
+# multi-threaded paths are still what they check.
+TEST_WORKERS ?= 2
+
 # the Debian packages some tests start (redis-server, prometheus, chromium): installed as root, else a
 # one-line hint and those tests skip (scripts/test_deps.sh; KVSERVE_TEST_DEPS=0 leaves them alone)
 test: $(STAMP)
 	scripts/test_deps.sh
-	$(BIN)/python -m pytest -q
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # the kernel, engine and server tests with those packages' binaries hidden from the PATH: 0 errors
 test-bare: $(STAMP)
-	scripts/test_bare.sh $(BIN)/python
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} PYTEST_ARGS="-n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)" scripts/test_bare.sh $(BIN)/python
 
 bench: $(STAMP)
 	$(BIN)/kvserve bench offline --num-prompts 64 --input-len 128 --output-len 128
