@@ -226,7 +226,21 @@ def test_gguf_greedy_equals_transformers(case, tmp_path_factory):
     assert got == want
 
 
-@pytest.mark.parametrize("case, expert_type", [("qwen3moe", QT.Q8_0), ("mixtral", QT.Q4_0)])
+@pytest.mark.parametrize("expert_type", [QT.Q8_0, QT.Q4_0, QT.Q4_1], ids=lambda t: t.name)
+def test_gguf_quantized_experts_split_per_expert(expert_type, tmp_path_factory):
+    """Each expert's QuantWeight, sliced from the layer's stacked blocks, holds exactly the values
+    gguf-py dequantizes for that expert."""
+    _, _, path = gguf_case("olmoe", tmp_path_factory, expert_type)
+    quantized, dense = load_model(path, keep_quantized=True).weights, load_model(path).weights
+    experts = [n for n in dense if ".experts." in n]
+    assert len(experts) == 2 * 4 * 3  # layers x experts x (gate, up, down)
+    for name in experts:
+        assert isinstance(quantized[name], QuantWeight), name
+        assert torch.equal(quantized[name].dequantize(), dense[name]), name
+
+
+@pytest.mark.parametrize("case", ["qwen3moe", "mixtral"])
+@pytest.mark.parametrize("expert_type", [QT.Q8_0], ids=lambda t: t.name)
 def test_gguf_quantized_experts_stay_quantized_and_close(case, expert_type, tmp_path_factory):
     """Experts stored quantized load as each expert's QuantWeight and run quantized; the dense greedy
     token is within the quantized model's top 3 and its logprob within 0.5, while the two agree."""

@@ -4,12 +4,9 @@ from kvserve.model.architectures import Architecture, GGUFGet, register
 
 
 def llama_gguf(get: GGUFGet) -> dict:
-    """llama.cpp writes Mistral and Mixtral as "llama" too: experts make it Mixtral, a window Mistral."""
-    if get("expert_count"):
-        return {"architectures": ["MixtralForCausalLM"]}
-    if get("attention.sliding_window"):
-        return {"architectures": ["MistralForCausalLM"]}
-    return {}
+    """llama.cpp writes Mistral and Mixtral as "llama" too, without their sliding window: Mistral is Llama
+    there, and experts make it Mixtral."""
+    return {"architectures": ["MixtralForCausalLM"]} if get("expert_count") else {}
 
 
 register(Architecture("LlamaForCausalLM", gguf="llama", gguf_config=llama_gguf))
