@@ -79,9 +79,11 @@ def _add_tokenizer(writer: gguf.GGUFWriter, vocab: int) -> None:
     writer.add_eos_token_id(COMMON["eos_token_id"])
 
 
-def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type: QT | None = None) -> None:
+def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type: QT | None = None,
+                         fuse_gate_up: bool = False) -> None:
     """``folder``'s checkpoint as llama.cpp's converter writes it (``expert_type``: the stacked experts
-    quantized to that type, as llama-quantize leaves them)."""
+    quantized to that type, as llama-quantize leaves them; ``fuse_gate_up``: its --fuse-gate-up-exps,
+    each layer's gate and up experts in one tensor, gate first)."""
     d = model.config.to_dict()
     rope = d.get("rope_parameters") or {}
     full = rope.get("full_attention", rope)
@@ -134,6 +136,11 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
 
     name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], layers)
     state = _stack_experts(load_file(folder / "model.safetensors"), layers, experts)
+    if fuse_gate_up:
+        for i in range(layers):
+            gate, up = (state.pop(f"model.layers.{i}.mlp.experts.{w}.weight") for w in ("gate_proj", "up_proj"))
+            fused = gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.FFN_GATE_UP_EXP].format(bid=i) + ".weight"
+            state[fused] = torch.cat([gate, up], dim=1)
     for name, t in state.items():
         if arch.startswith("gemma") and name == "lm_head.weight":
             continue  # tied; the converter skips it
@@ -143,7 +150,7 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
             t = _permute(t, heads)
         elif arch == "llama" and ".k_proj." in name:
             t = _permute(t, kv_heads)
-        gguf_name = name_map.get_name(name, try_suffixes=(".weight", ".bias"))
+        gguf_name = name if name.startswith("blk.") else name_map.get_name(name, try_suffixes=(".weight", ".bias"))
         assert gguf_name is not None, name
         data = t.float().numpy()
         if expert_type is not None and gguf_name.rpartition(".")[0].endswith("_exps"):
@@ -156,19 +163,19 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
     w.close()
 
 
-_files: dict[tuple[str, QT | None], tuple] = {}
+_files: dict[tuple, tuple] = {}
 
 
-def gguf_case(case: str, tmp_path_factory, expert_type: QT | None = None):
+def gguf_case(case: str, tmp_path_factory, expert_type: QT | None = None, fuse_gate_up: bool = False):
     """(transformers model, its checkpoint folder, the GGUF file) for ``case``, built once per session."""
-    key = (case, expert_type)
+    key = (case, expert_type, fuse_gate_up)
     if key not in _files:
         name, overrides, arch = CASES[case]
         model = hf_model(name, **overrides)
         folder = tmp_path_factory.mktemp(f"gguf-{case}")
         model.save_pretrained(folder)
         path = folder / f"{case}.gguf"
-        write_like_llama_cpp(model, folder, path, arch, expert_type)
+        write_like_llama_cpp(model, folder, path, arch, expert_type, fuse_gate_up)
         _files[key] = (model, folder, path)
     return _files[key]
 
@@ -237,6 +244,22 @@ def test_gguf_quantized_experts_split_per_expert(expert_type, tmp_path_factory):
     for name in experts:
         assert isinstance(quantized[name], QuantWeight), name
         assert torch.equal(quantized[name].dequantize(), dense[name]), name
+
+
+@pytest.mark.parametrize("expert_type", [None, QT.Q8_0], ids=["f32", "Q8_0"])
+def test_gguf_fused_gate_up_experts_load(expert_type, tmp_path_factory):
+    """--fuse-gate-up-exps files: each expert's gate and up rows come apart, quantized ones too."""
+    _, folder, path = gguf_case("qwen3moe", tmp_path_factory, expert_type, fuse_gate_up=True)
+    _, _, reference = gguf_case("qwen3moe", tmp_path_factory, expert_type)
+    assert any(t.name.endswith("ffn_gate_up_exps.weight") for t in gguf.GGUFReader(path).tensors)
+    keep = expert_type is not None
+    fused, separate = load_model(path, keep_quantized=keep).weights, load_model(reference, keep_quantized=keep).weights
+    assert set(fused) == set(separate)
+    for name, w in separate.items():
+        if keep and ".experts." in name:
+            assert isinstance(fused[name], QuantWeight), name
+            fused[name], w = fused[name].dequantize(), w.dequantize()
+        assert torch.equal(fused[name], w), name
 
 
 @pytest.mark.parametrize("case", ["qwen3moe", "mixtral"])
