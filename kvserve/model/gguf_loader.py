@@ -5,8 +5,8 @@ asked to, Q8_0/Q4_0/Q4_1 ones are kept quantized as ``QuantWeight``s) and rename
 architecture's Hugging Face checkpoints use (its metadata goes through the same config parse as a
 config.json). What llama.cpp's converter changes is undone, so a GGUF file gives the same layout as a
 Hugging Face folder: the rotary reordering of q/k rows ("llama"), the experts stacked one tensor a
-layer (split per expert, quantized ones too; gate and up fused or not), the norms stored with Gemma's + 1. The tokenizer is the
-one transformers builds from the GGUF metadata.
+layer (split per expert, quantized ones too; gate and up fused or not), the norms stored with Gemma's
++ 1. The tokenizer is the one transformers builds from the GGUF metadata.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ _GGUF_LAYER_ROLES = {
 # every expert of a layer in one tensor [experts, rows, cols] -> the role of each expert's slice
 _GGUF_EXPERT_ROLES = {"ffn_gate_exps": "expert_gate", "ffn_up_exps": "expert_up", "ffn_down_exps": "expert_down"}
 # the converter's --fuse-gate-up-exps: each expert's gate rows, then its up rows, in one tensor
-_GGUF_FUSED_EXPERTS = ("ffn_gate_up_exps", ("ffn_gate_exps", "ffn_up_exps"))
+_GGUF_FUSED_GATE_UP = "ffn_gate_up_exps"
 # the shared expert's parts, under the architecture's "shared_expert" prefix (named as ``weights.mlp`` does)
 _GGUF_SHARED_PARTS = {"ffn_gate_shexp": "gate_proj", "ffn_up_shexp": "up_proj", "ffn_down_shexp": "down_proj"}
 
@@ -280,13 +280,8 @@ def load_gguf(path: Path, keep_quantized: bool = False) -> LoadedModel:
     arch = get_architecture(config.architecture)
     weights: dict[str, Any] = {}
     for name, tensor in tensors.items():
-        fused, parts = _GGUF_FUSED_EXPERTS
-        if f".{fused}." in name:
-            for e, w in enumerate(_split_experts(tensor, keep_quantized, path)):
-                half = w.shape[0] // 2
-                for part, rows in zip(parts, (slice(0, half), slice(half, None))):
-                    hf_part = gguf_to_hf_name(name.replace(fused, part), arch)
-                    weights[str(hf_part).format(e=e)] = w.rows(rows) if isinstance(w, QuantWeight) else w[rows]
+        if f".{_GGUF_FUSED_GATE_UP}." in name:
+            weights.update(_fused_gate_up(name, tensor, arch, keep_quantized, path))
             continue
         hf_name = gguf_to_hf_name(name, arch)
         if hf_name is None:
@@ -330,6 +325,19 @@ def _split_experts(tensor: gguf.ReaderTensor, keep_quantized: bool, path: Path) 
         return [qw.rows(slice(e * rows, (e + 1) * rows)) for e in range(experts)]
     _log_dequantized(tensor, keep_quantized, path)
     return list(torch.from_numpy(dequantize_gguf_tensor(tensor)).unbind(0))
+
+
+def _fused_gate_up(name: str, tensor: gguf.ReaderTensor, arch: Architecture, keep_quantized: bool,
+                   path: Path) -> dict[str, Any]:
+    """Each expert's gate and up weights from a fused ``ffn_gate_up_exps`` tensor (gate rows first)."""
+    gate, up = (gguf_to_hf_name(name.replace(_GGUF_FUSED_GATE_UP, part), arch)
+                for part in ("ffn_gate_exps", "ffn_up_exps"))
+    out: dict[str, Any] = {}
+    for e, w in enumerate(_split_experts(tensor, keep_quantized, path)):
+        half = w.shape[0] // 2
+        for hf_name, rows in ((gate, slice(0, half)), (up, slice(half, None))):
+            out[str(hf_name).format(e=e)] = w.rows(rows) if isinstance(w, QuantWeight) else w[rows]
+    return out
 
 
 def _log_dequantized(tensor: gguf.ReaderTensor, keep_quantized: bool, path: Path) -> None:

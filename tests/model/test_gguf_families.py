@@ -5,14 +5,16 @@ llama.cpp's convert_hf_to_gguf.py writes it: names through gguf-py's own tensor 
 one tensor a layer, q/k rows permuted for "llama" (Mistral, Mixtral), Gemma's norms stored with the 1
 added, Phi-3's stacked tensors and longrope factors as tensors, and only the metadata the converter
 writes. Then: transformers' own GGUF reader gets the original weights back from the file where it
-reads that architecture (so the writer follows llama.cpp's conventions), kvserve's loader gets them
-too, its greedy tokens equal transformers' ``generate`` on the original model (float32,
-``--quantization none``), and experts stored quantized stay quantized and close to the dense model.
+reads that architecture (so the writer follows llama.cpp's conventions); kvserve's loader gets them
+too, and the same ``ModelConfig`` as from the checkpoint's config.json; its greedy tokens equal
+transformers' ``generate`` on the original model (float32, ``--quantization none``); and experts
+stored quantized stay quantized per expert and close to the dense model.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import asdict
 from pathlib import Path
 
 import gguf
@@ -25,7 +27,7 @@ from safetensors.torch import load_file
 from conftest import hf_greedy
 from kvserve import SamplingParams
 from kvserve.llm import LLM
-from kvserve.model.loader import load_model
+from kvserve.model.loader import load_model, load_model_config
 from kvserve.model.quant import QuantWeight
 from test_architectures import COMMON, GREEDY, hf_model, prompts
 
@@ -195,6 +197,16 @@ def test_gguf_loads_the_checkpoint_weights(case, tmp_path_factory, monkeypatch):
         original.pop("lm_head.weight", None)
     loaded = load_model(path)
     assert loaded.config.architecture == LOADS_AS.get(case, CASES[case][0])
+    # the metadata means what the checkpoint's config.json does (the eos ids come from the tokenizer)
+    gguf_config, hf_config = asdict(loaded.config), asdict(load_model_config(folder))
+    for key in ("architecture", "eos_token_ids", "rope_scaling"):
+        gguf_config.pop(key), hf_config.pop(key)
+    assert gguf_config.pop("rms_norm_eps") == pytest.approx(hf_config.pop("rms_norm_eps"))  # float32 in the file
+    assert gguf_config == hf_config
+    hf_scaling = load_model_config(folder).rope_scaling
+    for key, value in (hf_scaling or {}).items():
+        if key in ("rope_type", "factor", "short_factor", "long_factor", "original_max_position_embeddings"):
+            assert loaded.config.rope_scaling[key] == pytest.approx(value), key
     assert set(loaded.weights) == set(original)
     for name, t in original.items():
         got = loaded.weights[name]
@@ -222,7 +234,8 @@ def test_gguf_loads_the_checkpoint_weights(case, tmp_path_factory, monkeypatch):
     assert set(theirs) == set(state)
     for name, t in state.items():
         # transformers adds a dimension to the shared expert's gate, as older converters squeezed it to 1-D
-        torch.testing.assert_close(theirs[name].reshape(t.shape), t, rtol=0, atol=1e-6 if case in GEMMA else 0, msg=name)
+        atol = 1e-6 if case in GEMMA else 0  # Gemma's norms: (w + 1) - 1 in float32
+        torch.testing.assert_close(theirs[name].reshape(t.shape), t, rtol=0, atol=atol, msg=name)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
