@@ -309,3 +309,17 @@ def test_gguf_unsupported_expert_type_is_named(tmp_path_factory):
     with pytest.raises(ModelLoadError, match="ffn_.*_exps.*Q5_0"):
         load_model(path)
 
+
+
+@pytest.mark.parametrize("hidden, heads, head_dim, layers, big, scalar", [
+    (3584, 16, 256, 42, 46, 256),  # Gemma 2 9B: its config's query_pre_attn_scalar is the head size
+    (4608, 32, 128, 46, 46, 144),  # Gemma 2 27B: hidden / heads
+    (5376, 32, 128, 62, 62, 168),  # Gemma 3 27B
+])
+def test_gemma_query_scale_follows_llama_cpp(hidden, heads, head_dim, layers, big, scalar):
+    """The files carry no query scale; llama.cpp tells the 27B models by their layer count."""
+    from kvserve.model.architectures.gemma2 import gemma_gguf
+
+    meta = {"embedding_length": hidden, "attention.head_count": heads, "attention.key_length": head_dim,
+            "block_count": layers}
+    assert gemma_gguf(lambda key, default=None: meta.get(key, default), big)["query_pre_attn_scalar"] == scalar
