@@ -3,9 +3,10 @@
 Tensors of type F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q4_K/Q6_K are dequantized to float32 at load (or,
 asked to, Q8_0/Q4_0/Q4_1 ones are kept quantized as ``QuantWeight``s) and renamed to the names the
 architecture's Hugging Face checkpoints use (its metadata goes through the same config parse as a
-config.json); llama.cpp's rotary reordering of q/k rows is undone, so a GGUF file gives the same layout
-as a Hugging Face folder. The tokenizer is the one transformers
-builds from the GGUF metadata.
+config.json). What llama.cpp's converter changes is undone, so a GGUF file gives the same layout as a
+Hugging Face folder: the rotary reordering of q/k rows ("llama"), the experts stacked one tensor a
+layer (split per expert, quantized ones too; gate and up fused or not), the norms stored with Gemma's
++ 1. The tokenizer is the one transformers builds from the GGUF metadata.
 """
 
 from __future__ import annotations
@@ -121,19 +122,31 @@ _GGUF_LAYER_ROLES = {
     "attn_q": "q_proj",
     "attn_k": "k_proj",
     "attn_v": "v_proj",
+    "attn_qkv": "qkv_proj",
     "attn_output": "o_proj",
     "attn_q_norm": "q_norm",
     "attn_k_norm": "k_norm",
+    "post_attention_norm": "attn_out_norm",
     "ffn_norm": "post_attention_layernorm",
+    "post_ffw_norm": "mlp_out_norm",
     "ffn_gate": "gate_proj",
     "ffn_up": "up_proj",
     "ffn_down": "down_proj",
+    "ffn_gate_inp": "router",
+    "ffn_gate_inp_shexp": "shared_expert_gate",
 }
+# every expert of a layer in one tensor [experts, rows, cols] -> the role of each expert's slice
+_GGUF_EXPERT_ROLES = {"ffn_gate_exps": "expert_gate", "ffn_up_exps": "expert_up", "ffn_down_exps": "expert_down"}
+# the converter's --fuse-gate-up-exps: each expert's gate rows, then its up rows, in one tensor
+_GGUF_FUSED_GATE_UP = "ffn_gate_up_exps"
+# the shared expert's parts, under the architecture's "shared_expert" prefix (named as ``weights.mlp`` does)
+_GGUF_SHARED_PARTS = {"ffn_gate_shexp": "gate_proj", "ffn_up_shexp": "up_proj", "ffn_down_shexp": "down_proj"}
 
 
 def gguf_to_hf_name(name: str, arch: Architecture | None = None) -> str | None:
     """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight`` (the name ``arch``'s
-    checkpoints give it; Llama's by default); None if not a tensor kvserve reads."""
+    checkpoints give it; Llama's by default); for stacked experts a name with ``{e}`` for the expert;
+    None if not a tensor kvserve reads."""
     arch = arch or get_architecture("LlamaForCausalLM")
     stem, _, suffix = name.rpartition(".")
     if suffix not in ("weight", "bias"):
@@ -141,10 +154,18 @@ def gguf_to_hf_name(name: str, arch: Architecture | None = None) -> str | None:
     if stem in _GGUF_GLOBAL_NAMES:
         return f"{_GGUF_GLOBAL_NAMES[stem]}.{suffix}"
     parts = stem.split(".")
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _GGUF_LAYER_ROLES:
-        hf = arch.weight_name(_GGUF_LAYER_ROLES[parts[2]])
-        return None if hf is None else f"model.layers.{parts[1]}.{hf}.{suffix}"
-    return None
+    if len(parts) != 3 or parts[0] != "blk" or not parts[1].isdigit():
+        return None
+    layer, leaf = f"model.layers.{parts[1]}.", parts[2]
+    if leaf in _GGUF_EXPERT_ROLES:
+        return f"{layer}{arch.weight_name('expert')}{arch.weight_name(_GGUF_EXPERT_ROLES[leaf])}.{suffix}"
+    if leaf in _GGUF_SHARED_PARTS:
+        return f"{layer}{arch.weight_name('shared_expert')}{_GGUF_SHARED_PARTS[leaf]}.{suffix}"
+    role = _GGUF_LAYER_ROLES.get(leaf)
+    if role == "up_proj" and arch.weight_name("gate_up_proj") is not None:
+        role = "gate_up_proj"  # llama.cpp names a stacked gate + up "ffn_up" (Phi-3): its graph splits it in halves
+    hf = None if role is None else arch.weight_name(role)
+    return None if hf is None else f"{layer}{hf}.{suffix}"
 
 
 def _gguf_config(meta: dict[str, Any], tensors: dict[str, Any], source: Path) -> ModelConfig:
@@ -176,19 +197,6 @@ def _gguf_config(meta: dict[str, Any], tensors: dict[str, Any], source: Path) ->
         # The embedding's row count is what the weights need, e.g. a vocabulary padded for speed.
         vocab = int(embed.shape[-1])
 
-    rope_scaling = None
-    scaling_type = get("rope.scaling.type")
-    factor = get("rope.scaling.factor") or get("rope.scale_linear")
-    if scaling_type not in (None, "none") or (scaling_type is None and factor):
-        rope_scaling = {"rope_type": scaling_type or "linear", "factor": float(factor or 1.0)}
-        original = get("rope.scaling.original_context_length")
-        if original:
-            rope_scaling["original_max_position_embeddings"] = int(original)
-    if "rope_freqs.weight" in tensors:
-        # llama.cpp stores Llama-3.1-style frequency factors as a tensor; transformers' GGUF loader
-        # ignores it too, so positions follow plain RoPE with rope_theta.
-        logger.warning("%s: rope_freqs.weight (Llama 3.1 rope scaling) is ignored", source)
-
     eos_ids = [
         int(meta[key])
         for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
@@ -199,12 +207,23 @@ def _gguf_config(meta: dict[str, Any], tensors: dict[str, Any], source: Path) ->
     hf = {"architectures": [known[arch]], "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": intermediate,
           "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
           "head_dim": head_dim, "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-5)),
-          "rope_theta": float(get("rope.freq_base", 10000.0)), "rope_scaling": rope_scaling,
+          "rope_theta": float(get("rope.freq_base", 10000.0)), "rope_scaling": _rope_scaling(get, tensors, source),
           "max_position_embeddings": int(get("context_length", 4096)),
           "tie_word_embeddings": "output.weight" not in tensors, "bos_token_id": None if bos is None else int(bos),
-          "eos_token_id": list(dict.fromkeys(eos_ids))}
+          "eos_token_id": list(dict.fromkeys(eos_ids)),
+          # llama.cpp's keys of the layer options (0: none), which the architectures that have them read
+          "sliding_window": get("attention.sliding_window") or None,
+          "attn_logit_softcapping": get("attn_logit_softcapping") or None,
+          "final_logit_softcapping": get("final_logit_softcapping") or None,
+          "rope_local_base_freq": get("rope.freq_base_swa")}
     if "blk.0.attn_q.bias" in tensors:
         hf["attention_bias"] = True
+    experts = int(get("expert_count", 0))
+    if experts:
+        hf.update(num_experts=experts, num_local_experts=experts, num_experts_per_tok=int(get("expert_used_count", 0)),
+                  moe_intermediate_size=int(get("expert_feed_forward_length", intermediate)),
+                  shared_expert_intermediate_size=int(get("expert_shared_feed_forward_length", 0)))
+    hf.update(get_architecture(known[arch]).gguf_config(get))
     try:
         config = ModelConfig.from_hf_dict(hf)
     except (KeyError, TypeError, ValueError) as e:
@@ -213,8 +232,33 @@ def _gguf_config(meta: dict[str, Any], tensors: dict[str, Any], source: Path) ->
     return config
 
 
+def _rope_scaling(get: Any, tensors: dict[str, Any], source: Path) -> dict[str, Any] | None:
+    """HF's rope_scaling dict from llama.cpp's keys (linear, yarn), or longrope's factor tensors (Phi-3)."""
+    original = get("rope.scaling.original_context_length")
+    if "rope_factors_long.weight" in tensors and "rope_factors_short.weight" in tensors:
+        scaling = {"rope_type": "longrope", "original_max_position_embeddings": original and int(original),
+                   "long_factor": dequantize_gguf_tensor(tensors["rope_factors_long.weight"]).tolist(),
+                   "short_factor": dequantize_gguf_tensor(tensors["rope_factors_short.weight"]).tolist()}
+        if get("rope.scaling.attn_factor") is not None:
+            scaling["attention_factor"] = float(get("rope.scaling.attn_factor"))
+        return scaling
+    if "rope_freqs.weight" in tensors:
+        # llama.cpp stores Llama-3.1-style frequency factors as a tensor; transformers' GGUF loader
+        # ignores it too, so positions follow plain RoPE with rope_theta.
+        logger.warning("%s: rope_freqs.weight (Llama 3.1 rope scaling) is ignored", source)
+    scaling_type = get("rope.scaling.type")
+    factor = get("rope.scaling.factor") or get("rope.scale_linear")
+    if scaling_type in (None, "none") and not (scaling_type is None and factor):
+        return None
+    scaling: dict[str, Any] = {"rope_type": scaling_type or "linear", "factor": float(factor or 1.0)}
+    if original:
+        scaling["original_max_position_embeddings"] = int(original)
+    return scaling
+
+
 def gguf_config(path: Path) -> ModelConfig:
-    """Only the ``ModelConfig`` of a GGUF file (metadata and tensor shapes; no tensor is read)."""
+    """Only the ``ModelConfig`` of a GGUF file (metadata, tensor shapes and longrope's small factor
+    tensors; no weight is read)."""
     reader = _fast_gguf_reader(path)
     return _gguf_config(_gguf_metadata(reader), {t.name: t for t in reader.tensors}, path)
 
@@ -223,21 +267,29 @@ def load_gguf(path: Path, keep_quantized: bool = False) -> LoadedModel:
     """Config, weights and tokenizer of a GGUF file (weights not yet checked).
 
     Weights are dense float32, except with ``keep_quantized``: then 2-D Q8_0/Q4_0/Q4_1/Q4_K tensors
-    come as ``QuantWeight`` (Q4_0 and Q4_K as the equivalent Q4_1), as the file stores them.
+    (and each expert's slice of 3-D ones) come as ``QuantWeight`` (Q4_0 and Q4_K as the equivalent
+    Q4_1), as the file stores them.
     """
     reader = _fast_gguf_reader(path)
     meta = _gguf_metadata(reader)
     tensors = {t.name: t for t in reader.tensors}
     config = _gguf_config(meta, tensors, path)
 
-    # Only llama.cpp's "llama" converter permutes q/k; qwen2 is converted for NEOX-style rope as is.
+    # Only llama.cpp's "llama" converter permutes q/k; the others are converted for NEOX-style rope as is.
     permuted = meta["general.architecture"] == "llama"
     arch = get_architecture(config.architecture)
-    weights: dict[str, torch.Tensor] = {}
+    weights: dict[str, Any] = {}
     for name, tensor in tensors.items():
+        if f".{_GGUF_FUSED_GATE_UP}." in name:
+            weights.update(_fused_gate_up(name, tensor, arch, keep_quantized, path))
+            continue
         hf_name = gguf_to_hf_name(name, arch)
         if hf_name is None:
             logger.debug("%s: skipping tensor %s", path, name)
+            continue
+        if "{e}" in hf_name:
+            for e, w in enumerate(_split_experts(tensor, keep_quantized, path)):
+                weights[hf_name.format(e=e)] = w
             continue
         heads = None
         if permuted and ".attn_q." in name:
@@ -247,17 +299,51 @@ def load_gguf(path: Path, keep_quantized: bool = False) -> LoadedModel:
         if keep_quantized and tensor.tensor_type in KEPT_QUANTIZED and len(tensor.shape) == 2:
             weights[hf_name] = _quant_weight(tensor, heads)
             continue
-        if keep_quantized and tensor.tensor_type not in (_QT.F32, _QT.F16, _QT.BF16) and len(tensor.shape) == 2:
-            logger.info("%s: %s is %s, which stays dequantized (kept quantized: Q8_0, Q4_0, Q4_1, Q4_K)",
-                        path, name, tensor.tensor_type.name)
+        _log_dequantized(tensor, keep_quantized, path)
         values = dequantize_gguf_tensor(tensor)
         if heads is not None:
             values = unpermute_rotary_rows(values, heads)
+        if config.norm_offset and name.rpartition(".")[0].endswith("norm"):
+            values -= config.norm_offset  # llama.cpp stores Gemma's norms with the 1 added; the model adds it
+        if name.endswith(".ffn_gate_inp_shexp.weight") and values.ndim == 1:
+            values = values[None]  # older converters squeezed the shared expert's gate [1, hidden] to [hidden]
         weights[hf_name] = torch.from_numpy(values)
     del reader, tensors  # drop the file mapping
 
     tokenizer = gguf_tokenizer(path, meta.get("tokenizer.chat_template"))
     return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, name=path.stem)
+
+
+def _split_experts(tensor: gguf.ReaderTensor, keep_quantized: bool, path: Path) -> list[Any]:
+    """A layer's experts stacked in one tensor (numpy shape [experts, rows, cols]) as one weight each:
+    row slices of one QuantWeight where it stays quantized, else views of the dense array."""
+    if len(tensor.shape) != 3:
+        raise ModelLoadError(f"{path}: {tensor.name} should stack the experts in 3 dimensions, has {len(tensor.shape)}")
+    cols, rows, experts = (int(n) for n in tensor.shape)  # GGUF lists dimensions fastest-first
+    if keep_quantized and tensor.tensor_type in KEPT_QUANTIZED:
+        qw = from_gguf_blocks(tensor.data, tensor.tensor_type.name, (experts * rows, cols))
+        return [qw.rows(slice(e * rows, (e + 1) * rows)) for e in range(experts)]
+    _log_dequantized(tensor, keep_quantized, path)
+    return list(torch.from_numpy(dequantize_gguf_tensor(tensor)).unbind(0))
+
+
+def _fused_gate_up(name: str, tensor: gguf.ReaderTensor, arch: Architecture, keep_quantized: bool,
+                   path: Path) -> dict[str, Any]:
+    """Each expert's gate and up weights from a fused ``ffn_gate_up_exps`` tensor (gate rows first)."""
+    gate, up = (gguf_to_hf_name(name.replace(_GGUF_FUSED_GATE_UP, part), arch)
+                for part in ("ffn_gate_exps", "ffn_up_exps"))
+    out: dict[str, Any] = {}
+    for e, w in enumerate(_split_experts(tensor, keep_quantized, path)):
+        half = w.shape[0] // 2
+        for hf_name, rows in ((gate, slice(0, half)), (up, slice(half, None))):
+            out[str(hf_name).format(e=e)] = w.rows(rows) if isinstance(w, QuantWeight) else w[rows]
+    return out
+
+
+def _log_dequantized(tensor: gguf.ReaderTensor, keep_quantized: bool, path: Path) -> None:
+    if keep_quantized and tensor.tensor_type not in (_QT.F32, _QT.F16, _QT.BF16) and len(tensor.shape) >= 2:
+        logger.info("%s: %s is %s, which stays dequantized (kept quantized: Q8_0, Q4_0, Q4_1, Q4_K)",
+                    path, tensor.name, tensor.tensor_type.name)
 
 
 def gguf_tokenizer(path: Path, chat_template: str | None) -> Any:

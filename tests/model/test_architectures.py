@@ -59,11 +59,12 @@ def test_every_registered_architecture_has_a_case():
     assert sorted(CASES) == architecture_names()
 
 
-def hf_model(name: str):
+def hf_model(name: str, **overrides):
+    """``name``'s tiny random transformers model (its case's arguments, then ``overrides``)."""
     import transformers
 
     config_class, extra = CASES[name]
-    cfg = getattr(transformers, config_class)(**{**COMMON, **extra})
+    cfg = getattr(transformers, config_class)(**{**COMMON, **extra, **overrides})
     cfg.architectures = [name]
     torch.manual_seed(0)
     model = getattr(transformers, name)(cfg)

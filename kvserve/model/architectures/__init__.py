@@ -3,7 +3,8 @@
 An architecture is data, not code: what its ``config.json`` turns on in the shared decoder
 (``ModelConfig``'s layer options: q/k norms, windows, soft caps, norms' layout, experts, ...) and how
 its checkpoints name the weights (overrides of ``LLAMA_WEIGHTS``, for safetensors; llama.cpp's names
-for GGUF follow from the same roles). ``kvserve.model.decoder`` builds every one of them from the same
+for GGUF follow from the same roles), and what its GGUF metadata stands for where llama.cpp leaves a
+config.json key out. ``kvserve.model.decoder`` builds every one of them from the same
 parts, and ``kvserve.model.weights`` reads the one table for the loaders, the checkpoint check and
 the quantized layers' fusing. Torch-free: the simulator parses configs through it too.
 """
@@ -14,6 +15,8 @@ import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+GGUFGet = Callable[..., Any]  # get(key, default=None): the file's "<llama.cpp arch>.<key>" metadata
 
 # Our names for a layer's weights (roles) -> the names Llama's checkpoints give them, under
 # "model.layers.{i}."; an architecture overrides what its checkpoints call otherwise (None: absent).
@@ -45,6 +48,10 @@ class Architecture:
     config: Callable[[dict[str, Any]], dict[str, Any]] = lambda d: {}
     weights: Mapping[str, str | None] = field(default_factory=dict)  # overrides of LLAMA_WEIGHTS
     gguf: str | None = None  # llama.cpp's general.architecture, where kvserve reads its GGUF files
+    # GGUF metadata -> the config.json keys it implies beyond the common ones (``gguf_loader``): what
+    # llama.cpp's graph assumes for this architecture; "architectures" may name another one the same
+    # llama.cpp name covers (Mixtral is "llama" with experts)
+    gguf_config: Callable[[GGUFGet], dict[str, Any]] = lambda get: {}
     # a multimodal config -> the text model's part (its layers, heads, ...)
     text_config: Callable[[dict[str, Any]], dict[str, Any]] = lambda d: d
 

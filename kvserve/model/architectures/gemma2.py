@@ -1,7 +1,7 @@
 """Gemma 2: norms before and after each sublayer (scaled by 1 + weight), GELU-tanh, embeddings scaled by
 sqrt(hidden), soft caps on attention scores and logits, sliding-window layers alternating with global ones."""
 
-from kvserve.model.architectures import Architecture, first_of, register
+from kvserve.model.architectures import Architecture, GGUFGet, first_of, register
 from kvserve.model.config import FULL, SLIDING
 
 # Gemma's names for the sandwich norms: theirs "post_attention_layernorm" is on attention's output
@@ -24,4 +24,20 @@ def gemma_config(d: dict, default_pattern: int) -> dict:
             "tie_word_embeddings": d.get("tie_word_embeddings", True)}
 
 
-register(Architecture("Gemma2ForCausalLM", lambda d: gemma_config(d, 2), weights=GEMMA_WEIGHTS))
+def gemma_gguf(get: GGUFGet, big_layers: int) -> dict:
+    """The query scale llama.cpp uses, not in the file: hidden / heads for the 27B model (known by its
+    layer count, ``big_layers``), else the head size."""
+    hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
+    head_dim = int(get("attention.key_length") or hidden // heads)
+    return {"query_pre_attn_scalar": hidden // heads if get("block_count") == big_layers else head_dim}
+
+
+def gemma2_gguf(get: GGUFGet) -> dict:
+    # llama.cpp's defaults where the file has no such key
+    return {**gemma_gguf(get, 46), "sliding_window": get("attention.sliding_window", 4096),
+            "attn_logit_softcapping": get("attn_logit_softcapping", 50.0),
+            "final_logit_softcapping": get("final_logit_softcapping", 30.0)}
+
+
+register(Architecture("Gemma2ForCausalLM", lambda d: gemma_config(d, 2), weights=GEMMA_WEIGHTS, gguf="gemma2",
+                      gguf_config=gemma2_gguf))

@@ -2,7 +2,7 @@
 RoPE base, unscaled) to each global one."""
 
 from kvserve.model.architectures import Architecture, register
-from kvserve.model.architectures.gemma2 import GEMMA_WEIGHTS, gemma_config
+from kvserve.model.architectures.gemma2 import GEMMA_WEIGHTS, gemma_config, gemma_gguf
 
 
 def gemma3_config(d: dict) -> dict:
@@ -13,4 +13,5 @@ def gemma3_config(d: dict) -> dict:
     return {**gemma_config(d, 6), "qk_norm": "head", "rope_local_theta": float(local or 10000.0)}
 
 
-register(Architecture("Gemma3ForCausalLM", gemma3_config, weights=GEMMA_WEIGHTS))
+register(Architecture("Gemma3ForCausalLM", gemma3_config, weights=GEMMA_WEIGHTS, gguf="gemma3",
+                      gguf_config=lambda get: gemma_gguf(get, 62)))

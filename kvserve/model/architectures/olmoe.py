@@ -11,4 +11,5 @@ def olmoe_config(d: dict) -> dict:
             "moe_intermediate_size": d["intermediate_size"], "norm_topk_prob": bool(d.get("norm_topk_prob", False))}
 
 
-register(Architecture("OlmoeForCausalLM", olmoe_config))
+register(Architecture("OlmoeForCausalLM", olmoe_config, gguf="olmoe",
+                      gguf_config=lambda get: {"norm_topk_prob": bool(get("expert_weights_norm", False))}))

@@ -1,7 +1,7 @@
 """Qwen2-MoE and Qwen3-MoE: a top-k mixture of experts in every ``decoder_sparse_step``-th layer (dense MLP in
 ``mlp_only_layers``); Qwen2-MoE adds a shared expert under a sigmoid gate and q/k/v biases, Qwen3-MoE q/k norms."""
 
-from kvserve.model.architectures import Architecture, first_of, register
+from kvserve.model.architectures import Architecture, GGUFGet, first_of, register
 
 
 def moe_config(d: dict) -> dict:
@@ -21,5 +21,11 @@ def qwen3_moe_config(d: dict) -> dict:
     return {**moe_config(d), "qk_norm": "head", "o_proj_bias": False}
 
 
-register(Architecture("Qwen2MoeForCausalLM", qwen2_moe_config))
-register(Architecture("Qwen3MoeForCausalLM", qwen3_moe_config))
+def gguf_norm_topk(default: bool):
+    """llama.cpp's graph renormalises the chosen experts' weights for qwen3moe, not for qwen2moe (unless
+    the file says)."""
+    return lambda get: {"norm_topk_prob": bool(get("expert_weights_norm", default))}
+
+
+register(Architecture("Qwen2MoeForCausalLM", qwen2_moe_config, gguf="qwen2moe", gguf_config=gguf_norm_topk(False)))
+register(Architecture("Qwen3MoeForCausalLM", qwen3_moe_config, gguf="qwen3moe", gguf_config=gguf_norm_topk(True)))

@@ -1,0 +1,325 @@
+"""GGUF files of each family llama.cpp's converter writes, against transformers.
+
+Each case is a tiny random checkpoint from test_architectures.py, written to a GGUF file here the way
+llama.cpp's convert_hf_to_gguf.py writes it: names through gguf-py's own tensor map, experts stacked
+one tensor a layer, q/k rows permuted for "llama" (Mistral, Mixtral), Gemma's norms stored with the 1
+added, Phi-3's stacked tensors and longrope factors as tensors, and only the metadata the converter
+writes. Then: transformers' own GGUF reader gets the original weights back from the file where it
+reads that architecture (so the writer follows llama.cpp's conventions); kvserve's loader gets them
+too, and the same ``ModelConfig`` as from the checkpoint's config.json; its greedy tokens equal
+transformers' ``generate`` on the original model (float32, ``--quantization none``); and experts
+stored quantized stay quantized per expert and close to the dense model.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import asdict
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QT
+from safetensors.torch import load_file
+
+from conftest import hf_greedy
+from kvserve import SamplingParams
+from kvserve.llm import LLM
+from kvserve.model.loader import load_model, load_model_config
+from kvserve.model.quant import QuantWeight
+from test_architectures import COMMON, GREEDY, hf_model, prompts
+
+# case -> (registered architecture, overrides of its test_architectures case, llama.cpp's architecture)
+CASES: dict[str, tuple[str, dict, str]] = {
+    "qwen3moe": ("Qwen3MoeForCausalLM", {}, "qwen3moe"),
+    # a shared expert under its gate; every layer MoE (llama.cpp's qwen2moe has no dense layers)
+    "qwen2moe": ("Qwen2MoeForCausalLM", dict(mlp_only_layers=[]), "qwen2moe"),
+    "olmoe": ("OlmoeForCausalLM", {}, "olmoe"),
+    # the file carries no query scale: llama.cpp's is the head size below the 27B model
+    "gemma2": ("Gemma2ForCausalLM", dict(query_pre_attn_scalar=16), "gemma2"),
+    # llama.cpp's five local layers to one global: six layers show both
+    "gemma3": ("Gemma3ForCausalLM", dict(num_hidden_layers=6, layer_types=None), "gemma3"),
+    "phi3": ("Phi3ForCausalLM", {}, "phi3"),
+    # llama.cpp's "llama" converter writes no sliding window: Mistral is Llama there
+    "mistral": ("MistralForCausalLM", dict(sliding_window=None), "llama"),
+    "mixtral": ("MixtralForCausalLM", dict(sliding_window=None), "llama"),
+}
+# where transformers' GGUF reader has no such architecture (olmoe) or no stacked experts for it (llama)
+NO_TRANSFORMERS_READER = {"olmoe", "mixtral"}
+GEMMA = {"gemma2", "gemma3"}
+LOADS_AS = {"mistral": "LlamaForCausalLM"}  # without a window, llama.cpp's Mistral is Llama
+
+
+def _permute(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """llama.cpp's "llama" converter: per head, rows (half, i) -> (i, half) for GGML's rope."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _stack_experts(state: dict[str, torch.Tensor], layers: int, experts: int) -> dict[str, torch.Tensor]:
+    """Each layer's per-expert weights as one [experts, rows, cols] tensor under the merged name the
+    converter maps (``...experts.<w>.weight``), the per-expert ones removed."""
+    out = dict(state)
+    for i in range(layers):
+        for parent in (f"model.layers.{i}.mlp.experts", f"model.layers.{i}.block_sparse_moe.experts"):
+            parts = {k.split(".")[-2] for k in state if k.startswith(parent + ".0.")}
+            for w in parts:
+                names = [f"{parent}.{e}.{w}.weight" for e in range(experts)]
+                out[f"{parent}.{w}.weight"] = torch.stack([out.pop(n) for n in names])
+    return out
+
+
+def _add_tokenizer(writer: gguf.GGUFWriter, vocab: int) -> None:
+    """A byte-level BPE vocabulary of ``vocab`` plain tokens (ids are what the tests feed)."""
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(["t", "0", "t0"] + [f"w{i}" for i in range(3, vocab)])
+    writer.add_token_types([1] * vocab)
+    writer.add_token_merges(["t 0"])  # transformers builds a gpt2 vocabulary only with merges
+    writer.add_bos_token_id(COMMON["bos_token_id"])
+    writer.add_eos_token_id(COMMON["eos_token_id"])
+
+
+def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type: QT | None = None,
+                         fuse_gate_up: bool = False) -> None:
+    """``folder``'s checkpoint as llama.cpp's converter writes it (``expert_type``: the stacked experts
+    quantized to that type, as llama-quantize leaves them; ``fuse_gate_up``: its --fuse-gate-up-exps,
+    each layer's gate and up experts in one tensor, gate first)."""
+    d = model.config.to_dict()
+    rope = d.get("rope_parameters") or {}
+    full = rope.get("full_attention", rope)
+    layers, hidden, heads, kv_heads = (d[k] for k in ("num_hidden_layers", "hidden_size", "num_attention_heads",
+                                                      "num_key_value_heads"))
+    experts = d.get("num_local_experts") or d.get("num_experts") or 0
+    w = gguf.GGUFWriter(str(path), arch=arch)
+    w.add_block_count(layers)
+    w.add_context_length(d["max_position_embeddings"])
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(d["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_layer_norm_rms_eps(d["rms_norm_eps"])
+    if arch != "gemma2":  # the Gemma 2 converter writes no rope base (llama.cpp's default: 10000)
+        w.add_rope_freq_base(full["rope_theta"])
+    if arch != "phi3":
+        w.add_key_length(d["head_dim"])
+        w.add_value_length(d["head_dim"])
+    if experts:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(d["num_experts_per_tok"])
+    if arch in ("qwen2moe", "qwen3moe"):
+        w.add_expert_feed_forward_length(d["moe_intermediate_size"])
+        if d.get("shared_expert_intermediate_size"):
+            w.add_expert_shared_feed_forward_length(d["shared_expert_intermediate_size"])
+    if arch == "llama":
+        w.add_vocab_size(d["vocab_size"])
+        w.add_rope_dimension_count(d["head_dim"])
+    if arch == "gemma2":
+        w.add_attn_logit_softcapping(d["attn_logit_softcapping"])
+        w.add_final_logit_softcapping(d["final_logit_softcapping"])
+        w.add_sliding_window(d["sliding_window"])
+    if arch == "gemma3":
+        w.add_sliding_window(d["sliding_window"])
+        w.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(full["factor"])
+    if arch == "phi3":
+        rotary = int(d["partial_rotary_factor"] * hidden) // heads
+        original = d["original_max_position_embeddings"]
+        w.add_rope_dimension_count(rotary)
+        w.add_rope_scaling_orig_ctx_len(original)
+        w.add_sliding_window(d.get("sliding_window") or 0)
+        scale = d["max_position_embeddings"] / original
+        w.add_rope_scaling_attn_factors(float(np.sqrt(1 + np.log(scale) / np.log(original))))
+        w.add_tensor("rope_factors_long.weight", np.array(full["long_factor"], np.float32))
+        w.add_tensor("rope_factors_short.weight", np.array(full["short_factor"], np.float32))
+    _add_tokenizer(w, d["vocab_size"])
+
+    name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], layers)
+    state = _stack_experts(load_file(folder / "model.safetensors"), layers, experts)
+    if fuse_gate_up:
+        for i in range(layers):
+            gate, up = (state.pop(f"model.layers.{i}.mlp.experts.{w}.weight") for w in ("gate_proj", "up_proj"))
+            fused = gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.FFN_GATE_UP_EXP].format(bid=i) + ".weight"
+            state[fused] = torch.cat([gate, up], dim=1)
+    for name, t in state.items():
+        if arch.startswith("gemma") and name == "lm_head.weight":
+            continue  # tied; the converter skips it
+        if arch.startswith("gemma") and name.endswith("norm.weight"):
+            t = t + 1
+        if arch == "llama" and ".q_proj." in name:
+            t = _permute(t, heads)
+        elif arch == "llama" and ".k_proj." in name:
+            t = _permute(t, kv_heads)
+        gguf_name = name if name.startswith("blk.") else name_map.get_name(name, try_suffixes=(".weight", ".bias"))
+        assert gguf_name is not None, name
+        data = t.float().numpy()
+        if expert_type is not None and gguf_name.rpartition(".")[0].endswith("_exps"):
+            w.add_tensor(gguf_name, gguf.quants.quantize(data, expert_type), raw_dtype=expert_type)
+        else:
+            w.add_tensor(gguf_name, data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+_files: dict[tuple, tuple] = {}
+
+
+def gguf_case(case: str, tmp_path_factory, expert_type: QT | None = None, fuse_gate_up: bool = False):
+    """(transformers model, its checkpoint folder, the GGUF file) for ``case``, built once per session."""
+    key = (case, expert_type, fuse_gate_up)
+    if key not in _files:
+        name, overrides, arch = CASES[case]
+        model = hf_model(name, **overrides)
+        folder = tmp_path_factory.mktemp(f"gguf-{case}")
+        model.save_pretrained(folder)
+        path = folder / f"{case}.gguf"
+        write_like_llama_cpp(model, folder, path, arch, expert_type, fuse_gate_up)
+        _files[key] = (model, folder, path)
+    return _files[key]
+
+
+def _llm(path: Path, quantization: str = "none") -> LLM:
+    loaded = load_model(path, keep_quantized=quantization == "auto")
+    loaded.config.eos_token_ids = []
+    return LLM.from_weights(loaded.config, loaded.weights, dtype="float32", quantization=quantization,
+                            num_kv_blocks=256, block_size=4, max_num_batched_tokens=512)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_gguf_loads_the_checkpoint_weights(case, tmp_path_factory, monkeypatch):
+    model, folder, path = gguf_case(case, tmp_path_factory)
+    original = load_file(folder / "model.safetensors")
+    if model.config.tie_word_embeddings:
+        original.pop("lm_head.weight", None)
+    loaded = load_model(path)
+    assert loaded.config.architecture == LOADS_AS.get(case, CASES[case][0])
+    # the metadata means what the checkpoint's config.json does (the eos ids come from the tokenizer)
+    gguf_config, hf_config = asdict(loaded.config), asdict(load_model_config(folder))
+    for key in ("architecture", "eos_token_ids", "rope_scaling"):
+        gguf_config.pop(key), hf_config.pop(key)
+    assert gguf_config.pop("rms_norm_eps") == pytest.approx(hf_config.pop("rms_norm_eps"))  # float32 in the file
+    assert gguf_config == hf_config
+    hf_scaling = load_model_config(folder).rope_scaling
+    for key, value in (hf_scaling or {}).items():
+        if key in ("rope_type", "factor", "short_factor", "long_factor", "original_max_position_embeddings"):
+            assert loaded.config.rope_scaling[key] == pytest.approx(value), key
+    assert set(loaded.weights) == set(original)
+    for name, t in original.items():
+        got = loaded.weights[name]
+        if case in GEMMA and name.endswith("norm.weight"):
+            # the model scales by 1 + weight: that sum is the file's, bit for bit
+            got, t = got + 1, t + 1
+        assert torch.equal(got, t), name
+
+    if case in NO_TRANSFORMERS_READER:
+        return
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    # transformers rebuilds the same name table once per submodule; cache it
+    monkeypatch.setattr(gguf, "get_tensor_name_map", functools.lru_cache(maxsize=None)(gguf.get_tensor_name_map))
+    names = model
+    if case == "mistral":  # gguf-py has no "mistral": transformers reads it as llama, whose names it has
+        import transformers
+
+        with torch.device("meta"):
+            names = transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON))
+    theirs = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=names)["tensors"]
+    state = model.state_dict()
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight")
+    assert set(theirs) == set(state)
+    for name, t in state.items():
+        # transformers adds a dimension to the shared expert's gate, as older converters squeezed it to 1-D
+        atol = 1e-6 if case in GEMMA else 0  # Gemma's norms: (w + 1) - 1 in float32
+        torch.testing.assert_close(theirs[name].reshape(t.shape), t, rtol=0, atol=atol, msg=name)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_gguf_greedy_equals_transformers(case, tmp_path_factory):
+    model, _, path = gguf_case(case, tmp_path_factory)
+    want = [hf_greedy(model, p, GREEDY.max_tokens) for p in prompts()]
+    got = [o.token_ids for o in _llm(path).generate(prompts(), GREEDY)]
+    assert got == want
+
+
+@pytest.mark.parametrize("expert_type", [QT.Q8_0, QT.Q4_0, QT.Q4_1], ids=lambda t: t.name)
+def test_gguf_quantized_experts_split_per_expert(expert_type, tmp_path_factory):
+    """Each expert's QuantWeight, sliced from the layer's stacked blocks, holds exactly the values
+    gguf-py dequantizes for that expert."""
+    _, _, path = gguf_case("olmoe", tmp_path_factory, expert_type)
+    quantized, dense = load_model(path, keep_quantized=True).weights, load_model(path).weights
+    experts = [n for n in dense if ".experts." in n]
+    assert len(experts) == 2 * 4 * 3  # layers x experts x (gate, up, down)
+    for name in experts:
+        assert isinstance(quantized[name], QuantWeight), name
+        assert torch.equal(quantized[name].dequantize(), dense[name]), name
+
+
+@pytest.mark.parametrize("expert_type", [None, QT.Q8_0], ids=["f32", "Q8_0"])
+def test_gguf_fused_gate_up_experts_load(expert_type, tmp_path_factory):
+    """--fuse-gate-up-exps files: each expert's gate and up rows come apart, quantized ones too."""
+    _, folder, path = gguf_case("qwen3moe", tmp_path_factory, expert_type, fuse_gate_up=True)
+    _, _, reference = gguf_case("qwen3moe", tmp_path_factory, expert_type)
+    assert any(t.name.endswith("ffn_gate_up_exps.weight") for t in gguf.GGUFReader(path).tensors)
+    keep = expert_type is not None
+    fused, separate = load_model(path, keep_quantized=keep).weights, load_model(reference, keep_quantized=keep).weights
+    assert set(fused) == set(separate)
+    for name, w in separate.items():
+        if keep and ".experts." in name:
+            assert isinstance(fused[name], QuantWeight), name
+            fused[name], w = fused[name].dequantize(), w.dequantize()
+        assert torch.equal(fused[name], w), name
+
+
+@pytest.mark.parametrize("case", ["qwen3moe", "mixtral"])
+@pytest.mark.parametrize("expert_type", [QT.Q8_0], ids=lambda t: t.name)
+def test_gguf_quantized_experts_stay_quantized_and_close(case, expert_type, tmp_path_factory):
+    """Experts stored quantized load as each expert's QuantWeight and run quantized; the dense greedy
+    token is within the quantized model's top 3 and its logprob within 0.5, while the two agree."""
+    _, _, dense_path = gguf_case(case, tmp_path_factory)
+    _, _, path = gguf_case(case, tmp_path_factory, expert_type)
+    loaded = load_model(path, keep_quantized=True)
+    experts = [w for n, w in loaded.weights.items() if ".experts.3." in n]
+    assert experts and all(isinstance(w, QuantWeight) for w in experts)
+
+    quant_llm = _llm(path, quantization="auto")
+    mlp = quant_llm.engine.runner.model.layers[0].mlp
+    assert type(mlp.experts[3].gate_up).__name__ == "QuantLinear"
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=3)
+    dense = _llm(dense_path).generate(prompts(), params)
+    quant = quant_llm.generate(prompts(), params)
+    for d, q in zip(dense, quant):
+        for step, (dt, qt) in enumerate(zip(d.token_ids, q.token_ids)):
+            top = dict(q.logprobs[step].top)
+            assert dt in top, (case, step, dt, top)
+            assert abs(top[dt] - d.logprobs[step].logprob) < 0.5
+            if dt != qt:
+                break
+
+
+def test_gguf_unsupported_expert_type_is_named(tmp_path_factory):
+    """Stacked experts of a type kvserve cannot read: the load says which tensor and type."""
+    from kvserve.errors import ModelLoadError
+
+    _, _, path = gguf_case("olmoe", tmp_path_factory, QT.Q5_0)
+    with pytest.raises(ModelLoadError, match="ffn_.*_exps.*Q5_0"):
+        load_model(path)
+
+
+
+@pytest.mark.parametrize("hidden, heads, head_dim, layers, big, scalar", [
+    (3584, 16, 256, 42, 46, 256),  # Gemma 2 9B: its config's query_pre_attn_scalar is the head size
+    (4608, 32, 128, 46, 46, 144),  # Gemma 2 27B: hidden / heads
+    (5376, 32, 128, 62, 62, 168),  # Gemma 3 27B
+])
+def test_gemma_query_scale_follows_llama_cpp(hidden, heads, head_dim, layers, big, scalar):
+    """The files carry no query scale; llama.cpp tells the 27B models by their layer count."""
+    from kvserve.model.architectures.gemma2 import gemma_gguf
+
+    meta = {"embedding_length": hidden, "attention.head_count": heads, "attention.key_length": head_dim,
+            "block_count": layers}
+    assert gemma_gguf(lambda key, default=None: meta.get(key, default), big)["query_pre_attn_scalar"] == scalar
