@@ -84,7 +84,8 @@ def build_sim_engine(model: ModelSpec, hw: Hardware, profile: EngineProfile, *, 
     tiers = [HostTier(int(host_tier_gb * 1e9), bandwidth=hw.host_link_gbps * 1e9)] if host_tier_gb else []
     config = profile.to_config()
     kv = KVManager(blocks, block_size, enable_prefix_caching=config.cache.enable_prefix_caching, tiers=tiers,
-                   fingerprint=runner.kv_fingerprint, block_bytes=runner.block_bytes)
+                   fingerprint=runner.kv_fingerprint, block_bytes=runner.block_bytes,
+                   sliding_window=None if profile.slots else model.sliding_window)
     engine = Engine(runner, config.scheduler, vocab_size=model.vocab, eos_token_ids=(), kv=kv, clock=clock)
     return engine, runner, clock
 
