@@ -4,9 +4,10 @@ The scheduler asks it to give a new sequence its cached prefix, to make room for
 sequence's next tokens (evicting cached blocks when the free list runs short), to cache
 the blocks a step filled, and to free a sequence. For a model whose every layer attends a
 sliding window, a sequence also lets go of the blocks wholly behind the window of the next token
-it computes (``slide``); their table entries become ``NO_BLOCK``, so a table still maps positions. Copies between device blocks and the
-tiers are queued as ``KVTransfer``s that ride on the step's batch, in order, so the runner
-performs them before the forward pass that may overwrite a reused block. No torch here.
+it computes (``slide``); their table entries become ``NO_BLOCK``, so a table still maps positions.
+Copies between device blocks and the tiers are queued as ``KVTransfer``s that ride on the step's
+batch, in order, so the runner performs them before the forward pass that may overwrite a reused
+block. No torch here.
 """
 
 from __future__ import annotations
@@ -179,9 +180,9 @@ class KVManager:
 
     def share_computing(self, seq_id: str, blocks: Sequence[int], m: PrefixMatch) -> None:
         """Extend a just-matched sequence's table with ``blocks`` that another sequence fills with the
-        same tokens in the step being scheduled (none ``NO_BLOCK``); they count as device hits. The runner writes every
-        row's K/V in a layer before any row reads the cache, so the sequence's own rows in that step
-        see them. (They enter the prefix cache when the step is done, as the other's blocks.)"""
+        same tokens in the step being scheduled (none ``NO_BLOCK``); they count as device hits. The
+        runner writes every row's K/V in a layer before any row reads the cache, so the sequence's own
+        rows in that step see them. (They enter the prefix cache when the step is done, as the other's blocks.)"""
         table = self.tables[seq_id]
         assert NO_BLOCK not in blocks, "sharing a block a window let go of"
         for b in blocks:
