@@ -22,6 +22,13 @@ from kvserve.kv.radix_cache import RadixCache, RadixNode, chain_hash
 from kvserve.kv.tiers import Tier, TieredStore
 
 
+def window_tokens(window: int, block_size: int, max_chunk: int) -> int:
+    """The most KV (in tokens, whole blocks) one sequence holds when every layer has ``window``: the
+    blocks of its chunk's first row's window and of the chunk's ``max_chunk`` rows (``slide`` frees
+    those behind the window). A pool that holds this much runs a sequence of any length alone."""
+    return (-(-(window - 1 + max_chunk) // block_size) + 1) * block_size
+
+
 @dataclass
 class KVTransfer:
     """Copy one block between the device cache and a tier: ``save`` reads it (the payload comes

@@ -5,7 +5,7 @@ use at once, ``max_num_seqs`` sequences of ``max_model_len`` tokens at the model
 capped by free memory: a quarter of the available RAM and at most 4 GiB on the CPU (the block pool
 hands out blocks in FIFO order, so in time every block of the pool is touched and resident), 90% of
 the free device memory on CUDA (the weights are already there). ``describe`` says what was chosen and why.
-A model whose every layer has a sliding window holds per sequence no more than ``window_tokens``.
+A model whose every layer has a sliding window holds per sequence no more than ``kv.manager.window_tokens``.
 """
 
 from __future__ import annotations
@@ -43,13 +43,6 @@ def free_memory_cap(device: torch.device) -> tuple[int, str]:
     return cap, "the CPU's 4 GiB ceiling"
 
 
-def window_tokens(window: int, block_size: int, max_chunk: int) -> int:
-    """The most KV (in tokens, whole blocks) one sequence holds when every layer has ``window``: the
-    blocks of its chunk's first row's window and of the chunk's ``max_chunk`` rows (the KV manager frees
-    those behind the window)."""
-    return (-(-(window - 1 + max_chunk) // block_size) + 1) * block_size
-
-
 def default_kv_budget(bytes_per_token: int, max_model_len: int, max_num_seqs: int, device: torch.device) -> KVBudget:
     """The default pool size for a model whose KV takes ``bytes_per_token``."""
     wanted = bytes_per_token * max_model_len * max_num_seqs
@@ -59,7 +52,7 @@ def default_kv_budget(bytes_per_token: int, max_model_len: int, max_num_seqs: in
 
 def describe(budget: KVBudget, max_model_len: int, max_num_seqs: int, windowed: bool = False) -> str:
     """Why the default pool has its size, for the start-up log (``windowed``: ``max_model_len`` is what
-    one sequence holds under a sliding window, ``window_tokens``)."""
+    one sequence holds under a sliding window, ``kv.manager.window_tokens``)."""
     per_seq = "the sliding window and a step's chunk" if windowed else "--max-model-len"
     wanted = f"{max_num_seqs} sequences x {max_model_len} tokens (--max-num-seqs x {per_seq}: " \
              f"{budget.wanted_bytes / GiB:.2f} GiB)"

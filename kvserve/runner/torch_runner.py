@@ -17,11 +17,11 @@ from kvserve.attention.kv_pool import resolve_kv_cache_dtype
 from kvserve.config import CacheConfig
 from kvserve.engine.batch import Batch, ScheduledChunk, StepOutput
 from kvserve.errors import InvalidArgumentError
-from kvserve.kv.manager import KVTransfer
+from kvserve.kv.manager import KVTransfer, window_tokens
 from kvserve.model.config import ModelConfig
 from kvserve.model.decoder import CausalLM
 from kvserve.runner.inputs import build_inputs
-from kvserve.runner.kv_budget import default_kv_budget, window_tokens
+from kvserve.runner.kv_budget import default_kv_budget
 from kvserve.runner.kv_budget import describe as describe_budget
 from kvserve.runner.kv_calibration import calibrate_kv_scales
 from kvserve.sampling.sampler import Sampler, prompt_logprobs

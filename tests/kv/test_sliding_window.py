@@ -179,7 +179,14 @@ def test_the_simulator_frees_behind_a_window():
              num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, sliding_window=4096)
     spec = ModelSpec.from_hf_config(d, name="mistral")
     assert spec.sliding_window == 4096
-    engine, _, _ = build_sim_engine(spec, get_hardware("h100-sxm"), get_profile("kvserve"), num_kv_blocks=4096)
-    assert engine.kv.sliding_window == 4096
+    # 512 blocks of 16 tokens hold one sequence's window and chunk: the context is not capped by the pool
+    engine, runner, _ = build_sim_engine(spec, get_hardware("h100-sxm"), get_profile("kvserve"), num_kv_blocks=512)
+    assert engine.kv.sliding_window == 4096 and runner.max_model_len > 512 * 16
+    engine.add_request("long", list(range(3, 3 + 20000)), SamplingParams(max_tokens=20, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+        engine.kv.check()
+        assert engine.kv.num_held("long") <= 512
+    assert engine.scheduler.stats.num_generated_tokens == 20
     del d["sliding_window"]
     assert ModelSpec.from_hf_config(d).sliding_window is None
