@@ -127,3 +127,22 @@ def test_speculative_verify_rows(mistral):
     assert generate(llm, prompts) == want
     assert llm.engine.scheduler.stats.spec.num_accepted_tokens > 0
     assert watch.peak_decode <= math.ceil(W / BS) + 1
+
+
+def test_paged_metadata_groups_no_chunks_on_placeholders():
+    """Two long chunks whose tables a window emptied at the front share no cached prefix: the paged
+    backend's cascade grouping must not take their matching NO_BLOCK entries for shared blocks."""
+    from kvserve.attention import KVPool, SeqRows
+    from kvserve.attention.paged import PagedBackend
+    from kvserve.kernels import load_kernels
+    from kvserve.kv.layout import KVLayout
+
+    if not load_kernels():
+        pytest.skip("native kernels did not build")
+    bs = 16
+    pool = KVPool(KVLayout(1, 2, 16, bs, "float32"), 64, torch.device("cpu"))
+    backend = PagedBackend(pool, torch.float32)
+    tables = [[NO_BLOCK] * 12 + list(range(i * 20, i * 20 + 10)) for i in range(2)]
+    seqs = [SeqRows([5] * 129, 200, t) for t in tables]
+    meta = backend.build_metadata(seqs, 0)
+    assert len(meta.gathered) == 2 and all(g.prefix == 0 for g in meta.gathered)
