@@ -2,7 +2,8 @@
 the KV manager freeing the blocks behind the window: greedy tokens equal transformers' ``generate`` (float32,
 ``--quantization none``), every sequence holds no more than its window's blocks (and its chunk's), and the
 block accounting is exact after every step; with chunked prefill, prefix-cache hits, preemption in a small
-pool, and speculative verify rows."""
+pool, and speculative verify rows. And the paged backend's cascade grouping never takes placeholders for
+shared blocks."""
 
 from __future__ import annotations
 
