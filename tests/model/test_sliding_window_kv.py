@@ -7,6 +7,7 @@ shared blocks."""
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 
@@ -112,10 +113,13 @@ def test_chunked_prefill_and_prefix_hits(mistral):
     assert watch.peak_decode <= math.ceil(W / BS) + 1
 
 
-def test_preemption_in_a_small_pool(mistral):
+def test_preemption_in_a_small_pool(mistral, caplog):
     _, _, prompts, want = mistral
     # about two windows and chunks: the three sequences' whole contexts (~80 blocks) are far beyond it
-    llm, watch = make(mistral, max_num_batched_tokens=4, num_kv_blocks=12)
+    with caplog.at_level(logging.INFO, logger="kvserve.build"):
+        llm, watch = make(mistral, max_num_batched_tokens=4, num_kv_blocks=12)
+    assert "sliding window of 8 tokens on every layer" in caplog.text  # the start-up log says so
+    assert llm.engine.max_model_len > 12 * BS  # the pool holds one sequence's window: no cap on its length
     assert generate(llm, prompts) == want
     assert llm.engine.scheduler.stats.num_preemptions > 0
     assert llm.engine.kv.num_available_blocks == llm.engine.kv.pool.num_blocks
