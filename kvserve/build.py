@@ -60,7 +60,7 @@ def build_engine(config: KVServeConfig, model_cfg: ModelConfig, weights: Weights
 
     return Engine(runner, config.scheduler, vocab_size=model_cfg.vocab_size, eos_token_ids=tuple(eos_token_ids),
                   kv=build_kv_manager(config, runner.num_kv_blocks, runner.block_size, runner.block_bytes,
-                                      runner.kv_fingerprint),
+                                      runner.kv_fingerprint, sliding_window=model_cfg.kv_window()),
                   grammars=grammars if hf_tokenizer is not None else None,
                   speculation=config.speculation if runner.proposer is not None else None)
 
@@ -90,8 +90,9 @@ def build_proposer(config: KVServeConfig, model_cfg: ModelConfig, runner: TorchR
 
 
 def build_kv_manager(config: KVServeConfig, num_blocks: int, block_size: int, block_bytes: int,
-                     fingerprint: bytes) -> KVManager:
-    """The KV manager with the prefix cache and the offload tiers the config asks for."""
+                     fingerprint: bytes, sliding_window: int | None = None) -> KVManager:
+    """The KV manager with the prefix cache and the offload tiers the config asks for; ``sliding_window``:
+    every layer's window (``ModelConfig.kv_window``), behind which sequences let go of their blocks."""
     cache = config.cache
     tiers: list[Tier] = []
     if cache.kv_offload_memory_gb:
@@ -103,8 +104,12 @@ def build_kv_manager(config: KVServeConfig, num_blocks: int, block_size: int, bl
         from kvserve.kv.redis_tier import RedisTier
 
         tiers.append(RedisTier(cache.kv_offload_url, fingerprint))
+    if sliding_window is not None:
+        log.info("sliding window of %d tokens on every layer: each sequence keeps only the KV blocks of its "
+                 "window (%d blocks of %d tokens, and a step's chunk)", sliding_window,
+                 -(-sliding_window // block_size) + 1, block_size)
     return KVManager(num_blocks, block_size, enable_prefix_caching=cache.enable_prefix_caching, tiers=tiers,
-                     fingerprint=fingerprint, block_bytes=block_bytes)
+                     fingerprint=fingerprint, block_bytes=block_bytes, sliding_window=sliding_window)
 
 
 def build_engine_core(config: KVServeConfig) -> EngineCore:

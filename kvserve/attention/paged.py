@@ -38,6 +38,7 @@ from kvserve.attention.backend import (AttentionBackend, AttentionMetadata, Nati
                                       register_attention_backend)
 from kvserve.attention.kv_pool import KVPool, LayerKV
 from kvserve.errors import InvalidArgumentError
+from kvserve.kv.block_pool import NO_BLOCK
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
 EIGHT_BIT_DTYPES = (torch.int8, torch.float8_e4m3fn, torch.float8_e5m2)  # read with their scales
@@ -183,7 +184,9 @@ class PagedBackend(AttentionBackend):
         bs, dev = self.pool.block_size, self.device
         by_first: dict[int, list[tuple[int, SeqRows]]] = {}
         for row, s in long:
-            by_first.setdefault(s.block_table[0], []).append((row, s))
+            # tables a sliding window emptied at the front (NO_BLOCK) share nothing there
+            key = s.block_table[0] if s.block_table[0] != NO_BLOCK else -1 - row
+            by_first.setdefault(key, []).append((row, s))
         groups = []
         for members in by_first.values():
             shared = 0  # blocks every member's table starts with, all before every member's chunk

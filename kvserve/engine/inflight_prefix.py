@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from kvserve.engine.batch import ScheduledChunk
 from kvserve.engine.request import Request
+from kvserve.kv.block_pool import NO_BLOCK
 
 
 def blocks_filled_this_step(chunks: Sequence[ScheduledChunk], req: Request, cached: int, block_size: int,
@@ -35,8 +36,9 @@ def blocks_filled_this_step(chunks: Sequence[ScheduledChunk], req: Request, cach
         n = first
         while n < end and mine[n * bs : (n + 1) * bs] == theirs[n * bs : (n + 1) * bs]:
             n += 1
-        if n - first > len(best):
-            best = table(other.request_id)[first:n]
+        # a block a sliding window let go of (behind the other's chunk) cannot be lent
+        if n - first > len(best) and NO_BLOCK not in (blocks := table(other.request_id)[first:n]):
+            best = blocks
     return best
 
 

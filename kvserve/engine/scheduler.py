@@ -11,7 +11,9 @@ is preempted: its blocks are freed (its full blocks stay cached) and it waits ag
 With speculative decoding on, a decoding request's pending draft rides in its chunk to be
 verified, as many drafted tokens as the speculation policy (``kvserve.spec.policy``, called
 at a few named points) finds worth their cost; after the step, the KV slots of rejected
-drafts are given back.
+drafts are given back. For a model whose every layer has a sliding window, each request lets go
+of the blocks behind the window of its chunk's first row before its blocks are counted, so a
+long sequence holds about its window's blocks and what it frees is free for others at once.
 """
 
 from __future__ import annotations
@@ -265,6 +267,7 @@ class Scheduler:
             if n == 0:  # a prefill that does not fit this step's time
                 i += 1
                 continue
+            self.kv.slide(req.request_id, req.num_computed_tokens)  # the chunk's first row (and drafts') window
             drafts = self.spec.drafts_to_verify(req, budget)
             if drafts and not self.kv.can_grow(req.request_id, req.num_computed_tokens + n + len(drafts)):
                 drafts = []  # never preempt anyone for a draft
@@ -311,6 +314,8 @@ class Scheduler:
                 deferred.append(self.waiting.popleft())
                 continue
             n = self._chunk_size(req, budget)
+            if n:  # a hit's blocks behind the first row's window go back before the blocks are counted
+                self.kv.slide(req.request_id, req.num_computed_tokens)
             if n == 0 or not self.kv.can_grow(req.request_id, req.num_computed_tokens + n):
                 self.kv.free(req.request_id)
                 req.num_computed_tokens = 0

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from collections import deque
 
+# The id a block table holds where a sliding window let go of the block: keeps the table's length
+# aligned with positions; nothing reads it (attention starts at the window).
+NO_BLOCK = -1
+
 
 class BlockPool:
     """Hands out KV block ids; a block returns to the free list when its last holder lets go.

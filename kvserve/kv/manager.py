@@ -2,9 +2,12 @@
 
 The scheduler asks it to give a new sequence its cached prefix, to make room for a
 sequence's next tokens (evicting cached blocks when the free list runs short), to cache
-the blocks a step filled, and to free a sequence. Copies between device blocks and the
-tiers are queued as ``KVTransfer``s that ride on the step's batch, in order, so the runner
-performs them before the forward pass that may overwrite a reused block. No torch here.
+the blocks a step filled, and to free a sequence. For a model whose every layer attends a
+sliding window, a sequence also lets go of the blocks wholly behind the window of the next token
+it computes (``slide``); their table entries become ``NO_BLOCK``, so a table still maps positions.
+Copies between device blocks and the tiers are queued as ``KVTransfer``s that ride on the step's
+batch, in order, so the runner performs them before the forward pass that may overwrite a reused
+block. No torch here.
 """
 
 from __future__ import annotations
@@ -13,10 +16,17 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from kvserve.kv.block_pool import BlockPool
+from kvserve.kv.block_pool import NO_BLOCK, BlockPool
 from kvserve.kv.events import CacheEvents
 from kvserve.kv.radix_cache import RadixCache, RadixNode, chain_hash
 from kvserve.kv.tiers import Tier, TieredStore
+
+
+def window_tokens(window: int, block_size: int, max_chunk: int) -> int:
+    """The most KV (in tokens, whole blocks) one sequence holds when every layer has ``window``: the
+    blocks of its chunk's first row's window and of the chunk's ``max_chunk`` rows (``slide`` frees
+    those behind the window). A pool that holds this much runs a sequence of any length alone."""
+    return (-(-(window - 1 + max_chunk) // block_size) + 1) * block_size
 
 
 @dataclass
@@ -52,9 +62,15 @@ class PrefixCacheStats:
 
 class KVManager:
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True,
-                 tiers: Sequence[Tier] = (), fingerprint: bytes = b"", block_bytes: int = 0):
+                 tiers: Sequence[Tier] = (), fingerprint: bytes = b"", block_bytes: int = 0,
+                 sliding_window: int | None = None):
+        """``sliding_window``: the window every layer of the model attends (``ModelConfig.kv_window``);
+        None keeps every block of a sequence."""
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError("sliding_window must be positive")
         self.pool = BlockPool(num_blocks, block_size)
         self.block_size = block_size
+        self.sliding_window = sliding_window
         self.tables: dict[str, list[int]] = {}
         self.cache = RadixCache(self.pool, fingerprint) if enable_prefix_caching else None
         self.tiers = TieredStore(tiers if self.cache else ())
@@ -88,6 +104,28 @@ class KVManager:
     def table(self, seq_id: str) -> list[int]:
         return self.tables.get(seq_id, [])
 
+    def num_held(self, seq_id: str) -> int:
+        """Blocks the sequence holds (its table less the entries a window let go of)."""
+        return sum(1 for b in self.table(seq_id) if b != NO_BLOCK)
+
+    def slide(self, seq_id: str, position: int) -> int:
+        """With a sliding window: release the sequence's blocks that lie wholly before the window of
+        ``position`` (the first token the next step computes: every later row's window starts later),
+        their entries set to ``NO_BLOCK``. The prefix cache keeps its own references, so a cached block
+        stays cached (and becomes evictable). Returns how many blocks were released."""
+        table = self.tables.get(seq_id)
+        if self.sliding_window is None or not table:
+            return 0
+        end = min(len(table), max(0, position - self.sliding_window + 1) // self.block_size)
+        start = end  # entries before the first placeholder back from ``end`` are placeholders already
+        while start > 0 and table[start - 1] != NO_BLOCK:
+            start -= 1
+        if start == end:
+            return 0
+        self.pool.release(table[start:end])
+        table[start:end] = [NO_BLOCK] * (end - start)
+        return end - start
+
     def blocks_needed(self, seq_id: str, num_tokens: int) -> int:
         """Extra blocks a sequence needs so that it can hold ``num_tokens`` tokens in total."""
         return max(0, self.pool.blocks_for(num_tokens) - len(self.table(seq_id)))
@@ -117,14 +155,14 @@ class KVManager:
         table = self.tables.get(seq_id)
         keep = self.pool.blocks_for(num_tokens)
         if table and len(table) > keep:
-            self.pool.release(table[keep:])
+            self.pool.release([b for b in table[keep:] if b != NO_BLOCK])
             del table[keep:]
 
     def free(self, seq_id: str) -> None:
         self._cached_upto.pop(seq_id, None)
         blocks = self.tables.pop(seq_id, None)
         if blocks:
-            self.pool.release(blocks)
+            self.pool.release([b for b in blocks if b != NO_BLOCK])
 
     # -- the prefix cache --------------------------------------------------------------
     def match_prefix(self, seq_id: str, token_ids: Sequence[int]) -> PrefixMatch:
@@ -149,10 +187,11 @@ class KVManager:
 
     def share_computing(self, seq_id: str, blocks: Sequence[int], m: PrefixMatch) -> None:
         """Extend a just-matched sequence's table with ``blocks`` that another sequence fills with the
-        same tokens in the step being scheduled; they count as device hits. The runner writes every
-        row's K/V in a layer before any row reads the cache, so the sequence's own rows in that step
-        see them. (They enter the prefix cache when the step is done, as the other's blocks.)"""
+        same tokens in the step being scheduled (none ``NO_BLOCK``); they count as device hits. The
+        runner writes every row's K/V in a layer before any row reads the cache, so the sequence's own
+        rows in that step see them. (They enter the prefix cache when the step is done, as the other's blocks.)"""
         table = self.tables[seq_id]
+        assert NO_BLOCK not in blocks, "sharing a block a window let go of"
         for b in blocks:
             self.pool.share(b)
         table.extend(blocks)
@@ -210,12 +249,13 @@ class KVManager:
             return
         if not self.cache.is_attached(node):  # evicted since: walk again from the root
             node, done = self.cache.root, 0
+        # stops early at a block a window let go of whose node was evicted: the chain breaks there
         node = self.cache.insert(token_ids[: full * self.block_size], self.tables[seq_id], node, done)
-        self._cached_upto[seq_id] = (node, full)
+        self._cached_upto[seq_id] = (node, node.depth)
         if self._shared_tiers:  # a tier other replicas read: save each block once it is computed
             new = []
             walk = node
-            while walk is not None and walk is not self.cache.root and len(new) < full - done:
+            while walk is not None and walk is not self.cache.root and len(new) < node.depth - done:
                 new.append(walk)
                 walk = walk.parent
             for n in reversed(new):
@@ -258,8 +298,11 @@ class KVManager:
     def check(self) -> None:
         """Assert the block accounting is exact (tests call this after every step)."""
         refs = [0] * self.pool.num_blocks
-        for table in self.tables.values():
-            for b in table:
+        for seq_id, table in self.tables.items():
+            gone = table.count(NO_BLOCK)
+            assert gone == 0 or self.sliding_window is not None, f"{seq_id}: placeholders without a window"
+            assert all(b == NO_BLOCK for b in table[:gone]), f"{seq_id}: placeholders not a prefix of its table"
+            for b in table[gone:]:
                 refs[b] += 1
         cached = set()
         if self.cache is not None:

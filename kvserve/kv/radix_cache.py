@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from kvserve.kv.block_pool import BlockPool
+from kvserve.kv.block_pool import NO_BLOCK, BlockPool
 from kvserve.kv.events import CacheEvents
 
 
@@ -116,8 +116,9 @@ class RadixCache:
 
         Walks from ``start_node`` (the node of block ``start_block - 1``; the root for 0) so a
         growing request inserts only its new blocks. Where the tree already has a block for the
-        same tokens (another request computed them first) the tree keeps its own. Returns the
-        deepest node, for the next call.
+        same tokens (another request computed them first) the tree keeps its own. A ``NO_BLOCK`` the
+        tree has no node for (a window let go of it after its node was evicted) ends the walk: no
+        block after it can be reached. Returns the deepest node, for the next call.
         """
         node = start_node or self.root
         now, when = self._tick(), self.clock()
@@ -126,6 +127,8 @@ class RadixCache:
             tokens = tuple(token_ids[i * bs : (i + 1) * bs])
             child = node.children.get(tokens)
             if child is None:
+                if blocks[i] == NO_BLOCK:
+                    break
                 child = RadixNode(tokens, blocks[i], chain_hash(node.key, tokens), node, depth=node.depth + 1)
                 node.children[tokens] = child
                 self.pool.share(blocks[i])

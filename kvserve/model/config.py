@@ -83,6 +83,14 @@ class ModelConfig:
             return self.sliding_window
         return None
 
+    def kv_window(self) -> int | None:
+        """The window when every layer has one (the KV manager may then free the blocks behind it);
+        None when any layer attends the whole context (Gemma's global layers keep every block)."""
+        if self.sliding_window is None:
+            return None
+        windows = {self.window(i) for i in range(self.num_hidden_layers)}
+        return self.sliding_window if windows == {self.sliding_window} else None
+
     def is_moe(self, layer: int) -> bool:
         return bool(self.num_experts) and (self.moe_layers is None or self.moe_layers[layer])
 

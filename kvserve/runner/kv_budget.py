@@ -5,6 +5,7 @@ use at once, ``max_num_seqs`` sequences of ``max_model_len`` tokens at the model
 capped by free memory: a quarter of the available RAM and at most 4 GiB on the CPU (the block pool
 hands out blocks in FIFO order, so in time every block of the pool is touched and resident), 90% of
 the free device memory on CUDA (the weights are already there). ``describe`` says what was chosen and why.
+A model whose every layer has a sliding window holds per sequence no more than ``kv.manager.window_tokens``.
 """
 
 from __future__ import annotations
@@ -49,9 +50,11 @@ def default_kv_budget(bytes_per_token: int, max_model_len: int, max_num_seqs: in
     return KVBudget(min(wanted, cap), wanted, cap, reason)
 
 
-def describe(budget: KVBudget, max_model_len: int, max_num_seqs: int) -> str:
-    """Why the default pool has its size, for the start-up log."""
-    wanted = f"{max_num_seqs} sequences x {max_model_len} tokens (--max-num-seqs x --max-model-len: " \
+def describe(budget: KVBudget, max_model_len: int, max_num_seqs: int, windowed: bool = False) -> str:
+    """Why the default pool has its size, for the start-up log (``windowed``: ``max_model_len`` is what
+    one sequence holds under a sliding window, ``kv.manager.window_tokens``)."""
+    per_seq = "the sliding window and a step's chunk" if windowed else "--max-model-len"
+    wanted = f"{max_num_seqs} sequences x {max_model_len} tokens (--max-num-seqs x {per_seq}: " \
              f"{budget.wanted_bytes / GiB:.2f} GiB)"
     if budget.capped:
         return f"sized for {wanted}, capped at {budget.cap_bytes / GiB:.2f} GiB, {budget.cap_reason}; " \

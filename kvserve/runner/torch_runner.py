@@ -17,7 +17,7 @@ from kvserve.attention.kv_pool import resolve_kv_cache_dtype
 from kvserve.config import CacheConfig
 from kvserve.engine.batch import Batch, ScheduledChunk, StepOutput
 from kvserve.errors import InvalidArgumentError
-from kvserve.kv.manager import KVTransfer
+from kvserve.kv.manager import KVTransfer, window_tokens
 from kvserve.model.config import ModelConfig
 from kvserve.model.decoder import CausalLM
 from kvserve.runner.inputs import build_inputs
@@ -59,17 +59,24 @@ class TorchRunner:
 
         layout = pool_cls.layout_for(cfg, dtype, block_size)
         why = "--num-kv-blocks"
+        # with a window on every layer a sequence holds its window's blocks and a chunk's, whatever its length
+        window = cfg.kv_window()
+        held = None if window is None else window_tokens(window, block_size, max_num_batched_tokens)
         if num_kv_blocks is None and cache.kv_cache_memory_gb:
             num_kv_blocks, why = int(cache.kv_cache_memory_gb * (1 << 30)) // layout.block_bytes, "--kv-cache-memory-gb"
         elif num_kv_blocks is None:
             model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
-            budget = default_kv_budget(layout.block_bytes // block_size, model_len, max_num_seqs, self.device)
-            num_kv_blocks, why = budget.nbytes // layout.block_bytes, describe_budget(budget, model_len, max_num_seqs)
+            seq_len = model_len if held is None else min(model_len, held)
+            budget = default_kv_budget(layout.block_bytes // block_size, seq_len, max_num_seqs, self.device)
+            num_kv_blocks, why = budget.nbytes // layout.block_bytes, describe_budget(budget, seq_len, max_num_seqs,
+                                                                                 windowed=seq_len != model_len)
         if num_kv_blocks < 1:
             raise InvalidArgumentError(f"the KV cache is too small to hold a single block of {block_size} tokens "
                                        f"({layout.block_bytes} bytes): raise --kv-cache-memory-gb or --num-kv-blocks")
         self.num_kv_blocks = num_kv_blocks
         capacity = num_kv_blocks * block_size
+        if held is not None and capacity >= held:
+            capacity = cfg.max_position_embeddings  # one sequence alone always progresses: no cap on its length
         self.max_model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings, capacity)
         log.info("allocating %d KV blocks of %d tokens (%.2f GiB, %s, %d bytes per token; --kv-cache-dtype %s): %s",
                  num_kv_blocks, block_size, num_kv_blocks * layout.block_bytes / (1 << 30), layout.dtype,

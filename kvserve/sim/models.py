@@ -36,6 +36,7 @@ class ModelSpec:
     expert_intermediate: int = 0
     shared_expert_intermediate: int = 0
     max_context: int = 131072
+    sliding_window: int | None = None  # every layer's window (``ModelConfig.kv_window``): blocks behind it are freed
 
     @property
     def attn_params_per_layer(self) -> int:
@@ -95,7 +96,7 @@ class ModelSpec:
                    experts=cfg.num_experts, experts_per_token=cfg.num_experts_per_tok,
                    expert_intermediate=cfg.moe_intermediate_size,
                    shared_expert_intermediate=cfg.shared_expert_intermediate_size,
-                   max_context=d.get("max_position_embeddings", 131072))
+                   max_context=d.get("max_position_embeddings", 131072), sliding_window=cfg.kv_window())
 
 
 def _llama(name, hidden, layers, heads, kv, inter, vocab, tied=False, ctx=131072):

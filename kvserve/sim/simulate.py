@@ -21,7 +21,7 @@ from kvserve.bench.stats import Dist
 from kvserve.engine.engine import Engine
 from kvserve.engine.request import SamplingParams
 from kvserve.errors import InvalidArgumentError
-from kvserve.kv.manager import KVManager
+from kvserve.kv.manager import KVManager, window_tokens
 from kvserve.kv.tiers import HostTier
 from kvserve.sim.cost_model import Roofline
 from kvserve.sim.hardware import Hardware
@@ -78,13 +78,16 @@ def build_sim_engine(model: ModelSpec, hw: Hardware, profile: EngineProfile, *, 
         raise InvalidArgumentError(
             f"{model.name} does not fit on {tp} x {hw.name} with {profile.name}'s precisions "
             f"(weights {fp.weights_gb:.1f} GB, activations {fp.activations_gb:.1f} GB)")
-    ctx = min(ctx, blocks * block_size)
+    config = profile.to_config()
+    window = None if profile.slots else model.sliding_window
+    if window is None or blocks * block_size < window_tokens(window, block_size, config.scheduler.max_num_batched_tokens):
+        ctx = min(ctx, blocks * block_size)  # (a windowed sequence holds its window's blocks, whatever its length)
     runner = SimRunner(Roofline(model, hw, profile.weights, profile.kv, tp, profile.costs), profile, clock,
                        num_kv_blocks=blocks, block_size=block_size, max_model_len=ctx)
     tiers = [HostTier(int(host_tier_gb * 1e9), bandwidth=hw.host_link_gbps * 1e9)] if host_tier_gb else []
-    config = profile.to_config()
     kv = KVManager(blocks, block_size, enable_prefix_caching=config.cache.enable_prefix_caching, tiers=tiers,
-                   fingerprint=runner.kv_fingerprint, block_bytes=runner.block_bytes)
+                   fingerprint=runner.kv_fingerprint, block_bytes=runner.block_bytes,
+                   sliding_window=window)
     engine = Engine(runner, config.scheduler, vocab_size=model.vocab, eos_token_ids=(), kv=kv, clock=clock)
     return engine, runner, clock
 

@@ -147,8 +147,12 @@ def test_chunked_prefill_prefix_hits_and_preemption_keep_the_answer(name, tmp_pa
     hits = llm.engine.kv.stats.device_hits
     assert [o.token_ids for o in llm.generate(prompts(), GREEDY)] == want
     assert llm.engine.kv.stats.device_hits >= hits + 16  # the longer prompts' whole blocks
-    # a pool that holds about one sequence: later ones are preempted and recomputed
-    llm = make_llm(folder, max_num_batched_tokens=32, num_kv_blocks=(max(PROMPT_LENS) + 8) // 4 + 2)
+    # a pool that holds about one sequence: later ones are preempted and recomputed (where every layer has
+    # a window a sequence holds only the window's blocks and its chunk's: steps of 4 tokens, 5 blocks)
+    small = dict(max_num_batched_tokens=32, num_kv_blocks=(max(PROMPT_LENS) + 8) // 4 + 2)
+    if llm.engine.kv.sliding_window is not None:
+        small = dict(max_num_batched_tokens=4, num_kv_blocks=5)
+    llm = make_llm(folder, **small)
     assert [o.token_ids for o in llm.generate(prompts(), GREEDY)] == want
     assert llm.engine.scheduler.stats.num_preemptions > 0
     assert llm.engine.kv.num_available_blocks == llm.engine.kv.pool.num_blocks
