@@ -1,9 +1,11 @@
 """Attention with a sliding window or a soft cap on its scores (Mistral, Gemma 2/3, Phi-3): in torch, over
 each sequence's context gathered from the cache, with the scores computed, capped and masked explicitly.
 
-Every backend sends such layers here (``AttentionBackend.attend_layer``); layers without either option
-keep the backends' kernels. The context a windowed layer gathers starts where its first row's window
-does, so a long context costs the window, not its length.
+The fallback for such layers (``AttentionBackend.attend_layer``): the paged backend attends them in its
+native kernels, which take the window and the cap (``PagedBackend.attend_layer``); other backends
+(``gather-sdpa``, or no native kernels) send them here. Layers without either option keep the backends'
+kernels. The context a windowed layer gathers starts where its first row's window does, so a long
+context costs the window, not its length.
 """
 
 from __future__ import annotations

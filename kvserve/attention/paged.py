@@ -22,6 +22,11 @@ stacked as rows, and its softmax costs about half of torch's (the prefix-RAG wav
 
 An 8-bit KV cache (int8, fp8) is read by the kernel as stored, with its scales; the chunks that go
 to SDPA dequantize just the context they gather.
+
+A layer with a sliding window or a soft cap on its scores (Mistral, Gemma 2/3, Phi-3) has every row
+attended by the kernels, which take both (``attend_layer``): the SDPA pieces take neither, so its
+prompt chunks go to ``flash_prefill`` where that runs, else to the paged kernel with the rest. A
+windowed row reads only its window's blocks, so a long context costs the window.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import torch.nn.functional as F
 
 from kvserve.attention.backend import (AttentionBackend, AttentionMetadata, NativeAttention, SeqRows,
                                       register_attention_backend)
+from kvserve.attention.general import LayerAttention
 from kvserve.attention.kv_pool import KVPool, LayerKV
 from kvserve.errors import InvalidArgumentError
 from kvserve.kv.block_pool import NO_BLOCK
@@ -101,6 +107,9 @@ class PagedMetadata(AttentionMetadata):
     # chunks of more than one row that flash_prefill attends (where it runs), in seq_info's form
     flash_tables: torch.Tensor | None = None
     flash_info: torch.Tensor | None = None
+    # every row flash_prefill does not take, in seq_info's form: what windowed or capped layers hand the
+    # paged kernel (built by the first such layer of the step)
+    all_rows: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class PagedBackend(AttentionBackend):
@@ -206,6 +215,50 @@ class PagedBackend(AttentionBackend):
                 groups.append(ContextGroup(prefix, prefix_slots, chunks))
         return groups
 
+    def attend_layer(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_kv: LayerKV,  # type: ignore[override]
+                     meta: PagedMetadata, spec: LayerAttention, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """As ``AttentionBackend.attend_layer``, but a window or a soft cap runs in the kernels too: every
+        row goes to ``flash_prefill`` (its rows, where it runs) or the paged kernel, none to SDPA."""
+        if not spec.masked:
+            return super().attend_layer(q, k, v, layer_kv, meta, spec, rows)
+        scale = self.scale if spec.scale is None else spec.scale
+        window, softcap = spec.window or 0, spec.softcap or 0.0
+        self.pool.store(layer_kv, meta.slot_mapping, k, v)
+        if q.stride(-1) != 1:
+            q = q.contiguous()
+        if rows is not None:
+            return self._attend_rows(q, layer_kv, meta, rows, scale, window, softcap)
+        out = torch.empty_like(q)
+        tables, info = self._all_rows(meta)
+        if info.shape[0]:
+            torch.ops.kvserve.paged_attention(out, q, layer_kv[0], layer_kv[1], tables, info, self.pool.block_size,
+                                              scale, *self._scales(layer_kv), window=window, softcap=softcap)
+        if meta.flash_info is not None:
+            torch.ops.kvserve.flash_prefill(out, q, layer_kv[0], layer_kv[1], meta.flash_tables, meta.flash_info,
+                                            self.pool.block_size, scale, window=window, softcap=softcap)
+        return out
+
+    def _all_rows(self, meta: PagedMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """(block tables, seq_info) of every row of the step that flash_prefill does not attend."""
+        if not meta.fresh and not meta.gathered:
+            return meta.block_tables, meta.seq_info
+        if meta.all_rows is None:
+            flash = set() if meta.flash_info is None else set(meta.flash_info[:, 0].tolist())
+            tables: list[int] = []
+            info: list[int] = []
+            row = 0
+            for s in meta.seqs:
+                if row not in flash:
+                    info += (row, len(s.tokens), s.end, len(tables))
+                    tables += s.block_table
+                row += len(s.tokens)
+            meta.all_rows = torch.tensor(tables, dtype=torch.int32), torch.tensor(info, dtype=torch.int32).view(-1, 4)
+        return meta.all_rows
+
+    def _scales(self, layer_kv: LayerKV) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """An 8-bit cache's scales for the kernel (read as stored), else none."""
+        return (layer_kv.k_scale, layer_kv.v_scale) if self.pool.quantized else (None, None)
+
     def native_step(self, meta: PagedMetadata) -> NativeAttention | None:  # type: ignore[override]
         if meta.fresh or meta.gathered or meta.flash_info is not None or not meta.seq_info.shape[0]:
             return None  # some rows go to SDPA
@@ -220,9 +273,8 @@ class PagedBackend(AttentionBackend):
             q = q.contiguous()
         out = torch.empty_like(q)
         if meta.seq_info.shape[0]:  # an 8-bit cache is read as stored, with its scales
-            scales = (layer_kv.k_scale, layer_kv.v_scale) if self.pool.quantized else (None, None)
             torch.ops.kvserve.paged_attention(out, q, k_cache, v_cache, meta.block_tables, meta.seq_info,
-                                              self.pool.block_size, scale, *scales)
+                                              self.pool.block_size, scale, *self._scales(layer_kv))
         if meta.flash_info is not None:
             torch.ops.kvserve.flash_prefill(out, q, k_cache, v_cache, meta.flash_tables, meta.flash_info,
                                             self.pool.block_size, scale)
@@ -244,13 +296,17 @@ class PagedBackend(AttentionBackend):
         as one causal chunk over its context through the paged kernel (which reads the cache in place):
         what the last layer needs when the step samples a row or two per sequence."""
         self.pool.store(layer_kv, meta.slot_mapping, k, v)
+        return self._attend_rows(q, layer_kv, meta, rows, self.scale if scale is None else scale)
+
+    def _attend_rows(self, q: torch.Tensor, layer_kv: LayerKV, meta: PagedMetadata, rows: torch.Tensor, scale: float,
+                     window: int = 0, softcap: float = 0.0) -> torch.Tensor:
+        """The attention of ``rows`` over the stored K/V, through the paged kernel."""
         tables, info = self._row_runs(meta.seqs, rows.tolist())
         out = q.new_empty(rows.numel(), q.shape[1], q.shape[2])
         if info:
-            scales = (layer_kv.k_scale, layer_kv.v_scale) if self.pool.quantized else (None, None)
             torch.ops.kvserve.paged_attention(out, q[rows], layer_kv[0], layer_kv[1], torch.tensor(tables, dtype=torch.int32),
                                               torch.tensor(info, dtype=torch.int32).view(-1, 4), self.pool.block_size,
-                                              self.scale if scale is None else scale, *scales)
+                                              scale, *self._scales(layer_kv), window=window, softcap=softcap)
         return out
 
     def _row_runs(self, seqs: Sequence[SeqRows], rows: list[int]) -> tuple[list[int], list[int]]:

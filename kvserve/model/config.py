@@ -99,13 +99,13 @@ class ModelConfig:
         return int(int(self.head_dim or 0) * self.partial_rotary_factor)
 
     def llama_layers(self) -> str | None:
-        """None when every layer is Llama's, or Qwen3's (its q/k norms per head): what the native decode
-        stack runs; else the first option that is not, for the start-up log."""
+        """None when every layer is Llama's, or Qwen3's (its q/k norms per head), with or without a sliding
+        window or a soft cap on its attention: what the native decode stack runs; else the first option
+        that is not, for the start-up log."""
         checks = [(self.qk_norm not in (None, "head"), "q/k norms over the whole projection"), (self.norm_layout != "pre", f"{self.norm_layout} norms"),
                   (self.norm_offset != 0, "norms offset by 1"), (self.hidden_act != "silu", self.hidden_act),
                   (self.attn_scale is not None, "a softmax scale of its own"),
-                  (self.attn_logit_softcap is not None, "attention soft caps"),
-                  (self.sliding_window is not None, "sliding windows"), (self.num_experts > 0, "experts"),
+                  (self.num_experts > 0, "experts"),
                   (self.o_proj_bias or self.mlp_bias, "biases past q/k/v"),
                   (self.embed_scale != 1 or self.residual_scale != 1, "scaled embeddings or residuals"),
                   (self.partial_rotary_factor != 1, "partial rotary")]

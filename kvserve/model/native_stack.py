@@ -3,7 +3,8 @@
 ``torch.classes.kvserve.DecodeStack`` (kvserve/kernels/csrc/decode_stack.cpp) holds every layer's
 weights and runs the same kernels the Python layers call (norms, quantized linears, rotary, paged
 attention, SwiGLU) back to back, so a decode step pays Python's per-op cost once, not ~12 times
-per layer. It covers Llama's layers and Qwen3's (``ModelConfig.llama_layers``), in float32 models whose
+per layer. It covers Llama's layers and Qwen3's (``ModelConfig.llama_layers``), each with its sliding
+window or soft cap if any (Mistral's window: the paged kernel takes both), in float32 models whose
 linear layers are all quantized (``QuantLinear`` on the
 native kernels: the default for the embedded GGUF model) and steps whose every row the paged
 kernel attends (``AttentionBackend.native_step``), over a float32 or an 8-bit KV cache (which it
@@ -47,6 +48,8 @@ def build_native_stack(model: "CausalLM") -> Any | None:
                         mlp.gate_up.packed, mlp.gate_up.kind, mlp.down.packed, mlp.down.kind)
         if a.qk_norm == "head":
             stack.set_qk_norm(stack.num_layers() - 1, a.q_norm.weight.detach(), a.k_norm.weight.detach())
+        if a.spec.masked:
+            stack.set_attention(stack.num_layers() - 1, a.spec.window or 0, a.spec.softcap or 0.0)
         linears = (a.qkv, a.o_proj, mlp.gate_up, mlp.down)
         if all(m.amx is not None for m in linears):
             stack.add_amx_weights(stack.num_layers() - 1, *[m.amx.packed for m in linears])

@@ -16,6 +16,7 @@ import logging
 import torch
 
 from kvserve.attention import KVPool, LayerKV, SeqRows
+from kvserve.attention.general import LayerAttention
 from kvserve.attention.sdpa import GatherSdpaBackend, SdpaMetadata
 from kvserve.runner.inputs import build_inputs
 
@@ -33,12 +34,14 @@ class _Recorder(GatherSdpaBackend):
         self.k_amax: list[torch.Tensor] = []
         self.v_amax: list[torch.Tensor] = []
 
-    def forward(self, q, k, v, layer_kv: LayerKV, meta: SdpaMetadata) -> torch.Tensor:  # type: ignore[override]
+    def attend_layer(self, q, k, v, layer_kv: LayerKV, meta: SdpaMetadata, spec: LayerAttention,  # type: ignore[override]
+                     rows: torch.Tensor | None = None) -> torch.Tensor:
+        # every layer's attention comes here, windowed or capped ones too (they never reach forward)
         half = k.shape[-1] // 2  # rotate-half pairs: channel i with i + d/2
         pair = torch.sqrt(k[..., :half].float() ** 2 + k[..., half:].float() ** 2).amax(0)
         self.k_amax.append(torch.cat([pair, pair], dim=-1))
         self.v_amax.append(v.float().abs().amax(0))
-        return super().forward(q, k, v, layer_kv, meta)
+        return super().attend_layer(q, k, v, layer_kv, meta, spec, rows)
 
 
 @torch.inference_mode()

@@ -14,6 +14,7 @@ import torch
 
 from conftest import hf_greedy
 from kvserve import SamplingParams
+from kvserve.kernels import load_kernels
 from kvserve.llm import LLM
 from kvserve.model.architectures import architecture_names
 from kvserve.model.loader import load_model
@@ -128,13 +129,37 @@ def expected(name: str, tmp_path_factory) -> list[list[int]]:
     return _expected[name]
 
 
+def count_general_calls(monkeypatch) -> list[int]:
+    """Counts the layers attended by the torch fallback for windows and soft caps (attention/general.py)."""
+    import kvserve.attention.backend as backend
+
+    calls = [0]
+    real = backend.attend_general
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(backend, "attend_general", counted)
+    return calls
+
+
 @pytest.mark.parametrize("torch_path", [False, True], ids=["native", "torch"])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_greedy_equals_transformers(name, torch_path, tmp_path_factory):
+def test_greedy_equals_transformers(name, torch_path, tmp_path_factory, monkeypatch):
+    from kvserve.attention.paged import PagedBackend
+
     _, folder = checkpoint(name, tmp_path_factory)
+    general = count_general_calls(monkeypatch)
     llm = make_llm(folder, torch_path, max_num_batched_tokens=512)
     got = [o.token_ids for o in llm.generate(prompts(), GREEDY)]
     assert got == expected(name, tmp_path_factory)
+    runner = llm.engine.runner
+    if any(layer.self_attn.spec.masked for layer in runner.model.layers):
+        # windows and soft caps: in the paged backend's kernels where it runs, else the torch fallback
+        assert (general[0] == 0) == isinstance(runner.attention, PagedBackend), general
+    if not torch_path and load_kernels():
+        assert isinstance(runner.attention, PagedBackend)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

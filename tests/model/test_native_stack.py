@@ -1,9 +1,11 @@
 """The native decode stack (kvserve.model.native_stack): on one step it gives the Python layers'
-hidden states and cache writes bit for bit; end to end the same greedy tokens; and the Python
-layers run wherever it does not apply (fresh prefills, dense or bfloat16 weights)."""
+hidden states and cache writes bit for bit (Llama's layers, Qwen3's, with sliding windows and soft
+caps); end to end the same greedy tokens; and the Python layers run wherever it does not apply
+(fresh prefills, dense or bfloat16 weights)."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import shutil
 
@@ -14,6 +16,7 @@ from kvserve import SamplingParams
 from kvserve.attention import LayerKV, SeqRows
 from kvserve.config import CacheConfig
 from kvserve.llm import LLM
+from kvserve.model.config import FULL, SLIDING
 from kvserve.runner.inputs import build_inputs
 from kvserve.runner.torch_runner import TorchRunner
 from tests.conftest import hf_weights, kvserve_config, tiny_hf_model
@@ -50,10 +53,18 @@ def _qwen3():
     return hf.eval()
 
 
+# Llama's layers with attention options the stack takes per layer: Mistral's window on every layer
+# (shorter than most contexts below, ending mid-block), or a window on the first layer only and a soft
+# cap on both (two attention plans in one step)
+ATTENTION = {"llama": {}, "qwen3": {}, "window": dict(sliding_window=9),
+             "window+cap": dict(sliding_window=21, layer_types=[SLIDING, FULL], attn_logit_softcap=1.5)}
+
+
 def _runner(quantization: str, *, bias: bool = False, dtype=torch.float32, backend: str = "auto",
-            kv: str = "auto", qwen3: bool = False) -> TorchRunner:
-    hf = _qwen3() if qwen3 else tiny_hf_model(bias=bias, kv_heads=2, hidden=64, layers=2)
-    return TorchRunner(kvserve_config(hf), hf_weights(hf),
+            kv: str = "auto", arch: str = "llama") -> TorchRunner:
+    hf = _qwen3() if arch == "qwen3" else tiny_hf_model(bias=bias, kv_heads=2, hidden=64, layers=2)
+    cfg = dataclasses.replace(kvserve_config(hf), **ATTENTION[arch])
+    return TorchRunner(cfg, hf_weights(hf),
                        CacheConfig(num_kv_blocks=64, attention_backend=backend, kv_cache_dtype=kv),
                        dtype=dtype, quantization=quantization)
 
@@ -95,10 +106,11 @@ STEPS = {"mixed": [(1, 3), (1, 17), (1, 150), (20, 40), (1, 33)], "long": [(1, 5
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("rows", STEPS)
-@pytest.mark.parametrize("quantization,bias,qwen3", [("int4", False, False), ("int8", False, False),
-                                                    ("int4", True, False), ("int8", False, True)])
-def test_one_step_equals_the_python_layers(quantization, bias, qwen3, rows, threads):
-    runner = _runner(quantization, bias=bias, qwen3=qwen3)
+@pytest.mark.parametrize("quantization,bias,arch", [("int4", False, "llama"), ("int8", False, "llama"),
+                                                    ("int4", True, "llama"), ("int8", False, "qwen3"),
+                                                    ("int4", False, "window"), ("int8", False, "window+cap")])
+def test_one_step_equals_the_python_layers(quantization, bias, arch, rows, threads):
+    runner = _runner(quantization, bias=bias, arch=arch)
     assert runner.model.native_stack is not None and runner.model.native_stack.num_layers() == 2
     seqs = _step(runner, STEPS[rows])
     before = torch.get_num_threads()
@@ -109,12 +121,13 @@ def test_one_step_equals_the_python_layers(quantization, bias, qwen3, rows, thre
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("arch", ["llama", "window+cap"])
 @pytest.mark.parametrize("rows", STEPS)
 @pytest.mark.parametrize("kv", ["fp8", "fp8_e5m2", "int8", "bfloat16"])
-def test_one_step_over_a_narrower_cache_equals_the_python_layers(kv, rows):
+def test_one_step_over_a_narrower_cache_equals_the_python_layers(kv, rows, arch):
     """The stack stores new K/V as the pool does (the same bytes: quantized, or rounded to bf16)
     and its kernel reads them with the same scales."""
-    runner = _runner("int8", kv=kv)
+    runner = _runner("int8", kv=kv, arch=arch)
     seqs = _step(runner, STEPS[rows])
     before = torch.get_num_threads()
     torch.set_num_threads(2)

@@ -77,10 +77,12 @@ inline thread_local Scratch tl_scratch;
 // q: its R rows, pre-scaled, bf16 [R, 64]; m, lv, acc: its rows' running max, per-lane sums of the
 // exps (16 a row) and sums of p v (pair_rows' dim order), all relative to m, updated in place (m -inf,
 // lv and acc 0 to start). prefetch(x, part, parts): asks for that part of the block holding key x
-// (past n_keys: of the thread's next item).
+// (past n_keys: of the thread's next item). Keys before lo_key (a sliding window's start, in [k0,
+// n_keys)) are masked, and the steps wholly before it skipped; cap > 0: the scores' soft cap.
 template <class Prefetch>
 void attend(const uint16_t* q, int G, int nh, const BF16* k_cache, const BF16* v_cache, const int32_t* table, int bs,
-            int64_t kstride, int h0, int k0, int n_keys, float* m, float* lv, float* acc, Prefetch&& prefetch) {
+            int64_t kstride, int h0, int k0, int n_keys, int lo_key, float cap, float* m, float* lv, float* acc,
+            Prefetch&& prefetch) {
   constexpr int D = 64;
   const int R = nh * G;
   Scratch& sc = tl_scratch;
@@ -124,7 +126,8 @@ void attend(const uint16_t* q, int G, int nh, const BF16* k_cache, const BF16* v
   zero_o();
   const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
   const int64_t row_bytes = kstride * static_cast<int64_t>(sizeof(BF16));
-  for (int kb = k0; kb < n_keys; kb += 32) {
+  // from the step holding lo_key: every step has a key to see (a row's max starts finite)
+  for (int kb = k0 + (lo_key - k0) / 32 * 32; kb < n_keys; kb += 32) {
     const int n = std::min(32, n_keys - kb);
     const int groups = (n + 15) / 16;
     const BF16 *kg[2] = {k_cache, k_cache}, *vg[2] = {v_cache, v_cache};
@@ -173,13 +176,18 @@ void attend(const uint16_t* q, int G, int nh, const BF16* k_cache, const BF16* v
     __m512 s[2][16];
     for (int g = 0; g < 2; ++g) {
       const int valid = std::min(16, std::max(0, n - 16 * g));
-      const __mmask16 keep = static_cast<__mmask16>((1u << valid) - 1);
-      if (valid == 0) {
+      const int before = std::min(16, std::max(0, lo_key - kb - 16 * g));  // keys before the window
+      const __mmask16 keep = static_cast<__mmask16>(((1u << valid) - 1) & ~((1u << before) - 1));
+      if (keep == 0) {
         for (int r = 0; r < 16; ++r) s[g][r] = neg_inf;
         continue;
       }
       for (int j = 0; j < 16; ++j) s[g][j] = _mm512_loadu_ps(sc.st[g][j]);
       transpose16(s[g]);
+      if (cap > 0.f) {
+        const __m512 c = _mm512_set1_ps(cap), inv = _mm512_set1_ps(1.f / cap);
+        for (int r = 0; r < R; ++r) s[g][r] = _mm512_mul_ps(c, vec::vtanh(_mm512_mul_ps(s[g][r], inv)));
+      }
       for (int r = 0; r < R; ++r) s[g][r] = _mm512_mask_blend_ps(keep, neg_inf, s[g][r]);
     }
     fetch_ahead(3);
@@ -224,8 +232,8 @@ void attend(const uint16_t* q, int G, int nh, const BF16* k_cache, const BF16* v
 #else
 constexpr bool kAmxDecode = false;
 template <class Prefetch>
-void attend(const uint16_t*, int, int, const BF16*, const BF16*, const int32_t*, int, int64_t, int, int, int, float*,
-            float*, float*, Prefetch&&) {}
+void attend(const uint16_t*, int, int, const BF16*, const BF16*, const int32_t*, int, int64_t, int, int, int, int, float,
+            float*, float*, float*, Prefetch&&) {}
 #endif
 
 // Whether a call's decodes run here: a bf16 cache, head size 64, blocks of whole 16-key groups, and

@@ -87,12 +87,14 @@ inline void accumulate_bf16(float* acc, const float* p, const uint16_t* vpairs, 
 // unpermute_bf16). q: the G heads' scaled bf16 rows [G, DS]; acc [G, DS]; s: scratch of 16 G floats.
 // The same arithmetic as scores_bf16 + softmax_update + accumulate_bf16 per head; here the heads'
 // dependency chains interleave, and the keys past n are masked rather than branched around. lv: [G, 16].
+// Keys before lo (a sliding window's start; lo < n) are masked too; cap > 0: the scores' soft cap.
 template <int DS, int G>
 inline void decode_keys_bf16(const uint16_t* q, const BF16* k, const BF16* v, int64_t stride, int n, int readable,
-                             float* m, float* lv, float* acc, float* s) {
+                             int lo, float cap, float* m, float* lv, float* acc, float* s) {
   constexpr int Z = DS / 16, C = DS / 32;
   for (int g = 0; g < G; ++g) scores_bf16<DS>(q + g * DS, k, stride, n, readable, s + 16 * g);
-  const __mmask16 valid = n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
+  if (cap > 0.f) vec::softcap_scores(s, 16 * G, cap);
+  const __mmask16 valid = static_cast<__mmask16>((n >= 16 ? 0xFFFFu : (1u << n) - 1) & ~((1u << lo) - 1));
   const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
   uint32_t pairs[G][8];
   __m512 alpha[G];
@@ -154,8 +156,8 @@ template <int DS> void accumulate_bf16(float* acc, const float* p, const uint16_
 template <int DS> void unpermute_bf16(float* acc);
 float sum16(const float* x);
 template <int DS, int G>
-void decode_keys_bf16(const uint16_t* q, const BF16* k, const BF16* v, int64_t stride, int n, int readable, float* m,
-                      float* lv, float* acc, float* s);
+void decode_keys_bf16(const uint16_t* q, const BF16* k, const BF16* v, int64_t stride, int n, int readable, int lo,
+                      float cap, float* m, float* lv, float* acc, float* s);
 #endif
 
 }  // namespace bf16dot

@@ -112,6 +112,8 @@ struct Layer {
   std::optional<at::Tensor> qkv_amx, o_amx, gate_up_amx, down_amx;
   // and packed for amx_linear (amx_gemm.cpp), which steps of up to kAmxLinearMaxRows rows take instead
   std::optional<at::Tensor> qkv_tiles, o_tiles, gate_up_tiles, down_tiles;
+  int64_t window = 0;   // > 0: a sliding window (paged_attention's)
+  double softcap = 0;   // > 0: a soft cap on the attention scores
 };
 
 // y = x @ w^T through oneDNN's bf16 GEMM (torch.ops.mkldnn._linear_pointwise): x bf16 [R, K], w as
@@ -191,6 +193,14 @@ struct DecodeStack : torch::CustomClassHolder {
       TORCH_CHECK(w->scalar_type() == at::kFloat && w->is_contiguous() && w->numel() == head_dim,
                   "DecodeStack: float32 q/k norm weights of head_dim");
     layers[i].q_norm = q_norm, layers[i].k_norm = k_norm;
+  }
+
+  // Layer i's attention options: a sliding window (> 0) and a soft cap on its scores (> 0), as the
+  // paged kernel takes them (default none)
+  void set_attention(int64_t i, int64_t window, double softcap) {
+    TORCH_CHECK(i >= 0 && i < num_layers(), "DecodeStack: no layer ", i);
+    TORCH_CHECK(softcap >= 0, "DecodeStack: a soft cap must not be negative");
+    layers[i].window = std::max<int64_t>(window, 0), layers[i].softcap = softcap;
   }
 
   // Layer i's weights in bf16, prepacked for oneDNN: steps given amx_rows take them (forward)
@@ -286,7 +296,20 @@ struct DecodeStack : torch::CustomClassHolder {
     const float *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
 
     const int threads = at::get_num_threads();
-    const PagedAttentionPlan plan(attn, q_view, k_caches[0], v_caches[0], block_tables, seq_info, block_size, scale, threads);
+    // one plan per distinct (window, soft cap) among the layers: a window changes the work items
+    std::vector<PagedAttentionPlan> plans;
+    std::vector<size_t> plan_of(layers.size());
+    for (size_t i = 0; i < layers.size(); ++i) {
+      size_t j = 0;
+      while (j < i && (layers[j].window != layers[i].window || layers[j].softcap != layers[i].softcap)) ++j;
+      if (j < i) {
+        plan_of[i] = plan_of[j];
+        continue;
+      }
+      plan_of[i] = plans.size();
+      plans.emplace_back(attn, q_view, k_caches[0], v_caches[0], block_tables, seq_info, block_size, scale, threads,
+                         layers[i].window, layers[i].softcap);
+    }
     SpinBarrier barrier;
     // the new K/V of rows [r0, r1) into layer i's cache
     auto write_kv = [&](size_t i, const float* inv, int64_t r0, int64_t r1) {
@@ -333,6 +356,7 @@ struct DecodeStack : torch::CustomClassHolder {
       barrier.wait();
       const float *ks = quantized ? k_scales[i].data_ptr<float>() : nullptr;
       const float *vs = quantized ? v_scales[i].data_ptr<float>() : nullptr;
+      const PagedAttentionPlan& plan = plans[plan_of[i]];
       for (int64_t c = tid; c < plan.num_chunks(); c += nt) plan.run_chunk(attn, q_view, k_caches[i], v_caches[i], c, ks, vs);
       if (plan.num_merges() > 0) {  // split decodes: combine their parts
         barrier.wait();
@@ -445,6 +469,7 @@ TORCH_LIBRARY_FRAGMENT(kvserve, m) {
       .def(torch::init<int64_t, int64_t, int64_t, int64_t, int64_t, double>())
       .def("add_layer", &kvserve::DecodeStack::add_layer)
       .def("set_qk_norm", &kvserve::DecodeStack::set_qk_norm)
+      .def("set_attention", &kvserve::DecodeStack::set_attention)
       .def("add_amx_weights", &kvserve::DecodeStack::add_amx_weights)
       .def("has_amx_weights", &kvserve::DecodeStack::has_amx_weights)
       .def("add_tile_weights", &kvserve::DecodeStack::add_tile_weights)

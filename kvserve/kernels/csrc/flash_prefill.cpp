@@ -10,7 +10,11 @@
 //
 // Query row i of sequence s sits at position ctx - n + i and attends to keys 0..that position, all
 // read from the cache (the step has stored its own rows' K/V before calling), so a chunk that
-// continues a context needs no gather and no merge of partial attentions.
+// continues a context needs no gather and no merge of partial attentions. With a sliding window
+// w > 0 it sees only the w keys ending at its position: keys before the sequence's first row's window
+// are neither packed nor looked up in the table (their entries may be placeholders), and a task
+// starts at the block of keys holding its first row's window start. A soft cap c > 0 turns each
+// scaled score s into c tanh(s / c) before the softmax (Gemma 2).
 //
 // Why not torch's flash attention (what these chunks used before): at head_dim 64 its softmax
 // (exp, sums, conversions) takes ~60% of its time and its GEMMs the rest; it runs each query head
@@ -28,6 +32,7 @@
 // 32 where more than 4 query heads share a kv head), the costliest first, are taken by the threads
 // from a shared counter.
 #include "ops.h"
+#include "vec.h"
 
 #include <ATen/native/CPUBlas.h>
 
@@ -75,6 +80,7 @@ inline __mmask16 first_lanes(int64_t n) {
 
 struct Seq {
   int64_t first, rows, ctx, table;  // seq_info's row
+  int64_t lo;                       // its first key any row sees (its first row's window start; else 0)
   int64_t keys;                     // ctx padded to kKeyAlign
   int64_t chunks;                   // its first entry in chunk_: kv head-major, then kBK-key blocks
   int64_t bq;                       // query tokens per task: its rows in even parts of at most max_bq_
@@ -88,10 +94,12 @@ struct Task {
 class FlashPrefill {
  public:
   FlashPrefill(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-               const at::Tensor& block_tables, const at::Tensor& seq_info, int64_t block_size, double scale)
+               const at::Tensor& block_tables, const at::Tensor& seq_info, int64_t block_size, double scale,
+               int64_t window, double softcap)
       : q_bf16_(q.scalar_type() == at::kBFloat16), out_bf16_(out.scalar_type() == at::kBFloat16), q_(q.data_ptr()),
         out_(out.data_ptr()), q_stride_(q.stride(0)), kc_(k_cache.data_ptr<BF16>()), vc_(v_cache.data_ptr<BF16>()),
-        tables_(block_tables.data_ptr<int32_t>()), bs_(block_size), c_(static_cast<float>(scale) * kLog2e) {
+        tables_(block_tables.data_ptr<int32_t>()), bs_(block_size), c_(static_cast<float>(scale) * kLog2e),
+        scale_(static_cast<float>(scale)), window_(std::max<int64_t>(window, 0)), cap_(static_cast<float>(softcap)) {
     heads_ = q.size(1);
     d_ = q.size(2);
     kv_heads_ = k_cache.size(1);
@@ -108,17 +116,22 @@ class FlashPrefill {
       TORCH_CHECK(rows >= 1 && first >= 0 && first + rows <= T && ctx >= rows, "flash_prefill: bad seq_info row ", s);
       TORCH_CHECK(table >= 0 && table + (ctx + bs_ - 1) / bs_ <= ntab, "flash_prefill: sequence ", s,
                   "'s table runs past block_tables");
-      for (int64_t b = 0; b < (ctx + bs_ - 1) / bs_; ++b)
+      const int64_t lo = key_start(ctx - rows);
+      for (int64_t b = lo / bs_; b < (ctx + bs_ - 1) / bs_; ++b)
         TORCH_CHECK(tables_[table + b] >= 0 && (tables_[table + b] + 1) * bs_ <= slots,
                     "flash_prefill: a block index is outside the cache");
       const int64_t keys = round_up(ctx, kKeyAlign), parts = (rows + max_bq_ - 1) / max_bq_;
       const int64_t bq = std::min(max_bq_, round_up((rows + parts - 1) / parts, kRowAlign));
-      seqs_.push_back({first, rows, ctx, table, keys, static_cast<int64_t>(chunk_.size()), bq});
+      seqs_.push_back({first, rows, ctx, table, lo, keys, static_cast<int64_t>(chunk_.size()), bq});
       for (int64_t h = 0; h < kv_heads_; ++h)
         for (int64_t j0 = 0; j0 < keys; j0 += kBK) {
-          const int64_t j1 = std::min(j0 + kBK, keys), valid = std::min(j1, ctx);
-          std::vector<int64_t> id = {h, j0, j1, valid};  // the rows' blocks and where the keys stop
-          for (int64_t b = j0 / bs_; b <= (valid - 1) / bs_; ++b) id.push_back(tables_[table + b]);
+          const int64_t j1 = std::min(j0 + kBK, keys), valid = std::min(j1, ctx), from = std::max(j0, lo);
+          if (j1 <= lo) {  // before every row's window: never packed nor read
+            chunk_.push_back(-1);
+            continue;
+          }
+          std::vector<int64_t> id = {h, j0, j1, valid, from};  // the rows' blocks and where the keys start and stop
+          for (int64_t b = from / bs_; b <= (valid - 1) / bs_; ++b) id.push_back(tables_[table + b]);
           const auto [it, fresh] = seen.try_emplace(std::move(id), packed);
           if (fresh) {
             items_.push_back({s, h, j0, packed});
@@ -129,7 +142,7 @@ class FlashPrefill {
       for (int64_t h = 0; h < kv_heads_; ++h)
         for (int64_t i0 = 0; i0 < rows; i0 += bq)
           tasks_.push_back({static_cast<int32_t>(s), static_cast<int32_t>(h), static_cast<int32_t>(i0 / bq),
-                            ctx - rows + std::min(i0 + bq, rows)});
+                            ctx - rows + std::min(i0 + bq, rows) - first_key(ctx - rows + i0)});
     }
     std::stable_sort(tasks_.begin(), tasks_.end(), [](const Task& a, const Task& b) { return a.cost > b.cost; });
     packed_ = at::empty({packed}, q.options().dtype(at::kBFloat16));
@@ -161,6 +174,11 @@ class FlashPrefill {
   };
   static inline thread_local Scratch tl_scratch;
 
+  // the first key a row at position pos sees
+  int64_t key_start(int64_t pos) const { return window_ > 0 ? std::max<int64_t>(0, pos - window_ + 1) : 0; }
+  // the first key of the kBK-key block holding that
+  int64_t first_key(int64_t pos) const { return key_start(pos) / kBK * kBK; }
+
   // (s, h)'s chunk of keys [j0, j0 + kBK): K then V
   BF16* chunk(const Seq& s, int64_t h, int64_t j0) const {
     return packed_.data_ptr<BF16>() + chunk_[s.chunks + h * ((s.keys + kBK - 1) / kBK) + j0 / kBK];
@@ -170,17 +188,19 @@ class FlashPrefill {
   }
 
   // keys [j0, j0 + kBK) of (s, h) into the chunk at `at`: K as [d / 2][kBK][2] (K^T in bf16 pairs
-  // along d), V as [kBK / 2][d][2] (pairs of consecutive keys); keys past the context are zeros.
+  // along d), V as [kBK / 2][d][2] (pairs of consecutive keys); keys past the context, or before the
+  // sequence's first key s.lo, are zeros.
   void pack(int64_t si, int64_t h, int64_t j0, int64_t at) const {
     const Seq& s = seqs_[si];
     const int64_t j1 = std::min(j0 + kBK, s.keys), pairs = d_ / 2;
+    auto live = [&](int64_t j) { return j >= s.lo && j < s.ctx; };
     uint32_t* kt = reinterpret_cast<uint32_t*>(packed_.data_ptr<BF16>() + at);
     for (int64_t j = j0; j < j1; j += 16) {  // 16 keys' rows gathered a bf16 pair at a time
       int64_t off[16];
       for (int k = 0; k < 16; ++k)
-        off[k] = j + k < s.ctx ? (key_row(kc_, s, h, j + k) - kc_) * static_cast<int64_t>(sizeof(BF16)) : 0;
-      const __mmask8 lo8 = static_cast<__mmask8>(first_lanes(s.ctx - j) & 0xFF);
-      const __mmask8 hi8 = static_cast<__mmask8>(first_lanes(s.ctx - j - 8) & 0xFF);
+        off[k] = live(j + k) ? (key_row(kc_, s, h, j + k) - kc_) * static_cast<int64_t>(sizeof(BF16)) : 0;
+      const __mmask16 keys = static_cast<__mmask16>(first_lanes(s.ctx - j) & ~first_lanes(s.lo - j));
+      const __mmask8 lo8 = static_cast<__mmask8>(keys & 0xFF), hi8 = static_cast<__mmask8>(keys >> 8);
       const __m512i o0 = _mm512_loadu_si512(off), o1 = _mm512_loadu_si512(off + 8);
       for (int64_t p = 0; p < pairs; ++p) {
         const char* base = reinterpret_cast<const char*>(kc_) + 4 * p;
@@ -196,8 +216,8 @@ class FlashPrefill {
     for (int64_t j = j0; j < j1; j += 2) {
       BF16* dst = vp + (j - j0) * d_;  // ((j - j0) / 2) * d pairs of 2
       for (int64_t c = 0; c < d_; c += 32) {
-        const __m512i a = j < s.ctx ? _mm512_loadu_si512(key_row(vc_, s, h, j) + c) : _mm512_setzero_si512();
-        const __m512i b = j + 1 < s.ctx ? _mm512_loadu_si512(key_row(vc_, s, h, j + 1) + c) : _mm512_setzero_si512();
+        const __m512i a = live(j) ? _mm512_loadu_si512(key_row(vc_, s, h, j) + c) : _mm512_setzero_si512();
+        const __m512i b = live(j + 1) ? _mm512_loadu_si512(key_row(vc_, s, h, j + 1) + c) : _mm512_setzero_si512();
         _mm512_storeu_si512(dst + 2 * c, _mm512_permutex2var_epi16(a, lo, b));
         _mm512_storeu_si512(dst + 2 * c + 32, _mm512_permutex2var_epi16(a, hi, b));
       }
@@ -227,16 +247,17 @@ class FlashPrefill {
       }
     std::fill_n(sc.mx.begin(), m, -std::numeric_limits<float>::infinity());
     std::fill_n(sc.l.begin(), 16 * m, 0.f);
-    for (int64_t j0 = 0; j0 < kend; j0 += kBK) {
+    const int64_t jfirst = first_key(start + i0);  // the block of keys holding the first row's window start
+    for (int64_t j0 = jfirst; j0 < kend; j0 += kBK) {
       const int64_t n = std::min<int64_t>(kBK, round_up(kend - j0, kKeyAlign));
       const BF16* kv = chunk(s, t.head, j0);
       at::native::cpublas::brgemm(m, n, d, d, kBK, kBK, false, sc.q.data(), kv, sc.s.data(), true);
       for (int64_t r = 0; r < nq * G; ++r) {  // padding rows: whatever p holds (finite), outputs dropped
         const int64_t pos = start + i0 + r / G;
-        softmax_block(sc.s.data() + r * kBK, sc.p.data() + r * kBK, n, pos - j0 + 1, sc.mx[r], sc.l.data() + 16 * r,
-                      j0 > 0 ? sc.o.data() + r * d : nullptr);
+        softmax_block(sc.s.data() + r * kBK, sc.p.data() + r * kBK, n, key_start(pos) - j0, pos - j0 + 1, sc.mx[r],
+                      sc.l.data() + 16 * r, sc.o.data() + r * d);
       }
-      at::native::cpublas::brgemm(m, d, n, kBK, d, d, j0 > 0, sc.p.data(), kv + kBK * d, sc.o.data(), true);
+      at::native::cpublas::brgemm(m, d, n, kBK, d, d, j0 > jfirst, sc.p.data(), kv + kBK * d, sc.o.data(), true);
     }
     for (int64_t i = 0; i < nq; ++i)
       for (int64_t g = 0; g < G; ++g) {
@@ -253,31 +274,49 @@ class FlashPrefill {
       }
   }
 
-  // One row's n scores (the first `valid` are keys it may see): its probabilities as bf16 (zeros
-  // past `valid`) and its running sum (per lane: lanes[16], summed at the end). They are
-  // exp2(score - mx), mx the row's reference: the max of its first block (o null), kept for the later
-  // blocks while their probabilities stay within 2^kHeadroom. bf16 and float32 share their exponent
-  // range, so such probabilities lose nothing and need no max pass and no rescaling of the output.
-  // The check costs no instruction in the loop: a lane of the block's own sums (at most 16
-  // probabilities) passes 16 * 2^kHeadroom only if one of them passed 2^kHeadroom (or overflowed).
-  // Such a block (rare: a score far above all of the first block's) moves the reference to its max,
-  // rescales o and the sum, and is redone.
-  void softmax_block(const float* s, BF16* p, int64_t n, int64_t valid, float& mx, float* lanes, float* o) const {
+  // One row's n scores (keys [from, valid) are those it may see): its probabilities as bf16 (zeros
+  // elsewhere) and its running sum (per lane: lanes[16], summed at the end). They are
+  // exp2(score - mx), mx the row's reference: the max of its first block with a key to see (mx -inf
+  // until then), kept for the later blocks while their probabilities stay within 2^kHeadroom. bf16
+  // and float32 share their exponent range, so such probabilities lose nothing and need no max pass
+  // and no rescaling of the output. The check costs no instruction in the loop: a lane of the
+  // block's own sums (at most 16 probabilities) passes 16 * 2^kHeadroom only if one of them passed
+  // 2^kHeadroom (or overflowed). Such a block (rare: a score far above all of the first block's)
+  // moves the reference to its max, rescales o and the sum, and is redone. With a soft cap the
+  // scores are capped in place first.
+  void softmax_block(float* s, BF16* p, int64_t n, int64_t from, int64_t valid, float& mx, float* lanes, float* o) const {
     constexpr float kHeadroom = 64.f;
     const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-    const int64_t upto = std::min(valid, n);
+    const int64_t upto = std::min(valid, n), lo = std::max<int64_t>(from, 0), k0 = lo / 16 * 16;
+    if (lo >= upto) {  // no key to see here (its window starts in a later block)
+      std::fill(p, p + n, BF16(0.f));
+      return;
+    }
+    std::fill(p, p + k0, BF16(0.f));
+    auto lanes_at = [&](int64_t k) { return static_cast<__mmask16>(first_lanes(upto - k) & ~first_lanes(lo - k)); };
+    if (cap_ > 0.f) {  // cap * tanh(score * scale / cap), kept in s's units (c_ includes the scale)
+      const __m512 outer = _mm512_set1_ps(cap_ / scale_), inner = _mm512_set1_ps(scale_ / cap_);
+      for (int64_t k = k0; k < upto; k += 16)
+        _mm512_storeu_ps(s + k, _mm512_mul_ps(outer, vec::vtanh(_mm512_mul_ps(_mm512_loadu_ps(s + k), inner))));
+    }
     auto block_max = [&] {
       __m512 vmax = neg_inf;
-      for (int64_t k = 0; k < upto; k += 16)
-        vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(neg_inf, first_lanes(upto - k), s + k));
+      for (int64_t k = k0; k < upto; k += 16) vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(neg_inf, lanes_at(k), s + k));
       return _mm512_reduce_max_ps(vmax) * c_;
     };
-    if (o == nullptr) mx = block_max();
+    if (mx == -std::numeric_limits<float>::infinity()) mx = block_max();
     const __m512 cv = _mm512_set1_ps(c_);
     for (;;) {
       const __m512 mv = _mm512_set1_ps(mx);
       __m512 sum = _mm512_setzero_ps(), sum2 = _mm512_setzero_ps();
-      int64_t k = 0;
+      int64_t k = k0;
+      if (lo > k0) {  // the window starts inside this vector
+        const __mmask16 live = lanes_at(k);
+        const __m512 e = _mm512_maskz_mov_ps(live, exp2_fast(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(live, s + k), cv, mv)));
+        sum = _mm512_add_ps(sum, e);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + k), (__m256i)_mm512_cvtneps_pbh(e));
+        k += 16;
+      }
       for (; k + 32 <= upto; k += 32) {  // two vectors a turn: two dependency chains, one bf16 conversion
         const __m512 e0 = exp2_fast(_mm512_fmsub_ps(_mm512_loadu_ps(s + k), cv, mv));
         const __m512 e1 = exp2_fast(_mm512_fmsub_ps(_mm512_loadu_ps(s + k + 16), cv, mv));
@@ -321,6 +360,9 @@ class FlashPrefill {
   const int32_t* tables_;
   int64_t bs_;
   float c_;  // scale * log2(e): scores go to the exp2 domain
+  float scale_;
+  int64_t window_;  // > 0: a row sees the window_ keys ending at its position
+  float cap_;       // > 0: the scores' soft cap
   int64_t heads_ = 0, d_ = 0, kv_heads_ = 0, group_ = 0, max_bq_ = 0;
   std::vector<Seq> seqs_;
   std::vector<Task> tasks_;
@@ -339,7 +381,8 @@ bool flash_prefill_available() {
 }
 
 void flash_prefill(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                   const at::Tensor& block_tables, const at::Tensor& seq_info, int64_t block_size, double scale) {
+                   const at::Tensor& block_tables, const at::Tensor& seq_info, int64_t block_size, double scale,
+                   int64_t window, double softcap) {
   TORCH_CHECK(flash_prefill_available(), "flash_prefill: this build or CPU has no bf16 brgemm (AMX)");
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2) && out.sizes() == q.sizes() &&
                   out.is_contiguous(),
@@ -357,8 +400,9 @@ void flash_prefill(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cach
                   seq_info.size(1) == 4 && block_tables.is_contiguous() && seq_info.is_contiguous(),
               "flash_prefill: block_tables int32 [N], seq_info int32 [S, 4]");
   TORCH_CHECK(block_size > 0, "flash_prefill: block_size must be positive");
+  TORCH_CHECK(softcap >= 0, "flash_prefill: softcap must not be negative");
 #ifdef KVSERVE_FLASH_PREFILL
-  FlashPrefill(out, q, k_cache, v_cache, block_tables, seq_info, block_size, scale).run();
+  FlashPrefill(out, q, k_cache, v_cache, block_tables, seq_info, block_size, scale, window, softcap).run();
 #endif
 }
 
@@ -369,6 +413,6 @@ TORCH_LIBRARY_FRAGMENT(kvserve, m) {
   // whether flash_prefill runs here: an AVX512-BF16 build over a torch whose brgemm does bf16 (AMX)
   m.def("flash_prefill_available() -> bool", &kvserve::flash_prefill_available);
   m.def("flash_prefill(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-        "Tensor seq_info, int block_size, float scale) -> ()",
+        "Tensor seq_info, int block_size, float scale, int window=0, float softcap=0.0) -> ()",
         &kvserve::flash_prefill);
 }

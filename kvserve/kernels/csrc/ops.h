@@ -64,7 +64,8 @@ at::Tensor amx_head_sample(const at::Tensor& x, const at::Tensor& packed, int64_
 // paged_attention.cpp
 void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_tables, const at::Tensor& seq_info, int64_t block_size, double scale,
-                     const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale);
+                     const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+                     int64_t window = 0, double softcap = 0);
 // An 8-bit cache (int8, fp8) needs float32 [kv_heads, d] scales for K and V; a float cache none.
 void check_kv_scales(const at::Tensor& cache, const std::optional<at::Tensor>& k_scale,
                      const std::optional<at::Tensor>& v_scale);
@@ -72,12 +73,14 @@ void check_kv_scales(const at::Tensor& cache, const std::optional<at::Tensor>& k
 // One step's paged attention cut into work: built (and every index checked) once, then run for any
 // layer's q, out and caches of the same shapes. Chunks (one per thread) may run concurrently; the
 // merges of split decodes run after every chunk is done. An 8-bit cache's scales (float32
-// [kv_heads, d], checked by check_kv_scales) go with each run; null for a float cache.
+// [kv_heads, d], checked by check_kv_scales) go with each run; null for a float cache. window > 0: each
+// row attends its last `window` keys (the table's entries before them are never read); softcap > 0:
+// scores capped as softcap * tanh(score / softcap).
 class PagedAttentionPlan {
  public:
   PagedAttentionPlan(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_tables, const at::Tensor& seq_info, int64_t block_size, double scale,
-                     int64_t threads);
+                     int64_t threads, int64_t window = 0, double softcap = 0);
   int64_t num_chunks() const;
   int64_t num_merges() const;
   void run_chunk(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,

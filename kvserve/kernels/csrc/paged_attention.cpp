@@ -10,7 +10,11 @@
 //   block_tables:  int32 [N]                every sequence's blocks, one table after another
 //   seq_info:      int32 [S, 4]             (first q row, q rows, context length incl. them, table offset)
 //
-// Query row i of sequence s sits at position ctx - n + i and attends to keys 0..that position.
+// Query row i of sequence s sits at position ctx - n + i and attends to keys 0..that position, or,
+// with a sliding window w > 0, to the w keys ending there. A window's blocks before the start of its
+// sequence's earliest row's window are neither read nor looked up in the table (their entries may be
+// placeholders), so a long context costs the window. A soft cap c > 0 turns each scaled score s into
+// c tanh(s / c) before the softmax (Gemma 2).
 // Work items are (sequence, kv heads, tile of query tokens): all the GQA heads of their kv heads and
 // up to kTile tokens share each pass over a K/V block, so each K/V row is read once per item.
 // Items are cut into per-thread chunks of equal estimated cost, so a few long contexts among
@@ -186,6 +190,10 @@ struct Args {
   float scale;
   float* partial;  // split decodes' partial states: rows of d + 2 floats (acc[d], m, l)
   const float *k_scale, *v_scale;  // an 8-bit cache's [kv_heads, d] scales; null for float caches
+  int32_t window;  // > 0: a row at position p sees keys p - window + 1 .. p
+  float softcap;   // > 0: scores become softcap * tanh(score / softcap)
+
+  int key_start(int pos) const { return window > 0 ? std::max(0, pos - window + 1) : 0; }
 };
 
 // Asks for rows [0, n) of K and V at element offset `base` (row stride `stride` elements, `bytes` bytes
@@ -220,8 +228,9 @@ struct Scratch {
     if (static_cast<int64_t>(q.size()) < rows * d) q.resize(rows * d), acc.resize(rows * d);
     if (static_cast<int64_t>(kw.size()) < bs * d) kw.resize(bs * d), vw.resize(bs * d);
     if (static_cast<int64_t>(m.size()) < rows) m.resize(rows), l.resize(rows), lv.resize(rows * 16);
-    // a block's scores in whole vectors, or 16 for each of decode_keys_bf16's up to 4 heads
-    const int64_t s_len = std::max<int64_t>((bs + W - 1) / W * W, 4 * 16);
+    // a block's scores in whole vectors (from an offset of one key: run_item), or 16 for each of
+    // decode_keys_bf16's up to 4 heads
+    const int64_t s_len = std::max<int64_t>((bs + W) / W * W + W, 4 * 16);
     if (static_cast<int64_t>(s.size()) < s_len) s.resize(s_len);
   }
 };
@@ -230,12 +239,12 @@ thread_local Scratch tl_scratch;
 // decode_keys_bf16 for gn (1..4) heads
 template <int DS>
 inline void decode_heads_bf16(int gn, const uint16_t* q, const BF16* k, const BF16* v, int64_t stride, int n,
-                              int readable, float* m, float* lv, float* acc, float* s) {
+                              int readable, int lo, float cap, float* m, float* lv, float* acc, float* s) {
   switch (gn) {
-    case 1: decode_keys_bf16<DS, 1>(q, k, v, stride, n, readable, m, lv, acc, s); break;
-    case 2: decode_keys_bf16<DS, 2>(q, k, v, stride, n, readable, m, lv, acc, s); break;
-    case 3: decode_keys_bf16<DS, 3>(q, k, v, stride, n, readable, m, lv, acc, s); break;
-    default: decode_keys_bf16<DS, 4>(q, k, v, stride, n, readable, m, lv, acc, s); break;
+    case 1: decode_keys_bf16<DS, 1>(q, k, v, stride, n, readable, lo, cap, m, lv, acc, s); break;
+    case 2: decode_keys_bf16<DS, 2>(q, k, v, stride, n, readable, lo, cap, m, lv, acc, s); break;
+    case 3: decode_keys_bf16<DS, 3>(q, k, v, stride, n, readable, lo, cap, m, lv, acc, s); break;
+    default: decode_keys_bf16<DS, 4>(q, k, v, stride, n, readable, lo, cap, m, lv, acc, s); break;
   }
 }
 
@@ -308,7 +317,8 @@ void run_item(const Args& a, const Item& it, Scratch& sc, const Item* next) {
       float* lv = sc.lv.data();
       std::fill(lv, lv + R * 16, 0.f);
       amxdecode::attend(sc.qh.data(), G, nh, static_cast<const BF16*>(a.k), static_cast<const BF16*>(a.v), table, bs,
-                        kstride, it.h0, it.k0, n_keys, m, lv, acc, prefetch_part);
+                        kstride, it.h0, it.k0, n_keys, std::max(it.k0, a.key_start(first_pos + it.t0)), a.softcap,
+                        m, lv, acc, prefetch_part);
       for (int r = 0; r < R; ++r) l[r] = sum16(lv + 16 * r);
       done = true;
     }
@@ -317,19 +327,21 @@ void run_item(const Args& a, const Item& it, Scratch& sc, const Item* next) {
     if (it.t1 - it.t0 == 1 && !done) {  // one token (a decode): every head of a kv head at once, 16 keys at a time
       float* lv = sc.lv.data();
       std::fill(lv, lv + R * 16, 0.f);
+      const int ws = a.key_start(first_pos + it.t0);  // the window's first key
       for (int kb = it.k0; kb < n_keys; kb += bs) {
         const int n = std::min(bs, n_keys - kb);  // all at or before the token's position
         const int64_t block = static_cast<int64_t>(table[kb / bs]) * bs * kstride;
+        const int j_first = std::max(0, ws - kb) / 16 * 16;  // the first group of 16 with a key in the window
         for (int hh = 0; hh < nh; ++hh) {
           prefetch_next(kb, hh);
           const TKV* kp = static_cast<const TKV*>(a.k) + block + (it.h0 + hh) * d;
           const TKV* vp = static_cast<const TKV*>(a.v) + block + (it.h0 + hh) * d;
-          for (int j0 = 0; j0 < n; j0 += 16)
+          for (int j0 = j_first; j0 < n; j0 += 16)
             for (int g0 = 0; g0 < G; g0 += 4) {
               const int r = hh * G + g0;
               decode_heads_bf16<DS>(std::min(4, G - g0), sc.qh.data() + r * d, kp + j0 * kstride, vp + j0 * kstride,
-                                    kstride, std::min(16, n - j0), std::min(16, bs - j0), m + r, lv + 16 * r,
-                                    acc + r * d, s);
+                                    kstride, std::min(16, n - j0), std::min(16, bs - j0), std::max(0, ws - kb - j0),
+                                    a.softcap, m + r, lv + 16 * r, acc + r * d, s);
             }
         }
       }
@@ -361,19 +373,27 @@ void run_item(const Args& a, const Item& it, Scratch& sc, const Item* next) {
       }
       for (int rr = 0; rr < per_head; ++rr) {
         const int tt = rr / G, r = tt * HG + hh * G + rr % G;  // row r: token it.t0 + tt, head h0 * G + hh * G + g
-        const int nv = std::min(n, first_pos + it.t0 + tt + 1 - kb);  // causal: keys <= the row's position
-        if (nv <= 0) continue;
-        const float* qr = qb + r * d;
-        float* ar = acc + r * d;
+        const int pos = first_pos + it.t0 + tt;
+        const int nv = std::min(n, pos + 1 - kb);          // causal: keys <= the row's position
+        const int lo = std::max(0, a.key_start(pos) - kb);  // and in its window: keys [lo, nv) of the block
+        if (nv <= lo) continue;
+        // the scores of keys [lo, nv) at sp; the bf16 pair products read V from an even key, lo's or the one before
+        const int off = kDot ? lo % 2 : 0;
+        float* sp = s + off;
         if constexpr (kDot) {
-          scores_bf16<DS>(sc.qh.data() + r * d, kp, kstride, nv, readable, s);
-          softmax_update(s, nv, d, m[r], l[r], ar);
-          accumulate_bf16<DS>(ar, s, sc.vp.data(), nv, sc.pb.data());
-          continue;
+          scores_bf16<DS>(sc.qh.data() + r * d, kp + lo * kstride, kstride, nv - lo, readable - lo, sp);
+        } else {
+          scores<DS>(qb + r * d, krows + lo * fstride, fstride, nv - lo, readable - lo, d, sp);
         }
-        scores<DS>(qr, krows, fstride, nv, readable, d, s);
-        softmax_update(s, nv, d, m[r], l[r], ar);
-        accumulate<DS>(ar, s, vrows, fstride, nv, d);
+        if (a.softcap > 0.f) softcap_scores(sp, nv - lo, a.softcap);
+        float* ar = acc + r * d;
+        softmax_update(sp, nv - lo, d, m[r], l[r], ar);
+        if constexpr (kDot) {
+          if (off) s[0] = 0.f;  // the key before lo pairs with it: no weight
+          accumulate_bf16<DS>(ar, s, sc.vp.data() + (lo - off) * DS, nv - lo + off, sc.pb.data());
+        } else {
+          accumulate<DS>(ar, sp, vrows + lo * fstride, fstride, nv - lo, d);
+        }
       }
     }
   }
@@ -500,19 +520,23 @@ struct PagedAttentionPlan::Impl {
   const int32_t *tables, *info;
   int64_t heads, kv_heads, d, bs;
   float scale;
+  int32_t window;
+  float softcap;
   RunItems run;
   MergeParts merge;
 
   Args args(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
             const float* k_scale, const float* v_scale) {
     return Args{q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), tables, info, heads, kv_heads, d, bs,
-                q.stride(0), q.stride(1), out.stride(0), out.stride(1), scale, partial.data(), k_scale, v_scale};
+                q.stride(0), q.stride(1), out.stride(0), out.stride(1), scale, partial.data(), k_scale, v_scale,
+                window, softcap};
   }
 };
 
 PagedAttentionPlan::PagedAttentionPlan(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
                                        const at::Tensor& v_cache, const at::Tensor& block_tables,
-                                       const at::Tensor& seq_info, int64_t block_size, double scale, int64_t threads)
+                                       const at::Tensor& seq_info, int64_t block_size, double scale, int64_t threads,
+                                       int64_t window, double softcap)
     : impl_(std::make_shared<Impl>()) {
   TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu(), "paged_attention: CPU tensors only");
   TORCH_CHECK(q.dim() == 3 && out.sizes() == q.sizes() && out.scalar_type() == q.scalar_type(),
@@ -530,6 +554,8 @@ PagedAttentionPlan::PagedAttentionPlan(const at::Tensor& out, const at::Tensor& 
                   block_tables.is_contiguous() && seq_info.is_contiguous(),
               "paged_attention: block_tables int32 [N] and seq_info int32 [S, 4], contiguous");
   TORCH_CHECK(block_size >= 1, "paged_attention: block_size must be positive");
+  TORCH_CHECK(softcap >= 0 && window <= std::numeric_limits<int32_t>::max(), "paged_attention: bad window or softcap");
+  const int32_t win = static_cast<int32_t>(std::max<int64_t>(window, 0));
   const int64_t S = seq_info.size(0), num_entries = block_tables.size(0), T = q.size(0);
   const int64_t num_blocks = k_cache.size(0) / block_size;
   const int32_t* info = seq_info.data_ptr<int32_t>();
@@ -549,8 +575,13 @@ PagedAttentionPlan::PagedAttentionPlan(const at::Tensor& out, const at::Tensor& 
   // share each, at least kMinPartKeys keys), one item per part over all kv heads (whole,
   // contiguous slot rows: faster than a kv head per item here). Each part leaves its rows'
   // softmax state (max m, sum l, unnormalised acc) in `partial`; merge_parts combines them.
+  // the first key row t of a sequence whose first row sits at position p0 reads (its window's start)
+  auto key_start = [win](int64_t p) { return win > 0 ? std::max<int64_t>(0, p - win + 1) : 0; };
   double total = 0;  // rows x keys
-  for (int64_t s = 0; s < S; ++s) total += std::max(info[4 * s + 1], 1) * static_cast<double>(std::max(info[4 * s + 2], 1));
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t ctx = std::max(info[4 * s + 2], 1), rows = std::max(info[4 * s + 1], 1);
+    total += rows * static_cast<double>(ctx - std::min(key_start(ctx - rows), ctx - 1));
+  }
   Impl& p = *impl_;
   std::vector<Item>& items = p.items;
   std::vector<Split>& splits = p.splits;
@@ -560,29 +591,32 @@ PagedAttentionPlan::PagedAttentionPlan(const at::Tensor& out, const at::Tensor& 
     const int64_t used = (ctx + block_size - 1) / block_size;
     TORCH_CHECK(row0 >= 0 && nq >= 1 && row0 + nq <= T && ctx >= nq, "paged_attention: bad seq_info row ", s);
     TORCH_CHECK(offset >= 0 && offset + used <= num_entries, "paged_attention: block table too short, row ", s);
-    for (int64_t b = 0; b < used; ++b) {
+    // blocks [b0, used): those before the first row's window are never read, nor their table entries
+    const int64_t b0 = key_start(ctx - nq) / block_size, nb = used - b0;
+    for (int64_t b = b0; b < used; ++b) {
       const int32_t blk = tables[offset + b];
       TORCH_CHECK(blk >= 0 && blk < num_blocks, "paged_attention: block id out of range, row ", s);
     }
     const int32_t si = static_cast<int32_t>(s);
     int64_t parts = 1;
     if (nq == 1 && threads > 1) {
-      const int64_t want = static_cast<int64_t>(std::ceil(2 * threads * ctx / total - 1e-9));
-      parts = std::min(want, used / ((kMinPartKeys + block_size - 1) / block_size));
+      const int64_t want = static_cast<int64_t>(std::ceil(2 * threads * (ctx - b0 * block_size) / total - 1e-9));
+      parts = std::min(want, nb / ((kMinPartKeys + block_size - 1) / block_size));
     }
+    auto key = [&](int64_t b) { return static_cast<int32_t>(std::min<int64_t>(ctx, b * block_size)); };
     if (parts >= 2) {
       splits.push_back({si, static_cast<int32_t>(parts), partial_rows});
-      for (int64_t p = 0; p < parts; ++p) {  // blocks [used * p / parts, used * (p + 1) / parts)
-        const int32_t k0 = static_cast<int32_t>(used * p / parts * block_size);
-        const int32_t k1 = static_cast<int32_t>(std::min<int64_t>(ctx, used * (p + 1) / parts * block_size));
-        items.push_back({si, 0, static_cast<int32_t>(kv_heads), 0, 1, k0, k1, static_cast<int32_t>(partial_rows + p * heads)});
-      }
+      for (int64_t p = 0; p < parts; ++p)  // blocks b0 + [nb * p / parts, nb * (p + 1) / parts)
+        items.push_back({si, 0, static_cast<int32_t>(kv_heads), 0, 1, key(b0 + nb * p / parts),
+                         key(b0 + nb * (p + 1) / parts), static_cast<int32_t>(partial_rows + p * heads)});
       partial_rows += static_cast<int32_t>(parts * heads);
     } else if (nq == 1) {
-      for (int32_t h = 0; h < kv_heads; h += hp) items.push_back({si, h, static_cast<int32_t>(std::min(kv_heads, h + hp)), 0, 1});
+      for (int32_t h = 0; h < kv_heads; h += hp)
+        items.push_back({si, h, static_cast<int32_t>(std::min(kv_heads, h + hp)), 0, 1, key(b0)});
     } else {
       for (int32_t h = 0; h < kv_heads; ++h)
-        for (int32_t t0 = 0; t0 < nq; t0 += kTile) items.push_back({si, h, h + 1, t0, std::min(nq, t0 + kTile)});
+        for (int32_t t0 = 0; t0 < nq; t0 += kTile)  // from the block of the tile's first row's window start
+          items.push_back({si, h, h + 1, t0, std::min(nq, t0 + kTile), key(key_start(ctx - nq + t0) / block_size)});
     }
   }
   p.partial.resize(partial_rows * (d + 2));
@@ -591,6 +625,8 @@ PagedAttentionPlan::PagedAttentionPlan(const at::Tensor& out, const at::Tensor& 
   p.info = info;
   p.heads = heads, p.kv_heads = kv_heads, p.d = d, p.bs = block_size;
   p.scale = static_cast<float>(scale);
+  p.window = win;
+  p.softcap = static_cast<float>(softcap);
   const bool q_f32 = q.scalar_type() == at::kFloat;
   p.run = q_f32 ? run_items_for_kv<float>(k_cache.scalar_type(), d) : run_items_for_kv<BF16>(k_cache.scalar_type(), d);
   p.merge = q_f32 ? &merge_parts<float> : &merge_parts<BF16>;
@@ -627,8 +663,10 @@ void check_kv_scales(const at::Tensor& cache, const std::optional<at::Tensor>& k
 
 void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_tables, const at::Tensor& seq_info, int64_t block_size, double scale,
-                     const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
-  const PagedAttentionPlan plan(out, q, k_cache, v_cache, block_tables, seq_info, block_size, scale, at::get_num_threads());
+                     const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale, int64_t window,
+                     double softcap) {
+  const PagedAttentionPlan plan(out, q, k_cache, v_cache, block_tables, seq_info, block_size, scale, at::get_num_threads(),
+                                window, softcap);
   check_kv_scales(k_cache, k_scale, v_scale);
   const float* ks = k_scale ? k_scale->data_ptr<float>() : nullptr;
   const float* vs = v_scale ? v_scale->data_ptr<float>() : nullptr;
@@ -649,7 +687,8 @@ TORCH_LIBRARY_FRAGMENT(kvserve, m) {
   // whether a bfloat16 cache is attended with bf16 pair dot products (this build has AVX512-BF16)
   m.def("bf16_dot_attention() -> bool", &bf16_dot_attention);
   m.def("paged_attention(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-        "Tensor seq_info, int block_size, float scale, Tensor? k_scale=None, Tensor? v_scale=None) -> ()",
+        "Tensor seq_info, int block_size, float scale, Tensor? k_scale=None, Tensor? v_scale=None, int window=0, "
+        "float softcap=0.0) -> ()",
         &kvserve::paged_attention);
   // whether decodes over a bfloat16 cache (head size 64) run on AMX tiles (amx_decode.h)
   m.def("amx_decode_attention() -> bool", &amx_decode_attention);

@@ -218,6 +218,16 @@ inline vf vexp_taylor(vf x) {
 inline vf vexp(vf x) { return vexp_taylor<7>(x); }
 inline vf vexp_for_bf16(vf x) { return vexp_taylor<5>(x); }
 
+// tanh(x) = 1 - 2 / (exp(2x) + 1): exp's clamp keeps both ends at +-1 (no inf / inf); ~1e-7 absolute
+inline vf vtanh(vf x) { return vsub(vset1(1.f), vdiv(vset1(2.f), vadd(vexp(vadd(x, x)), vset1(1.f)))); }
+
+// Attention's soft cap on scores, cap * tanh(s / cap) (Gemma 2), over s[0, n) in whole vectors: s
+// must have room up to n rounded up to W (the lanes past n are the caller's to ignore).
+inline void softcap_scores(float* s, int n, float cap) {
+  const vf c = vset1(cap), inv = vset1(1.f / cap);
+  for (int j = 0; j < n; j += W) vstore(s + j, vmul(c, vtanh(vmul(vload(s + j), inv))));
+}
+
 // A softmax term exp((x - m) * inv_t) for the samplers (fused_ops.cpp's draw, amx_head.cpp's head): W
 // lanes with neg_m = -m, or one float; 0 where the exponent is below exp's range (-inf or NaN logits).
 constexpr float kExpFloor = -87.0f;
