@@ -57,6 +57,12 @@ class ModelConfig:
     layer_types: list[str] | None = None  # per layer FULL or SLIDING; None: every layer FULL (or all SLIDING with a window)
     rope_local_theta: float | None = None  # sliding layers' own RoPE base, unscaled (Gemma 3)
     partial_rotary_factor: float = 1.0  # the share of each head's dims that rotate (Phi-4-mini)
+    rope_layers: list[bool] | None = None  # per layer: whether q/k rotate; None: every layer (SmolLM3 skips some)
+    attn_sinks: bool = False  # a learned logit per head in each softmax's denominator (gpt-oss)
+    clip_qkv: float | None = None  # q, k and v clamped to +-this after their projections (and norms) (OLMoE)
+    # the gated MLPs' SwiGLU clamped as gpt-oss's: g = min(gate, limit), (clamp(up, +-limit) + 1) * g * sigmoid(alpha * g)
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.0
     # --- mixture of experts ---
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -64,14 +70,18 @@ class ModelConfig:
     norm_topk_prob: bool = False  # renormalise the chosen experts' weights to sum to 1
     moe_layers: list[bool] | None = None  # per layer: MoE or the dense MLP; None: every layer MoE when num_experts
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE: a dense expert every token takes, gated by a sigmoid
+    router_bias: bool = False  # the router's linear has a bias (gpt-oss)
+    expert_bias: bool = False  # each expert's linears have biases (gpt-oss)
 
     def __post_init__(self) -> None:
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
-        if self.layer_types is not None and len(self.layer_types) != self.num_hidden_layers:
-            raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers")
+        for name in ("layer_types", "rope_layers", "moe_layers"):
+            per_layer = getattr(self, name)
+            if per_layer is not None and len(per_layer) != self.num_hidden_layers:
+                raise ValueError(f"{name} has {len(per_layer)} entries for {self.num_hidden_layers} layers")
         if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
             raise ValueError(f"num_experts_per_tok must be 1..{self.num_experts}")
 
@@ -85,6 +95,15 @@ class ModelConfig:
 
     def is_moe(self, layer: int) -> bool:
         return bool(self.num_experts) and (self.moe_layers is None or self.moe_layers[layer])
+
+    def rotates(self, layer: int) -> bool:
+        """Whether ``layer``'s q and k take rotary embeddings."""
+        return self.rope_layers is None or self.rope_layers[layer]
+
+    @property
+    def swiglu(self) -> tuple[float, float | None] | None:
+        """(alpha, limit) of the gated MLPs' clamped SwiGLU (``mlp.clamped_swiglu``); None: ``hidden_act``'s."""
+        return None if self.swiglu_limit is None else (self.swiglu_alpha, self.swiglu_limit)
 
     @property
     def rotary_dim(self) -> int:
@@ -100,7 +119,10 @@ class ModelConfig:
                   (self.sliding_window is not None, "sliding windows"), (self.num_experts > 0, "experts"),
                   (self.o_proj_bias or self.mlp_bias, "biases past q/k/v"),
                   (self.embed_scale != 1 or self.residual_scale != 1, "scaled embeddings or residuals"),
-                  (self.partial_rotary_factor != 1, "partial rotary")]
+                  (self.partial_rotary_factor != 1, "partial rotary"),
+                  (self.rope_layers is not None and not all(self.rope_layers), "layers without rotary"),
+                  (self.attn_sinks, "attention sinks"), (self.clip_qkv is not None, "q/k/v clamps"),
+                  (self.swiglu is not None, "a clamped SwiGLU")]
         return next((why for bad, why in checks if bad), None)
 
     @classmethod

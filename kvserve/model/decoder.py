@@ -38,9 +38,10 @@ class DecoderLayer(nn.Module):
         self.mlp: GatedMLP | MoE
         if cfg.is_moe(layer):
             self.mlp = MoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_tok,
-                           cfg.norm_topk_prob, cfg.hidden_act, cfg.shared_expert_intermediate_size)
+                           cfg.norm_topk_prob, cfg.hidden_act, cfg.shared_expert_intermediate_size, cfg.router_bias,
+                           cfg.expert_bias, cfg.swiglu)
         else:
-            self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, cfg.mlp_bias)
+            self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, cfg.mlp_bias, cfg.swiglu)
         self.residual_scale = cfg.residual_scale
         # the bf16 hand-offs between the norms and the AMX GEMMs: Llama's layout and plain attention only
         self.fast = self.layout == "pre" and self.self_attn.plain and cfg.residual_scale == 1
@@ -99,6 +100,7 @@ class CausalLM(nn.Module):
         self.local_rotary = None if cfg.rope_local_theta is None else Rotary(
             cfg.rotary_dim, cfg.max_position_embeddings, cfg.rope_local_theta, None, head_dim)
         self.uses_local = [cfg.rope_local_theta is not None and cfg.window(i) is not None for i in range(len(self.layers))]
+        self.rotates = [cfg.rotates(i) for i in range(len(self.layers))]  # SmolLM3's NoPE layers: False
         self.native = False
         self.native_stack: Any | None = None  # every layer in one native call (kvserve.model.native_stack)
 
@@ -156,7 +158,7 @@ class CausalLM(nn.Module):
         delta = None
         last = len(self.layers) - 1
         for i, (layer, kv) in enumerate(zip(self.layers, kv_caches)):
-            step = local if self.uses_local[i] and local is not None else rope
+            step = local if self.uses_local[i] and local is not None else rope if self.rotates[i] else None
             h, delta = layer(h, delta, step, attn, meta, kv, keep_rows if i == last else None)
         return self.norm.add_forward(h, delta)
 

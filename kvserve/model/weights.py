@@ -9,6 +9,8 @@ another; one tensor where the checkpoint already stacks them). The loaders read 
 
 from __future__ import annotations
 
+from typing import Any
+
 from kvserve.model.architectures import Architecture, get_architecture
 from kvserve.model.config import ModelConfig
 
@@ -43,13 +45,21 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
             full = cfg.qk_norm == "full"
             for role, rows in (("q_norm", q_rows), ("k_norm", kv_rows)):
                 out[f"{dst}self_attn.{role}.weight"] = [(f"{p}{arch.weight_name(role)}.weight", (rows if full else d,))]
+        if cfg.attn_sinks:
+            out[f"{dst}self_attn.sinks"] = [(f"{p}{arch.weight_name('sinks')}", (cfg.num_attention_heads,))]
         if not cfg.is_moe(i):
             mlp(out, arch, dst + "mlp.", p, "", cfg.intermediate_size, h, cfg.mlp_bias)
             continue
         out[f"{dst}mlp.router.weight"] = [(f"{p}{arch.weight_name('router')}.weight", (cfg.num_experts, h))]
+        if cfg.router_bias:
+            out[f"{dst}mlp.router.bias"] = [(f"{p}{arch.weight_name('router')}.bias", (cfg.num_experts,))]
         for e in range(cfg.num_experts):
+            if arch.stacked_experts is not None:  # the names unstack_experts gives each expert's cut
+                mlp(out, arch, f"{dst}mlp.experts.{e}.", f"{p}{UNSTACKED.format(e=e)}", "unstacked_",
+                    cfg.moe_intermediate_size, h, cfg.expert_bias)
+                continue
             mlp(out, arch, f"{dst}mlp.experts.{e}.", p + str(arch.weight_name("expert")).format(e=e), "expert_",
-                cfg.moe_intermediate_size, h, False)
+                cfg.moe_intermediate_size, h, cfg.expert_bias)
         if cfg.shared_expert_intermediate_size:
             mlp(out, arch, dst + "mlp.shared.", p + str(arch.weight_name("shared_expert")), "shared_",
                 cfg.shared_expert_intermediate_size, h, False)
@@ -62,7 +72,9 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
 
 def mlp(out: dict[str, list[Source]], arch: Architecture, dst: str, prefix: str, kind: str, inter: int, h: int, bias: bool) -> None:
     """A gated MLP's gate_up and down: the layer's own (``kind`` ""), an expert's or the shared expert's."""
-    if kind == "expert_":
+    if kind == "unstacked_":
+        gate, up, down, fused = "", "", "down", "gate_up"
+    elif kind == "expert_":
         gate, up, down = (str(arch.weight_name(r)) for r in ("expert_gate", "expert_up", "expert_down"))
         fused = None
     elif kind == "shared_":
@@ -79,8 +91,54 @@ def mlp(out: dict[str, list[Source]], arch: Architecture, dst: str, prefix: str,
 
 
 def expected_weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every checkpoint tensor the engine reads, with its shape."""
-    return {name: shape for sources in weight_sources(cfg).values() for name, shape in sources}
+    """Every checkpoint tensor the engine reads, with its shape (experts stored stacked: the stacked tensors)."""
+    out = {name: shape for sources in weight_sources(cfg).values() for name, shape in sources}
+    stacked = get_architecture(cfg.architecture).stacked_experts
+    if stacked is None:
+        return out
+    h, e, inter = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        if not cfg.is_moe(i):
+            continue
+        for name in [n for n in out if n.startswith(p + UNSTACKED_ROOT)]:
+            del out[name]
+        out[f"{p}{stacked.gate_up}"] = (e, h, 2 * inter)
+        out[f"{p}{stacked.down}"] = (e, inter, h)
+        if cfg.expert_bias:
+            out[f"{p}{stacked.gate_up}_bias"] = (e, 2 * inter)
+            out[f"{p}{stacked.down}_bias"] = (e, h)
+    return out
+
+
+UNSTACKED_ROOT = "experts.unstacked."
+UNSTACKED = UNSTACKED_ROOT + "{e}."  # under "model.layers.{i}.": an expert's cut of stacked tensors
+
+
+def unstack_experts(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
+    """``weights`` with each layer's stacked expert tensors (``StackedExperts``) cut into every expert's
+    linear weights and biases (views: transposed, gate's and up's rows apart), under the names
+    ``weight_sources`` gives them; as given for an architecture that stores experts one by one."""
+    stacked = get_architecture(cfg.architecture).stacked_experts
+    if stacked is None:
+        return weights
+    out = dict(weights)
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        if not cfg.is_moe(i) or f"{p}{stacked.gate_up}" not in out:
+            continue
+        gate_up, down = out.pop(f"{p}{stacked.gate_up}"), out.pop(f"{p}{stacked.down}")
+        gate_up_bias, down_bias = out.pop(f"{p}{stacked.gate_up}_bias", None), out.pop(f"{p}{stacked.down}_bias", None)
+        for e in range(cfg.num_experts):
+            name = p + UNSTACKED.format(e=e)
+            gu, gu_bias = gate_up[e].t(), None if gate_up_bias is None else gate_up_bias[e]
+            if stacked.interleaved:  # gate's rows first, then up's, as the fused GEMM stacks them
+                gu = gu.reshape(-1, 2, gu.shape[1]).transpose(0, 1).reshape(gu.shape)
+                gu_bias = None if gu_bias is None else gu_bias.reshape(-1, 2).t().reshape(-1)
+            out[f"{name}gate_up.weight"], out[f"{name}down.weight"] = gu, down[e].t()
+            if gu_bias is not None and down_bias is not None:
+                out[f"{name}gate_up.bias"], out[f"{name}down.bias"] = gu_bias, down_bias[e]
+    return out
 
 
 def linear_sources(cfg: ModelConfig, sources: dict[str, list[Source]] | None = None) -> dict[str, list[str]]:

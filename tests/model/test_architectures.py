@@ -24,7 +24,8 @@ COMMON = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_la
 WINDOW = 6  # shorter than most prompts below
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
 
-# registered name -> (transformers config class, its arguments beyond COMMON)
+# case -> (transformers config class, its arguments beyond COMMON); a case is a registered name, or
+# "name:variant" for more of its options (another shape of the same architecture)
 CASES: dict[str, tuple[str, dict]] = {
     "LlamaForCausalLM": ("LlamaConfig", dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                                            "high_freq_factor": 4.0,
@@ -50,27 +51,56 @@ CASES: dict[str, tuple[str, dict]] = {
     "OlmoeForCausalLM": ("OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2, intermediate_size=32)),
     "GraniteForCausalLM": ("GraniteConfig", dict(embedding_multiplier=3.0, residual_multiplier=0.5,
                                                  attention_multiplier=0.3, logits_scaling=2.0, attention_bias=True)),
+    # sinks, biases everywhere, the router's bias, the clamped SwiGLU, stacked experts, sliding/full, yarn; a low
+    # limit so that the clamps bite on these weights
+    "GptOssForCausalLM": ("GptOssConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
+                                               sliding_window=WINDOW, swiglu_limit=1.5,
+                                               rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
+                                                                "beta_slow": 1.0, "truncate": False,
+                                                                "original_max_position_embeddings": 64})),
+    "Gemma3ForConditionalGeneration": ("Gemma3Config", {}),  # text only: see GEMMA3_MM
+    "SmolLM3ForCausalLM": ("SmolLM3Config", dict(num_hidden_layers=4, no_rope_layer_interval=2)),
+    "OlmoeForCausalLM:clip_qkv": ("OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2, intermediate_size=32,
+                                                      clip_qkv=0.5)),
+    # head_dim other than hidden / heads, biases on q/k/v/o and the MLP, tied embeddings
+    "LlamaForCausalLM:head_dim,biases,tied": ("LlamaConfig", dict(head_dim=24, attention_bias=True, mlp_bias=True,
+                                                                  tie_word_embeddings=True)),
+    # the window on the layers from max_window_layers on; untied embeddings
+    "Qwen2ForCausalLM:sliding_window": ("Qwen2Config", dict(use_sliding_window=True, sliding_window=WINDOW,
+                                                            max_window_layers=1, num_hidden_layers=3)),
+    "SmolLM3ForCausalLM:sliding_window": ("SmolLM3Config", dict(num_hidden_layers=3, no_rope_layer_interval=3,
+                                                                use_sliding_window=True, sliding_window=WINDOW)),
 }
+# Gemma3ForConditionalGeneration's text model, beside a one-layer vision tower the engine does not read
+GEMMA3_MM = dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                    image_size=28, patch_size=14), mm_tokens_per_image=4,
+                 text_config=dict(CASES["Gemma3ForCausalLM"][1]))
 PROMPT_LENS = [1, 5, 9, 17, 30]
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
 
 def test_every_registered_architecture_has_a_case():
-    assert sorted(CASES) == architecture_names()
+    assert sorted({case.partition(":")[0] for case in CASES}) == architecture_names()
 
 
-def hf_model(name: str):
+def hf_model(case: str):
     import transformers
 
-    config_class, extra = CASES[name]
-    cfg = getattr(transformers, config_class)(**{**COMMON, **extra})
+    name = case.partition(":")[0]
+    config_class, extra = CASES[case]
+    if name == "Gemma3ForConditionalGeneration":
+        text = {**COMMON, **GEMMA3_MM["text_config"]}
+        cfg = transformers.Gemma3Config(**{**GEMMA3_MM, "text_config": text},
+                                        tie_word_embeddings=text["tie_word_embeddings"])
+    else:
+        cfg = getattr(transformers, config_class)(**{**COMMON, **extra})
     cfg.architectures = [name]
     torch.manual_seed(0)
     model = getattr(transformers, name)(cfg)
     with torch.no_grad():
         for pname, p in model.named_parameters():
             if p.dim() > 1:
-                p.normal_(0, 0.2 if "gate.weight" not in pname else 1.0)  # routers peaked too
+                p.normal_(0, 1.0 if pname.endswith(("gate.weight", "router.weight")) else 0.2)  # routers peaked too
             else:  # norms and biases away from their initial values, so a misplaced one changes the answer
                 p.add_(torch.randn_like(p) * 0.2)
     return model.eval()
@@ -83,7 +113,7 @@ def checkpoint(name: str, tmp_path_factory):
     """(transformers model, the folder it saved) for ``name``, built once per session."""
     if name not in _folders:
         model = hf_model(name)
-        folder = tmp_path_factory.mktemp(name)
+        folder = tmp_path_factory.mktemp(name.replace(":", "-").replace(",", "-"))
         model.save_pretrained(folder)
         word_tokenizer(COMMON["vocab_size"]).save_pretrained(folder)
         _folders[name] = (model, folder)
