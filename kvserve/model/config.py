@@ -111,7 +111,7 @@ class ModelConfig:
 
     def llama_layers(self) -> str | None:
         """None when every layer is Llama's, or Qwen3's (its q/k norms per head): what the native decode
-        stack runs; else the first option that is not, for the start-up log."""
+        stack runs; else the options that are not, for the start-up log."""
         checks = [(self.qk_norm not in (None, "head"), "q/k norms over the whole projection"), (self.norm_layout != "pre", f"{self.norm_layout} norms"),
                   (self.norm_offset != 0, "norms offset by 1"), (self.hidden_act != "silu", self.hidden_act),
                   (self.attn_scale is not None, "a softmax scale of its own"),
@@ -123,7 +123,7 @@ class ModelConfig:
                   (self.rope_layers is not None and not all(self.rope_layers), "layers without rotary"),
                   (self.attn_sinks, "attention sinks"), (self.clip_qkv is not None, "q/k/v clamps"),
                   (self.swiglu is not None, "a clamped SwiGLU")]
-        return next((why for bad, why in checks if bad), None)
+        return ", ".join(why for bad, why in checks if bad) or None
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], strict: bool = True) -> "ModelConfig":
