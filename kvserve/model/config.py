@@ -47,6 +47,8 @@ class ModelConfig:
     # "post" (OLMo 2: only on each sublayer's output)
     norm_layout: str = "pre"
     norm_offset: float = 0.0  # Gemma's norms scale by (1 + weight)
+    norm_type: str = "rms"  # the layers' and the final norm: "rms" (RMSNorm) or "layer" (LayerNorm with a bias: Starcoder2)
+    gated_mlp: bool = True  # False: the dense MLP is down(act(up(x))) (Starcoder2)
     attn_scale: float | None = None  # softmax scale; None: head_dim ** -0.5
     attn_logit_softcap: float | None = None  # Gemma 2: cap * tanh(scores / cap)
     final_logit_softcap: float | None = None
@@ -113,7 +115,8 @@ class ModelConfig:
         """None when every layer is Llama's, or Qwen3's (its q/k norms per head): what the native decode
         stack runs; else the options that are not, for the start-up log."""
         checks = [(self.qk_norm not in (None, "head"), "q/k norms over the whole projection"), (self.norm_layout != "pre", f"{self.norm_layout} norms"),
-                  (self.norm_offset != 0, "norms offset by 1"), (self.hidden_act != "silu", self.hidden_act),
+                  (self.norm_offset != 0, "norms offset by 1"), (self.norm_type != "rms", "LayerNorms"),
+                  (not self.gated_mlp, "a non-gated MLP"), (self.hidden_act != "silu", self.hidden_act),
                   (self.attn_scale is not None, "a softmax scale of its own"),
                   (self.attn_logit_softcap is not None, "attention soft caps"),
                   (self.sliding_window is not None, "sliding windows"), (self.num_experts > 0, "experts"),

@@ -15,7 +15,7 @@ from torch import nn
 from kvserve.attention import AttentionBackend, AttentionMetadata
 from kvserve.model.attention import Attention
 from kvserve.model.config import ModelConfig
-from kvserve.model.layers import PackedLinear, RMSNorm, pack_linears, padded_rows, runs_amx
+from kvserve.model.layers import PackedLinear, RMSNorm, make_norm, pack_linears, padded_rows, runs_amx
 from kvserve.model.mlp import GatedMLP, MoE
 from kvserve.model.native_stack import build_native_stack, run_native_stack
 from kvserve.model.quant_linear import AMX_MIN_ROWS, QuantEmbedding, QuantLinear
@@ -29,11 +29,11 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.layout = cfg.norm_layout
         if self.layout != "post":  # before attention and before the MLP
-            self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-            self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.input_layernorm = make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps)
+            self.post_attention_layernorm = make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps)
         if self.layout != "pre":  # on attention's and the MLP's outputs
-            self.attn_out_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-            self.mlp_out_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.attn_out_norm = make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps)
+            self.mlp_out_norm = make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, layer)
         self.mlp: GatedMLP | MoE
         if cfg.is_moe(layer):
@@ -41,7 +41,8 @@ class DecoderLayer(nn.Module):
                            cfg.norm_topk_prob, cfg.hidden_act, cfg.shared_expert_intermediate_size, cfg.router_bias,
                            cfg.expert_bias, cfg.swiglu)
         else:
-            self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, cfg.mlp_bias, cfg.swiglu)
+            self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, cfg.mlp_bias, cfg.swiglu,
+                                cfg.gated_mlp)
         self.residual_scale = cfg.residual_scale
         # the bf16 hand-offs between the norms and the AMX GEMMs: Llama's layout and plain attention only
         self.fast = self.layout == "pre" and self.self_attn.plain and cfg.residual_scale == 1
@@ -92,7 +93,7 @@ class CausalLM(nn.Module):
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         head_dim = int(cfg.head_dim or 0)
         self.rotary = Rotary(cfg.rotary_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling, head_dim)

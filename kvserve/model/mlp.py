@@ -29,12 +29,13 @@ def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: fl
 
 class GatedMLP(nn.Module):
     """gate and up projections fused into one GEMM, then act(gate) * up, then down (``swiglu``: (alpha,
-    limit) of ``clamped_swiglu`` instead)."""
+    limit) of ``clamped_swiglu`` instead; not ``gated``: up alone, act(up), then down)."""
 
     def __init__(self, hidden: int, intermediate: int, act: str = "silu", bias: bool = False,
-                 swiglu: tuple[float, float | None] | None = None):
+                 swiglu: tuple[float, float | None] | None = None, gated: bool = True):
         super().__init__()
-        self.gate_up = nn.Linear(hidden, 2 * intermediate, bias=bias)
+        self.gated = gated  # False: gate_up is up alone, and the MLP down(act(up(x))) (Starcoder2)
+        self.gate_up = nn.Linear(hidden, (2 if gated else 1) * intermediate, bias=bias)
         self.down = nn.Linear(intermediate, hidden, bias=bias)
         self.intermediate = intermediate
         self.act_name, self.act = act, activation(act)
@@ -42,7 +43,7 @@ class GatedMLP(nn.Module):
         self.native = False  # the fused silu_mul kernel (kvserve.kernels); set by the model, for SiLU only
 
     def use_native(self, on: bool) -> None:
-        self.native = on and self.act_name == "silu" and self.swiglu is None
+        self.native = on and self.act_name == "silu" and self.swiglu is None and self.gated
 
     def runs_amx(self, x: torch.Tensor) -> bool:
         """Whether ``x`` runs both GEMMs on their AMX copies with the activation between them in bf16 (a
@@ -56,6 +57,8 @@ class GatedMLP(nn.Module):
             act = torch.ops.kvserve.silu_mul(self.gate_up(x, out_dtype=torch.bfloat16))
             return self.down(act, out_dtype=x.dtype)
         gu = self.gate_up(x)
+        if not self.gated:
+            return self.down(self.act(gu))
         if self.native:
             return self.down(torch.ops.kvserve.silu_mul(gu))
         if self.swiglu is not None:

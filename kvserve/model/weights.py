@@ -32,12 +32,14 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
         for suffix, shape in (("weight", lambda r: (r, cols)), ("bias", lambda r: (r,)))[: 2 if bias else 1]:
             out[f"{dst}.{suffix}"] = [(f"{prefix}{name}.{suffix}", shape(r)) for name, r in names]
 
+    norm_suffixes = ("weight", "bias") if cfg.norm_type == "layer" else ("weight",)
     for i in range(cfg.num_hidden_layers):
         p, dst = f"model.layers.{i}.", f"layers.{i}."
         for role in ("input_layernorm", "post_attention_layernorm", "attn_out_norm", "mlp_out_norm"):
             name = arch.weight_name(role)
             if name is not None:
-                out[f"{dst}{role}.weight"] = [(f"{p}{name}.weight", (h,))]
+                for suffix in norm_suffixes:
+                    out[f"{dst}{role}.{suffix}"] = [(f"{p}{name}.{suffix}", (h,))]
         linear(dst + "self_attn.qkv", p, [("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)],
                arch.weight_name("qkv_proj"), h, cfg.attention_bias)
         linear(dst + "self_attn.o_proj", p, [("o_proj", h)], None, q_rows, cfg.o_proj_bias)
@@ -48,7 +50,7 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
         if cfg.attn_sinks:
             out[f"{dst}self_attn.sinks"] = [(f"{p}{arch.weight_name('sinks')}", (cfg.num_attention_heads,))]
         if not cfg.is_moe(i):
-            mlp(out, arch, dst + "mlp.", p, "", cfg.intermediate_size, h, cfg.mlp_bias)
+            mlp(out, arch, dst + "mlp.", p, "", cfg.intermediate_size, h, cfg.mlp_bias, cfg.gated_mlp)
             continue
         out[f"{dst}mlp.router.weight"] = [(f"{p}{arch.weight_name('router')}.weight", (cfg.num_experts, h))]
         if cfg.router_bias:
@@ -64,14 +66,17 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
             mlp(out, arch, dst + "mlp.shared.", p + str(arch.weight_name("shared_expert")), "shared_",
                 cfg.shared_expert_intermediate_size, h, False)
             out[f"{dst}mlp.shared_gate.weight"] = [(f"{p}{arch.weight_name('shared_expert_gate')}.weight", (1, h))]
-    out["norm.weight"] = [("model.norm.weight", (h,))]
+    for suffix in norm_suffixes:
+        out[f"norm.{suffix}"] = [(f"model.norm.{suffix}", (h,))]
     if not cfg.tie_word_embeddings:
         out["lm_head.weight"] = [("lm_head.weight", (cfg.vocab_size, h))]
     return out
 
 
-def mlp(out: dict[str, list[Source]], arch: Architecture, dst: str, prefix: str, kind: str, inter: int, h: int, bias: bool) -> None:
-    """A gated MLP's gate_up and down: the layer's own (``kind`` ""), an expert's or the shared expert's."""
+def mlp(out: dict[str, list[Source]], arch: Architecture, dst: str, prefix: str, kind: str, inter: int, h: int, bias: bool,
+        gated: bool = True) -> None:
+    """A gated MLP's gate_up and down: the layer's own (``kind`` ""), an expert's or the shared expert's (not
+    ``gated``: up alone in gate_up)."""
     if kind == "unstacked_":
         gate, up, down, fused = "", "", "down", "gate_up"
     elif kind == "expert_":
@@ -85,7 +90,7 @@ def mlp(out: dict[str, list[Source]], arch: Architecture, dst: str, prefix: str,
     suffixes = ("weight", "bias") if bias else ("weight",)
     for suffix in suffixes:
         rows = (lambda r: (r, h)) if suffix == "weight" else (lambda r: (r,))
-        names = [(fused, 2 * inter)] if fused else [(gate, inter), (up, inter)]
+        names = [(fused, 2 * inter)] if fused else [(gate, inter), (up, inter)] if gated else [(up, inter)]
         out[f"{dst}gate_up.{suffix}"] = [(f"{prefix}{n}.{suffix}", rows(r)) for n, r in names]
         out[f"{dst}down.{suffix}"] = [(f"{prefix}{down}.{suffix}", (h, inter) if suffix == "weight" else (h,))]
 

@@ -60,6 +60,7 @@ CASES: dict[str, tuple[str, dict]] = {
                                                                 "original_max_position_embeddings": 64})),
     "Gemma3ForConditionalGeneration": ("Gemma3Config", {}),  # text only: see GEMMA3_MM
     "SmolLM3ForCausalLM": ("SmolLM3Config", dict(num_hidden_layers=4, no_rope_layer_interval=2)),
+    "Starcoder2ForCausalLM": ("Starcoder2Config", dict(sliding_window=WINDOW, norm_epsilon=1e-4, tie_word_embeddings=True)),
     "OlmoeForCausalLM:clip_qkv": ("OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2, intermediate_size=32,
                                                       clip_qkv=0.5)),
     # head_dim other than hidden / heads, biases on q/k/v/o and the MLP, tied embeddings
@@ -227,4 +228,30 @@ def test_gpt_oss_mxfp4_experts_load_dequantized(tmp_path):
     save_file({**stored, **tensors}, tmp_path / "model.safetensors", metadata={"format": "pt"})
     llm = make_llm(tmp_path, max_num_batched_tokens=512)
     assert [o.token_ids for o in llm.generate(prompts(), GREEDY)] == [hf_greedy(model, p, GREEDY.max_tokens)
+                                                                    for p in prompts()]
+
+
+def test_gemma3_multimodal_checkpoint_answers_as_its_text_model(tmp_path_factory, caplog):
+    """Gemma3ForConditionalGeneration's folder, text only: the same config as Gemma3ForCausalLM's over its
+    text_config, the vision tower left unread (and logged), and the answers of a Gemma3ForCausalLM holding
+    the same text weights."""
+    import dataclasses
+    import logging
+
+    import transformers
+
+    from kvserve.model.config import ModelConfig
+
+    mm, folder = checkpoint("Gemma3ForConditionalGeneration", tmp_path_factory)
+    text = transformers.Gemma3ForCausalLM(mm.config.text_config).eval()
+    text.model.load_state_dict(mm.model.language_model.state_dict())
+    text.tie_weights()
+    causal = text.config.to_dict()
+    causal["architectures"] = ["Gemma3ForCausalLM"]
+    ours = ModelConfig.from_hf_dict(mm.config.to_dict())
+    assert dataclasses.replace(ours, architecture="Gemma3ForCausalLM") == ModelConfig.from_hf_dict(causal)
+    with caplog.at_level(logging.INFO, logger="kvserve.model.hf_loader"):
+        llm = make_llm(folder, max_num_batched_tokens=512)
+    assert "not read" in caplog.text
+    assert [o.token_ids for o in llm.generate(prompts(), GREEDY)] == [hf_greedy(text, p, GREEDY.max_tokens)
                                                                     for p in prompts()]
