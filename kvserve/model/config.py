@@ -59,6 +59,9 @@ class ModelConfig:
     layer_types: list[str] | None = None  # per layer FULL or SLIDING; None: every layer FULL (or all SLIDING with a window)
     rope_local_theta: float | None = None  # sliding layers' own RoPE base, unscaled (Gemma 3)
     partial_rotary_factor: float = 1.0  # the share of each head's dims that rotate (Phi-4-mini)
+    # rotary on pairs of adjacent dims (2i, 2i+1; GLM-4) instead of halves (i, i + dim/2): q's and k's rows are
+    # reordered at load (``weights.deinterleave_rotary``), so that every rotary path takes it as it is
+    rope_interleaved: bool = False
     rope_layers: list[bool] | None = None  # per layer: whether q/k rotate; None: every layer (SmolLM3 skips some)
     attn_sinks: bool = False  # a learned logit per head in each softmax's denominator (gpt-oss)
     clip_qkv: float | None = None  # q, k and v clamped to +-this after their projections (and norms) (OLMoE)

@@ -120,6 +120,30 @@ UNSTACKED_ROOT = "experts.unstacked."
 UNSTACKED = UNSTACKED_ROOT + "{e}."  # under "model.layers.{i}.": an expert's cut of stacked tensors
 
 
+def deinterleave_rotary(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
+    """``weights`` with q's and k's rows (and biases) of every head reordered, where ``cfg.rope_interleaved``, so that
+    the dims rotating together as pairs (2i, 2i+1) sit at i and i + rotary_dim / 2, as rotate-half rotates them.
+    Scores are unchanged (q and k reordered alike; v and o untouched); as given otherwise."""
+    if not cfg.rope_interleaved:
+        return weights
+    import torch
+
+    arch = get_architecture(cfg.architecture)
+    if arch.weight_name("qkv_proj") is not None:
+        raise ValueError(f"{cfg.architecture}: interleaved rotary over a stacked qkv tensor is not supported")
+    d, rd = int(cfg.head_dim or 0), cfg.rotary_dim
+    per_head = [*range(0, rd, 2), *range(1, rd, 2), *range(rd, d)]
+    out = dict(weights)
+    for i in range(cfg.num_hidden_layers):
+        for role, heads in (("q_proj", cfg.num_attention_heads), ("k_proj", cfg.num_key_value_heads)):
+            order = torch.tensor([h * d + j for h in range(heads) for j in per_head])
+            for suffix in ("weight", "bias"):
+                name = f"model.layers.{i}.{arch.weight_name(role)}.{suffix}"
+                if name in out:
+                    out[name] = out[name][order]
+    return out
+
+
 def unstack_experts(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
     """``weights`` with each layer's stacked expert tensors (``StackedExperts``) cut into every expert's
     linear weights and biases (views: transposed, gate's and up's rows apart), under the names
