@@ -62,6 +62,8 @@ CASES: dict[str, tuple[str, dict]] = {
     "SmolLM3ForCausalLM": ("SmolLM3Config", dict(num_hidden_layers=4, no_rope_layer_interval=2)),
     "Starcoder2ForCausalLM": ("Starcoder2Config", dict(sliding_window=WINDOW, norm_epsilon=1e-4, tie_word_embeddings=True)),
     "Glm4ForCausalLM": ("Glm4Config", dict(partial_rotary_factor=0.5)),
+    "Ernie4_5ForCausalLM": ("Ernie4_5Config", {}),  # Llama's layers (int8: the native decode stack), rotary reordered
+    "Ernie4_5ForCausalLM:use_bias": ("Ernie4_5Config", dict(use_bias=True)),
     "OlmoeForCausalLM:clip_qkv": ("OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2, intermediate_size=32,
                                                       clip_qkv=0.5)),
     # head_dim other than hidden / heads, biases on q/k/v/o and the MLP, tied embeddings
