@@ -258,3 +258,22 @@ def test_gemma3_multimodal_checkpoint_answers_as_its_text_model(tmp_path_factory
     assert "not read" in caplog.text
     assert [o.token_ids for o in llm.generate(prompts(), GREEDY)] == [hf_greedy(text, p, GREEDY.max_tokens)
                                                                     for p in prompts()]
+
+
+@pytest.mark.parametrize("case, stack, why", [
+    ("GptOssForCausalLM", False, "sliding windows, experts, biases past q/k/v, attention sinks, a clamped SwiGLU"),
+    ("SmolLM3ForCausalLM", False, "layers without rotary"),
+    ("OlmoeForCausalLM:clip_qkv", False, "q/k norms over the whole projection, experts, q/k/v clamps"),
+    ("Starcoder2ForCausalLM", False, "LayerNorms, a non-gated MLP, gelu_pytorch_tanh"),
+    ("Ernie4_5ForCausalLM", True, None)])
+def test_the_start_up_log_names_what_keeps_a_model_off_the_native_stack(case, stack, why, tmp_path_factory, caplog):
+    """int8 (what the native decode stack runs over): every option it lacks is named in the start-up log and the
+    layers run in Python; a model of Llama's layers (interleaved rotary reordered at load) gets the stack."""
+    import logging
+
+    _, folder = checkpoint(case, tmp_path_factory)
+    with caplog.at_level(logging.INFO, logger="kvserve.model.decoder"):
+        llm = make_llm(folder, quantization="int8")
+    assert (llm.engine.runner.model.native_stack is not None) == stack
+    if why is not None:
+        assert f"this model has {why}" in caplog.text
