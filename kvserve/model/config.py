@@ -47,7 +47,7 @@ class ModelConfig:
     # "post" (OLMo 2: only on each sublayer's output)
     norm_layout: str = "pre"
     norm_offset: float = 0.0  # Gemma's norms scale by (1 + weight)
-    norm_type: str = "rms"  # the layers' and the final norm: "rms" (RMSNorm) or "layer" (LayerNorm with a bias: Starcoder2)
+    norm_type: str = "rms"  # the layers' and the final norm: "rms" or "layer" (LayerNorm with a bias: Starcoder2)
     gated_mlp: bool = True  # False: the dense MLP is down(act(up(x))) (Starcoder2)
     attn_scale: float | None = None  # softmax scale; None: head_dim ** -0.5
     attn_logit_softcap: float | None = None  # Gemma 2: cap * tanh(scores / cap)
@@ -65,7 +65,8 @@ class ModelConfig:
     rope_layers: list[bool] | None = None  # per layer: whether q/k rotate; None: every layer (SmolLM3 skips some)
     attn_sinks: bool = False  # a learned logit per head in each softmax's denominator (gpt-oss)
     clip_qkv: float | None = None  # q, k and v clamped to +-this after their projections (and norms) (OLMoE)
-    # the gated MLPs' SwiGLU clamped as gpt-oss's: g = min(gate, limit), (clamp(up, +-limit) + 1) * g * sigmoid(alpha * g)
+    # the gated MLPs' SwiGLU clamped as gpt-oss's: g = min(gate, limit),
+    # (clamp(up, +-limit) + 1) * g * sigmoid(alpha * g); None: hidden_act's plain gated MLP
     swiglu_limit: float | None = None
     swiglu_alpha: float = 1.0
     # --- mixture of experts ---

@@ -1,7 +1,7 @@
 """Loading a Hugging Face model folder: config.json (+ generation_config.json), safetensors, tokenizer.
 
-Weights are read as stored (bf16/fp16/fp32; gpt-oss's MXFP4 experts dequantized to bf16), from one ``model.safetensors`` or an indexed set of
-shards; the tokenizer is whatever ``AutoTokenizer`` builds from the folder, offline.
+Weights are read as stored (bf16/fp16/fp32; gpt-oss's MXFP4 experts dequantized to bf16), from one
+``model.safetensors`` or an indexed set of shards; the tokenizer is whatever ``AutoTokenizer`` builds from the folder, offline.
 """
 
 from __future__ import annotations

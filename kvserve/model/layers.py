@@ -1,5 +1,5 @@
-"""Building blocks every decoder shares: RMSNorm (the residual add fused in), LayerNorm (Starcoder2), oneDNN-packed linears and their row
-padding. Rotary embeddings are in ``rotary``, the MLPs in ``mlp``, attention in ``attention``."""
+"""Building blocks every decoder shares: RMSNorm (the residual add fused in), LayerNorm (Starcoder2), oneDNN-packed
+linears and their row padding. Rotary embeddings are in ``rotary``, the MLPs in ``mlp``, attention in ``attention``."""
 
 from __future__ import annotations
 

@@ -68,7 +68,8 @@ class GatedMLP(nn.Module):
 
 class MoE(nn.Module):
     """Each token's top ``top_k`` experts of ``experts``, weighted by the router's softmax (renormalised
-    over the chosen ones with ``norm_topk``: the same as gpt-oss's softmax over the chosen logits); a step runs each expert once over all the tokens routed to it."""
+    over the chosen ones with ``norm_topk``: the same as gpt-oss's softmax over the chosen logits); a step runs
+    each expert once over all the tokens routed to it."""
 
     def __init__(self, hidden: int, intermediate: int, experts: int, top_k: int, norm_topk: bool, act: str,
                  shared_intermediate: int = 0, router_bias: bool = False, expert_bias: bool = False,

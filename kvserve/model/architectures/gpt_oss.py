@@ -10,7 +10,8 @@ def gpt_oss_config(d: dict) -> dict:
     layers = d["num_hidden_layers"]
     types = d.get("layer_types") or [SLIDING if i % 2 == 0 else FULL for i in range(layers)]
     return {"attn_sinks": True, "sliding_window": d.get("sliding_window") or None, "layer_types": list(types),
-            "num_experts": first_of(d, "num_local_experts", "num_experts"), "num_experts_per_tok": d["num_experts_per_tok"],
+            "num_experts": first_of(d, "num_local_experts", "num_experts"),
+            "num_experts_per_tok": d["num_experts_per_tok"],
             "moe_intermediate_size": d["intermediate_size"], "norm_topk_prob": True, "router_bias": True,
             "expert_bias": True, "swiglu_alpha": float(d.get("swiglu_alpha", 1.702)),
             "swiglu_limit": float(d.get("swiglu_limit", 7.0))}
