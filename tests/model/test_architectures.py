@@ -277,3 +277,17 @@ def test_the_start_up_log_names_what_keeps_a_model_off_the_native_stack(case, st
     assert (llm.engine.runner.model.native_stack is not None) == stack
     if why is not None:
         assert f"this model has {why}" in caplog.text
+
+
+@pytest.mark.parametrize("case", ["MistralForCausalLM", "GptOssForCausalLM"])
+def test_a_bfloat16_model_attends_windows_and_sinks(case, tmp_path_factory):
+    """A bf16 model (a bf16 KV pool) through the general attention path (windows, sinks): it runs, and its
+    first greedy token of each prompt is float32 transformers' (later ones may drift with bf16 rounding)."""
+    _, folder = checkpoint(case, tmp_path_factory)
+    loaded = load_model(folder)
+    loaded.config.eos_token_ids = []
+    llm = LLM.from_weights(loaded.config, loaded.weights, dtype="bfloat16", quantization="none", num_kv_blocks=256,
+                           block_size=4)
+    got = [o.token_ids for o in llm.generate(prompts(), GREEDY)]
+    assert all(len(g) == GREEDY.max_tokens for g in got)
+    assert sum(g[0] == w[0] for g, w in zip(got, expected(case, tmp_path_factory))) >= len(got) - 1
