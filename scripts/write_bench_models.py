@@ -96,6 +96,21 @@ MODELS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
         "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
     },
+    # as published but for its quantization_config (MXFP4 experts): the dummy weights are bf16, as its bf16 copies store
+    "gpt-oss-20b": {
+        "architectures": ["GptOssForCausalLM"], "attention_bias": True, "attention_dropout": 0.0,
+        "eos_token_id": 200002, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880,
+        "initial_context_length": 4096, "initializer_range": 0.02, "intermediate_size": 2880,
+        "layer_types": ["sliding_attention", "full_attention"] * 12, "max_position_embeddings": 131072,
+        "model_type": "gpt_oss", "num_attention_heads": 64, "num_experts_per_tok": 4, "num_hidden_layers": 24,
+        "num_key_value_heads": 8, "num_local_experts": 32, "output_router_logits": False, "pad_token_id": 199999,
+        "rms_norm_eps": 1e-05, "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                                                "original_max_position_embeddings": 4096, "rope_type": "yarn",
+                                                "truncate": False},
+        "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.55.0.dev0",
+        "use_cache": True, "vocab_size": 201088,
+    },
 }
 
 

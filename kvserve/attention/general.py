@@ -1,9 +1,10 @@
-"""Attention with a sliding window or a soft cap on its scores (Mistral, Gemma 2/3, Phi-3): in torch, over
-each sequence's context gathered from the cache, with the scores computed, capped and masked explicitly.
+"""Attention with a sliding window, a soft cap on its scores or sinks (Mistral, Gemma 2/3, Phi-3, gpt-oss): in
+torch, over each sequence's context gathered from the cache, with the scores computed, capped and masked
+explicitly.
 
 The fallback for such layers (``AttentionBackend.attend_layer``): the paged backend attends them in its
 native kernels, which take the window and the cap (``PagedBackend.attend_layer``); other backends
-(``gather-sdpa``, or no native kernels) send them here. Layers without either option keep the backends'
+(``gather-sdpa``, or no native kernels) send them here. Layers without these options (window, cap, sinks) keep the backends'
 kernels. The context a windowed layer gathers starts where its first row's window does, so a long
 context costs the window, not its length.
 """
@@ -22,16 +23,18 @@ from kvserve.attention.kv_pool import KVPool, LayerKV
 class LayerAttention:
     """A layer's own attention options (None: the default): the softmax scale (default head_dim ** -0.5),
     a sliding window (the query's key and the window - 1 before it), a soft cap on the scores
-    (cap * tanh(score / cap))."""
+    (cap * tanh(score / cap)), sinks: one logit per query head that joins the softmax's denominator and
+    attends no value (gpt-oss), a [heads] tensor."""
 
     scale: float | None = None
     window: int | None = None
     softcap: float | None = None
+    sinks: torch.Tensor | None = None
 
     @property
     def masked(self) -> bool:
         """Whether the layer needs the general path (``kvserve.attention.general``)."""
-        return self.window is not None or self.softcap is not None
+        return self.window is not None or self.softcap is not None or self.sinks is not None
 
 
 @dataclass
@@ -78,5 +81,10 @@ def attend_general(pool: KVPool, q: torch.Tensor, layer_kv: LayerKV, meta: Any, 
         if spec.window is not None:
             allowed &= k_pos > q_pos - spec.window
         scores = scores.masked_fill(~allowed, float("-inf"))
-        out[ctx.rows] = torch.einsum("hnc,chd->nhd", torch.softmax(scores, dim=-1), v).to(q.dtype)
+        if spec.sinks is None:
+            probs = torch.softmax(scores, dim=-1)
+        else:  # the sink is one more logit per head in the softmax, whose probability is dropped
+            sink = spec.sinks.float()[:, None, None].expand(-1, scores.shape[1], 1)
+            probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+        out[ctx.rows] = torch.einsum("hnc,chd->nhd", probs, v).to(q.dtype)
     return out

@@ -102,7 +102,7 @@ class KVPool:
 
     def gather(self, layer: LayerKV, slots: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V at ``slots`` (any shape of slot indices), as ``dtype``; only those slots are read."""
-        return layer[0][slots], layer[1][slots]
+        return layer[0][slots].to(dtype), layer[1][slots].to(dtype)
 
     # -- offload tiers: a block as bytes, [2 * layers, block_size, kv_heads, head_dim] (K0, V0, K1, ...)
     def _slots(self, block: int) -> slice:

@@ -219,7 +219,7 @@ class PagedBackend(AttentionBackend):
                      meta: PagedMetadata, spec: LayerAttention, rows: torch.Tensor | None = None) -> torch.Tensor:
         """As ``AttentionBackend.attend_layer``, but a window or a soft cap runs in the kernels too: every
         row goes to ``flash_prefill`` (its rows, where it runs) or the paged kernel, none to SDPA."""
-        if not spec.masked:
+        if not spec.masked or spec.sinks is not None:  # the kernels take no sinks: the general path does
             return super().attend_layer(q, k, v, layer_kv, meta, spec, rows)
         scale = self.scale if spec.scale is None else spec.scale
         window, softcap = spec.window or 0, spec.softcap or 0.0

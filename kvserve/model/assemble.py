@@ -13,7 +13,7 @@ from kvserve.model.config import ModelConfig
 from kvserve.model.layers import RMSNorm, cpu_packing_supported
 from kvserve.model.quant import QuantWeight
 from kvserve.model.quant_linear import QuantEmbedding, QuantLinear, quantized_modules
-from kvserve.model.weights import linear_sources, weight_sources
+from kvserve.model.weights import deinterleave_rotary, linear_sources, unstack_experts, weight_sources
 
 if TYPE_CHECKING:
     from kvserve.model.decoder import CausalLM
@@ -25,8 +25,10 @@ def build_model(cls: type["CausalLM"], cfg: ModelConfig, weights: dict[str, Any]
 
     ``weights`` may hold ``QuantWeight``s (a GGUF loaded with ``keep_quantized``); ``quantization``
     (see ``quantized_modules``) says which layers stay or become quantized, the rest is dequantized
-    to ``dtype``.
+    to ``dtype``. Experts stored stacked are cut into each expert's weights first (``unstack_experts``), and
+    interleaved rotary's q/k rows reordered (``deinterleave_rotary``).
     """
+    weights = deinterleave_rotary(cfg, unstack_experts(cfg, weights))
     quantized = quantized_modules(cfg, weights, quantization, device)
     sources = weight_sources(cfg)
     only_quantized = _used_only_by(quantized, cfg, sources)

@@ -1,8 +1,11 @@
 """A decoder layer's attention, with the options architectures differ by: biases, q/k norms (per head or
-over the whole projection), the softmax scale, a sliding window, a soft cap on the scores. q, k and v come
-from one GEMM; the attention backend attends (``AttentionBackend.attend_layer``)."""
+over the whole projection), clamps on q/k/v, rotary or none, the softmax scale, a sliding window, a soft cap
+on the scores, sinks (a learned logit per head in the softmax's denominator). q, k and v come from one GEMM;
+the attention backend attends (``AttentionBackend.attend_layer``)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 from torch import nn
@@ -30,8 +33,12 @@ class Attention(nn.Module):
             full = cfg.qk_norm == "full"
             self.q_norm = RMSNorm(q_size if full else d, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(kv_size if full else d, cfg.rms_norm_eps)
+        self.clip = cfg.clip_qkv
+        # the sinks are a parameter (loaded after the spec is built): the step's spec takes them (forward)
+        self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if cfg.attn_sinks else None
         self.spec = LayerAttention(cfg.attn_scale, cfg.window(layer), cfg.attn_logit_softcap)
-        self.plain = cfg.qk_norm is None and not self.spec.masked  # what the bf16 path below handles
+        # what the bf16 path below handles
+        self.plain = cfg.qk_norm is None and not self.spec.masked and self.sinks is None and self.clip is None
 
     def runs_bf16(self, x: torch.Tensor, attn: AttentionBackend, meta: AttentionMetadata,
                   kv_cache: tuple[torch.Tensor, torch.Tensor]) -> bool:
@@ -42,24 +49,29 @@ class Attention(nn.Module):
         return (self.plain and kv_cache[0].dtype == torch.bfloat16 and runs_amx(self.qkv, x)
                 and attn.attends_bf16(meta))
 
-    def forward(self, x, rope: RotaryStep, attn: AttentionBackend, meta: AttentionMetadata,
+    def forward(self, x, rope: RotaryStep | None, attn: AttentionBackend, meta: AttentionMetadata,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], bf16: bool = False, rows: torch.Tensor | None = None,
                 tokens: int | None = None):
         """``bf16`` (see ``runs_bf16``): x is the bf16 input of the qkv GEMM and the output is bf16.
         ``rows``: every row's K/V is written but only these attend: the output is theirs.
-        ``tokens``: the step's rows, where x has zero rows past them (the GEMM's padding)."""
+        ``tokens``: the step's rows, where x has zero rows past them (the GEMM's padding).
+        ``rope`` None: a layer whose q and k do not rotate (SmolLM3's NoPE layers)."""
         t = x.shape[0] if tokens is None else tokens
         qkv = (self.qkv(x, out_dtype=torch.bfloat16) if bf16 else self.qkv(x))[:t]
         q, k, v = qkv.split(self.split, dim=-1)
         if self.qk_norm == "full":
             q, k = self.q_norm(q.contiguous()), self.k_norm(k.contiguous())
+        if self.clip is not None:
+            q, k, v = q.clamp(-self.clip, self.clip), k.clamp(-self.clip, self.clip), v.clamp(-self.clip, self.clip)
         q, k = q.reshape(t, self.num_heads, self.head_dim), k.reshape(t, self.num_kv_heads, self.head_dim)
         if self.qk_norm == "head":
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(t, self.num_heads, self.head_dim)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(t, self.num_kv_heads, self.head_dim)
-        q, k = rope.apply(q, k)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
-        o = attn.attend_layer(q, k, v, kv_cache, meta, self.spec, rows)
+        if rope is not None:
+            q, k = rope.apply(q, k)
+        v = v.reshape(t, self.num_kv_heads, self.head_dim)
+        spec = self.spec if self.sinks is None else dataclasses.replace(self.spec, sinks=self.sinks)
+        o = attn.attend_layer(q, k, v, kv_cache, meta, spec, rows)
         if not o.shape[0]:  # no row attends (a step that samples nothing): the K/V writes were all
             return x.new_empty(0, self.hidden_size)
         o = o.reshape(o.shape[0], -1)

@@ -47,6 +47,8 @@ class ModelConfig:
     # "post" (OLMo 2: only on each sublayer's output)
     norm_layout: str = "pre"
     norm_offset: float = 0.0  # Gemma's norms scale by (1 + weight)
+    norm_type: str = "rms"  # the layers' and the final norm: "rms" or "layer" (LayerNorm with a bias: Starcoder2)
+    gated_mlp: bool = True  # False: the dense MLP is down(act(up(x))) (Starcoder2)
     attn_scale: float | None = None  # softmax scale; None: head_dim ** -0.5
     attn_logit_softcap: float | None = None  # Gemma 2: cap * tanh(scores / cap)
     final_logit_softcap: float | None = None
@@ -57,6 +59,16 @@ class ModelConfig:
     layer_types: list[str] | None = None  # per layer FULL or SLIDING; None: every layer FULL (or all SLIDING with a window)
     rope_local_theta: float | None = None  # sliding layers' own RoPE base, unscaled (Gemma 3)
     partial_rotary_factor: float = 1.0  # the share of each head's dims that rotate (Phi-4-mini)
+    # rotary on pairs of adjacent dims (2i, 2i+1; GLM-4) instead of halves (i, i + dim/2): q's and k's rows are
+    # reordered at load (``weights.deinterleave_rotary``), so that every rotary path takes it as it is
+    rope_interleaved: bool = False
+    rope_layers: list[bool] | None = None  # per layer: whether q/k rotate; None: every layer (SmolLM3 skips some)
+    attn_sinks: bool = False  # a learned logit per head in each softmax's denominator (gpt-oss)
+    clip_qkv: float | None = None  # q, k and v clamped to +-this after their projections (and norms) (OLMoE)
+    # the gated MLPs' SwiGLU clamped as gpt-oss's: g = min(gate, limit),
+    # (clamp(up, +-limit) + 1) * g * sigmoid(alpha * g); None: hidden_act's plain gated MLP
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.0
     # --- mixture of experts ---
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -64,14 +76,18 @@ class ModelConfig:
     norm_topk_prob: bool = False  # renormalise the chosen experts' weights to sum to 1
     moe_layers: list[bool] | None = None  # per layer: MoE or the dense MLP; None: every layer MoE when num_experts
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE: a dense expert every token takes, gated by a sigmoid
+    router_bias: bool = False  # the router's linear has a bias (gpt-oss)
+    expert_bias: bool = False  # each expert's linears have biases (gpt-oss)
 
     def __post_init__(self) -> None:
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
-        if self.layer_types is not None and len(self.layer_types) != self.num_hidden_layers:
-            raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers")
+        for name in ("layer_types", "rope_layers", "moe_layers"):
+            per_layer = getattr(self, name)
+            if per_layer is not None and len(per_layer) != self.num_hidden_layers:
+                raise ValueError(f"{name} has {len(per_layer)} entries for {self.num_hidden_layers} layers")
         if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
             raise ValueError(f"num_experts_per_tok must be 1..{self.num_experts}")
 
@@ -94,22 +110,35 @@ class ModelConfig:
     def is_moe(self, layer: int) -> bool:
         return bool(self.num_experts) and (self.moe_layers is None or self.moe_layers[layer])
 
+    def rotates(self, layer: int) -> bool:
+        """Whether ``layer``'s q and k take rotary embeddings."""
+        return self.rope_layers is None or self.rope_layers[layer]
+
+    @property
+    def swiglu(self) -> tuple[float, float | None] | None:
+        """(alpha, limit) of the gated MLPs' clamped SwiGLU (``mlp.clamped_swiglu``); None: ``hidden_act``'s."""
+        return None if self.swiglu_limit is None else (self.swiglu_alpha, self.swiglu_limit)
+
     @property
     def rotary_dim(self) -> int:
         return int(int(self.head_dim or 0) * self.partial_rotary_factor)
 
     def llama_layers(self) -> str | None:
         """None when every layer is Llama's, or Qwen3's (its q/k norms per head), with or without a sliding
-        window or a soft cap on its attention: what the native decode stack runs; else the first option
-        that is not, for the start-up log."""
+        window or a soft cap on its attention: what the native decode stack runs; else the options that
+        are not, for the start-up log."""
         checks = [(self.qk_norm not in (None, "head"), "q/k norms over the whole projection"), (self.norm_layout != "pre", f"{self.norm_layout} norms"),
-                  (self.norm_offset != 0, "norms offset by 1"), (self.hidden_act != "silu", self.hidden_act),
+                  (self.norm_offset != 0, "norms offset by 1"), (self.norm_type != "rms", "LayerNorms"),
+                  (not self.gated_mlp, "a non-gated MLP"), (self.hidden_act != "silu", self.hidden_act),
                   (self.attn_scale is not None, "a softmax scale of its own"),
                   (self.num_experts > 0, "experts"),
                   (self.o_proj_bias or self.mlp_bias, "biases past q/k/v"),
                   (self.embed_scale != 1 or self.residual_scale != 1, "scaled embeddings or residuals"),
-                  (self.partial_rotary_factor != 1, "partial rotary")]
-        return next((why for bad, why in checks if bad), None)
+                  (self.partial_rotary_factor != 1, "partial rotary"),
+                  (self.rope_layers is not None and not all(self.rope_layers), "layers without rotary"),
+                  (self.attn_sinks, "attention sinks"), (self.clip_qkv is not None, "q/k/v clamps"),
+                  (self.swiglu is not None, "a clamped SwiGLU")]
+        return ", ".join(why for bad, why in checks if bad) or None
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], strict: bool = True) -> "ModelConfig":

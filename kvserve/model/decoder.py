@@ -15,7 +15,7 @@ from torch import nn
 from kvserve.attention import AttentionBackend, AttentionMetadata
 from kvserve.model.attention import Attention
 from kvserve.model.config import ModelConfig
-from kvserve.model.layers import PackedLinear, RMSNorm, pack_linears, padded_rows, runs_amx
+from kvserve.model.layers import PackedLinear, RMSNorm, make_norm, pack_linears, padded_rows, runs_amx
 from kvserve.model.mlp import GatedMLP, MoE
 from kvserve.model.native_stack import build_native_stack, run_native_stack
 from kvserve.model.quant_linear import AMX_MIN_ROWS, QuantEmbedding, QuantLinear
@@ -29,18 +29,20 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.layout = cfg.norm_layout
         if self.layout != "post":  # before attention and before the MLP
-            self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-            self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.input_layernorm = make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps)
+            self.post_attention_layernorm = make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps)
         if self.layout != "pre":  # on attention's and the MLP's outputs
-            self.attn_out_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-            self.mlp_out_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.attn_out_norm = make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps)
+            self.mlp_out_norm = make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, layer)
         self.mlp: GatedMLP | MoE
         if cfg.is_moe(layer):
             self.mlp = MoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_tok,
-                           cfg.norm_topk_prob, cfg.hidden_act, cfg.shared_expert_intermediate_size)
+                           cfg.norm_topk_prob, cfg.hidden_act, cfg.shared_expert_intermediate_size, cfg.router_bias,
+                           cfg.expert_bias, cfg.swiglu)
         else:
-            self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, cfg.mlp_bias)
+            self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, cfg.mlp_bias, cfg.swiglu,
+                                cfg.gated_mlp)
         self.residual_scale = cfg.residual_scale
         # the bf16 hand-offs between the norms and the AMX GEMMs: Llama's layout and plain attention only
         self.fast = self.layout == "pre" and self.self_attn.plain and cfg.residual_scale == 1
@@ -91,7 +93,7 @@ class CausalLM(nn.Module):
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         head_dim = int(cfg.head_dim or 0)
         self.rotary = Rotary(cfg.rotary_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling, head_dim)
@@ -99,6 +101,7 @@ class CausalLM(nn.Module):
         self.local_rotary = None if cfg.rope_local_theta is None else Rotary(
             cfg.rotary_dim, cfg.max_position_embeddings, cfg.rope_local_theta, None, head_dim)
         self.uses_local = [cfg.rope_local_theta is not None and cfg.window(i) is not None for i in range(len(self.layers))]
+        self.rotates = [cfg.rotates(i) for i in range(len(self.layers))]  # SmolLM3's NoPE layers: False
         self.native = False
         self.native_stack: Any | None = None  # every layer in one native call (kvserve.model.native_stack)
 
@@ -156,7 +159,7 @@ class CausalLM(nn.Module):
         delta = None
         last = len(self.layers) - 1
         for i, (layer, kv) in enumerate(zip(self.layers, kv_caches)):
-            step = local if self.uses_local[i] and local is not None else rope
+            step = local if self.uses_local[i] and local is not None else rope if self.rotates[i] else None
             h, delta = layer(h, delta, step, attn, meta, kv, keep_rows if i == last else None)
         return self.norm.add_forward(h, delta)
 

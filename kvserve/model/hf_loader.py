@@ -1,22 +1,26 @@
 """Loading a Hugging Face model folder: config.json (+ generation_config.json), safetensors, tokenizer.
 
-Weights are read as stored (bf16/fp16/fp32), from one ``model.safetensors`` or an indexed set of
-shards; the tokenizer is whatever ``AutoTokenizer`` builds from the folder, offline.
+Weights are read as stored (bf16/fp16/fp32; gpt-oss's MXFP4 experts dequantized to bf16), from one
+``model.safetensors`` or an indexed set of shards; the tokenizer is whatever ``AutoTokenizer`` builds from the folder, offline.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from kvserve.errors import ModelLoadError
-from kvserve.model.architectures import UnsupportedArchitecture
+from kvserve.model.architectures import UnsupportedArchitecture, get_architecture
 from kvserve.model.checkpoint import LoadedModel
 from kvserve.model.config import ModelConfig
+from kvserve.model.mxfp4 import dequantize_mxfp4
 from kvserve.model.weights import expected_weight_shapes
+
+log = logging.getLogger(__name__)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -50,13 +54,17 @@ def load_hf_folder(folder: Path) -> LoadedModel:
     """Config, weights and tokenizer of a Hugging Face folder (weights not yet checked)."""
     config = hf_folder_config(folder)
     wanted = expected_weight_shapes(config)
-    weights = _read_safetensors(folder, wanted)
+    weights = _read_safetensors(folder, wanted, config.architecture)
     tokenizer = hf_folder_tokenizer(folder)
     return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, name=folder.resolve().name)
 
 
-def _read_safetensors(folder: Path, wanted: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
-    """Read the wanted tensors, as stored (bf16/fp16/fp32), from one file or an indexed set of shards."""
+def _read_safetensors(folder: Path, wanted: dict[str, tuple[int, ...]],
+                      architecture: str = "LlamaForCausalLM") -> dict[str, torch.Tensor]:
+    """Read the wanted tensors, as stored (bf16/fp16/fp32; MXFP4 ones dequantized to bf16: ``kvserve.model.mxfp4``),
+    from one file or an indexed set of shards, named as ours (``Architecture.checkpoint_name``: a multimodal
+    checkpoint's text model under its prefix)."""
+    arch = get_architecture(architecture)
     from safetensors import safe_open
 
     single = folder / "model.safetensors"
@@ -73,15 +81,26 @@ def _read_safetensors(folder: Path, wanted: dict[str, tuple[int, ...]]) -> dict[
                              "with random weights (benchmarks), pass --load-format dummy")
 
     weights: dict[str, torch.Tensor] = {}
+    packed: dict[str, torch.Tensor] = {}  # MXFP4 parts (<name>_blocks, <name>_scales) of wanted tensors
+    others = 0  # tensors outside the text model (a vision tower): not read
     for file in files:
         try:
             with safe_open(str(file), framework="pt") as f:
-                for name in f.keys():
+                for stored in f.keys():
+                    name = arch.checkpoint_name(stored)
+                    others += name is None
                     # Extra entries (a tied lm_head, rotary buffers of old checkpoints) are not needed.
                     if name in wanted:
-                        weights[name] = f.get_tensor(name)
+                        weights[name] = f.get_tensor(stored)
+                    elif name is not None and name.endswith(("_blocks", "_scales")) and name[:-7] in wanted:
+                        packed[name] = f.get_tensor(stored)
         except (OSError, ValueError, RuntimeError) as e:  # safetensors raises SafetensorError(ValueError)
             raise ModelLoadError(f"cannot read {file}: {e}") from e
+    for name in wanted:
+        if name not in weights and f"{name}_blocks" in packed and f"{name}_scales" in packed:
+            weights[name] = dequantize_mxfp4(packed.pop(f"{name}_blocks"), packed.pop(f"{name}_scales"))
+    if others:
+        log.info("%s: text only; %d tensors outside the text model (vision tower, projector) not read", folder, others)
     return weights
 
 

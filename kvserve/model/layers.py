@@ -1,5 +1,5 @@
-"""Building blocks every decoder shares: RMSNorm (the residual add fused in), oneDNN-packed linears and their row
-padding. Rotary embeddings are in ``rotary``, the MLPs in ``mlp``, attention in ``attention``."""
+"""Building blocks every decoder shares: RMSNorm (the residual add fused in), LayerNorm (Starcoder2), oneDNN-packed
+linears and their row padding. Rotary embeddings are in ``rotary``, the MLPs in ``mlp``, attention in ``attention``."""
 
 from __future__ import annotations
 
@@ -37,6 +37,34 @@ class RMSNorm(nn.Module):
             return torch.ops.kvserve.add_rms_norm(residual, delta, self.weight, self.eps, out_dtype, out_rows)
         residual.add_(delta)
         return self.forward(residual, out_dtype, out_rows)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with a bias, with RMSNorm's interface (``add_forward``, the output dtype and rows); torch only."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None, out_rows: int = 0) -> torch.Tensor:
+        y = torch.nn.functional.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+        y = y if out_dtype is None else y.to(out_dtype)
+        return y if out_rows <= y.shape[0] else torch.cat([y, y.new_zeros(out_rows - y.shape[0], y.shape[1])])
+
+    def add_forward(self, residual: torch.Tensor, delta: torch.Tensor | None,
+                    out_dtype: torch.dtype | None = None, out_rows: int = 0) -> torch.Tensor:
+        if delta is not None:
+            residual.add_(delta)
+        return self.forward(residual, out_dtype, out_rows)
+
+
+def make_norm(kind: str, dim: int, eps: float) -> RMSNorm | LayerNorm:
+    """A decoder's norm of ``kind`` (``ModelConfig.norm_type``): "rms" or "layer"."""
+    if kind not in ("rms", "layer"):
+        raise ValueError(f"norm type {kind!r} is not supported (rms, layer)")
+    return RMSNorm(dim, eps) if kind == "rms" else LayerNorm(dim, eps)
 
 
 class PackedLinear(nn.Module):

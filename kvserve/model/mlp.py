@@ -1,5 +1,6 @@
-"""The MLPs: a gated MLP (gate and up in one GEMM, an activation, down) and a mixture of experts
-(a router's top-k of gated MLPs, grouped by expert within a step, and an optional shared expert)."""
+"""The MLPs: a gated MLP (gate and up in one GEMM, an activation, down; gpt-oss's clamped SwiGLU where set) and
+a mixture of experts (a router's top-k of gated MLPs, grouped by expert within a step, and an optional shared
+expert)."""
 
 from __future__ import annotations
 
@@ -19,19 +20,30 @@ def activation(name: str):
     return ACTIVATIONS[name]
 
 
-class GatedMLP(nn.Module):
-    """gate and up projections fused into one GEMM, then act(gate) * up, then down."""
+def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float | None) -> torch.Tensor:
+    """gpt-oss's SwiGLU: g = min(gate, limit), (clamp(up, +-limit) + 1) * g * sigmoid(alpha * g)."""
+    if limit is not None:
+        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    return (up + 1) * gate * torch.sigmoid(alpha * gate)
 
-    def __init__(self, hidden: int, intermediate: int, act: str = "silu", bias: bool = False):
+
+class GatedMLP(nn.Module):
+    """gate and up projections fused into one GEMM, then act(gate) * up, then down (``swiglu``: (alpha,
+    limit) of ``clamped_swiglu`` instead; not ``gated``: up alone, act(up), then down)."""
+
+    def __init__(self, hidden: int, intermediate: int, act: str = "silu", bias: bool = False,
+                 swiglu: tuple[float, float | None] | None = None, gated: bool = True):
         super().__init__()
-        self.gate_up = nn.Linear(hidden, 2 * intermediate, bias=bias)
+        self.gated = gated  # False: gate_up is up alone, and the MLP down(act(up(x))) (Starcoder2)
+        self.gate_up = nn.Linear(hidden, (2 if gated else 1) * intermediate, bias=bias)
         self.down = nn.Linear(intermediate, hidden, bias=bias)
         self.intermediate = intermediate
         self.act_name, self.act = act, activation(act)
+        self.swiglu = swiglu
         self.native = False  # the fused silu_mul kernel (kvserve.kernels); set by the model, for SiLU only
 
     def use_native(self, on: bool) -> None:
-        self.native = on and self.act_name == "silu"
+        self.native = on and self.act_name == "silu" and self.swiglu is None and self.gated
 
     def runs_amx(self, x: torch.Tensor) -> bool:
         """Whether ``x`` runs both GEMMs on their AMX copies with the activation between them in bf16 (a
@@ -45,20 +57,26 @@ class GatedMLP(nn.Module):
             act = torch.ops.kvserve.silu_mul(self.gate_up(x, out_dtype=torch.bfloat16))
             return self.down(act, out_dtype=x.dtype)
         gu = self.gate_up(x)
+        if not self.gated:
+            return self.down(self.act(gu))
         if self.native:
             return self.down(torch.ops.kvserve.silu_mul(gu))
+        if self.swiglu is not None:
+            return self.down(clamped_swiglu(gu[..., : self.intermediate], gu[..., self.intermediate :], *self.swiglu))
         return self.down(self.act(gu[..., : self.intermediate]) * gu[..., self.intermediate :])
 
 
 class MoE(nn.Module):
     """Each token's top ``top_k`` experts of ``experts``, weighted by the router's softmax (renormalised
-    over the chosen ones with ``norm_topk``); a step runs each expert once over all the tokens routed to it."""
+    over the chosen ones with ``norm_topk``: the same as gpt-oss's softmax over the chosen logits); a step runs
+    each expert once over all the tokens routed to it."""
 
     def __init__(self, hidden: int, intermediate: int, experts: int, top_k: int, norm_topk: bool, act: str,
-                 shared_intermediate: int = 0):
+                 shared_intermediate: int = 0, router_bias: bool = False, expert_bias: bool = False,
+                 swiglu: tuple[float, float | None] | None = None):
         super().__init__()
-        self.router = nn.Linear(hidden, experts, bias=False)
-        self.experts = nn.ModuleList(GatedMLP(hidden, intermediate, act) for _ in range(experts))
+        self.router = nn.Linear(hidden, experts, bias=router_bias)
+        self.experts = nn.ModuleList(GatedMLP(hidden, intermediate, act, expert_bias, swiglu) for _ in range(experts))
         self.top_k, self.norm_topk = top_k, norm_topk
         self.shared = GatedMLP(hidden, shared_intermediate, act) if shared_intermediate else None
         self.shared_gate = nn.Linear(hidden, 1, bias=False) if shared_intermediate else None

@@ -9,6 +9,8 @@ another; one tensor where the checkpoint already stacks them). The loaders read 
 
 from __future__ import annotations
 
+from typing import Any
+
 from kvserve.model.architectures import Architecture, get_architecture
 from kvserve.model.config import ModelConfig
 
@@ -30,12 +32,14 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
         for suffix, shape in (("weight", lambda r: (r, cols)), ("bias", lambda r: (r,)))[: 2 if bias else 1]:
             out[f"{dst}.{suffix}"] = [(f"{prefix}{name}.{suffix}", shape(r)) for name, r in names]
 
+    norm_suffixes = ("weight", "bias") if cfg.norm_type == "layer" else ("weight",)
     for i in range(cfg.num_hidden_layers):
         p, dst = f"model.layers.{i}.", f"layers.{i}."
         for role in ("input_layernorm", "post_attention_layernorm", "attn_out_norm", "mlp_out_norm"):
             name = arch.weight_name(role)
             if name is not None:
-                out[f"{dst}{role}.weight"] = [(f"{p}{name}.weight", (h,))]
+                for suffix in norm_suffixes:
+                    out[f"{dst}{role}.{suffix}"] = [(f"{p}{name}.{suffix}", (h,))]
         linear(dst + "self_attn.qkv", p, [("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)],
                arch.weight_name("qkv_proj"), h, cfg.attention_bias)
         linear(dst + "self_attn.o_proj", p, [("o_proj", h)], None, q_rows, cfg.o_proj_bias)
@@ -43,26 +47,39 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
             full = cfg.qk_norm == "full"
             for role, rows in (("q_norm", q_rows), ("k_norm", kv_rows)):
                 out[f"{dst}self_attn.{role}.weight"] = [(f"{p}{arch.weight_name(role)}.weight", (rows if full else d,))]
+        if cfg.attn_sinks:
+            out[f"{dst}self_attn.sinks"] = [(f"{p}{arch.weight_name('sinks')}", (cfg.num_attention_heads,))]
         if not cfg.is_moe(i):
-            mlp(out, arch, dst + "mlp.", p, "", cfg.intermediate_size, h, cfg.mlp_bias)
+            mlp(out, arch, dst + "mlp.", p, "", cfg.intermediate_size, h, cfg.mlp_bias, cfg.gated_mlp)
             continue
         out[f"{dst}mlp.router.weight"] = [(f"{p}{arch.weight_name('router')}.weight", (cfg.num_experts, h))]
+        if cfg.router_bias:
+            out[f"{dst}mlp.router.bias"] = [(f"{p}{arch.weight_name('router')}.bias", (cfg.num_experts,))]
         for e in range(cfg.num_experts):
+            if arch.stacked_experts is not None:  # the names unstack_experts gives each expert's cut
+                mlp(out, arch, f"{dst}mlp.experts.{e}.", f"{p}{UNSTACKED.format(e=e)}", "unstacked_",
+                    cfg.moe_intermediate_size, h, cfg.expert_bias)
+                continue
             mlp(out, arch, f"{dst}mlp.experts.{e}.", p + str(arch.weight_name("expert")).format(e=e), "expert_",
-                cfg.moe_intermediate_size, h, False)
+                cfg.moe_intermediate_size, h, cfg.expert_bias)
         if cfg.shared_expert_intermediate_size:
             mlp(out, arch, dst + "mlp.shared.", p + str(arch.weight_name("shared_expert")), "shared_",
                 cfg.shared_expert_intermediate_size, h, False)
             out[f"{dst}mlp.shared_gate.weight"] = [(f"{p}{arch.weight_name('shared_expert_gate')}.weight", (1, h))]
-    out["norm.weight"] = [("model.norm.weight", (h,))]
+    for suffix in norm_suffixes:
+        out[f"norm.{suffix}"] = [(f"model.norm.{suffix}", (h,))]
     if not cfg.tie_word_embeddings:
         out["lm_head.weight"] = [("lm_head.weight", (cfg.vocab_size, h))]
     return out
 
 
-def mlp(out: dict[str, list[Source]], arch: Architecture, dst: str, prefix: str, kind: str, inter: int, h: int, bias: bool) -> None:
-    """A gated MLP's gate_up and down: the layer's own (``kind`` ""), an expert's or the shared expert's."""
-    if kind == "expert_":
+def mlp(out: dict[str, list[Source]], arch: Architecture, dst: str, prefix: str, kind: str, inter: int, h: int, bias: bool,
+        gated: bool = True) -> None:
+    """A gated MLP's gate_up and down: the layer's own (``kind`` ""), an expert's or the shared expert's (not
+    ``gated``: up alone in gate_up)."""
+    if kind == "unstacked_":
+        gate, up, down, fused = "", "", "down", "gate_up"
+    elif kind == "expert_":
         gate, up, down = (str(arch.weight_name(r)) for r in ("expert_gate", "expert_up", "expert_down"))
         fused = None
     elif kind == "shared_":
@@ -73,14 +90,84 @@ def mlp(out: dict[str, list[Source]], arch: Architecture, dst: str, prefix: str,
     suffixes = ("weight", "bias") if bias else ("weight",)
     for suffix in suffixes:
         rows = (lambda r: (r, h)) if suffix == "weight" else (lambda r: (r,))
-        names = [(fused, 2 * inter)] if fused else [(gate, inter), (up, inter)]
+        names = [(fused, 2 * inter)] if fused else [(gate, inter), (up, inter)] if gated else [(up, inter)]
         out[f"{dst}gate_up.{suffix}"] = [(f"{prefix}{n}.{suffix}", rows(r)) for n, r in names]
         out[f"{dst}down.{suffix}"] = [(f"{prefix}{down}.{suffix}", (h, inter) if suffix == "weight" else (h,))]
 
 
 def expected_weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every checkpoint tensor the engine reads, with its shape."""
-    return {name: shape for sources in weight_sources(cfg).values() for name, shape in sources}
+    """Every checkpoint tensor the engine reads, with its shape (experts stored stacked: the stacked tensors)."""
+    out = {name: shape for sources in weight_sources(cfg).values() for name, shape in sources}
+    stacked = get_architecture(cfg.architecture).stacked_experts
+    if stacked is None:
+        return out
+    h, e, inter = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        if not cfg.is_moe(i):
+            continue
+        for name in [n for n in out if n.startswith(p + UNSTACKED_ROOT)]:
+            del out[name]
+        out[f"{p}{stacked.gate_up}"] = (e, h, 2 * inter)
+        out[f"{p}{stacked.down}"] = (e, inter, h)
+        if cfg.expert_bias:
+            out[f"{p}{stacked.gate_up}_bias"] = (e, 2 * inter)
+            out[f"{p}{stacked.down}_bias"] = (e, h)
+    return out
+
+
+UNSTACKED_ROOT = "experts.unstacked."
+UNSTACKED = UNSTACKED_ROOT + "{e}."  # under "model.layers.{i}.": an expert's cut of stacked tensors
+
+
+def deinterleave_rotary(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
+    """``weights`` with q's and k's rows (and biases) of every head reordered, where ``cfg.rope_interleaved``, so that
+    the dims rotating together as pairs (2i, 2i+1) sit at i and i + rotary_dim / 2, as rotate-half rotates them.
+    Scores are unchanged (q and k reordered alike; v and o untouched); as given otherwise."""
+    if not cfg.rope_interleaved:
+        return weights
+    import torch
+
+    arch = get_architecture(cfg.architecture)
+    if arch.weight_name("qkv_proj") is not None:
+        raise ValueError(f"{cfg.architecture}: interleaved rotary over a stacked qkv tensor is not supported")
+    d, rd = int(cfg.head_dim or 0), cfg.rotary_dim
+    per_head = [*range(0, rd, 2), *range(1, rd, 2), *range(rd, d)]
+    out = dict(weights)
+    for i in range(cfg.num_hidden_layers):
+        for role, heads in (("q_proj", cfg.num_attention_heads), ("k_proj", cfg.num_key_value_heads)):
+            order = torch.tensor([h * d + j for h in range(heads) for j in per_head])
+            for suffix in ("weight", "bias"):
+                name = f"model.layers.{i}.{arch.weight_name(role)}.{suffix}"
+                if name in out:
+                    out[name] = out[name][order]
+    return out
+
+
+def unstack_experts(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
+    """``weights`` with each layer's stacked expert tensors (``StackedExperts``) cut into every expert's
+    linear weights and biases (views: transposed, gate's and up's rows apart), under the names
+    ``weight_sources`` gives them; as given for an architecture that stores experts one by one."""
+    stacked = get_architecture(cfg.architecture).stacked_experts
+    if stacked is None:
+        return weights
+    out = dict(weights)
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        if not cfg.is_moe(i) or f"{p}{stacked.gate_up}" not in out:
+            continue
+        gate_up, down = out.pop(f"{p}{stacked.gate_up}"), out.pop(f"{p}{stacked.down}")
+        gate_up_bias, down_bias = out.pop(f"{p}{stacked.gate_up}_bias", None), out.pop(f"{p}{stacked.down}_bias", None)
+        for e in range(cfg.num_experts):
+            name = p + UNSTACKED.format(e=e)
+            gu, gu_bias = gate_up[e].t(), None if gate_up_bias is None else gate_up_bias[e]
+            if stacked.interleaved:  # gate's rows first, then up's, as the fused GEMM stacks them
+                gu = gu.reshape(-1, 2, gu.shape[1]).transpose(0, 1).reshape(gu.shape)
+                gu_bias = None if gu_bias is None else gu_bias.reshape(-1, 2).t().reshape(-1)
+            out[f"{name}gate_up.weight"], out[f"{name}down.weight"] = gu, down[e].t()
+            if gu_bias is not None and down_bias is not None:
+                out[f"{name}gate_up.bias"], out[f"{name}down.bias"] = gu_bias, down_bias[e]
+    return out
 
 
 def linear_sources(cfg: ModelConfig, sources: dict[str, list[Source]] | None = None) -> dict[str, list[str]]:

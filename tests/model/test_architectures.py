@@ -25,7 +25,8 @@ COMMON = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_la
 WINDOW = 6  # shorter than most prompts below
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
 
-# registered name -> (transformers config class, its arguments beyond COMMON)
+# case -> (transformers config class, its arguments beyond COMMON); a case is a registered name, or
+# "name:variant" for more of its options (another shape of the same architecture)
 CASES: dict[str, tuple[str, dict]] = {
     "LlamaForCausalLM": ("LlamaConfig", dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                                            "high_freq_factor": 4.0,
@@ -51,28 +52,61 @@ CASES: dict[str, tuple[str, dict]] = {
     "OlmoeForCausalLM": ("OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2, intermediate_size=32)),
     "GraniteForCausalLM": ("GraniteConfig", dict(embedding_multiplier=3.0, residual_multiplier=0.5,
                                                  attention_multiplier=0.3, logits_scaling=2.0, attention_bias=True)),
+    # sinks, biases everywhere, the router's bias, the clamped SwiGLU, stacked experts, sliding/full, yarn; a low
+    # limit so that the clamps bite on these weights
+    "GptOssForCausalLM": ("GptOssConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
+                                               sliding_window=WINDOW, swiglu_limit=1.5,
+                                               rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
+                                                                "beta_slow": 1.0, "truncate": False,
+                                                                "original_max_position_embeddings": 64})),
+    "Gemma3ForConditionalGeneration": ("Gemma3Config", {}),  # text only: see GEMMA3_MM
+    "SmolLM3ForCausalLM": ("SmolLM3Config", dict(num_hidden_layers=4, no_rope_layer_interval=2)),
+    "Starcoder2ForCausalLM": ("Starcoder2Config", dict(sliding_window=WINDOW, norm_epsilon=1e-4, tie_word_embeddings=True)),
+    "Glm4ForCausalLM": ("Glm4Config", dict(partial_rotary_factor=0.5)),
+    "Ernie4_5ForCausalLM": ("Ernie4_5Config", {}),  # Llama's layers (int8: the native decode stack), rotary reordered
+    "Ernie4_5ForCausalLM:use_bias": ("Ernie4_5Config", dict(use_bias=True)),
+    "OlmoeForCausalLM:clip_qkv": ("OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2, intermediate_size=32,
+                                                      clip_qkv=0.5)),
+    # head_dim other than hidden / heads, biases on q/k/v/o and the MLP, tied embeddings
+    "LlamaForCausalLM:head_dim,biases,tied": ("LlamaConfig", dict(head_dim=24, attention_bias=True, mlp_bias=True,
+                                                                  tie_word_embeddings=True)),
+    # the window on the layers from max_window_layers on; untied embeddings
+    "Qwen2ForCausalLM:sliding_window": ("Qwen2Config", dict(use_sliding_window=True, sliding_window=WINDOW,
+                                                            max_window_layers=1, num_hidden_layers=3)),
+    "SmolLM3ForCausalLM:sliding_window": ("SmolLM3Config", dict(num_hidden_layers=3, no_rope_layer_interval=3,
+                                                                use_sliding_window=True, sliding_window=WINDOW)),
 }
+# Gemma3ForConditionalGeneration's text model, beside a one-layer vision tower the engine does not read
+GEMMA3_MM = dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                    image_size=28, patch_size=14), mm_tokens_per_image=4,
+                 text_config=dict(CASES["Gemma3ForCausalLM"][1]))
 PROMPT_LENS = [1, 5, 9, 17, 30]
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
 
 def test_every_registered_architecture_has_a_case():
-    assert sorted(CASES) == architecture_names()
+    assert sorted({case.partition(":")[0] for case in CASES}) == architecture_names()
 
 
-def hf_model(name: str, **overrides):
-    """``name``'s tiny random transformers model (its case's arguments, then ``overrides``)."""
+def hf_model(case: str, **overrides):
+    """``case``'s tiny random transformers model (its arguments, then ``overrides``)."""
     import transformers
 
-    config_class, extra = CASES[name]
-    cfg = getattr(transformers, config_class)(**{**COMMON, **extra, **overrides})
+    name = case.partition(":")[0]
+    config_class, extra = CASES[case]
+    if name == "Gemma3ForConditionalGeneration":
+        text = {**COMMON, **GEMMA3_MM["text_config"], **overrides}
+        cfg = transformers.Gemma3Config(**{**GEMMA3_MM, "text_config": text},
+                                        tie_word_embeddings=text["tie_word_embeddings"])
+    else:
+        cfg = getattr(transformers, config_class)(**{**COMMON, **extra, **overrides})
     cfg.architectures = [name]
     torch.manual_seed(0)
     model = getattr(transformers, name)(cfg)
     with torch.no_grad():
         for pname, p in model.named_parameters():
             if p.dim() > 1:
-                p.normal_(0, 0.2 if "gate.weight" not in pname else 1.0)  # routers peaked too
+                p.normal_(0, 1.0 if pname.endswith(("gate.weight", "router.weight")) else 0.2)  # routers peaked too
             else:  # norms and biases away from their initial values, so a misplaced one changes the answer
                 p.add_(torch.randn_like(p) * 0.2)
     return model.eval()
@@ -85,7 +119,7 @@ def checkpoint(name: str, tmp_path_factory):
     """(transformers model, the folder it saved) for ``name``, built once per session."""
     if name not in _folders:
         model = hf_model(name)
-        folder = tmp_path_factory.mktemp(name)
+        folder = tmp_path_factory.mktemp(name.replace(":", "-").replace(",", "-"))
         model.save_pretrained(folder)
         word_tokenizer(COMMON["vocab_size"]).save_pretrained(folder)
         _folders[name] = (model, folder)
@@ -155,7 +189,10 @@ def test_greedy_equals_transformers(name, torch_path, tmp_path_factory, monkeypa
     got = [o.token_ids for o in llm.generate(prompts(), GREEDY)]
     assert got == expected(name, tmp_path_factory)
     runner = llm.engine.runner
-    if any(layer.self_attn.spec.masked for layer in runner.model.layers):
+    specs = [layer.self_attn.spec for layer in runner.model.layers]
+    if any(spec.sinks is not None for spec in specs):  # sinks: only the torch path takes them
+        assert general[0] > 0
+    elif any(spec.masked for spec in specs):
         # windows and soft caps: in the paged backend's kernels where it runs, else the torch fallback
         assert (general[0] == 0) == isinstance(runner.attention, PagedBackend), general
     if not torch_path and load_kernels():
@@ -198,3 +235,92 @@ def test_quantized_default_stays_close_to_dense(name, tmp_path_factory):
             assert abs(top[dt] - d.logprobs[step].logprob) < 0.5
             if dt != qt:
                 break
+
+
+def test_gpt_oss_mxfp4_experts_load_dequantized(tmp_path):
+    """gpt-oss as published: the experts in MXFP4 (``<name>_blocks``/``_scales``), the rest as stored. The
+    engine dequantizes them at load (as transformers does: the same values) and answers as transformers with
+    the dequantized weights."""
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    model = hf_model("GptOssForCausalLM")
+    g = torch.Generator().manual_seed(3)
+    tensors = {}
+    for i, layer in enumerate(model.model.layers):
+        for proj in ("gate_up_proj", "down_proj"):
+            param = getattr(layer.mlp.experts, proj)  # [experts, in, out]; MXFP4 stores [experts, out, in / 32, 16]
+            experts, cols, rows = param.shape
+            blocks = torch.randint(0, 256, (experts, rows, cols // 32, 16), dtype=torch.uint8, generator=g)
+            scales = torch.randint(122, 125, (experts, rows, cols // 32), dtype=torch.uint8, generator=g)
+            with torch.no_grad():
+                param.copy_(convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
+            tensors[f"model.layers.{i}.mlp.experts.{proj}_blocks"] = blocks
+            tensors[f"model.layers.{i}.mlp.experts.{proj}_scales"] = scales
+    model.save_pretrained(tmp_path)
+    word_tokenizer(COMMON["vocab_size"]).save_pretrained(tmp_path)
+    stored = load_file(tmp_path / "model.safetensors")
+    stored = {k: v for k, v in stored.items() if not k.endswith(("experts.gate_up_proj", "experts.down_proj"))}
+    save_file({**stored, **tensors}, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    llm = make_llm(tmp_path, max_num_batched_tokens=512)
+    assert [o.token_ids for o in llm.generate(prompts(), GREEDY)] == [hf_greedy(model, p, GREEDY.max_tokens)
+                                                                    for p in prompts()]
+
+
+def test_gemma3_multimodal_checkpoint_answers_as_its_text_model(tmp_path_factory, caplog):
+    """Gemma3ForConditionalGeneration's folder, text only: the same config as Gemma3ForCausalLM's over its
+    text_config, the vision tower left unread (and logged), and the answers of a Gemma3ForCausalLM holding
+    the same text weights."""
+    import dataclasses
+    import logging
+
+    import transformers
+
+    from kvserve.model.config import ModelConfig
+
+    mm, folder = checkpoint("Gemma3ForConditionalGeneration", tmp_path_factory)
+    text = transformers.Gemma3ForCausalLM(mm.config.text_config).eval()
+    text.model.load_state_dict(mm.model.language_model.state_dict())
+    text.tie_weights()
+    causal = text.config.to_dict()
+    causal["architectures"] = ["Gemma3ForCausalLM"]
+    ours = ModelConfig.from_hf_dict(mm.config.to_dict())
+    assert dataclasses.replace(ours, architecture="Gemma3ForCausalLM") == ModelConfig.from_hf_dict(causal)
+    with caplog.at_level(logging.INFO, logger="kvserve.model.hf_loader"):
+        llm = make_llm(folder, max_num_batched_tokens=512)
+    assert "not read" in caplog.text
+    assert [o.token_ids for o in llm.generate(prompts(), GREEDY)] == [hf_greedy(text, p, GREEDY.max_tokens)
+                                                                    for p in prompts()]
+
+
+@pytest.mark.parametrize("case, stack, why", [
+    ("GptOssForCausalLM", False, "sliding windows, experts, biases past q/k/v, attention sinks, a clamped SwiGLU"),
+    ("SmolLM3ForCausalLM", False, "layers without rotary"),
+    ("OlmoeForCausalLM:clip_qkv", False, "q/k norms over the whole projection, experts, q/k/v clamps"),
+    ("Starcoder2ForCausalLM", False, "LayerNorms, a non-gated MLP, gelu_pytorch_tanh"),
+    ("Ernie4_5ForCausalLM", True, None)])
+def test_the_start_up_log_names_what_keeps_a_model_off_the_native_stack(case, stack, why, tmp_path_factory, caplog):
+    """int8 (what the native decode stack runs over): every option it lacks is named in the start-up log and the
+    layers run in Python; a model of Llama's layers (interleaved rotary reordered at load) gets the stack."""
+    import logging
+
+    _, folder = checkpoint(case, tmp_path_factory)
+    with caplog.at_level(logging.INFO, logger="kvserve.model.decoder"):
+        llm = make_llm(folder, quantization="int8")
+    assert (llm.engine.runner.model.native_stack is not None) == stack
+    if why is not None:
+        assert f"this model has {why}" in caplog.text
+
+
+@pytest.mark.parametrize("case", ["MistralForCausalLM", "GptOssForCausalLM"])
+def test_a_bfloat16_model_attends_windows_and_sinks(case, tmp_path_factory):
+    """A bf16 model (a bf16 KV pool) through the general attention path (windows, sinks): it runs, and its
+    first greedy token of each prompt is float32 transformers' (later ones may drift with bf16 rounding)."""
+    _, folder = checkpoint(case, tmp_path_factory)
+    loaded = load_model(folder)
+    loaded.config.eos_token_ids = []
+    llm = LLM.from_weights(loaded.config, loaded.weights, dtype="bfloat16", quantization="none", num_kv_blocks=256,
+                           block_size=4)
+    got = [o.token_ids for o in llm.generate(prompts(), GREEDY)]
+    assert all(len(g) == GREEDY.max_tokens for g in got)
+    assert sum(g[0] == w[0] for g, w in zip(got, expected(case, tmp_path_factory))) >= len(got) - 1

@@ -165,7 +165,7 @@ def test_write_bench_models(tmp_path, embedded_hf_tokenizer):
     assert r.returncode == 0, r.stderr
     folders = sorted(p.name for p in tmp_path.iterdir())
     assert folders == sorted(["Qwen2.5-0.5B-Instruct", "Llama-3.2-1B-Instruct", "Qwen3-4B", "Llama-3.1-8B-Instruct",
-                              "OLMoE-1B-7B-0924", "Qwen3-30B-A3B"])
+                              "OLMoE-1B-7B-0924", "Qwen3-30B-A3B", "gpt-oss-20b"])
     for name in folders:
         folder = tmp_path / name
         assert sorted(p.name for p in folder.iterdir()) == ["config.json", "tokenizer.json", "tokenizer_config.json"]
@@ -178,7 +178,8 @@ def test_write_bench_models(tmp_path, embedded_hf_tokenizer):
         assert sum(torch.Size(s).numel() for s in shapes) == params, name
         assert f"{name}  {config.architecture}: kvserve loads it" in r.stdout
     # the registry's architectures, against their model cards' rounded totals
-    for name, billions in {"Qwen3-4B": 4.02, "OLMoE-1B-7B-0924": 6.92, "Qwen3-30B-A3B": 30.5}.items():
+    for name, billions in {"Qwen3-4B": 4.02, "OLMoE-1B-7B-0924": 6.92, "Qwen3-30B-A3B": 30.5,
+                           "gpt-oss-20b": 20.9}.items():
         shapes = expected_weight_shapes(load_model_config(tmp_path / name)).values()
         assert sum(torch.Size(s).numel() for s in shapes) / 1e9 == pytest.approx(billions, rel=0.005), name
         assert f"{name}  " in r.stdout and "kvserve loads it" in r.stdout.split(f"{name}  ")[1].splitlines()[0]

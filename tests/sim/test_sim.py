@@ -99,6 +99,16 @@ def test_moe_active_and_total_params():
                                   "num_local_experts": 8, "num_experts_per_tok": 2})
     assert m.total_params / 1e9 == pytest.approx(46.7, rel=0.01)  # Mixtral-8x7B
     assert m.active_params / 1e9 == pytest.approx(12.9, rel=0.01)
+    # gpt-oss-20b (its config.json's shape keys): 20.9B in all; 3.6B active by its card, which counts the
+    # LM head but not the embeddings (0.58B), which the simulator counts too
+    oss = ModelSpec.from_hf_config({"architectures": ["GptOssForCausalLM"], "hidden_size": 2880, "num_hidden_layers": 24,
+                                    "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+                                    "intermediate_size": 2880, "vocab_size": 201088, "num_local_experts": 32,
+                                    "num_experts_per_tok": 4, "sliding_window": 128, "swiglu_limit": 7.0,
+                                    "quantization_config": {"quant_method": "mxfp4"}})
+    assert (oss.experts, oss.experts_per_token, oss.expert_intermediate, oss.head_dim) == (32, 4, 2880, 64)
+    assert oss.total_params / 1e9 == pytest.approx(20.9, rel=0.01)
+    assert (oss.active_params - oss.embed_params) / 1e9 == pytest.approx(3.6, rel=0.01)
     synth = planner.model_for_params(100, 10)
     assert synth.total_params / 1e9 == pytest.approx(100, rel=0.15)
     assert synth.active_params / 1e9 == pytest.approx(10, rel=0.15)

@@ -29,6 +29,7 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     "qkv_proj": None,  # q, k and v already stacked in one tensor (Phi-3)
     "o_proj": "self_attn.o_proj",
     "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm",
+    "sinks": "self_attn.sinks",  # one logit per head (a tensor, not a module: no .weight)
     "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj", "down_proj": "mlp.down_proj",
     "gate_up_proj": None,  # gate and up already stacked (Phi-3)
     "router": "mlp.gate",
@@ -37,6 +38,19 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     "shared_expert": "mlp.shared_expert.",  # then gate_proj / up_proj / down_proj
     "shared_expert_gate": "mlp.shared_expert_gate",
 }
+
+
+@dataclass(frozen=True)
+class StackedExperts:
+    """A layer's experts stored as two 3-D tensors (gpt-oss), under "model.layers.{i}.": ``gate_up``
+    [experts, hidden, 2 * inter] and ``down`` [experts, inter, hidden] (each expert's matrix transposed
+    against a linear's weight), their biases ``<name>_bias``; ``interleaved``: gate and up alternate
+    along the last dim instead of gate's half then up's. The loaders hand them on as stored;
+    ``kvserve.model.weights.unstack_experts`` cuts them into each expert's linears."""
+
+    gate_up: str = "mlp.experts.gate_up_proj"
+    down: str = "mlp.experts.down_proj"
+    interleaved: bool = True
 
 
 @dataclass(frozen=True)
@@ -54,6 +68,18 @@ class Architecture:
     gguf_config: Callable[[GGUFGet], dict[str, Any]] = lambda get: {}
     # a multimodal config -> the text model's part (its layers, heads, ...)
     text_config: Callable[[dict[str, Any]], dict[str, Any]] = lambda d: d
+    stacked_experts: StackedExperts | None = None  # experts in 3-D tensors; None: one set of linears each
+    # prefixes the checkpoint's names carry instead of ours ("model.", "lm_head."), e.g. a multimodal
+    # checkpoint's "language_model.model."; the HF loader renames by them as it reads
+    prefixes: Mapping[str, str] = field(default_factory=dict)
+
+    def checkpoint_name(self, name: str) -> str | None:
+        """Our name for a checkpoint tensor ``name``: renamed by ``prefixes``; None for a tensor outside
+        them (a vision tower) where the architecture has any."""
+        if not self.prefixes:
+            return name
+        return next((ours + name[len(theirs):] for theirs, ours in self.prefixes.items() if name.startswith(theirs)),
+                    None)
 
     def weight_name(self, role: str) -> str | None:
         return self.weights[role] if role in self.weights else LLAMA_WEIGHTS[role]
@@ -108,7 +134,7 @@ def gguf_architectures() -> dict[str, str]:
 
 # one line per architecture module
 _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma2", "gemma3", "phi3", "olmo2", "olmoe",
-            "granite"]
+            "granite", "gpt_oss", "gemma3_mm", "smollm3", "starcoder2", "glm4", "ernie4_5"]
 
 
 def _load() -> None:

@@ -1,13 +1,13 @@
 """OLMoE: a top-k mixture of experts in every layer (weights not renormalised by default), q/k norms over the
-whole projection."""
+whole projection, q/k/v clamped where ``clip_qkv`` is set."""
 
 from kvserve.model.architectures import Architecture, first_of, register
 
 
 def olmoe_config(d: dict) -> dict:
-    if d.get("clip_qkv") is not None:
-        raise ValueError("OLMoE's clip_qkv is not supported")
-    return {"qk_norm": "full", "num_experts": first_of(d, "num_experts", "num_local_experts"), "num_experts_per_tok": d["num_experts_per_tok"],
+    clip = d.get("clip_qkv")
+    return {"qk_norm": "full", "clip_qkv": None if clip is None else float(clip),
+            "num_experts": first_of(d, "num_experts", "num_local_experts"), "num_experts_per_tok": d["num_experts_per_tok"],
             "moe_intermediate_size": d["intermediate_size"], "norm_topk_prob": bool(d.get("norm_topk_prob", False))}
 
 
