@@ -31,7 +31,7 @@ chat: $(STAMP)
 
 # the suite runs in TEST_WORKERS processes (pytest-xdist; 0: one process), a test file per worker at a
 # time, each worker's torch on one thread (OMP_NUM_THREADS): more threads than cores spin against each
-# other. The kernel tests run on two threads at least (tests/kernels/conftest.py), so the kernels'
+# other. The kernel tests run on two threads at least (tests/conftest.py), so the kernels'
 # multi-threaded paths are still what they check.
 TEST_WORKERS ?= 2
 

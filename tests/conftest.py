@@ -100,3 +100,17 @@ def tiny_model_dir(tmp_path_factory, embedded_hf_tokenizer):
     tiny_hf_model(vocab=49152, seed=3).save_pretrained(folder)
     embedded_hf_tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(autouse=True)
+def _kernel_tests_on_two_threads(request):
+    """The kernel tests run on two threads at least: `make test` gives each pytest worker one
+    (OMP_NUM_THREADS=1), and the kernels split work across threads, so their multi-threaded paths must
+    be what these tests check."""
+    if "/tests/kernels/" not in str(request.node.fspath):
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(2, before))
+    yield
+    torch.set_num_threads(before)
