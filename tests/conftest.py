@@ -114,3 +114,13 @@ def _kernel_tests_on_two_threads(request):
     torch.set_num_threads(max(2, before))
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def threads(request):
+    """Runs the test with request.param threads (the kernels split long decodes only with more than one);
+    parametrize it with indirect=True."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)

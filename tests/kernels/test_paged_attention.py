@@ -130,15 +130,6 @@ def test_only_the_listed_rows_are_written_and_strided_q_works():
     torch.testing.assert_close(got.double(), reference(q, k, v, tables, info, bs), atol=2e-5, rtol=2e-5)
 
 
-@pytest.fixture
-def threads(request):
-    """Runs the test with request.param threads (the kernel splits long decodes only with more than one)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("threads", [1, 2, 4], indirect=True)
 @pytest.mark.parametrize("ctx", [200, 1000, 4096, 1023])
 def test_one_long_decode_split_across_threads(threads, ctx):

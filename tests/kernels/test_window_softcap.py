@@ -129,14 +129,6 @@ def test_head_sizes_block_sizes_and_groups(d, bs, heads, kv_heads, kv):
         check(seqs, window, softcap, kv, d=d, bs=bs, heads=heads, kv_heads=kv_heads)
 
 
-@pytest.fixture
-def threads(request):
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("threads", [1, 2, 4], indirect=True)
 @pytest.mark.parametrize("kv", ["float32", "bfloat16"])
 @pytest.mark.parametrize("window", [40, 300, 1111])
