@@ -98,3 +98,13 @@ def test_every_module_says_what_it_owns():
     missing = [name for name, path in _modules().items()
                if path.read_text().strip() and ast.get_docstring(ast.parse(path.read_text())) is None]
     assert not missing, f"modules without a docstring: {missing}"
+
+
+def test_only_kvserve_kernels_calls_the_native_ops():
+    """The native kernels are reached through kvserve.kernels.ops, one wrapper per op with its fallback:
+    no other module names ``torch.ops.kvserve`` or ``torch.classes.kvserve``."""
+    kernels = ROOT / "kernels"
+    direct = sorted(str(path.relative_to(ROOT.parent)) for path in ROOT.rglob("*.py")
+                    if kernels not in path.parents
+                    and any(name in path.read_text() for name in ("torch.ops.kvserve", "torch.classes.kvserve")))
+    assert not direct, f"call the native ops through kvserve.kernels.ops, not directly: {direct}"

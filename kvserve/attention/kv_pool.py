@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from kvserve.attention.registry import Registry
+from kvserve.kernels import ops
 from kvserve.kv.layout import KVLayout
 from kvserve.model.config import ModelConfig
 
@@ -86,14 +87,8 @@ class KVPool:
     def _store(self, cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:
         """cache[slots] = x (cast to the cache's dtype): one row copy per token where the kernels run."""
         if self._native_store is None:
-            from kvserve.kernels import kernels_available
-
-            self._native_store = self.device.type == "cpu" and kernels_available()
-        x = x.to(cache.dtype)
-        if self._native_store and x.stride(-1) == 1 and x.stride(1) == x.shape[2]:
-            torch.ops.kvserve.store_rows_(cache, slots, x)
-        else:
-            cache.index_copy_(0, slots, x)
+            self._native_store = self.device.type == "cpu" and ops.available()
+        ops.store_rows_(cache, slots, x.to(cache.dtype), native=self._native_store)
 
     def as_stored(self, layer: LayerKV, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v as the cache gives them back once stored: what a chunk attends over in its own fresh

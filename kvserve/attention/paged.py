@@ -3,7 +3,7 @@ table, so no step copies contexts out of the cache (``gather-sdpa`` does, and th
 of a large decode step).
 
 New keys and values are written to their slots first; then one call of
-``torch.ops.kvserve.paged_attention`` (kvserve/kernels/csrc/paged_attention.cpp) attends every
+``ops.paged_attention`` (kvserve/kernels/csrc/paged_attention.cpp) attends every
 row that reads the cache: decodes, prefill chunks continuing a context, speculative verify rows.
 A chunk that starts its sequence has no cached context: torch SDPA attends over its fresh k/v,
 whose GEMMs beat the kernel's dot products on a whole prompt. A long chunk that continues a
@@ -16,7 +16,7 @@ chunks that go to SDPA attend in bf16, whose GEMMs run on AMX tiles with float32
 2.5-3x torch's float32 flash attention. Then chunks over BF16_LONG_CHUNK tokens already go.
 
 Where the kernels can (a bf16 cache and brgemm on AMX: ``flash_prefill``), those prompt chunks go to
-``torch.ops.kvserve.flash_prefill`` instead of SDPA: it reads the cache through the tables as the
+``ops.flash_prefill`` instead of SDPA: it reads the cache through the tables as the
 decode kernel does (no gather, no pieces to merge), runs both GEMMs on AMX tiles with the GQA heads
 stacked as rows, and its softmax costs about half of torch's (the prefix-RAG wave 1.45-1.5 -> 1.2-1.28 s).
 
@@ -44,6 +44,7 @@ from kvserve.attention.backend import (AttentionBackend, AttentionMetadata, Nati
 from kvserve.attention.general import LayerAttention
 from kvserve.attention.kv_pool import KVPool, LayerKV
 from kvserve.errors import InvalidArgumentError
+from kvserve.kernels import ops
 from kvserve.kv.block_pool import NO_BLOCK
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
@@ -125,7 +126,7 @@ class PagedBackend(AttentionBackend):
         self.scale = pool.layout.head_dim ** -0.5
         layout = pool.layout
         self._flash_runs = (pool.dtype == torch.bfloat16 and not pool.quantized and layout.head_dim % 32 == 0
-                            and layout.head_dim <= 256 and bool(torch.ops.kvserve.flash_prefill_available()))
+                            and layout.head_dim <= 256 and ops.flash_prefill_available())
 
     def flash_prefill(self) -> bool:
         """Whether prompt chunks go to ``flash_prefill`` (bf16 prefill over a bf16 cache, head_dim a
@@ -144,7 +145,7 @@ class PagedBackend(AttentionBackend):
         info = torch.tensor([(sum(r for r, _ in seqs[:i]), r, c, 0) for i, (r, c) in enumerate(seqs)], dtype=torch.int32)
         k = torch.zeros(blocks.numel() * bs, layout.num_kv_heads, layout.head_dim, dtype=torch.bfloat16)
         q = torch.zeros(sum(r for r, _ in seqs), num_heads, layout.head_dim, dtype=torch.bfloat16)
-        torch.ops.kvserve.flash_prefill(torch.empty_like(q), q, k, k, blocks, info, bs, self.scale)
+        ops.flash_prefill(torch.empty_like(q), q, k, k, blocks, info, bs, self.scale)
 
     def build_metadata(self, seqs: Sequence[SeqRows], num_decodes: int) -> PagedMetadata:
         # Plain Python lists, one tensor each at the end: this runs every step.
@@ -231,11 +232,11 @@ class PagedBackend(AttentionBackend):
         out = torch.empty_like(q)
         tables, info = self._all_rows(meta)
         if info.shape[0]:
-            torch.ops.kvserve.paged_attention(out, q, layer_kv[0], layer_kv[1], tables, info, self.pool.block_size,
-                                              scale, *self._scales(layer_kv), window=window, softcap=softcap)
+            ops.paged_attention(out, q, layer_kv[0], layer_kv[1], tables, info, self.pool.block_size, scale,
+                                *self._scales(layer_kv), window=window, softcap=softcap)
         if meta.flash_info is not None:
-            torch.ops.kvserve.flash_prefill(out, q, layer_kv[0], layer_kv[1], meta.flash_tables, meta.flash_info,
-                                            self.pool.block_size, scale, window=window, softcap=softcap)
+            ops.flash_prefill(out, q, layer_kv[0], layer_kv[1], meta.flash_tables, meta.flash_info,
+                              self.pool.block_size, scale, window=window, softcap=softcap)
         return out
 
     def _all_rows(self, meta: PagedMetadata) -> tuple[torch.Tensor, torch.Tensor]:
@@ -273,11 +274,11 @@ class PagedBackend(AttentionBackend):
             q = q.contiguous()
         out = torch.empty_like(q)
         if meta.seq_info.shape[0]:  # an 8-bit cache is read as stored, with its scales
-            torch.ops.kvserve.paged_attention(out, q, k_cache, v_cache, meta.block_tables, meta.seq_info,
-                                              self.pool.block_size, scale, *self._scales(layer_kv))
+            ops.paged_attention(out, q, k_cache, v_cache, meta.block_tables, meta.seq_info,
+                                self.pool.block_size, scale, *self._scales(layer_kv))
         if meta.flash_info is not None:
-            torch.ops.kvserve.flash_prefill(out, q, k_cache, v_cache, meta.flash_tables, meta.flash_info,
-                                            self.pool.block_size, scale)
+            ops.flash_prefill(out, q, k_cache, v_cache, meta.flash_tables, meta.flash_info,
+                              self.pool.block_size, scale)
         gqa = q.shape[1] != k.shape[1]
         dt = self.prefill_dtype or q.dtype
         for first, n in meta.fresh:
@@ -304,9 +305,9 @@ class PagedBackend(AttentionBackend):
         tables, info = self._row_runs(meta.seqs, rows.tolist())
         out = q.new_empty(rows.numel(), q.shape[1], q.shape[2])
         if info:
-            torch.ops.kvserve.paged_attention(out, q[rows], layer_kv[0], layer_kv[1], torch.tensor(tables, dtype=torch.int32),
-                                              torch.tensor(info, dtype=torch.int32).view(-1, 4), self.pool.block_size,
-                                              scale, *self._scales(layer_kv), window=window, softcap=softcap)
+            ops.paged_attention(out, q[rows], layer_kv[0], layer_kv[1], torch.tensor(tables, dtype=torch.int32),
+                                torch.tensor(info, dtype=torch.int32).view(-1, 4), self.pool.block_size,
+                                scale, *self._scales(layer_kv), window=window, softcap=softcap)
         return out
 
     def _row_runs(self, seqs: Sequence[SeqRows], rows: list[int]) -> tuple[list[int], list[int]]:

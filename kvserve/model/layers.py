@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kvserve.kernels import ops
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
@@ -18,14 +20,7 @@ class RMSNorm(nn.Module):
         """``out_dtype``: bf16 where a bf16 GEMM reads the output next (the cast fused into the norm).
         ``out_rows`` (more than x's): that many rows, zeros past x's: the GEMM's padded input
         (``padded_rows``), written here instead of copied there."""
-        if self.native:
-            return torch.ops.kvserve.rms_norm(x, self.weight, self.eps, out_dtype, out_rows)
-        # Normalise in float32 and cast back before the scale, exactly as the reference does.
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        y = self.weight * h.to(x.dtype)
-        y = y if out_dtype is None else y.to(out_dtype)
-        return y if out_rows <= y.shape[0] else torch.cat([y, y.new_zeros(out_rows - y.shape[0], y.shape[1])])
+        return ops.rms_norm(x, self.weight, self.eps, out_dtype, out_rows, native=self.native)
 
     def add_forward(self, residual: torch.Tensor, delta: torch.Tensor | None,
                     out_dtype: torch.dtype | None = None, out_rows: int = 0) -> torch.Tensor:
@@ -33,10 +28,7 @@ class RMSNorm(nn.Module):
         sum: one kernel, one pass for the add, where native. No delta: the norm alone."""
         if delta is None:
             return self.forward(residual, out_dtype, out_rows)
-        if self.native:
-            return torch.ops.kvserve.add_rms_norm(residual, delta, self.weight, self.eps, out_dtype, out_rows)
-        residual.add_(delta)
-        return self.forward(residual, out_dtype, out_rows)
+        return ops.add_rms_norm(residual, delta, self.weight, self.eps, out_dtype, out_rows, native=self.native)
 
 
 class LayerNorm(nn.Module):

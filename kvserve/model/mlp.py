@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvserve.kernels import ops
 from kvserve.model.layers import runs_amx
 
 ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
@@ -54,13 +55,13 @@ class GatedMLP(nn.Module):
         if self.runs_amx(x):
             # an AMX step (QuantLinear.amx): the intermediate stays bf16 from gate_up's GEMM through
             # the activation into down's, instead of two round trips through float32
-            act = torch.ops.kvserve.silu_mul(self.gate_up(x, out_dtype=torch.bfloat16))
+            act = ops.silu_mul(self.gate_up(x, out_dtype=torch.bfloat16))
             return self.down(act, out_dtype=x.dtype)
         gu = self.gate_up(x)
         if not self.gated:
             return self.down(self.act(gu))
         if self.native:
-            return self.down(torch.ops.kvserve.silu_mul(gu))
+            return self.down(ops.silu_mul(gu))
         if self.swiglu is not None:
             return self.down(clamped_swiglu(gu[..., : self.intermediate], gu[..., self.intermediate :], *self.swiglu))
         return self.down(self.act(gu[..., : self.intermediate]) * gu[..., self.intermediate :])

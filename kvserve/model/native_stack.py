@@ -1,6 +1,6 @@
 """A step's decoder layers in one native call, where the model and the step allow it.
 
-``torch.classes.kvserve.DecodeStack`` (kvserve/kernels/csrc/decode_stack.cpp) holds every layer's
+The native ``DecodeStack`` (kvserve/kernels/csrc/decode_stack.cpp; ``ops.decode_stack``) holds every layer's
 weights and runs the same kernels the Python layers call (norms, quantized linears, rotary, paged
 attention, SwiGLU) back to back, so a decode step pays Python's per-op cost once, not ~12 times
 per layer. It covers Llama's layers and Qwen3's (``ModelConfig.llama_layers``), each with its sliding
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kvserve.kernels import ops
 from kvserve.model.layers import padded_rows
 from kvserve.model.quant_linear import AMX_MIN_ROWS, QuantLinear
 
@@ -39,8 +40,8 @@ def build_native_stack(model: "CausalLM") -> Any | None:
             return None
         if any(m.bias is not None for m in linears[1:]):
             return None
-    stack = torch.classes.kvserve.DecodeStack(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-                                              cfg.hidden_size, cfg.intermediate_size, cfg.rms_norm_eps)
+    stack = ops.decode_stack(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                             cfg.hidden_size, cfg.intermediate_size, cfg.rms_norm_eps)
     for layer in model.layers:
         a, mlp = layer.self_attn, layer.mlp
         stack.add_layer(layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach(),

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvserve.device import amx_gemm_available
-from kvserve.kernels import kernels_available
+from kvserve.kernels import kernels_available, ops
 from kvserve.model.config import ModelConfig
 from kvserve.model.layers import PackedLinear
 from kvserve.model.quant import BLOCK, QuantWeight, quantize
@@ -55,7 +55,7 @@ HEAD_DRAW_MAX_ROWS = 64
 class QuantLinear(nn.Module):
     """y = x @ W^T (+ bias) with W kept quantized, through the ``kvserve`` native kernels.
 
-    The kernels read a packed copy of the weight (``torch.ops.kvserve.pack_quant``: tiles of 8
+    The kernels read a packed copy of the weight (``ops.pack_quant``: tiles of 8
     output columns, each a sequential stream with its scales inline), made here; the QuantWeight
     itself is not kept. Without the kernels (no compiler, KVSERVE_KERNELS=0) the weight is
     dequantized once to the model's dtype and an ordinary GEMM runs: the same weights, slower and
@@ -77,16 +77,16 @@ class QuantLinear(nn.Module):
         self.tile_rows = 0
         self.draw_tiles: torch.Tensor | None = None  # the LM head's bf16 copy for amx_head_sample
         if self.use_kernels:
-            self.packed = torch.ops.kvserve.pack_quant(weight.qs, weight.d, weight.m)
+            self.packed = ops.pack_quant(weight.qs, weight.d, weight.m)
             if amx_gemm_available() if amx is None else amx:
                 bf16 = weight.dequantize(torch.bfloat16)
                 self.amx = PackedLinear(bf16, None)
-                if (tiles or head) and torch.ops.kvserve.amx_gemm_available():
+                if (tiles or head) and ops.amx_gemm_available():
                     if head:
-                        self.draw_tiles = torch.ops.kvserve.amx_pack(bf16)
+                        self.draw_tiles = ops.amx_pack(bf16)
                     else:
-                        self.tiles = torch.ops.kvserve.amx_pack(bf16)
-                        self.tile_rows = torch.ops.kvserve.amx_linear_max_rows()
+                        self.tiles = ops.amx_pack(bf16)
+                        self.tile_rows = ops.amx_linear_max_rows()
         else:
             self.dense = weight.dequantize(dtype)
 
@@ -94,7 +94,7 @@ class QuantLinear(nn.Module):
         """The weight [N, K] as ``dtype``."""
         if self.dense is not None:
             return self.dense.to(dtype)
-        return torch.ops.kvserve.dequantize_packed(self.packed, self.kind, self.out_features, self.in_features).to(dtype)
+        return ops.dequantize_packed(self.packed, self.kind, self.out_features, self.in_features).to(dtype)
 
     def runs_amx(self, x: torch.Tensor) -> bool:
         """Whether ``x`` goes through the bf16 AMX copy (AMX_MIN_ROWS rows or more; not once a dense
@@ -112,8 +112,7 @@ class QuantLinear(nn.Module):
         ``inv_temp`` is 0, else drawn from softmax(logits * inv_temp) with the row's U[0, 1) number
         ``u``, as ``sample_rows`` would over the bf16 logits (where ``draws`` holds)."""
         assert self.draw_tiles is not None
-        return torch.ops.kvserve.amx_head_sample(x.to(torch.bfloat16).contiguous(), self.draw_tiles,
-                                                 self.out_features, inv_temp, u)
+        return ops.amx_head_sample(x.to(torch.bfloat16).contiguous(), self.draw_tiles, self.out_features, inv_temp, u)
 
     def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """``out_dtype`` (default: x's) is honoured on the AMX path only, where a bf16 output saves
@@ -123,7 +122,7 @@ class QuantLinear(nn.Module):
         if self.runs_amx(x):
             flat = x.reshape(-1, self.in_features)
             if flat.shape[0] <= self.tile_rows:  # the tile copy (a decode step's rows)
-                y = torch.ops.kvserve.amx_linear(flat.to(torch.bfloat16), self.tiles, self.out_features)
+                y = ops.amx_linear(flat.to(torch.bfloat16), self.tiles, self.out_features)
             else:
                 y = self.amx(flat, dtype=torch.bfloat16)
             y = y.to(out_dtype or x.dtype)
@@ -132,9 +131,9 @@ class QuantLinear(nn.Module):
             return y.view(*x.shape[:-1], self.out_features)
         if x.dim() == 2 and x.dtype == torch.float32 and self.bias is None:
             # the decoder's case, with as few torch calls as possible (a decode step makes ~120 of these)
-            return torch.ops.kvserve.packed_linear(x, self.packed, self.kind, self.out_features)
+            return ops.packed_linear(x, self.packed, self.kind, self.out_features)
         flat = x.reshape(-1, self.in_features).float()
-        y = torch.ops.kvserve.packed_linear(flat, self.packed, self.kind, self.out_features)
+        y = ops.packed_linear(flat, self.packed, self.kind, self.out_features)
         if self.bias is not None:
             y += self.bias
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)

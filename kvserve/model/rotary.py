@@ -14,6 +14,8 @@ from typing import Any
 import torch
 
 from kvserve.errors import ModelLoadError
+from kvserve.kernels import ops
+from kvserve.kernels.ops import apply_rotary  # the torch rotation (the native rotary_'s fallback too)
 
 ROPE_TYPES = ("linear", "llama3", "yarn", "longrope")
 
@@ -136,17 +138,10 @@ class RotaryStep:
     def apply(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [T, heads, head_dim], k: [T, kv_heads, head_dim]."""
         if self.native:
-            torch.ops.kvserve.rotary_(q, k, self.positions, self.cos, self.sin)
+            ops.rotary_(q, k, self.positions, self.cos, self.sin)
             return q, k
         if self.dim is not None:  # partial rotary: the rest of each head passes through
             d = self.dim
             return (torch.cat([apply_rotary(q[..., :d], self.cos, self.sin), q[..., d:]], -1),
                     torch.cat([apply_rotary(k[..., :d], self.cos, self.sin), k[..., d:]], -1))
         return apply_rotary(q, self.cos, self.sin), apply_rotary(k, self.cos, self.sin)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, heads, dim]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin

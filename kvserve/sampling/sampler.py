@@ -19,22 +19,19 @@ import weakref
 import torch
 
 from kvserve.engine.request import Request, TokenLogprobs
+from kvserve.kernels import ops
 from kvserve.sampling.processors import LogitProcessing
 
 
 def greedy_tokens(logits: torch.Tensor, native: bool) -> torch.Tensor:
     """The first largest logit's index per row, as ``logits.argmax(-1)`` gives it."""
-    if native and logits.dtype in (torch.float32, torch.bfloat16) and logits.device.type == "cpu":
-        return torch.ops.kvserve.argmax_rows(logits.contiguous())
-    return logits.argmax(dim=-1)
+    return ops.argmax_rows(logits, native=native)
 
 
 class Sampler:
     def __init__(self, device: torch.device, seed: int = 0):
         self.device = device
-        from kvserve.kernels import kernels_available
-
-        self.native = device.type == "cpu" and kernels_available()  # argmax and plain-temperature draws
+        self.native = device.type == "cpu" and ops.available()  # argmax and plain-temperature draws
         self.shared_generator = torch.Generator(device=device)
         self.shared_generator.manual_seed(seed)
         self._generators: weakref.WeakKeyDictionary[Request, torch.Generator] = weakref.WeakKeyDictionary()
@@ -170,7 +167,7 @@ def native_temperature_draw(logits: torch.Tensor, requests: list[Request], u: to
     the same token for the same u, short of float rounding at a boundary (0.9 vs 14 ms for 64 rows of
     a 49k vocabulary, kvserve/kernels/csrc/fused_ops.cpp)."""
     inv_t = torch.tensor([1.0 / r.params.temperature for r in requests], dtype=torch.float32)
-    return torch.ops.kvserve.sample_rows(logits.contiguous(), inv_t, u.float().contiguous())
+    return ops.sample_rows(logits, inv_t, u)
 
 
 def draw_one(probs: torch.Tensor, generator: torch.Generator) -> int:
