@@ -1,36 +1,37 @@
-"""Build and load the C++ kernels in ``csrc/``: once per machine, cached, with a fallback.
+"""Compile the C++ kernels in ``csrc/``: one shared library per instruction-set level.
 
-The library is compiled with ``-march=native`` for the CPU it runs on (AVX2 or AVX512 paths
-are chosen by the compiler's own macros), so its cache key includes the CPU's model and
-flags as well as the sources and torch's version: a different CPU kind gets its own build.
+A library is keyed by what decides its bytes: the sources, torch's version (its headers and ABI)
+and the level's flags. Not by the checkout's path or the CPU: two checkouts of the same sources
+share one build, and any CPU can build every level (a level is only *run* where the CPU has it).
+The sources are copied into the build folder, so its ninja file names paths that never move.
+
+Builds land in a cache folder (``KVSERVE_KERNEL_CACHE``, else ~/.cache/kvserve/kernels); the
+wheel's build copies them into the package (``prebuilt_dir()``), so an installed wheel never
+compiles.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
-import logging
+import json
 import os
 import shutil
-import threading
+import subprocess
 import time
 from pathlib import Path
 
-import torch
-
-log = logging.getLogger(__name__)
+from kvserve.kernels.isa import LEVELS, IsaLevel
 
 CSRC = Path(__file__).parent / "csrc"
-_lock = threading.Lock()
-_state: dict[str, object] = {}  # "loaded": bool, set once tried
+LIBRARY = "kvserve_kernels.so"
+MANIFEST = "manifest.json"
+COMMON_FLAGS = ("-O3", "-fopenmp", "-ffast-math", "-fno-finite-math-only", "-Wno-unused-function", "-fPIC",
+                "-std=c++20")
 
 
-def _cpu_signature() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            lines = [ln for ln in f if ln.startswith(("model name", "flags"))]
-        return "".join(sorted(set(lines)))
-    except OSError:
-        return "unknown"
+class BuildError(RuntimeError):
+    pass
 
 
 def cache_dir() -> Path:
@@ -39,85 +40,153 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-def sources() -> list[Path]:
-    return sorted(CSRC.glob("*.cpp"))
+def prebuilt_dir() -> Path:
+    """Where a wheel carries its libraries: lib/<level>/kvserve_kernels.so and lib/manifest.json."""
+    return Path(__file__).parent / "lib"
 
 
-def build_key() -> str:
+def sources(root: Path = CSRC) -> list[Path]:
+    """Every C++ source and header under ``root``, in a stable order."""
+    return sorted(p for p in root.rglob("*") if p.suffix in (".cpp", ".h"))
+
+
+def torch_version() -> str:
+    """torch's public version: a CPU and a CUDA build of one release share the CPU ops' ABI."""
+    import torch
+
+    return torch.__version__.split("+")[0]
+
+
+def build_key(level: IsaLevel, torch_ver: str | None = None) -> str:
     h = hashlib.blake2b(digest_size=8)
-    h.update(torch.__version__.encode())
-    # the checkout too: ninja's build file names the sources by path, so two checkouts sharing one
-    # build directory would rebuild each other's library on every load
-    h.update(str(CSRC.resolve()).encode())
-    h.update(_cpu_signature().encode())
-    for src in sorted(CSRC.iterdir()):
-        if src.suffix in (".cpp", ".h"):
-            h.update(src.name.encode())
-            h.update(src.read_bytes())
+    h.update((torch_ver or torch_version()).encode())
+    h.update(" ".join(COMMON_FLAGS + level.compile_flags).encode())
+    for src in sources():
+        h.update(src.relative_to(CSRC).as_posix().encode())
+        h.update(src.read_bytes())
     return h.hexdigest()
 
 
-def load_kernels(verbose: bool = False) -> bool:
-    """Build (if needed) and load the kernels; True when ``torch.ops.kvserve`` has them.
+def build_dir(level: IsaLevel) -> Path:
+    return cache_dir() / f"{level.name}-{build_key(level)}"
 
-    Set KVSERVE_KERNELS=0 to skip them (every caller then uses its torch fallback).
+
+def compiler() -> str | None:
+    return shutil.which(os.environ.get("CXX", "c++"))
+
+
+def _torch_flags() -> tuple[list[str], list[str]]:
+    import torch
+    from torch.utils import cpp_extension
+
+    cflags = [f"-isystem{p}" for p in cpp_extension.include_paths()]
+    cflags.append(f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}")
+    ldflags = [f"-L{p}" for p in cpp_extension.library_paths()] + ["-lc10", "-ltorch_cpu", "-ltorch"]
+    return cflags, ldflags
+
+
+def _write_ninja(folder: Path, levels: list[IsaLevel], cxx: str) -> list[str]:
+    """One ninja file that builds every level's library from the copied sources; returns the targets."""
+    tcflags, ldflags = _torch_flags()
+    lines = ["ninja_required_version = 1.3", f"cxx = {cxx}", f"tcflags = {' '.join(tcflags)} -Isrc",
+             f"ldflags = -shared -fopenmp {' '.join(ldflags)}", "",
+             "rule cxx", "  command = $cxx -MMD -MF $out.d $tcflags $cflags -c $in -o $out",
+             "  depfile = $out.d", "  deps = gcc", "",
+             "rule link", "  command = $cxx $in $ldflags -o $out", ""]
+    targets = []
+    for level in levels:
+        flags = " ".join(COMMON_FLAGS + level.compile_flags + (f'-DKVSERVE_ISA=\\"{level.name}\\"',))
+        objs = []
+        for src in sources(folder / "src"):
+            if src.suffix != ".cpp":
+                continue
+            rel = src.relative_to(folder / "src").with_suffix(".o").as_posix()
+            obj = f"obj/{level.name}/{rel}"
+            lines += [f"build {obj}: cxx src/{src.relative_to(folder / 'src').as_posix()}", f"  cflags = {flags}"]
+            objs.append(obj)
+        target = f"{level.name}/{LIBRARY}"
+        lines += [f"build {target}: link {' '.join(objs)}", ""]
+        targets.append(target)
+    (folder / "build.ninja").write_text("\n".join(lines) + "\n")
+    return targets
+
+
+def _ninja() -> str:
+    found = shutil.which("ninja")
+    if found:
+        return found
+    try:
+        import ninja  # the PyPI package, a dependency of kvserve
+
+        return str(Path(ninja.BIN_DIR) / "ninja")
+    except ImportError as e:
+        raise BuildError("ninja is not installed (pip install ninja)") from e
+
+
+def build_levels(levels: list[IsaLevel] | None = None, verbose: bool = False) -> dict[str, Path]:
+    """Build (or find in the cache) each level's library; returns level name -> library path.
+
+    Levels already in the cache are not rebuilt; the missing ones compile together, in parallel.
     """
-    with _lock:
-        if "loaded" in _state:
-            return bool(_state["loaded"])
-        _state["loaded"] = ok = _try_load(verbose)
-        return ok
+    levels = list(LEVELS) if levels is None else levels
+    out = {lv.name: build_dir(lv) / LIBRARY for lv in levels}
+    if all(p.exists() for p in out.values()):
+        return out
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    # one build at a time per cache (test workers start together); the OS drops the lock of a killed build
+    with open(cache_dir() / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        todo = [lv for lv in levels if not out[lv.name].exists()]
+        if todo:
+            _compile(todo, verbose)
+    return out
 
 
-STALE_LOCK_S = 600  # a build takes 1-3 minutes; an older lock was left by a killed build
-
-
-def _clear_stale_lock(build_dir: Path) -> None:
-    """torch's build lock is a file that a killed build leaves behind, and every later load would
-    wait on it forever: remove one older than any build takes."""
-    lock = build_dir / "lock"
+def _compile(todo: list[IsaLevel], verbose: bool) -> None:
+    cxx = compiler()
+    if cxx is None:
+        raise BuildError("no C++ compiler found (install g++)")
+    work = cache_dir() / f"build-{os.getpid()}-{time.monotonic_ns()}"
+    shutil.copytree(CSRC, work / "src")
     try:
-        age = time.time() - lock.stat().st_mtime
-    except FileNotFoundError:
-        return
-    if age > STALE_LOCK_S:
-        log.warning("native kernels: removing a build lock left %.0f s ago by a build that did not finish", age)
-        lock.unlink(missing_ok=True)
+        targets = _write_ninja(work, todo, cxx)
+        jobs = str(max(1, os.cpu_count() or 1))
+        run = subprocess.run([_ninja(), "-j", jobs, *targets], cwd=work, text=True,
+                             stdout=None if verbose else subprocess.PIPE, stderr=subprocess.STDOUT)
+        if run.returncode != 0:
+            errors = [ln for ln in (run.stdout or "").splitlines() if "error" in ln.lower()]
+            raise BuildError((errors or (run.stdout or "ninja failed").strip().splitlines()[-1:])[0][:300])
+        for lv in todo:  # publish each library whole: a reader never sees a half-written one
+            final = build_dir(lv)
+            final.mkdir(parents=True, exist_ok=True)
+            tmp = final / f".{LIBRARY}.{os.getpid()}"
+            shutil.copy2(work / lv.name / LIBRARY, tmp)
+            os.replace(tmp, final / LIBRARY)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
-def kernels_available() -> bool:
-    return load_kernels()
+def write_prebuilt(dest: Path, levels: list[IsaLevel] | None = None, verbose: bool = False) -> dict[str, str]:
+    """Build every level and copy the libraries into ``dest`` (a wheel's kvserve/kernels/lib) with a
+    manifest of the keys they were built for; returns the manifest."""
+    levels = list(LEVELS) if levels is None else levels
+    built = build_levels(levels, verbose=verbose)
+    manifest = {"torch": torch_version(), "keys": {lv.name: build_key(lv) for lv in levels}}
+    for lv in levels:
+        (dest / lv.name).mkdir(parents=True, exist_ok=True)
+        shutil.copy2(built[lv.name], dest / lv.name / LIBRARY)
+    (dest / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
 
 
-def _try_load(verbose: bool) -> bool:
-    if os.environ.get("KVSERVE_KERNELS", "1") == "0":
-        log.info("native kernels: off (KVSERVE_KERNELS=0); using the torch fallbacks")
-        return False
-    if shutil.which(os.environ.get("CXX", "c++")) is None:
-        log.warning("native kernels: no C++ compiler found (install g++); using the torch fallbacks")
-        return False
+def prebuilt_library(level: IsaLevel) -> Path | None:
+    """The package's own library for ``level`` if it was built from these sources for this torch."""
+    folder = prebuilt_dir()
     try:
-        from torch.utils import cpp_extension
-
-        build_dir = cache_dir() / build_key()
-        build_dir.mkdir(parents=True, exist_ok=True)
-        _clear_stale_lock(build_dir)
-        if not (build_dir / "kvserve_kernels.so").exists():
-            log.info("native kernels: compiling them for this CPU (once per machine and checkout, 1-3 minutes) ...")
-        flags = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fno-finite-math-only", "-Wno-unused-function"]
-        cpp_extension.load(
-            name="kvserve_kernels",
-            sources=[str(s) for s in sources()],
-            extra_cflags=flags,
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(build_dir),
-            is_python_module=False,
-            verbose=verbose,
-        )
-    except Exception as e:  # a failed build must never stop the engine: the fallbacks cover it
-        lines = str(e).strip().splitlines()
-        errors = [ln.strip() for ln in lines if "error" in ln.lower()] or lines or [type(e).__name__]
-        log.warning("native kernels: build failed (%s); using the torch fallbacks", errors[0][:300])
-        return False
-    log.info("native kernels: loaded (%s)", build_dir)
-    return True
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    lib = folder / level.name / LIBRARY
+    if manifest.get("keys", {}).get(level.name) != build_key(level) or not lib.exists():
+        return None
+    return lib

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kvserve.kernels.build import load_kernels
+from kvserve.kernels.loader import load_kernels
 
 _ops = torch.ops.kvserve  # resolved op by op at first use, once the library has registered them
 # load_kernels()'s answer, kept here: the wrappers read it on every call (``_loaded or available()``:
