@@ -223,6 +223,19 @@ def test_cpp_functions_stay_short():
     assert not long, f"C++ function bodies over {MAX_CPP_BODY_LINES} lines: {long}"
 
 
+def test_cpp_sources_have_distinct_names():
+    # torch's extension build names each object file after its source's file name alone
+    names = [p.name for p in _cpp_files() if p.suffix == ".cpp"]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+
+
+def test_cpp_includes_are_written_from_csrc():
+    # the build's one include path is csrc/: a kvserve header is named by its folder there
+    bad = [f"{p.relative_to(CSRC).as_posix()}: {m.group(0)}" for p in _cpp_files()
+           for m in re.finditer(r'#include "([^"]+)"', p.read_text()) if not (CSRC / m.group(1)).is_file()]
+    assert not bad, bad
+
+
 def test_the_cpp_scanner_finds_bodies_and_skips_blocks():
     src = '''
     int f(int a) const noexcept {  // a { in a comment

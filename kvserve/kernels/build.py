@@ -40,7 +40,7 @@ def cache_dir() -> Path:
 
 
 def sources() -> list[Path]:
-    return sorted(CSRC.glob("*.cpp"))
+    return sorted(CSRC.rglob("*.cpp"))
 
 
 def build_key() -> str:
@@ -50,9 +50,9 @@ def build_key() -> str:
     # build directory would rebuild each other's library on every load
     h.update(str(CSRC.resolve()).encode())
     h.update(_cpu_signature().encode())
-    for src in sorted(CSRC.iterdir()):
+    for src in sorted(CSRC.rglob("*")):
         if src.suffix in (".cpp", ".h"):
-            h.update(src.name.encode())
+            h.update(src.relative_to(CSRC).as_posix().encode())
             h.update(src.read_bytes())
     return h.hexdigest()
 
@@ -110,6 +110,7 @@ def _try_load(verbose: bool) -> bool:
             sources=[str(s) for s in sources()],
             extra_cflags=flags,
             extra_ldflags=["-fopenmp"],
+            extra_include_paths=[str(CSRC)],
             build_directory=str(build_dir),
             is_python_module=False,
             verbose=verbose,
