@@ -170,10 +170,10 @@ def _opens_body(code: str, brace: int, parens: dict[int, int]) -> str | None:
     name, at = _name_before(code, open_)
     if name in _CONTROL:
         return None
-    # a constructor's initializer list: back over its `member(...)`, to the constructor's name
+    # a constructor's initializer list: back over its `member(...)` and `member{...}`, to the constructor's name
     while True:
         prev = code[:at].rstrip()
-        if not prev.endswith((",", ":")) or prev.endswith("::") or not prev[:-1].rstrip().endswith(")"):
+        if not prev.endswith((",", ":")) or prev.endswith("::") or not prev[:-1].rstrip().endswith((")", "}")):
             break
         open_ = parens.get(len(prev[:-1].rstrip()) - 1)
         if open_ is None:
@@ -189,12 +189,12 @@ def _opens_body(code: str, brace: int, parens: dict[int, int]) -> str | None:
 def cpp_bodies(text: str) -> list[tuple[str, int, int]]:
     """(name, first line, lines) of every function, method and lambda body in C++ source ``text``."""
     code = _strip_cpp(text)
-    parens, stack = {}, []
+    parens, stacks = {}, {")": [], "}": []}  # where each ) and } opens
     for i, c in enumerate(code):
-        if c == "(":
-            stack.append(i)
-        elif c == ")" and stack:
-            parens[i] = stack.pop()
+        if c in "({":
+            stacks[")" if c == "(" else "}"].append(i)
+        elif c in ")}" and stacks[c]:
+            parens[i] = stacks[c].pop()
     bodies, braces = [], []
     for i, c in enumerate(code):
         if c == "{":
@@ -249,8 +249,8 @@ def test_the_cpp_scanner_finds_bodies_and_skips_blocks():
     }
     #define X(a) { a }
     struct S : B {
-      S(int v) : v_(v), w_(v) {}
-      int v_, w_;
+      S(int v) : v_(v), u_{v}, w_(v) {}
+      int v_, u_, w_;
     };
     '''
     got = {(name, line, n) for name, line, n in cpp_bodies(src)}
