@@ -3,7 +3,7 @@ table, so no step copies contexts out of the cache (``gather-sdpa`` does, and th
 of a large decode step).
 
 New keys and values are written to their slots first; then one call of
-``ops.paged_attention`` (kvserve/kernels/csrc/paged_attention.cpp) attends every
+``ops.paged_attention`` (kvserve/kernels/csrc/attention/paged_attention.cpp) attends every
 row that reads the cache: decodes, prefill chunks continuing a context, speculative verify rows.
 A chunk that starts its sequence has no cached context: torch SDPA attends over its fresh k/v,
 whose GEMMs beat the kernel's dot products on a whole prompt. A long chunk that continues a
@@ -53,7 +53,7 @@ BF16_KV_F32_MODEL = (torch.bfloat16, torch.float32)  # the kernel widens bf16 K/
 LONG_CHUNK = 128
 MIN_SHARED_PREFIX = 64  # cached tokens chunks must share before their group attends the prefix once
 BF16_LONG_CHUNK = 16  # with bf16 SDPA (AMX) the GEMMs win from 32 rows after ~1.8k cached: 0.8x the kernel's time
-# flash_prefill (AMX brgemm; kernels/csrc/flash_prefill.cpp) attends chunks of this many rows or more that
+# flash_prefill (AMX brgemm; kernels/csrc/attention/flash_prefill.cpp) attends chunks of this many rows or more that
 # start a sequence or run past BF16_LONG_CHUNK, in place of SDPA; KVSERVE_FLASH_PREFILL=0 keeps SDPA.
 FLASH_MIN_ROWS = 2
 FLASH_PREFILL = os.environ.get("KVSERVE_FLASH_PREFILL", "1") != "0"

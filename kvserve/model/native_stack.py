@@ -1,6 +1,10 @@
 """A step's decoder layers in one native call, where the model and the step allow it.
 
+<<<<<<< HEAD
 The native ``DecodeStack`` (kvserve/kernels/csrc/decode_stack.cpp; ``ops.decode_stack``) holds every layer's
+=======
+The kernels' ``DecodeStack`` (kvserve/kernels/csrc/model/decode_stack.h) holds every layer's
+>>>>>>> csrc-layout
 weights and runs the same kernels the Python layers call (norms, quantized linears, rotary, paged
 attention, SwiGLU) back to back, so a decode step pays Python's per-op cost once, not ~12 times
 per layer. It covers Llama's layers and Qwen3's (``ModelConfig.llama_layers``), each with its sliding
@@ -10,7 +14,7 @@ native kernels: the default for the embedded GGUF model) and steps whose every r
 kernel attends (``AttentionBackend.native_step``), over a float32 or an 8-bit KV cache (which it
 writes as the pool quantizes); anything else runs the Python layers. On an AMX CPU, a step of
 ``AMX_MIN_ROWS`` rows or more runs its linears in bf16 between OpenMP regions of the other ops: up to
-``amx_linear_max_rows()`` rows (a decode step of up to 96 sequences) on the tile kernel (kernels/csrc/amx_gemm.cpp),
+``amx_linear_max_rows()`` rows (a decode step of up to 96 sequences) on the tile kernel (kernels/csrc/gemm/amx_gemm.cpp),
 more in oneDNN's GEMM, as ``QuantLinear`` does with the same weights.
 """
 

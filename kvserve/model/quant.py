@@ -9,7 +9,7 @@ Both formats cut each row of a weight [N, K] into blocks of 32 along K:
 
 Arrays are split by kind (qs, d, m) rather than kept as GGUF's interleaved 18/20/34-byte blocks,
 so that rows can be permuted, concatenated (q/k/v fusion) and gathered (embedding rows) with plain
-tensor indexing; the kernels in ``kvserve/kernels/csrc/quant_gemm.cpp`` read this layout.
+tensor indexing; the kernels in ``kvserve/kernels/csrc/gemm/quant_gemm.cpp`` read this layout.
 """
 
 from __future__ import annotations

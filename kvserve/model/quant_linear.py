@@ -37,12 +37,12 @@ _TARGET = {"int8": "q8_0", "int4": "q4_1"}
 # fewer bytes. The cost: a bf16 copy of each weight, and results that depend on whether a step
 # had AMX_MIN_ROWS rows. KVSERVE_AMX=0 turns it off.
 # A decoder layer's linear (``tiles=True``) also gets a copy packed for kvserve's own AMX kernel
-# (kernels/csrc/amx_gemm.cpp), which takes inputs of AMX_MIN_ROWS to ``amx_linear_max_rows()`` (96)
+# (kernels/csrc/gemm/amx_gemm.cpp), which takes inputs of AMX_MIN_ROWS to ``amx_linear_max_rows()`` (96)
 # rows: at 64 rows it reads weights from memory ~15-25% faster than oneDNN, and from the cache
 # 1.2-2x faster (scripts/amx_linear_bench.py; docs/benchmarks.md). oneDNN stays faster
 # for more rows and for the LM head's wide output. The cost: a second bf16 copy of those weights.
 # The LM head (``head=True``) gets a tile copy too, for one use: a step whose rows all draw greedily or
-# with plain temperature draws inside the head (``draw``, kernels/csrc/amx_head.cpp), with no logits
+# with plain temperature draws inside the head (``draw``, kernels/csrc/sampling/amx_head.cpp), with no logits
 # written. Against oneDNN's head and the native argmax / draw (scripts/amx_head_bench.py, cold weights;
 # the runner's sampler adds ~0.35 ms of Python to the latter): greedy 2.60 vs 3.00 ms at 32 rows, 3.63
 # vs 3.29 at 64, 4.87 vs 3.95 at 128; sampled 2.90 vs 3.42 at 32 rows, 4.03 vs 3.96 at 64, 6.40 vs 5.58

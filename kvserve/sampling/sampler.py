@@ -165,7 +165,7 @@ def _plain_temperature(req: Request) -> bool:
 def native_temperature_draw(logits: torch.Tensor, requests: list[Request], u: torch.Tensor) -> torch.Tensor:
     """``inverse_cdf_draw(softmax(logits / T), u)`` per row in one native pass (CPU float32 logits):
     the same token for the same u, short of float rounding at a boundary (0.9 vs 14 ms for 64 rows of
-    a 49k vocabulary, kvserve/kernels/csrc/fused_ops.cpp)."""
+    a 49k vocabulary, kvserve/kernels/csrc/sampling/sample_rows.cpp)."""
     inv_t = torch.tensor([1.0 / r.params.temperature for r in requests], dtype=torch.float32)
     return ops.sample_rows(logits, inv_t, u)
 

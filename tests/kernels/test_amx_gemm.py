@@ -1,4 +1,4 @@
-"""amx_linear (kernels/csrc/amx_gemm.cpp), the decode step's bf16 GEMM on AMX tiles, against float64
+"""amx_linear (kernels/csrc/gemm/amx_gemm.cpp), the decode step's bf16 GEMM on AMX tiles, against float64
 sums of the same bf16 values; on CPUs without AMX, its refusal."""
 
 import shutil

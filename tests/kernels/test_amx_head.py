@@ -1,4 +1,4 @@
-"""amx_head_sample (kernels/csrc/amx_head.cpp), the LM head that draws each row's token without writing
+"""amx_head_sample (kernels/csrc/sampling/amx_head.cpp), the LM head that draws each row's token without writing
 the logits: greedy rows the first largest logit and sampled rows the token ``sample_rows`` draws with the
 same uniform number, over amx_linear's bf16 logits of the same weights; and the engine's use of it."""
 

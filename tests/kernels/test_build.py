@@ -16,6 +16,8 @@ def test_kernels_build_and_report_their_vector_path():
 
     assert load_kernels()
     assert torch.ops.kvserve.simd_level() in ("avx512", "avx2", "scalar")
+    isa = torch.ops.kvserve.isa()  # the instruction set asked for (KVSERVE_ISA), else "native"
+    assert isinstance(isa, str) and isa
 
 
 def _load_in_subprocess(env_extra: dict[str, str]) -> subprocess.CompletedProcess:

@@ -41,7 +41,7 @@ def wheel(tmp_path_factory) -> zipfile.ZipFile:
 
 def test_wheel_holds_every_data_file(wheel):
     expected = data_files()
-    assert "kvserve/sim/data/hardware.json" in expected and "kvserve/kernels/csrc/ops.h" in expected
+    assert "kvserve/sim/data/hardware.json" in expected and "kvserve/kernels/csrc/common/ops.h" in expected
     assert expected <= set(wheel.namelist()), sorted(expected - set(wheel.namelist()))
 
 

@@ -1,4 +1,4 @@
-"""The engine's draw inside the LM head (``CausalLM.draw_in_head``, kernels/csrc/amx_head.cpp):
+"""The engine's draw inside the LM head (``CausalLM.draw_in_head``, kernels/csrc/sampling/amx_head.cpp):
 on an AMX CPU, a quantized LM head draws a step's tokens without logits when every row is greedy or
 plain temperature (16+ rows, those its bf16 copy takes): greedy output as the logits path gives it,
 seeded draws that do not depend on the batch, and the logits path kept for what needs logits."""

@@ -10,8 +10,8 @@
 // writes are ~1/3 of the time at 2,048 rows), and it is faster for the LM head's 49k-wide output;
 // those stay on oneDNN (scripts/amx_linear_bench.py; docs/benchmarks.md). The LM head's
 // sampling rows go to amx_head.cpp, which writes no logits.
-#include "amx_panels.h"
-#include "ops.h"
+#include "gemm/amx_panels.h"
+#include "common/ops.h"
 
 namespace kvserve {
 using namespace panels;

@@ -1,7 +1,7 @@
 // The kernels' C++ entry points (each also registered as a torch.ops.kvserve op), for kernels that
-// compose them without a round trip through Python: decode_stack.cpp.
+// compose them without a round trip through Python: model/decode_step.cpp.
 #pragma once
-#include "common.h"
+#include "common/common.h"
 
 #include <memory>
 #include <optional>
@@ -10,7 +10,7 @@
 
 namespace kvserve {
 
-// fused_ops.cpp
+// model/: rms_norm.cpp, rotary.cpp, silu_mul.cpp, store_rows.cpp
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, std::optional<at::ScalarType> out_dtype,
                     int64_t out_rows);
 at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& delta, const at::Tensor& w, double eps,
@@ -19,7 +19,7 @@ void rotary_(at::Tensor& q, at::Tensor& k, const at::Tensor& positions, const at
 at::Tensor silu_mul(const at::Tensor& gu);
 void store_rows_(at::Tensor& cache, const at::Tensor& slots, const at::Tensor& x);
 
-// quant_gemm.cpp
+// gemm/quant_gemm.cpp
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const std::string& kind, int64_t n);
 
 // Activations quantized per 32-block: q int8 [M, K], d (scale) and s (the block's float sum) [M, K/32].
@@ -40,7 +40,7 @@ inline int64_t num_tiles(int64_t n) { return (n + 7) / 8; }
 void quantize_rows_range(const float* x, QuantizedRows& a, int64_t r0, int64_t r1);  // rows of x [M, a.K]
 void linear_tiles_range(const PackedWeight& w, const QuantizedRows& a, int64_t M, float* y, int64_t t0, int64_t t1);
 
-// fused_ops.cpp, float32 rows [r0, r1) on the calling thread
+// the same ops over float32 rows [r0, r1) on the calling thread
 namespace rows {
 void rms_norm(const float* x, const float* w, float* out, int64_t h, float eps, int64_t r0, int64_t r1);
 void rotary(float* x, int64_t heads, int64_t d, int64_t row_stride, const int64_t* pos, const float* cos,
@@ -50,18 +50,18 @@ void silu_mul(const float* gu, float* out, int64_t inter, int64_t r0, int64_t r1
 void silu_mul_bf16(const c10::BFloat16* gu, c10::BFloat16* out, int64_t inter, int64_t r0, int64_t r1);
 }  // namespace rows
 
-// amx_gemm.cpp: y [M, n] = x [M, K] . W^T (+ bias), bf16, W as amx_pack packed it; AMX CPUs only.
+// gemm/amx_gemm.cpp: y [M, n] = x [M, K] . W^T (+ bias), bf16, W as amx_pack packed it; AMX CPUs only.
 // The engine calls it for up to kAmxLinearMaxRows rows, where it measured faster than oneDNN's GEMM
 // (scripts/amx_linear_bench.py: about even at 128 rows, behind from 192; docs/benchmarks.md).
 constexpr int64_t kAmxLinearMaxRows = 96;
 bool amx_gemm_available();
 at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, const std::optional<at::Tensor>& bias);
-// amx_head.cpp: per row of x, the token of greedy decoding (inv_temp 0) or of a plain-temperature
+// sampling/amx_head.cpp: per row of x, the token of greedy decoding (inv_temp 0) or of a plain-temperature
 // draw with u, from the logits x . W^T, W an amx_pack'ed LM head, without writing the logits
 at::Tensor amx_head_sample(const at::Tensor& x, const at::Tensor& packed, int64_t n, const at::Tensor& inv_temp,
                            const at::Tensor& u);
 
-// paged_attention.cpp
+// attention/paged_attention.cpp (the plan) and paged_items.cpp (its work)
 void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_tables, const at::Tensor& seq_info, int64_t block_size, double scale,
                      const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,

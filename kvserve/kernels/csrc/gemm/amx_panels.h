@@ -12,7 +12,7 @@
 //     (up to kChunkRows) find it in L1/L2.
 // A row's sums do not depend on the other rows: the same bits in any batch.
 #pragma once
-#include "amx_tiles.h"
+#include "common/amx_tiles.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

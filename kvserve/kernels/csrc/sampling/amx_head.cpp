@@ -12,9 +12,9 @@
 // The logits are rounded to bf16 first, as the LM head's bf16 output would be, so the picks are those
 // of sampler.py's native draws over amx_linear's logits: greedy the same token, sampling the same up
 // to float rounding where u * total falls on a boundary (the mass is summed in another grouping).
-#include "amx_panels.h"
-#include "ops.h"
-#include "vec.h"
+#include "gemm/amx_panels.h"
+#include "common/ops.h"
+#include "common/vec.h"
 
 #include <cmath>
 #include <limits>
@@ -26,7 +26,7 @@ namespace {
 
 #if defined(KVSERVE_AMX_TILES)
 using vec::vf;
-using vec::scaled_exp;  // the softmax term, as fused_ops.cpp's draw computes it
+using vec::scaled_exp;  // the softmax term, as sample_rows.cpp's draw computes it
 
 // What the first pass keeps per row and panel ([M, P], row-major)
 struct PanelStats {

@@ -228,7 +228,7 @@ inline void softcap_scores(float* s, int n, float cap) {
   for (int j = 0; j < n; j += W) vstore(s + j, vmul(c, vtanh(vmul(vload(s + j), inv))));
 }
 
-// A softmax term exp((x - m) * inv_t) for the samplers (fused_ops.cpp's draw, amx_head.cpp's head): W
+// A softmax term exp((x - m) * inv_t) for the samplers (sample_rows.cpp's draw, amx_head.cpp's head): W
 // lanes with neg_m = -m, or one float; 0 where the exponent is below exp's range (-inf or NaN logits).
 constexpr float kExpFloor = -87.0f;
 inline vf scaled_exp(vf x, vf neg_m, vf inv_t) {

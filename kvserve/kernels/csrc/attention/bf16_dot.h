@@ -1,8 +1,8 @@
 // Attention over a bf16 KV cache with AVX512-BF16 pair dot products (vdpbf16ps), for
-// paged_attention.cpp: q . k straight from the cache, p . v over pairs of V rows interleaved once per
+// paged_items.cpp: q . k straight from the cache, p . v over pairs of V rows interleaved once per
 // block. Where the compiler does not target AVX512-BF16, kBF16Dot is false and the helpers are only declared.
 #pragma once
-#include "vec.h"
+#include "common/vec.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -149,7 +149,7 @@ inline void unpermute_bf16(float* acc) {
 }
 #else
 constexpr bool kBF16Dot = false;
-// declared for paged_attention.cpp's `if constexpr (kBF16Dot ...)` branches, which never call them here
+// declared for paged_items.cpp's `if constexpr (kBF16Dot ...)` branches, which never call them here
 template <int DS> void scores_bf16(const uint16_t* q, const BF16* k, int64_t kstride, int n, int readable, float* s);
 template <int DS> void pair_rows(const BF16* v, int64_t vstride, int n, uint16_t* out);
 template <int DS> void accumulate_bf16(float* acc, const float* p, const uint16_t* vpairs, int n, uint16_t* pb);
