@@ -1,10 +1,6 @@
 """A step's decoder layers in one native call, where the model and the step allow it.
 
-<<<<<<< HEAD
-The native ``DecodeStack`` (kvserve/kernels/csrc/decode_stack.cpp; ``ops.decode_stack``) holds every layer's
-=======
-The kernels' ``DecodeStack`` (kvserve/kernels/csrc/model/decode_stack.h) holds every layer's
->>>>>>> csrc-layout
+The native ``DecodeStack`` (kvserve/kernels/csrc/model/decode_stack.h; ``ops.decode_stack``) holds every layer's
 weights and runs the same kernels the Python layers call (norms, quantized linears, rotary, paged
 attention, SwiGLU) back to back, so a decode step pays Python's per-op cost once, not ~12 times
 per layer. It covers Llama's layers and Qwen3's (``ModelConfig.llama_layers``), each with its sliding
