@@ -17,6 +17,7 @@ apply_engine_env()
 
 from kvserve.config import PARTS, KVServeConfig
 from kvserve.errors import InvalidArgumentError, KVServeError
+from kvserve.kernels.isa import chosen_level
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -233,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        chosen_level()  # an impossible KVSERVE_CPU_ISA is refused before anything starts
         args.func(args)
     except KVServeError as e:
         print(f"kvserve: error: {e}", file=sys.stderr)

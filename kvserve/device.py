@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from kvserve.cpuinfo import cpu_flags
+from kvserve.kernels.isa import effective_flags as cpu_flags  # KVSERVE_CPU_ISA's view
 from kvserve.errors import InvalidArgumentError
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ import time
 import httpx
 import jsonschema
 
-STARTUP_TIMEOUT_S = 900  # a first start compiles the native kernels (minutes on a busy machine)
+STARTUP_TIMEOUT_S = 900  # generous: a wheel without prebuilt kernels compiles them at its first start
 # Both fields bounded, so the grammar ends the object within max_tokens: a 135M model under greedy
 # decoding can repeat one digit forever (on an AMX CPU, whose bf16 prefill rounds differently, it
 # wrote "population": 8111222232333... until max_tokens), which is valid JSON cut short, not a bug.
@@ -47,6 +47,7 @@ def chat(base: str, model: str, content: str, **extra) -> httpx.Response:
 
 
 def main(base: str, version: str) -> None:
+    started = time.monotonic()  # the server was started just before this script
     wait_ready(base)
     served = httpx.get(f"{base}/version").json()["version"]
     assert version == f"kvserve {served}", (version, served)
@@ -56,7 +57,7 @@ def main(base: str, version: str) -> None:
     assert r.status_code == 200, r.text
     answer = r.json()["choices"][0]["message"]["content"]
     assert answer.strip(), r.text
-    print(f"chat: {answer!r}")
+    print(f"chat: {answer!r} (the first answer {time.monotonic() - started:.1f} s after the server started)")
 
     fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA}}
     r = chat(base, model, "A large city and its population, as JSON.", response_format=fmt, max_tokens=64)

@@ -45,9 +45,18 @@ AMX_ENGINE_ENV = {"GOMP_SPINCOUNT": "10000"}
 def amx_cpu() -> bool:
     """A CPU with AMX-BF16, the AMX paths not turned off (KVSERVE_AMX=0); torch-free, so the CLI can ask
     before OpenMP loads (kvserve.device.amx_gemm_available also asks torch for oneDNN)."""
-    from kvserve.cpuinfo import cpu_flags
+    from kvserve.kernels.isa import effective_flags
 
-    return os.environ.get("KVSERVE_AMX", "1") != "0" and "amx_bf16" in cpu_flags()
+    return os.environ.get("KVSERVE_AMX", "1") != "0" and "amx_bf16" in effective_flags()
+
+
+def forced_isa_env() -> dict[str, str]:
+    """With KVSERVE_CPU_ISA set, torch's oneDNN steps down to the same level, so a forced level's figures are
+    the whole engine's at that level, not just kvserve's kernels'."""
+    from kvserve.kernels.isa import BY_NAME, ENV
+
+    level = BY_NAME.get(os.environ.get(ENV, "").strip().lower())
+    return {"ONEDNN_MAX_CPU_ISA": level.onednn_isa} if level else {}
 
 
 def apply_engine_env() -> list[str]:
@@ -55,7 +64,7 @@ def apply_engine_env() -> list[str]:
     AMX_ENGINE_ENV) that the user did not set; a wait policy of the user's also rules out our spin
     count. Returns the names added. The CLI calls it before torch loads (in-process engines, and the
     engine process it spawns inherits them); ``engine_environment`` otherwise."""
-    env = AMX_ENGINE_ENV if amx_cpu() else ENGINE_ENV
+    env = dict(AMX_ENGINE_ENV if amx_cpu() else ENGINE_ENV, **forced_isa_env())
     added = [k for k in env if k not in os.environ and not (k == "GOMP_SPINCOUNT" and "OMP_WAIT_POLICY" in os.environ)]
     os.environ.update({k: env[k] for k in added})
     return added

@@ -96,3 +96,14 @@ def chosen_level() -> IsaLevel | None:
     if lacks:
         raise IsaError(f"{ENV}={name}: this CPU cannot run it (it lacks {', '.join(lacks)})")
     return level
+
+
+def effective_flags() -> set[str]:
+    """This CPU's flags as the engine should see them: with KVSERVE_CPU_ISA set, without the flags only the
+    levels above it need (so a forced AVX512 level also keeps the AMX and bf16 paths of torch's side off)."""
+    flags = set(cpu_flags())
+    name = os.environ.get(ENV, "").strip().lower()
+    if name in BY_NAME:
+        above = set().union(*(lv.cpu_flags for lv in LEVELS[LEVELS.index(BY_NAME[name]) + 1:]))
+        flags -= above - BY_NAME[name].cpu_flags
+    return flags

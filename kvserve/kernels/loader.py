@@ -12,7 +12,7 @@ import os
 import threading
 from pathlib import Path
 
-from kvserve.kernels import build
+from kvserve.kernels.build import LIBRARY, BuildError, build_dir, build_levels, compiler, prebuilt_library
 from kvserve.kernels.isa import IsaLevel, chosen_level
 
 log = logging.getLogger(__name__)
@@ -49,17 +49,17 @@ def loaded_from() -> str | None:
 
 
 def _find_or_build(level: IsaLevel, verbose: bool) -> tuple[Path, str]:
-    prebuilt = build.prebuilt_library(level)
+    prebuilt = prebuilt_library(level)
     if prebuilt is not None:
         return prebuilt, "prebuilt"
-    cached = build.build_dir(level) / build.LIBRARY
+    cached = build_dir(level) / LIBRARY
     if cached.exists():
         return cached, "cached"
-    if build.compiler() is None:
-        raise build.BuildError("no C++ compiler found (install g++, or a kvserve wheel built for this torch)")
+    if compiler() is None:
+        raise BuildError("no C++ compiler found (install g++, or a kvserve wheel built for this torch)")
     log.info("native kernels: compiling the %s library (once per machine and source change, 1-3 minutes) ...",
              level.name)
-    return build.build_levels([level], verbose=verbose)[level.name], "compiled"
+    return build_levels([level], verbose=verbose)[level.name], "compiled"
 
 
 def _try_load(verbose: bool) -> bool:
