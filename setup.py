@@ -3,12 +3,13 @@
 A wheel carries one library per instruction-set level (kvserve/kernels/lib/<level>/), built here
 against the torch of the build environment, so an installed kvserve loads the level its CPU runs
 and never compiles (kvserve.kernels.loader). The libraries link torch, not Python: the wheel is
-tagged py3-none-<platform>. KVSERVE_PREBUILD=0 builds a wheel without them (it then compiles at
-its first start, or runs the torch fallbacks). An editable install builds nothing here: ``make
-install`` fills the build cache instead.
+tagged py3-none-<platform>. Off x86-64 (the levels are x86's) or with KVSERVE_PREBUILD=0 the wheel
+is pure Python (an x86 CPU then compiles its level at the first start; others run the torch
+path). An editable install builds nothing here: ``make install`` fills the build cache instead.
 """
 
 import os
+import platform
 import sys
 from pathlib import Path
 
@@ -29,7 +30,8 @@ class BuildPyWithKernels(build_py):
 
 
 def prebuild() -> bool:
-    return os.environ.get("KVSERVE_PREBUILD", "1") != "0"
+    """Whether this wheel carries kernels: on x86-64 (the levels are x86's; elsewhere the torch path runs)."""
+    return os.environ.get("KVSERVE_PREBUILD", "1") != "0" and platform.machine().lower() in ("x86_64", "amd64")
 
 
 class KernelsDistribution(Distribution):
