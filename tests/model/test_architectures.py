@@ -219,6 +219,17 @@ def test_chunked_prefill_prefix_hits_and_preemption_keep_the_answer(name, tmp_pa
     assert llm.engine.scheduler.stats.num_preemptions > 0
     assert llm.engine.kv.num_available_blocks == llm.engine.kv.pool.num_blocks
 
+def assert_logprobs_close(dense, quant, label: str) -> None:
+    """vLLM's check_logprobs_close: at every step while the two agree, the dense model's greedy token is
+    within the quantized model's top logprobs, and their logprobs within 0.5 of each other."""
+    for d, q in zip(dense, quant):
+        for step, (dt, qt) in enumerate(zip(d.token_ids, q.token_ids)):
+            top = dict(q.logprobs[step].top)
+            assert dt in top, (label, step, dt, top)
+            assert abs(top[dt] - d.logprobs[step].logprob) < 0.5
+            if dt != qt:
+                break
+
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_quantized_default_stays_close_to_dense(name, tmp_path_factory):
@@ -228,13 +239,7 @@ def test_quantized_default_stays_close_to_dense(name, tmp_path_factory):
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=3)
     dense = make_llm(folder).generate(prompts(), params)
     quant = make_llm(folder, quantization="int8").generate(prompts(), params)
-    for d, q in zip(dense, quant):
-        for step, (dt, qt) in enumerate(zip(d.token_ids, q.token_ids)):
-            top = dict(q.logprobs[step].top)
-            assert dt in top, (name, step, dt, top)
-            assert abs(top[dt] - d.logprobs[step].logprob) < 0.5
-            if dt != qt:
-                break
+    assert_logprobs_close(dense, quant, name)
 
 
 def test_gpt_oss_mxfp4_experts_load_dequantized(tmp_path):

@@ -29,7 +29,7 @@ from kvserve import SamplingParams
 from kvserve.llm import LLM
 from kvserve.model.loader import load_model, load_model_config
 from kvserve.model.quant import QuantWeight
-from test_architectures import COMMON, GREEDY, hf_model, prompts
+from test_architectures import COMMON, GREEDY, assert_logprobs_close, hf_model, prompts
 
 # case -> (registered architecture, overrides of its test_architectures case, llama.cpp's architecture)
 CASES: dict[str, tuple[str, dict, str]] = {
@@ -292,13 +292,7 @@ def test_gguf_quantized_experts_stay_quantized_and_close(case, expert_type, tmp_
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=3)
     dense = _llm(dense_path).generate(prompts(), params)
     quant = quant_llm.generate(prompts(), params)
-    for d, q in zip(dense, quant):
-        for step, (dt, qt) in enumerate(zip(d.token_ids, q.token_ids)):
-            top = dict(q.logprobs[step].top)
-            assert dt in top, (case, step, dt, top)
-            assert abs(top[dt] - d.logprobs[step].logprob) < 0.5
-            if dt != qt:
-                break
+    assert_logprobs_close(dense, quant, case)
 
 
 def test_gguf_unsupported_expert_type_is_named(tmp_path_factory):
