@@ -34,7 +34,8 @@ ls "$WORK"/dist/kvserve-*.tar.gz >/dev/null
 echo "wheel smoke: $(basename "$WHEEL"), $(du -k "$WHEEL" | cut -f1) KiB"
 
 smoke() {
-  local PY=$1 VENV=$WORK/venv-$1
+  local PY=$1 TAG; TAG=$(basename "$1")
+  local VENV=$WORK/venv-$TAG
   say() { echo "wheel smoke ($PY): $*"; }
   say "installing the wheel into a fresh venv"
   "$PY" -m venv "$VENV"
@@ -58,16 +59,16 @@ smoke() {
   local PORT; PORT=$("$BIN/python" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
   say "serving on port $PORT with no C++ compiler on the PATH"
   # only the venv's own programs: no c++, g++ or gcc to be found (and CXX pointing at nothing)
-  env PATH="$BIN" CXX=/nonexistent/c++ KVSERVE_KERNEL_CACHE="$WORK/empty-cache-$PY" \
-    "$BIN/kvserve" serve --port "$PORT" --kv-cache-memory-gb 0.5 >"$WORK/serve-$PY.log" 2>&1 &
+  env PATH="$BIN" CXX=/nonexistent/c++ KVSERVE_KERNEL_CACHE="$WORK/empty-cache-$TAG" \
+    "$BIN/kvserve" serve --port "$PORT" --kv-cache-memory-gb 0.5 >"$WORK/serve-$TAG.log" 2>&1 &
   SERVER_PID=$!
   "$BIN/python" "$ROOT/scripts/wheel_smoke_checks.py" "http://127.0.0.1:$PORT" "$VERSION" \
-    || { echo "--- server log"; tail -40 "$WORK/serve-$PY.log"; exit 1; }
+    || { echo "--- server log"; tail -40 "$WORK/serve-$TAG.log"; exit 1; }
   kill "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null || true; SERVER_PID=""
-  local LOADED; LOADED=$(grep -o "native kernels: [a-z0-9_]*, prebuilt" "$WORK/serve-$PY.log" | head -1 || true)
-  if [ -z "$LOADED" ] || grep -q "compiling" "$WORK/serve-$PY.log"; then
+  local LOADED; LOADED=$(grep -o "native kernels: [a-z0-9_]*, prebuilt" "$WORK/serve-$TAG.log" | head -1 || true)
+  if [ -z "$LOADED" ] || grep -q "compiling" "$WORK/serve-$TAG.log"; then
     echo "expected the wheel's prebuilt kernels and no compile; the server's log says:"
-    grep -i "native kernels" "$WORK/serve-$PY.log" || tail -20 "$WORK/serve-$PY.log"
+    grep -i "native kernels" "$WORK/serve-$TAG.log" || tail -20 "$WORK/serve-$TAG.log"
     exit 1
   fi
   say "$LOADED; ok"
