@@ -4,7 +4,7 @@ Tensors of type F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q4_K/Q6_K are dequantized to float32
 asked to, Q8_0/Q4_0/Q4_1 ones are kept quantized as ``QuantWeight``s) and renamed to the names the
 architecture's Hugging Face checkpoints use (its metadata goes through the same config parse as a
 config.json). What llama.cpp's converter changes is undone, so a GGUF file gives the same layout as a
-Hugging Face folder: the rotary reordering of q/k rows ("llama"), the experts stacked one tensor a
+Hugging Face folder: the rotary reordering of q/k rows (its Llama lineage: "llama", "granite", "smollm3"), the experts stacked one tensor a
 layer (split per expert, quantized ones too; gate and up fused or not), the norms stored with Gemma's
 + 1. The tokenizer is the one transformers builds from the GGUF metadata.
 """
@@ -186,9 +186,10 @@ def _gguf_config(meta: dict[str, Any], tensors: dict[str, Any], source: Path) ->
     except TypeError as e:  # int(None): a required key is absent
         raise ModelLoadError(f"{source}: GGUF metadata lacks a required {arch}.* key") from e
     kv_heads = int(get("attention.head_count_kv", heads))
+    spec = get_architecture(known[arch])
     head_dim = get("attention.key_length")
-    if head_dim is None and arch == "llama":
-        head_dim = get("rope.dimension_count")  # what transformers' GGUF config mapping uses
+    if head_dim is None and spec.gguf_permuted:
+        head_dim = get("rope.dimension_count")  # Llama's converter writes the whole head's (transformers reads it so)
     head_dim = int(head_dim) if head_dim is not None else hidden // heads
 
     vocab = int(meta.get("tokenizer.ggml.tokens") or get("vocab_size", 0))
@@ -216,19 +217,20 @@ def _gguf_config(meta: dict[str, Any], tensors: dict[str, Any], source: Path) ->
           "attn_logit_softcapping": get("attn_logit_softcapping") or None,
           "final_logit_softcapping": get("final_logit_softcapping") or None,
           "rope_local_base_freq": get("rope.freq_base_swa")}
-    if "blk.0.attn_q.bias" in tensors:
-        hf["attention_bias"] = True
     experts = int(get("expert_count", 0))
     if experts:
         hf.update(num_experts=experts, num_local_experts=experts, num_experts_per_tok=int(get("expert_used_count", 0)),
                   moe_intermediate_size=int(get("expert_feed_forward_length", intermediate)),
                   shared_expert_intermediate_size=int(get("expert_shared_feed_forward_length", 0)))
-    hf.update(get_architecture(known[arch]).gguf_config(get))
+    hf.update(spec.gguf_config(get))
     try:
         config = ModelConfig.from_hf_dict(hf)
     except (KeyError, TypeError, ValueError) as e:
         raise ModelLoadError(f"{source}: unusable GGUF metadata ({type(e).__name__}: {e})") from e
+    # the file's tensors say which linears have biases, whatever the architecture's config keys (use_bias, ...)
+    config.attention_bias = any(f"blk.0.{t}.bias" in tensors for t in ("attn_q", "attn_qkv"))
     config.o_proj_bias = "blk.0.attn_output.bias" in tensors
+    config.mlp_bias = any(f"blk.0.{t}.bias" in tensors for t in ("ffn_up", "ffn_down"))
     return config
 
 
@@ -275,8 +277,8 @@ def load_gguf(path: Path, keep_quantized: bool = False) -> LoadedModel:
     tensors = {t.name: t for t in reader.tensors}
     config = _gguf_config(meta, tensors, path)
 
-    # Only llama.cpp's "llama" converter permutes q/k; the others are converted for NEOX-style rope as is.
-    permuted = meta["general.architecture"] == "llama"
+    # Only llama.cpp's LlamaModel lineage permutes q/k; the others are converted for NEOX-style rope as is.
+    permuted = get_architecture(gguf_architectures()[meta["general.architecture"]]).gguf_permuted
     arch = get_architecture(config.architecture)
     weights: dict[str, Any] = {}
     for name, tensor in tensors.items():

@@ -139,8 +139,8 @@ def deinterleave_rotary(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, 
             order = torch.tensor([h * d + j for h in range(heads) for j in per_head])
             for suffix in ("weight", "bias"):
                 name = f"model.layers.{i}.{arch.weight_name(role)}.{suffix}"
-                if name in out:
-                    out[name] = out[name][order]
+                if name in out:  # a GGUF file's weight kept quantized (``QuantWeight``) takes its rows so
+                    out[name] = out[name].rows(order) if hasattr(out[name], "rows") else out[name][order]
     return out
 
 

@@ -39,6 +39,7 @@ CASES: dict[str, tuple[str, dict]] = {
     "Qwen3MoeForCausalLM": ("Qwen3MoeConfig", dict(MOE, norm_topk_prob=True)),
     "MistralForCausalLM": ("MistralConfig", dict(sliding_window=WINDOW)),
     "MixtralForCausalLM": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW)),
+    "GemmaForCausalLM": ("GemmaConfig", dict(tie_word_embeddings=True)),
     "Gemma2ForCausalLM": ("Gemma2Config", dict(sliding_window=WINDOW, query_pre_attn_scalar=24, tie_word_embeddings=True,
                                                attn_logit_softcapping=5.0, final_logit_softcapping=3.0)),
     "Gemma3ForCausalLM": ("Gemma3TextConfig", dict(sliding_window=WINDOW, num_hidden_layers=3, query_pre_attn_scalar=16,

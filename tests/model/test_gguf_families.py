@@ -2,13 +2,14 @@
 
 Each case is a tiny random checkpoint from test_architectures.py, written to a GGUF file here the way
 llama.cpp's convert_hf_to_gguf.py writes it: names through gguf-py's own tensor map, experts stacked
-one tensor a layer, q/k rows permuted for "llama" (Mistral, Mixtral), Gemma's norms stored with the 1
-added, Phi-3's stacked tensors and longrope factors as tensors, and only the metadata the converter
+one tensor a layer, q/k rows (and biases) permuted for the converter's Llama lineage ("llama": Mistral,
+Mixtral; "granite", "smollm3"), Gemma's norms stored with the 1 added, Phi-3's stacked tensors and longrope factors as tensors, and only the metadata the converter
 writes. Then: transformers' own GGUF reader gets the original weights back from the file where it
 reads that architecture (so the writer follows llama.cpp's conventions); kvserve's loader gets them
 too, and the same ``ModelConfig`` as from the checkpoint's config.json; its greedy tokens equal
 transformers' ``generate`` on the original model (float32, ``--quantization none``); and experts
-stored quantized stay quantized per expert and close to the dense model.
+stored quantized stay quantized per expert and close to the dense model, as do dense files whose every
+linear is Q8_0.
 """
 
 from __future__ import annotations
@@ -45,10 +46,24 @@ CASES: dict[str, tuple[str, dict, str]] = {
     # llama.cpp's "llama" converter writes no sliding window: Mistral is Llama there
     "mistral": ("MistralForCausalLM", dict(sliding_window=None), "llama"),
     "mixtral": ("MixtralForCausalLM", dict(sliding_window=None), "llama"),
+    "gemma": ("GemmaForCausalLM", {}, "gemma"),
+    "olmo2": ("Olmo2ForCausalLM", {}, "olmo2"),
+    "granite": ("GraniteForCausalLM", {}, "granite"),
+    # llama.cpp's graph skips rotary on every 4th layer (no GGUF key): four layers show it
+    "smollm3": ("SmolLM3ForCausalLM", dict(no_rope_layer_interval=4), "smollm3"),
+    # the converter writes no window for starcoder2 (llama.cpp has none there)
+    "starcoder2": ("Starcoder2ForCausalLM", dict(sliding_window=None), "starcoder2"),
+    "glm4": ("Glm4ForCausalLM", {}, "glm4"),
+    "ernie4_5": ("Ernie4_5ForCausalLM", {}, "ernie4_5"),
+    "ernie4_5:use_bias": ("Ernie4_5ForCausalLM:use_bias", {}, "ernie4_5"),
 }
-# where transformers' GGUF reader has no such architecture (olmoe) or no stacked experts for it (llama)
-NO_TRANSFORMERS_READER = {"olmoe", "mixtral"}
-GEMMA = {"gemma2", "gemma3"}
+# where transformers' GGUF reader has no such architecture, or no stacked experts for it (llama)
+NO_TRANSFORMERS_READER = {"olmoe", "mixtral", "gemma", "olmo2", "granite", "smollm3", "glm4", "ernie4_5",
+                          "ernie4_5:use_bias"}
+GEMMA = {"gemma", "gemma2", "gemma3"}
+# every linear Q8_0; not granite, whose test model's near-flat logits (several tokens within 0.01) Q8_0 reorders
+DENSE_Q8_0 = {"gemma", "olmo2", "smollm3", "starcoder2", "glm4", "ernie4_5:use_bias"}
+PERMUTED = {"llama", "granite", "smollm3"}  # llama.cpp's LlamaModel lineage reorders q/k rows for GGML's rope
 LOADS_AS = {"mistral": "LlamaForCausalLM"}  # without a window, llama.cpp's Mistral is Llama
 
 
@@ -82,10 +97,11 @@ def _add_tokenizer(writer: gguf.GGUFWriter, vocab: int) -> None:
 
 
 def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type: QT | None = None,
-                         fuse_gate_up: bool = False) -> None:
+                         fuse_gate_up: bool = False, linear_type: QT | None = None) -> None:
     """``folder``'s checkpoint as llama.cpp's converter writes it (``expert_type``: the stacked experts
     quantized to that type, as llama-quantize leaves them; ``fuse_gate_up``: its --fuse-gate-up-exps,
-    each layer's gate and up experts in one tensor, gate first)."""
+    each layer's gate and up experts in one tensor, gate first; ``linear_type``: every 2-D weight, embeddings
+    included, quantized to that type, norms and biases left float32, as llama-quantize writes them)."""
     d = model.config.to_dict()
     rope = d.get("rope_parameters") or {}
     full = rope.get("full_attention", rope)
@@ -99,10 +115,13 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
     w.add_feed_forward_length(d["intermediate_size"])
     w.add_head_count(heads)
     w.add_head_count_kv(kv_heads)
-    w.add_layer_norm_rms_eps(d["rms_norm_eps"])
-    if arch != "gemma2":  # the Gemma 2 converter writes no rope base (llama.cpp's default: 10000)
+    if arch == "starcoder2":  # LayerNorms: the converter writes their eps under its own key
+        w.add_layer_norm_eps(d["norm_epsilon"])
+    else:
+        w.add_layer_norm_rms_eps(d["rms_norm_eps"])
+    if arch not in ("gemma", "gemma2"):  # these converters write no rope base (llama.cpp's default: 10000)
         w.add_rope_freq_base(full["rope_theta"])
-    if arch != "phi3":
+    if arch not in ("phi3", "granite"):  # the Granite converter drops head_dim
         w.add_key_length(d["head_dim"])
         w.add_value_length(d["head_dim"])
     if experts:
@@ -112,9 +131,16 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
         w.add_expert_feed_forward_length(d["moe_intermediate_size"])
         if d.get("shared_expert_intermediate_size"):
             w.add_expert_shared_feed_forward_length(d["shared_expert_intermediate_size"])
-    if arch == "llama":
+    if arch in PERMUTED:  # Llama's converter and its subclasses
         w.add_vocab_size(d["vocab_size"])
         w.add_rope_dimension_count(d["head_dim"])
+    if arch == "granite":
+        w.add_attention_scale(d["attention_multiplier"])
+        w.add_embedding_scale(d["embedding_multiplier"])
+        w.add_residual_scale(d["residual_multiplier"])
+        w.add_logit_scale(d["logits_scaling"])
+    if arch == "glm4":
+        w.add_rope_dimension_count(int(d["head_dim"] * full["partial_rotary_factor"]))
     if arch == "gemma2":
         w.add_attn_logit_softcapping(d["attn_logit_softcapping"])
         w.add_final_logit_softcapping(d["final_logit_softcapping"])
@@ -148,15 +174,17 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
             continue  # tied; the converter skips it
         if arch.startswith("gemma") and name.endswith("norm.weight"):
             t = t + 1
-        if arch == "llama" and ".q_proj." in name:
+        if arch in PERMUTED and ".q_proj." in name:
             t = _permute(t, heads)
-        elif arch == "llama" and ".k_proj." in name:
+        elif arch in PERMUTED and ".k_proj." in name:
             t = _permute(t, kv_heads)
         gguf_name = name if name.startswith("blk.") else name_map.get_name(name, try_suffixes=(".weight", ".bias"))
         assert gguf_name is not None, name
         data = t.float().numpy()
         if expert_type is not None and gguf_name.rpartition(".")[0].endswith("_exps"):
             w.add_tensor(gguf_name, gguf.quants.quantize(data, expert_type), raw_dtype=expert_type)
+        elif linear_type is not None and data.ndim == 2:
+            w.add_tensor(gguf_name, gguf.quants.quantize(data, linear_type), raw_dtype=linear_type)
         else:
             w.add_tensor(gguf_name, data)
     w.write_header_to_file()
@@ -168,16 +196,17 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
 _files: dict[tuple, tuple] = {}
 
 
-def gguf_case(case: str, tmp_path_factory, expert_type: QT | None = None, fuse_gate_up: bool = False):
+def gguf_case(case: str, tmp_path_factory, expert_type: QT | None = None, fuse_gate_up: bool = False,
+              linear_type: QT | None = None):
     """(transformers model, its checkpoint folder, the GGUF file) for ``case``, built once per session."""
-    key = (case, expert_type, fuse_gate_up)
+    key = (case, expert_type, fuse_gate_up, linear_type)
     if key not in _files:
         name, overrides, arch = CASES[case]
         model = hf_model(name, **overrides)
-        folder = tmp_path_factory.mktemp(f"gguf-{case}")
+        folder = tmp_path_factory.mktemp(f"gguf-{case.replace(':', '-')}")
         model.save_pretrained(folder)
-        path = folder / f"{case}.gguf"
-        write_like_llama_cpp(model, folder, path, arch, expert_type, fuse_gate_up)
+        path = folder / f"{case.replace(':', '-')}.gguf"
+        write_like_llama_cpp(model, folder, path, arch, expert_type, fuse_gate_up, linear_type)
         _files[key] = (model, folder, path)
     return _files[key]
 
@@ -196,12 +225,13 @@ def test_gguf_loads_the_checkpoint_weights(case, tmp_path_factory, monkeypatch):
     if model.config.tie_word_embeddings:
         original.pop("lm_head.weight", None)
     loaded = load_model(path)
-    assert loaded.config.architecture == LOADS_AS.get(case, CASES[case][0])
+    assert loaded.config.architecture == LOADS_AS.get(case, CASES[case][0].partition(":")[0])
     # the metadata means what the checkpoint's config.json does (the eos ids come from the tokenizer)
     gguf_config, hf_config = asdict(loaded.config), asdict(load_model_config(folder))
     for key in ("architecture", "eos_token_ids", "rope_scaling"):
         gguf_config.pop(key), hf_config.pop(key)
-    assert gguf_config.pop("rms_norm_eps") == pytest.approx(hf_config.pop("rms_norm_eps"))  # float32 in the file
+    for key in [k for k, v in hf_config.items() if isinstance(v, float)]:  # float32 in the file: eps, multipliers
+        assert gguf_config.pop(key) == pytest.approx(hf_config.pop(key), rel=1e-6), key
     assert gguf_config == hf_config
     hf_scaling = load_model_config(folder).rope_scaling
     for key, value in (hf_scaling or {}).items():
@@ -293,6 +323,23 @@ def test_gguf_quantized_experts_stay_quantized_and_close(case, expert_type, tmp_
     dense = _llm(dense_path).generate(prompts(), params)
     quant = quant_llm.generate(prompts(), params)
     assert_logprobs_close(dense, quant, case)
+
+
+@pytest.mark.parametrize("case", sorted(DENSE_Q8_0))
+def test_gguf_q8_0_linears_stay_quantized_and_close(case, tmp_path_factory):
+    """A file whose linears and embeddings are all Q8_0 (as llama-quantize writes Q8_0): they load as
+    QuantWeights and run quantized, within the logprob closeness of the float32 file."""
+    _, _, dense_path = gguf_case(case, tmp_path_factory)
+    _, _, path = gguf_case(case, tmp_path_factory, linear_type=QT.Q8_0)
+    loaded = load_model(path, keep_quantized=True)
+    linears = [n for n, w in load_model(dense_path).weights.items() if w.dim() == 2]
+    assert linears and all(isinstance(loaded.weights[n], QuantWeight) for n in linears)
+
+    quant_llm = _llm(path, quantization="auto")
+    assert type(quant_llm.engine.runner.model.layers[0].mlp.down).__name__ == "QuantLinear"
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=3)
+    dense = _llm(dense_path).generate(prompts(), params)
+    assert_logprobs_close(dense, quant_llm.generate(prompts(), params), case)
 
 
 def test_gguf_unsupported_expert_type_is_named(tmp_path_factory):

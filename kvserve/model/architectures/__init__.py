@@ -62,6 +62,9 @@ class Architecture:
     config: Callable[[dict[str, Any]], dict[str, Any]] = lambda d: {}
     weights: Mapping[str, str | None] = field(default_factory=dict)  # overrides of LLAMA_WEIGHTS
     gguf: str | None = None  # llama.cpp's general.architecture, where kvserve reads its GGUF files
+    # llama.cpp's converter reorders q/k rows (and biases) for GGML's rope on adjacent pairs (its
+    # LlamaModel lineage: llama, granite, smollm3); the loader undoes it
+    gguf_permuted: bool = False
     # GGUF metadata -> the config.json keys it implies beyond the common ones (``gguf_loader``): what
     # llama.cpp's graph assumes for this architecture; "architectures" may name another one the same
     # llama.cpp name covers (Mixtral is "llama" with experts)
@@ -121,6 +124,13 @@ def generic_config(d: dict[str, Any]) -> dict[str, Any]:
 GENERIC = Architecture("generic", generic_config)
 
 
+def gguf_rotary_share(get: GGUFGet) -> dict[str, Any]:
+    """HF's ``partial_rotary_factor`` from llama.cpp's rotating dims (``rope.dimension_count``) per head."""
+    hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
+    rotary = get("rope.dimension_count")
+    return {"partial_rotary_factor": rotary / int(get("attention.key_length") or hidden // heads) if rotary else 1.0}
+
+
 def architecture_names() -> list[str]:
     _load()
     return sorted(_ARCHITECTURES)
@@ -133,8 +143,8 @@ def gguf_architectures() -> dict[str, str]:
 
 
 # one line per architecture module
-_MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma2", "gemma3", "phi3", "olmo2", "olmoe",
-            "granite", "gpt_oss", "gemma3_mm", "smollm3", "starcoder2", "glm4", "ernie4_5"]
+_MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma", "gemma2", "gemma3", "phi3", "olmo2",
+            "olmoe", "granite", "gpt_oss", "gemma3_mm", "smollm3", "starcoder2", "glm4", "ernie4_5"]
 
 
 def _load() -> None:

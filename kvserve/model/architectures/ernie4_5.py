@@ -10,4 +10,5 @@ def ernie4_5_config(d: dict) -> dict:
             "tie_word_embeddings": d.get("tie_word_embeddings", True)}
 
 
-register(Architecture("Ernie4_5ForCausalLM", ernie4_5_config))
+# the biases follow the file's tensors (``gguf_loader``), which stand for use_bias
+register(Architecture("Ernie4_5ForCausalLM", ernie4_5_config, gguf="ernie4_5"))

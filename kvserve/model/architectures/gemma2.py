@@ -2,6 +2,7 @@
 sqrt(hidden), soft caps on attention scores and logits, sliding-window layers alternating with global ones."""
 
 from kvserve.model.architectures import Architecture, GGUFGet, first_of, register
+from kvserve.model.architectures.gemma import gemma_common
 from kvserve.model.config import FULL, SLIDING
 
 # Gemma's names for the sandwich norms: theirs "post_attention_layernorm" is on attention's output
@@ -14,14 +15,12 @@ def gemma_config(d: dict, default_pattern: int) -> dict:
     layers = d["num_hidden_layers"]
     pattern = first_of(d, "sliding_window_pattern", "_sliding_window_pattern", default=default_pattern)
     types = d.get("layer_types") or [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(layers)]
-    return {"norm_layout": "sandwich", "norm_offset": 1.0, "hidden_act": first_of(d, "hidden_activation", "hidden_act",
-                                                                                  default="gelu_pytorch_tanh"),
+    return {**gemma_common(d), "norm_layout": "sandwich",
             "attn_scale": float(first_of(d, "query_pre_attn_scalar", "head_dim",
                                           default=d["hidden_size"] // d["num_attention_heads"])) ** -0.5,
-            "embed_scale": float(d["hidden_size"]) ** 0.5, "sliding_window": d.get("sliding_window") or None,
+            "sliding_window": d.get("sliding_window") or None,
             "layer_types": list(types), "attn_logit_softcap": d.get("attn_logit_softcapping"),
-            "final_logit_softcap": d.get("final_logit_softcapping"), "o_proj_bias": False,
-            "tie_word_embeddings": d.get("tie_word_embeddings", True)}
+            "final_logit_softcap": d.get("final_logit_softcapping"), "o_proj_bias": False}
 
 
 def gemma_gguf(get: GGUFGet, big_layers: int) -> dict:

@@ -1,6 +1,6 @@
 """Granite 3.x: Llama with four multipliers (embeddings, residual branches, the softmax scale, and logits divided)."""
 
-from kvserve.model.architectures import Architecture, register
+from kvserve.model.architectures import Architecture, GGUFGet, register
 
 
 def granite_config(d: dict) -> dict:
@@ -11,4 +11,11 @@ def granite_config(d: dict) -> dict:
             "logit_scale": 1.0 / float(d.get("logits_scaling", 1.0))}
 
 
-register(Architecture("GraniteForCausalLM", granite_config))
+def granite_gguf(get: GGUFGet) -> dict:
+    """llama.cpp's names for the multipliers; each written only where set (else llama.cpp leaves that one out)."""
+    keys = {"embedding_scale": "embedding_multiplier", "residual_scale": "residual_multiplier",
+            "attention.scale": "attention_multiplier", "logit_scale": "logits_scaling"}
+    return {hf: float(get(key)) for key, hf in keys.items() if get(key)}
+
+
+register(Architecture("GraniteForCausalLM", granite_config, gguf="granite", gguf_permuted=True, gguf_config=granite_gguf))

@@ -9,4 +9,4 @@ def llama_gguf(get: GGUFGet) -> dict:
     return {"architectures": ["MixtralForCausalLM"]} if get("expert_count") else {}
 
 
-register(Architecture("LlamaForCausalLM", gguf="llama", gguf_config=llama_gguf))
+register(Architecture("LlamaForCausalLM", gguf="llama", gguf_permuted=True, gguf_config=llama_gguf))

@@ -1,7 +1,7 @@
 """Phi-3 / Phi-3.5 / Phi-4-mini: q/k/v and gate/up stored stacked, longrope scaling, partial rotary (Phi-4-mini),
 a sliding window where the config sets one."""
 
-from kvserve.model.architectures import Architecture, GGUFGet, first_of, register
+from kvserve.model.architectures import Architecture, GGUFGet, first_of, gguf_rotary_share, register
 from kvserve.model.config import rope_settings
 
 
@@ -20,10 +20,7 @@ def phi3_config(d: dict) -> dict:
 def phi3_gguf(get: GGUFGet) -> dict:
     """The rotating share of each head (llama.cpp stores the rotating dims), and the length longrope's
     factors switch at."""
-    hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
-    rotary = get("rope.dimension_count")
-    return {"partial_rotary_factor": rotary / int(get("attention.key_length") or hidden // heads) if rotary else 1.0,
-            "original_max_position_embeddings": get("rope.scaling.original_context_length")}
+    return {**gguf_rotary_share(get), "original_max_position_embeddings": get("rope.scaling.original_context_length")}
 
 
 register(Architecture("Phi3ForCausalLM", phi3_config, weights={"qkv_proj": "self_attn.qkv_proj",

@@ -14,4 +14,6 @@ def smollm3_config(d: dict) -> dict:
             "layer_types": list(types) if window else None}
 
 
-register(Architecture("SmolLM3ForCausalLM", smollm3_config))
+# llama.cpp's graph skips rotary on every 4th layer whatever the checkpoint said (no GGUF key), and has no window
+register(Architecture("SmolLM3ForCausalLM", smollm3_config, gguf="smollm3", gguf_permuted=True,
+                      gguf_config=lambda get: {"no_rope_layer_interval": 4}))

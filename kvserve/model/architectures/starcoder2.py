@@ -13,4 +13,5 @@ def starcoder2_config(d: dict) -> dict:
 
 
 register(Architecture("Starcoder2ForCausalLM", starcoder2_config, weights={
-    "gate_proj": None, "up_proj": "mlp.c_fc", "down_proj": "mlp.c_proj"}))
+    "gate_proj": None, "up_proj": "mlp.c_fc", "down_proj": "mlp.c_proj"}, gguf="starcoder2",
+    gguf_config=lambda get: {"norm_epsilon": float(get("attention.layer_norm_epsilon", 1e-5))}))
