@@ -135,7 +135,8 @@ class OutputProcessor:
             finished=finished,
             finish_reason=req.finish_reason.value if req.finish_reason else None,
             stop_reason=req.stop_reason,
-            logprobs=req.logprobs,
+            # a copy: the request's list grows with later steps, before a slow reader renders this one
+            logprobs=req.logprobs[:],
             num_cached_tokens=req.num_cached_tokens,
             num_draft_tokens=req.spec.num_draft_tokens,
             num_accepted_tokens=req.spec.num_accepted_tokens,
