@@ -4,7 +4,7 @@ Every call the engine makes to ``torch.ops.kvserve`` or ``torch.classes.kvserve`
 Where the kernels are loaded (``kvserve.kernels.load_kernels``) a wrapper calls its native op. Where
 they are not (no compiler, a failed build, KVSERVE_KERNELS=0):
 
-- the element-wise ops (``rms_norm``, ``add_rms_norm``, ``rotary_``, ``silu_mul``, ``store_rows_``,
+- the element-wise ops (``rms_norm``, ``add_rms_norm``, ``rotary_``, ``silu_mul``, ``gelu_tanh_mul``, ``store_rows_``,
   ``argmax_rows``, ``sample_rows``) run torch code that computes what the kernel does, and the
   availability queries (``amx_gemm_available``, ``flash_prefill_available``) answer False;
 - the rest (quantized GEMMs, ``amx_*``, the attention kernels, ``DecodeStack``) raise
@@ -101,6 +101,14 @@ def silu_mul(gu: torch.Tensor, *, native: bool = True) -> torch.Tensor:
         return _ops.silu_mul(gu)
     i = gu.shape[-1] // 2
     return F.silu(gu[..., :i]) * gu[..., i:]
+
+
+def gelu_tanh_mul(gu: torch.Tensor, *, native: bool = True) -> torch.Tensor:
+    """gelu_tanh(gate) * up of a gate/up projection's output [..., 2 * I] (gate first): Gemma's gated MLP."""
+    if native and (_loaded or available()):
+        return _ops.gelu_tanh_mul(gu)
+    i = gu.shape[-1] // 2
+    return F.gelu(gu[..., :i], approximate="tanh") * gu[..., i:]
 
 
 def store_rows_(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, *, native: bool = True) -> None:

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 FULL, SLIDING = "full_attention", "sliding_attention"  # HF's layer_types values
+# the gated MLPs' activations with a fused native kernel (kernel's name), which the native decode stack runs
+NATIVE_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
 
 
 @dataclass
