@@ -300,14 +300,17 @@ def test_gemma3_multimodal_checkpoint_answers_as_its_text_model(tmp_path_factory
 
 
 @pytest.mark.parametrize("case, stack, why", [
-    ("GptOssForCausalLM", False, "experts, biases past q/k/v, attention sinks, a clamped SwiGLU"),
-    ("SmolLM3ForCausalLM", False, "layers without rotary"),
-    ("OlmoeForCausalLM:clip_qkv", False, "q/k norms over the whole projection, experts, q/k/v clamps"),
-    ("Starcoder2ForCausalLM", False, "LayerNorms, a non-gated MLP, gelu_pytorch_tanh"),
-    ("Ernie4_5ForCausalLM", True, None)])
+    ("GptOssForCausalLM", False, "experts, attention sinks, a clamped SwiGLU"),
+    ("OlmoeForCausalLM:clip_qkv", False, "experts, q/k/v clamps"),
+    ("Starcoder2ForCausalLM", False, "LayerNorms, a non-gated MLP"),
+    ("Phi3ForCausalLM", False, "partial rotary"),
+    ("Ernie4_5ForCausalLM", True, None), ("SmolLM3ForCausalLM", True, None), ("Gemma2ForCausalLM", True, None),
+    ("Gemma3ForCausalLM", True, None), ("Olmo2ForCausalLM", True, None), ("GraniteForCausalLM", True, None)])
 def test_the_start_up_log_names_what_keeps_a_model_off_the_native_stack(case, stack, why, tmp_path_factory, caplog):
     """int8 (what the native decode stack runs over): every option it lacks is named in the start-up log and the
-    layers run in Python; a model of Llama's layers (interleaved rotary reordered at load) gets the stack."""
+    layers run in Python; models whose options it runs (ERNIE's interleaved rotary reordered at load, SmolLM3's
+    layers without rotary, Gemma's sandwich norms, GELU-tanh and local rotary, OLMo 2's post norms and
+    whole-projection q/k norms, Granite's scales and biases) get the stack, and the log names nothing."""
     import logging
 
     _, folder = checkpoint(case, tmp_path_factory)
@@ -315,7 +318,9 @@ def test_the_start_up_log_names_what_keeps_a_model_off_the_native_stack(case, st
         llm = make_llm(folder, quantization="int8")
     assert (llm.engine.runner.model.native_stack is not None) == stack
     if why is not None:
-        assert f"this model has {why}" in caplog.text
+        assert f"this model has {why})" in caplog.text
+    else:
+        assert "decode steps run the Python layers" not in caplog.text
 
 
 @pytest.mark.parametrize("case", ["MistralForCausalLM", "GptOssForCausalLM"])
