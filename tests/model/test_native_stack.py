@@ -1,6 +1,6 @@
 """The native decode stack (kvserve.model.native_stack): on one step it gives the Python layers'
 hidden states and cache writes bit for bit (Llama's layers, Qwen3's, with sliding windows and soft
-caps, and the layer options of Gemma 2/3, OLMo 2, Granite and SmolLM3: sandwich and post norms,
+caps, and the layer options of Gemma 1/2/3, OLMo 2, Granite and SmolLM3: sandwich and post norms,
 whole-projection q/k norms, GELU-tanh, residual scales, biases, local and no rotary); end to end the
 same greedy tokens; and the Python layers run wherever it does not apply (fresh prefills, dense or
 bfloat16 weights)."""
@@ -64,10 +64,11 @@ ATTENTION = {"llama": {}, "qwen3": {}, "window": dict(sliding_window=9),
 
 
 # architectures whose layer options the stack runs, as test_architectures.py writes them (its CASES), and
-# variants: a residual scale that rounds (not a power of two) and biases on every linear (Granite); OLMo 2
-# and Gemma 3 with one KV head (a whole-projection k norm as wide as a head)
-OPTIONS = {"Gemma2ForCausalLM": {}, "Gemma3ForCausalLM": {}, "Olmo2ForCausalLM": {}, "SmolLM3ForCausalLM": {},
-           "SmolLM3ForCausalLM:sliding_window": {}, "LlamaForCausalLM:head_dim,biases,tied": {},
+# variants: a residual scale that rounds (not a power of two) and biases on every linear (Granite); one KV
+# head (OLMo 2: a whole-projection k norm as wide as a head; Gemma 3: its per-head k norm over a strided view)
+OPTIONS = {"GemmaForCausalLM": {}, "Gemma2ForCausalLM": {}, "Gemma3ForCausalLM": {}, "Olmo2ForCausalLM": {},
+           "SmolLM3ForCausalLM": {}, "SmolLM3ForCausalLM:sliding_window": {},
+           "LlamaForCausalLM:head_dim,biases,tied": {},
            "GraniteForCausalLM": dict(residual_multiplier=0.37, mlp_bias=True),
            "Olmo2ForCausalLM:kv1": dict(num_key_value_heads=1), "Gemma3ForCausalLM:kv1": dict(num_key_value_heads=1)}
 
@@ -218,8 +219,8 @@ def test_greedy_tokens_equal_the_python_layers_end_to_end():
     assert outs[0] == outs[1]
 
 
-@pytest.mark.parametrize("name", ["Gemma2ForCausalLM", "Gemma3ForCausalLM", "Olmo2ForCausalLM", "GraniteForCausalLM",
-                                  "SmolLM3ForCausalLM", "LlamaForCausalLM:head_dim,biases,tied"])
+@pytest.mark.parametrize("name", ["GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Olmo2ForCausalLM",
+                                  "GraniteForCausalLM", "SmolLM3ForCausalLM", "LlamaForCausalLM:head_dim,biases,tied"])
 def test_each_architecture_decodes_on_the_stack_with_the_python_layers_tokens(name, tmp_path_factory, monkeypatch):
     """A checkpoint as test_architectures.py writes it, end to end: the stack serves the decode steps
     (counted) and gives the Python layers' greedy tokens (int8, the weights the stack runs over); those
