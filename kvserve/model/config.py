@@ -128,13 +128,13 @@ class ModelConfig:
     def native_stack_blocker(self) -> str | None:
         """None when the native decode stack runs every layer's options: Llama's layers with per-head or
         whole-projection q/k norms, any norm layout (pre, sandwich, post) and offset, a SiLU or GELU-tanh
-        gated MLP, biases, a softmax scale, a window and a soft cap, residual scales, layers without rotary
+        gated MLP, biases, a softmax scale, a window, a soft cap and sinks, residual scales, layers without rotary
         or with their own (Gemma 3's local base); else the options it lacks, for the start-up log."""
         checks = [(self.norm_type != "rms", "LayerNorms"), (not self.gated_mlp, "a non-gated MLP"),
                   (self.hidden_act not in NATIVE_ACTIVATIONS, self.hidden_act),
                   (self.num_experts > 0, "experts"),
                   (self.partial_rotary_factor != 1, "partial rotary"),
-                  (self.attn_sinks, "attention sinks"), (self.clip_qkv is not None, "q/k/v clamps"),
+                  (self.clip_qkv is not None, "q/k/v clamps"),
                   (self.swiglu is not None, "a clamped SwiGLU")]
         return ", ".join(why for bad, why in checks if bad) or None
 

@@ -5,7 +5,7 @@ weights and runs the same kernels the Python layers call (norms, quantized linea
 attention, the gated MLP's activation) back to back, so a decode step pays Python's per-op cost once, not
 ~12 times per layer. Each layer carries its spec, the options ``ModelConfig.native_stack_blocker`` lets
 through: norms before, after (OLMo 2) or around (Gemma) each sublayer, q/k norms per head or over the
-projection, a sliding window or soft cap, biases, rotary by the model's tables, the local layers' (Gemma 3)
+projection, a sliding window, soft cap or sinks, biases, rotary by the model's tables, the local layers' (Gemma 3)
 or none (SmolLM3), and for the model an activation (SiLU, GELU-tanh), a residual scale (Granite) and a
 softmax scale; the embeddings' and logits' scales stay in Python. It runs in float32 models whose
 linear layers are all quantized (``QuantLinear`` on the
@@ -65,6 +65,8 @@ def _add_layer(stack: Any, i: int, layer: "DecoderLayer", local: bool, rotates: 
         stack.set_qk_norm(i, _weight(a.q_norm), _weight(a.k_norm))
     if a.spec.masked:
         stack.set_attention(i, a.spec.window or 0, a.spec.softcap or 0.0)
+    if a.sinks is not None:
+        stack.set_sinks(i, a.sinks.detach())
     if not rotates or local:
         stack.set_rotary(i, "local" if local else "none")
     if any(m.bias is not None for m in (a.o_proj, mlp.gate_up, mlp.down)):

@@ -1,6 +1,6 @@
 """The native decode stack (kvserve.model.native_stack): on one step it gives the Python layers'
-hidden states and cache writes bit for bit (Llama's layers, Qwen3's, with sliding windows and soft
-caps, and the layer options of Gemma 1/2/3, OLMo 2, Granite and SmolLM3: sandwich and post norms,
+hidden states and cache writes bit for bit (Llama's layers, Qwen3's, with sliding windows, soft
+caps and sinks, and the layer options of Gemma 1/2/3, OLMo 2, Granite and SmolLM3: sandwich and post norms,
 whole-projection q/k norms, GELU-tanh, residual scales, biases, local and no rotary); end to end the
 same greedy tokens; and the Python layers run wherever it does not apply (fresh prefills, dense or
 bfloat16 weights)."""
@@ -60,7 +60,8 @@ def _qwen3():
 # (shorter than most contexts below, ending mid-block), or a window on the first layer only and a soft
 # cap on both (two attention plans in one step)
 ATTENTION = {"llama": {}, "qwen3": {}, "window": dict(sliding_window=9),
-             "window+cap": dict(sliding_window=21, layer_types=[SLIDING, FULL], attn_logit_softcap=1.5)}
+             "window+cap": dict(sliding_window=21, layer_types=[SLIDING, FULL], attn_logit_softcap=1.5),
+             "sinks": dict(attn_sinks=True, sliding_window=21, layer_types=[SLIDING, FULL])}
 
 
 # architectures whose layer options the stack runs, as test_architectures.py writes them (its CASES), and
@@ -86,7 +87,11 @@ def _runner(quantization: str, *, bias: bool = False, dtype=torch.float32, backe
                            dtype=dtype, quantization=quantization)
     hf = _qwen3() if arch == "qwen3" else tiny_hf_model(bias=bias, kv_heads=2, hidden=64, layers=2)
     cfg = dataclasses.replace(kvserve_config(hf), **ATTENTION[arch])
-    return TorchRunner(cfg, hf_weights(hf),
+    weights = hf_weights(hf)
+    if cfg.attn_sinks:  # gpt-oss's sinks on Llama's layers: from below the scores to above them
+        for i in range(cfg.num_hidden_layers):
+            weights[f"model.layers.{i}.self_attn.sinks"] = torch.linspace(-3.0 + i, 4.0, cfg.num_attention_heads)
+    return TorchRunner(cfg, weights,
                        CacheConfig(num_kv_blocks=64, attention_backend=backend, kv_cache_dtype=kv),
                        dtype=dtype, quantization=quantization)
 
@@ -130,7 +135,8 @@ STEPS = {"mixed": [(1, 3), (1, 17), (1, 150), (20, 40), (1, 33)], "long": [(1, 5
 @pytest.mark.parametrize("rows", STEPS)
 @pytest.mark.parametrize("quantization,bias,arch", [("int4", False, "llama"), ("int8", False, "llama"),
                                                     ("int4", True, "llama"), ("int8", False, "qwen3"),
-                                                    ("int4", False, "window"), ("int8", False, "window+cap")])
+                                                    ("int4", False, "window"), ("int8", False, "window+cap"),
+                                                    ("int8", False, "sinks")])
 def test_one_step_equals_the_python_layers(quantization, bias, arch, rows, threads):
     runner = _runner(quantization, bias=bias, arch=arch)
     assert runner.model.native_stack is not None and runner.model.native_stack.num_layers() == 2
@@ -159,7 +165,7 @@ def test_one_step_of_each_architectures_options_equals_the_python_layers(arch, r
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("arch", ["llama", "window+cap", "Gemma3ForCausalLM", "Olmo2ForCausalLM"])
+@pytest.mark.parametrize("arch", ["llama", "window+cap", "sinks", "Gemma3ForCausalLM", "Olmo2ForCausalLM"])
 @pytest.mark.parametrize("rows", STEPS)
 @pytest.mark.parametrize("kv", ["fp8", "fp8_e5m2", "int8", "bfloat16"])
 def test_one_step_over_a_narrower_cache_equals_the_python_layers(kv, rows, arch):

@@ -69,7 +69,7 @@ at::Tensor amx_head_sample(const at::Tensor& x, const at::Tensor& packed, int64_
 void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_tables, const at::Tensor& seq_info, int64_t block_size, double scale,
                      const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
-                     int64_t window = 0, double softcap = 0);
+                     int64_t window = 0, double softcap = 0, const std::optional<at::Tensor>& sinks = std::nullopt);
 // An 8-bit cache (int8, fp8) needs float32 [kv_heads, d] scales for K and V; a float cache none.
 void check_kv_scales(const at::Tensor& cache, const std::optional<at::Tensor>& k_scale,
                      const std::optional<at::Tensor>& v_scale);
@@ -88,8 +88,10 @@ class PagedAttentionPlan {
   int64_t num_chunks() const;
   int64_t num_merges() const;
   void run_chunk(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                 int64_t c, const float* k_scale = nullptr, const float* v_scale = nullptr) const;
-  void run_merges(const at::Tensor& out, int64_t begin, int64_t end, const float* v_scale = nullptr) const;
+                 int64_t c, const float* k_scale = nullptr, const float* v_scale = nullptr,
+                 const float* sinks = nullptr) const;
+  void run_merges(const at::Tensor& out, int64_t begin, int64_t end, const float* v_scale = nullptr,
+                  const float* sinks = nullptr) const;
 
  private:
   struct Impl;

@@ -71,6 +71,7 @@ TORCH_LIBRARY_FRAGMENT(kvserve, m) {
       .def("set_attention", &kvserve::DecodeStack::set_attention)
       .def("set_out_norms", &kvserve::DecodeStack::set_out_norms)
       .def("set_biases", &kvserve::DecodeStack::set_biases)
+      .def("set_sinks", &kvserve::DecodeStack::set_sinks)
       .def("set_rotary", &kvserve::DecodeStack::set_rotary)
       .def("set_model_options", &kvserve::DecodeStack::set_model_options)
       .def("add_amx_weights", &kvserve::DecodeStack::add_amx_weights)

@@ -39,6 +39,7 @@ struct DecodeLayer {
   std::optional<at::Tensor> qkv_tiles, o_tiles, gate_up_tiles, down_tiles;
   int64_t window = 0;   // > 0: a sliding window (paged_attention's)
   double softcap = 0;   // > 0: a soft cap on the attention scores
+  std::optional<at::Tensor> sinks;  // [heads]: a logit per query head in its softmax's denominator (gpt-oss)
   Rotary rotary = Rotary::kGlobal;
 };
 
@@ -100,6 +101,13 @@ struct DecodeStack : torch::CustomClassHolder {
     if (down_bias) check_vector(*down_bias, hidden, "down bias [hidden]");
     DecodeLayer& L = layers[i];
     L.o_bias = o_bias, L.gate_up_bias = gate_up_bias, L.down_bias = down_bias;
+  }
+
+  // DecodeLayer i's attention sinks, one logit per query head
+  void set_sinks(int64_t i, at::Tensor sinks) {
+    check_layer(i);
+    check_vector(sinks, heads, "sinks [heads]");
+    layers[i].sinks = sinks;
   }
 
   // DecodeLayer i's rotary: "none", "global" (forward's cos/sin) or "local" (forward's local_cos/local_sin)

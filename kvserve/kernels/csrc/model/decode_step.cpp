@@ -187,11 +187,12 @@ struct DecodeStack::Step {
     const float *ks = quantized ? k_scales[i].data_ptr<float>() : nullptr;
     const float *vs = quantized ? v_scales[i].data_ptr<float>() : nullptr;
     const PagedAttentionPlan& plan = plans[plan_of[i]];
-    for (int64_t c = tid; c < plan.num_chunks(); c += nt) plan.run_chunk(attn, q_view, k_caches[i], v_caches[i], c, ks, vs);
+    const float* sinks = L.sinks ? L.sinks->data_ptr<float>() : nullptr;
+    for (int64_t c = tid; c < plan.num_chunks(); c += nt) plan.run_chunk(attn, q_view, k_caches[i], v_caches[i], c, ks, vs, sinks);
     if (plan.num_merges() > 0) {  // split decodes: combine their parts
       barrier.wait();
       const auto [m0, m1] = share(plan.num_merges(), tid, nt);
-      plan.run_merges(attn, m0, m1, vs);
+      plan.run_merges(attn, m0, m1, vs, sinks);
     }
     barrier.wait();
   }
