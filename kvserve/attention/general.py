@@ -3,8 +3,8 @@ torch, over each sequence's context gathered from the cache, with the scores com
 explicitly.
 
 The fallback for such layers (``AttentionBackend.attend_layer``): the paged backend attends them in its
-native kernels, which take the window and the cap (``PagedBackend.attend_layer``); other backends
-(``gather-sdpa``, or no native kernels) send them here. Layers without these options (window, cap, sinks) keep the backends'
+native kernels, which take the window, the cap and sinks (``PagedBackend.attend_layer``; sinks only in
+steps without ``flash_prefill`` rows); other backends (``gather-sdpa``, or no native kernels) send them here. Layers without these options (window, cap, sinks) keep the backends'
 kernels. The context a windowed layer gathers starts where its first row's window does, so a long
 context costs the window, not its length.
 """

@@ -26,7 +26,8 @@ to SDPA dequantize just the context they gather.
 A layer with a sliding window or a soft cap on its scores (Mistral, Gemma 2/3, Phi-3) has every row
 attended by the kernels, which take both (``attend_layer``): the SDPA pieces take neither, so its
 prompt chunks go to ``flash_prefill`` where that runs, else to the paged kernel with the rest. A
-windowed row reads only its window's blocks, so a long context costs the window.
+windowed row reads only its window's blocks, so a long context costs the window. Sinks (gpt-oss) the paged
+kernel takes too; a step with ``flash_prefill`` rows sends a layer with sinks to the general path.
 """
 
 from __future__ import annotations
@@ -218,22 +219,24 @@ class PagedBackend(AttentionBackend):
 
     def attend_layer(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_kv: LayerKV,  # type: ignore[override]
                      meta: PagedMetadata, spec: LayerAttention, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """As ``AttentionBackend.attend_layer``, but a window or a soft cap runs in the kernels too: every
-        row goes to ``flash_prefill`` (its rows, where it runs) or the paged kernel, none to SDPA."""
-        if not spec.masked or spec.sinks is not None:  # the kernels take no sinks: the general path does
+        """As ``AttentionBackend.attend_layer``, but a window, a soft cap or sinks run in the kernels too: every
+        row goes to ``flash_prefill`` (its rows, where it runs) or the paged kernel, none to SDPA. Sinks only
+        the paged kernel takes: a step with ``flash_prefill`` rows attends a layer with sinks on the general path."""
+        if not spec.masked or (spec.sinks is not None and meta.flash_info is not None):
             return super().attend_layer(q, k, v, layer_kv, meta, spec, rows)
         scale = self.scale if spec.scale is None else spec.scale
         window, softcap = spec.window or 0, spec.softcap or 0.0
+        sinks = None if spec.sinks is None else spec.sinks.detach().float()
         self.pool.store(layer_kv, meta.slot_mapping, k, v)
         if q.stride(-1) != 1:
             q = q.contiguous()
         if rows is not None:
-            return self._attend_rows(q, layer_kv, meta, rows, scale, window, softcap)
+            return self._attend_rows(q, layer_kv, meta, rows, scale, window, softcap, sinks)
         out = torch.empty_like(q)
         tables, info = self._all_rows(meta)
         if info.shape[0]:
             ops.paged_attention(out, q, layer_kv[0], layer_kv[1], tables, info, self.pool.block_size, scale,
-                                *self._scales(layer_kv), window=window, softcap=softcap)
+                                *self._scales(layer_kv), window=window, softcap=softcap, sinks=sinks)
         if meta.flash_info is not None:
             ops.flash_prefill(out, q, layer_kv[0], layer_kv[1], meta.flash_tables, meta.flash_info,
                               self.pool.block_size, scale, window=window, softcap=softcap)
@@ -300,14 +303,14 @@ class PagedBackend(AttentionBackend):
         return self._attend_rows(q, layer_kv, meta, rows, self.scale if scale is None else scale)
 
     def _attend_rows(self, q: torch.Tensor, layer_kv: LayerKV, meta: PagedMetadata, rows: torch.Tensor, scale: float,
-                     window: int = 0, softcap: float = 0.0) -> torch.Tensor:
+                     window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
         """The attention of ``rows`` over the stored K/V, through the paged kernel."""
         tables, info = self._row_runs(meta.seqs, rows.tolist())
         out = q.new_empty(rows.numel(), q.shape[1], q.shape[2])
         if info:
             ops.paged_attention(out, q[rows], layer_kv[0], layer_kv[1], torch.tensor(tables, dtype=torch.int32),
                                 torch.tensor(info, dtype=torch.int32).view(-1, 4), self.pool.block_size,
-                                scale, *self._scales(layer_kv), window=window, softcap=softcap)
+                                scale, *self._scales(layer_kv), window=window, softcap=softcap, sinks=sinks)
         return out
 
     def _row_runs(self, seqs: Sequence[SeqRows], rows: list[int]) -> tuple[list[int], list[int]]:

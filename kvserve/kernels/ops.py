@@ -4,7 +4,7 @@ Every call the engine makes to ``torch.ops.kvserve`` or ``torch.classes.kvserve`
 Where the kernels are loaded (``kvserve.kernels.load_kernels``) a wrapper calls its native op. Where
 they are not (no compiler, a failed build, KVSERVE_KERNELS=0):
 
-- the element-wise ops (``rms_norm``, ``add_rms_norm``, ``rotary_``, ``silu_mul``, ``store_rows_``,
+- the element-wise ops (``rms_norm``, ``add_rms_norm``, ``rotary_``, ``silu_mul``, ``gelu_tanh_mul``, ``store_rows_``,
   ``argmax_rows``, ``sample_rows``) run torch code that computes what the kernel does, and the
   availability queries (``amx_gemm_available``, ``flash_prefill_available``) answer False;
 - the rest (quantized GEMMs, ``amx_*``, the attention kernels, ``DecodeStack``) raise
@@ -101,6 +101,14 @@ def silu_mul(gu: torch.Tensor, *, native: bool = True) -> torch.Tensor:
         return _ops.silu_mul(gu)
     i = gu.shape[-1] // 2
     return F.silu(gu[..., :i]) * gu[..., i:]
+
+
+def gelu_tanh_mul(gu: torch.Tensor, *, native: bool = True) -> torch.Tensor:
+    """gelu_tanh(gate) * up of a gate/up projection's output [..., 2 * I] (gate first): Gemma's gated MLP."""
+    if native and (_loaded or available()):
+        return _ops.gelu_tanh_mul(gu)
+    i = gu.shape[-1] // 2
+    return F.gelu(gu[..., :i], approximate="tanh") * gu[..., i:]
 
 
 def store_rows_(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, *, native: bool = True) -> None:
@@ -206,14 +214,14 @@ def amx_head_sample(x: torch.Tensor, packed: torch.Tensor, n: int, inv_temp: tor
 def paged_attention(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     block_tables: torch.Tensor, seq_info: torch.Tensor, block_size: int, scale: float,
                     k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-                    window: int = 0, softcap: float = 0.0) -> None:
+                    window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None) -> None:
     """Writes into ``out`` the attention of q's rows over the cache, read in place through the block
     tables; ``seq_info`` [S, 4]: per sequence (first row, rows, context, table offset). An 8-bit cache
-    comes with its scales."""
+    comes with its scales; ``sinks`` (float32 [heads]): a logit per query head in its softmax's denominator."""
     if not _loaded:
         _require("paged_attention")
     _ops.paged_attention(out, q, k_cache, v_cache, block_tables, seq_info, block_size, scale, k_scale, v_scale,
-                         window=window, softcap=softcap)
+                         window=window, softcap=softcap, sinks=sinks)
 
 
 def flash_prefill(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

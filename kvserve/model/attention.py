@@ -64,9 +64,9 @@ class Attention(nn.Module):
         if self.clip is not None:
             q, k, v = q.clamp(-self.clip, self.clip), k.clamp(-self.clip, self.clip), v.clamp(-self.clip, self.clip)
         q, k = q.reshape(t, self.num_heads, self.head_dim), k.reshape(t, self.num_kv_heads, self.head_dim)
-        if self.qk_norm == "head":
-            q = self.q_norm(q.reshape(-1, self.head_dim)).view(t, self.num_heads, self.head_dim)
-            k = self.k_norm(k.reshape(-1, self.head_dim)).view(t, self.num_kv_heads, self.head_dim)
+        if self.qk_norm == "head":  # (one head's reshape is a strided view of the GEMM's output: made contiguous)
+            q = self.q_norm(q.reshape(-1, self.head_dim).contiguous()).view(t, self.num_heads, self.head_dim)
+            k = self.k_norm(k.reshape(-1, self.head_dim).contiguous()).view(t, self.num_kv_heads, self.head_dim)
         if rope is not None:
             q, k = rope.apply(q, k)
         v = v.reshape(t, self.num_kv_heads, self.head_dim)

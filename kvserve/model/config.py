@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 FULL, SLIDING = "full_attention", "sliding_attention"  # HF's layer_types values
+# the gated MLPs' activations with a fused native kernel (kernel's name), which the native decode stack runs
+NATIVE_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
 
 
 @dataclass
@@ -123,20 +125,16 @@ class ModelConfig:
     def rotary_dim(self) -> int:
         return int(int(self.head_dim or 0) * self.partial_rotary_factor)
 
-    def llama_layers(self) -> str | None:
-        """None when every layer is Llama's, or Qwen3's (its q/k norms per head), with or without a sliding
-        window or a soft cap on its attention: what the native decode stack runs; else the options that
-        are not, for the start-up log."""
-        checks = [(self.qk_norm not in (None, "head"), "q/k norms over the whole projection"), (self.norm_layout != "pre", f"{self.norm_layout} norms"),
-                  (self.norm_offset != 0, "norms offset by 1"), (self.norm_type != "rms", "LayerNorms"),
-                  (not self.gated_mlp, "a non-gated MLP"), (self.hidden_act != "silu", self.hidden_act),
-                  (self.attn_scale is not None, "a softmax scale of its own"),
+    def native_stack_blocker(self) -> str | None:
+        """None when the native decode stack runs every layer's options: Llama's layers with per-head or
+        whole-projection q/k norms, any norm layout (pre, sandwich, post) and offset, a SiLU or GELU-tanh
+        gated MLP, biases, a softmax scale, a window, a soft cap and sinks, residual scales, layers without rotary
+        or with their own (Gemma 3's local base); else the options it lacks, for the start-up log."""
+        checks = [(self.norm_type != "rms", "LayerNorms"), (not self.gated_mlp, "a non-gated MLP"),
+                  (self.hidden_act not in NATIVE_ACTIVATIONS, self.hidden_act),
                   (self.num_experts > 0, "experts"),
-                  (self.o_proj_bias or self.mlp_bias, "biases past q/k/v"),
-                  (self.embed_scale != 1 or self.residual_scale != 1, "scaled embeddings or residuals"),
                   (self.partial_rotary_factor != 1, "partial rotary"),
-                  (self.rope_layers is not None and not all(self.rope_layers), "layers without rotary"),
-                  (self.attn_sinks, "attention sinks"), (self.clip_qkv is not None, "q/k/v clamps"),
+                  (self.clip_qkv is not None, "q/k/v clamps"),
                   (self.swiglu is not None, "a clamped SwiGLU")]
         return ", ".join(why for bad, why in checks if bad) or None
 

@@ -46,6 +46,9 @@ class DecoderLayer(nn.Module):
         self.residual_scale = cfg.residual_scale
         # the bf16 hand-offs between the norms and the AMX GEMMs: Llama's layout and plain attention only
         self.fast = self.layout == "pre" and self.self_attn.plain and cfg.residual_scale == 1
+        # and into the MLP, whose down projection then writes bf16: not where it adds a bias (added in float32
+        # instead, as the native decode stack adds it)
+        self.fast_mlp = self.fast and not cfg.mlp_bias
 
     def forward(self, h, delta, rope, attn, meta, kv_cache,
                 rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -73,7 +76,7 @@ class DecoderLayer(nn.Module):
         if self.layout == "post":
             x = h.add_(x)
         else:
-            bf16_mlp = self.fast and isinstance(self.mlp, GatedMLP) and self.mlp.runs_amx(h)
+            bf16_mlp = self.fast_mlp and isinstance(self.mlp, GatedMLP) and self.mlp.runs_amx(h)
             x = self.post_attention_layernorm.add_forward(h, x, *((torch.bfloat16, padded_rows(h.shape[0])) if bf16_mlp
                                                                   else ()))
         return h, self._out(self.mlp(x)[: h.shape[0]], "mlp_out_norm")
@@ -123,12 +126,12 @@ class CausalLM(nn.Module):
                 m.use_native(on)
         self.native_stack = None
         if on:
-            why = self.config.llama_layers()
+            why = self.config.native_stack_blocker()
             if why is None:
                 self.native_stack = build_native_stack(self)
             else:
-                log.info("%s: decode steps run the Python layers (the native decode stack runs Llama's layers; this "
-                         "model has %s)", self.config.architecture, why)
+                log.info("%s: decode steps run the Python layers (the native decode stack does not run every "
+                         "option; this model has %s)", self.config.architecture, why)
 
     @torch.inference_mode()
     def forward(

@@ -4,15 +4,21 @@ expert)."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from kvserve.kernels import ops
+from kvserve.model.config import NATIVE_ACTIVATIONS
 from kvserve.model.layers import runs_amx
 
 ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
                "gelu_new": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu}
+# the activations with a fused act(gate) * up kernel (the native decode stack runs the same kernels)
+_KERNELS = {"silu": ops.silu_mul, "gelu_tanh": ops.gelu_tanh_mul}
+NATIVE_GATED = {act: _KERNELS[kernel] for act, kernel in NATIVE_ACTIVATIONS.items()}
 
 
 def activation(name: str):
@@ -41,10 +47,11 @@ class GatedMLP(nn.Module):
         self.intermediate = intermediate
         self.act_name, self.act = act, activation(act)
         self.swiglu = swiglu
-        self.native = False  # the fused silu_mul kernel (kvserve.kernels); set by the model, for SiLU only
+        self.native = False  # the fused act(gate) * up kernel (kvserve.kernels); set by the model, NATIVE_GATED's only
+        self.gated_mul: Callable[[torch.Tensor], torch.Tensor] | None = NATIVE_GATED.get(act)
 
     def use_native(self, on: bool) -> None:
-        self.native = on and self.act_name == "silu" and self.swiglu is None and self.gated
+        self.native = on and self.gated_mul is not None and self.swiglu is None and self.gated
 
     def runs_amx(self, x: torch.Tensor) -> bool:
         """Whether ``x`` runs both GEMMs on their AMX copies with the activation between them in bf16 (a
@@ -55,13 +62,13 @@ class GatedMLP(nn.Module):
         if self.runs_amx(x):
             # an AMX step (QuantLinear.amx): the intermediate stays bf16 from gate_up's GEMM through
             # the activation into down's, instead of two round trips through float32
-            act = ops.silu_mul(self.gate_up(x, out_dtype=torch.bfloat16))
+            act = self.gated_mul(self.gate_up(x, out_dtype=torch.bfloat16))
             return self.down(act, out_dtype=x.dtype)
         gu = self.gate_up(x)
         if not self.gated:
             return self.down(self.act(gu))
         if self.native:
-            return self.down(ops.silu_mul(gu))
+            return self.down(self.gated_mul(gu))
         if self.swiglu is not None:
             return self.down(clamped_swiglu(gu[..., : self.intermediate], gu[..., self.intermediate :], *self.swiglu))
         return self.down(self.act(gu[..., : self.intermediate]) * gu[..., self.intermediate :])

@@ -2,9 +2,12 @@
 
 The native ``DecodeStack`` (kvserve/kernels/csrc/model/decode_stack.h; ``ops.decode_stack``) holds every layer's
 weights and runs the same kernels the Python layers call (norms, quantized linears, rotary, paged
-attention, SwiGLU) back to back, so a decode step pays Python's per-op cost once, not ~12 times
-per layer. It covers Llama's layers and Qwen3's (``ModelConfig.llama_layers``), each with its sliding
-window or soft cap if any (Mistral's window: the paged kernel takes both), in float32 models whose
+attention, the gated MLP's activation) back to back, so a decode step pays Python's per-op cost once, not
+~12 times per layer. Each layer carries its spec, the options ``ModelConfig.native_stack_blocker`` lets
+through: norms before, after (OLMo 2) or around (Gemma) each sublayer, q/k norms per head or over the
+projection, a sliding window, soft cap or sinks, biases, rotary by the model's tables, the local layers' (Gemma 3)
+or none (SmolLM3), and for the model an activation (SiLU, GELU-tanh), a residual scale (Granite) and a
+softmax scale; the embeddings' and logits' scales stay in Python. It runs in float32 models whose
 linear layers are all quantized (``QuantLinear`` on the
 native kernels: the default for the embedded GGUF model) and steps whose every row the paged
 kernel attends (``AttentionBackend.native_step``), over a float32 or an 8-bit KV cache (which it
@@ -21,16 +24,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kvserve.kernels import ops
+from kvserve.model.config import NATIVE_ACTIVATIONS
 from kvserve.model.layers import padded_rows
 from kvserve.model.quant_linear import AMX_MIN_ROWS, QuantLinear
 
 if TYPE_CHECKING:
     from kvserve.attention import AttentionBackend, AttentionMetadata
-    from kvserve.model.decoder import CausalLM
+    from kvserve.model.decoder import CausalLM, DecoderLayer
 
 
 def build_native_stack(model: "CausalLM") -> Any | None:
-    """A DecodeStack over ``model``'s layers, or None when some layer cannot run natively."""
+    """A DecodeStack over ``model``'s layers, or None when some layer cannot run natively (the model's
+    options are ``ModelConfig.native_stack_blocker``'s to check; here, how its weights are held)."""
     cfg = model.config
     if not model.native or model.norm.weight.dtype != torch.float32:
         return None
@@ -38,25 +43,43 @@ def build_native_stack(model: "CausalLM") -> Any | None:
         linears = (layer.self_attn.qkv, layer.self_attn.o_proj, layer.mlp.gate_up, layer.mlp.down)
         if not all(isinstance(m, QuantLinear) and m.packed is not None for m in linears):
             return None
-        if any(m.bias is not None for m in linears[1:]):
-            return None
     stack = ops.decode_stack(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
                              cfg.hidden_size, cfg.intermediate_size, cfg.rms_norm_eps)
-    for layer in model.layers:
-        a, mlp = layer.self_attn, layer.mlp
-        stack.add_layer(layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach(),
-                        a.qkv.packed, a.qkv.kind, a.qkv.bias, a.o_proj.packed, a.o_proj.kind,
-                        mlp.gate_up.packed, mlp.gate_up.kind, mlp.down.packed, mlp.down.kind)
-        if a.qk_norm == "head":
-            stack.set_qk_norm(stack.num_layers() - 1, a.q_norm.weight.detach(), a.k_norm.weight.detach())
-        if a.spec.masked:
-            stack.set_attention(stack.num_layers() - 1, a.spec.window or 0, a.spec.softcap or 0.0)
-        linears = (a.qkv, a.o_proj, mlp.gate_up, mlp.down)
-        if all(m.amx is not None for m in linears):
-            stack.add_amx_weights(stack.num_layers() - 1, *[m.amx.packed for m in linears])
-        if all(m.tiles is not None for m in linears):  # a decode step's rows: the tile kernel
-            stack.add_tile_weights(stack.num_layers() - 1, *[m.tiles for m in linears])
+    stack.set_model_options(NATIVE_ACTIVATIONS[cfg.hidden_act], cfg.residual_scale)
+    for i, layer in enumerate(model.layers):
+        _add_layer(stack, i, layer, model.uses_local[i], model.rotates[i])
     return stack
+
+
+def _add_layer(stack: Any, i: int, layer: "DecoderLayer", local: bool, rotates: bool) -> None:
+    """Layer ``i``'s weights and its options (its spec): each option the layer has, set once here."""
+    a, mlp = layer.self_attn, layer.mlp
+    pre = layer.layout != "post"
+    stack.add_layer(_weight(layer.input_layernorm) if pre else None,
+                    _weight(layer.post_attention_layernorm) if pre else None,
+                    a.qkv.packed, a.qkv.kind, a.qkv.bias, a.o_proj.packed, a.o_proj.kind,
+                    mlp.gate_up.packed, mlp.gate_up.kind, mlp.down.packed, mlp.down.kind)
+    if layer.layout != "pre":  # norms on each sublayer's output: Gemma's sandwich, OLMo 2's post
+        stack.set_out_norms(i, _weight(layer.attn_out_norm), _weight(layer.mlp_out_norm))
+    if a.qk_norm is not None:  # per head or over the whole projection: the weights' size says which
+        stack.set_qk_norm(i, _weight(a.q_norm), _weight(a.k_norm))
+    if a.spec.masked:
+        stack.set_attention(i, a.spec.window or 0, a.spec.softcap or 0.0)
+    if a.sinks is not None:
+        stack.set_sinks(i, a.sinks.detach())
+    if not rotates or local:
+        stack.set_rotary(i, "local" if local else "none")
+    if any(m.bias is not None for m in (a.o_proj, mlp.gate_up, mlp.down)):
+        stack.set_biases(i, a.o_proj.bias, mlp.gate_up.bias, mlp.down.bias)
+    linears = (a.qkv, a.o_proj, mlp.gate_up, mlp.down)
+    if all(m.amx is not None for m in linears):
+        stack.add_amx_weights(i, *[m.amx.packed for m in linears])
+    if all(m.tiles is not None for m in linears):  # a decode step's rows: the tile kernel
+        stack.add_tile_weights(i, *[m.tiles for m in linears])
+
+
+def _weight(norm: torch.nn.Module) -> torch.Tensor:
+    return norm.weight.detach()
 
 
 def amx_rows(stack: Any, rows: int) -> int:
@@ -74,8 +97,11 @@ def run_native_stack(stack: Any, h: torch.Tensor, positions: torch.Tensor, model
     if native is None or h.dtype != torch.float32:
         return False
     scaled = [layer for layer in kv_caches if getattr(layer, "k_scale", None) is not None]  # an 8-bit cache
-    stack.forward(h, positions, model.rotary.cos, model.rotary.sin, [k for k, _ in kv_caches],
+    local = model.local_rotary
+    scale = native.scale if model.config.attn_scale is None else model.config.attn_scale
+    stack.forward(h, positions, model.rotary.cos, model.rotary.sin, None if local is None else local.cos,
+                  None if local is None else local.sin, [k for k, _ in kv_caches],
                   [v for _, v in kv_caches], [layer.k_scale for layer in scaled], [layer.v_scale for layer in scaled],
                   native.slot_mapping, native.block_tables, native.seq_info,
-                  native.block_size, native.scale, amx_rows(stack, h.shape[0]))
+                  native.block_size, scale, amx_rows(stack, h.shape[0]))
     return True

@@ -1,4 +1,4 @@
-"""The fused CPU kernels (norms, rotary, silu*mul) compute what the torch code they replace does."""
+"""The fused CPU kernels (norms, rotary, silu*mul, gelu_tanh*mul) compute what the torch code they replace does."""
 
 import shutil
 
@@ -101,6 +101,34 @@ def test_silu_mul_bf16_vector_rows():
     got = torch.ops.kvserve.silu_mul(gu)
     torch.testing.assert_close(got, want, atol=1e-2, rtol=8e-3)
     assert (got == want).float().mean() > 0.99
+
+
+@pytest.mark.parametrize("width", [40, 1536])
+def test_gelu_tanh_mul(width):
+    """float32: within float32 rounding of GELU-tanh in float64 (closer than torch's float32 form, whose
+    1 + tanh cancels for negative gates), and of torch's; vector rows and the scalar tail."""
+    g = torch.Generator().manual_seed(width)
+    gu = torch.randn(7, 2 * width, generator=g) * 4
+    gu[0, :12] = torch.tensor([-30.0, -12.0, -6.0, -3.0, -1e-3, 0.0, 1e-3, 3.0, 6.0, 12.0, 30.0, -0.5])
+    gate, up = gu[:, :width].double(), gu[:, width:].double()
+    exact = (0.5 * gate * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (gate + 0.044715 * gate**3))) * up).float()
+    got = torch.ops.kvserve.gelu_tanh_mul(gu)
+    torch.testing.assert_close(got, exact, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(got, F.gelu(gu[:, :width], approximate="tanh") * gu[:, width:], atol=2e-6, rtol=1e-5)
+
+
+def test_gelu_tanh_mul_bf16_vector_rows():
+    """bf16 in and out (an AMX step's Gemma MLP): within one bf16 rounding of torch's; mostly exactly
+    torch's where its float32 form does not cancel (gates above -2), and the exact GELU-tanh's anywhere."""
+    gu = (torch.randn(33, 2 * 1536, generator=torch.Generator().manual_seed(1)) * 3).to(torch.bfloat16)
+    gate, up = gu[:, :1536], gu[:, 1536:]
+    want = F.gelu(gate, approximate="tanh") * up
+    g = gate.double()
+    exact = (0.5 * g * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (g + 0.044715 * g**3)))).to(torch.bfloat16) * up
+    got = torch.ops.kvserve.gelu_tanh_mul(gu)
+    torch.testing.assert_close(got, want, atol=1e-2, rtol=8e-3)
+    assert (got == want)[gate > -2].float().mean() > 0.99
+    assert (got == exact).float().mean() > 0.98
 
 
 def test_native_model_forward_matches_the_torch_one():

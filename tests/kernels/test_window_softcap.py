@@ -1,10 +1,11 @@
-"""Sliding windows and soft caps in the native attention kernels (paged_attention, flash_prefill)
+"""Sliding windows, soft caps and sinks in the native attention kernels (paged_attention, flash_prefill)
 against a float64 torch reference: windows shorter and longer than the context and crossing block
 boundaries, soft caps, both at once, decodes and multi-row chunks (each row its own window start),
 decodes split across threads, and block tables whose entries before the window are a placeholder
 (-1) that the kernels must not read. The kernel paths this CPU has are each reached by a cache dtype
 and head size: float32 (vector dot products), bfloat16 (pair dot products; AMX tiles for decodes at
-head size 64, blocks of 16), int8 and fp8 (rows widened to float32), head sizes off the unrolled ones."""
+head size 64, blocks of 16), int8 and fp8 (rows widened to float32), head sizes off the unrolled ones.
+Sinks (a logit per query head in the softmax's denominator) in the paged kernel, with windows and caps."""
 
 from __future__ import annotations
 
@@ -32,9 +33,10 @@ def key_start(pos: int, window: int) -> int:
     return max(0, pos - window + 1) if window > 0 else 0
 
 
-def reference(q, k, v, tables, info, bs, window=0, softcap=0.0, scale=None) -> torch.Tensor:
-    """Each row over its keys (its window's, causal), scores scaled then capped, in float64; reads
-    no table entry before the sequence's first window."""
+def reference(q, k, v, tables, info, bs, window=0, softcap=0.0, scale=None, sinks=None) -> torch.Tensor:
+    """Each row over its keys (its window's, causal), scores scaled then capped, in float64, each head's
+    sink (if any) a column in its softmax that weighs no value; reads no table entry before the
+    sequence's first window."""
     out = torch.zeros(q.shape, dtype=torch.float64)
     rep = q.shape[1] // k.shape[1]
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -52,7 +54,12 @@ def reference(q, k, v, tables, info, bs, window=0, softcap=0.0, scale=None) -> t
         keys = torch.arange(lo, ctx)[None, :]
         seen = (keys <= pos) & ((keys > pos - window) if window > 0 else True)
         scores = scores.masked_fill(~seen, float("-inf"))
-        out[row : row + n] = (torch.softmax(scores, dim=-1) @ vc).transpose(0, 1)
+        if sinks is not None:
+            sink = sinks.double()[:, None, None].expand(-1, n, 1)
+            probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+        else:
+            probs = torch.softmax(scores, dim=-1)
+        out[row : row + n] = (probs @ vc).transpose(0, 1)
     return out
 
 
@@ -79,19 +86,21 @@ def to_cache(k, v, kv: str):
     return kq, vq, (ks, vs), kq.float() * ks, vq.float() * vs
 
 
-def run_paged(q, k, v, tables, info, bs, window=0, softcap=0.0, scales=()):
+def run_paged(q, k, v, tables, info, bs, window=0, softcap=0.0, scales=(), sinks=None):
     out = torch.full_like(q, float("nan"))
     torch.ops.kvserve.paged_attention(out, q, k, v, tables, info, bs, 1 / math.sqrt(q.shape[-1]), *scales,
-                                      window=window, softcap=softcap)
+                                      window=window, softcap=softcap, sinks=sinks)
     return out
 
 
-def check(seqs, window, softcap, kv="float32", **kw):
+def check(seqs, window, softcap, kv="float32", sinks=False, **kw):
     q, k, v, tables, info, bs = make_case(seqs, **kw)
     kc, vc, scales, kr, vr = to_cache(k, v, kv)
     tables = with_placeholders(tables, info, bs, window)
-    got = run_paged(q, kc, vc, tables, info, bs, window, softcap, scales if scales else (None, None))
-    want = reference(q, kr, vr, tables, info, bs, window, softcap)
+    # sinks from well below the scores to above them: a sink can take most of a row's mass
+    sink = torch.linspace(-4.0, 6.0, q.shape[1]) if sinks else None
+    got = run_paged(q, kc, vc, tables, info, bs, window, softcap, scales if scales else (None, None), sink)
+    want = reference(q, kr, vr, tables, info, bs, window, softcap, sinks=sink)
     bf16_dots = kv == "bfloat16" and torch.ops.kvserve.bf16_dot_attention()
     tol = dict(atol=1e-2, rtol=1e-2) if bf16_dots else dict(atol=3e-5, rtol=3e-5)
     torch.testing.assert_close(got.double(), want, **tol)
@@ -135,6 +144,21 @@ def test_head_sizes_block_sizes_and_groups(d, bs, heads, kv_heads, kv):
 def test_long_decodes_split_across_threads_over_their_window(threads, kv, window):
     check([(1, 2500), (1, 7), (1, 1200)], window, 0.0, kv, heads=9, kv_heads=3)
     check([(1, 3000)], window, 4.0, kv, heads=8, kv_heads=2)
+
+
+@pytest.mark.parametrize("window, softcap", [(0, 0.0), (5, 0.0), (37, 2.0)])
+@pytest.mark.parametrize("kv", ["float32", "bfloat16", "int8"])
+def test_sinks(window, softcap, kv):
+    # decodes and multi-row chunks; decodes over bf16 blocks of 16 at head size 64 run on AMX tiles where present
+    check(DECODES + [(5, 12), (37, 100), (16, 16)], window, softcap, kv, sinks=True, heads=8, kv_heads=2)
+    check([(1, 47), (1, 200), (18, 150)], window, softcap, kv, sinks=True, d=64, bs=16, heads=8, kv_heads=2)
+
+
+@pytest.mark.parametrize("threads", [2, 4], indirect=True)
+def test_sinks_in_decodes_split_across_threads(threads):
+    """A split decode's parts are merged before the sink joins: the sink counted once."""
+    check([(1, 2500), (1, 7), (1, 1200)], 0, 0.0, "float32", sinks=True, heads=9, kv_heads=3)
+    check([(1, 3000)], 300, 4.0, "bfloat16", sinks=True, heads=8, kv_heads=2)
 
 
 def test_window_and_cap_off_are_the_plain_kernel():

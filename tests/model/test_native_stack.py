@@ -1,7 +1,9 @@
 """The native decode stack (kvserve.model.native_stack): on one step it gives the Python layers'
-hidden states and cache writes bit for bit (Llama's layers, Qwen3's, with sliding windows and soft
-caps); end to end the same greedy tokens; and the Python layers run wherever it does not apply
-(fresh prefills, dense or bfloat16 weights)."""
+hidden states and cache writes bit for bit (Llama's layers, Qwen3's, with sliding windows, soft
+caps and sinks, and the layer options of Gemma 1/2/3, OLMo 2, Granite and SmolLM3: sandwich and post norms,
+whole-projection q/k norms, GELU-tanh, residual scales, biases, local and no rotary); end to end the
+same greedy tokens; and the Python layers run wherever it does not apply (fresh prefills, dense or
+bfloat16 weights)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from kvserve.llm import LLM
 from kvserve.model.config import FULL, SLIDING
 from kvserve.runner.inputs import build_inputs
 from kvserve.runner.torch_runner import TorchRunner
+from test_architectures import GREEDY, CASES, assert_logprobs_close, checkpoint, expected, hf_model, make_llm, prompts
 from tests.conftest import hf_weights, kvserve_config, tiny_hf_model
 
 pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler")
@@ -57,14 +60,38 @@ def _qwen3():
 # (shorter than most contexts below, ending mid-block), or a window on the first layer only and a soft
 # cap on both (two attention plans in one step)
 ATTENTION = {"llama": {}, "qwen3": {}, "window": dict(sliding_window=9),
-             "window+cap": dict(sliding_window=21, layer_types=[SLIDING, FULL], attn_logit_softcap=1.5)}
+             "window+cap": dict(sliding_window=21, layer_types=[SLIDING, FULL], attn_logit_softcap=1.5),
+             "sinks": dict(attn_sinks=True, sliding_window=21, layer_types=[SLIDING, FULL])}
+
+
+# architectures whose layer options the stack runs, as test_architectures.py writes them (its CASES), and
+# variants: a residual scale that rounds (not a power of two) and biases on every linear (Granite); one KV
+# head (OLMo 2: a whole-projection k norm as wide as a head; Gemma 3: its per-head k norm over a strided view)
+OPTIONS = {"GemmaForCausalLM": {}, "Gemma2ForCausalLM": {}, "Gemma3ForCausalLM": {}, "Olmo2ForCausalLM": {},
+           "SmolLM3ForCausalLM": {}, "SmolLM3ForCausalLM:sliding_window": {},
+           "LlamaForCausalLM:head_dim,biases,tied": {},
+           "GraniteForCausalLM": dict(residual_multiplier=0.37, mlp_bias=True),
+           "Olmo2ForCausalLM:kv1": dict(num_key_value_heads=1), "Gemma3ForCausalLM:kv1": dict(num_key_value_heads=1)}
+
+
+def _options_model(arch: str):
+    return hf_model(arch if arch in CASES else arch.partition(":")[0], **OPTIONS[arch])
 
 
 def _runner(quantization: str, *, bias: bool = False, dtype=torch.float32, backend: str = "auto",
             kv: str = "auto", arch: str = "llama") -> TorchRunner:
+    if arch in OPTIONS:
+        hf = _options_model(arch)
+        cfg = kvserve_config(hf)
+        return TorchRunner(cfg, hf_weights(hf), CacheConfig(num_kv_blocks=64, attention_backend=backend, kv_cache_dtype=kv),
+                           dtype=dtype, quantization=quantization)
     hf = _qwen3() if arch == "qwen3" else tiny_hf_model(bias=bias, kv_heads=2, hidden=64, layers=2)
     cfg = dataclasses.replace(kvserve_config(hf), **ATTENTION[arch])
-    return TorchRunner(cfg, hf_weights(hf),
+    weights = hf_weights(hf)
+    if cfg.attn_sinks:  # gpt-oss's sinks on Llama's layers: from below the scores to above them
+        for i in range(cfg.num_hidden_layers):
+            weights[f"model.layers.{i}.self_attn.sinks"] = torch.linspace(-3.0 + i, 4.0, cfg.num_attention_heads)
+    return TorchRunner(cfg, weights,
                        CacheConfig(num_kv_blocks=64, attention_backend=backend, kv_cache_dtype=kv),
                        dtype=dtype, quantization=quantization)
 
@@ -108,7 +135,8 @@ STEPS = {"mixed": [(1, 3), (1, 17), (1, 150), (20, 40), (1, 33)], "long": [(1, 5
 @pytest.mark.parametrize("rows", STEPS)
 @pytest.mark.parametrize("quantization,bias,arch", [("int4", False, "llama"), ("int8", False, "llama"),
                                                     ("int4", True, "llama"), ("int8", False, "qwen3"),
-                                                    ("int4", False, "window"), ("int8", False, "window+cap")])
+                                                    ("int4", False, "window"), ("int8", False, "window+cap"),
+                                                    ("int8", False, "sinks")])
 def test_one_step_equals_the_python_layers(quantization, bias, arch, rows, threads):
     runner = _runner(quantization, bias=bias, arch=arch)
     assert runner.model.native_stack is not None and runner.model.native_stack.num_layers() == 2
@@ -121,7 +149,23 @@ def test_one_step_equals_the_python_layers(quantization, bias, arch, rows, threa
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("arch", ["llama", "window+cap"])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("rows", STEPS)
+@pytest.mark.parametrize("arch", sorted(OPTIONS))
+def test_one_step_of_each_architectures_options_equals_the_python_layers(arch, rows, threads):
+    runner = _runner("int8" if threads == 1 else "int4", arch=arch)
+    stack = runner.model.native_stack
+    assert stack is not None and stack.num_layers() == runner.cfg.num_hidden_layers
+    seqs = _step(runner, STEPS[rows])
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _check_one_step(runner, seqs)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("arch", ["llama", "window+cap", "sinks", "Gemma3ForCausalLM", "Olmo2ForCausalLM"])
 @pytest.mark.parametrize("rows", STEPS)
 @pytest.mark.parametrize("kv", ["fp8", "fp8_e5m2", "int8", "bfloat16"])
 def test_one_step_over_a_narrower_cache_equals_the_python_layers(kv, rows, arch):
@@ -181,15 +225,53 @@ def test_greedy_tokens_equal_the_python_layers_end_to_end():
     assert outs[0] == outs[1]
 
 
-def test_a_many_row_step_on_the_amx_path_equals_the_python_layers_on_it(monkeypatch):
+@pytest.mark.parametrize("name", ["GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Olmo2ForCausalLM",
+                                  "GraniteForCausalLM", "SmolLM3ForCausalLM", "LlamaForCausalLM:head_dim,biases,tied"])
+def test_each_architecture_decodes_on_the_stack_with_the_python_layers_tokens(name, tmp_path_factory, monkeypatch):
+    """A checkpoint as test_architectures.py writes it, end to end: the stack serves the decode steps
+    (counted) and gives the Python layers' greedy tokens (int8, the weights the stack runs over); those
+    stay within check_logprobs_close of the dense model, whose tokens are transformers'."""
+    import kvserve.model.decoder as decoder
+
+    _, folder = checkpoint(name, tmp_path_factory)
+    served = [0]
+    real = decoder.run_native_stack
+
+    def counted(*args):
+        ran = real(*args)
+        served[0] += ran
+        return ran
+
+    monkeypatch.setattr(decoder, "run_native_stack", counted)
+    params = dataclasses.replace(GREEDY, logprobs=3)
+    outs = []
+    for native in (True, False):
+        llm = make_llm(folder, quantization="int8", max_num_batched_tokens=512)
+        assert llm.engine.runner.model.native_stack is not None
+        if not native:
+            llm.engine.runner.model.native_stack = None
+        outs.append(llm.generate(prompts(), params))
+        if native:
+            assert served[0] >= GREEDY.max_tokens - 1  # every decode step after the prompts' prefill
+    stack_tokens, python_tokens = ([o.token_ids for o in out] for out in outs)
+    assert stack_tokens == python_tokens
+    dense = make_llm(folder, max_num_batched_tokens=512).generate(prompts(), params)
+    assert [o.token_ids for o in dense] == expected(name, tmp_path_factory)
+    assert_logprobs_close(dense, outs[0], name)
+
+
+@pytest.mark.parametrize("arch", ["llama", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Olmo2ForCausalLM",
+                                  "GraniteForCausalLM", "LlamaForCausalLM:head_dim,biases,tied"])
+def test_a_many_row_step_on_the_amx_path_equals_the_python_layers_on_it(monkeypatch, arch):
     """On an AMX CPU a step of AMX_MIN_ROWS+ rows runs its linears in oneDNN's bf16 GEMM, in the
-    stack as in the Python layers (forced here: bf16 emulated where the CPU lacks it, same maths)."""
+    stack as in the Python layers (forced here: bf16 emulated where the CPU lacks it, same maths), with
+    each architecture's options between the GEMMs (the bf16 GELU-tanh, biases, out norms, scales)."""
     import kvserve.model.quant_linear as ql
 
     if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
         pytest.skip("oneDNN without bf16 on this CPU")
     monkeypatch.setattr(ql, "amx_gemm_available", lambda: True)
-    runner = _runner("int4", bias=True)
+    runner = _runner("int4", bias=True, arch=arch)
     stack = runner.model.native_stack
     assert stack.has_amx_weights()
     assert stack.has_tile_weights() == torch.ops.kvserve.amx_gemm_available()  # real AMX: the tile kernel in both

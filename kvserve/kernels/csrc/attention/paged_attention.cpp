@@ -14,7 +14,8 @@
 // with a sliding window w > 0, to the w keys ending there. A window's blocks before the start of its
 // sequence's earliest row's window are neither read nor looked up in the table (their entries may be
 // placeholders), so a long context costs the window. A soft cap c > 0 turns each scaled score s into
-// c tanh(s / c) before the softmax (Gemma 2).
+// c tanh(s / c) before the softmax (Gemma 2). Sinks, a logit per query head, join each row's softmax
+// denominator and weigh no value (gpt-oss).
 // Work items are (sequence, kv heads, tile of query tokens): all the GQA heads of their kv heads and
 // up to kTile tokens share each pass over a K/V block, so each K/V row is read once per item.
 // Items are cut into per-thread chunks of equal estimated cost, so a few long contexts among
@@ -182,10 +183,10 @@ struct PagedAttentionPlan::Impl {
   MergeParts merge;
 
   Args args(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-            const float* k_scale, const float* v_scale) {
+            const float* k_scale, const float* v_scale, const float* sinks) {
     return Args{q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), tables, info, heads, kv_heads, d, bs,
                 q.stride(0), q.stride(1), out.stride(0), out.stride(1), scale, partial.data(), k_scale, v_scale,
-                window, softcap};
+                window, softcap, sinks};
   }
 };
 
@@ -225,14 +226,15 @@ int64_t PagedAttentionPlan::num_merges() const { return static_cast<int64_t>(imp
 
 void PagedAttentionPlan::run_chunk(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
                                    const at::Tensor& v_cache, int64_t c, const float* k_scale,
-                                   const float* v_scale) const {
+                                   const float* v_scale, const float* sinks) const {
   Impl& p = *impl_;
-  p.run(p.args(out, q, k_cache, v_cache, k_scale, v_scale), p.items, p.bounds[c], p.bounds[c + 1]);
+  p.run(p.args(out, q, k_cache, v_cache, k_scale, v_scale, sinks), p.items, p.bounds[c], p.bounds[c + 1]);
 }
 
-void PagedAttentionPlan::run_merges(const at::Tensor& out, int64_t begin, int64_t end, const float* v_scale) const {
+void PagedAttentionPlan::run_merges(const at::Tensor& out, int64_t begin, int64_t end, const float* v_scale,
+                                    const float* sinks) const {
   Impl& p = *impl_;
-  const Args a = p.args(out, out, out, out, nullptr, v_scale);  // merging reads only partial and writes out
+  const Args a = p.args(out, out, out, out, nullptr, v_scale, sinks);  // merging reads only partial and writes out
   for (int64_t i = begin; i < end; ++i) p.merge(a, p.splits[i / p.heads], i % p.heads);
 }
 
@@ -251,16 +253,19 @@ void check_kv_scales(const at::Tensor& cache, const std::optional<at::Tensor>& k
 void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_tables, const at::Tensor& seq_info, int64_t block_size, double scale,
                      const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale, int64_t window,
-                     double softcap) {
+                     double softcap, const std::optional<at::Tensor>& sinks) {
   const PagedAttentionPlan plan(out, q, k_cache, v_cache, block_tables, seq_info, block_size, scale, at::get_num_threads(),
                                 window, softcap);
   check_kv_scales(k_cache, k_scale, v_scale);
+  TORCH_CHECK(!sinks || (sinks->scalar_type() == at::kFloat && sinks->is_contiguous() && sinks->numel() == q.size(1)),
+              "paged_attention: sinks float32 [heads]");
   const float* ks = k_scale ? k_scale->data_ptr<float>() : nullptr;
   const float* vs = v_scale ? v_scale->data_ptr<float>() : nullptr;
+  const float* sk = sinks ? sinks->data_ptr<float>() : nullptr;
   at::parallel_for(0, plan.num_chunks(), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c) plan.run_chunk(out, q, k_cache, v_cache, c, ks, vs);
+    for (int64_t c = begin; c < end; ++c) plan.run_chunk(out, q, k_cache, v_cache, c, ks, vs, sk);
   });
-  at::parallel_for(0, plan.num_merges(), 64, [&](int64_t begin, int64_t end) { plan.run_merges(out, begin, end, vs); });
+  at::parallel_for(0, plan.num_merges(), 64, [&](int64_t begin, int64_t end) { plan.run_merges(out, begin, end, vs, sk); });
 }
 
 }  // namespace kvserve
@@ -275,7 +280,7 @@ TORCH_LIBRARY_FRAGMENT(kvserve, m) {
   m.def("bf16_dot_attention() -> bool", &bf16_dot_attention);
   m.def("paged_attention(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor seq_info, int block_size, float scale, Tensor? k_scale=None, Tensor? v_scale=None, int window=0, "
-        "float softcap=0.0) -> ()",
+        "float softcap=0.0, Tensor? sinks=None) -> ()",
         &kvserve::paged_attention);
   // whether decodes over a bfloat16 cache (head size 64) run on AMX tiles (amx_decode.h)
   m.def("amx_decode_attention() -> bool", &amx_decode_attention);

@@ -286,7 +286,7 @@ KVSERVE_INLINE void finish_item(const ItemView<DS, TKV>& v, Scratch& sc) {
   TQ* out = static_cast<TQ*>(a.out);
   for (int r = 0; r < R; ++r) {
     TQ* dst = out + (v.row0 + it.t0 + r / HG) * a.o_s0 + (it.h0 * G + r % HG) * a.o_s1;
-    const float inv = 1.f / l[r];
+    const float inv = softmax_inverse(m[r], l[r], a.sinks, it.h0 * G + r % HG);
     if (a.v_scale) {  // sum_j p_j (v_j x s) = (sum_j p_j v_j) x s
       const float* vs = a.v_scale + (it.h0 + (r % HG) / G) * d;
       for (int i = 0; i < d; ++i) dst[i] = static_cast<TQ>(acc[r * d + i] * inv * vs[i]);
@@ -335,7 +335,7 @@ void merge_parts(const Args& a, const Split& sp, int64_t h) {
     for (int64_t i = 0; i < d; ++i) r0[i] += rp[i] * e;
   }
   TQ* dst = static_cast<TQ*>(a.out) + a.info[4 * sp.seq] * a.o_s0 + h * a.o_s1;
-  const float inv = 1.f / l;
+  const float inv = softmax_inverse(m, l, a.sinks, h);
   const float* vs = a.v_scale ? a.v_scale + h / (a.heads / a.kv_heads) * d : nullptr;
   for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<TQ>(r0[i] * inv * (vs ? vs[i] : 1.f));
 }

@@ -4,6 +4,7 @@
 #include "common/common.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -38,9 +39,18 @@ struct Args {
   const float *k_scale, *v_scale;  // an 8-bit cache's [kv_heads, d] scales; null for float caches
   int32_t window;  // > 0: a row at position p sees keys p - window + 1 .. p
   float softcap;   // > 0: scores become softcap * tanh(score / softcap)
+  const float* sinks;  // per query head, a logit that joins each row's softmax denominator (gpt-oss); null: none
 
   int key_start(int pos) const { return window > 0 ? std::max(0, pos - window + 1) : 0; }
 };
+
+// 1 / a row's softmax denominator, as its output's factor (acc holds sum_j exp(s_j - m) v_j, l the sum of
+// those weights): with a sink logit, exp(sink - m) joins l, computed under max(m, sink) so it cannot overflow
+inline float softmax_inverse(float m, float l, const float* sinks, int64_t head) {
+  if (sinks == nullptr) return 1.f / l;
+  const float top = std::max(m, sinks[head]), e = std::exp(m - top);
+  return e / (l * e + std::exp(sinks[head] - top));
+}
 
 // Items [i0, i1) on the calling thread; one split decode's query head h merged into out.
 using RunItems = void (*)(const Args&, const std::vector<Item>&, int64_t, int64_t);

@@ -10,13 +10,14 @@
 
 namespace kvserve {
 
-// model/: rms_norm.cpp, rotary.cpp, silu_mul.cpp, store_rows.cpp
+// model/: rms_norm.cpp, rotary.cpp, gated_mul.cpp, store_rows.cpp
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, std::optional<at::ScalarType> out_dtype,
                     int64_t out_rows);
 at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& delta, const at::Tensor& w, double eps,
                         std::optional<at::ScalarType> out_dtype, int64_t out_rows);
 void rotary_(at::Tensor& q, at::Tensor& k, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin);
 at::Tensor silu_mul(const at::Tensor& gu);
+at::Tensor gelu_tanh_mul(const at::Tensor& gu);
 void store_rows_(at::Tensor& cache, const at::Tensor& slots, const at::Tensor& x);
 
 // gemm/quant_gemm.cpp
@@ -48,6 +49,9 @@ void rotary(float* x, int64_t heads, int64_t d, int64_t row_stride, const int64_
 void silu_mul(const float* gu, float* out, int64_t inter, int64_t r0, int64_t r1);
 // bf16 [r, 2 * inter] -> bf16 [r, inter], silu rounded to bf16 before the product (as torch does)
 void silu_mul_bf16(const c10::BFloat16* gu, c10::BFloat16* out, int64_t inter, int64_t r0, int64_t r1);
+// the same with GELU-tanh for SiLU (gelu_pytorch_tanh)
+void gelu_tanh_mul(const float* gu, float* out, int64_t inter, int64_t r0, int64_t r1);
+void gelu_tanh_mul_bf16(const c10::BFloat16* gu, c10::BFloat16* out, int64_t inter, int64_t r0, int64_t r1);
 }  // namespace rows
 
 // gemm/amx_gemm.cpp: y [M, n] = x [M, K] . W^T (+ bias), bf16, W as amx_pack packed it; AMX CPUs only.
@@ -65,7 +69,7 @@ at::Tensor amx_head_sample(const at::Tensor& x, const at::Tensor& packed, int64_
 void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_tables, const at::Tensor& seq_info, int64_t block_size, double scale,
                      const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
-                     int64_t window = 0, double softcap = 0);
+                     int64_t window = 0, double softcap = 0, const std::optional<at::Tensor>& sinks = std::nullopt);
 // An 8-bit cache (int8, fp8) needs float32 [kv_heads, d] scales for K and V; a float cache none.
 void check_kv_scales(const at::Tensor& cache, const std::optional<at::Tensor>& k_scale,
                      const std::optional<at::Tensor>& v_scale);
@@ -84,8 +88,10 @@ class PagedAttentionPlan {
   int64_t num_chunks() const;
   int64_t num_merges() const;
   void run_chunk(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                 int64_t c, const float* k_scale = nullptr, const float* v_scale = nullptr) const;
-  void run_merges(const at::Tensor& out, int64_t begin, int64_t end, const float* v_scale = nullptr) const;
+                 int64_t c, const float* k_scale = nullptr, const float* v_scale = nullptr,
+                 const float* sinks = nullptr) const;
+  void run_merges(const at::Tensor& out, int64_t begin, int64_t end, const float* v_scale = nullptr,
+                  const float* sinks = nullptr) const;
 
  private:
   struct Impl;

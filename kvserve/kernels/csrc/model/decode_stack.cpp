@@ -8,7 +8,8 @@
 // single-stream token of the embedded model. Here the whole step is one region: its threads run
 // the same kernels (common/ops.h) on their share of each op's rows or output columns, and meet at a
 // spinning barrier between ops (a few hundred per step). The maths is the Python layer's
-// (kvserve/model/llama.py), op for op; tests check the two agree bit for bit. An 8-bit KV cache
+// (kvserve/model/decoder.py), op for op, with each layer's options (its spec: decode_stack.h); tests
+// check the two agree bit for bit. An 8-bit KV cache
 // (int8, fp8) is written as its pool quantizes (kvserve/attention/quantized_pool.py) and read by
 // the paged kernel with its scales.
 //
@@ -18,7 +19,8 @@
 namespace kvserve {
 
 void DecodeStack::check_step(const at::Tensor& h, const at::Tensor& positions, const at::Tensor& cos,
-                             const at::Tensor& sin, const std::vector<at::Tensor>& k_caches,
+                             const at::Tensor& sin, const std::optional<at::Tensor>& local_cos,
+                             const std::optional<at::Tensor>& local_sin, const std::vector<at::Tensor>& k_caches,
                              const std::vector<at::Tensor>& v_caches, const std::vector<at::Tensor>& k_scales,
                              const std::vector<at::Tensor>& v_scales, const at::Tensor& slot_mapping,
                              int64_t amx_rows) const {
@@ -32,6 +34,11 @@ void DecodeStack::check_step(const at::Tensor& h, const at::Tensor& positions, c
               "DecodeStack: positions int64 [T]");
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
                   sin.is_contiguous() && cos.size(1) == head_dim, "DecodeStack: cos/sin float32 [max_pos, d]");
+  const bool local = std::any_of(layers.begin(), layers.end(), [](const DecodeLayer& L) { return L.rotary == Rotary::kLocal; });
+  TORCH_CHECK(!local || (local_cos && local_sin && local_cos->sizes() == cos.sizes() && local_sin->sizes() == cos.sizes() &&
+                         local_cos->scalar_type() == at::kFloat && local_sin->scalar_type() == at::kFloat &&
+                         local_cos->is_contiguous() && local_sin->is_contiguous()),
+              "DecodeStack: layers with local rotary need local_cos/local_sin float32 of cos's shape");
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
   const int64_t* pos = positions.data_ptr<int64_t>();
   const bool quantized = !k_scales.empty();
@@ -62,6 +69,11 @@ TORCH_LIBRARY_FRAGMENT(kvserve, m) {
       .def("add_layer", &kvserve::DecodeStack::add_layer)
       .def("set_qk_norm", &kvserve::DecodeStack::set_qk_norm)
       .def("set_attention", &kvserve::DecodeStack::set_attention)
+      .def("set_out_norms", &kvserve::DecodeStack::set_out_norms)
+      .def("set_biases", &kvserve::DecodeStack::set_biases)
+      .def("set_sinks", &kvserve::DecodeStack::set_sinks)
+      .def("set_rotary", &kvserve::DecodeStack::set_rotary)
+      .def("set_model_options", &kvserve::DecodeStack::set_model_options)
       .def("add_amx_weights", &kvserve::DecodeStack::add_amx_weights)
       .def("has_amx_weights", &kvserve::DecodeStack::has_amx_weights)
       .def("add_tile_weights", &kvserve::DecodeStack::add_tile_weights)

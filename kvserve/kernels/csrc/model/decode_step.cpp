@@ -1,7 +1,9 @@
 // One step of kvserve.DecodeStack (decode_stack.h): every layer over the step's rows in one OpenMP
 // region whose threads meet at a spinning barrier between ops (team.h), the linears on the packed
 // quantized weights; or, given amx_rows, the linears in bf16 GEMMs (AMX tiles or oneDNN) between
-// regions of the rest. The maths is the Python layer's (kvserve/model/llama.py), op for op.
+// regions of the rest. The maths is the Python layer's (kvserve/model/decoder.py), op for op; a
+// layer's options (decode_stack.h) are read once per layer, so Llama's layers run the loops they
+// ran before the options existed.
 #include "model/decode_stack.h"
 #include "model/row_convert.h"
 #include "model/team.h"
@@ -11,6 +13,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -39,6 +42,18 @@ at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& w) {
   return st[0].toTensor();
 }
 
+// y[r0, r1) += b, rows of n (a linear's bias, added after its GEMM as QuantLinear adds it)
+void add_bias_rows(float* y, const float* b, int64_t n, int64_t r0, int64_t r1) {
+  for (int64_t t = r0; t < r1; ++t)
+    for (int64_t j = 0; j < n; ++j) y[t * n + j] += b[j];
+}
+
+// the same on a bf16 GEMM's output, each sum rounded to bf16 (torch's in-place add on a bf16 tensor)
+void add_bias_rows(c10::BFloat16* y, const float* b, int64_t n, int64_t r0, int64_t r1) {
+  for (int64_t t = r0; t < r1; ++t)
+    for (int64_t j = 0; j < n; ++j) y[t * n + j] = c10::BFloat16(static_cast<float>(y[t * n + j]) + b[j]);
+}
+
 }  // namespace
 
 // One forward call: its arguments, the intermediates every layer reuses (one buffer each), and one
@@ -55,21 +70,26 @@ struct DecodeStack::Step {
   at::Tensor x, qkv, attn, delta, gu, act, q_view;
   float *hp, *xp, *qkvp, *attnp, *dp, *gup, *actp;
   const float feps;
-  const float *cp, *sp;
+  const float *cp, *sp;     // the rotary tables
+  const float *lcp, *lsp;   // the local layers' rotary tables (null: none)
+  const float rscale;       // the residual scale
   const int threads;
   std::vector<PagedAttentionPlan> plans;
   std::vector<size_t> plan_of;
   team::SpinBarrier barrier;
 
   Step(DecodeStack& stack, const at::Tensor& h, const at::Tensor& positions, const at::Tensor& cos,
-       const at::Tensor& sin, std::vector<at::Tensor> k_caches_, std::vector<at::Tensor> v_caches_, std::vector<at::Tensor> k_scales_,
+       const at::Tensor& sin, const std::optional<at::Tensor>& local_cos, const std::optional<at::Tensor>& local_sin,
+       std::vector<at::Tensor> k_caches_, std::vector<at::Tensor> v_caches_, std::vector<at::Tensor> k_scales_,
        std::vector<at::Tensor> v_scales_, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
        const at::Tensor& seq_info, int64_t block_size, double scale)
       : stack(stack), T(h.size(0)), q_size(stack.heads * stack.head_dim), kv_size(stack.kv_heads * stack.head_dim),
         W(q_size + 2 * kv_size), k_caches(std::move(k_caches_)), v_caches(std::move(v_caches_)),
         k_scales(std::move(k_scales_)), v_scales(std::move(v_scales_)), slots(slot_mapping.data_ptr<int64_t>()),
         pos(positions.data_ptr<int64_t>()), quantized(!k_scales.empty()), feps(static_cast<float>(stack.eps)),
-        cp(cos.data_ptr<float>()), sp(sin.data_ptr<float>()), threads(at::get_num_threads()) {
+        cp(cos.data_ptr<float>()), sp(sin.data_ptr<float>()),
+        lcp(local_cos ? local_cos->data_ptr<float>() : nullptr), lsp(local_sin ? local_sin->data_ptr<float>() : nullptr),
+        rscale(static_cast<float>(stack.residual_scale)), threads(at::get_num_threads()) {
     const int64_t kvd = stack.kv_heads * stack.head_dim;
     inv_scales.resize(quantized ? stack.layers.size() * 2 * kvd : 0);
     for (size_t i = 0; quantized && i < stack.layers.size(); ++i)
@@ -138,38 +158,41 @@ struct DecodeStack::Step {
     }
   }
 
-  void add_bias(const DecodeLayer& L, int64_t r0, int64_t r1) {
-    if (!L.qkv_bias) return;
-    const float* b = L.qkv_bias->data_ptr<float>();
-    for (int64_t t = r0; t < r1; ++t)
-      for (int64_t j = 0; j < W; ++j) qkvp[t * W + j] += b[j];
-  }
-
-  // layer i's attention once q/k/v are in qkvp: bias, rotary and the new K/V of this thread's rows
-  // [r0, r1), then its share of the step's paged attention into attn (every thread meets at the end)
-  void attend(size_t i, const DecodeLayer& L, int tid, int nt, int64_t r0, int64_t r1) {
+  // q/k/v of rows [r0, r1) as attention takes them: bias, q/k norms, rotary (each where the layer has it)
+  void prepare_qkv(const DecodeLayer& L, int64_t r0, int64_t r1) {
     const int64_t heads = stack.heads, kv_heads = stack.kv_heads, head_dim = stack.head_dim;
-    add_bias(L, r0, r1);
-    if (L.q_norm) {  // a row's heads are consecutive rows of head_dim: normed in place
+    if (L.qkv_bias) add_bias_rows(qkvp, L.qkv_bias->data_ptr<float>(), W, r0, r1);
+    if (L.q_norm) {  // per head (a row's heads are consecutive rows of head_dim) or a row's whole q and k
       const float *qn = L.q_norm->data_ptr<float>(), *kn = L.k_norm->data_ptr<float>();
+      const int64_t qw = L.q_norm->numel(), kw = L.k_norm->numel();
       for (int64_t t = r0; t < r1; ++t) {
         float* row = qkvp + t * W;
-        rows::rms_norm(row, qn, row, head_dim, static_cast<float>(stack.eps), 0, heads);
-        rows::rms_norm(row + q_size, kn, row + q_size, head_dim, static_cast<float>(stack.eps), 0, kv_heads);
+        rows::rms_norm(row, qn, row, qw, feps, 0, q_size / qw);
+        rows::rms_norm(row + q_size, kn, row + q_size, kw, feps, 0, kv_size / kw);
       }
     }
-    rows::rotary(qkvp, heads, head_dim, W, pos, cp, sp, r0, r1);
-    rows::rotary(qkvp + q_size, kv_heads, head_dim, W, pos, cp, sp, r0, r1);
+    if (L.rotary == Rotary::kNone) return;
+    const bool local = L.rotary == Rotary::kLocal;
+    const float *c = local ? lcp : cp, *s = local ? lsp : sp;
+    rows::rotary(qkvp, heads, head_dim, W, pos, c, s, r0, r1);
+    rows::rotary(qkvp + q_size, kv_heads, head_dim, W, pos, c, s, r0, r1);
+  }
+
+  // layer i's attention once q/k/v are in qkvp: prepare_qkv and the new K/V of this thread's rows
+  // [r0, r1), then its share of the step's paged attention into attn (every thread meets at the end)
+  void attend(size_t i, const DecodeLayer& L, int tid, int nt, int64_t r0, int64_t r1) {
+    prepare_qkv(L, r0, r1);
     write_kv(i, quantized ? inv_scales.data() + 2 * i * kv_size : nullptr, r0, r1);
     barrier.wait();
     const float *ks = quantized ? k_scales[i].data_ptr<float>() : nullptr;
     const float *vs = quantized ? v_scales[i].data_ptr<float>() : nullptr;
     const PagedAttentionPlan& plan = plans[plan_of[i]];
-    for (int64_t c = tid; c < plan.num_chunks(); c += nt) plan.run_chunk(attn, q_view, k_caches[i], v_caches[i], c, ks, vs);
+    const float* sinks = L.sinks ? L.sinks->data_ptr<float>() : nullptr;
+    for (int64_t c = tid; c < plan.num_chunks(); c += nt) plan.run_chunk(attn, q_view, k_caches[i], v_caches[i], c, ks, vs, sinks);
     if (plan.num_merges() > 0) {  // split decodes: combine their parts
       barrier.wait();
       const auto [m0, m1] = share(plan.num_merges(), tid, nt);
-      plan.run_merges(attn, m0, m1, vs);
+      plan.run_merges(attn, m0, m1, vs, sinks);
     }
     barrier.wait();
   }
@@ -179,6 +202,41 @@ struct DecodeStack::Step {
     const int64_t hidden = stack.hidden;
     for (int64_t t = r0; t < r1; ++t)
       for (int64_t j = 0; j < hidden; ++j) hp[t * hidden + j] += dp[t * hidden + j];
+  }
+
+  // A sublayer's input rows [r0, r1): the residual stream normed into x, or without a norm (OLMo 2's
+  // layout) the stream itself
+  const float* sublayer_input(const std::optional<at::Tensor>& norm, int64_t r0, int64_t r1) {
+    if (!norm) return hp;
+    rows::rms_norm(hp, norm->data_ptr<float>(), xp, stack.hidden, feps, r0, r1);
+    return xp;
+  }
+
+  // A sublayer's output in delta, rows [r0, r1), into the residual stream: its linear's bias, its out
+  // norm (Gemma's sandwich, OLMo 2), the residual scale (Granite), each where the model has it; a
+  // separate pass each, rounded as the Python layer's separate ops round
+  void add_sublayer_output(const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& norm,
+                           int64_t r0, int64_t r1) {
+    const int64_t hidden = stack.hidden;
+    if (bias) add_bias_rows(dp, bias->data_ptr<float>(), hidden, r0, r1);
+    if (norm) rows::rms_norm(dp, norm->data_ptr<float>(), dp, hidden, feps, r0, r1);
+    if (rscale != 1.f)
+      for (int64_t e = r0 * hidden; e < r1 * hidden; ++e) dp[e] *= rscale;
+    add_delta(r0, r1);
+  }
+
+  // the MLP's activation of gate/up rows [r0, r1), float32 or bf16
+  template <typename T>
+  void activate(const T* gu, T* out, int64_t r0, int64_t r1) {
+    const int64_t inter = stack.intermediate;
+    const bool gelu = stack.activation == Activation::kGeluTanh;
+    if constexpr (std::is_same_v<T, float>) {
+      if (gelu) rows::gelu_tanh_mul(gu, out, inter, r0, r1);
+      else rows::silu_mul(gu, out, inter, r0, r1);
+    } else {  // bf16 through, as the Python MLP does on AMX
+      if (gelu) rows::gelu_tanh_mul_bf16(gu, out, inter, r0, r1);
+      else rows::silu_mul_bf16(gu, out, inter, r0, r1);
+    }
   }
 
   // The layers with their linears in bf16 GEMMs over amx_rows rows (the rows past T zero): on AMX
@@ -195,18 +253,22 @@ struct DecodeStack::Step {
     const bool tiles = T <= kAmxLinearMaxRows && stack.has_tile_weights();
     auto linear = [&](const at::Tensor& xin, const std::optional<at::Tensor>& tiled, const std::optional<at::Tensor>& onednn,
                       int64_t n) { return tiles ? amx_linear(xin.narrow(0, 0, T), *tiled, n, std::nullopt) : onednn_linear(xin, *onednn); };
-    // rows [r0, r1) of the last linear's output (hidden wide) added to the residual stream
-    auto add_linear_output = [&](int64_t r0, int64_t r1) {
+    // rows [r0, r1) of the last linear's output (hidden wide) into the residual stream
+    auto add_linear_output = [&](const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& norm,
+                                 int64_t r0, int64_t r1) {
       rows_from_bf16(yp(), dp, hidden, r0, r1);
-      add_delta(r0, r1);
+      add_sublayer_output(bias, norm, r0, r1);
+    };
+    // rows [r0, r1) of a sublayer's input as its bf16 GEMM reads them
+    auto input_bf16 = [&](const std::optional<at::Tensor>& norm, int64_t r0, int64_t r1) {
+      rows_to_bf16(sublayer_input(norm, r0, r1), xbp, hidden, r0, r1);
     };
     for (size_t i = 0; i < stack.layers.size(); ++i) {
       const DecodeLayer& L = stack.layers[i];
       team::in_team(threads, barrier, [&](int tid, int nt) {
         const auto [r0, r1] = share(T, tid, nt);
-        if (i > 0) add_linear_output(r0, r1);  // the previous layer's down projection
-        rows::rms_norm(hp, L.input_norm.data_ptr<float>(), xp, hidden, feps, r0, r1);
-        rows_to_bf16(xp, xbp, hidden, r0, r1);
+        if (i > 0) add_linear_output(stack.layers[i - 1].down_bias, stack.layers[i - 1].mlp_out_norm, r0, r1);
+        input_bf16(L.input_norm, r0, r1);
       });
       y = linear(xb, L.qkv_tiles, L.qkv_amx, W);
       team::in_team(threads, barrier, [&](int tid, int nt) {
@@ -218,27 +280,27 @@ struct DecodeStack::Step {
       y = linear(ab, L.o_tiles, L.o_amx, hidden);
       team::in_team(threads, barrier, [&](int tid, int nt) {
         const auto [r0, r1] = share(T, tid, nt);
-        add_linear_output(r0, r1);
-        rows::rms_norm(hp, L.post_norm.data_ptr<float>(), xp, hidden, feps, r0, r1);
-        rows_to_bf16(xp, xbp, hidden, r0, r1);
+        add_linear_output(L.o_bias, L.attn_out_norm, r0, r1);
+        input_bf16(L.post_norm, r0, r1);
       });
       y = linear(xb, L.gate_up_tiles, L.gate_up_amx, 2 * intermediate);
       team::in_team(threads, barrier, [&](int tid, int nt) {
         const auto [r0, r1] = share(T, tid, nt);
-        rows::silu_mul_bf16(yp(), actbp, intermediate, r0, r1);  // bf16 through, as SwiGLU does on AMX
+        if (L.gate_up_bias) add_bias_rows(yp(), L.gate_up_bias->data_ptr<float>(), 2 * intermediate, r0, r1);
+        activate(yp(), actbp, r0, r1);
       });
       y = linear(actb, L.down_tiles, L.down_amx, hidden);
     }
     team::in_team(threads, barrier, [&](int tid, int nt) {
       const auto [r0, r1] = share(T, tid, nt);
-      add_linear_output(r0, r1);
+      add_linear_output(stack.layers.back().down_bias, stack.layers.back().mlp_out_norm, r0, r1);
     });
   }
 
   // Every layer on the packed quantized weights, in one OpenMP region: each thread norms, quantizes
   // and adds its rows, and computes its tiles of each linear's output columns.
   void run_quantized() {
-    const int64_t hidden = stack.hidden, intermediate = stack.intermediate;
+    const int64_t intermediate = stack.intermediate;
 #pragma omp parallel num_threads(threads)
     {
       const int tid = omp_get_thread_num();
@@ -255,38 +317,38 @@ struct DecodeStack::Step {
       for (size_t i = 0; i < stack.layers.size(); ++i) {
         const DecodeLayer& L = stack.layers[i];
         // attention: norm, q/k/v, rotary, the new K/V into the cache, paged attention, o_proj
-        rows::rms_norm(hp, L.input_norm.data_ptr<float>(), xp, hidden, feps, r0, r1);
-        quantize_rows_range(xp, stack.qa_hidden, r0, r1);
+        quantize_rows_range(sublayer_input(L.input_norm, r0, r1), stack.qa_hidden, r0, r1);
         barrier.wait();
         linear(L.qkv_w, stack.qa_hidden, qkvp);
         attend(i, L, tid, nt, r0, r1);
         quantize_rows_range(attnp, stack.qa_attn, r0, r1);
         barrier.wait();
         linear(L.o_w, stack.qa_attn, dp);
-        // MLP: residual add and norm, gate/up, SiLU * up, down, residual add
-        add_delta(r0, r1);
-        rows::rms_norm(hp, L.post_norm.data_ptr<float>(), xp, hidden, feps, r0, r1);
-        quantize_rows_range(xp, stack.qa_hidden, r0, r1);
+        // MLP: residual add and norm, gate/up, act(gate) * up, down, residual add
+        add_sublayer_output(L.o_bias, L.attn_out_norm, r0, r1);
+        quantize_rows_range(sublayer_input(L.post_norm, r0, r1), stack.qa_hidden, r0, r1);
         barrier.wait();
         linear(L.gate_up_w, stack.qa_hidden, gup);
-        rows::silu_mul(gup, actp, intermediate, r0, r1);
+        if (L.gate_up_bias) add_bias_rows(gup, L.gate_up_bias->data_ptr<float>(), 2 * intermediate, r0, r1);
+        activate(gup, actp, r0, r1);
         quantize_rows_range(actp, stack.qa_inter, r0, r1);
         barrier.wait();
         linear(L.down_w, stack.qa_inter, dp);
-        add_delta(r0, r1);
+        add_sublayer_output(L.down_bias, L.mlp_out_norm, r0, r1);
       }
     }
   }
 };
 
 void DecodeStack::forward(at::Tensor h, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
+                          const std::optional<at::Tensor>& local_cos, const std::optional<at::Tensor>& local_sin,
                           std::vector<at::Tensor> k_caches, std::vector<at::Tensor> v_caches,
                           std::vector<at::Tensor> k_scales, std::vector<at::Tensor> v_scales,
                           const at::Tensor& slot_mapping, const at::Tensor& block_tables, const at::Tensor& seq_info,
                           int64_t block_size, double scale, int64_t amx_rows) {
-  check_step(h, positions, cos, sin, k_caches, v_caches, k_scales, v_scales, slot_mapping, amx_rows);
+  check_step(h, positions, cos, sin, local_cos, local_sin, k_caches, v_caches, k_scales, v_scales, slot_mapping, amx_rows);
   if (h.size(0) == 0) return;
-  Step step(*this, h, positions, cos, sin, std::move(k_caches), std::move(v_caches), std::move(k_scales),
+  Step step(*this, h, positions, cos, sin, local_cos, local_sin, std::move(k_caches), std::move(v_caches), std::move(k_scales),
             std::move(v_scales), slot_mapping, block_tables, seq_info, block_size, scale);
   if (amx_rows > 0) step.run_bf16_linears(amx_rows);
   else step.run_quantized();
