@@ -146,8 +146,9 @@ def deinterleave_rotary(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, 
 
 def unstack_experts(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
     """``weights`` with each layer's stacked expert tensors (``StackedExperts``) cut into every expert's
-    linear weights and biases (views: transposed, gate's and up's rows apart), under the names
-    ``weight_sources`` gives them; as given for an architecture that stores experts one by one."""
+    linear weights and biases (views: transposed, gate's and up's rows apart; a ``QuantExperts``' own
+    QuantWeights), under the names ``weight_sources`` gives them; as given for an architecture that stores
+    experts one by one."""
     stacked = get_architecture(cfg.architecture).stacked_experts
     if stacked is None:
         return weights
@@ -160,11 +161,17 @@ def unstack_experts(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]
         gate_up_bias, down_bias = out.pop(f"{p}{stacked.gate_up}_bias", None), out.pop(f"{p}{stacked.down}_bias", None)
         for e in range(cfg.num_experts):
             name = p + UNSTACKED.format(e=e)
-            gu, gu_bias = gate_up[e].t(), None if gate_up_bias is None else gate_up_bias[e]
-            if stacked.interleaved:  # gate's rows first, then up's, as the fused GEMM stacks them
-                gu = gu.reshape(-1, 2, gu.shape[1]).transpose(0, 1).reshape(gu.shape)
-                gu_bias = None if gu_bias is None else gu_bias.reshape(-1, 2).t().reshape(-1)
-            out[f"{name}gate_up.weight"], out[f"{name}down.weight"] = gu, down[e].t()
+            gu_bias = None if gate_up_bias is None else gate_up_bias[e]
+            if hasattr(gate_up, "experts"):  # kept quantized (``QuantExperts``): each expert's, gate's rows first
+                gu = gate_up.experts[e]
+            else:
+                gu = gate_up[e].t()
+                if stacked.interleaved:  # gate's rows first, then up's, as the fused GEMM stacks them
+                    gu = gu.reshape(-1, 2, gu.shape[1]).transpose(0, 1).reshape(gu.shape)
+            if stacked.interleaved and gu_bias is not None:
+                gu_bias = gu_bias.reshape(-1, 2).t().reshape(-1)
+            out[f"{name}gate_up.weight"] = gu
+            out[f"{name}down.weight"] = down.experts[e] if hasattr(down, "experts") else down[e].t()
             if gu_bias is not None and down_bias is not None:
                 out[f"{name}gate_up.bias"], out[f"{name}down.bias"] = gu_bias, down_bias[e]
     return out
