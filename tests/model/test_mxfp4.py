@@ -136,3 +136,10 @@ def test_gpt_oss_mxfp4_experts_kept_as_q8_0(tmp_path_factory):
                 assert linear.packed.nbytes * 8 / (linear.out_features * linear.in_features) == 8.5
     dense_out = make_llm(folder, max_num_batched_tokens=512).generate(prompts(), params)
     assert_logprobs_close(dense_out, quant_llm.generate(prompts(), params), "gpt-oss mxfp4")
+
+
+def test_gpt_oss_mxfp4_experts_under_int4_are_requantized(tmp_path_factory):
+    """--quantization int4 asks for 4-bit weights: the experts' q8_0 (MXFP4's values) is requantized to Q4_1."""
+    _, folder = mxfp4_checkpoint(tmp_path_factory)
+    expert = make_llm(folder, quantization="int4").engine.runner.model.layers[1].mlp.experts[0]
+    assert (expert.gate_up.kind, expert.down.kind) == ("q4_1", "q4_1")
