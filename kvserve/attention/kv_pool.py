@@ -121,7 +121,7 @@ class KVPool:
                     quantization: str = "") -> bytes:
         """Identifies the model and the KV layout, so stored KV never meets another model or layout.
         ``quantization`` names the quantized layers' formats (empty: all dense); weights may be
-        ``QuantWeight``s (anything with ``rows()`` and ``dequantize()``)."""
+        ``QuantWeight``s (anything with ``rows()`` and ``dequantize()``) or ``QuantExperts``."""
         h = hashlib.blake2b(digest_size=16)
         h.update(json.dumps(asdict(cfg), sort_keys=True, default=str).encode())
         tag = f"{model_dtype}|{self.block_size}|{self.layout.num_kv_heads}x{self.layout.head_dim}"
@@ -133,6 +133,7 @@ class KVPool:
         for name in sorted(weights)[:4]:  # a sample of the weights themselves
             h.update(name.encode())
             w = weights[name]
+            w = w.experts[0] if hasattr(w, "experts") else w  # a layer's experts kept quantized: the first one's
             if not isinstance(w, torch.Tensor):  # only the rows the sample reads: not the whole table
                 w = w.rows(slice(0, -(-4096 // w.shape[1]))).dequantize()
             h.update(w.flatten()[:4096].float().cpu().numpy().tobytes())

@@ -1,12 +1,13 @@
 """Loading a GGUF file: metadata -> ``ModelConfig``, tensors -> torch weights, and its tokenizer.
 
-Tensors of type F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q4_K/Q6_K are dequantized to float32 at load (or,
-asked to, Q8_0/Q4_0/Q4_1 ones are kept quantized as ``QuantWeight``s) and renamed to the names the
+Tensors of type F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q4_K/Q6_K/MXFP4 are dequantized to float32 at load (or,
+asked to, Q8_0/Q4_0/Q4_1/Q4_K ones are kept quantized as ``QuantWeight``s, and MXFP4 ones as the q8_0
+holding the same values) and renamed to the names the
 architecture's Hugging Face checkpoints use (its metadata goes through the same config parse as a
 config.json). What llama.cpp's converter changes is undone, so a GGUF file gives the same layout as a
 Hugging Face folder: the rotary reordering of q/k rows (its Llama lineage: "llama", "granite", "smollm3"), the experts stacked one tensor a
-layer (split per expert, quantized ones too; gate and up fused or not), the norms stored with Gemma's
-+ 1. The tokenizer is the one transformers builds from the GGUF metadata.
+layer (split per expert, quantized ones too; gate and up fused or not; stacked again as gpt-oss's
+checkpoints hold them: ``weights.stack_experts``), the norms stored with Gemma's + 1. The tokenizer is the one transformers builds from the GGUF metadata.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from kvserve.model.architectures import Architecture, get_architecture, gguf_arc
 from kvserve.model.checkpoint import LoadedModel
 from kvserve.model.config import ModelConfig
 from kvserve.model.quant import QuantWeight, from_gguf_blocks
+from kvserve.model.weights import stack_experts
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +68,8 @@ def _gguf_metadata(reader: gguf.GGUFReader) -> dict[str, Any]:
 
 
 _QT = gguf.GGMLQuantizationType
-SUPPORTED_GGUF_TYPES = frozenset({_QT.F32, _QT.F16, _QT.BF16, _QT.Q8_0, _QT.Q4_0, _QT.Q4_1, _QT.Q4_K, _QT.Q6_K})
+SUPPORTED_GGUF_TYPES = frozenset({_QT.F32, _QT.F16, _QT.BF16, _QT.Q8_0, _QT.Q4_0, _QT.Q4_1, _QT.Q4_K, _QT.Q6_K,
+                                  _QT.MXFP4})
 
 
 def dequantize_gguf_tensor(tensor: gguf.ReaderTensor) -> np.ndarray:
@@ -84,11 +87,11 @@ def dequantize_gguf_tensor(tensor: gguf.ReaderTensor) -> np.ndarray:
     return np.require(values.reshape(shape), dtype=np.float32, requirements=["C", "W"])
 
 
-KEPT_QUANTIZED = frozenset({_QT.Q8_0, _QT.Q4_0, _QT.Q4_1, _QT.Q4_K})
+KEPT_QUANTIZED = frozenset({_QT.Q8_0, _QT.Q4_0, _QT.Q4_1, _QT.Q4_K, _QT.MXFP4})  # MXFP4 as q8_0: the same values
 
 
 def _quant_weight(tensor: gguf.ReaderTensor, heads: int | None) -> QuantWeight:
-    """A Q8_0/Q4_0/Q4_1/Q4_K tensor as a QuantWeight, its q/k rows un-permuted like the dense ones."""
+    """A Q8_0/Q4_0/Q4_1/Q4_K/MXFP4 tensor as a QuantWeight (ValueError: MXFP4 scales q8_0 cannot hold), its q/k rows un-permuted like the dense ones."""
     shape = (int(tensor.shape[1]), int(tensor.shape[0]))  # GGUF lists dimensions fastest-first
     qw = from_gguf_blocks(tensor.data, tensor.tensor_type.name, shape)
     if heads is not None:
@@ -134,6 +137,7 @@ _GGUF_LAYER_ROLES = {
     "ffn_down": "down_proj",
     "ffn_gate_inp": "router",
     "ffn_gate_inp_shexp": "shared_expert_gate",
+    "attn_sinks": "sinks",  # a tensor, not a module's: named without the suffix
 }
 # every expert of a layer in one tensor [experts, rows, cols] -> the role of each expert's slice
 _GGUF_EXPERT_ROLES = {"ffn_gate_exps": "expert_gate", "ffn_up_exps": "expert_up", "ffn_down_exps": "expert_down"}
@@ -161,7 +165,9 @@ def gguf_to_hf_name(name: str, arch: Architecture | None = None) -> str | None:
         return f"{layer}{arch.weight_name('expert')}{arch.weight_name(_GGUF_EXPERT_ROLES[leaf])}.{suffix}"
     if leaf in _GGUF_SHARED_PARTS:
         return f"{layer}{arch.weight_name('shared_expert')}{_GGUF_SHARED_PARTS[leaf]}.{suffix}"
-    role = _GGUF_LAYER_ROLES.get(leaf)
+    role = arch.gguf_roles.get(leaf, _GGUF_LAYER_ROLES.get(leaf))
+    if role == "sinks":
+        return f"{layer}{arch.weight_name(role)}"
     if role == "up_proj" and arch.weight_name("gate_up_proj") is not None:
         role = "gate_up_proj"  # llama.cpp names a stacked gate + up "ffn_up" (Phi-3): its graph splits it in halves
     hf = None if role is None else arch.weight_name(role)
@@ -227,10 +233,12 @@ def _gguf_config(meta: dict[str, Any], tensors: dict[str, Any], source: Path) ->
         config = ModelConfig.from_hf_dict(hf)
     except (KeyError, TypeError, ValueError) as e:
         raise ModelLoadError(f"{source}: unusable GGUF metadata ({type(e).__name__}: {e})") from e
-    # the file's tensors say which linears have biases, whatever the architecture's config keys (use_bias, ...)
-    config.attention_bias = any(f"blk.0.{t}.bias" in tensors for t in ("attn_q", "attn_qkv"))
-    config.o_proj_bias = "blk.0.attn_output.bias" in tensors
-    config.mlp_bias = any(f"blk.0.{t}.bias" in tensors for t in ("ffn_up", "ffn_down"))
+    # the file's tensors say which linears have biases, whatever the architecture's config keys (use_bias, ...),
+    # in any layer (the first may be a MoE layer, a dense MLP's bias further down)
+    biased = {n.split(".")[2] for n in tensors if n.startswith("blk.") and n.endswith(".bias") and n.count(".") == 3}
+    config.attention_bias = bool(biased & {"attn_q", "attn_qkv"})
+    config.o_proj_bias = "attn_output" in biased
+    config.mlp_bias = bool(biased & {"ffn_up", "ffn_down"})
     return config
 
 
@@ -255,6 +263,9 @@ def _rope_scaling(get: Any, tensors: dict[str, Any], source: Path) -> dict[str, 
     scaling: dict[str, Any] = {"rope_type": scaling_type or "linear", "factor": float(factor or 1.0)}
     if original:
         scaling["original_max_position_embeddings"] = int(original)
+    for key in ("beta_fast", "beta_slow"):  # yarn's, where the converter wrote them (else HF's defaults, 32 and 1)
+        if get(f"rope.scaling.yarn_{key}") is not None:
+            scaling[key] = float(get(f"rope.scaling.yarn_{key}"))
     return scaling
 
 
@@ -268,9 +279,9 @@ def gguf_config(path: Path) -> ModelConfig:
 def load_gguf(path: Path, keep_quantized: bool = False) -> LoadedModel:
     """Config, weights and tokenizer of a GGUF file (weights not yet checked).
 
-    Weights are dense float32, except with ``keep_quantized``: then 2-D Q8_0/Q4_0/Q4_1/Q4_K tensors
+    Weights are dense float32, except with ``keep_quantized``: then 2-D Q8_0/Q4_0/Q4_1/Q4_K/MXFP4 tensors
     (and each expert's slice of 3-D ones) come as ``QuantWeight`` (Q4_0 and Q4_K as the equivalent
-    Q4_1), as the file stores them.
+    Q4_1, MXFP4 as Q8_0), as the file stores them.
     """
     reader = _fast_gguf_reader(path)
     meta = _gguf_metadata(reader)
@@ -299,8 +310,11 @@ def load_gguf(path: Path, keep_quantized: bool = False) -> LoadedModel:
         elif permuted and ".attn_k." in name:
             heads = config.num_key_value_heads
         if keep_quantized and tensor.tensor_type in KEPT_QUANTIZED and len(tensor.shape) == 2:
-            weights[hf_name] = _quant_weight(tensor, heads)
-            continue
+            try:
+                weights[hf_name] = _quant_weight(tensor, heads)
+                continue
+            except ValueError as e:  # MXFP4 scales q8_0's fp16 cannot hold: dequantized below
+                logger.warning("%s: %s stays dequantized: %s", path, name, e)
         _log_dequantized(tensor, keep_quantized, path)
         values = dequantize_gguf_tensor(tensor)
         if heads is not None:
@@ -311,6 +325,7 @@ def load_gguf(path: Path, keep_quantized: bool = False) -> LoadedModel:
             values = values[None]  # older converters squeezed the shared expert's gate [1, hidden] to [hidden]
         weights[hf_name] = torch.from_numpy(values)
     del reader, tensors  # drop the file mapping
+    weights = stack_experts(config, weights)
 
     tokenizer = gguf_tokenizer(path, meta.get("tokenizer.chat_template"))
     return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, name=path.stem)
@@ -318,13 +333,19 @@ def load_gguf(path: Path, keep_quantized: bool = False) -> LoadedModel:
 
 def _split_experts(tensor: gguf.ReaderTensor, keep_quantized: bool, path: Path) -> list[Any]:
     """A layer's experts stacked in one tensor (numpy shape [experts, rows, cols]) as one weight each:
-    row slices of one QuantWeight where it stays quantized, else views of the dense array."""
+    row slices of one QuantWeight where it stays quantized, else views of the dense array; their biases
+    ([experts, rows]) one row each."""
+    if len(tensor.shape) == 2 and tensor.name.endswith(".bias"):
+        return list(torch.from_numpy(dequantize_gguf_tensor(tensor)).unbind(0))
     if len(tensor.shape) != 3:
         raise ModelLoadError(f"{path}: {tensor.name} should stack the experts in 3 dimensions, has {len(tensor.shape)}")
     cols, rows, experts = (int(n) for n in tensor.shape)  # GGUF lists dimensions fastest-first
     if keep_quantized and tensor.tensor_type in KEPT_QUANTIZED:
-        qw = from_gguf_blocks(tensor.data, tensor.tensor_type.name, (experts * rows, cols))
-        return [qw.rows(slice(e * rows, (e + 1) * rows)) for e in range(experts)]
+        try:
+            qw = from_gguf_blocks(tensor.data, tensor.tensor_type.name, (experts * rows, cols))
+            return [qw.rows(slice(e * rows, (e + 1) * rows)) for e in range(experts)]
+        except ValueError as e:  # MXFP4 scales q8_0's fp16 cannot hold
+            logger.warning("%s: %s stays dequantized: %s", path, tensor.name, e)
     _log_dequantized(tensor, keep_quantized, path)
     return list(torch.from_numpy(dequantize_gguf_tensor(tensor)).unbind(0))
 
@@ -344,7 +365,7 @@ def _fused_gate_up(name: str, tensor: gguf.ReaderTensor, arch: Architecture, kee
 
 def _log_dequantized(tensor: gguf.ReaderTensor, keep_quantized: bool, path: Path) -> None:
     if keep_quantized and tensor.tensor_type not in (_QT.F32, _QT.F16, _QT.BF16) and len(tensor.shape) >= 2:
-        logger.info("%s: %s is %s, which stays dequantized (kept quantized: Q8_0, Q4_0, Q4_1, Q4_K)",
+        logger.info("%s: %s is %s, which stays dequantized (kept quantized: Q8_0, Q4_0, Q4_1, Q4_K; MXFP4 as Q8_0)",
                     path, tensor.name, tensor.tensor_type.name)
 
 

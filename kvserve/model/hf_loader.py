@@ -1,6 +1,7 @@
 """Loading a Hugging Face model folder: config.json (+ generation_config.json), safetensors, tokenizer.
 
-Weights are read as stored (bf16/fp16/fp32; gpt-oss's MXFP4 experts dequantized to bf16), from one
+Weights are read as stored (bf16/fp16/fp32; gpt-oss's MXFP4 experts kept as q8_0 when asked to keep
+quantized weights, the same values, else dequantized to bf16), from one
 ``model.safetensors`` or an indexed set of shards; the tokenizer is whatever ``AutoTokenizer`` builds from the folder, offline.
 """
 
@@ -17,7 +18,7 @@ from kvserve.errors import ModelLoadError
 from kvserve.model.architectures import UnsupportedArchitecture, get_architecture
 from kvserve.model.checkpoint import LoadedModel
 from kvserve.model.config import ModelConfig
-from kvserve.model.mxfp4 import dequantize_mxfp4
+from kvserve.model.mxfp4 import dequantize_mxfp4, mxfp4_experts_q8_0
 from kvserve.model.weights import expected_weight_shapes
 
 log = logging.getLogger(__name__)
@@ -50,18 +51,20 @@ def hf_folder_config(folder: Path) -> ModelConfig:
     return config
 
 
-def load_hf_folder(folder: Path) -> LoadedModel:
-    """Config, weights and tokenizer of a Hugging Face folder (weights not yet checked)."""
+def load_hf_folder(folder: Path, keep_quantized: bool = False) -> LoadedModel:
+    """Config, weights and tokenizer of a Hugging Face folder (weights not yet checked); with ``keep_quantized``,
+    MXFP4 experts come as ``QuantExperts`` (q8_0)."""
     config = hf_folder_config(folder)
     wanted = expected_weight_shapes(config)
-    weights = _read_safetensors(folder, wanted, config.architecture)
+    weights = _read_safetensors(folder, wanted, config.architecture, keep_quantized)
     tokenizer = hf_folder_tokenizer(folder)
     return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, name=folder.resolve().name)
 
 
-def _read_safetensors(folder: Path, wanted: dict[str, tuple[int, ...]],
-                      architecture: str = "LlamaForCausalLM") -> dict[str, torch.Tensor]:
-    """Read the wanted tensors, as stored (bf16/fp16/fp32; MXFP4 ones dequantized to bf16: ``kvserve.model.mxfp4``),
+def _read_safetensors(folder: Path, wanted: dict[str, tuple[int, ...]], architecture: str = "LlamaForCausalLM",
+                      keep_quantized: bool = False) -> dict[str, Any]:
+    """Read the wanted tensors, as stored (bf16/fp16/fp32; MXFP4 ones as ``QuantExperts`` with ``keep_quantized``,
+    else dequantized to bf16: ``kvserve.model.mxfp4``),
     from one file or an indexed set of shards, named as ours (``Architecture.checkpoint_name``: a multimodal
     checkpoint's text model under its prefix)."""
     arch = get_architecture(architecture)
@@ -98,10 +101,24 @@ def _read_safetensors(folder: Path, wanted: dict[str, tuple[int, ...]],
             raise ModelLoadError(f"cannot read {file}: {e}") from e
     for name in wanted:
         if name not in weights and f"{name}_blocks" in packed and f"{name}_scales" in packed:
-            weights[name] = dequantize_mxfp4(packed.pop(f"{name}_blocks"), packed.pop(f"{name}_scales"))
+            blocks, scales = packed.pop(f"{name}_blocks"), packed.pop(f"{name}_scales")
+            weights[name] = _mxfp4(name, blocks, scales, keep_quantized, arch)
     if others:
         log.info("%s: text only; %d tensors outside the text model (vision tower, projector) not read", folder, others)
     return weights
+
+
+def _mxfp4(name: str, blocks: torch.Tensor, scales: torch.Tensor, keep_quantized: bool, arch: Any) -> Any:
+    """A stacked MXFP4 expert tensor as q8_0 (``QuantExperts``) where kept quantized and its scales allow, else
+    dequantized to bf16 (and logged, where q8_0 was asked for)."""
+    if keep_quantized:
+        stacked = arch.stacked_experts
+        try:
+            return mxfp4_experts_q8_0(blocks, scales, interleaved=stacked is not None and stacked.interleaved
+                                      and name.endswith(stacked.gate_up))
+        except ValueError as e:
+            log.warning("%s: dequantized to bf16, not kept as q8_0: %s", name, e)
+    return dequantize_mxfp4(blocks, scales)
 
 
 def hf_folder_tokenizer(folder: Path) -> Any:

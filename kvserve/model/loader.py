@@ -37,7 +37,8 @@ def _is_gguf_file(path: Path) -> bool:
 def load_model(path: str | os.PathLike[str], keep_quantized: bool = False, load_format: str = "auto",
                seed: int = 0) -> LoadedModel:
     """Load a Hugging Face folder or a GGUF file (see ``resolve_model_path``); with
-    ``keep_quantized``, a GGUF's Q8_0/Q4_0/Q4_1 weights stay quantized (``QuantWeight``).
+    ``keep_quantized``, a GGUF's Q8_0/Q4_0/Q4_1/Q4_K weights stay quantized (``QuantWeight``), and MXFP4
+    experts (a folder's or a GGUF's) become q8_0 ones, value for value.
     ``load_format`` "dummy": the weights are random, drawn with ``seed`` (``dummy_weights``); only
     the config and the tokenizer are read, so the folder needs no weights (any it has are ignored)."""
     path = Path(path)
@@ -47,7 +48,7 @@ def load_model(path: str | os.PathLike[str], keep_quantized: bool = False, load_
         return _load_dummy(path, seed)
     start = time.perf_counter()
     if path.is_dir():
-        loaded = load_hf_folder(path)
+        loaded = load_hf_folder(path, keep_quantized)
     elif _is_gguf_file(path):
         loaded = load_gguf(path, keep_quantized)
     else:

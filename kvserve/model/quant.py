@@ -10,6 +10,10 @@ Both formats cut each row of a weight [N, K] into blocks of 32 along K:
 Arrays are split by kind (qs, d, m) rather than kept as GGUF's interleaved 18/20/34-byte blocks,
 so that rows can be permuted, concatenated (q/k/v fusion) and gathered (embedding rows) with plain
 tensor indexing; the kernels in ``kvserve/kernels/csrc/gemm/quant_gemm.cpp`` read this layout.
+
+MXFP4 (gpt-oss's experts: 32 E2M1 codes and an E8M0 power of two per block) maps into q8_0 exactly
+(``from_mxfp4``): twice each E2M1 value is an integer in [-12, 12] and half the block's power of two is
+the fp16 scale, for the powers fp16 holds. ``QuantExperts`` is a layer's stacked expert tensor kept so.
 """
 
 from __future__ import annotations
@@ -68,6 +72,56 @@ class QuantWeight:
         return QuantWeight(parts[0].kind, torch.cat([p.qs for p in parts]), torch.cat([p.d for p in parts]), m)
 
 
+@dataclass
+class QuantExperts:
+    """A layer's experts stored stacked (``StackedExperts``: [experts, in, out]) kept quantized: each expert's
+    linear weight [out, in] as a QuantWeight, gate's rows before up's (the order ``unstack_experts`` cuts
+    dense ones into). ``shape`` is the stacked tensor's, which the checkpoint check reads."""
+
+    experts: list[QuantWeight]
+
+    @property
+    def shape(self) -> torch.Size:
+        out, k = self.experts[0].shape
+        return torch.Size((len(self.experts), k, out))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(e.nbytes for e in self.experts)
+
+
+# twice the E2M1 codes' values: integers, the q of a q8_0 block whose scale is half the MXFP4 block's
+E2M1_DOUBLED = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+# E8M0 exponents e whose half scale 2^(e - 128) fp16 holds exactly (2^-24 subnormal .. 2^15): scales 2^-23 .. 2^16
+E8M0_IN_FP16 = (104, 143)
+CODES_PER_PASS = 1 << 21  # bounds the int64 indices a pass of ``from_mxfp4`` holds
+
+
+def from_mxfp4(codes: torch.Tensor, exponents: torch.Tensor) -> QuantWeight:
+    """MXFP4 as q8_0, value for value: ``codes`` uint8 [N, K] (E2M1 codes in element order), ``exponents``
+    uint8 [N, K/32] (E8M0, biased by 127). A block whose power of two fp16 cannot hold as a half raises
+    ValueError, unless its codes are all zero (then its scale is 0: the same zeros)."""
+    n, k = codes.shape
+    lut = torch.tensor(E2M1_DOUBLED, dtype=torch.int8)
+    qs = torch.empty(n, k, dtype=torch.int8)
+    flat_codes, flat_qs = codes.reshape(-1), qs.view(-1)
+    for start in range(0, flat_codes.numel(), CODES_PER_PASS):
+        flat_qs[start : start + CODES_PER_PASS] = lut[flat_codes[start : start + CODES_PER_PASS].long()]
+    e = exponents.to(torch.int32)
+    lo, hi = E8M0_IN_FP16
+    outside = (e < lo) | (e > hi)
+    if outside.any():
+        zero = ~qs.view(n, k // BLOCK, BLOCK).any(-1)
+        if (outside & ~zero).any():
+            bad = e[outside & ~zero]
+            raise ValueError(f"MXFP4 scales 2^{int(bad.min()) - 127}..2^{int(bad.max()) - 127} are outside what a "
+                             "q8_0 block's fp16 scale holds exactly (2^-23..2^16)")
+        e = torch.where(outside, lo, e)
+    d = torch.ldexp(torch.ones(e.shape), (e - 128).float()).half()
+    d[outside] = 0
+    return QuantWeight("q8_0", qs, d.contiguous())
+
+
 def unpack_q4(qs: torch.Tensor) -> torch.Tensor:
     """uint8 [N, K/2] -> uint8 [N, K] in element order (low nibbles are a block's first 16)."""
     n = qs.shape[0]
@@ -105,10 +159,15 @@ def quantize(weight: torch.Tensor, kind: str) -> QuantWeight:
 
 
 def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> QuantWeight:
-    """A GGUF Q8_0 / Q4_0 / Q4_1 / Q4_K tensor's raw bytes (any shape) as a QuantWeight of ``shape`` [N, K]."""
+    """A GGUF Q8_0 / Q4_0 / Q4_1 / Q4_K / MXFP4 tensor's raw bytes (any shape) as a QuantWeight of ``shape``
+    [N, K] (MXFP4 as q8_0: ``from_mxfp4``, whose ValueError it passes on)."""
     n, k = shape
     if type_name == "Q4_K":
         return _from_q4_k(raw, n, k)
+    if type_name == "MXFP4":  # a block: the E8M0 byte, then 16 bytes whose low nibbles are codes 0-15, high 16-31
+        b = torch.from_numpy(np.ascontiguousarray(raw).view(np.uint8).reshape(n, k // BLOCK, 17).copy())
+        codes = torch.cat([b[..., 1:] & 0x0F, b[..., 1:] >> 4], dim=-1).reshape(n, k)
+        return from_mxfp4(codes, b[..., 0])
     nb = k // BLOCK
     block_bytes = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}[type_name]
     b = np.ascontiguousarray(raw).view(np.uint8).reshape(n, nb, block_bytes)

@@ -18,7 +18,7 @@ from kvserve.device import amx_gemm_available
 from kvserve.kernels import kernels_available, ops
 from kvserve.model.config import ModelConfig
 from kvserve.model.layers import PackedLinear
-from kvserve.model.quant import BLOCK, QuantWeight, quantize
+from kvserve.model.quant import BLOCK, QuantExperts, QuantWeight, quantize
 from kvserve.model.weights import linear_sources
 
 log = logging.getLogger(__name__)
@@ -158,7 +158,7 @@ class QuantEmbedding(nn.Module):
 def runs_quantized(mode: str, weights: dict[str, Any]) -> bool:
     """Whether the linear layers will run on the integer kernels (on a CPU): a quantizing mode, or
     ``auto`` over weights stored quantized, and the kernels built."""
-    stored = mode == "auto" and any(isinstance(w, QuantWeight) for w in weights.values())
+    stored = mode == "auto" and any(isinstance(w, (QuantWeight, QuantExperts)) for w in weights.values())
     return (mode in _TARGET or stored) and kernels_available()
 
 
@@ -166,10 +166,11 @@ def quantized_modules(cfg: ModelConfig, weights: dict[str, Any], mode: str,
                       device: torch.device) -> dict[str, QuantWeight]:
     """Module path -> the QuantWeight it is built over (empty: everything dense, as ``none``).
 
-    ``auto`` keeps the weights a GGUF file stores quantized (an all-quantized group, same format);
-    ``int8``/``int4`` quantize every linear weight at load (Q8_0 / Q4_1; a GGUF weight already in
-    that format is kept as is). The LM head is Q8_0 under int4 too: the logits are the most
-    sensitive GEMM, and only decode's single row pays for its bytes. Only CPUs run the kernels:
+    ``auto`` keeps the weights a GGUF file stores quantized (an all-quantized group, same format), and
+    MXFP4 experts as the q8_0 they loaded as (exact);
+    ``int8``/``int4`` quantize every linear weight at load (Q8_0 / Q4_1; a weight already in that format
+    is kept as is; under int4 MXFP4 experts' q8_0 is requantized to Q4_1, lossy, 5 bits a weight). The LM
+    head is Q8_0 under int4 too: the logits are the most sensitive GEMM, and only decode's single row pays for its bytes. Only CPUs run the kernels:
     on other devices every weight is dequantized to the model's dtype.
     """
     if mode not in QUANTIZATION_MODES:

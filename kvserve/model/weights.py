@@ -146,8 +146,9 @@ def deinterleave_rotary(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, 
 
 def unstack_experts(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
     """``weights`` with each layer's stacked expert tensors (``StackedExperts``) cut into every expert's
-    linear weights and biases (views: transposed, gate's and up's rows apart), under the names
-    ``weight_sources`` gives them; as given for an architecture that stores experts one by one."""
+    linear weights and biases (views: transposed, gate's and up's rows apart; a ``QuantExperts``' own
+    QuantWeights), under the names ``weight_sources`` gives them; as given for an architecture that stores
+    experts one by one."""
     stacked = get_architecture(cfg.architecture).stacked_experts
     if stacked is None:
         return weights
@@ -160,14 +161,66 @@ def unstack_experts(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]
         gate_up_bias, down_bias = out.pop(f"{p}{stacked.gate_up}_bias", None), out.pop(f"{p}{stacked.down}_bias", None)
         for e in range(cfg.num_experts):
             name = p + UNSTACKED.format(e=e)
-            gu, gu_bias = gate_up[e].t(), None if gate_up_bias is None else gate_up_bias[e]
-            if stacked.interleaved:  # gate's rows first, then up's, as the fused GEMM stacks them
-                gu = gu.reshape(-1, 2, gu.shape[1]).transpose(0, 1).reshape(gu.shape)
-                gu_bias = None if gu_bias is None else gu_bias.reshape(-1, 2).t().reshape(-1)
-            out[f"{name}gate_up.weight"], out[f"{name}down.weight"] = gu, down[e].t()
+            gu_bias = None if gate_up_bias is None else gate_up_bias[e]
+            if hasattr(gate_up, "experts"):  # kept quantized (``QuantExperts``): each expert's, gate's rows first
+                gu = gate_up.experts[e]
+            else:
+                gu = gate_up[e].t()
+                if stacked.interleaved:  # gate's rows first, then up's, as the fused GEMM stacks them
+                    gu = gu.reshape(-1, 2, gu.shape[1]).transpose(0, 1).reshape(gu.shape)
+            if stacked.interleaved and gu_bias is not None:
+                gu_bias = gu_bias.reshape(-1, 2).t().reshape(-1)
+            out[f"{name}gate_up.weight"] = gu
+            out[f"{name}down.weight"] = down.experts[e] if hasattr(down, "experts") else down[e].t()
             if gu_bias is not None and down_bias is not None:
                 out[f"{name}gate_up.bias"], out[f"{name}down.bias"] = gu_bias, down_bias[e]
     return out
+
+
+def stack_experts(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of ``unstack_experts``, for a loader that reads each expert's gate, up and down apart (a GGUF
+    file): they and their biases, under the architecture's per-expert names ("expert" + "expert_gate", ...),
+    as the stacked tensors ``StackedExperts`` names, in its layout (dense), or as ``QuantExperts`` where
+    gate, up and down are all quantized (the rest dequantized); as given for an architecture without them."""
+    arch = get_architecture(cfg.architecture)
+    stacked = arch.stacked_experts
+    if stacked is None:
+        return weights
+    import torch
+
+    from kvserve.model.quant import QuantExperts, QuantWeight
+
+    out, roles = dict(weights), ("expert_gate", "expert_up", "expert_down")
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+
+        def name(e: int, role: str, suffix: str) -> str:
+            return f"{p}{str(arch.weight_name('expert')).format(e=e)}{arch.weight_name(role)}.{suffix}"
+
+        if not cfg.is_moe(i) or name(0, "expert_gate", "weight") not in out:
+            continue
+        parts = {(role, suffix): [out.pop(name(e, role, suffix)) for e in range(cfg.num_experts)]
+                 for role in roles for suffix in ("weight", "bias") if name(0, role, suffix) in out}
+        gate, up, down = (parts[(role, "weight")] for role in roles)
+        if all(isinstance(w, QuantWeight) for w in gate + up + down):
+            out[p + stacked.gate_up] = QuantExperts([QuantWeight.cat([g, u]) for g, u in zip(gate, up)])
+            out[p + stacked.down] = QuantExperts(down)
+        else:
+            gate, up, down = ([w.dequantize() if isinstance(w, QuantWeight) else w for w in ws] for ws in (gate, up, down))
+            out[p + stacked.gate_up] = torch.stack([_pair(g, u, stacked.interleaved).t() for g, u in zip(gate, up)])
+            out[p + stacked.down] = torch.stack([d.t() for d in down])
+        if ("expert_gate", "bias") in parts:
+            biases = zip(parts[("expert_gate", "bias")], parts[("expert_up", "bias")])
+            out[f"{p}{stacked.gate_up}_bias"] = torch.stack([_pair(g, u, stacked.interleaved) for g, u in biases])
+            out[f"{p}{stacked.down}_bias"] = torch.stack(parts[("expert_down", "bias")])
+    return out
+
+
+def _pair(gate: Any, up: Any, interleaved: bool) -> Any:
+    """An expert's gate and up rows (or biases) as the stacked tensor holds them: alternating or gate's first."""
+    import torch
+
+    return torch.stack([gate, up], dim=1).reshape(-1, *gate.shape[1:]) if interleaved else torch.cat([gate, up])
 
 
 def linear_sources(cfg: ModelConfig, sources: dict[str, list[Source]] | None = None) -> dict[str, list[str]]:

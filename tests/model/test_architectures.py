@@ -143,7 +143,7 @@ def prompts(seed: int = 1) -> list[list[int]]:
 
 
 def make_llm(folder, torch_path: bool = False, quantization: str = "none", **kw) -> LLM:
-    loaded = load_model(folder)
+    loaded = load_model(folder, keep_quantized=quantization != "none")  # as the engine loads (build.py)
     loaded.config.eos_token_ids = []
     kw.setdefault("num_kv_blocks", 256)
     kw.setdefault("block_size", 4)
@@ -242,36 +242,6 @@ def test_quantized_default_stays_close_to_dense(name, tmp_path_factory):
     dense = make_llm(folder).generate(prompts(), params)
     quant = make_llm(folder, quantization="int8").generate(prompts(), params)
     assert_logprobs_close(dense, quant, name)
-
-
-def test_gpt_oss_mxfp4_experts_load_dequantized(tmp_path):
-    """gpt-oss as published: the experts in MXFP4 (``<name>_blocks``/``_scales``), the rest as stored. The
-    engine dequantizes them at load (as transformers does: the same values) and answers as transformers with
-    the dequantized weights."""
-    from safetensors.torch import load_file, save_file
-    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
-
-    model = hf_model("GptOssForCausalLM")
-    g = torch.Generator().manual_seed(3)
-    tensors = {}
-    for i, layer in enumerate(model.model.layers):
-        for proj in ("gate_up_proj", "down_proj"):
-            param = getattr(layer.mlp.experts, proj)  # [experts, in, out]; MXFP4 stores [experts, out, in / 32, 16]
-            experts, cols, rows = param.shape
-            blocks = torch.randint(0, 256, (experts, rows, cols // 32, 16), dtype=torch.uint8, generator=g)
-            scales = torch.randint(122, 125, (experts, rows, cols // 32), dtype=torch.uint8, generator=g)
-            with torch.no_grad():
-                param.copy_(convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
-            tensors[f"model.layers.{i}.mlp.experts.{proj}_blocks"] = blocks
-            tensors[f"model.layers.{i}.mlp.experts.{proj}_scales"] = scales
-    model.save_pretrained(tmp_path)
-    word_tokenizer(COMMON["vocab_size"]).save_pretrained(tmp_path)
-    stored = load_file(tmp_path / "model.safetensors")
-    stored = {k: v for k, v in stored.items() if not k.endswith(("experts.gate_up_proj", "experts.down_proj"))}
-    save_file({**stored, **tensors}, tmp_path / "model.safetensors", metadata={"format": "pt"})
-    llm = make_llm(tmp_path, max_num_batched_tokens=512)
-    assert [o.token_ids for o in llm.generate(prompts(), GREEDY)] == [hf_greedy(model, p, GREEDY.max_tokens)
-                                                                    for p in prompts()]
 
 
 def test_gemma3_multimodal_checkpoint_answers_as_its_text_model(tmp_path_factory, caplog):

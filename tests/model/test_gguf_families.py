@@ -30,7 +30,9 @@ from kvserve import SamplingParams
 from kvserve.llm import LLM
 from kvserve.model.loader import load_model, load_model_config
 from kvserve.model.quant import QuantWeight
+from test_architectures import CASES as ARCH_CASES
 from test_architectures import COMMON, GREEDY, assert_logprobs_close, hf_model, prompts
+from test_mxfp4 import mxfp4_experts
 
 # case -> (registered architecture, overrides of its test_architectures case, llama.cpp's architecture)
 CASES: dict[str, tuple[str, dict, str]] = {
@@ -53,13 +55,19 @@ CASES: dict[str, tuple[str, dict, str]] = {
     "smollm3": ("SmolLM3ForCausalLM", dict(no_rope_layer_interval=4), "smollm3"),
     # the converter writes no window for starcoder2 (llama.cpp has none there)
     "starcoder2": ("Starcoder2ForCausalLM", dict(sliding_window=None), "starcoder2"),
+    # no bias on any linear: the file's tensors and config.json's use_bias agree
+    "starcoder2:no_bias": ("Starcoder2ForCausalLM", dict(sliding_window=None, use_bias=False), "starcoder2"),
     "glm4": ("Glm4ForCausalLM", {}, "glm4"),
     "ernie4_5": ("Ernie4_5ForCausalLM", {}, "ernie4_5"),
     "ernie4_5:use_bias": ("Ernie4_5ForCausalLM:use_bias", {}, "ernie4_5"),
+    # experts in MXFP4 (the converter repacks the checkpoint's blocks); what llama.cpp's graph fixes: the SwiGLU's
+    # limit 7, yarn's correction range truncated
+    "gpt-oss": ("GptOssForCausalLM", dict(swiglu_limit=7.0, rope_parameters={
+        **ARCH_CASES["GptOssForCausalLM"][1]["rope_parameters"], "truncate": True}), "gpt-oss"),
 }
 # where transformers' GGUF reader has no such architecture, or no stacked experts for it (llama)
 NO_TRANSFORMERS_READER = {"olmoe", "mixtral", "gemma", "olmo2", "granite", "smollm3", "glm4", "ernie4_5",
-                          "ernie4_5:use_bias"}
+                          "ernie4_5:use_bias", "gpt-oss"}
 GEMMA = {"gemma", "gemma2", "gemma3"}
 # every linear Q8_0; not granite, whose test model's near-flat logits (several tokens within 0.01) Q8_0 reorders
 DENSE_Q8_0 = {"gemma", "olmo2", "smollm3", "starcoder2", "glm4", "ernie4_5:use_bias"}
@@ -85,6 +93,41 @@ def _stack_experts(state: dict[str, torch.Tensor], layers: int, experts: int) ->
     return out
 
 
+def _ggml_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> np.ndarray:
+    """A checkpoint's MXFP4 tensor (byte i: codes 2i low, 2i + 1 high) as the converter repacks it for GGML:
+    per block the E8M0 byte, then byte j holding code j low and code j + 16 high; [experts, rows, blocks * 17]."""
+    codes = torch.stack([blocks & 0x0F, blocks >> 4], dim=-1).reshape(*blocks.shape[:-1], 32)
+    packed = codes[..., :16] | (codes[..., 16:] << 4)
+    return torch.cat([scales.unsqueeze(-1), packed], dim=-1).reshape(*blocks.shape[:2], -1).numpy()
+
+
+def _gpt_oss_tensors(state: dict[str, torch.Tensor], mxfp4: dict[str, torch.Tensor]) -> tuple[dict, dict]:
+    """The converter's GptOssModel: sinks named as weights, the stacked biases split into gate's (even columns)
+    and up's (odd), and the experts written from their MXFP4 blocks (gate_up's rows split the same way) as
+    raw MXFP4 tensors. (the dense tensors by checkpoint name, the raw ones by GGUF name)"""
+    out, raw = {}, {}
+    for name, t in state.items():
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            continue  # written from the blocks below
+        if name.endswith("experts.gate_up_proj_bias"):
+            out[name.replace("gate_up_proj_bias", "gate_proj.bias")] = t[..., ::2]
+            out[name.replace("gate_up_proj_bias", "up_proj.bias")] = t[..., 1::2]
+        elif name.endswith("experts.down_proj_bias"):
+            out[name.replace("down_proj_bias", "down_proj.bias")] = t
+        else:
+            out[name + ".weight" if name.endswith("sinks") else name] = t
+    for name, blocks in mxfp4.items():
+        if not name.endswith("_blocks"):
+            continue
+        scales, layer = mxfp4[name.replace("_blocks", "_scales")], name.split(".")[2]
+        if "gate_up" in name:
+            raw[f"blk.{layer}.ffn_gate_exps.weight"] = _ggml_mxfp4(blocks[:, ::2], scales[:, ::2])
+            raw[f"blk.{layer}.ffn_up_exps.weight"] = _ggml_mxfp4(blocks[:, 1::2], scales[:, 1::2])
+        else:
+            raw[f"blk.{layer}.ffn_down_exps.weight"] = _ggml_mxfp4(blocks, scales)
+    return out, raw
+
+
 def _add_tokenizer(writer: gguf.GGUFWriter, vocab: int) -> None:
     """A byte-level BPE vocabulary of ``vocab`` plain tokens (ids are what the tests feed)."""
     writer.add_tokenizer_model("gpt2")
@@ -97,7 +140,8 @@ def _add_tokenizer(writer: gguf.GGUFWriter, vocab: int) -> None:
 
 
 def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type: QT | None = None,
-                         fuse_gate_up: bool = False, linear_type: QT | None = None) -> None:
+                         fuse_gate_up: bool = False, linear_type: QT | None = None,
+                         mxfp4: dict[str, torch.Tensor] | None = None) -> None:
     """``folder``'s checkpoint as llama.cpp's converter writes it (``expert_type``: the stacked experts
     quantized to that type, as llama-quantize leaves them; ``fuse_gate_up``: its --fuse-gate-up-exps,
     each layer's gate and up experts in one tensor, gate first; ``linear_type``: every 2-D weight, embeddings
@@ -139,6 +183,15 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
         w.add_embedding_scale(d["embedding_multiplier"])
         w.add_residual_scale(d["residual_multiplier"])
         w.add_logit_scale(d["logits_scaling"])
+    if full.get("rope_type") == "yarn":  # the converter's TextModel
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(full["factor"])
+        w.add_rope_scaling_orig_ctx_len(full["original_max_position_embeddings"])
+        w.add_rope_scaling_yarn_beta_fast(full["beta_fast"])
+        w.add_rope_scaling_yarn_beta_slow(full["beta_slow"])
+    if arch == "gpt-oss":
+        w.add_sliding_window(d["sliding_window"])
+        w.add_expert_feed_forward_length(d["intermediate_size"])
     if arch == "glm4":
         w.add_rope_dimension_count(int(d["head_dim"] * full["partial_rotary_factor"]))
     if arch == "gemma2":
@@ -162,8 +215,10 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
         w.add_tensor("rope_factors_short.weight", np.array(full["short_factor"], np.float32))
     _add_tokenizer(w, d["vocab_size"])
 
-    name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], layers)
-    state = _stack_experts(load_file(folder / "model.safetensors"), layers, experts)
+    name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper().replace("-", "_")], layers)
+    state, raw = _stack_experts(load_file(folder / "model.safetensors"), layers, experts), {}
+    if arch == "gpt-oss":
+        state, raw = _gpt_oss_tensors(state, mxfp4 or {})
     if fuse_gate_up:
         for i in range(layers):
             gate, up = (state.pop(f"model.layers.{i}.mlp.experts.{w}.weight") for w in ("gate_proj", "up_proj"))
@@ -187,6 +242,8 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
             w.add_tensor(gguf_name, gguf.quants.quantize(data, linear_type), raw_dtype=linear_type)
         else:
             w.add_tensor(gguf_name, data)
+    for gguf_name, data in raw.items():
+        w.add_tensor(gguf_name, data, raw_dtype=QT.MXFP4)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -203,10 +260,11 @@ def gguf_case(case: str, tmp_path_factory, expert_type: QT | None = None, fuse_g
     if key not in _files:
         name, overrides, arch = CASES[case]
         model = hf_model(name, **overrides)
+        mxfp4 = mxfp4_experts(model) if arch == "gpt-oss" else None  # as published: the experts' values in MXFP4
         folder = tmp_path_factory.mktemp(f"gguf-{case.replace(':', '-')}")
         model.save_pretrained(folder)
         path = folder / f"{case.replace(':', '-')}.gguf"
-        write_like_llama_cpp(model, folder, path, arch, expert_type, fuse_gate_up, linear_type)
+        write_like_llama_cpp(model, folder, path, arch, expert_type, fuse_gate_up, linear_type, mxfp4)
         _files[key] = (model, folder, path)
     return _files[key]
 
@@ -364,3 +422,43 @@ def test_gemma_query_scale_follows_llama_cpp(hidden, heads, head_dim, layers, bi
     meta = {"embedding_length": hidden, "attention.head_count": heads, "attention.key_length": head_dim,
             "block_count": layers}
     assert gemma_gguf(lambda key, default=None: meta.get(key, default), big)["query_pre_attn_scalar"] == scalar
+
+
+def test_gguf_gpt_oss_mxfp4_experts_kept_as_q8_0(tmp_path_factory):
+    """gpt-oss's MXFP4 expert tensors kept quantized (the default): each expert's q8_0 weight holds the values
+    gguf-py dequantizes, bit for bit, in 8.5 bits a weight; they run on the q8_0 GEMM, within the logprob
+    closeness of the dequantized file."""
+    from kvserve.model.quant import QuantExperts
+    from kvserve.model.weights import unstack_experts
+
+    _, _, path = gguf_case("gpt-oss", tmp_path_factory)
+    types = {t.name: t.tensor_type for t in gguf.GGUFReader(path).tensors}
+    assert types["blk.1.ffn_up_exps.weight"] == QT.MXFP4 and types["blk.1.ffn_gate_exps.bias"] == QT.F32
+    dense, kept = load_model(path), load_model(path, keep_quantized=True)
+    stacked = [w for w in kept.weights.values() if isinstance(w, QuantExperts)]
+    assert len(stacked) == 2 * dense.config.num_hidden_layers
+    assert sum(w.nbytes for w in stacked) * 8 / sum(w.shape.numel() for w in stacked) == 8.5
+    cut = unstack_experts(dense.config, dense.weights)
+    for name, w in unstack_experts(kept.config, kept.weights).items():
+        if ".unstacked." in name and name.endswith(".weight"):
+            assert torch.equal(w.dequantize(), cut[name]), name
+
+    quant_llm = _llm(path, quantization="auto")
+    assert quant_llm.engine.runner.model.layers[1].mlp.experts[2].down.kind == "q8_0"
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=3)
+    assert_logprobs_close(_llm(path).generate(prompts(), params), quant_llm.generate(prompts(), params), "gpt-oss")
+
+
+def test_gguf_biases_are_read_from_every_layer(tmp_path):
+    """Which linears have biases follows the file's tensors in any layer: a first layer of experts does not hide
+    a dense MLP's bias, or an output projection's, further down."""
+    from kvserve.model.gguf_loader import _gguf_config
+
+    meta = {"general.architecture": "qwen2moe", "qwen2moe.embedding_length": 64, "qwen2moe.attention.head_count": 4,
+            "qwen2moe.block_count": 2, "qwen2moe.feed_forward_length": 96, "qwen2moe.expert_count": 4,
+            "qwen2moe.expert_used_count": 2, "tokenizer.ggml.tokens": 97}
+    tensors = {"blk.0.ffn_gate_exps.weight": None, "blk.1.ffn_up.bias": None, "blk.1.attn_output.bias": None}
+    cfg = _gguf_config(meta, tensors, tmp_path / "x.gguf")
+    assert (cfg.mlp_bias, cfg.o_proj_bias, cfg.attention_bias) == (True, True, False)
+    cfg = _gguf_config(meta, {"blk.0.ffn_gate_exps.weight": None, "blk.1.attn_q.bias": None}, tmp_path / "x.gguf")
+    assert (cfg.mlp_bias, cfg.o_proj_bias, cfg.attention_bias) == (False, False, True)

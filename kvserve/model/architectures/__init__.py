@@ -69,6 +69,9 @@ class Architecture:
     # llama.cpp's graph assumes for this architecture; "architectures" may name another one the same
     # llama.cpp name covers (Mixtral is "llama" with experts)
     gguf_config: Callable[[GGUFGet], dict[str, Any]] = lambda get: {}
+    # llama.cpp's names for a layer's tensors -> our roles, where its converter maps this architecture's
+    # otherwise than the loader's table (gpt-oss: "post_attention_norm" is the norm before the MLP)
+    gguf_roles: Mapping[str, str] = field(default_factory=dict)
     # a multimodal config -> the text model's part (its layers, heads, ...)
     text_config: Callable[[dict[str, Any]], dict[str, Any]] = lambda d: d
     stacked_experts: StackedExperts | None = None  # experts in 3-D tensors; None: one set of linears each

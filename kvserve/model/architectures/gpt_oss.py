@@ -1,6 +1,9 @@
 """gpt-oss: a top-k mixture of experts in every layer (the router with a bias, softmax over the chosen logits;
 experts with biases and a clamped SwiGLU, stored stacked: ``StackedExperts``), attention sinks, q/k/v/o biases,
-sliding-window layers alternating with full ones, yarn rope."""
+sliding-window layers alternating with full ones, yarn rope. llama.cpp's "gpt-oss" files: the experts in
+MXFP4, gate and up apart, the norm before the MLP named "post_attention_norm"; its graph fixes what they do
+not carry (sliding layers first, then alternating; the SwiGLU's alpha 1.702 and limit 7; yarn's correction
+range truncated), which are the config's defaults."""
 
 from kvserve.model.architectures import Architecture, StackedExperts, first_of, register
 from kvserve.model.config import FULL, SLIDING
@@ -18,4 +21,5 @@ def gpt_oss_config(d: dict) -> dict:
 
 
 register(Architecture("GptOssForCausalLM", gpt_oss_config, weights={"router": "mlp.router"},
-                      stacked_experts=StackedExperts()))
+                      stacked_experts=StackedExperts(), gguf="gpt-oss",
+                      gguf_roles={"post_attention_norm": "post_attention_layernorm"}))
