@@ -24,6 +24,7 @@ from kvserve.kv.disk_tier import DiskTier
 from kvserve.kv.tiers import HostTier, Tier
 from kvserve.model.config import ModelConfig
 from kvserve.runner.torch_runner import TorchRunner
+from kvserve.runner.weight_update import ModelSource
 from kvserve.spec.draft import DraftProposer
 from kvserve.spec.ngram import NgramProposer
 from kvserve.spec.proposer import Proposer
@@ -34,10 +35,12 @@ Weights = dict[str, torch.Tensor]
 
 
 def build_engine(config: KVServeConfig, model_cfg: ModelConfig, weights: Weights, eos_token_ids: list[int],
-                 draft_weights: tuple[ModelConfig, Weights] | None = None, hf_tokenizer: Any = None) -> Engine:
+                 draft_weights: tuple[ModelConfig, Weights] | None = None, hf_tokenizer: Any = None,
+                 source: ModelSource | None = None) -> Engine:
     """The torch runner and the engine loop around it, from a config and loaded weights.
     ``draft_weights`` stands in for loading ``--speculative-model`` (tests pass tiny models);
-    ``hf_tokenizer`` (a transformers tokenizer) enables structured output."""
+    ``hf_tokenizer`` (a transformers tokenizer) enables structured output; ``source``: where ``weights``
+    were read (a level-2 sleep reloads them from there)."""
     m = config.model
     if m.num_threads:
         torch.set_num_threads(m.num_threads)
@@ -47,6 +50,7 @@ def build_engine(config: KVServeConfig, model_cfg: ModelConfig, weights: Weights
                          seed=m.seed, quantization=m.quantization, max_num_seqs=config.scheduler.max_num_seqs,
                          max_num_batched_tokens=config.scheduler.max_num_batched_tokens)
     runner.proposer = build_proposer(config, model_cfg, runner, draft_weights)
+    runner.source = source
 
     def grammars():  # built on first use: describing the vocabulary to xgrammar takes ~0.5 s
         if importlib.util.find_spec("xgrammar") is None:  # each request that needs it is refused (501)
@@ -122,5 +126,6 @@ def build_engine_core(config: KVServeConfig) -> EngineCore:
     m = config.model
     loaded = load_model(path, keep_quantized=m.quantization != "none", load_format=m.load_format, seed=m.seed)
     eos = Tokenizer(loaded.tokenizer, loaded.config).eos_token_ids
-    return EngineCore(build_engine(config, loaded.config, loaded.weights, eos, hf_tokenizer=loaded.tokenizer),
-                      loaded.name)
+    engine = build_engine(config, loaded.config, loaded.weights, eos, hf_tokenizer=loaded.tokenizer,
+                          source=ModelSource(str(path), m.load_format, m.seed))
+    return EngineCore(engine, loaded.name)

@@ -241,6 +241,9 @@ class ServerConfig:
                 "http://127.0.0.1:4318/v1/traces; needs pip install kvserve[tracing]); docs/tracing.md"})
     ui: bool = field(default=True, metadata={
         "help": "serve the web page (chat and a live view of the engine) at / (docs/ui.md); --no-ui: off"})
+    weights_dir: str | None = field(default=None, metadata={
+        "help": "POST /update_weights_from_disk may load checkpoints from this directory only (model_path inside "
+                "it, or relative to it); default: the route refuses every path"})
     replica_id: str | None = field(default=None, metadata={
         "help": "this server's name in GET /kv/events, for a router (default: host name, port and a random suffix)"})
 

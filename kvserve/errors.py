@@ -62,5 +62,17 @@ class ServerBusyError(KVServeError):
     """The engine's waiting queue is full; the client should retry later (HTTP 429)."""
 
 
+class ServiceUnavailableError(KVServeError):
+    """The server cannot serve this now, and will again: it sleeps, or a weight update aborted the
+    request (HTTP 503); ``code`` says which ("sleeping", "weights_updated")."""
+
+    CODES = ("sleeping", "weights_updated")
+
+    def __init__(self, message: str, code: str | None = None):
+        super().__init__(message)
+        self.param = None
+        self.code = code
+
+
 class EngineDeadError(KVServeError):
     """The engine process is gone; nothing can be served until a restart (HTTP 503)."""

@@ -18,7 +18,7 @@ from kvserve.build import build_engine
 from kvserve.config import KVServeConfig
 from kvserve.engine.core import EngineCore
 from kvserve.engine.engine import Engine
-from kvserve.engine.messages import AddRequest
+from kvserve.engine.messages import AddRequest, Sleep, UpdateWeights, WakeUp
 from kvserve.engine.request import Request, SamplingParams
 from kvserve.errors import InvalidArgumentError
 from kvserve.model.config import ModelConfig
@@ -36,14 +36,16 @@ class LLM:
         from kvserve.model.loader import load_model, resolve_model_path
         from kvserve.text.tokenizer import Tokenizer
 
+        from kvserve.runner.weight_update import ModelSource
+
         self.config = KVServeConfig.from_kwargs(model=model, **engine_args)
         m = self.config.model
-        loaded = load_model(resolve_model_path(model), keep_quantized=m.quantization != "none",
-                            load_format=m.load_format, seed=m.seed)
+        path = resolve_model_path(model)
+        loaded = load_model(path, keep_quantized=m.quantization != "none", load_format=m.load_format, seed=m.seed)
         self.tokenizer = Tokenizer(loaded.tokenizer, loaded.config)
         self.model_name = loaded.name
         self._start(build_engine(self.config, loaded.config, loaded.weights, self.tokenizer.eos_token_ids,
-                                 hf_tokenizer=loaded.tokenizer))
+                                 hf_tokenizer=loaded.tokenizer, source=ModelSource(str(path), m.load_format, m.seed)))
 
     @classmethod
     def from_weights(cls, model_config: ModelConfig, weights: dict[str, torch.Tensor], tokenizer=None,
@@ -101,8 +103,7 @@ class LLM:
             self.core.wait_for_grammars(GRAMMAR_WAIT_S)
             return []
         if msg.rejected:
-            r = msg.rejected[0]
-            raise InvalidArgumentError(r.message, param=r.param, code=r.code)
+            raise msg.rejected[0].error()
         outs = []
         for delta in msg.deltas:
             out, stopped = processor.apply(delta.request_id, [delta])
@@ -110,6 +111,35 @@ class LLM:
                 self.core.abort([delta.request_id])
             outs.append(out)
         return outs
+
+    # -- the model: sleep, wake, new weights (kvserve.engine.model_ops) --------------------------
+    @property
+    def is_sleeping(self) -> bool:
+        return self.core.model_ops.sleeping
+
+    def sleep(self, level: int = 1) -> dict[str, Any]:
+        """Free the KV cache (level 2: the weights too; ``wake_up`` reloads them from disk). ``generate``
+        refuses prompts while asleep (ServiceUnavailableError)."""
+        return self._model_command(Sleep("sleep", level))
+
+    def wake_up(self) -> dict[str, Any]:
+        return self._model_command(WakeUp("wake_up"))
+
+    def update_weights_from_disk(self, model_path: str, load_format: str = "auto") -> dict[str, Any]:
+        """Serve the checkpoint at ``model_path`` (a folder or a .gguf of the same architecture and shapes;
+        else InvalidArgumentError and the weights stay). Prefix-cache and tier entries of the old weights
+        become misses. The tokenizer stays the one loaded first."""
+        return self._model_command(UpdateWeights("update", str(model_path), load_format))
+
+    def _model_command(self, cmd: Sleep | WakeUp | UpdateWeights) -> dict[str, Any]:
+        """Run a model command now (between ``generate`` calls no request is in the engine)."""
+        self.core.submit(cmd)
+        msg = self.core.step()
+        assert msg is not None and msg.results, "the engine did not run the command"
+        result = msg.results[0]
+        if result.error is not None:
+            raise result.error
+        return result.data
 
     def _busy(self) -> bool:
         return self.core.has_work or self.core.is_compiling

@@ -70,6 +70,19 @@ class KVPool:
     def block_bytes(self) -> int:
         return self.layout.block_bytes
 
+    @property
+    def allocated(self) -> bool:
+        return bool(self.layers)
+
+    def release(self) -> None:
+        """Drop the K and V tensors (a sleeping engine's memory back); ``reallocate`` makes them again, zeroed.
+        An 8-bit pool keeps its scales."""
+        self.layers = []
+
+    def reallocate(self) -> None:
+        if not self.layers:
+            self.layers = self._allocate()
+
     def _allocate(self) -> list[LayerKV]:
         shape = ((self.num_blocks + 1) * self.block_size, self.layout.num_kv_heads, self.layout.head_dim)
         layers = []
@@ -130,14 +143,30 @@ class KVPool:
         if quantization:
             tag += f"|quant {quantization}"
         h.update(tag.encode())
-        for name in sorted(weights)[:4]:  # a sample of the weights themselves
+        names = sorted(weights)
+        for name in names[:4]:  # a sample of the weights themselves
             h.update(name.encode())
             w = weights[name]
             w = w.experts[0] if hasattr(w, "experts") else w  # a layer's experts kept quantized: the first one's
             if not isinstance(w, torch.Tensor):  # only the rows the sample reads: not the whole table
                 w = w.rows(slice(0, -(-4096 // w.shape[1]))).dequantize()
             h.update(w.flatten()[:4096].float().cpu().numpy().tobytes())
+        # and a few values spread over every other tensor: a fine-tune that leaves the embeddings and the first
+        # layer alone (a LoRA merged into attention) must change it too, as stored KV must follow the weights
+        for name in names[4:]:
+            h.update(name.encode())
+            h.update(_spread_sample(weights[name]).float().cpu().numpy().tobytes())
         return h.digest()
+
+
+def _spread_sample(w: Any, n: int = 16) -> torch.Tensor:
+    """``n`` values evenly spread over a tensor (a quantized one: over its first row, dequantized; experts
+    kept quantized: over the first one's)."""
+    w = w.experts[0] if hasattr(w, "experts") else w
+    if not isinstance(w, torch.Tensor):
+        w = w.rows(slice(0, 1)).dequantize()
+    flat = w.reshape(-1)
+    return flat[:: max(1, flat.numel() // n)][:n]
 
 
 _POOLS: Registry[KVPool] = Registry("KV cache dtype", "kv_cache_dtype")

@@ -40,13 +40,16 @@ class QuantizedKVPool(KVPool):
     per_channel: bool  # a scale per head channel, else per head
 
     def __init__(self, layout, num_blocks: int, device: torch.device):
-        super().__init__(layout, num_blocks, device)
         L, H, d = layout.num_layers, layout.num_kv_heads, layout.head_dim
         self.granularity = d if self.per_channel else 1  # scales per head: 1, or one per channel
         # the kernel reads [kv_heads, d] per layer; per-head scales are repeated over d
         self.k_scales = torch.ones(L, H, d, dtype=torch.float32, device=device)
         self.v_scales = torch.ones(L, H, d, dtype=torch.float32, device=device)
-        self.layers = [LayerKV(k, v, self.k_scales[i], self.v_scales[i]) for i, (k, v) in enumerate(self.layers)]
+        super().__init__(layout, num_blocks, device)
+
+    def _allocate(self) -> list[LayerKV]:
+        """Each layer's K and V with its scales (kept across ``release``: the scales belong to the weights)."""
+        return [LayerKV(k, v, self.k_scales[i], self.v_scales[i]) for i, (k, v) in enumerate(super()._allocate())]
 
     @classmethod
     def storage_dtype(cls, model_dtype: torch.dtype) -> torch.dtype:

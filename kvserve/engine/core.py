@@ -1,6 +1,7 @@
 """The engine core: the engine as a service that speaks messages, with no transport in it.
 
-Commands go in (``add``, ``abort``, ``ReportState``); each ``step`` runs one engine step and returns
+Commands go in (``add``, ``abort``, ``ReportState``, and the model commands ``Sleep``, ``WakeUp``,
+``UpdateWeights``, which run between steps once the requests in flight are done: ``model_ops``); each ``step`` runs one engine step and returns
 one ``StepMessage``: per-request deltas (new token ids, logprobs, finish), the requests refused,
 the block hashes the prefix cache stored and removed (a replica's KV events), a stats snapshot,
 and, when asked for, the engine's live state (``kvserve.engine.live_state``). A request whose grammar must first compile waits off the step path (the compile
@@ -21,6 +22,7 @@ from kvserve.engine.memory import resident_memory_bytes
 from kvserve.engine.messages import (
     AbortRequests,
     AddRequest,
+    CommandResult,
     EngineReady,
     EngineStatsSnapshot,
     ReportState,
@@ -28,10 +30,14 @@ from kvserve.engine.messages import (
     RequestRejected,
     RequestTimeline,
     Shutdown,
+    Sleep,
     StepMessage,
+    UpdateWeights,
+    WakeUp,
 )
+from kvserve.engine.model_ops import SLEEPING, ModelOps
 from kvserve.engine.request import Request
-from kvserve.errors import KVServeError
+from kvserve.errors import KVServeError, ServiceUnavailableError
 from kvserve.kv.prefix_view import PrefixTreeView
 
 log = logging.getLogger(__name__)
@@ -55,6 +61,7 @@ class EngineCore:
         self._tree: tuple[float, PrefixTreeView | None] | None = None  # the last tree summary, and when
         self.tree_interval_s = TREE_INTERVAL_S
         engine.kv.record_events()  # each message says what the prefix cache stored and removed
+        self.model_ops = ModelOps(engine)
 
     def ready(self) -> EngineReady:
         e = self.engine
@@ -65,15 +72,17 @@ class EngineCore:
 
     @property
     def has_work(self) -> bool:
-        """Requests to step or refusals to report (requests waiting for a grammar not counted)."""
-        return self.engine.has_unfinished() or bool(self._rejected)
+        """Requests to step, refusals or command results to report, model commands to run (requests
+        waiting for a grammar not counted)."""
+        ops = self.model_ops
+        return self.engine.has_unfinished() or bool(self._rejected or ops.pending or ops.results)
 
     @property
     def is_compiling(self) -> bool:
         return bool(self._compiling)
 
     # -- commands -----------------------------------------------------------------------------
-    def handle(self, cmd: AddRequest | AbortRequests | ReportState | Shutdown) -> bool:
+    def handle(self, cmd: AddRequest | AbortRequests | ReportState | Shutdown | Sleep | WakeUp | UpdateWeights) -> bool:
         """Apply one command; False for Shutdown."""
         if isinstance(cmd, AddRequest):
             self.add(cmd)
@@ -81,14 +90,40 @@ class EngineCore:
             self.abort(cmd.request_ids)
         elif isinstance(cmd, ReportState):
             self._state_asked = self._commands_since_message = True
+        elif isinstance(cmd, (Sleep, WakeUp, UpdateWeights)):
+            self.submit(cmd)
         elif isinstance(cmd, Shutdown):
             return False
         return True
+
+    def submit(self, cmd: Sleep | WakeUp | UpdateWeights) -> None:
+        """Queue a model command: it runs once no request is in the engine (the next ``step`` if none is);
+        its ``CommandResult`` comes in a step message. An update that aborts requests ends every request
+        in flight now, each with an error saying why."""
+        self._commands_since_message = True
+        if isinstance(cmd, UpdateWeights) and cmd.abort_all_requests:
+            s, held = self.engine.scheduler, self.model_ops.held
+            ids = [r.request_id for r in (*s.running, *s.waiting)] + list(self._compiling) + [a.request_id for a in held]
+            self.abort(ids)
+            for rid in ids:
+                self._reject(rid, ServiceUnavailableError("the request was aborted: the model's weights are being "
+                                                          "updated (update_weights_from_disk)", code="weights_updated"))
+        self.model_ops.pending.append(cmd)
+
+    def take_results(self) -> list[CommandResult]:
+        out, self.model_ops.results = self.model_ops.results, []
+        return out
 
     def add(self, cmd: AddRequest) -> None:
         """Queue a request. A user error (a bad prompt, an invalid grammar) is reported in the next
         step message as a RequestRejected, never raised."""
         self._commands_since_message = True
+        if self.model_ops.pending:  # behind a sleep or a weight update: it waits for the command
+            self.model_ops.held.append(cmd)
+            return
+        if self.model_ops.sleeping:
+            self._reject(cmd.request_id, ServiceUnavailableError(SLEEPING, code="sleeping"))
+            return
         if cmd.trace:
             self._traced.add(cmd.request_id)
         if cmd.params.guided is None:
@@ -101,6 +136,8 @@ class EngineCore:
 
     def abort(self, request_ids: list[str]) -> None:
         self._commands_since_message = True
+        gone = set(request_ids)
+        self.model_ops.held = [a for a in self.model_ops.held if a.request_id not in gone]
         for rid in request_ids:
             if self._compiling.pop(rid, None) is None:
                 self.engine.abort(rid)
@@ -134,17 +171,20 @@ class EngineCore:
             if fut.done():
                 del self._compiling[rid]
                 self._admit(cmd, fut)
+        if self.model_ops.pending and not self.engine.has_unfinished() and not self._compiling:
+            for held in self.model_ops.run_pending():
+                self.add(held)
         changed = self.engine.step() if self.engine.has_unfinished() else []
         step_end = time.monotonic()
         # (a prefill chunk that samples nothing still caches blocks: that is news too)
         stored, removed = self.engine.kv.take_events()
-        if not (changed or self._rejected or self._commands_since_message or stored or removed):
+        if not (changed or self._rejected or self._commands_since_message or stored or removed or self.model_ops.results):
             return None
         deltas = [self._delta(req) for req in changed]
         rejected, self._rejected, self._commands_since_message = self._rejected, [], False
         state = self.live_state() if self._state_asked else None
         self._state_asked = False
-        return StepMessage(deltas, rejected, self.snapshot(), step_end, stored, removed, state)
+        return StepMessage(deltas, rejected, self.snapshot(), step_end, stored, removed, state, self.take_results())
 
     def live_state(self) -> EngineState:
         now = time.monotonic()

@@ -11,6 +11,7 @@ from typing import Any
 
 from kvserve.engine.live_state import EngineState
 from kvserve.engine.request import SamplingParams, TokenLogprobs
+from kvserve.errors import InvalidArgumentError, KVServeError, MissingPackageError, ServiceUnavailableError
 from kvserve.kv.manager import PrefixCacheStats
 from kvserve.spec.policy import SpecStats
 
@@ -38,6 +39,30 @@ class ReportState:
 @dataclass
 class Shutdown:
     pass
+
+
+# Sleep, wake and weight updates (kvserve.engine.model_ops) run between steps once the requests in
+# flight are done; requests added meanwhile wait behind them. Each is answered by a CommandResult.
+@dataclass
+class Sleep:
+    command_id: str
+    level: int  # 1: free the KV cache; 2: the weights too (reloaded from disk on wake)
+
+
+@dataclass
+class WakeUp:
+    command_id: str
+
+
+@dataclass
+class UpdateWeights:
+    command_id: str
+    model_path: str
+    load_format: str = "auto"
+    abort_all_requests: bool = False  # True: requests in flight end now with an error (else they finish first)
+
+
+ModelCommand = Sleep | WakeUp | UpdateWeights
 
 
 # --------------------------------------------------------------------------- answers
@@ -102,6 +127,24 @@ class RequestRejected:
     param: str | None
     code: str | None
 
+    def error(self) -> KVServeError:
+        """The error the request's caller gets: a missing package (501), the server asleep or the request
+        aborted by a weight update (503), else a bad argument (400)."""
+        if self.code == MissingPackageError.CODE:
+            return MissingPackageError(self.message, param=self.param)
+        if self.code in ServiceUnavailableError.CODES:
+            return ServiceUnavailableError(self.message, code=self.code)
+        return InvalidArgumentError(self.message, param=self.param, code=self.code)
+
+
+@dataclass
+class CommandResult:
+    """The answer to a ``ModelCommand``: ``error`` (a KVServeError, pickled whole) or what it did."""
+
+    command_id: str
+    error: Exception | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
 
 @dataclass
 class EngineStatsSnapshot:
@@ -134,3 +177,4 @@ class StepMessage:
     kv_stored: list[bytes] = field(default_factory=list)
     kv_removed: list[bytes] = field(default_factory=list)
     state: EngineState | None = None  # after a ReportState: what the engine is doing now
+    results: list[CommandResult] = field(default_factory=list)  # the model commands done since the last message

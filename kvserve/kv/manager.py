@@ -262,6 +262,26 @@ class KVManager:
                 if not any(t.knows(n.key) for t in self._shared_tiers):
                     self._transfers.append(KVTransfer("save", n.block, n.key, n.tokens))
 
+    def reset(self, fingerprint: bytes | None = None) -> None:
+        """Drop the whole prefix cache: a sleep freed the KV it held, or new weights made it stale. With a
+        new ``fingerprint`` every tier entry of the old one becomes a miss (chain hashes are seeded with it,
+        and the disk and Redis tiers check it), and the host tier, this engine's alone, is emptied.
+        No sequence may hold blocks (the engine drains first)."""
+        assert not self.tables, "resetting the KV cache under running sequences"
+        self._cached_upto.clear()
+        self._transfers.clear()
+        if self.cache is None:
+            return
+        self.cache.evict(self.cache.num_nodes)
+        if fingerprint is None or fingerprint == self.cache.root.key:
+            return
+        self.cache.root.key = fingerprint
+        for t in self.tiers.tiers:
+            if hasattr(t, "fingerprint"):
+                t.fingerprint = fingerprint
+            else:
+                t.clear()
+
     # -- what the cache holds, for a router ----------------------------------------------
     @property
     def cache_root_key(self) -> bytes:

@@ -73,6 +73,11 @@ class HostTier:
     def read_seconds(self, nbytes: int, nblocks: int) -> float:
         return nblocks * self.latency + nbytes / self.bandwidth
 
+    def clear(self) -> None:
+        """Forget every entry (they were computed by weights the engine no longer has)."""
+        self._entries.clear()
+        self.used_bytes = 0
+
 
 def encode_entry(fingerprint: bytes, tokens: Sequence[int], payload: bytes) -> bytes:
     """A block as the disk and Redis tiers store it: magic, header length, header (the KV layout's

@@ -24,6 +24,7 @@ from kvserve.runner.inputs import build_inputs
 from kvserve.runner.kv_budget import default_kv_budget
 from kvserve.runner.kv_budget import describe as describe_budget
 from kvserve.runner.kv_calibration import calibrate_kv_scales
+from kvserve.runner.weight_update import ModelSource, give_back_memory, load_replacement
 from kvserve.sampling.sampler import Sampler, prompt_logprobs
 from kvserve.spec.proposer import DraftRequest, Proposer
 from kvserve.spec.verify import verify
@@ -90,17 +91,58 @@ class TorchRunner:
             log.info("prefill attention: bfloat16 %s (AMX; the many-row linears run in bf16 too; KVSERVE_AMX=0 "
                      "keeps both in float32)", "flash_prefill (AMX brgemm)" if flash else "SDPA")
         self.attention.warm_up(cfg.num_attention_heads)
-        if self.device.type == "cpu":
-            started = time.perf_counter()
-            kernels = self.model.warm_up(max_num_batched_tokens, max_num_seqs)
-            if kernels:
-                log.info("warm-up: %d AMX GEMM kernels compiled in %.2f s", kernels, time.perf_counter() - started)
+        self.quantization = quantization
+        self._warm_rows = (max_num_batched_tokens, max_num_seqs)
+        self._warm_up(self.model)
         self.block_bytes = self.kv_pool.block_bytes  # what a tier stores per block (an 8-bit pool's scales too)
         self.kv_bytes_per_token = layout.bytes_per_token
         self.kv_fingerprint = self.kv_pool.fingerprint(cfg, weights, dtype, self.model.quantization_tag())
         self.sampler = Sampler(self.device, seed)
+        self.seed = seed
         self.proposer = proposer
         self._draft_probs: dict[str, torch.Tensor] = {}  # a sampled draft's distributions, until verified
+        self.source: ModelSource | None = None  # where the weights came from (the builder sets it)
+
+    def _warm_up(self, model: CausalLM) -> None:
+        if self.device.type == "cpu":
+            started = time.perf_counter()
+            kernels = model.warm_up(*self._warm_rows)
+            if kernels:
+                log.info("warm-up: %d AMX GEMM kernels compiled in %.2f s", kernels, time.perf_counter() - started)
+
+    # -- sleep, wake, new weights: between steps, with no sequence in the pool (kvserve.engine.model_ops) ----
+    def sleep(self, level: int) -> None:
+        """Level 1: free the KV cache's tensors; level 2: the model's weights too (``wake_up`` loads them
+        again from ``source``)."""
+        if level >= 2 and self.source is None:
+            raise InvalidArgumentError("sleep level 2 reloads the weights from disk on wake, and this model was "
+                                       "not loaded from a path: use level 1", param="level")
+        self.kv_pool.release()
+        self._draft_probs.clear()
+        if level >= 2:
+            self.model = None  # type: ignore[assignment]
+        give_back_memory()
+
+    def wake_up(self) -> None:
+        if self.model is None:
+            assert self.source is not None
+            self._use_model(*load_replacement(self.source, self.cfg, self.max_model_len, self.quantization))
+        self.kv_pool.reallocate()
+
+    def load_weights(self, model_path: str, load_format: str = "auto") -> None:
+        """Serve the checkpoint at ``model_path`` (``load_replacement``'s checks) from the next step on; the
+        served weights stay if it is refused or fails to load."""
+        source = ModelSource(model_path, load_format, self.seed)
+        self._use_model(*load_replacement(source, self.cfg, self.max_model_len, self.quantization))
+        self.source = source
+
+    def _use_model(self, cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> None:
+        model = CausalLM.from_hf_weights(cfg, weights, self.dtype, self.device, self.quantization)
+        calibrate_kv_scales(model, self.kv_pool, self.dtype)  # an 8-bit pool's scales follow the weights
+        self._warm_up(model)
+        self.model, self.cfg = model, cfg
+        self.kv_fingerprint = self.kv_pool.fingerprint(cfg, weights, self.dtype, model.quantization_tag())
+        give_back_memory()  # the old model's
 
     def _transfer(self, transfers: list[KVTransfer], out: StepOutput) -> None:
         """Copy blocks to and from the offload tiers, in order (a block may be saved, then reused)."""

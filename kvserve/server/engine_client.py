@@ -28,11 +28,13 @@ from kvserve.engine.engine import check_prompt
 from kvserve.engine.live_state import EngineState
 from kvserve.engine.messages import (AbortRequests, AddRequest, EngineFailed, EngineReady, EngineStatsSnapshot, ReportState,
                                      Shutdown, StepMessage)
+from kvserve.engine.model_ops import SLEEPING
 from kvserve.text.output import OutputProcessor
 from kvserve.engine.request import Request, SamplingParams
 from kvserve.engine.worker import engine_environment, run_engine_process
-from kvserve.errors import EngineDeadError, InvalidArgumentError, MissingPackageError, ModelLoadError, ServerBusyError
+from kvserve.errors import EngineDeadError, ModelLoadError, ServerBusyError, ServiceUnavailableError
 from kvserve.server.kv_events import KVEventLog
+from kvserve.server.model_commands import ModelCommands
 from kvserve.server.request_stream import RequestObserver, RequestStream
 
 if TYPE_CHECKING:
@@ -72,9 +74,15 @@ class EngineClient(Protocol):
                     request_id: str | None = None, validate: bool = True, trace: bool = False) -> RequestStream: ...
     def abort(self, request_id: str) -> None: ...
     async def fetch_state(self, timeout: float = 5.0) -> EngineState | None: ...
+    @property
+    def sleep_level(self) -> int: ...
+    async def sleep(self, level: int) -> dict[str, Any]: ...
+    async def wake_up(self) -> dict[str, Any]: ...
+    async def update_weights(self, model_path: str, load_format: str = "auto",
+                             abort_all_requests: bool = False) -> dict[str, Any]: ...
 
 
-class AsyncEngineClient:
+class AsyncEngineClient(ModelCommands):
     """Starts the engine process and multiplexes requests over it for one asyncio loop.
 
     Construction blocks until the engine has loaded the model (or raises its error);
@@ -92,6 +100,7 @@ class AsyncEngineClient:
         self._dead: str | None = None  # why the engine is unusable
         self._closing = False
         self._state: asyncio.Future[EngineState | None] | None = None  # a ReportState's answer, pending
+        ModelCommands.__init__(self)
 
         ctx = mp.get_context("spawn")
         self._commands: mp.Queue = ctx.Queue()
@@ -169,6 +178,7 @@ class AsyncEngineClient:
         self._commands.close()
         self._commands.join_thread()
         self._fail_all("the server is shutting down")
+        self._fail_commands(EngineDeadError("the server is shutting down"))
 
     def _kill(self) -> None:
         if self._proc.is_alive():
@@ -211,6 +221,8 @@ class AsyncEngineClient:
         self._check_alive()
         if self._loop is None:
             raise RuntimeError("AsyncEngineClient.attach() was not called")
+        if self._sleep_level:
+            raise ServiceUnavailableError(SLEEPING, code="sleeping")
         if validate:
             self.validate_prompt(prompt_token_ids)
         rid = request_id or uuid.uuid4().hex
@@ -287,12 +299,11 @@ class AsyncEngineClient:
             self.kv_events.apply(msg.kv_stored, msg.kv_removed)
             if msg.state is not None and self._state is not None and not self._state.done():
                 self._state.set_result(msg.state)
+            self._answer_commands(msg.results)
             for r in msg.rejected:
                 stream = self._requests.get(r.request_id)
                 if stream is not None:
-                    error = (MissingPackageError(r.message, param=r.param) if r.code == MissingPackageError.CODE
-                             else InvalidArgumentError(r.message, param=r.param, code=r.code))
-                    stream.queue.put_nowait(error)
+                    stream.queue.put_nowait(r.error())
             for d in msg.deltas:
                 stream = self._requests.get(d.request_id)
                 if stream is not None:  # else: aborted here after the engine stepped it
@@ -307,6 +318,7 @@ class AsyncEngineClient:
             log.error("the engine process exited unexpectedly (exit code %s)", self._proc.exitcode)
             self._dead = "the engine process exited unexpectedly; the server must be restarted"
         self._fail_all(self._dead)
+        self._fail_commands(EngineDeadError(self._dead))
         if self._state is not None and not self._state.done():
             self._state.set_result(None)
         self.stats = EngineStatsSnapshot(kv_blocks_total=self.stats.kv_blocks_total,

@@ -24,6 +24,7 @@ from kvserve.errors import (
     NotFoundError,
     RequestTooLargeError,
     ServerBusyError,
+    ServiceUnavailableError,
 )
 from kvserve.server import protocol as P
 
@@ -37,6 +38,7 @@ _ERROR_STATUS: list[tuple[type[BaseException], int, str]] = [
     (RequestTooLargeError, 413, "invalid_request_error"),
     (ServerBusyError, 429, "rate_limit_error"),
     (EngineDeadError, 503, "service_unavailable_error"),
+    (ServiceUnavailableError, 503, "service_unavailable_error"),  # asleep; aborted by a weight update
     (MissingPackageError, 501, "not_implemented_error"),  # an optional package this server lacks
     (KVServeError, 400, "invalid_request_error"),
 ]
@@ -75,7 +77,7 @@ def error_body(exc: BaseException) -> tuple[int, P.ErrorResponse]:
 
 def error_response(exc: BaseException) -> JSONResponse:
     status, body = error_body(exc)
-    if status >= 500 and not isinstance(exc, EngineDeadError):
+    if status >= 500 and not isinstance(exc, (EngineDeadError, ServiceUnavailableError)):
         log.error("internal error", exc_info=exc)
     return JSONResponse(body.model_dump(), status_code=status)
 

@@ -325,3 +325,12 @@ class ChatCompletionRequest(_SamplingRequest):
 
     def template_messages(self) -> list[dict[str, Any]]:
         return [m.to_template_dict(i) for i, m in enumerate(self.messages)]
+
+
+class UpdateWeightsRequest(BaseModel):
+    """``POST /update_weights_from_disk``: SGLang's body (its other fields are ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+    model_path: str = Field(min_length=1)
+    load_format: str | None = None  # auto (None) or dummy, as --load-format
+    abort_all_requests: bool = False  # end the requests in flight now, with an error (else they finish first)

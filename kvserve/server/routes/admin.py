@@ -1,4 +1,4 @@
-"""Operations routes: /health (503 once the engine is gone), /version, and Prometheus' /metrics."""
+"""Operations routes: /health (503 once the engine is gone; says whether the model sleeps), /version, and Prometheus' /metrics."""
 
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ router = APIRouter()
 
 
 @router.get("/health")
-async def health(state: State) -> dict[str, str]:
+async def health(state: State) -> dict[str, str | int]:
+    """200 while the engine lives: {"status": "ok"}, or "sleeping" with its level (POST /sleep); 503 once it is gone."""
     if not state.client.is_alive:
         raise EngineDeadError("the engine process is not running")
-    return {"status": "ok"}
+    level = state.client.sleep_level
+    return {"status": "sleeping", "sleep_level": level} if level else {"status": "ok"}
 
 
 @router.get("/version")
