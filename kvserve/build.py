@@ -19,7 +19,10 @@ from kvserve.model.quant_linear import runs_quantized
 from kvserve.engine.core import EngineCore
 from kvserve.engine.engine import Engine
 from kvserve.errors import MissingPackageError, ModelLoadError
+from kvserve.engine.handoff import Handoff
+from kvserve.kv.connector import KVConnector, SharedTierConnector
 from kvserve.kv.manager import KVManager
+from kvserve.kv.tcp_connector import TCPConnector
 from kvserve.kv.disk_tier import DiskTier
 from kvserve.kv.tiers import HostTier, Tier
 from kvserve.model.config import ModelConfig
@@ -116,6 +119,23 @@ def build_kv_manager(config: KVServeConfig, num_blocks: int, block_size: int, bl
                      fingerprint=fingerprint, block_bytes=block_bytes, sliding_window=sliding_window)
 
 
+def build_handoff(config: KVServeConfig, engine: Engine) -> Handoff | None:
+    """A prefill or decode replica's side of disaggregated prefill (None for ``--role both``); a decode
+    replica's connector listens, and what it receives joins its tiers."""
+    cache = config.cache
+    if cache.role == "both":
+        return None
+    if cache.kv_connector == "shared-tier":
+        connector: KVConnector = SharedTierConnector([t for t in engine.kv.tiers.tiers if getattr(t, "write_through", False)])
+    else:
+        port = cache.kv_transfer_port if cache.role == "decode" else None
+        connector = TCPConnector(engine.runner.kv_fingerprint, host=cache.kv_transfer_host, port=port)
+        if connector.address:
+            log.info("receiving KV from prefill replicas on %s", connector.address)
+    engine.kv.tiers.tiers.extend(connector.tiers())
+    return Handoff(engine.kv, connector, cache.kv_transfer_timeout_s)
+
+
 def build_engine_core(config: KVServeConfig) -> EngineCore:
     """Load the configured model and build its engine core (the engine process's start-up)."""
     from kvserve.model.loader import load_model, resolve_model_path
@@ -128,4 +148,4 @@ def build_engine_core(config: KVServeConfig) -> EngineCore:
     eos = Tokenizer(loaded.tokenizer, loaded.config).eos_token_ids
     engine = build_engine(config, loaded.config, loaded.weights, eos, hf_tokenizer=loaded.tokenizer,
                           source=ModelSource(str(path), m.load_format, m.seed))
-    return EngineCore(engine, loaded.name)
+    return EngineCore(engine, loaded.name, build_handoff(config, engine))

@@ -132,8 +132,10 @@ def cmd_serve(a: argparse.Namespace) -> None:
     if a.replicas != 1:  # N engine processes behind the router (docs/scale-out.md)
         from kvserve.router.replicas import serve_replicas
 
-        serve_replicas(config, a.replicas, a.router_policy)
+        serve_replicas(config, a.replicas, a.router_policy, a.prefill_replicas)
         return
+    if a.prefill_replicas:
+        raise InvalidArgumentError("--prefill-replicas splits --replicas N: give N too", param="prefill_replicas")
     serve(lambda: AsyncEngineClient(config), srv)
 
 
@@ -171,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="start N replicas on 127.0.0.1 behind `kvserve router` on --host/--port; --num-threads, "
                           "--kv-cache-memory-gb, --num-kv-blocks and the offload sizes are totals divided among them "
                           "(default: %(default)s, one server)")
+    rep.add_argument("--prefill-replicas", type=int, default=0,
+                     help="with --replicas N: the first P are --role prefill, the rest --role decode, paired by the "
+                          "router (disaggregated prefill; default: %(default)s, no split)")
     rep.add_argument("--router-policy", default="cache-aware", choices=POLICIES,
                      help="with --replicas: the router's --policy (default: %(default)s)")
     s.set_defaults(func=cmd_serve)

@@ -97,9 +97,25 @@ class CacheConfig:
                                    "its native CPU kernel runs, else gather-sdpa), paged (reads KV in place through the "
                                    "block tables), gather-sdpa (gathers each sequence's KV, then torch SDPA); others "
                                    "register by name (kvserve.attention.register_attention_backend)"})
+    role: str = field(default="both", metadata={"help": "disaggregated prefill (docs/scale-out.md): prefill (computes "
+                      "prompts and their first token, sends their KV on), decode (takes requests whose KV a prefill "
+                      "replica sends; listens on --kv-transfer-port), both", "choices": ("both", "prefill", "decode")})
+    kv_connector: str = field(default="tcp", metadata={"help": "how KV goes from prefill to decode replicas: tcp "
+                              "(streamed as chunks complete), shared-tier (through --kv-offload-url or a shared "
+                              "--kv-offload-dir)", "choices": ("tcp", "shared-tier")})
+    kv_transfer_host: str = field(default="127.0.0.1", metadata={"help": "address a decode replica receives KV on"})
+    kv_transfer_port: int = field(default=0, metadata={"help": "port a decode replica receives KV on (0: a free one)"})
+    kv_transfer_timeout_s: float = field(default=10.0, metadata={"help": "a decode replica waits this long for a "
+                                         "prompt's KV, then computes what did not arrive"})
 
     def __post_init__(self) -> None:
         _check(self.block_size >= 1, "--block-size must be at least 1", "block_size")
+        _check(self.role == "both" or self.enable_prefix_caching, "--role prefill|decode hands KV over through the "
+               "prefix cache: drop --no-enable-prefix-caching", "role")
+        _check(self.kv_connector == "tcp" or self.kv_offload_url or self.kv_offload_dir_shared, "--kv-connector "
+               "shared-tier needs --kv-offload-url or --kv-offload-dir with --kv-offload-dir-shared", "kv_connector")
+        _check(self.kv_transfer_timeout_s > 0 and 0 <= self.kv_transfer_port < 65536,
+               "--kv-transfer-timeout-s must be positive and --kv-transfer-port a port", "kv_transfer_port")
         _check(self.kv_cache_memory_gb is None or self.kv_cache_memory_gb > 0, "--kv-cache-memory-gb must be positive",
                "kv_cache_memory_gb")
         _check(self.kv_offload_memory_gb >= 0 and self.kv_offload_disk_gb > 0,

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from kvserve.build import build_engine
+from kvserve.build import build_engine, build_handoff
 from kvserve.config import KVServeConfig
 from kvserve.engine.core import EngineCore
 from kvserve.engine.engine import Engine
@@ -62,7 +62,7 @@ class LLM:
 
     def _start(self, engine: Engine) -> None:
         self.engine = engine
-        self.core = EngineCore(engine, self.model_name)
+        self.core = EngineCore(engine, self.model_name, build_handoff(self.config, engine))
         self._ids = itertools.count()
 
     # -- inputs -----------------------------------------------------------------------

@@ -5,7 +5,8 @@ Commands go in (``add``, ``abort``, ``ReportState``, and the model commands ``Sl
 one ``StepMessage``: per-request deltas (new token ids, logprobs, finish), the requests refused,
 the block hashes the prefix cache stored and removed (a replica's KV events), a stats snapshot,
 and, when asked for, the engine's live state (``kvserve.engine.live_state``). A request whose grammar must first compile waits off the step path (the compile
-cache's thread) and joins the engine once it is ready. Transports wrap it: the
+cache's thread) and joins the engine once it is ready; one whose prompt's KV comes from a prefill replica
+waits likewise for it (``kvserve.engine.handoff``). Transports wrap it: the
 multiprocessing worker (``kvserve.engine.worker``), the in-process ``LLM``, a Ray actor.
 """
 
@@ -17,6 +18,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import replace
 
 from kvserve.engine.engine import Engine
+from kvserve.engine.handoff import Handoff
 from kvserve.engine.live_state import EngineState, capture_state
 from kvserve.engine.memory import resident_memory_bytes
 from kvserve.engine.messages import (
@@ -37,7 +39,7 @@ from kvserve.engine.messages import (
 )
 from kvserve.engine.model_ops import SLEEPING, ModelOps
 from kvserve.engine.request import Request
-from kvserve.errors import KVServeError, ServiceUnavailableError
+from kvserve.errors import InvalidArgumentError, KVServeError, ServiceUnavailableError
 from kvserve.kv.prefix_view import PrefixTreeView
 
 log = logging.getLogger(__name__)
@@ -48,8 +50,11 @@ TREE_INTERVAL_S = 1.0
 
 
 class EngineCore:
-    def __init__(self, engine: Engine, model_name: str):
+    def __init__(self, engine: Engine, model_name: str, handoff: Handoff | None = None):
+        """``handoff``: this replica's side of disaggregated prefill (None: requests that ask for it are refused)."""
         self.engine = engine
+        self.handoff = handoff
+        self._early: list[RequestDelta] = []  # first tokens a prefill replica sampled, out before the KV is in
         self.model_name = model_name
         self._sent: dict[str, int] = {}  # output tokens already reported, per request
         # requests whose grammar compiles on the compile cache's threads, off the step path
@@ -68,18 +73,20 @@ class EngineCore:
         return EngineReady(self.model_name, e.max_model_len, e.vocab_size, e.kv.pool.num_blocks, e.kv.block_size,
                            resident_memory_bytes=resident_memory_bytes(),
                            kv_bytes_per_token=kv_bytes_per_token(e.runner),
-                           prefix_caching=e.kv.cache is not None, cache_root_key=e.kv.cache_root_key)
+                           prefix_caching=e.kv.cache is not None, cache_root_key=e.kv.cache_root_key,
+                           kv_transfer_address=self.handoff.connector.address if self.handoff else "")
 
     @property
     def has_work(self) -> bool:
         """Requests to step, refusals or command results to report, model commands to run (requests
         waiting for a grammar not counted)."""
         ops = self.model_ops
-        return self.engine.has_unfinished() or bool(self._rejected or ops.pending or ops.results)
+        return self.engine.has_unfinished() or bool(self._rejected or self._early or ops.pending or ops.results)
 
     @property
     def is_compiling(self) -> bool:
-        return bool(self._compiling)
+        """Requests wait off the step path (a grammar compiling, a prompt's KV arriving): poll soon."""
+        return bool(self._compiling) or (self.handoff is not None and self.handoff.has_parked)
 
     # -- commands -----------------------------------------------------------------------------
     def handle(self, cmd: AddRequest | AbortRequests | ReportState | Shutdown | Sleep | WakeUp | UpdateWeights) -> bool:
@@ -126,6 +133,9 @@ class EngineCore:
             return
         if cmd.trace:
             self._traced.add(cmd.request_id)
+        if cmd.params.kv_transfer is not None:
+            self._handoff(cmd)
+            return
         if cmd.params.guided is None:
             self._admit(cmd)
             return
@@ -134,11 +144,40 @@ class EngineCore:
         except KVServeError as e:
             self._reject(cmd.request_id, e)
 
+    def _handoff(self, cmd: AddRequest) -> None:
+        """A request with ``kv_transfer_params``: a prefill to send, or a decode to park until its KV is in."""
+        t = cmd.params.kv_transfer
+        assert t is not None
+        if self.handoff is None:
+            self._reject(cmd.request_id, InvalidArgumentError(
+                "kv_transfer_params: this replica has no KV connector (start it with --role prefill or decode)",
+                param="kv_transfer_params"))
+            return
+        if not t.receives:
+            self._admit(cmd)
+            if cmd.request_id in self._sent:
+                self.handoff.start_send(cmd.request_id, cmd.prompt_token_ids, t)
+            return
+        try:
+            req = self.engine.add_request(cmd.request_id, cmd.prompt_token_ids, cmd.params,
+                                          output_token_ids=t.first_token_ids, queue=False)
+        except KVServeError as e:
+            self._reject(cmd.request_id, e)
+            return
+        req.scheduled_time = req.first_token_time = self.engine.clock()
+        self._early.append(self._delta(req))
+        if not req.is_finished:
+            self.handoff.park(req, t)
+
     def abort(self, request_ids: list[str]) -> None:
         self._commands_since_message = True
         gone = set(request_ids)
         self.model_ops.held = [a for a in self.model_ops.held if a.request_id not in gone]
         for rid in request_ids:
+            if self.handoff is not None and self.handoff.cancel(rid):
+                self._sent.pop(rid, None)
+                self._traced.discard(rid)
+                continue
             if self._compiling.pop(rid, None) is None:
                 self.engine.abort(rid)
             self._sent.pop(rid, None)
@@ -174,13 +213,19 @@ class EngineCore:
         if self.model_ops.pending and not self.engine.has_unfinished() and not self._compiling:
             for held in self.model_ops.run_pending():
                 self.add(held)
+        if self.handoff is not None:
+            for req in self.handoff.ready():
+                self.engine.scheduler.add(req)
         changed = self.engine.step() if self.engine.has_unfinished() else []
+        if self.handoff is not None:
+            self.handoff.after_step()
         step_end = time.monotonic()
         # (a prefill chunk that samples nothing still caches blocks: that is news too)
         stored, removed = self.engine.kv.take_events()
-        if not (changed or self._rejected or self._commands_since_message or stored or removed or self.model_ops.results):
+        if not (changed or self._rejected or self._early or self._commands_since_message or stored or removed
+                or self.model_ops.results):
             return None
-        deltas = [self._delta(req) for req in changed]
+        deltas, self._early = self._early + [self._delta(req) for req in changed], []
         rejected, self._rejected, self._commands_since_message = self._rejected, [], False
         state = self.live_state() if self._state_asked else None
         self._state_asked = False

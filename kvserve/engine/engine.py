@@ -94,10 +94,11 @@ class Engine:
         return self._grammars.stats() if self._grammars is not None else None
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    grammar: Any = None) -> Request:
+                    grammar: Any = None, *, output_token_ids: list[int] | None = None, queue: bool = True) -> Request:
         """Validate and queue a request; raises InvalidArgumentError for what the user must fix.
         ``grammar``: the compiled ``params.guided``, if the caller compiled it (off this thread);
-        otherwise it is compiled here."""
+        otherwise it is compiled here. ``output_token_ids``: tokens another replica sampled already
+        (disaggregated prefill), appended as outputs; ``queue`` False leaves queueing to the caller."""
         check_prompt(prompt_token_ids, self.max_model_len, self.vocab_size)
         if self.vocab_size is not None:
             params.check_vocab(self.vocab_size)
@@ -110,7 +111,14 @@ class Engine:
             # the grammar ends on EOS or a stop token (with ignore_eos too: a complete match is the end)
             req.grammar = new_matcher(compiled, stop_token_ids=[*self.eos_token_ids, *(params.stop_token_ids or ())],
                                       utf8_guard=getattr(self.grammars, "utf8_guard", None))
-        self.scheduler.add(req)
+        for token in output_token_ids or ():
+            if self.vocab_size is not None and not 0 <= token < self.vocab_size:
+                raise InvalidArgumentError(f"first_token_ids must be in [0, {self.vocab_size})",
+                                           param="kv_transfer_params")
+            if not req.is_finished:
+                req.append_token(token)
+        if queue and not req.is_finished:
+            self.scheduler.add(req)
         return req
 
     def abort(self, request_id: str) -> Request | None:

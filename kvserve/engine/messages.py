@@ -81,6 +81,7 @@ class EngineReady:
     kv_bytes_per_token: int = 0  # of the KV cache's dtype (--kv-cache-dtype)
     prefix_caching: bool = False
     cache_root_key: bytes = b""  # the seed of the prefix cache's chain hashes (kv/radix_cache.py)
+    kv_transfer_address: str = ""  # HOST:PORT where prefill replicas send this one KV (kv/tcp_connector.py)
 
 
 @dataclass

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from kvserve.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
+    from kvserve.kv.connector import KVTransferParams
     from kvserve.structured.spec import GuidedSpec
 
 _INT32_MAX = (1 << 31) - 1
@@ -50,6 +51,7 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None  # only these can be sampled
     bad_words: list[str] | None = None  # never produced (their token ids: text.tokenizer.bad_words_token_ids)
     bad_words_token_ids: list[list[int]] | None = None  # token sequences the output never ends with
+    kv_transfer: "KVTransferParams | None" = None  # disaggregated prefill: this request's side of a KV handoff
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -60,6 +62,7 @@ class SamplingParams:
             self.top_k = 0
         self._check()
         self._check_logit_processing()
+        self._check_kv_transfer()
 
     def _check(self) -> None:
         def bad(param: str, why: str) -> InvalidArgumentError:
@@ -95,6 +98,14 @@ class SamplingParams:
             raise bad("stop_token_ids", f"may hold at most {MAX_STOP_TOKEN_IDS} ids, got {len(self.stop_token_ids)}")
         if any(not isinstance(t, int) or not 0 <= t <= _INT32_MAX for t in self.stop_token_ids):
             raise bad("stop_token_ids", "must be token ids (non-negative 32-bit integers)")
+
+    def _check_kv_transfer(self) -> None:
+        t = self.kv_transfer
+        if t is None:
+            return
+        if t.receives and (self.guided is not None or self.prompt_logprobs is not None):
+            raise InvalidArgumentError("kv_transfer_params with first_token_ids cannot be combined with structured "
+                                       "output or prompt_logprobs", param="kv_transfer_params")
 
     def _check_logit_processing(self) -> None:
         def bad(param: str, why: str) -> InvalidArgumentError:

@@ -32,9 +32,10 @@ def window_tokens(window: int, block_size: int, max_chunk: int) -> int:
 @dataclass
 class KVTransfer:
     """Copy one block between the device cache and a tier: ``save`` reads it (the payload comes
-    back in the step's output under ``key``), ``load`` writes ``payload`` into it."""
+    back in the step's output under ``key``), ``load`` writes ``payload`` into it; ``send`` reads it
+    for the KV connector (``on_send``), not the tiers."""
 
-    kind: str  # "save" | "load"
+    kind: str  # "save" | "load" | "send"
     block: int
     key: bytes = b""
     tokens: tuple[int, ...] = ()
@@ -82,6 +83,8 @@ class KVManager:
         # Seconds to prefill n tokens after ``start`` (the scheduler's learned step-time model);
         # None while unknown. Decides whether restoring from a tier beats computing again.
         self.prefill_seconds: Callable[[int, int], float | None] = lambda start, n: None
+        # where ``send`` payloads go (kvserve.engine.handoff: a prefill replica's KV connector)
+        self.on_send: Callable[[bytes, tuple[int, ...], bytes], None] | None = None
 
     # -- capacity ----------------------------------------------------------------------
     @property
@@ -307,10 +310,16 @@ class KVManager:
         out, self._transfers = self._transfers, []
         return out
 
+    def queue_send(self, block: int, key: bytes, tokens: tuple[int, ...]) -> None:
+        """Read a cached block at the next step, for ``on_send`` (before any forward may reuse it)."""
+        self._transfers.append(KVTransfer("send", block, key, tokens))
+
     def complete_saves(self, transfers: Sequence[KVTransfer], payloads: dict[bytes, bytes]) -> None:
-        """Store what the runner read for this step's ``save`` transfers into the tiers."""
+        """Store what the runner read for this step's ``save`` transfers into the tiers (``send``: hand it on)."""
         for t in transfers:
-            if t.kind == "save" and t.key in payloads:
+            if t.kind == "send" and t.key in payloads and self.on_send is not None:
+                self.on_send(t.key, t.tokens, payloads[t.key])
+            elif t.kind == "save" and t.key in payloads:
                 payload = payloads[t.key]
                 self.tiers.put(t.key, t.tokens, payload)
                 self.stats.offload_bytes_out += len(payload)

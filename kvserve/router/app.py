@@ -1,6 +1,7 @@
 """The router's FastAPI app (``create_router_app``): the proxied OpenAI routes, /health, /metrics, /admin.
 
-- ``POST /v1/completions``, ``POST /v1/chat/completions``: tokenized, routed by the policy, proxied.
+- ``POST /v1/completions``, ``POST /v1/chat/completions``: tokenized, routed by the policy, proxied (with
+  ``--prefill``/``--decode``: prefill leg, then decode leg, ``kvserve.router.disagg``).
 - Every other ``/v1/...`` route, ``/tokenize``, ``/detokenize``, ``/version``: proxied to the least
   loaded backend (the backends answer what they serve, and their 404s for what they do not).
 - ``GET /health``: 200 while a backend is up, else 503. ``GET /metrics``: the router's Prometheus metrics.
@@ -55,7 +56,8 @@ async def _proxied(request: Request, state: RouterState, kind: str | None) -> Re
     route = await state.route(request, kind)
     try:
         # a client that goes away before the answer starts cancels the backend request with it
-        return await unless_disconnected(request, state.proxy.forward(route))
+        forward = state.split.forward if state.split is not None and kind else state.proxy.forward
+        return await unless_disconnected(request, forward(route))
     except ClientDisconnected:
         return Response(status_code=499)
 

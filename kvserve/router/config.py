@@ -14,6 +14,8 @@ from kvserve.router.policy import DEFAULT_MAX_IMBALANCE, POLICIES
 @dataclass
 class RouterConfig:
     backends: list[str] = field(default_factory=list)
+    prefill: list[str] = field(default_factory=list)  # disaggregated: prefill replicas (kvserve.router.disagg)
+    decode: list[str] = field(default_factory=list)  # and decode replicas, with ``backends``
     policy: str = "cache-aware"
     max_load_imbalance: int = DEFAULT_MAX_IMBALANCE
     model: str | None = None  # whose tokenizer: the replicas' model (None: the embedded one)
@@ -36,6 +38,9 @@ class RouterConfig:
         if self.tool_call_parser not in TOOL_CALL_PARSERS:
             raise InvalidArgumentError(f"--tool-call-parser must be one of {', '.join(TOOL_CALL_PARSERS)}",
                                        param="tool_call_parser")
+        if bool(self.prefill) != bool(self.decode):
+            raise InvalidArgumentError("--prefill and --decode go together: a split needs replicas of both roles",
+                                       param="prefill")
         for name in ("max_load_imbalance", "max_attempts", "fail_after"):
             if getattr(self, name) < (0 if name == "max_load_imbalance" else 1):
                 raise InvalidArgumentError(f"--{name.replace('_', '-')} is too small", param=name)
@@ -48,6 +53,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     d = RouterConfig()
     p.add_argument("--backend", dest="backends", action="append", default=[], metavar="URL",
                    help="a kvserve server, e.g. http://127.0.0.1:8001 (repeatable; more via POST /admin/backends)")
+    p.add_argument("--prefill", action="append", default=[], metavar="URL",
+                   help="a `kvserve serve --role prefill` replica (repeatable; with --decode: disaggregated prefill, "
+                        "prefill replicas chosen by --policy, decode replicas by load)")
+    p.add_argument("--decode", action="append", default=[], metavar="URL",
+                   help="a `kvserve serve --role decode` replica (repeatable)")
     p.add_argument("--policy", default=d.policy, choices=POLICIES,
                    help="cache-aware: the longest cached prefix within the load bound; least-load; round-robin; "
                         "session: X-Session-Id or `user` sticks to a backend (default: %(default)s)")
@@ -81,7 +91,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def from_args(a: argparse.Namespace) -> RouterConfig:
-    return RouterConfig(backends=list(a.backends), policy=a.policy, max_load_imbalance=a.max_load_imbalance,
+    return RouterConfig(backends=list(a.backends), prefill=list(a.prefill), decode=list(a.decode), policy=a.policy, max_load_imbalance=a.max_load_imbalance,
                         model=a.model, tool_call_parser=a.tool_call_parser, host=a.host, port=a.port,
                         health_interval_s=a.health_interval_s, fail_after=a.fail_after, events_wait_s=a.events_wait_s,
                         max_attempts=a.max_attempts, max_request_bytes=a.max_request_bytes, admin_key=a.admin_key,

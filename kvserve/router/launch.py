@@ -41,6 +41,9 @@ def run_router(config: RouterConfig, sock: socket.socket | None = None) -> None:
                                                timeout_keep_alive=5))
         log.info("routing (%s) on http://%s:%d over %d backends: %s", config.policy, config.host, config.port,
                  len(config.backends), ", ".join(config.backends) or "none yet (POST /admin/backends)")
+        if config.prefill:
+            log.info("disaggregated: prefill on %s; decode on %s", ", ".join(config.prefill),
+                     ", ".join(config.decode + config.backends))
         run_until_stopped(server, sock)
     finally:
         sock.close()

@@ -101,10 +101,19 @@ class Proxy:
         backend = next(b for b in live if b.url == name)
         return backend, candidates[name].cached_tokens
 
-    async def forward(self, route: Route) -> Response:
-        tried: set[str] = set()
+    async def attempt(self, backend: Backend, route: Route) -> Response | None:
+        """One try on ``backend``; None when it failed before anything reached the client."""
+        outcome = await self._attempt(backend, route, 0)
+        if isinstance(outcome, _Retry):
+            self.metrics.retries.labels(backend.url).inc()
+            return None
+        return outcome
+
+    async def forward(self, route: Route, exclude: Collection[str] = ()) -> Response:
+        """Send ``route`` to the policy's choice, then to others before the first byte (none in ``exclude``)."""
+        tried: set[str] = set(exclude)
         fallback: Response | None = None
-        while len(tried) < self.max_attempts:
+        while len(tried) < self.max_attempts + len(exclude):
             choice = self.choose(route, tried)
             if choice is None:
                 break

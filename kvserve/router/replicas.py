@@ -242,10 +242,17 @@ class _Stopped(Exception):
     """SIGTERM before the router started."""
 
 
-def serve_replicas(config: KVServeConfig, n: int, policy: str = "cache-aware") -> None:
-    """``kvserve serve --replicas n``: the replicas, then the router on the serve address, until stopped."""
+def serve_replicas(config: KVServeConfig, n: int, policy: str = "cache-aware", prefill: int = 0) -> None:
+    """``kvserve serve --replicas n``: the replicas, then the router on the serve address, until stopped;
+    with ``prefill`` > 0 the first ``prefill`` replicas have ``--role prefill``, the others ``decode``."""
     srv = config.server
     configs = replica_configs(config, n)
+    if prefill:
+        if not 0 < prefill < n:
+            raise InvalidArgumentError(f"--prefill-replicas must be between 1 and --replicas - 1 ({n - 1}), got "
+                                       f"{prefill}", param="prefill_replicas")
+        configs = [replace(c, cache=replace(c.cache, role="prefill" if i < prefill else "decode"))
+                   for i, c in enumerate(configs)]
     sock = bind(srv.host, srv.port)
     replicas = ReplicaSet(configs, srv.replica_id or f"replica-{srv.port}")
 
@@ -260,7 +267,9 @@ def serve_replicas(config: KVServeConfig, n: int, policy: str = "cache-aware") -
         finally:
             signal.signal(signal.SIGTERM, previous)
         replicas.watch()
-        router = RouterConfig(backends=replicas.urls, policy=policy, model=config.model.model,  # ports now final
+        urls = replicas.urls
+        router = RouterConfig(backends=[] if prefill else urls, prefill=urls[:prefill] if prefill else [],
+                              decode=urls[prefill:] if prefill else [], policy=policy, model=config.model.model,  # ports now final
                               tool_call_parser=srv.tool_call_parser, host=srv.host, port=srv.port,
                               max_request_bytes=srv.max_request_bytes, backend_api_key=srv.api_key,
                               admin_key=srv.api_key, log_level=srv.uvicorn_log_level)

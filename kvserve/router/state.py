@@ -15,6 +15,7 @@ from fastapi import Request
 
 from kvserve.router.backends import Backend, BackendSet
 from kvserve.router.config import RouterConfig
+from kvserve.router.disagg import SplitProxy
 from kvserve.router.metrics import RouterMetrics
 from kvserve.router.monitor import Monitor, MonitorConfig
 from kvserve.router.policy import make_policy
@@ -29,12 +30,15 @@ class RouterState:
     def __init__(self, config: RouterConfig, prompts: PromptTokenizer | None):
         self.config = config
         self.prompts = prompts
-        self.backends = BackendSet(config.backends)
+        # with a split, ``backends`` are the decode replicas (and /health, /metrics, other routes use them)
+        self.backends = BackendSet(config.decode + config.backends)
+        self.prefill_backends = BackendSet(config.prefill) if config.prefill else None
         self.policy = make_policy(config.policy, config.max_load_imbalance)
         self.metrics = RouterMetrics(lambda: self.backends)
         self._clients: list[httpx.AsyncClient] = []
         self.monitor: Monitor | None = None
         self.proxy: Proxy | None = None
+        self.split: SplitProxy | None = None
 
     async def start(self) -> None:
         c = self.config
@@ -50,6 +54,13 @@ class RouterState:
         self.proxy = Proxy(self.backends, self.policy, self.monitor, self.metrics, http, c.max_attempts)
         for b in self.backends:
             self.monitor.watch(b)
+        if self.prefill_backends is not None:  # prefill by prefix affinity, decode by load
+            prefill = Proxy(self.prefill_backends, self.policy, self.monitor, self.metrics, http, c.max_attempts)
+            decode = Proxy(self.backends, make_policy("least-load", c.max_load_imbalance), self.monitor, self.metrics,
+                           http, c.max_attempts)
+            self.split = SplitProxy(prefill, decode, http)
+            for b in self.prefill_backends:
+                self.monitor.watch(b)
 
     async def close(self) -> None:
         if self.monitor is not None:

@@ -145,9 +145,10 @@ class TorchRunner:
         give_back_memory()  # the old model's
 
     def _transfer(self, transfers: list[KVTransfer], out: StepOutput) -> None:
-        """Copy blocks to and from the offload tiers, in order (a block may be saved, then reused)."""
+        """Copy blocks to and from the offload tiers, in order (a block may be saved, then reused);
+        ``send`` copies are read like saves, for the KV connector."""
         for t in transfers:
-            if t.kind == "save":
+            if t.kind != "load":
                 out.saved_kv[t.key] = self.kv_pool.read_block(t.block)
             else:
                 assert t.payload is not None

@@ -128,6 +128,7 @@ class AsyncEngineClient(ModelCommands):
                                          resident_memory_bytes=ready.resident_memory_bytes)
         self.processor = OutputProcessor(self.tokenizer)
         self.kv_events = KVEventLog(ready.block_size, ready.cache_root_key, enabled=ready.prefix_caching)
+        self.kv_transfer_address = ready.kv_transfer_address  # where prefill replicas send KV ("": nowhere)
 
     def _wait_ready(self, timeout: float) -> EngineReady:
         deadline = time.monotonic() + timeout

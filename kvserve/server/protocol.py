@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from kvserve.engine.request import SamplingParams
 from kvserve.errors import InvalidArgumentError
+from kvserve.kv.connector import KVTransferParams
 from kvserve.server.protocol_extras import OmitsNone, PromptLogprob, PromptLogprobs, StructuredOutputs  # noqa: F401
 from kvserve.server.protocol_responses import (  # noqa: F401  (re-exported: P.Usage, P.ChatChoice, ...)
     new_id, now_s, PromptTokensDetails, CompletionTokensDetails, SpeculativeUsage, Usage,
@@ -95,6 +96,8 @@ class _SamplingRequest(BaseModel):
     return_token_ids: bool = False
     use_beam_search: bool = False  # n beams (kvserve.server.beam), ranked with length_penalty
     length_penalty: float = 1.0
+    # vLLM's name: this request's side of a KV handoff between a prefill and a decode replica (kvserve.kv.connector)
+    kv_transfer_params: dict[str, Any] | None = None
     # bad_words as token ids (text.tokenizer.bad_words_token_ids), filled by ServerState.prepare
     _bad_words_token_ids: list[list[int]] | None = PrivateAttr(default=None)
 
@@ -104,6 +107,8 @@ class _SamplingRequest(BaseModel):
             raise InvalidArgumentError("stream_options can only be set when stream is true", param="stream_options")
         if self.stream and self.prompt_logprobs:  # vLLM's rule: they are not streamed
             raise InvalidArgumentError("prompt_logprobs are not available with stream", param="prompt_logprobs")
+        if self.kv_transfer_params is not None and (self.n != 1 or self.use_beam_search):
+            raise InvalidArgumentError("kv_transfer_params needs n = 1 and no beam search", param="kv_transfer_params")
         if self.use_beam_search:
             self._check_beam_search()  # (judges the output constraint too)
         else:
@@ -203,6 +208,7 @@ class _SamplingRequest(BaseModel):
             allowed_token_ids=self.allowed_token_ids,
             bad_words=self.bad_words,
             bad_words_token_ids=self._bad_words_token_ids,
+            kv_transfer=KVTransferParams.parse(self.kv_transfer_params),
         )
 
 

@@ -1,4 +1,5 @@
-"""``GET /kv/events``: what this replica's prefix cache stored and removed, and its load, for a router.
+"""``GET /kv/events``: what this replica's prefix cache stored and removed, and its load, for a router;
+``GET /kv/transfer``: its role in disaggregated prefill, and where prefill replicas send it KV.
 
 ``since=N`` asks for the changes after sequence number N (``epoch``: of the run the reader last
 saw); without it, or when N is too old for the log, from another epoch or ahead of it, the answer
@@ -62,3 +63,10 @@ async def kv_events(request: Request, state: State, since: int | None = None, ep
             "kv_usage": stats.kv_cache_usage,
         },
     }
+
+
+@router.get("/kv/transfer")
+async def kv_transfer(state: State) -> dict[str, Any]:
+    cache = state.client.config.cache
+    return {"role": cache.role, "connector": cache.kv_connector,
+            "address": getattr(state.client, "kv_transfer_address", "")}
