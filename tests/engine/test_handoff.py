@@ -80,15 +80,26 @@ def test_prefix_cached_on_the_prefill_side_is_sent_too(want):
 
 
 def test_transfer_overlaps_the_prefill():
-    """The first blocks were on the wire before the prompt's last chunk was computed."""
+    """The first blocks were handed to the connector before the prompt's last chunk was computed, and
+    each went on the wire once handed over (when the sender thread runs is up to the OS, so the
+    overlap is checked at the hand-over, which the engine decides)."""
     p, d = replica(role="prefill"), replica(role="decode")
+    conn, handed = p.core.handoff.connector, []
+    send = conn.send
+
+    def recording_send(dest, tid, key, tokens, payload):
+        handed.append(time.monotonic())
+        send(dest, tid, key, tokens, payload)
+
+    conn.send = recording_send
     prefill(p, d.core.handoff.connector.address, "t3")
     assert wait_state(d, "t3") == DONE
     computed = p.core.handoff.sent_timelines["t3"]  # when each block was found computed (step ends)
-    sent = sorted(t for tid, _, t in p.core.handoff.connector.timeline if tid == "t3")
-    assert len(computed) == len(sent) == 11
+    sent = sorted(t for tid, _, t in conn.timeline if tid == "t3")
+    assert len(computed) == len(sent) == len(handed) == 11
     assert len(set(computed)) == 4  # four chunks, so four step ends
-    assert sent[0] < computed[-1]  # sent while the later chunks were still being computed
+    assert handed[0] < computed[-1]  # handed over while the later chunks were still to be computed
+    assert all(h <= s for h, s in zip(sorted(handed), sent))
 
 
 def test_corrupt_block_falls_back_to_recompute(want, monkeypatch):
