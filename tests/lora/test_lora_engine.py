@@ -1,0 +1,74 @@
+"""LoRA in the engine: the prefix cache never hits across adapters (nor between an adapter and the base model)
+and hits within one; adapters loaded, unloaded and evicted while requests run lose none of them."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import check_every_step
+from kvserve import SamplingParams
+from lora_utils import write_adapter
+from model.test_architectures import checkpoint, make_llm, prompts
+
+pytest.importorskip("peft")
+GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    model, folder = checkpoint("LlamaForCausalLM", tmp_path_factory)
+    paths = {}
+    for i, n in enumerate("abc"):
+        paths[n] = tmp_path_factory.mktemp(f"eng-{n}")
+        write_adapter(model, paths[n], seed=30 + i)
+    return folder, paths
+
+
+def test_no_prefix_hit_across_adapters(setup):
+    folder, paths = setup
+    llm = make_llm(folder, enable_lora=True, block_size=4)
+    check_every_step(llm)
+    for n in "ab":
+        llm.load_lora_adapter(n, str(paths[n]))
+    prompt = list(range(3, 40))
+    cached = []
+    for name in ["a", "b", None, "a", "b", None]:
+        out = llm.generate([prompt], GREEDY, lora=name)[0]
+        cached.append(out.num_cached_tokens)
+    assert cached[:3] == [0, 0, 0]  # each namespace computes the prompt once
+    assert all(c >= 32 for c in cached[3:])  # and then hits its own blocks
+    alone = make_llm(folder, enable_lora=True, block_size=4, enable_prefix_caching=False)
+    alone.load_lora_adapter("b", str(paths["b"]))
+    assert llm.generate([prompt], GREEDY, lora="b")[0].token_ids == alone.generate([prompt], GREEDY, lora="b")[0].token_ids
+
+
+def test_load_unload_evict_under_load(setup):
+    """Requests of an adapter unloaded mid-run finish on its weights; a CPU LRU of one adapter re-reads the
+    others as they are needed; every request finishes with the tokens it gets alone."""
+    folder, paths = setup
+    llm = make_llm(folder, enable_lora=True, max_loras=2, max_cpu_loras=2, block_size=4)
+    check_every_step(llm)
+    for n in "ab":
+        llm.load_lora_adapter(n, str(paths[n]))
+    ps = prompts()
+    alone = {n: [o.token_ids for o in llm.generate(ps, GREEDY, lora=n)] for n in "ab"}
+    from kvserve.text.output import OutputProcessor
+
+    processor, ids = OutputProcessor(None), []
+    names = ["a", "b"] * len(ps)
+    for k, name in enumerate(names):
+        rid = llm._add(processor, ps[k // 2], GREEDY, name)
+        ids.append(rid)
+    finals, steps = {}, 0
+    while llm._busy():
+        for out in llm._step(processor):
+            if out.finished:
+                finals[out.request_id] = out.token_ids
+        steps += 1
+        if steps == 2:
+            llm.unload_lora_adapter("a")  # its requests keep running
+            llm.load_lora_adapter("c", str(paths["c"]))  # over the LRU's bound: one is dropped, read again on use
+    assert [finals[r] for r in ids] == [alone[n][k // 2] for k, n in enumerate(names)]
+    assert "a" not in llm.engine.runner.lora.names
+    with pytest.raises(Exception, match="'a' does not exist"):
+        llm.generate(ps[:1], GREEDY, lora="a")
