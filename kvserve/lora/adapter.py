@@ -3,9 +3,9 @@ linears, and checked against the model.
 
 The decoder fuses q/k/v into one GEMM and gate/up into another (``kvserve.model.weights``); an adapter names
 PEFT's modules (``q_proj``, ...). Each adapted module becomes a ``ModuleDelta`` of the fused linear it is part
-of: its ``lora_A`` rows stacked over the parts (the shrink), and ``lora_B`` placed at the part's output rows,
-scaled (alpha / r, or alpha / sqrt(r) with rslora), zero elsewhere (the expand). One adapter is then two GEMMs
-per linear whatever parts it adapts."""
+of: its ``lora_A`` rows stacked over the parts (the shrink), and ``lora_B`` rows (transposed, scaled by
+alpha / r, or alpha / sqrt(r) with rslora) with the output columns of the fused linear each part writes (the
+expand)."""
 
 from __future__ import annotations
 
@@ -29,10 +29,13 @@ PEFT_PREFIX = "base_model.model."
 
 @dataclass
 class ModuleDelta:
-    """y += (x @ a^T) @ b for one of the decoder's linears: ``a`` [k, in], ``b`` [k, out] (scaled)."""
+    """y += (x @ a^T) @ B for one of the decoder's linears: ``a`` [k, in]; ``parts``: per adapted part of a fused
+    linear, its rows (start, end) of ``a`` and ``b`` and the output columns (lo, hi) it writes: B's rows start:end
+    are ``b[start:end, :hi - lo]`` at columns lo:hi, zero elsewhere (``b`` [k, widest part], scaled)."""
 
     a: torch.Tensor
     b: torch.Tensor
+    parts: list[tuple[int, int, int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -171,12 +174,12 @@ def load_adapter(ref: LoRARef, cfg: ModelConfig, max_rank: int, dtype: torch.dty
         raise InvalidArgumentError(f"adapter {path} holds no LoRA weights", param="lora_path")
     out = LoRAAdapter(ref, rank)
     for mpath, parts in deltas.items():
-        out_features = parts[0][0].out_features
         a = torch.cat([pa for _, pa, _ in parts])
-        b = torch.zeros(a.shape[0], out_features)
-        k = 0
+        b = torch.zeros(a.shape[0], max(pb.shape[0] for _, _, pb in parts))
+        k, spans = 0, []
         for target, pa, pb in parts:
-            b[k : k + pa.shape[0], target.rows[0] : target.rows[1]] = pb.t()
+            b[k : k + pa.shape[0], : pb.shape[0]] = pb.t()
+            spans.append((k, k + pa.shape[0], *target.rows))
             k += pa.shape[0]
-        out.deltas[mpath] = ModuleDelta(a.to(dtype).contiguous(), b.to(dtype).contiguous())
+        out.deltas[mpath] = ModuleDelta(a.to(dtype).contiguous(), b.to(dtype).contiguous(), spans)
     return out

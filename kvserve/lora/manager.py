@@ -17,8 +17,10 @@ from torch import nn
 from kvserve.config import LoRAConfig
 from kvserve.errors import InvalidArgumentError, NotFoundError
 from kvserve.lora.adapter import LoRAAdapter, load_adapter
+from kvserve.kernels import ops
 from kvserve.lora.layers import LoRAStep, attach_lora
 from kvserve.lora.registry import LoRARef, adapter_key, check_adapter_folder, check_lora_name
+from kvserve.lora.slots import SlotTable
 from kvserve.model.config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -31,6 +33,8 @@ class LoRAManager:
         self.refs: dict[str, LoRARef] = {}  # registered names
         self.loaded: OrderedDict[int, LoRAAdapter] = OrderedDict()  # by ref id, least recently used first
         self.slots: list[int | None] = [None] * config.max_loras  # ref ids the latest steps used
+        if dtype == torch.float32 and getattr(model, "native", False) and ops.available():
+            self.ctx.tables = SlotTable.for_model(cfg, config.max_loras)
         self._ids = itertools.count(1)
         self.load_seconds: list[float] = []
 
@@ -85,24 +89,29 @@ class LoRAManager:
         self._keep(ref.id, adapter, pinned)
         return adapter
 
-    def _occupy(self, ids: list[int]) -> None:
-        """Put the step's adapters in slots, others leaving the least recently used ones."""
-        free = [i for i, s in enumerate(self.slots) if s not in ids]
-        for rid in ids:
+    def _occupy(self, adapters: dict[int, LoRAAdapter]) -> dict[int, int]:
+        """Put the step's adapters in slots (copied into the slot table), replacing adapters of no use to this
+        step; returns ref id -> slot."""
+        free = [i for i, s in enumerate(self.slots) if s not in adapters]
+        for rid, adapter in adapters.items():
             if rid not in self.slots:
                 if not free:
                     raise RuntimeError(f"a step with more than --max-loras {len(self.slots)} adapters")
-                self.slots[free.pop(0)] = rid
+                slot = free.pop(0)
+                self.slots[slot] = rid
+                if self.ctx.tables is not None:
+                    self.ctx.tables.fill(slot, adapter)
+        return {rid: self.slots.index(rid) for rid in adapters}
 
     def step(self, refs: list[LoRARef | None], keep_rows: list[int] | None) -> LoRAStep | None:
         """The step of rows whose adapters are ``refs`` (None: base), or None when no row has one."""
         ids = list(dict.fromkeys(r.id for r in refs if r is not None))
         if not ids:
             return None
-        self._occupy(ids)
         by_id = {r.id: r for r in refs if r is not None}
         adapters = {rid: self.adapter(by_id[rid], set(ids)) for rid in ids}
-        return LoRAStep([None if r is None else adapters[r.id] for r in refs], keep_rows)
+        slots = self._occupy(adapters)
+        return LoRAStep([None if r is None else adapters[r.id] for r in refs], keep_rows, slots)
 
     @property
     def names(self) -> list[str]:

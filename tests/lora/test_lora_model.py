@@ -11,6 +11,7 @@ import torch
 
 from conftest import hf_greedy
 from kvserve import SamplingParams
+from kvserve.kernels import load_kernels
 from kvserve.errors import InvalidArgumentError, KVServeError, NotFoundError
 from lora_utils import write_adapter
 from model.test_architectures import checkpoint, make_llm, prompts
@@ -39,6 +40,9 @@ def test_greedy_equals_peft_merged(name, torch_path, tmp_path_factory):
     assert want != base  # the adapter changes the answers
     assert [o.token_ids for o in llm.generate(prompts(), GREEDY, lora="a")] == want
     assert [o.token_ids for o in llm.generate(prompts(), GREEDY)] == base
+    tables = llm.engine.runner.lora.ctx.tables
+    if not torch_path and load_kernels():  # the native kernel ran, from the slot table
+        assert tables is not None and tables.tables
 
 
 def test_rslora_rank_and_alpha_patterns(tmp_path_factory):
