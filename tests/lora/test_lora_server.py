@@ -70,6 +70,7 @@ def test_models_requests_and_routes(served):
     assert httpx.post(unload, headers=KEY, json={"lora_name": "b"}).status_code == 404
     assert httpx.post(unload, headers=KEY, json={}).status_code == 400
 
+    assert httpx.get(f"{url}/kv/events", headers=KEY).json()["lora_adapters"] == ["a"]  # what a router reads
     metrics = httpx.get(f"{url}/metrics").text
     assert 'kvserve_lora_requests_total{lora_name="a"} 1.0' in metrics
     assert 'kvserve_lora_generation_tokens_total{lora_name="b"} 5.0' in metrics
