@@ -27,7 +27,8 @@ def write_random_adapter(folder: Path, cfg, rank: int, seed: int) -> None:
     for module, target in adaptable_modules(cfg).items():
         rows = target.rows[1] - target.rows[0]
         key = f"base_model.model.{module}"
-        tensors[f"{key}.lora_A.weight"] = torch.randn(rank, target.in_features, generator=gen) / target.in_features ** 0.5
+        scale = target.in_features ** -0.5
+        tensors[f"{key}.lora_A.weight"] = torch.randn(rank, target.in_features, generator=gen) * scale
         tensors[f"{key}.lora_B.weight"] = torch.randn(rows, rank, generator=gen) * 0.01
     folder.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(folder / "adapter_model.safetensors"))

@@ -45,7 +45,8 @@ def group_rows(adapters: list[LoRAAdapter | None], slots: dict[int, int]) -> Row
         order += rows
         slot_of += [slots.get(a.ref.id, -1)] * len(rows)
     identity = order == list(range(len(adapters)))
-    return RowGroups(torch.tensor(order, dtype=torch.long), segments, identity, torch.tensor(slot_of, dtype=torch.int32))
+    return RowGroups(torch.tensor(order, dtype=torch.long), segments, identity,
+                     torch.tensor(slot_of, dtype=torch.int32))
 
 
 class LoRAStep:

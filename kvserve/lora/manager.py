@@ -72,7 +72,7 @@ class LoRAManager:
         return ref
 
     # -- weights and slots ----------------------------------------------------------------------
-    def _keep(self, ref_id: int, adapter: LoRAAdapter, pinned: set[int] = frozenset()) -> None:  # type: ignore[assignment]
+    def _keep(self, ref_id: int, adapter: LoRAAdapter, pinned: frozenset[int] | set[int] = frozenset()) -> None:
         self.loaded[ref_id] = adapter
         self.loaded.move_to_end(ref_id)
         for rid in list(self.loaded):

@@ -153,7 +153,8 @@ class CausalLM(nn.Module):
             h = h * torch.tensor(self.config.embed_scale, dtype=h.dtype)
         # a step with adapter rows runs the Python layers: the native stack has no LoRA
         lora_rows = self.lora is not None and self.lora.step is not None
-        if self.native_stack is not None and not lora_rows and run_native_stack(self.native_stack, h, positions, self, attn, meta, kv_caches):
+        if self.native_stack is not None and not lora_rows and \
+                run_native_stack(self.native_stack, h, positions, self, attn, meta, kv_caches):
             return self.norm(h) if keep_rows is None else self.norm(h[keep_rows])
         rope = self.rotary.for_step(positions, h.dtype, self.native)
         local: RotaryStep | None = None

@@ -46,7 +46,8 @@ def create_app(client: EngineClient, config: ServerConfig | None = None, *, own_
     app.add_middleware(GuardMiddleware, api_key=config.api_key, max_bytes=config.max_request_bytes)
     for exc_class in HANDLED_EXCEPTIONS:
         app.add_exception_handler(exc_class, handle_error)
-    routers = (admin.router, openai.router, lora.router, tokenize.router, kv.router, ui.router)  # ui: the web page (docs/ui.md)
+    # ui: the web page (docs/ui.md); lora: the runtime adapter routes (docs/lora.md)
+    routers = (admin.router, openai.router, lora.router, tokenize.router, kv.router, ui.router)
     for router in routers:
         app.include_router(router)
     # added last, so outermost: it counts the guard's refusals too

@@ -84,6 +84,10 @@ class ServerState:
                                 code="model_not_found")
         return model or self.names[0]
 
+    def lora_of(self, model: str | None) -> str | None:
+        """The LoRA adapter a (checked) model name picks; None for the base model."""
+        return model if model is not None and model not in self.names else None
+
     async def prepare(self, body: P._SamplingRequest) -> None:
         """Check what a request asks across its fields, and tokenize its bad_words."""
         body.check()
@@ -145,7 +149,7 @@ class ServerState:
         """Validate everything, then add prompts x n engine requests (choice k = prompt * n + i).
         With tracing on, each gets a trace, its parent the ``traceparent`` in ``headers``."""
         check_choices(len(prompts) * body.n)
-        lora = model if model is not None and model not in self.names else None  # an adapter's name
+        lora = self.lora_of(model)
         params = [params_for(i) for i in range(body.n)]
         for p in prompts:
             self.client.validate_prompt(p)

@@ -39,7 +39,8 @@ def test_no_prefix_hit_across_adapters(setup):
     assert all(c >= 32 for c in cached[3:])  # and then hits its own blocks
     alone = make_llm(folder, enable_lora=True, block_size=4, enable_prefix_caching=False)
     alone.load_lora_adapter("b", str(paths["b"]))
-    assert llm.generate([prompt], GREEDY, lora="b")[0].token_ids == alone.generate([prompt], GREEDY, lora="b")[0].token_ids
+    want = alone.generate([prompt], GREEDY, lora="b")[0].token_ids
+    assert llm.generate([prompt], GREEDY, lora="b")[0].token_ids == want  # a hit gives what a full prefill gives
 
 
 def test_load_unload_evict_under_load(setup):

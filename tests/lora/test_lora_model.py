@@ -18,7 +18,9 @@ from model.test_architectures import checkpoint, make_llm, prompts
 
 pytest.importorskip("peft")
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-ARCHS = ["LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Qwen2MoeForCausalLM", "Ernie4_5ForCausalLM", "Phi3ForCausalLM"]
+# Gemma: sandwich norms; Qwen2-MoE: attention and the shared expert; ERNIE: rotary rows reordered; Phi-3: stacked qkv
+ARCHS = ["LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Qwen2MoeForCausalLM", "Ernie4_5ForCausalLM",
+         "Phi3ForCausalLM"]
 
 
 def lora_llm(folder, torch_path: bool = False, **kw):
@@ -29,7 +31,8 @@ def lora_llm(folder, torch_path: bool = False, **kw):
 @pytest.mark.parametrize("name", ARCHS)
 def test_greedy_equals_peft_merged(name, torch_path, tmp_path_factory):
     model, folder = checkpoint(name, tmp_path_factory)
-    targets = ("q_proj", "k_proj", "v_proj", "o_proj") if "Moe" in name else \
+    targets = ("q_proj", "k_proj", "v_proj", "o_proj", "shared_expert.gate_proj", "shared_expert.up_proj",
+               "shared_expert.down_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj") if "Moe" in name else \
         ("qkv_proj", "o_proj", "gate_up_proj", "down_proj") if "Phi3" in name else None
     adapter = tmp_path_factory.mktemp("adapter")
     merged = write_adapter(model, adapter, seed=7, **({"targets": targets} if targets else {}))

@@ -31,10 +31,10 @@ def served(tiny_model_dir, tmp_path_factory):
         yield server, base, merged, lora_dir
 
 
-def complete(url: str, model: str, prompt: list[int]) -> httpx.Response:
+def complete(url: str, model: str, prompt: list[int], **extra) -> httpx.Response:
     return httpx.post(f"{url}/v1/completions", headers=KEY, timeout=60, json={
         "model": model, "prompt": prompt, "max_tokens": 5, "temperature": 0, "ignore_eos": True,
-        "return_token_ids": True})
+        "return_token_ids": True, **extra})
 
 
 def tokens(r: httpx.Response) -> list[int]:
@@ -48,6 +48,7 @@ def test_models_requests_and_routes(served):
     cards = {c["id"]: c for c in httpx.get(f"{url}/v1/models", headers=KEY).json()["data"]}
     assert set(cards) == {"tiny", "a"} and cards["a"]["parent"] == "tiny" and cards["tiny"]["parent"] is None
     assert tokens(complete(url, "a", prompt)) == hf_greedy(merged["a"], prompt, 5)
+    assert tokens(complete(url, "a", prompt, use_beam_search=True)) == hf_greedy(merged["a"], prompt, 5)  # width 1
     assert tokens(complete(url, "tiny", prompt)) == hf_greedy(base, prompt, 5)
     missing = complete(url, "b", prompt)
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
@@ -72,6 +73,6 @@ def test_models_requests_and_routes(served):
 
     assert httpx.get(f"{url}/kv/events", headers=KEY).json()["lora_adapters"] == ["a"]  # what a router reads
     metrics = httpx.get(f"{url}/metrics").text
-    assert 'kvserve_lora_requests_total{lora_name="a"} 1.0' in metrics
+    assert 'kvserve_lora_requests_total{lora_name="a"} 6.0' in metrics  # 1 + the beam search's 5 steps
     assert 'kvserve_lora_generation_tokens_total{lora_name="b"} 5.0' in metrics
     assert "kvserve_lora_adapters_loaded 1.0" in metrics
