@@ -73,3 +73,34 @@ def test_load_unload_evict_under_load(setup):
     assert "a" not in llm.engine.runner.lora.names
     with pytest.raises(Exception, match="'a' does not exist"):
         llm.generate(ps[:1], GREEDY, lora="a")
+
+
+def test_dfs_weight_order_keeps_every_adapter_request(setup):
+    """dfs-weight walks the prefix tree from every namespace's root: no waiting request of an adapter is lost."""
+    folder, paths = setup
+    llm = make_llm(folder, enable_lora=True, block_size=4, schedule_policy="dfs-weight", max_num_seqs=2)
+    llm.load_lora_adapter("a", str(paths["a"]))
+    shared = list(range(3, 20))
+    ps = [shared + [30 + i] for i in range(6)]
+    names = ["a", None] * 3
+    out = llm.generate(ps, GREEDY, lora=names)
+    assert [o.token_ids for o in out] == [llm.generate([p], GREEDY, lora=n)[0].token_ids for p, n in zip(ps, names)]
+
+
+def test_lora_flags():
+    from kvserve.cli import build_parser
+    from kvserve.config import KVServeConfig
+    from kvserve.errors import InvalidArgumentError
+
+    args = build_parser().parse_args(["serve", "--enable-lora", "--lora-modules", "a=/x", "b=/y", "--max-loras", "2",
+                                      "--max-lora-rank", "16", "--max-cpu-loras", "3", "--lora-dir", "/adapters"])
+    config = KVServeConfig.from_cli_args(args)
+    assert config.lora.lora_modules == ["a=/x", "b=/y"] and config.lora.cpu_loras == 3
+    assert KVServeConfig.from_cli_args(build_parser().parse_args(["serve", *config.to_cli_args()])) == config
+    for bad, why in ((dict(enable_lora=True, lora_modules=["a"]), "name=path"),
+                     (dict(enable_lora=True, lora_modules=["a=/x", "a=/y"]), "twice"),
+                     (dict(lora_modules=["a=/x"]), "need --enable-lora"),
+                     (dict(enable_lora=True, max_loras=4, max_cpu_loras=2), "at least --max-loras"),
+                     (dict(enable_lora=True, max_lora_rank=0), "max-lora-rank")):
+        with pytest.raises(InvalidArgumentError, match=why):
+            KVServeConfig.from_kwargs(**bad)
