@@ -104,3 +104,22 @@ def test_lora_flags():
                      (dict(enable_lora=True, max_lora_rank=0), "max-lora-rank")):
         with pytest.raises(InvalidArgumentError, match=why):
             KVServeConfig.from_kwargs(**bad)
+
+
+def test_tier_entries_are_keyed_by_adapter(setup):
+    """Blocks evicted to the host tier come back for their adapter only."""
+    folder, paths = setup
+    llm = make_llm(folder, enable_lora=True, block_size=4, num_kv_blocks=24, kv_offload_memory_gb=0.01)
+    check_every_step(llm)
+    for n in "ab":
+        llm.load_lora_adapter(n, str(paths[n]))
+    prompt = list(range(3, 40))
+    llm.generate([prompt], GREEDY, lora="a")
+    for i in range(4):  # other prompts push the adapter's blocks out of the device cache, into the tier
+        llm.generate([[50 + i] * 37], GREEDY)
+    assert llm.engine.kv.stats.evicted_blocks > 0
+    assert llm.generate([prompt], GREEDY, lora="b")[0].num_cached_tokens == 0
+    assert llm.generate([prompt], GREEDY)[0].num_cached_tokens == 0
+    before = llm.engine.kv.stats.tier_hits["host"]
+    assert llm.generate([prompt], GREEDY, lora="a")[0].num_cached_tokens >= 32
+    assert llm.engine.kv.stats.tier_hits["host"] > before
