@@ -23,6 +23,7 @@ from kvserve.engine.handoff import Handoff
 from kvserve.kv.connector import KVConnector, SharedTierConnector
 from kvserve.kv.manager import KVManager
 from kvserve.kv.tcp_connector import TCPConnector
+from kvserve.lora.registry import parse_lora_modules
 from kvserve.kv.disk_tier import DiskTier
 from kvserve.kv.tiers import HostTier, Tier
 from kvserve.model.config import ModelConfig
@@ -51,7 +52,10 @@ def build_engine(config: KVServeConfig, model_cfg: ModelConfig, weights: Weights
     dtype = resolve_dtype(m.dtype, device, quantized=runs_quantized(m.quantization, weights))
     runner = TorchRunner(model_cfg, weights, config.cache, dtype=dtype, device=device, max_model_len=m.max_model_len,
                          seed=m.seed, quantization=m.quantization, max_num_seqs=config.scheduler.max_num_seqs,
-                         max_num_batched_tokens=config.scheduler.max_num_batched_tokens)
+                         max_num_batched_tokens=config.scheduler.max_num_batched_tokens, lora=config.lora)
+    if runner.lora is not None:
+        for name, path in parse_lora_modules(config.lora.lora_modules).items():
+            runner.lora.load(name, path)
     runner.proposer = build_proposer(config, model_cfg, runner, draft_weights)
     runner.source = source
 
@@ -65,7 +69,8 @@ def build_engine(config: KVServeConfig, model_cfg: ModelConfig, weights: Weights
                                            max_size=s.grammar_cache_size,
                                            compile_timeout_s=s.grammar_compile_timeout_s or None)
 
-    return Engine(runner, config.scheduler, vocab_size=model_cfg.vocab_size, eos_token_ids=tuple(eos_token_ids),
+    return Engine(runner, config.scheduler, max_loras=config.lora.max_loras if runner.lora else 0,
+                  vocab_size=model_cfg.vocab_size, eos_token_ids=tuple(eos_token_ids),
                   kv=build_kv_manager(config, runner.num_kv_blocks, runner.block_size, runner.block_bytes,
                                       runner.kv_fingerprint, sliding_window=model_cfg.kv_window()),
                   grammars=grammars if hf_tokenizer is not None else None,

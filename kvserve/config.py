@@ -201,6 +201,41 @@ class SpeculationConfig:
 
 
 @dataclass
+class LoRAConfig:
+    """LoRA adapters served beside the base model (docs/lora.md): which, how many at once, how large."""
+
+    enable_lora: bool = field(default=False, metadata={"help": "serve LoRA adapters (PEFT format); a request picks "
+                              "one by its `model` name", "store_true": True})
+    lora_modules: list[str] = field(default_factory=list, metadata={"help": "adapters loaded at start, as "
+                                    "name=path (a PEFT folder: adapter_config.json + adapter_model.safetensors)",
+                                    "nargs": "+"})
+    max_loras: int = field(default=4, metadata={"help": "most distinct adapters in one step (its requests wait "
+                           "for a slot beyond that)"})
+    max_lora_rank: int = field(default=64, metadata={"help": "largest adapter rank accepted"})
+    max_cpu_loras: int | None = field(default=None, metadata={"help": "adapters whose weights are kept in memory, "
+                                      "least recently used dropped first (and read again on use); default: "
+                                      "--max-loras x 4"})
+    lora_dir: str | None = field(default=None, metadata={"help": "the folder POST /v1/load_lora_adapter may read "
+                                 "adapters from (no runtime loading without it)"})
+
+    def __post_init__(self) -> None:
+        _check(self.max_loras >= 1, "--max-loras must be at least 1", "max_loras")
+        _check(1 <= self.max_lora_rank <= 1024, "--max-lora-rank must be in [1, 1024]", "max_lora_rank")
+        _check(self.max_cpu_loras is None or self.max_cpu_loras >= self.max_loras,
+               "--max-cpu-loras must be at least --max-loras", "max_cpu_loras")
+        _check(self.enable_lora or not (self.lora_modules or self.lora_dir),
+               "--lora-modules and --lora-dir need --enable-lora", "enable_lora")
+        if self.lora_modules:
+            from kvserve.lora.registry import parse_lora_modules
+
+            parse_lora_modules(self.lora_modules)
+
+    @property
+    def cpu_loras(self) -> int:
+        return self.max_cpu_loras if self.max_cpu_loras is not None else 4 * self.max_loras
+
+
+@dataclass
 class StructuredOutputConfig:
     """Grammar-constrained decoding: the compile cache and its time limit."""
 
@@ -285,8 +320,8 @@ class ServerConfig:
 # the parts, by attribute name on KVServeConfig; ENGINE_PARTS are those the engine itself uses
 PARTS: dict[str, type] = {"model": ModelOptions, "cache": CacheConfig, "scheduler": SchedulerConfig,
                           "speculation": SpeculationConfig, "structured": StructuredOutputConfig,
-                          "server": ServerConfig}
-ENGINE_PARTS = ("model", "cache", "scheduler", "speculation", "structured")
+                          "lora": LoRAConfig, "server": ServerConfig}
+ENGINE_PARTS = ("model", "cache", "scheduler", "speculation", "structured", "lora")
 
 
 @dataclass
@@ -296,6 +331,7 @@ class KVServeConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
     structured: StructuredOutputConfig = field(default_factory=StructuredOutputConfig)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
 
     # -- flat names: the CLI and the Python API ----------------------------------------------

@@ -18,9 +18,9 @@ from kvserve.build import build_engine, build_handoff
 from kvserve.config import KVServeConfig
 from kvserve.engine.core import EngineCore
 from kvserve.engine.engine import Engine
-from kvserve.engine.messages import AddRequest, Sleep, UpdateWeights, WakeUp
+from kvserve.engine.messages import AddRequest, LoRACommand, Sleep, UpdateWeights, WakeUp
 from kvserve.engine.request import Request, SamplingParams
-from kvserve.errors import InvalidArgumentError
+from kvserve.errors import InvalidArgumentError, NotFoundError
 from kvserve.model.config import ModelConfig
 from kvserve.text.output import OutputProcessor, RequestOutput
 from kvserve.text.tokenizer import bad_words_token_ids
@@ -84,7 +84,8 @@ class LLM:
         return list(prompts)
 
     # -- running requests through the core --------------------------------------------
-    def _add(self, processor: OutputProcessor, prompt_token_ids: list[int], params: SamplingParams) -> str:
+    def _add(self, processor: OutputProcessor, prompt_token_ids: list[int], params: SamplingParams,
+             lora: str | None = None) -> str:
         rid = str(next(self._ids))
         if params.bad_words and params.bad_words_token_ids is None:
             if self.tokenizer is None:
@@ -92,7 +93,7 @@ class LLM:
             # this tokenizer's ids, on a copy: the caller may use its params with another model
             params = replace(params, bad_words_token_ids=bad_words_token_ids(params.bad_words, self.tokenizer))
         processor.add(Request(rid, prompt_token_ids, params, max_total_tokens=self.engine.max_model_len))
-        self.core.add(AddRequest(rid, prompt_token_ids, params))
+        self.core.add(AddRequest(rid, prompt_token_ids, params, lora_name=lora))
         return rid
 
     def _step(self, processor: OutputProcessor) -> list[RequestOutput]:
@@ -150,8 +151,10 @@ class LLM:
         prompts: PromptLike | Sequence[PromptLike],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
+        lora: str | None | Sequence[str | None] = None,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion in continuous batches; outputs in prompt order."""
+        """Run every prompt to completion in continuous batches; outputs in prompt order. ``lora``: the
+        adapter's name (one, or one per prompt; None: the base model)."""
         items = self._as_list(prompts)
         if params is None:
             params = SamplingParams()
@@ -163,8 +166,9 @@ class LLM:
         order: list[str] = []
         processor = OutputProcessor(self.tokenizer)
         try:
-            for ids, p in zip(encoded, plist):
-                order.append(self._add(processor, ids, p))
+            loras = list(lora) if isinstance(lora, (list, tuple)) else [lora] * len(items)
+            for ids, p, name in zip(encoded, plist, loras, strict=True):
+                order.append(self._add(processor, ids, p, name))
             bar = None
             if use_tqdm:
                 from tqdm import tqdm
@@ -184,6 +188,18 @@ class LLM:
         for rid, text in zip(order, items):
             finals[rid].prompt = text if isinstance(text, str) else None
         return [finals[rid] for rid in order]
+
+    def load_lora_adapter(self, name: str, path: str) -> None:
+        """Load a PEFT adapter (needs ``enable_lora``); requests then name it in ``generate(lora=...)``."""
+        self._lora(LoRACommand("llm", "load", name, path))
+
+    def unload_lora_adapter(self, name: str) -> None:
+        self._lora(LoRACommand("llm", "unload", name))
+
+    def _lora(self, cmd: LoRACommand) -> None:
+        reply = self.core.lora_command(cmd)
+        if reply.error is not None:
+            raise (NotFoundError if reply.not_found else InvalidArgumentError)(reply.error)
 
     def stream(self, prompt: PromptLike, params: SamplingParams | None = None) -> Iterator[RequestOutput]:
         """Yield one output per new token for a single prompt (for terminals and tests)."""

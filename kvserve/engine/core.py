@@ -26,6 +26,8 @@ from kvserve.engine.messages import (
     AddRequest,
     CommandResult,
     EngineReady,
+    LoRACommand,
+    LoRAReply,
     EngineStatsSnapshot,
     ReportState,
     RequestDelta,
@@ -39,7 +41,7 @@ from kvserve.engine.messages import (
 )
 from kvserve.engine.model_ops import SLEEPING, ModelOps
 from kvserve.engine.request import Request
-from kvserve.errors import InvalidArgumentError, KVServeError, ServiceUnavailableError
+from kvserve.errors import InvalidArgumentError, KVServeError, NotFoundError, ServiceUnavailableError
 from kvserve.kv.prefix_view import PrefixTreeView
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,8 @@ class EngineCore:
         self._commands_since_message = False  # a message goes out after commands, even with no tokens
         self._state_asked = False  # a ReportState came: the next message carries an EngineState
         self._tree: tuple[float, PrefixTreeView | None] | None = None  # the last tree summary, and when
+        self._lora_replies: list[LoRAReply] = []
+        self.lora = getattr(engine.runner, "lora", None)  # the runner's LoRAManager (None: LoRA off)
         self.tree_interval_s = TREE_INTERVAL_S
         engine.kv.record_events()  # each message says what the prefix cache stored and removed
         self.model_ops = ModelOps(engine)
@@ -74,7 +78,8 @@ class EngineCore:
                            resident_memory_bytes=resident_memory_bytes(),
                            kv_bytes_per_token=kv_bytes_per_token(e.runner),
                            prefix_caching=e.kv.cache is not None, cache_root_key=e.kv.cache_root_key,
-                           kv_transfer_address=self.handoff.connector.address if self.handoff else "")
+                           kv_transfer_address=self.handoff.connector.address if self.handoff else "",
+                           lora_adapters=None if self.lora is None else self.lora.names)
 
     @property
     def has_work(self) -> bool:
@@ -89,12 +94,15 @@ class EngineCore:
         return bool(self._compiling) or (self.handoff is not None and self.handoff.has_parked)
 
     # -- commands -----------------------------------------------------------------------------
-    def handle(self, cmd: AddRequest | AbortRequests | ReportState | Shutdown | Sleep | WakeUp | UpdateWeights) -> bool:
+    def handle(self, cmd: AddRequest | AbortRequests | ReportState | LoRACommand | Shutdown | Sleep | WakeUp
+               | UpdateWeights) -> bool:
         """Apply one command; False for Shutdown."""
         if isinstance(cmd, AddRequest):
             self.add(cmd)
         elif isinstance(cmd, AbortRequests):
             self.abort(cmd.request_ids)
+        elif isinstance(cmd, LoRACommand):
+            self.lora_command(cmd)
         elif isinstance(cmd, ReportState):
             self._state_asked = self._commands_since_message = True
         elif isinstance(cmd, (Sleep, WakeUp, UpdateWeights)):
@@ -183,6 +191,23 @@ class EngineCore:
             self._sent.pop(rid, None)
             self._traced.discard(rid)
 
+    def lora_command(self, cmd: LoRACommand) -> LoRAReply:
+        """Load or unload an adapter; the reply also goes out in the next step message."""
+        self._commands_since_message = True
+        error, not_found = None, False
+        try:
+            if self.lora is None:
+                raise NotFoundError("LoRA adapters are off: start the server with --enable-lora")
+            if cmd.action == "load":
+                self.lora.load(cmd.name, str(cmd.path))
+            else:
+                self.lora.unload(cmd.name)
+        except KVServeError as e:
+            error, not_found = str(e), isinstance(e, NotFoundError)
+        reply = LoRAReply(cmd.call_id, error, not_found, [] if self.lora is None else self.lora.names)
+        self._lora_replies.append(reply)
+        return reply
+
     def wait_for_grammars(self, timeout: float) -> None:
         """Block until a pending grammar compile ends (or ``timeout``): for callers with nothing else to do."""
         if self._compiling:
@@ -191,7 +216,12 @@ class EngineCore:
     def _admit(self, cmd: AddRequest, compiled: Future | None = None) -> None:
         try:
             grammar = compiled.result() if compiled is not None else None
-            self.engine.add_request(cmd.request_id, cmd.prompt_token_ids, cmd.params, grammar)
+            lora = None
+            if cmd.lora_name is not None:
+                if self.lora is None:
+                    raise NotFoundError(f"the model {cmd.lora_name!r} does not exist", param="model")
+                lora = self.lora.resolve(cmd.lora_name)
+            self.engine.add_request(cmd.request_id, cmd.prompt_token_ids, cmd.params, grammar, lora)
             self._sent[cmd.request_id] = 0
         except Exception as e:  # noqa: BLE001 - a bad request is rejected, never the engine's end
             if not isinstance(e, KVServeError):
@@ -225,11 +255,13 @@ class EngineCore:
         if not (changed or self._rejected or self._early or self._commands_since_message or stored or removed
                 or self.model_ops.results):
             return None
+        replies, self._lora_replies = self._lora_replies, []
         deltas, self._early = self._early + [self._delta(req) for req in changed], []
         rejected, self._rejected, self._commands_since_message = self._rejected, [], False
         state = self.live_state() if self._state_asked else None
         self._state_asked = False
-        return StepMessage(deltas, rejected, self.snapshot(), step_end, stored, removed, state, self.take_results())
+        return StepMessage(deltas, rejected, self.snapshot(), step_end, stored, removed, state, self.take_results(),
+                           replies)
 
     def live_state(self) -> EngineState:
         now = time.monotonic()

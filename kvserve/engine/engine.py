@@ -58,15 +58,16 @@ class Engine:
     def __init__(self, runner: Runner, scheduler_config: SchedulerConfig, vocab_size: int | None = None,
                  eos_token_ids: tuple[int, ...] = (), kv: KVManager | None = None,
                  clock: Callable[[], float] = time.monotonic, grammars: Callable[[], Any] | None = None,
-                 speculation: SpeculationConfig | None = None):
-        """``speculation``: the drafts the runner's proposer makes are verified as it says (None: off)."""
+                 speculation: SpeculationConfig | None = None, max_loras: int = 0):
+        """``speculation``: the drafts the runner's proposer makes are verified as it says (None: off);
+        ``max_loras``: most distinct LoRA adapters in one step (0: no adapters)."""
         self.runner = runner
         self.kv = kv or KVManager(runner.num_kv_blocks, runner.block_size)
         # the wall clock here; the simulator's virtual clock, which its runner advances, there
         self.clock = clock
         if self.kv.cache is not None:
             self.kv.cache.clock = clock  # the prefix tree's "last used" on the same clock
-        self.scheduler = Scheduler(scheduler_config, self.kv, clock, speculation)
+        self.scheduler = Scheduler(scheduler_config, self.kv, clock, speculation, max_loras)
         self.max_model_len = runner.max_model_len
         if not scheduler_config.chunked_prefill and scheduler_config.max_num_batched_tokens < self.max_model_len:
             # a prompt (or a preempted request's recompute) longer than the budget would never run
@@ -94,16 +95,20 @@ class Engine:
         return self._grammars.stats() if self._grammars is not None else None
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    grammar: Any = None, *, output_token_ids: list[int] | None = None, queue: bool = True) -> Request:
+                    grammar: Any = None, lora: Any = None, *, output_token_ids: list[int] | None = None,
+                    queue: bool = True) -> Request:
         """Validate and queue a request; raises InvalidArgumentError for what the user must fix.
         ``grammar``: the compiled ``params.guided``, if the caller compiled it (off this thread);
-        otherwise it is compiled here. ``output_token_ids``: tokens another replica sampled already
-        (disaggregated prefill), appended as outputs; ``queue`` False leaves queueing to the caller."""
+        otherwise it is compiled here. ``lora``: the request's adapter (a ``LoRARef``), None for the base
+        model. ``output_token_ids``: tokens another replica sampled already (disaggregated prefill), appended
+        as outputs; ``queue`` False leaves queueing to the caller."""
         check_prompt(prompt_token_ids, self.max_model_len, self.vocab_size)
         if self.vocab_size is not None:
             params.check_vocab(self.vocab_size)
         req = Request(request_id, list(prompt_token_ids), params, eos_token_ids=self.eos_token_ids,
                       max_total_tokens=self.max_model_len, arrival_time=self.clock())
+        if lora is not None:  # its blocks in a prefix-cache namespace of its own
+            req.lora, req.cache_seed = lora, lora.cache_seed(self.kv.cache_root_key)
         if params.guided is not None:
             from kvserve.structured import new_matcher
 

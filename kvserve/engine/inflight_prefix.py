@@ -28,7 +28,7 @@ def blocks_filled_this_step(chunks: Sequence[ScheduledChunk], req: Request, cach
     for c in chunks:
         other = c.request
         end = min(c.end // bs, limit, other.num_prompt_tokens // bs)
-        if end - first <= len(best) or c.is_decode:
+        if end - first <= len(best) or c.is_decode or other.cache_seed != req.cache_seed:  # another adapter's KV
             continue
         mine, theirs = req.token_ids, other.token_ids
         if mine[first * bs : (first + 1) * bs] != theirs[first * bs : (first + 1) * bs] or mine[:cached] != theirs[:cached]:
@@ -48,7 +48,7 @@ def prefix_being_computed(running: Iterable[Request], req: Request, cached: int,
     bs = block_size
     want = req.token_ids[: req.num_prompt_tokens - 1]
     for r in running:
-        if r.num_computed_tokens >= r.num_prompt_tokens:
+        if r.num_computed_tokens >= r.num_prompt_tokens or r.cache_seed != req.cache_seed:
             continue
         if cached + bs > min(len(want), r.num_prompt_tokens):
             continue

@@ -24,11 +24,22 @@ class AddRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     trace: bool = False  # the client traces it: the first delta carries the request's timeline
+    lora_name: str | None = None  # the LoRA adapter it runs with (None: the base model)
 
 
 @dataclass
 class AbortRequests:
     request_ids: list[str]
+
+
+@dataclass
+class LoRACommand:
+    """Load (``action`` "load", from ``path``) or unload an adapter; a ``LoRAReply`` in the next message answers."""
+
+    call_id: str
+    action: str
+    name: str
+    path: str | None = None
 
 
 @dataclass
@@ -82,6 +93,7 @@ class EngineReady:
     prefix_caching: bool = False
     cache_root_key: bytes = b""  # the seed of the prefix cache's chain hashes (kv/radix_cache.py)
     kv_transfer_address: str = ""  # HOST:PORT where prefill replicas send this one KV (kv/tcp_connector.py)
+    lora_adapters: list[str] | None = None  # the adapters loaded (None: LoRA is off)
 
 
 @dataclass
@@ -117,6 +129,16 @@ class RequestDelta:
     spec: tuple[int, int, int] = (0, 0, 0)  # verifies, draft tokens, accepted tokens (so far)
     prompt_logprobs: list[TokenLogprobs] | None = None  # once, in the request's first delta, if asked for
     timeline: RequestTimeline | None = None  # once, in the first delta of a traced request
+
+
+@dataclass
+class LoRAReply:
+    """The outcome of a ``LoRACommand``: ``error`` None when it worked; the adapters loaded after it."""
+
+    call_id: str
+    error: str | None
+    not_found: bool
+    adapters: list[str]
 
 
 @dataclass
@@ -179,3 +201,4 @@ class StepMessage:
     kv_removed: list[bytes] = field(default_factory=list)
     state: EngineState | None = None  # after a ReportState: what the engine is doing now
     results: list[CommandResult] = field(default_factory=list)  # the model commands done since the last message
+    lora_replies: list[LoRAReply] = field(default_factory=list)

@@ -249,6 +249,8 @@ class Request:
     # structured output: the request's grammar state (a kvserve.structured.GrammarMatcher, opaque to
     # the scheduler), advanced by the runner as tokens are sampled
     grammar: Any = None
+    lora: Any = None  # its LoRA adapter (a kvserve.lora.registry.LoRARef); None: the base model
+    cache_seed: bytes = b""  # its prefix-cache namespace (an adapter's); b"": the base model's
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

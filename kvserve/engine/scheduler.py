@@ -30,6 +30,7 @@ from kvserve.engine.inflight_prefix import blocks_filled_this_step, prefix_being
 from kvserve.engine.request import FinishReason, Request, RequestStatus
 from kvserve.engine.step_cost import StepCostModel, StepFeatures
 from kvserve.kv.manager import KVManager, PrefixMatch
+from kvserve.lora.registry import adapter_fits
 from kvserve.spec.policy import NoSpeculation, SpecPolicy, SpecStats, is_decoding
 
 log = logging.getLogger(__name__)
@@ -47,8 +48,10 @@ class SchedulerStats:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVManager, clock: Callable[[], float] = time.monotonic,
-                 speculation: SpeculationConfig | None = None):
-        """``speculation``: verify drafts as that config says (the runner must have a proposer); None: off."""
+                 speculation: SpeculationConfig | None = None, max_loras: int = 0):
+        """``speculation``: verify drafts as that config says (the runner must have a proposer); None: off.
+        ``max_loras``: most distinct LoRA adapters among the running requests."""
+        self.max_loras = max_loras
         self.config = config
         self.kv = kv
         self.clock = clock  # the simulator passes its virtual clock
@@ -193,7 +196,7 @@ class Scheduler:
         starved = [r for r in self.waiting if now - r.arrival_time > self.config.starvation_timeout_s]
         rest = [r for r in self.waiting if now - r.arrival_time <= self.config.starvation_timeout_s]
         if policy == "lpm":
-            rest.sort(key=lambda r: -cache.match_length(r.token_ids))  # stable: FCFS among equals
+            rest.sort(key=lambda r: -cache.match_length(r.token_ids, r.cache_seed))  # stable: FCFS among equals
         else:
             rest = self._dfs_weight_order(rest)
         self.waiting = deque(starved + rest)
@@ -206,14 +209,14 @@ class Scheduler:
         at: dict[int, list[Request]] = {}
         weight: dict[int, int] = {}
         for r in reqs:
-            node = cache.deepest(r.token_ids)
+            node = cache.deepest(r.token_ids, r.cache_seed)
             at.setdefault(id(node), []).append(r)
             while node is not None:
                 weight[id(node)] = weight.get(id(node), 0) + 1
                 node = node.parent
         # post-order: a node's heavier subtrees, then the requests that end at the node itself
         out: list[Request] = []
-        stack: list[tuple[object, bool]] = [(cache.root, False)]
+        stack: list[tuple[object, bool]] = [(root, False) for root in cache.roots()]
         while stack:
             node, expanded = stack.pop()
             if expanded:
@@ -297,9 +300,12 @@ class Scheduler:
         deferred: list[Request] = []
         while self.waiting and budget > 0 and not batch.preempted and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
+            if not adapter_fits(self.running, req, self.max_loras):  # its adapter waits for a slot
+                deferred.append(self.waiting.popleft())
+                continue
             # a request that wants its prompt's logprobs runs the whole prompt, as in vLLM
             uncached = req.needs_prompt_logprobs
-            match = PrefixMatch() if uncached else self.kv.match_prefix(req.request_id, req.token_ids)
+            match = PrefixMatch() if uncached else self.kv.match_prefix(req.request_id, req.token_ids, req.cache_seed)
             overlaps = not uncached and self.kv.cache is not None  # may overlap a prefix still being computed
             if overlaps and self.config.share_prefix_in_step:
                 bs = self.kv.block_size
@@ -364,7 +370,7 @@ class Scheduler:
                 req.prompt_logprobs.extend(output.prompt_logprobs[req.request_id])
             if not chunk.sample:
                 req.num_computed_tokens = chunk.end
-                self.kv.cache_blocks(req.request_id, req.token_ids, chunk.end)
+                self.kv.cache_blocks(req.request_id, req.token_ids, chunk.end, req.cache_seed)
                 continue
             tokens = output.token_ids[req.request_id]
             logprobs = output.logprobs.get(req.request_id, [])
@@ -378,7 +384,8 @@ class Scheduler:
                 self.stats.num_generated_tokens += 1
                 if req.is_finished:
                     break
-            self.kv.cache_blocks(req.request_id, req.token_ids, min(req.num_computed_tokens, req.num_tokens - 1))
+            self.kv.cache_blocks(req.request_id, req.token_ids, min(req.num_computed_tokens, req.num_tokens - 1),
+                                 req.cache_seed)
             if drafted:
                 self.kv.trim(req.request_id, req.num_tokens)  # give back the rejected drafts' slots
             self.spec.on_result(req, chunk.is_decode, drafted, len(tokens) - 1)

@@ -241,3 +241,14 @@ def decode_stack(num_heads: int, num_kv_heads: int, head_dim: int, hidden: int, 
     if not _loaded:
         _require("DecodeStack")
     return torch.classes.kvserve.DecodeStack(num_heads, num_kv_heads, head_dim, hidden, intermediate, eps)
+
+
+# -- LoRA ----------------------------------------------------------------------------------------
+
+def lora_apply_(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor,
+                order: torch.Tensor, slot_of: torch.Tensor) -> None:
+    """y[order[i]] += (x[order[i]] @ a[s]^T) @ b[s] (b's row k placed at y's columns ``bounds[s][k]``) with
+    s = slot_of[i], float32, every adapter of a step in one call (kvserve.lora.slots lays out a, b, bounds).
+    No fallback: kvserve.lora.layers runs its grouped torch GEMMs where the kernels are not loaded."""
+    _require("lora_apply_")
+    _ops.lora_apply_(y, x, a, b, bounds, order, slot_of)

@@ -168,19 +168,20 @@ class KVManager:
             self.pool.release([b for b in blocks if b != NO_BLOCK])
 
     # -- the prefix cache --------------------------------------------------------------
-    def match_prefix(self, seq_id: str, token_ids: Sequence[int]) -> PrefixMatch:
+    def match_prefix(self, seq_id: str, token_ids: Sequence[int], seed: bytes = b"") -> PrefixMatch:
         """Start a sequence with the KV of its longest cached prefix: device blocks are shared,
-        tier blocks restored. At least the last token is left to compute (its logits are needed)."""
+        tier blocks restored. At least the last token is left to compute (its logits are needed).
+        ``seed``: the sequence's namespace (a LoRA adapter's, ``RadixCache.root_for``): no hit across them."""
         m = PrefixMatch()
         if self.cache is None or seq_id in self.tables:
             return m
         limit = len(token_ids) - 1
-        path = self.cache.match(token_ids[:limit])
+        path = self.cache.match(token_ids[:limit], seed)
         table = [n.block for n in path]
         for b in table:
             self.pool.share(b)
         self.tables[seq_id] = table
-        node = path[-1] if path else self.cache.root
+        node = path[-1] if path else self.cache.root_for(seed)
         m.device_tokens = len(table) * self.block_size
         if self.tiers:
             node = self._restore(seq_id, token_ids, limit, node, m)
@@ -242,23 +243,23 @@ class KVManager:
         for tier, n in m.tier_tokens.items():
             self.stats.tier_hits[tier] = self.stats.tier_hits.get(tier, 0) + n
 
-    def cache_blocks(self, seq_id: str, token_ids: Sequence[int], num_computed: int) -> None:
-        """Put the sequence's newly filled full blocks into the prefix cache."""
+    def cache_blocks(self, seq_id: str, token_ids: Sequence[int], num_computed: int, seed: bytes = b"") -> None:
+        """Put the sequence's newly filled full blocks into the prefix cache (under namespace ``seed``)."""
         if self.cache is None:
             return
-        node, done = self._cached_upto.get(seq_id, (self.cache.root, 0))
+        node, done = self._cached_upto.get(seq_id, (self.cache.root_for(seed), 0))
         full = num_computed // self.block_size
         if full <= done:
             return
         if not self.cache.is_attached(node):  # evicted since: walk again from the root
-            node, done = self.cache.root, 0
+            node, done = self.cache.root_for(seed), 0
         # stops early at a block a window let go of whose node was evicted: the chain breaks there
         node = self.cache.insert(token_ids[: full * self.block_size], self.tables[seq_id], node, done)
         self._cached_upto[seq_id] = (node, node.depth)
         if self._shared_tiers:  # a tier other replicas read: save each block once it is computed
             new = []
             walk = node
-            while walk is not None and walk is not self.cache.root and len(new) < node.depth - done:
+            while walk is not None and walk.parent is not None and len(new) < node.depth - done:
                 new.append(walk)
                 walk = walk.parent
             for n in reversed(new):

@@ -58,6 +58,8 @@ class RadixCache:
         self.pool = pool
         self.block_size = pool.block_size
         self.root = RadixNode((), -1, root_key, None)
+        # other namespaces (a LoRA adapter's), each a tree of its own under a root keyed by its seed
+        self._roots: dict[bytes, RadixNode] = {}
         self._clock = 0
         self.num_nodes = 0
         self.stats = RadixStats()
@@ -73,11 +75,22 @@ class RadixCache:
         for i in range(len(token_ids) // bs):
             yield tuple(token_ids[i * bs : (i + 1) * bs])
 
+    def root_for(self, seed: bytes = b"") -> RadixNode:
+        """The root of namespace ``seed`` (b"": the base model's): its blocks' chain hashes start from it."""
+        if not seed:
+            return self.root
+        if seed not in self._roots:
+            self._roots[seed] = RadixNode((), -1, seed, None)
+        return self._roots[seed]
+
+    def roots(self) -> list[RadixNode]:
+        return [self.root, *self._roots.values()]
+
     # -- lookup ------------------------------------------------------------------------
-    def match(self, token_ids: Sequence[int]) -> list[RadixNode]:
+    def match(self, token_ids: Sequence[int], seed: bytes = b"") -> list[RadixNode]:
         """The nodes of the longest cached block-prefix of ``token_ids`` (marked as just used)."""
         path: list[RadixNode] = []
-        node = self.root
+        node = self.root_for(seed)
         now, when = self._tick(), self.clock()
         for tokens in self._blocks_of(token_ids):
             child = node.children.get(tokens)
@@ -89,9 +102,11 @@ class RadixCache:
             node = child
         return path
 
-    def match_length(self, token_ids: Sequence[int]) -> int:
+    def match_length(self, token_ids: Sequence[int], seed: bytes = b"") -> int:
         """Cached tokens at the start of ``token_ids``, without touching recency (for ordering)."""
-        node, n = self.root, 0
+        node, n = self._roots.get(seed) if seed else self.root, 0
+        if node is None:  # a namespace with nothing cached yet
+            return 0
         for tokens in self._blocks_of(token_ids):
             node = node.children.get(tokens)  # type: ignore[assignment]
             if node is None:
@@ -99,9 +114,9 @@ class RadixCache:
             n += self.block_size
         return n
 
-    def deepest(self, token_ids: Sequence[int]) -> RadixNode:
+    def deepest(self, token_ids: Sequence[int], seed: bytes = b"") -> RadixNode:
         """The last node on the cached path of ``token_ids`` (the root when nothing matches)."""
-        node = self.root
+        node = self.root_for(seed)
         for tokens in self._blocks_of(token_ids):
             child = node.children.get(tokens)
             if child is None:
@@ -160,7 +175,7 @@ class RadixCache:
             if node.parent.children.get(node.tokens) is not node:
                 return False
             node = node.parent
-        return node is self.root
+        return node is self.root or self._roots.get(node.key) is node
 
     # -- eviction ----------------------------------------------------------------------
     def evict(self, num_blocks: int) -> list[RadixNode]:
@@ -205,7 +220,7 @@ class RadixCache:
         return [n.key for n in self._nodes()]
 
     def _nodes(self) -> Iterator[RadixNode]:
-        stack = list(self.root.children.values())
+        stack = [n for root in self.roots() for n in root.children.values()]
         while stack:
             n = stack.pop()
             yield n

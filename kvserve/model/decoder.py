@@ -107,6 +107,7 @@ class CausalLM(nn.Module):
         self.rotates = [cfg.rotates(i) for i in range(len(self.layers))]  # SmolLM3's NoPE layers: False
         self.native = False
         self.native_stack: Any | None = None  # every layer in one native call (kvserve.model.native_stack)
+        self.lora: Any | None = None  # a kvserve.lora.layers.LoRAContext once adapters are enabled
 
     @classmethod
     def from_hf_weights(cls, cfg: ModelConfig, weights: dict[str, Any], dtype: torch.dtype,
@@ -153,7 +154,10 @@ class CausalLM(nn.Module):
         h = self.embed_tokens(input_ids)  # a fresh tensor: the layers add to it in place
         if self.config.embed_scale != 1:  # in the hidden dtype, as transformers scales
             h = h * torch.tensor(self.config.embed_scale, dtype=h.dtype)
-        if self.native_stack is not None and run_native_stack(self.native_stack, h, positions, self, attn, meta, kv_caches):
+        # a step with adapter rows runs the Python layers: the native stack has no LoRA
+        lora_rows = self.lora is not None and self.lora.step is not None
+        if self.native_stack is not None and not lora_rows and \
+                run_native_stack(self.native_stack, h, positions, self, attn, meta, kv_caches):
             return self.norm(h) if keep_rows is None else self.norm(h[keep_rows])
         rope = self.rotary.for_step(positions, h.dtype, self.native)
         local: RotaryStep | None = None

@@ -28,6 +28,7 @@ class ReplicaCall:
     body: bytes
     prompts: list[list[int]] | None = None  # token ids of each prompt (generation requests the ingress tokenized)
     session: str | None = None  # X-Session-Id or the body's ``user`` (the ``session`` policy)
+    model: str | None = None  # the body's model: a LoRA adapter goes to a replica that has it loaded
 
 
 @dataclass

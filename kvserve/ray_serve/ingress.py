@@ -23,7 +23,7 @@ from ray.serve.handle import DeploymentHandle
 
 from kvserve.errors import RequestTooLargeError
 from kvserve.ray_serve.call import ReplicaCall, ResponseStart
-from kvserve.router.prompt import PromptTokenizer
+from kvserve.router.prompt import PromptTokenizer, body_model
 from kvserve.router.proxy import RESPONSE_DROPPED
 from kvserve.router.relay import BackendFailedError, StreamWatch, error_event
 from kvserve.router.state import SESSION_HEADER
@@ -108,4 +108,4 @@ class KVServeIngress:
         if session is None and isinstance(payload, dict) and isinstance(payload.get("user"), str):
             session = payload["user"]
         return ReplicaCall(request.method, request.url.path, request.url.query, list(request.headers.raw), body,
-                           prompts=prompts, session=session)
+                           prompts=prompts, session=session, model=body_model(payload))

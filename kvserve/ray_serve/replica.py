@@ -71,4 +71,5 @@ def cache_stats(client: Any) -> dict[str, Any]:
     Ray's own count, and stats that change only with the cache are pushed only when it changes.)"""
     events = client.kv_events
     return {"hash_scheme": events.hash_scheme() if events.enabled else None,
-            "cached": b"".join(sorted(events.cached))}  # 16 bytes a block, sorted: equal sets compare equal
+            "cached": b"".join(sorted(events.cached)),  # 16 bytes a block, sorted: equal sets compare equal
+            "lora_adapters": sorted(getattr(client, "lora_adapters", None) or [])}

@@ -26,7 +26,7 @@ from typing import Any
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from kvserve.ray_serve.call import ReplicaCall
-from kvserve.router.policy import DEFAULT_MAX_IMBALANCE, Candidate, Policy, make_policy
+from kvserve.router.policy import DEFAULT_MAX_IMBALANCE, Candidate, Policy, holding_adapter, make_policy
 from kvserve.router.prefix import HashScheme, PromptHashes
 
 log = logging.getLogger("kvserve.ray_serve")
@@ -118,6 +118,7 @@ class CacheAwareRequestRouter(RequestRouter):
         if not open_:
             return [candidate_replicas]  # all full or silent: Ray probes them again, with backoff
         call = call_of(pending_request)
+        open_ = holding_adapter(open_, call.model if call is not None else None, self.adapters_of)
         prompts = PromptHashes(call.prompts) if call is not None and call.prompts else None
         candidates = [Candidate(r.replica_id.unique_id, load=loads[r.replica_id],
                                 cached_tokens=self.cached_tokens(r, prompts)) for r in open_]
@@ -125,6 +126,11 @@ class CacheAwareRequestRouter(RequestRouter):
         chosen = next(r for r in open_ if r.replica_id.unique_id == name)
         rest = sorted((r for r in open_ if r is not chosen), key=lambda r: loads[r.replica_id])
         return [[chosen], rest] if rest else [[chosen]]
+
+    @staticmethod
+    def adapters_of(replica: RunningReplica) -> list[str]:
+        """The LoRA adapters the replica reported loaded."""
+        return list(((replica.routing_stats or {}).get(STATS_KEY) or {}).get("lora_adapters") or [])
 
     def cached_tokens(self, replica: RunningReplica, prompts: PromptHashes | None) -> int:
         if prompts is None:

@@ -71,6 +71,7 @@ class Backend:
     running: int = 0
     waiting: int = 0
     kv_usage: float = 0.0
+    adapters: frozenset[str] = frozenset()  # the LoRA adapters it has loaded
     # this router's requests on it, predicted (Prediction)
     computing: Counter[bytes] = field(default_factory=Counter)  # blocks of its requests in flight
     queued_tokens: int = 0  # prompt tokens predicted to be computed there before a new request's
@@ -119,6 +120,7 @@ class Backend:
         self.epoch, self.seq, self.synced = epoch, int(body["seq"]), True
         self.replica_id = str(body.get("replica_id", ""))
         self.scheme = HashScheme.from_json(body.get("hash_scheme") or {}) if body.get("enabled", True) else None
+        self.adapters = frozenset(str(a) for a in body.get("lora_adapters") or ())
         load = body.get("load")
         if load:
             self.running = int(load.get("running", 0))
@@ -133,6 +135,7 @@ class Backend:
         """Its state, for ``GET /admin/backends``."""
         return {"url": self.url, "healthy": self.healthy, "replica_id": self.replica_id, "in_flight": self.in_flight,
                 "running": self.running, "waiting": self.waiting, "kv_usage": self.kv_usage,
+                "lora_adapters": sorted(self.adapters),
                 "cached_blocks": len(self.cached), "computing_blocks": len(self.computing),
                 "queued_tokens": self.queued_tokens, "events_seq": self.seq, "synced": self.synced}
 

@@ -25,9 +25,11 @@ backend starves behind another that merely sorts first.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
+
+T = TypeVar("T")
 
 POLICIES = ("cache-aware", "round-robin", "least-load", "session")
 DEFAULT_MAX_IMBALANCE = 8
@@ -48,6 +50,14 @@ class Candidate:
     cached_tokens: int = 0  # this prompt's tokens predicted to be in its prefix cache
     load: int = 0  # requests in flight or waiting there
     queued_tokens: int = 0  # prompt tokens of requests sent there, predicted to be computed before this one
+
+
+def holding_adapter(items: Sequence[T], model: str | None, adapters: Callable[[T], Collection[str]]) -> list[T]:
+    """The backends among ``items`` that have the LoRA adapter ``model`` loaded (``adapters``: a backend's, as it
+    reported them), so its requests go where its weights are; all of them when none has it (the base model's
+    name, an adapter nobody loaded: each backend answers for itself)."""
+    holding = [b for b in items if model is not None and model in adapters(b)]
+    return holding or list(items)
 
 
 class Policy(Protocol):

@@ -85,3 +85,9 @@ class PromptTokenizer:
         return [self.tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt,
                                                    continue_final_message=req.continue_final_message, tools=tools,
                                                    chat_template_kwargs=kwargs)]
+
+
+def body_model(payload: Any) -> str | None:
+    """A request body's ``model`` (None when it names none): a LoRA adapter's requests go where it is loaded."""
+    model = payload.get("model") if isinstance(payload, dict) else None
+    return model if isinstance(model, str) else None

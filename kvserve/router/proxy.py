@@ -25,7 +25,7 @@ from kvserve.errors import EngineDeadError
 from kvserve.router.backends import Backend, BackendSet, Prediction
 from kvserve.router.metrics import RouterMetrics
 from kvserve.router.monitor import Monitor
-from kvserve.router.policy import Candidate, Policy
+from kvserve.router.policy import Candidate, Policy, holding_adapter
 from kvserve.router.prefix import PromptHashes
 from kvserve.router.relay import Relay, RelayResponse, StreamWatch, cached_tokens_of
 
@@ -57,6 +57,7 @@ class Route:
     stream: bool = False
     prompts: PromptHashes | None = None  # None: not a generation request, or not tokenized
     session: str | None = None
+    model: str | None = None  # the body's model (a LoRA adapter goes where it is loaded)
 
 
 @dataclass
@@ -94,6 +95,7 @@ class Proxy:
         live = [b for b in self.backends.healthy() if b.url not in exclude]
         if not live:
             return None
+        live = holding_adapter(live, route.model, lambda b: b.adapters)
         prompts = route.prompts
         candidates = {b.url: Candidate(b.url, prompts.cached_tokens(b.scheme, b.cache_view) if prompts else 0, b.load,
                                        b.queued_tokens) for b in live}

@@ -20,7 +20,7 @@ from kvserve.router.metrics import RouterMetrics
 from kvserve.router.monitor import Monitor, MonitorConfig
 from kvserve.router.policy import make_policy
 from kvserve.router.prefix import PromptHashes
-from kvserve.router.prompt import PromptTokenizer
+from kvserve.router.prompt import PromptTokenizer, body_model
 from kvserve.router.proxy import Proxy, Route, forwarded_headers
 
 SESSION_HEADER = "x-session-id"
@@ -100,7 +100,7 @@ class RouterState:
             session = payload["user"]
         return Route(request.method, request.url.path, request.url.query, forwarded_headers(request.headers.raw),
                      body, stream=isinstance(payload, dict) and payload.get("stream") is True, prompts=prompts,
-                     session=session)
+                     session=session, model=body_model(payload))
 
 
 def _json(body: bytes) -> Any:
@@ -108,3 +108,4 @@ def _json(body: bytes) -> Any:
         return json.loads(body)
     except ValueError:
         return None
+

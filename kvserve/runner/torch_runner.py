@@ -14,7 +14,7 @@ import torch
 
 from kvserve.attention import SeqRows, choose_attention_backend, get_kv_pool
 from kvserve.attention.kv_pool import resolve_kv_cache_dtype
-from kvserve.config import CacheConfig
+from kvserve.config import CacheConfig, LoRAConfig
 from kvserve.engine.batch import Batch, ScheduledChunk, StepOutput
 from kvserve.errors import InvalidArgumentError
 from kvserve.kv.manager import KVTransfer, window_tokens
@@ -38,11 +38,12 @@ class TorchRunner:
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], cache: CacheConfig, *,
                  dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
                  max_model_len: int | None = None, seed: int = 0, proposer: Proposer | None = None,
-                 quantization: str = "none", max_num_seqs: int = 128, max_num_batched_tokens: int = 2048):
+                 quantization: str = "none", max_num_seqs: int = 128, max_num_batched_tokens: int = 2048,
+                 lora: LoRAConfig | None = None):
         """``cache``: the KV cache part of the config (block size, pool size and dtype, attention backend);
         ``quantization``: which weights the model keeps quantized (``quantized_modules``);
         ``max_num_seqs`` sizes the default pool (``kv_budget``); with ``max_num_batched_tokens`` it bounds
-        the row counts the start-up warm-up compiles GEMM kernels for."""
+        the row counts the start-up warm-up compiles GEMM kernels for. ``lora``: adapters served (enable_lora)."""
         self.device = torch.device(device)
         self.dtype = dtype
         self.cfg = cfg
@@ -101,6 +102,11 @@ class TorchRunner:
         self.seed = seed
         self.proposer = proposer
         self._draft_probs: dict[str, torch.Tensor] = {}  # a sampled draft's distributions, until verified
+        self.lora = None
+        if lora is not None and lora.enable_lora:
+            from kvserve.lora.manager import LoRAManager
+
+            self.lora = LoRAManager(cfg, lora, self.model, dtype)
         self.source: ModelSource | None = None  # where the weights came from (the builder sets it)
 
     def _warm_up(self, model: CausalLM) -> None:
@@ -141,6 +147,8 @@ class TorchRunner:
         calibrate_kv_scales(model, self.kv_pool, self.dtype)  # an 8-bit pool's scales follow the weights
         self._warm_up(model)
         self.model, self.cfg = model, cfg
+        if self.lora is not None:
+            self.lora.rebind(model)
         self.kv_fingerprint = self.kv_pool.fingerprint(cfg, weights, self.dtype, model.quantization_tag())
         give_back_memory()  # the old model's
 
@@ -182,8 +190,15 @@ class TorchRunner:
         all_rows = any(c.request.needs_prompt_logprobs for c in chunks)
         keep = None if all_rows or len(rows) == len(inputs.input_ids) else \
             torch.tensor(rows, dtype=torch.long, device=self.device)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.attention, inputs.meta, self.kv_pool.layers,
-                            keep_rows=keep)
+        if self.lora is not None:  # each row's adapter (None: the base model)
+            refs = [chunks[i].request.lora for i in inputs.order for _ in seqs[i].tokens]
+            self.model.lora.step = self.lora.step(refs, None if keep is None else rows)
+        try:
+            hidden = self.model(inputs.input_ids, inputs.positions, self.attention, inputs.meta, self.kv_pool.layers,
+                                keep_rows=keep)
+        finally:
+            if self.lora is not None:
+                self.model.lora.step = None
         if all_rows:
             self._prompt_logprobs(hidden, chunks, inputs.offsets, out)
         if not rows:

@@ -23,7 +23,7 @@ from kvserve.server.engine_client import EngineClient
 from kvserve.server.errors import HANDLED_EXCEPTIONS, handle_error
 from kvserve.server.http_metrics import HttpMetricsMiddleware
 from kvserve.server.middleware import GuardMiddleware
-from kvserve.server.routes import admin, kv, model, openai, tokenize, ui
+from kvserve.server.routes import admin, kv, lora, model, openai, tokenize, ui
 from kvserve.server.state import ServerState
 
 def create_app(client: EngineClient, config: ServerConfig | None = None, *, own_client: bool = True) -> FastAPI:
@@ -46,7 +46,8 @@ def create_app(client: EngineClient, config: ServerConfig | None = None, *, own_
     app.add_middleware(GuardMiddleware, api_key=config.api_key, max_bytes=config.max_request_bytes)
     for exc_class in HANDLED_EXCEPTIONS:
         app.add_exception_handler(exc_class, handle_error)
-    routers = (admin.router, model.router, openai.router, tokenize.router, kv.router, ui.router)  # ui: the web page (docs/ui.md)
+    # ui: the web page (docs/ui.md); lora: the runtime adapter routes (docs/lora.md); model: sleep, wake, new weights
+    routers = (admin.router, model.router, openai.router, lora.router, tokenize.router, kv.router, ui.router)
     for router in routers:
         app.include_router(router)
     # added last, so outermost: it counts the guard's refusals too

@@ -56,7 +56,9 @@ class BeamSearchRun:
         try:
             while not search.done:
                 client.check_capacity(len(search.live))
-                self._steps = [client.add_request(self.prompt + list(b.tokens), params) for b in search.live]
+                lora = self.state.lora_of(self.body.model)
+                self._steps = [client.add_request(self.prompt + list(b.tokens), params, lora_name=lora)
+                               for b in search.live]
                 outs = await asyncio.gather(*(_final(s) for s in self._steps))
                 if search.steps == 0:
                     self._num_cached = outs[0].num_cached_tokens

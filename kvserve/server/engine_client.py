@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from kvserve.config import KVServeConfig
 from kvserve.engine.engine import check_prompt
 from kvserve.engine.live_state import EngineState
-from kvserve.engine.messages import (AbortRequests, AddRequest, EngineFailed, EngineReady, EngineStatsSnapshot, ReportState,
-                                     Shutdown, StepMessage)
+from kvserve.engine.messages import (AbortRequests, AddRequest, EngineFailed, EngineReady, EngineStatsSnapshot,
+                                     LoRACommand, LoRAReply, ReportState, Shutdown, StepMessage)
 from kvserve.engine.model_ops import SLEEPING
 from kvserve.text.output import OutputProcessor
 from kvserve.engine.request import Request, SamplingParams
@@ -35,6 +35,7 @@ from kvserve.engine.worker import engine_environment, run_engine_process
 from kvserve.errors import EngineDeadError, ModelLoadError, ServerBusyError, ServiceUnavailableError
 from kvserve.server.kv_events import KVEventLog
 from kvserve.server.model_commands import ModelCommands
+from kvserve.server.lora_metrics import LoRAUsage
 from kvserve.server.request_stream import RequestObserver, RequestStream
 
 if TYPE_CHECKING:
@@ -71,7 +72,8 @@ class EngineClient(Protocol):
     def check_capacity(self, num_requests: int) -> None: ...
     def validate_prompt(self, prompt_token_ids: list[int]) -> None: ...
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, *, arrival_time: float | None = None,
-                    request_id: str | None = None, validate: bool = True, trace: bool = False) -> RequestStream: ...
+                    request_id: str | None = None, validate: bool = True, trace: bool = False,
+                    lora_name: str | None = None) -> RequestStream: ...
     def abort(self, request_id: str) -> None: ...
     async def fetch_state(self, timeout: float = 5.0) -> EngineState | None: ...
     @property
@@ -129,6 +131,10 @@ class AsyncEngineClient(ModelCommands):
         self.processor = OutputProcessor(self.tokenizer)
         self.kv_events = KVEventLog(ready.block_size, ready.cache_root_key, enabled=ready.prefix_caching)
         self.kv_transfer_address = ready.kv_transfer_address  # where prefill replicas send KV ("": nowhere)
+        # the LoRA adapters loaded (None: --enable-lora is off), their requests and tokens; pending load/unload calls
+        self.lora_adapters: list[str] | None = ready.lora_adapters
+        self.lora_usage = LoRAUsage()
+        self._lora_calls: dict[str, asyncio.Future[LoRAReply]] = {}
 
     def _wait_ready(self, timeout: float) -> EngineReady:
         deadline = time.monotonic() + timeout
@@ -211,13 +217,14 @@ class AsyncEngineClient(ModelCommands):
 
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, *,
                     arrival_time: float | None = None, request_id: str | None = None,
-                    validate: bool = True, trace: bool = False) -> RequestStream:
+                    validate: bool = True, trace: bool = False, lora_name: str | None = None) -> RequestStream:
         """Queue a request in the engine and return the stream of its outputs.
 
         Validation happens here, so a bad request never reaches the engine; ``validate=False`` is for
         callers that already validated the prompt (the server checks all of a request's prompts
         before adding any) and for tests of the engine's own checks. ``trace``: the engine sends the
-        request's timeline with its first output (``RequestDelta.timeline``), for a span.
+        request's timeline with its first output (``RequestDelta.timeline``), for a span. ``lora_name``: the
+        adapter it runs with.
         """
         self._check_alive()
         if self._loop is None:
@@ -232,7 +239,9 @@ class AsyncEngineClient(ModelCommands):
         self.processor.add(Request(rid, list(prompt_token_ids), params, max_total_tokens=self.max_model_len))
         self._requests[rid] = stream
         try:
-            self._send(AddRequest(rid, list(prompt_token_ids), params, trace))
+            self._send(AddRequest(rid, list(prompt_token_ids), params, trace, lora_name))
+            if lora_name is not None:
+                self.lora_usage.start(rid, lora_name, len(prompt_token_ids))
         except BaseException:
             self._forget(rid)
             raise
@@ -259,6 +268,18 @@ class AsyncEngineClient(ModelCommands):
             return await asyncio.wait_for(asyncio.shield(self._state), timeout)
         except TimeoutError:
             return None
+
+    async def lora_command(self, action: str, name: str, path: str | None = None) -> LoRAReply:
+        """Load (from ``path``) or unload an adapter in the engine, between two of its steps."""
+        self._check_alive()
+        assert self._loop is not None
+        call_id = uuid.uuid4().hex
+        self._lora_calls[call_id] = future = self._loop.create_future()
+        self._send(LoRACommand(call_id, action, name, path))
+        try:
+            return await future
+        finally:
+            self._lora_calls.pop(call_id, None)
 
     @property
     def num_in_flight(self) -> int:
@@ -305,7 +326,12 @@ class AsyncEngineClient(ModelCommands):
                 stream = self._requests.get(r.request_id)
                 if stream is not None:
                     stream.queue.put_nowait(r.error())
+            for reply in msg.lora_replies:
+                self.lora_adapters = reply.adapters
+                if (call := self._lora_calls.get(reply.call_id)) is not None and not call.done():
+                    call.set_result(reply)
             for d in msg.deltas:
+                self.lora_usage.on_delta(d)
                 stream = self._requests.get(d.request_id)
                 if stream is not None:  # else: aborted here after the engine stepped it
                     stream.queue.put_nowait((msg.step_end, d))
@@ -320,6 +346,9 @@ class AsyncEngineClient(ModelCommands):
             self._dead = "the engine process exited unexpectedly; the server must be restarted"
         self._fail_all(self._dead)
         self._fail_commands(EngineDeadError(self._dead))
+        for call in self._lora_calls.values():
+            if not call.done():
+                call.set_exception(EngineDeadError(self._dead))
         if self._state is not None and not self._state.done():
             self._state.set_result(None)
         self.stats = EngineStatsSnapshot(kv_blocks_total=self.stats.kv_blocks_total,

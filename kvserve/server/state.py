@@ -21,6 +21,7 @@ from kvserve.errors import InvalidArgumentError, NotFoundError
 from kvserve.server import protocol as P
 from kvserve.server.engine_client import EngineClient
 from kvserve.server.engine_view import EngineView
+from kvserve.server.lora_metrics import LoRACollector
 from kvserve.server.metrics import ServerMetrics
 from kvserve.server.request_stream import RequestStream
 from kvserve.text.reasoning import ReasoningSplitter
@@ -47,6 +48,8 @@ class ServerState:
         self.names = list(config.served_model_names) or [client.model_name]
         self.metrics = ServerMetrics(client, self.names[0])
         client.observer = self.metrics
+        if getattr(client, "lora_adapters", None) is not None:
+            self.metrics.registry.register(LoRACollector(client))
         self.tokenizer = client.tokenizer
         # A token never covers more characters of text than its vocabulary entry has (byte-level
         # entries spell bytes, and a character is at least one), so a text longer than this cannot
@@ -69,11 +72,21 @@ class ServerState:
         if self.tracer is not None:
             self.tracer.shutdown()
 
+    @property
+    def adapters(self) -> list[str]:
+        """The LoRA adapters a request may name as its model (none unless --enable-lora)."""
+        return list(getattr(self.client, "lora_adapters", None) or [])
+
     def check_model(self, model: str | None) -> str:
-        if model is not None and model not in self.names:  # a 404, as OpenAI and vLLM answer
+        if model is not None and model not in self.names and model not in self.adapters:  # a 404, as OpenAI answers
             raise NotFoundError(f"the model {model!r} does not exist; this server serves "
-                                f"{', '.join(map(repr, self.names))}", param="model", code="model_not_found")
+                                f"{', '.join(map(repr, self.names + self.adapters))}", param="model",
+                                code="model_not_found")
         return model or self.names[0]
+
+    def lora_of(self, model: str | None) -> str | None:
+        """The LoRA adapter a (checked) model name picks; None for the base model."""
+        return model if model is not None and model not in self.names else None
 
     async def prepare(self, body: P._SamplingRequest) -> None:
         """Check what a request asks across its fields, and tokenize its bad_words."""
@@ -136,6 +149,7 @@ class ServerState:
         """Validate everything, then add prompts x n engine requests (choice k = prompt * n + i).
         With tracing on, each gets a trace, its parent the ``traceparent`` in ``headers``."""
         check_choices(len(prompts) * body.n)
+        lora = self.lora_of(model)
         params = [params_for(i) for i in range(body.n)]
         for p in prompts:
             self.client.validate_prompt(p)
@@ -145,7 +159,7 @@ class ServerState:
             for p in prompts:
                 for i in range(body.n):
                     streams.append(self.client.add_request(p, params[i], validate=False,  # checked above
-                                                           trace=self.tracer is not None))
+                                                           trace=self.tracer is not None, lora_name=lora))
                     if self.tracer is not None:
                         s = streams[-1]
                         s.trace = self.tracer.begin(

@@ -176,6 +176,7 @@ RAISING = {
     "paged_attention": lambda: ops.paged_attention(_t, _t, _t, _t, _t, _t, 16, 1.0),
     "flash_prefill": lambda: ops.flash_prefill(_t, _t, _t, _t, _t, _t, 16, 1.0),
     "DecodeStack": lambda: ops.decode_stack(4, 2, 16, 64, 128, 1e-5),
+    "lora_apply_": lambda: ops.lora_apply_(_t, _t, _t, _t, _t, _t, _t),
 }
 
 

@@ -32,13 +32,14 @@ PROMPT = list(range(100, 100 + 4 * BLOCK + 1))  # four full blocks (the last tok
 class FakeReplica:
     """What the router reads of a running replica: its id, routing stats, queue length, capacity."""
 
-    def __init__(self, name: str, cached_blocks: int = 0, queue_len: int = 0, max_ongoing: int = 64):
+    def __init__(self, name: str, cached_blocks: int = 0, queue_len: int = 0, max_ongoing: int = 64,
+                 adapters: list[str] | None = None):
         self.replica_id = ReplicaID(unique_id=name, deployment_id=DEPLOYMENT)
         self.queue_len = queue_len
         self.max_ongoing_requests = max_ongoing
         log = KVEventLog(BLOCK, ROOT)
         log.apply(block_hashes(PROMPT, HashScheme(ROOT, BLOCK))[:cached_blocks], [])
-        client = SimpleNamespace(kv_events=log)
+        client = SimpleNamespace(kv_events=log, lora_adapters=adapters)
         self.routing_stats = {"kvserve": cache_stats(client)}  # what the real replica reports
 
     async def get_queue_len(self, *, deadline_s: float) -> int:
@@ -54,11 +55,11 @@ def make_router(**kwargs) -> CacheAwareRequestRouter:
 LOOP = asyncio.new_event_loop()  # one loop for every router here: a router keeps the loop it first ran on
 
 
-def choose(router, replicas, prompts=(PROMPT,), session=None) -> list[list[str]]:
+def choose(router, replicas, prompts=(PROMPT,), session=None, model=None) -> list[list[str]]:
     """The router's ranking of ``replicas`` for a request with ``prompts``, by name."""
     async def go():
         call = ReplicaCall("POST", "/v1/completions", "", [], b"{}", prompts=[list(p) for p in prompts] or None,
-                           session=session)
+                           session=session, model=model)
         pending = PendingRequest(args=[call], kwargs={}, metadata=RequestMetadata("r", "r"))
         ranks = await router.choose_replicas(replicas, pending)
         return [[r.replica_id.unique_id for r in rank] for rank in ranks]
@@ -103,3 +104,11 @@ def test_routing_stats_round_trip_and_bad_stats_read_as_an_empty_cache():
     assert cache.cached == set(block_hashes(PROMPT, HashScheme(ROOT, BLOCK))[:2])
     for bad in (None, {}, {"kvserve": "x"}, {"kvserve": {"cached": b"123"}}):
         assert ReplicaCache.from_stats(bad).cached == frozenset()
+
+
+def test_an_adapters_requests_go_to_a_replica_that_has_it_loaded():
+    replicas = [FakeReplica("a", cached_blocks=4), FakeReplica("b", adapters=["sql"])]
+    router = make_router()
+    assert choose(router, replicas, model="sql")[0] == ["b"]  # over a's cached prefix
+    assert choose(router, replicas, model="base")[0] == ["a"]
+    assert choose(router, replicas, model="nobody-has-it")[0] == ["a"]

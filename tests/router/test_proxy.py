@@ -302,3 +302,25 @@ def test_router_flags():
         RouterConfig(max_attempts=0)
     with pytest.raises(InvalidArgumentError):
         RouterConfig(policy="random")
+
+
+def test_an_adapters_requests_go_where_it_is_loaded():
+    """A backend that reported the LoRA adapter (its /kv/events' lora_adapters) gets its requests, even against the
+    cache; the base model's and an adapter nobody has go by the policy as before."""
+    scheme = HashScheme(b"root", 4)
+    prompt = list(range(3, 20))
+    hashes = block_hashes(prompt, scheme)
+
+    async def main():
+        proxy, backends, _ = make_proxy(lambda r: httpx.Response(200), policy=CacheAware())
+        for b in backends:
+            b.scheme = scheme
+        backends.get(B).cached = set(hashes)
+        backends.get(A).apply_events({"reset": True, "seq": 1, "epoch": "e", "lora_adapters": ["sql"]})
+        assert backends.get(A).describe()["lora_adapters"] == ["sql"]
+        for _ in range(3):
+            assert proxy.choose(route(prompts=PromptHashes([prompt]), model="sql"))[0].url == A
+        assert proxy.choose(route(prompts=PromptHashes([prompt]), model="m"))[0].url == B
+        assert proxy.choose(route(prompts=PromptHashes([prompt]), model="other"))[0].url == B
+
+    asyncio.run(main())

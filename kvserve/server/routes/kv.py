@@ -56,6 +56,7 @@ async def kv_events(request: Request, state: State, since: int | None = None, ep
         "stored": [k.hex() for k in batch.stored],
         "removed": [k.hex() for k in batch.removed],
         "num_cached_blocks": len(log.cached),
+        "lora_adapters": state.adapters,  # a router sends an adapter's requests where it is loaded
         "load": {
             "running": stats.num_running,
             # requests this server holds that the engine does not run yet (some may be on their way to it)

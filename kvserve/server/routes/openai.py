@@ -28,15 +28,19 @@ router = APIRouter()
 async def models(state: State) -> P.ModelList:
     created = P.now_s()
     client = state.client
-    return P.ModelList(data=[P.ModelCard(id=name, created=created, root=client.model_name,
-                                         max_model_len=client.max_model_len) for name in state.names])
+    cards = [P.ModelCard(id=name, created=created, root=client.model_name, max_model_len=client.max_model_len)
+             for name in state.names]
+    cards += [P.ModelCard(id=name, created=created, root=name, parent=state.names[0],
+                          max_model_len=client.max_model_len) for name in state.adapters]
+    return P.ModelList(data=cards)
 
 
 @router.get("/v1/models/{model_id:path}")
 async def retrieve_model(model_id: str, state: State) -> P.ModelCard:
     name = state.check_model(model_id)
-    return P.ModelCard(id=name, created=P.now_s(), root=state.client.model_name,
-                       max_model_len=state.client.max_model_len)
+    adapter = name not in state.names
+    return P.ModelCard(id=name, created=P.now_s(), root=name if adapter else state.client.model_name,
+                       parent=state.names[0] if adapter else None, max_model_len=state.client.max_model_len)
 
 
 @router.post("/v1/completions")
