@@ -123,3 +123,34 @@ def test_tier_entries_are_keyed_by_adapter(setup):
     before = llm.engine.kv.stats.tier_hits["host"]
     assert llm.generate([prompt], GREEDY, lora="a")[0].num_cached_tokens >= 32
     assert llm.engine.kv.stats.tier_hits["host"] > before
+
+
+def test_adapters_follow_new_base_weights(setup, tmp_path):
+    """After update_weights_from_disk the adapters apply to the new base model: an adapter's answer equals a
+    fresh engine's on the new weights with the same adapter."""
+    import torch
+
+    folder, paths = setup
+    model, _ = checkpoint("LlamaForCausalLM", None)
+    with torch.no_grad():
+        for p in model.parameters():  # other weights of the same shapes
+            p.mul_(-1.5)
+    newer = tmp_path / "newer"
+    model.save_pretrained(newer)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.div_(-1.5)
+    for f in folder.iterdir():
+        if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
+            (newer / f.name).write_bytes(f.read_bytes())
+    prompt = list(range(3, 30))
+    llm = make_llm(folder, enable_lora=True, block_size=4)
+    llm.load_lora_adapter("a", str(paths["a"]))
+    before = llm.generate([prompt], GREEDY, lora="a")[0].token_ids
+    llm.update_weights_from_disk(str(newer))
+    after = llm.generate([prompt], GREEDY, lora="a")[0].token_ids
+    fresh = make_llm(newer, enable_lora=True, block_size=4)
+    fresh.load_lora_adapter("a", str(paths["a"]))
+    assert after == fresh.generate([prompt], GREEDY, lora="a")[0].token_ids
+    assert after != before
+    assert after != fresh.generate([prompt], GREEDY)[0].token_ids  # the adapter still changes the answer
