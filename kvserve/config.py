@@ -204,19 +204,12 @@ class SpeculationConfig:
 class LoRAConfig:
     """LoRA adapters served beside the base model (docs/lora.md): which, how many at once, how large."""
 
-    enable_lora: bool = field(default=False, metadata={"help": "serve LoRA adapters (PEFT format); a request picks "
-                              "one by its `model` name", "store_true": True})
-    lora_modules: list[str] = field(default_factory=list, metadata={"help": "adapters loaded at start, as "
-                                    "name=path (a PEFT folder: adapter_config.json + adapter_model.safetensors)",
-                                    "nargs": "+"})
-    max_loras: int = field(default=4, metadata={"help": "most distinct adapters in one step (its requests wait "
-                           "for a slot beyond that)"})
+    enable_lora: bool = field(default=False, metadata={"store_true": True, "help": "serve LoRA adapters (PEFT format); a request picks one by its `model` name"})  # noqa: E501
+    lora_modules: list[str] = field(default_factory=list, metadata={"nargs": "+", "help": "adapters loaded at start, as name=path (a PEFT folder: adapter_config.json + adapter_model.safetensors)"})  # noqa: E501
+    max_loras: int = field(default=4, metadata={"help": "most distinct adapters in one step (its requests wait for a slot beyond that)"})  # noqa: E501
     max_lora_rank: int = field(default=64, metadata={"help": "largest adapter rank accepted"})
-    max_cpu_loras: int | None = field(default=None, metadata={"help": "adapters whose weights are kept in memory, "
-                                      "least recently used dropped first (and read again on use); default: "
-                                      "--max-loras x 4"})
-    lora_dir: str | None = field(default=None, metadata={"help": "the folder POST /v1/load_lora_adapter may read "
-                                 "adapters from (no runtime loading without it)"})
+    max_cpu_loras: int | None = field(default=None, metadata={"help": "adapters whose weights are kept in memory, least recently used dropped first (and read again on use); default: --max-loras x 4"})  # noqa: E501
+    lora_dir: str | None = field(default=None, metadata={"help": "the folder POST /v1/load_lora_adapter may read adapters from (no runtime loading without it)"})  # noqa: E501
 
     def __post_init__(self) -> None:
         _check(self.max_loras >= 1, "--max-loras must be at least 1", "max_loras")
