@@ -131,6 +131,16 @@ def _forward(runner: TorchRunner, seqs: list[SeqRows], native: bool):
 STEPS = {"mixed": [(1, 3), (1, 17), (1, 150), (20, 40), (1, 33)], "long": [(1, 500)]}
 
 
+def _check_one_step_on(runner, seqs, threads: int) -> None:
+    """``_check_one_step`` with torch on ``threads`` threads (the stack splits its work across them)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _check_one_step(runner, seqs)
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("rows", STEPS)
 @pytest.mark.parametrize("quantization,bias,arch", [("int4", False, "llama"), ("int8", False, "llama"),
@@ -141,12 +151,7 @@ def test_one_step_equals_the_python_layers(quantization, bias, arch, rows, threa
     runner = _runner(quantization, bias=bias, arch=arch)
     assert runner.model.native_stack is not None and runner.model.native_stack.num_layers() == 2
     seqs = _step(runner, STEPS[rows])
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        _check_one_step(runner, seqs)
-    finally:
-        torch.set_num_threads(before)
+    _check_one_step_on(runner, seqs, threads)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -157,12 +162,7 @@ def test_one_step_of_each_architectures_options_equals_the_python_layers(arch, r
     stack = runner.model.native_stack
     assert stack is not None and stack.num_layers() == runner.cfg.num_hidden_layers
     seqs = _step(runner, STEPS[rows])
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        _check_one_step(runner, seqs)
-    finally:
-        torch.set_num_threads(before)
+    _check_one_step_on(runner, seqs, threads)
 
 
 @pytest.mark.parametrize("arch", ["llama", "window+cap", "sinks", "Gemma3ForCausalLM", "Olmo2ForCausalLM"])

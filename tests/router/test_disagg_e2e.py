@@ -11,13 +11,12 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from kvserve.config import KVServeConfig, ServerConfig
 from kvserve.router.app import create_router_app
 from kvserve.router.config import RouterConfig
 from kvserve.router.prompt import PromptTokenizer
-from kvserve.server.engine_client import AsyncEngineClient
 from server_utils import AppThread, ServerThread
-from router.test_router_e2e import answer, post, stream_text
+from router.test_router_e2e import answer, post, stream_text, tokenizer  # noqa: F401 (a fixture)
+from router.test_router_e2e import replica as router_replica
 
 # float32, dense, SDPA on both paths: a restored prefix and a recomputed one agree to the bit
 ENGINE = dict(dtype="float32", quantization="none", attention_backend="gather-sdpa", num_threads=1,
@@ -27,13 +26,7 @@ PROMPT = "The quick brown fox jumps over the lazy dog. " * 6  # ~60 tokens: thre
 
 
 def replica(model_dir, name: str, **kw) -> ServerThread:
-    client = AsyncEngineClient(KVServeConfig.from_kwargs(model=str(model_dir), **ENGINE, **kw))
-    return ServerThread(client, ServerConfig(served_model_names=["tiny"], replica_id=name))
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return PromptTokenizer.load(str(tiny_model_dir)).tokenizer
+    return router_replica(model_dir, name, ENGINE, **kw)
 
 
 @pytest.fixture(scope="module")

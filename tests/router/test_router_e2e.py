@@ -27,8 +27,8 @@ ENGINE = dict(dtype="float32", num_threads=1, num_kv_blocks=256, max_num_seqs=16
 GREEDY = {"model": "tiny", "max_tokens": 8, "temperature": 0, "ignore_eos": True}
 
 
-def replica(model_dir, name: str) -> ServerThread:
-    client = AsyncEngineClient(KVServeConfig.from_kwargs(model=str(model_dir), **ENGINE))
+def replica(model_dir, name: str, engine: dict = ENGINE, **kw) -> ServerThread:
+    client = AsyncEngineClient(KVServeConfig.from_kwargs(model=str(model_dir), **engine, **kw))
     return ServerThread(client, ServerConfig(served_model_names=["tiny"], replica_id=name))
 
 
