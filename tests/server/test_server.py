@@ -487,7 +487,7 @@ def test_cli_serve_queue_limit_and_sigterm(tiny_model_dir):
     streams in flight finish and the process exit 0."""
     proc, url = start_cli_server(tiny_model_dir, "--max-num-seqs", "1", "--max-waiting-requests", "1")
     try:
-        long_body = {"prompt": [5, 6, 7], "max_tokens": 200, "temperature": 0, "ignore_eos": True, "stream": True}
+        long_body = {"prompt": [5, 6, 7], "max_tokens": 500, "temperature": 0, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", f"{url}/v1/completions", json=long_body, timeout=60) as r:
             lines = sse.lines(r.iter_text())
             first = next(e for e in sse.events(lines))
