@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from kvserve.config import KVServeConfig
-from kvserve.device import resolve_device, resolve_dtype
+from kvserve.device import amx_gemm_available, resolve_deterministic, resolve_device, resolve_dtype
 from kvserve.model.quant_linear import runs_quantized
 from kvserve.engine.core import EngineCore
 from kvserve.engine.engine import Engine
@@ -50,9 +50,13 @@ def build_engine(config: KVServeConfig, model_cfg: ModelConfig, weights: Weights
         torch.set_num_threads(m.num_threads)
     device = resolve_device(m.device)
     dtype = resolve_dtype(m.dtype, device, quantized=runs_quantized(m.quantization, weights))
+    deterministic = resolve_deterministic(m.deterministic, device)
+    if deterministic and amx_gemm_available():
+        log.info("--deterministic: the bf16 AMX paths are off (linears and prefill attention run as decode's do)")
     runner = TorchRunner(model_cfg, weights, config.cache, dtype=dtype, device=device, max_model_len=m.max_model_len,
                          seed=m.seed, quantization=m.quantization, max_num_seqs=config.scheduler.max_num_seqs,
-                         max_num_batched_tokens=config.scheduler.max_num_batched_tokens, lora=config.lora)
+                         max_num_batched_tokens=config.scheduler.max_num_batched_tokens, lora=config.lora,
+                         deterministic=deterministic)
     if runner.lora is not None:
         for name, path in parse_lora_modules(config.lora.lora_modules).items():
             runner.lora.load(name, path)

@@ -59,6 +59,7 @@ class ModelOptions:
     seed: int = field(default=0, metadata={"help": "seed of the shared generator for unseeded sampling (and of "
                       "--load-format dummy's weights)"})
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: all cores)"})
+    deterministic: bool | None = field(default=None, metadata={"tristate": True, "help": "a token's logits never depend on the batch, chunking, speculation or prefix hits (docs/determinism.md); default: on except on AMX CPUs, where it turns the bf16 AMX paths off"})  # noqa: E501
 
     def __post_init__(self) -> None:
         _check(self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}", "dtype")
@@ -375,7 +376,7 @@ class KVServeConfig:
                 flag = meta.get("flag", _flag(f.name))
                 if meta.get("store_true"):
                     args.append(flag)
-                elif f.type in (bool, "bool"):
+                elif f.type in (bool, "bool") or meta.get("tristate"):
                     args.append(flag if value else "--no-" + flag[2:])
                 elif meta.get("nargs"):
                     args += [flag, *map(str, value)]
@@ -401,7 +402,7 @@ def _add_flag(group: Any, f: Any) -> None:
         default = os.environ.get(meta["env"], default)
     if meta.get("store_true"):
         group.add_argument(flag, dest=f.name, action="store_true", help=meta.get("help"))
-    elif f.type in (bool, "bool"):
+    elif f.type in (bool, "bool") or meta.get("tristate"):  # tristate: absent is None (auto)
         group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
                            help=meta.get("help"))
     elif meta.get("nargs"):

@@ -40,6 +40,14 @@ def amx_gemm_available(flags: set[str] | None = None) -> bool:
     return "amx_bf16" in (cpu_flags() if flags is None else flags)
 
 
+def resolve_deterministic(deterministic: bool | None, device: str) -> bool:
+    """``--deterministic`` (None: auto): on a CPU, auto is on unless the CPU runs the bf16 AMX paths, whose
+    results depend on a step's row count (docs/determinism.md); on CUDA auto is off (no invariant kernels)."""
+    if deterministic is not None:
+        return deterministic
+    return not device.startswith("cuda") and not amx_gemm_available()
+
+
 def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"

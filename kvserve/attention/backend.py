@@ -58,6 +58,7 @@ class NativeAttention:
     seq_info: torch.Tensor  # int32 [S, 4]
     block_size: int
     scale: float
+    invariant: bool = False  # the backend attends batch-invariantly (PagedBackend.invariant)
 
 
 class AttentionBackend(ABC):

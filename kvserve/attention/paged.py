@@ -28,6 +28,11 @@ attended by the kernels, which take both (``attend_layer``): the SDPA pieces tak
 prompt chunks go to ``flash_prefill`` where that runs, else to the paged kernel with the rest. A
 windowed row reads only its window's blocks, so a long context costs the window. Sinks (gpt-oss) the paged
 kernel takes too; a step with ``flash_prefill`` rows sends a layer with sinks to the general path.
+
+With ``invariant`` (the default wherever it costs nothing: ``--deterministic``, docs/determinism.md) every row
+goes to the paged kernel, none to SDPA or ``flash_prefill``: a token gets the same arithmetic decoded, verified
+or in a prompt chunk of any length. On the CPUs measured the kernel is as fast as SDPA on whole prompts
+(docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -117,6 +122,11 @@ class PagedMetadata(AttentionMetadata):
 class PagedBackend(AttentionBackend):
     # whether chunks that start a sequence go to SDPA (True) or to the kernel with the rest
     fresh_prefill_sdpa = True
+    # Batch invariance (the runner sets it: ``--deterministic``): every row goes to the paged kernel, whose
+    # result for a row depends only on its query and its context, however the step is made up: no SDPA
+    # or flash_prefill pieces (a prompt token would otherwise get other arithmetic than the same token
+    # decoded, verified or recomputed after a prefix hit), and no decode-only bf16 shortcuts.
+    invariant = False
 
     def __init__(self, pool: KVPool, model_dtype: torch.dtype):
         super().__init__(pool, model_dtype)
@@ -157,7 +167,8 @@ class PagedBackend(AttentionBackend):
         fresh: list[tuple[int, int]] = []
         long: list[tuple[int, SeqRows]] = []
         long_chunk = BF16_LONG_CHUNK if self.prefill_dtype == torch.bfloat16 else LONG_CHUNK
-        flash = self.flash_prefill()
+        flash = self.flash_prefill() and not self.invariant
+        kernel_only = self.invariant
         flash_info: list[int] = []
         flash_tables: list[int] = []
         row = 0
@@ -171,9 +182,9 @@ class PagedBackend(AttentionBackend):
             if flash and n >= FLASH_MIN_ROWS and (s.start == 0 or n > long_chunk):
                 flash_info += (row, n, s.end, len(flash_tables))
                 flash_tables += table
-            elif s.start == 0 and n > 1 and self.fresh_prefill_sdpa:
+            elif s.start == 0 and n > 1 and self.fresh_prefill_sdpa and not kernel_only:
                 fresh.append((row, n))
-            elif s.start > 0 and n > long_chunk:
+            elif s.start > 0 and n > long_chunk and not kernel_only:
                 long.append((row, s))
             else:
                 info += (row, n, s.end, len(tables))
@@ -236,7 +247,8 @@ class PagedBackend(AttentionBackend):
         tables, info = self._all_rows(meta)
         if info.shape[0]:
             ops.paged_attention(out, q, layer_kv[0], layer_kv[1], tables, info, self.pool.block_size, scale,
-                                *self._scales(layer_kv), window=window, softcap=softcap, sinks=sinks)
+                                *self._scales(layer_kv), window=window, softcap=softcap, sinks=sinks,
+                                invariant=self.invariant)
         if meta.flash_info is not None:
             ops.flash_prefill(out, q, layer_kv[0], layer_kv[1], meta.flash_tables, meta.flash_info,
                               self.pool.block_size, scale, window=window, softcap=softcap)
@@ -266,7 +278,8 @@ class PagedBackend(AttentionBackend):
     def native_step(self, meta: PagedMetadata) -> NativeAttention | None:  # type: ignore[override]
         if meta.fresh or meta.gathered or meta.flash_info is not None or not meta.seq_info.shape[0]:
             return None  # some rows go to SDPA
-        return NativeAttention(meta.slot_mapping, meta.block_tables, meta.seq_info, self.pool.block_size, self.scale)
+        return NativeAttention(meta.slot_mapping, meta.block_tables, meta.seq_info, self.pool.block_size, self.scale,
+                               self.invariant)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_kv: LayerKV, meta: PagedMetadata,
                 scale: float | None = None) -> torch.Tensor:  # type: ignore[override]
@@ -278,7 +291,7 @@ class PagedBackend(AttentionBackend):
         out = torch.empty_like(q)
         if meta.seq_info.shape[0]:  # an 8-bit cache is read as stored, with its scales
             ops.paged_attention(out, q, k_cache, v_cache, meta.block_tables, meta.seq_info,
-                                self.pool.block_size, scale, *self._scales(layer_kv))
+                                self.pool.block_size, scale, *self._scales(layer_kv), invariant=self.invariant)
         if meta.flash_info is not None:
             ops.flash_prefill(out, q, k_cache, v_cache, meta.flash_tables, meta.flash_info,
                               self.pool.block_size, scale)
@@ -310,7 +323,8 @@ class PagedBackend(AttentionBackend):
         if info:
             ops.paged_attention(out, q[rows], layer_kv[0], layer_kv[1], torch.tensor(tables, dtype=torch.int32),
                                 torch.tensor(info, dtype=torch.int32).view(-1, 4), self.pool.block_size,
-                                scale, *self._scales(layer_kv), window=window, softcap=softcap, sinks=sinks)
+                                scale, *self._scales(layer_kv), window=window, softcap=softcap, sinks=sinks,
+                                invariant=self.invariant)
         return out
 
     def _row_runs(self, seqs: Sequence[SeqRows], rows: list[int]) -> tuple[list[int], list[int]]:

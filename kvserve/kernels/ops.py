@@ -214,14 +214,17 @@ def amx_head_sample(x: torch.Tensor, packed: torch.Tensor, n: int, inv_temp: tor
 def paged_attention(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     block_tables: torch.Tensor, seq_info: torch.Tensor, block_size: int, scale: float,
                     k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-                    window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None) -> None:
+                    window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None,
+                    invariant: bool = False) -> None:
     """Writes into ``out`` the attention of q's rows over the cache, read in place through the block
     tables; ``seq_info`` [S, 4]: per sequence (first row, rows, context, table offset). An 8-bit cache
-    comes with its scales; ``sinks`` (float32 [heads]): a logit per query head in its softmax's denominator."""
+    comes with its scales; ``sinks`` (float32 [heads]): a logit per query head in its softmax's denominator.
+    ``invariant``: decodes over a bf16 cache skip their own faster arithmetic, so that every row's result
+    depends only on its query and context (float and 8-bit caches: always)."""
     if not _loaded:
         _require("paged_attention")
     _ops.paged_attention(out, q, k_cache, v_cache, block_tables, seq_info, block_size, scale, k_scale, v_scale,
-                         window=window, softcap=softcap, sinks=sinks)
+                         window=window, softcap=softcap, sinks=sinks, invariant=invariant)
 
 
 def flash_prefill(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

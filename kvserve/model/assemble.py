@@ -20,8 +20,9 @@ if TYPE_CHECKING:
 
 
 def build_model(cls: type["CausalLM"], cfg: ModelConfig, weights: dict[str, Any], dtype: torch.dtype,
-                device: torch.device, quantization: str = "none") -> "CausalLM":
-    """Build on the meta device, load, cast, and pack the linears for oneDNN where it helps.
+                device: torch.device, quantization: str = "none", amx: bool | None = None) -> "CausalLM":
+    """Build on the meta device, load, cast, and pack the linears for oneDNN where it helps (``amx``: whether
+    quantized linears get bf16 AMX copies; None: where the CPU has AMX).
 
     ``weights`` may hold ``QuantWeight``s (a GGUF loaded with ``keep_quantized``); ``quantization``
     (see ``quantized_modules``) says which layers stay or become quantized, the rest is dequantized
@@ -50,7 +51,7 @@ def build_model(cls: type["CausalLM"], cfg: ModelConfig, weights: dict[str, Any]
             _set_module(model, path, QuantEmbedding(qw, dtype))
         else:
             bias = _stacked(weights, sources.get(path + ".bias"))
-            _set_module(model, path, QuantLinear(qw, bias, dtype, tiles=path != "lm_head", head=path == "lm_head"))
+            _set_module(model, path, QuantLinear(qw, bias, dtype, amx=amx, tiles=path != "lm_head", head=path == "lm_head"))
     if device.type == "cpu" and cpu_packing_supported(dtype):
         model.pack_for_cpu()
     if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):

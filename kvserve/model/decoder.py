@@ -111,11 +111,12 @@ class CausalLM(nn.Module):
 
     @classmethod
     def from_hf_weights(cls, cfg: ModelConfig, weights: dict[str, Any], dtype: torch.dtype,
-                        device: torch.device, quantization: str = "none") -> "CausalLM":
-        """The model over checkpoint ``weights`` (``kvserve.model.assemble.build_model``)."""
+                        device: torch.device, quantization: str = "none", amx: bool | None = None) -> "CausalLM":
+        """The model over checkpoint ``weights`` (``kvserve.model.assemble.build_model``); ``amx`` False: no bf16
+        AMX copies of the quantized linears (None: where the CPU has AMX)."""
         from kvserve.model.assemble import build_model
 
-        return build_model(cls, cfg, weights, dtype, device, quantization)
+        return build_model(cls, cfg, weights, dtype, device, quantization, amx)
 
     def use_native_ops(self, on: bool = True) -> None:
         """Norms, rotary and the MLP's activation through the fused CPU kernels (kvserve.kernels)."""

@@ -99,6 +99,7 @@ def run_native_stack(stack: Any, h: torch.Tensor, positions: torch.Tensor, model
     scaled = [layer for layer in kv_caches if getattr(layer, "k_scale", None) is not None]  # an 8-bit cache
     local = model.local_rotary
     scale = native.scale if model.config.attn_scale is None else model.config.attn_scale
+    stack.set_invariant(native.invariant)
     stack.forward(h, positions, model.rotary.cos, model.rotary.sin, None if local is None else local.cos,
                   None if local is None else local.sin, [k for k, _ in kv_caches],
                   [v for _, v in kv_caches], [layer.k_scale for layer in scaled], [layer.v_scale for layer in scaled],

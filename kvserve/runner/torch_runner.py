@@ -39,17 +39,21 @@ class TorchRunner:
                  dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
                  max_model_len: int | None = None, seed: int = 0, proposer: Proposer | None = None,
                  quantization: str = "none", max_num_seqs: int = 128, max_num_batched_tokens: int = 2048,
-                 lora: LoRAConfig | None = None):
+                 lora: LoRAConfig | None = None, deterministic: bool = False):
         """``cache``: the KV cache part of the config (block size, pool size and dtype, attention backend);
         ``quantization``: which weights the model keeps quantized (``quantized_modules``);
         ``max_num_seqs`` sizes the default pool (``kv_budget``); with ``max_num_batched_tokens`` it bounds
-        the row counts the start-up warm-up compiles GEMM kernels for. ``lora``: adapters served (enable_lora)."""
+        the row counts the start-up warm-up compiles GEMM kernels for. ``lora``: adapters served (enable_lora).
+        ``deterministic``: attention whose result for a row is the same however a step is made up (the
+        paged backend's ``invariant``; docs/determinism.md)."""
         self.device = torch.device(device)
         self.dtype = dtype
         self.cfg = cfg
         self.block_size = block_size = cache.block_size
         num_kv_blocks = cache.num_kv_blocks
-        self.model = CausalLM.from_hf_weights(cfg, weights, dtype, self.device, quantization)
+        # deterministic: no bf16 AMX copies, whose results depend on a step's row count (AMX_MIN_ROWS)
+        self.amx = False if deterministic else None
+        self.model = CausalLM.from_hf_weights(cfg, weights, dtype, self.device, quantization, self.amx)
         # a float32 model whose many-row linears run in bf16 on AMX attends prefill in bf16 too
         bf16_prefill = dtype == torch.float32 and self.model.has_amx_weights()
         kv_name = resolve_kv_cache_dtype(cache.kv_cache_dtype, dtype, bf16_prefill)
@@ -86,6 +90,13 @@ class TorchRunner:
         self.kv_pool = pool_cls(layout, num_kv_blocks, self.device)
         calibrate_kv_scales(self.model, self.kv_pool, dtype)  # an 8-bit pool's scales, before any token
         self.attention = backend_cls(self.kv_pool, dtype)
+        self.deterministic = deterministic
+        if deterministic:
+            if hasattr(self.attention, "invariant"):
+                self.attention.invariant = True
+            else:
+                log.warning("--deterministic: the %s attention backend is not batch-invariant (the paged one is): "
+                            "answers may depend on the batch and on prefix hits", type(self.attention).__name__)
         if bf16_prefill:
             self.attention.prefill_dtype = torch.bfloat16
             flash = getattr(self.attention, "flash_prefill", lambda: False)()
@@ -143,7 +154,7 @@ class TorchRunner:
         self.source = source
 
     def _use_model(self, cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> None:
-        model = CausalLM.from_hf_weights(cfg, weights, self.dtype, self.device, self.quantization)
+        model = CausalLM.from_hf_weights(cfg, weights, self.dtype, self.device, self.quantization, self.amx)
         calibrate_kv_scales(model, self.kv_pool, self.dtype)  # an 8-bit pool's scales follow the weights
         self._warm_up(model)
         self.model, self.cfg = model, cfg

@@ -7,13 +7,12 @@ from __future__ import annotations
 import logging
 import random
 import shutil
-import socket
-import subprocess
 import time
 
 import pytest
 
 from conftest import hf_weights, kvserve_config, tiny_hf_model
+from redis_server import RedisServer, free_port
 from kvserve import SamplingParams
 from kvserve.kv.redis_tier import KEY_PREFIX, RedisTier
 from kvserve.llm import LLM
@@ -25,38 +24,6 @@ if shutil.which("redis-server") is None:
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 BS = 4
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class RedisServer:
-    def __init__(self, port: int):
-        self.port = port
-        self.url = f"redis://127.0.0.1:{port}/0"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "no", "--maxmemory", "256mb", "--maxmemory-policy", "allkeys-lru"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port)
-        for _ in range(200):
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                time.sleep(0.02)
-        raise RuntimeError("redis-server did not start")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(10)
-            self.proc = None
 
 
 @pytest.fixture

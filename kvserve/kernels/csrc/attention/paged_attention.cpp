@@ -99,6 +99,7 @@ struct ItemCutter {
   const int32_t *info, *tables;
   int64_t T, num_entries, num_blocks, block_size, heads, kv_heads, threads;
   int32_t win;
+  int64_t part_keys;  // partition_keys(block_size)
   int64_t hp = 1;     // kv heads per decode item
   double total = 0;   // rows x keys of the whole call
   int32_t partial_rows = 0;
@@ -126,34 +127,40 @@ struct ItemCutter {
   // Flash-decoding (split-K). A decode's work is one pass over its context: with few sequences
   // the items above are too few to balance (3 kv heads on 2 threads: one thread does 2/3), and
   // each streams its K/V from memory one block after another. So a decode costing more than half
-  // a thread's share of the call is cut along its keys into parts of whole blocks (about half a
-  // share each, at least kMinPartKeys keys), one item per part over all kv heads (whole,
-  // contiguous slot rows: faster than a kv head per item here). Each part leaves its rows'
-  // softmax state (max m, sum l, unnormalised acc) in `partial`; merge_parts combines them.
+  // a thread's share of the call is cut along its keys into parts of whole partitions (about half a
+  // share each), one item per part over all kv heads (whole, contiguous slot rows: faster than a kv
+  // head per item here). Each part leaves each of its partitions' softmax state (max m, sum l,
+  // unnormalised acc) in `partial`; merge_parts folds them in key order, as an unsplit decode folds
+  // its partitions as it goes (paged_work.h), so splitting changes no result.
   void add_sequence(int64_t s) {
     const int32_t row0 = info[4 * s], nq = info[4 * s + 1], ctx = info[4 * s + 2], offset = info[4 * s + 3];
     const int64_t used = (ctx + block_size - 1) / block_size;
     TORCH_CHECK(row0 >= 0 && nq >= 1 && row0 + nq <= T && ctx >= nq, "paged_attention: bad seq_info row ", s);
     TORCH_CHECK(offset >= 0 && offset + used <= num_entries, "paged_attention: block table too short, row ", s);
     // blocks [b0, used): those before the first row's window are never read, nor their table entries
-    const int64_t b0 = key_start(ctx - nq) / block_size, nb = used - b0;
+    const int64_t b0 = key_start(ctx - nq) / block_size;
     for (int64_t b = b0; b < used; ++b) {
       const int32_t blk = tables[offset + b];
       TORCH_CHECK(blk >= 0 && blk < num_blocks, "paged_attention: block id out of range, row ", s);
     }
     const int32_t si = static_cast<int32_t>(s);
+    // the partitions the keys [b0 * block_size, ctx) touch: absolute indices [first, first + np)
+    const int64_t first = b0 * block_size / part_keys, np = (ctx - 1) / part_keys - first + 1;
     int64_t parts = 1;
     if (nq == 1 && threads > 1) {
       const int64_t want = static_cast<int64_t>(std::ceil(2 * threads * (ctx - b0 * block_size) / total - 1e-9));
-      parts = std::min(want, nb / ((kMinPartKeys + block_size - 1) / block_size));
+      parts = std::min(want, np);
     }
     auto key = [&](int64_t b) { return static_cast<int32_t>(std::min<int64_t>(ctx, b * block_size)); };
     if (parts >= 2) {
-      splits.push_back({si, static_cast<int32_t>(parts), partial_rows});
-      for (int64_t p = 0; p < parts; ++p)  // blocks b0 + [nb * p / parts, nb * (p + 1) / parts)
-        items.push_back({si, 0, static_cast<int32_t>(kv_heads), 0, 1, key(b0 + nb * p / parts),
-                         key(b0 + nb * (p + 1) / parts), static_cast<int32_t>(partial_rows + p * heads)});
-      partial_rows += static_cast<int32_t>(parts * heads);
+      splits.push_back({si, static_cast<int32_t>(np), partial_rows});
+      for (int64_t p = 0; p < parts; ++p) {  // partitions first + [np * p / parts, np * (p + 1) / parts)
+        const int64_t p0 = np * p / parts, p1 = np * (p + 1) / parts;
+        const int64_t k0 = std::max(b0 * block_size, (first + p0) * part_keys), k1 = std::min<int64_t>(ctx, (first + p1) * part_keys);
+        items.push_back({si, 0, static_cast<int32_t>(kv_heads), 0, 1, static_cast<int32_t>(k0), static_cast<int32_t>(k1),
+                         static_cast<int32_t>(partial_rows + p0 * heads)});
+      }
+      partial_rows += static_cast<int32_t>(np * heads);
     } else if (nq == 1) {
       for (int32_t h = 0; h < kv_heads; h += hp)
         items.push_back({si, h, static_cast<int32_t>(std::min(kv_heads, h + hp)), 0, 1, key(b0)});
@@ -179,6 +186,7 @@ struct PagedAttentionPlan::Impl {
   float scale;
   int32_t window;
   float softcap;
+  bool invariant;
   RunItems run;
   MergeParts merge;
 
@@ -186,14 +194,14 @@ struct PagedAttentionPlan::Impl {
             const float* k_scale, const float* v_scale, const float* sinks) {
     return Args{q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), tables, info, heads, kv_heads, d, bs,
                 q.stride(0), q.stride(1), out.stride(0), out.stride(1), scale, partial.data(), k_scale, v_scale,
-                window, softcap, sinks};
+                window, softcap, sinks, partition_keys(bs), invariant};
   }
 };
 
 PagedAttentionPlan::PagedAttentionPlan(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
                                        const at::Tensor& v_cache, const at::Tensor& block_tables,
                                        const at::Tensor& seq_info, int64_t block_size, double scale, int64_t threads,
-                                       int64_t window, double softcap)
+                                       int64_t window, double softcap, bool invariant)
     : impl_(std::make_shared<Impl>()) {
   check_inputs(out, q, k_cache, v_cache, block_tables, seq_info, block_size, window, softcap);
   const int64_t heads = q.size(1), kv_heads = k_cache.size(1), d = q.size(2);
@@ -203,8 +211,9 @@ PagedAttentionPlan::PagedAttentionPlan(const at::Tensor& out, const at::Tensor& 
   const int32_t* info = seq_info.data_ptr<int32_t>();
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   Impl& p = *impl_;
-  ItemCutter cut{p.items, p.splits, info, tables, T, num_entries, num_blocks, block_size, heads, kv_heads, threads, win};
-  cut.plan_decode_heads(S, amxdecode::usable(k_cache.scalar_type() == at::kBFloat16, d, block_size));
+  ItemCutter cut{p.items, p.splits, info, tables, T, num_entries, num_blocks, block_size, heads, kv_heads, threads, win,
+                 partition_keys(block_size)};
+  cut.plan_decode_heads(S, !invariant && amxdecode::usable(k_cache.scalar_type() == at::kBFloat16, d, block_size));
   cut.sum_cost(S);
   for (int64_t s = 0; s < S; ++s) cut.add_sequence(s);
   p.partial.resize(cut.partial_rows * (d + 2));
@@ -215,6 +224,7 @@ PagedAttentionPlan::PagedAttentionPlan(const at::Tensor& out, const at::Tensor& 
   p.scale = static_cast<float>(scale);
   p.window = win;
   p.softcap = static_cast<float>(softcap);
+  p.invariant = invariant;
   const bool q_f32 = q.scalar_type() == at::kFloat;
   p.run = items_runner(q_f32, k_cache.scalar_type(), d);
   p.merge = parts_merger(q_f32);
@@ -253,9 +263,9 @@ void check_kv_scales(const at::Tensor& cache, const std::optional<at::Tensor>& k
 void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_tables, const at::Tensor& seq_info, int64_t block_size, double scale,
                      const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale, int64_t window,
-                     double softcap, const std::optional<at::Tensor>& sinks) {
+                     double softcap, const std::optional<at::Tensor>& sinks, bool invariant) {
   const PagedAttentionPlan plan(out, q, k_cache, v_cache, block_tables, seq_info, block_size, scale, at::get_num_threads(),
-                                window, softcap);
+                                window, softcap, invariant);
   check_kv_scales(k_cache, k_scale, v_scale);
   TORCH_CHECK(!sinks || (sinks->scalar_type() == at::kFloat && sinks->is_contiguous() && sinks->numel() == q.size(1)),
               "paged_attention: sinks float32 [heads]");
@@ -280,7 +290,7 @@ TORCH_LIBRARY_FRAGMENT(kvserve, m) {
   m.def("bf16_dot_attention() -> bool", &bf16_dot_attention);
   m.def("paged_attention(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor seq_info, int block_size, float scale, Tensor? k_scale=None, Tensor? v_scale=None, int window=0, "
-        "float softcap=0.0, Tensor? sinks=None) -> ()",
+        "float softcap=0.0, Tensor? sinks=None, bool invariant=False) -> ()",
         &kvserve::paged_attention);
   // whether decodes over a bfloat16 cache (head size 64) run on AMX tiles (amx_decode.h)
   m.def("amx_decode_attention() -> bool", &amx_decode_attention);

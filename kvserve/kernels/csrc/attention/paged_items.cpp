@@ -49,14 +49,15 @@ inline void prefetch_block(const Args& a, int64_t base, int n, int64_t stride, i
 // accumulators and softmax state, and one block's scores (padded to whole vectors).
 struct Scratch {
   std::vector<float> q, acc, m, l, s, kw, vw;  // kw, vw: one block of one kv head's K and V, widened
+  std::vector<float> tacc, tm, tl;             // the rows' totals over the partitions folded so far
   std::vector<float> lv;                       // the bf16-dot decode path: per-lane softmax sums, 16 a row
   std::vector<uint16_t> qh, vp, pb;            // the bf16-dot path: q rows, V's row pairs, probabilities
   void fit(int64_t rows, int64_t d, int64_t bs) {
     if (static_cast<int64_t>(qh.size()) < rows * d) qh.resize(rows * d);
     if (static_cast<int64_t>(vp.size()) < (bs + 1) * d) vp.resize((bs + 1) * d), pb.resize(bs + W + 1);
-    if (static_cast<int64_t>(q.size()) < rows * d) q.resize(rows * d), acc.resize(rows * d);
+    if (static_cast<int64_t>(q.size()) < rows * d) q.resize(rows * d), acc.resize(rows * d), tacc.resize(rows * d);
     if (static_cast<int64_t>(kw.size()) < bs * d) kw.resize(bs * d), vw.resize(bs * d);
-    if (static_cast<int64_t>(m.size()) < rows) m.resize(rows), l.resize(rows), lv.resize(rows * 16);
+    if (static_cast<int64_t>(m.size()) < rows) m.resize(rows), l.resize(rows), lv.resize(rows * 16), tm.resize(rows), tl.resize(rows);
     // a block's scores in whole vectors (from an offset of one key: attend_block), or 16 for each of
     // decode_keys_bf16's up to 4 heads
     const int64_t s_len = std::max<int64_t>((bs + W) / W * W + W, 4 * 16);
@@ -230,8 +231,9 @@ KVSERVE_INLINE void attend_block(const ItemView<DS, TKV>& v, Scratch& sc, int kb
     pair_rows<DS>(vp, kstride, n, sc.vp.data());
     krows = vrows = nullptr, fstride = 0;
   } else if constexpr (kWiden) {
-    readable = std::min(bs, (n + W - 1) / W * W);  // whole groups of W keys for scores()
-    widen_rows<DS>(kp, kstride, readable, d, sc.kw.data());
+    // the whole block, so scores() groups a row's keys as it would in any other item (its rows past the
+    // context are the pool's memory, read and ignored)
+    widen_rows<DS>(kp, kstride, bs, d, sc.kw.data());
     widen_rows<DS>(vp, kstride, n, d, sc.vw.data());
     krows = sc.kw.data(), vrows = sc.vw.data(), fstride = d;
   } else {
@@ -274,26 +276,44 @@ KVSERVE_INLINE void finish_item(const ItemView<DS, TKV>& v, Scratch& sc) {
   if constexpr (ItemView<DS, TKV>::kDot) {  // the sums back in the order of dims
     for (int r = 0; r < R; ++r) unpermute_bf16<DS>(acc + r * d);
   }
-  if (it.part >= 0) {  // a part of a split decode: its rows' state, for merge_parts
-    for (int r = 0; r < R; ++r) {
-      float* p = a.partial + (it.part + r) * (d + 2);
-      std::copy(acc + r * d, acc + (r + 1) * d, p);
-      p[d] = m[r];
-      p[d + 1] = l[r];
-    }
-    return;
-  }
+  if (it.part >= 0) return;  // a part of a split decode: its partitions' states are in Args::partial
   TQ* out = static_cast<TQ*>(a.out);
   for (int r = 0; r < R; ++r) {
     TQ* dst = out + (v.row0 + it.t0 + r / HG) * a.o_s0 + (it.h0 * G + r % HG) * a.o_s1;
     const float inv = softmax_inverse(m[r], l[r], a.sinks, it.h0 * G + r % HG);
-    if (a.v_scale) {  // sum_j p_j (v_j x s) = (sum_j p_j v_j) x s
-      const float* vs = a.v_scale + (it.h0 + (r % HG) / G) * d;
-      for (int i = 0; i < d; ++i) dst[i] = static_cast<TQ>(acc[r * d + i] * inv * vs[i]);
-    } else {
-      for (int i = 0; i < d; ++i) dst[i] = static_cast<TQ>(acc[r * d + i] * inv);
-    }
+    store_output(dst, acc + r * d, inv, a.v_scale ? a.v_scale + (it.h0 + (r % HG) / G) * d : nullptr, d);
   }
+}
+
+// The rows' state over the partition ending now (partition `local` of the item, counted from its first):
+// folded into their totals, or, for a part of a split decode, left in Args::partial for merge_parts; then
+// reset for the next partition.
+template <int DS, typename TKV>
+KVSERVE_INLINE void close_partition(const ItemView<DS, TKV>& v, Scratch& sc, int local) {
+  const int d = v.d();
+  float *acc = sc.acc.data(), *m = sc.m.data(), *l = sc.l.data();
+  for (int r = 0; r < v.R; ++r) {
+    if (v.it.part >= 0) {
+      if constexpr (ItemView<DS, TKV>::kDot) unpermute_bf16<DS>(acc + r * d);  // partial rows are in dim order
+      float* p = v.a.partial + (v.it.part + static_cast<int64_t>(local) * v.a.heads + r) * (d + 2);
+      std::copy(acc + r * d, acc + (r + 1) * d, p);
+      p[d] = m[r];
+      p[d + 1] = l[r];
+    } else {
+      fold_state(sc.tm[r], sc.tl[r], sc.tacc.data() + r * d, m[r], l[r], acc + r * d, d);
+    }
+    std::fill(acc + r * d, acc + (r + 1) * d, 0.f);
+    m[r] = kNegInf;
+    l[r] = 0.f;
+  }
+}
+
+// A decode shortcut's whole-range state as a split part's: its first partition's row, the others empty.
+template <int DS, typename TKV>
+void emit_whole(const ItemView<DS, TKV>& v, Scratch& sc) {
+  const int pk = v.a.part_keys, locals = (v.n_keys - 1) / pk - v.it.k0 / pk + 1;
+  close_partition(v, sc, 0);
+  for (int local = 1; local < locals; ++local) close_partition(v, sc, local);  // m = -inf: skipped by the fold
 }
 
 template <int DS, typename TQ, typename TKV>
@@ -302,42 +322,51 @@ void run_item(const Args& a, const Item& it, Scratch& sc, const Item* next) {
   const View v(a, it, next);
   load_queries<DS, TQ>(v, sc);
   bool done = false;
-  if constexpr (View::kDot && amxdecode::kAmxDecode && DS == 64) done = decode_on_tiles(v, sc);
+  if constexpr (View::kDot && amxdecode::kAmxDecode && DS == 64) done = !a.invariant && decode_on_tiles(v, sc);
   if constexpr (View::kDot) {
-    if (it.t1 - it.t0 == 1 && !done) {
+    if (it.t1 - it.t0 == 1 && !done && !a.invariant) {
       decode_bf16_dot(v, sc);
       done = true;
     }
   }
-  for (int kb = it.k0; kb < v.n_keys && !done; kb += v.bs) {
+  if (done) {
+    if (it.part >= 0) emit_whole(v, sc);
+    finish_item<DS, TQ>(v, sc);
+    return;
+  }
+  std::fill(sc.tm.begin(), sc.tm.begin() + v.R, kNegInf);
+  std::fill(sc.tl.begin(), sc.tl.begin() + v.R, 0.f);
+  const int pk = a.part_keys, first = it.k0 / pk;
+  for (int kb = it.k0; kb < v.n_keys; kb += v.bs) {
+    if (kb % pk == 0 && kb != it.k0) close_partition(v, sc, kb / pk - 1 - first);
     const int n = std::min(v.bs, v.n_keys - kb);
     const int64_t block = static_cast<int64_t>(v.table[kb / v.bs]) * v.bs * v.kstride;
     for (int hh = 0; hh < v.nh; ++hh) attend_block(v, sc, kb, n, block, hh);
   }
+  close_partition(v, sc, (v.n_keys - 1) / pk - first);
+  if (it.part < 0) {  // the totals are the rows' state
+    std::swap(sc.acc, sc.tacc);
+    std::swap(sc.m, sc.tm);
+    std::swap(sc.l, sc.tl);
+  }
   finish_item<DS, TQ>(v, sc);
 }
 
-// One query head of a split decode: its parts' states (acc_p, m_p, l_p) are each relative to
-// their own max; with m = max m_p and e_p = exp(m_p - m), out = sum e_p acc_p / sum e_p l_p.
-// Summed into part 0's row in place.
+// One query head of a split decode: its partitions' states (acc_p, m_p, l_p) folded in key order, as an
+// unsplit decode folds them (fold_state), into partition 0's row, then normalised into out.
 template <typename TQ>
 void merge_parts(const Args& a, const Split& sp, int64_t h) {
-  const int64_t d = a.d, pstride = a.heads * (d + 2);  // from one part's row of head h to the next part's
+  const int64_t d = a.d, pstride = a.heads * (d + 2);  // from one partition's row of head h to the next one's
   float* r0 = a.partial + (sp.base + h) * (d + 2);
-  float m = kNegInf;
-  for (int p = 0; p < sp.parts; ++p) m = std::max(m, r0[p * pstride + d]);
-  float e = std::exp(r0[d] - m), l = r0[d + 1] * e;
-  for (int64_t i = 0; i < d; ++i) r0[i] *= e;
-  for (int p = 1; p < sp.parts; ++p) {
+  float m = r0[d], l = r0[d + 1];
+  for (int p = 1; p < sp.partitions; ++p) {
     const float* rp = r0 + p * pstride;
-    e = std::exp(rp[d] - m);
-    l += rp[d + 1] * e;
-    for (int64_t i = 0; i < d; ++i) r0[i] += rp[i] * e;
+    fold_state(m, l, r0, rp[d], rp[d + 1], rp, d);
   }
   TQ* dst = static_cast<TQ*>(a.out) + a.info[4 * sp.seq] * a.o_s0 + h * a.o_s1;
   const float inv = softmax_inverse(m, l, a.sinks, h);
   const float* vs = a.v_scale ? a.v_scale + h / (a.heads / a.kv_heads) * d : nullptr;
-  for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<TQ>(r0[i] * inv * (vs ? vs[i] : 1.f));
+  store_output(dst, r0, inv, vs, d);
 }
 
 // Items [i0, i1) on the calling thread.
@@ -345,7 +374,7 @@ template <int DS, typename TQ, typename TKV>
 void run_items(const Args& a, const std::vector<Item>& items, int64_t i0, int64_t i1) {
   Scratch& sc = tl_scratch;
   sc.fit(std::max<int64_t>(kTile, a.kv_heads) * (a.heads / a.kv_heads), a.d, a.bs);
-  const bool tiles = amxdecode::usable(std::is_same_v<TKV, BF16>, a.d, a.bs);
+  const bool tiles = !a.invariant && amxdecode::usable(std::is_same_v<TKV, BF16>, a.d, a.bs);
   if (tiles) amxdecode::configure();  // decode items run on AMX tiles (amx_decode.h)
   for (int64_t i = i0; i < i1; ++i) run_item<DS, TQ, TKV>(a, items[i], sc, i + 1 < i1 ? &items[i + 1] : nullptr);
   if (tiles) amxdecode::release();

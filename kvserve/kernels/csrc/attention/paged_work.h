@@ -13,19 +13,24 @@ namespace kvserve {
 namespace paged {
 
 constexpr int kTile = 16;  // query tokens per work item (multi-token rows)
-constexpr int kMinPartKeys = 64;  // a split decode's parts have at least this many keys
+// Every row's keys are cut at multiples of this many keys (rounded up to whole blocks: part_keys) into
+// partitions, each streamed from an empty softmax state and folded into the row's total in key order
+// (fold_state). A row's arithmetic is then fixed by its position and context alone: the same whether it is
+// a decode run whole, a decode split across threads (flash-decoding, one partition state per partial row), a
+// verify row or a prompt row in a tile, and whatever else is in the call.
+constexpr int kPartitionKeys = 128;
 constexpr int32_t kAllKeys = std::numeric_limits<int32_t>::max();
 
 struct Item {
   int32_t seq, h0, h1, t0, t1;  // sequence, kv heads [h0, h1), query tokens [t0, t1) of its rows
   int32_t k0 = 0, k1 = kAllKeys;  // keys [k0, k1) (k0 on a block boundary): a part of a split decode
-  int32_t part = -1;              // -1: rows go to out; else their first row in Args::partial
+  int32_t part = -1;              // -1: rows go to out; else their first partition's first row in Args::partial
 };
 
-// A decode whose keys were cut into `parts` items: part p leaves query head h's state in
-// Args::partial row base + p * heads + h.
+// A decode whose keys were cut into items of whole partitions: partition p (counted from the first it
+// reads) leaves query head h's state in Args::partial row base + p * heads + h; merge_parts folds them.
 struct Split {
-  int32_t seq, parts, base;
+  int32_t seq, partitions, base;
 };
 
 struct Args {
@@ -40,16 +45,53 @@ struct Args {
   int32_t window;  // > 0: a row at position p sees keys p - window + 1 .. p
   float softcap;   // > 0: scores become softcap * tanh(score / softcap)
   const float* sinks;  // per query head, a logit that joins each row's softmax denominator (gpt-oss); null: none
+  int32_t part_keys;   // kPartitionKeys in whole blocks
+  bool invariant;      // decodes over a bf16 cache take the multi-token rows' path, not their own shortcuts
 
   int key_start(int pos) const { return window > 0 ? std::max(0, pos - window + 1) : 0; }
 };
 
 // 1 / a row's softmax denominator, as its output's factor (acc holds sum_j exp(s_j - m) v_j, l the sum of
 // those weights): with a sink logit, exp(sink - m) joins l, computed under max(m, sink) so it cannot overflow
-inline float softmax_inverse(float m, float l, const float* sinks, int64_t head) {
+[[gnu::noinline, gnu::optimize("no-fast-math")]] inline float softmax_inverse(float m, float l, const float* sinks, int64_t head) {
   if (sinks == nullptr) return 1.f / l;
   const float top = std::max(m, sinks[head]), e = std::exp(m - top);
   return e / (l * e + std::exp(sinks[head] - top));
+}
+
+inline int32_t partition_keys(int64_t block_size) {
+  return static_cast<int32_t>((kPartitionKeys + block_size - 1) / block_size * block_size);
+}
+
+// (m, l, acc) of a row's keys so far folded with the state (mp, lp, accp) of its next partition: each
+// rescaled to the larger max. An empty partition (mp = -inf: none of its keys visible) changes nothing.
+// Out of line and without -ffast-math, like store_output and softmax_inverse: fast-math lets the compiler
+// order float arithmetic differently wherever a function is inlined, and differently in a vectorised loop's
+// body and its alignment peel (so by where a buffer happens to start), and a split decode's merge must
+// compute what an unsplit one computes, bit for bit.
+[[gnu::noinline, gnu::optimize("no-fast-math")]] inline void fold_state(float& m, float& l, float* acc, float mp, float lp, const float* accp, int64_t d) {
+  if (mp == -std::numeric_limits<float>::infinity()) return;
+  if (m == -std::numeric_limits<float>::infinity()) {
+    m = mp, l = lp;
+    std::copy(accp, accp + d, acc);
+    return;
+  }
+  // explicit fmas: the compiler may not fuse the two products differently where this is inlined
+  const float top = std::max(m, mp), e = std::exp(m - top), ep = std::exp(mp - top);
+  l = std::fma(l, e, lp * ep);
+  for (int64_t i = 0; i < d; ++i) acc[i] = std::fma(acc[i], e, accp[i] * ep);
+  m = top;
+}
+
+// A row's output: its accumulators times 1 / its softmax sum (inv), times an 8-bit cache's V scales (vs; null:
+// none). One out-of-line copy per output type, for the reason fold_state gives.
+template <typename TQ>
+[[gnu::noinline, gnu::optimize("no-fast-math")]] void store_output(TQ* dst, const float* acc, float inv, const float* vs, int64_t d) {
+  if (vs != nullptr) {  // sum_j p_j (v_j x s) = (sum_j p_j v_j) x s
+    for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<TQ>(acc[i] * inv * vs[i]);
+  } else {
+    for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<TQ>(acc[i] * inv);
+  }
 }
 
 // Items [i0, i1) on the calling thread; one split decode's query head h merged into out.

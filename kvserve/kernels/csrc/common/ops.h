@@ -69,7 +69,8 @@ at::Tensor amx_head_sample(const at::Tensor& x, const at::Tensor& packed, int64_
 void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_tables, const at::Tensor& seq_info, int64_t block_size, double scale,
                      const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
-                     int64_t window = 0, double softcap = 0, const std::optional<at::Tensor>& sinks = std::nullopt);
+                     int64_t window = 0, double softcap = 0, const std::optional<at::Tensor>& sinks = std::nullopt,
+                     bool invariant = false);
 // An 8-bit cache (int8, fp8) needs float32 [kv_heads, d] scales for K and V; a float cache none.
 void check_kv_scales(const at::Tensor& cache, const std::optional<at::Tensor>& k_scale,
                      const std::optional<at::Tensor>& v_scale);
@@ -79,12 +80,14 @@ void check_kv_scales(const at::Tensor& cache, const std::optional<at::Tensor>& k
 // merges of split decodes run after every chunk is done. An 8-bit cache's scales (float32
 // [kv_heads, d], checked by check_kv_scales) go with each run; null for a float cache. window > 0: each
 // row attends its last `window` keys (the table's entries before them are never read); softcap > 0:
-// scores capped as softcap * tanh(score / softcap).
+// scores capped as softcap * tanh(score / softcap). invariant: a decode over a bf16 cache takes the arithmetic
+// of multi-token rows (bf16 pair products or AMX tiles otherwise), so a token's result never depends on
+// whether it was decoded, verified or prefilled (float and 8-bit caches have one path already).
 class PagedAttentionPlan {
  public:
   PagedAttentionPlan(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_tables, const at::Tensor& seq_info, int64_t block_size, double scale,
-                     int64_t threads, int64_t window = 0, double softcap = 0);
+                     int64_t threads, int64_t window = 0, double softcap = 0, bool invariant = false);
   int64_t num_chunks() const;
   int64_t num_merges() const;
   void run_chunk(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,

@@ -74,6 +74,7 @@ TORCH_LIBRARY_FRAGMENT(kvserve, m) {
       .def("set_sinks", &kvserve::DecodeStack::set_sinks)
       .def("set_rotary", &kvserve::DecodeStack::set_rotary)
       .def("set_model_options", &kvserve::DecodeStack::set_model_options)
+      .def("set_invariant", &kvserve::DecodeStack::set_invariant)
       .def("add_amx_weights", &kvserve::DecodeStack::add_amx_weights)
       .def("has_amx_weights", &kvserve::DecodeStack::has_amx_weights)
       .def("add_tile_weights", &kvserve::DecodeStack::add_tile_weights)

@@ -49,6 +49,7 @@ struct DecodeStack : torch::CustomClassHolder {
   std::vector<DecodeLayer> layers;
   Activation activation = Activation::kSilu;
   double residual_scale = 1;  // each sublayer's output times this before the residual add (Granite)
+  bool invariant = false;     // the paged attention plans' (PagedAttentionPlan): no decode-only arithmetic
 
   DecodeStack(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t hidden, int64_t intermediate, double eps)
       : heads(heads), kv_heads(kv_heads), head_dim(head_dim), hidden(hidden), intermediate(intermediate), eps(eps) {}
@@ -123,6 +124,9 @@ struct DecodeStack : torch::CustomClassHolder {
     activation = act == "silu" ? Activation::kSilu : Activation::kGeluTanh;
     residual_scale = scale;
   }
+
+  // whether steps attend batch-invariantly (a bf16 cache's decodes as multi-token rows are): the runner's choice
+  void set_invariant(bool on) { invariant = on; }
 
   // DecodeLayer i's attention options: a sliding window (> 0) and a soft cap on its scores (> 0), as the
   // paged kernel takes them (default none)

@@ -132,7 +132,7 @@ struct DecodeStack::Step {
       }
       plan_of[i] = plans.size();
       plans.emplace_back(attn, q_view, k_caches[0], v_caches[0], block_tables, seq_info, block_size, scale, threads,
-                         layers[i].window, layers[i].softcap);
+                         layers[i].window, layers[i].softcap, stack.invariant);
     }
   }
 
