@@ -59,3 +59,24 @@ def test_the_amx_gemm_needs_amx_and_can_be_turned_off(monkeypatch):
     assert not any(amx_gemm_available(f) for f in (AMD_AVX2, ICE_LAKE, COOPER_LAKE, ZEN4))
     monkeypatch.setenv("KVSERVE_AMX", "0")
     assert not amx_gemm_available(SAPPHIRE_RAPIDS)
+
+
+def test_deterministic_by_default_where_it_costs_nothing(monkeypatch):
+    """--deterministic: auto (None) is on for a CPU without AMX, off where the bf16 AMX paths run and on
+    CUDA; an explicit choice is kept, and the flag round-trips through the CLI."""
+    import argparse
+
+    import kvserve.device as device
+    from kvserve.config import KVServeConfig
+
+    monkeypatch.setattr(device, "amx_gemm_available", lambda flags=None: False)
+    assert device.resolve_deterministic(None, "cpu") and not device.resolve_deterministic(None, "cuda")
+    monkeypatch.setattr(device, "amx_gemm_available", lambda flags=None: True)
+    assert not device.resolve_deterministic(None, "cpu") and device.resolve_deterministic(True, "cpu")
+    assert not device.resolve_deterministic(False, "cpu")
+    for argv, want in (([], None), (["--deterministic"], True), (["--no-deterministic"], False)):
+        parser = argparse.ArgumentParser()
+        KVServeConfig.add_cli_args(parser)
+        cfg = KVServeConfig.from_cli_args(parser.parse_args(argv))
+        assert cfg.model.deterministic is want
+        assert cfg.to_cli_args() == argv
