@@ -67,15 +67,15 @@ CASES = [pytest.param(torch.float32, {}, id="float32"), pytest.param(torch.int8,
 @pytest.mark.parametrize("threads", [2], indirect=True)
 @pytest.mark.parametrize("dtype, opts", CASES)
 def test_prompt_rows_equal_in_any_chunking_and_as_decodes(threads, dtype, opts):
-    q, k, v, table, scales = make_cache(700, dtype)
-    whole = prefill(q, k, v, table, scales, 700, **opts)
+    q, k, v, table, scales = make_cache(1300, dtype)
+    whole = prefill(q, k, v, table, scales, 1300, **opts)
     for chunk in (64, 16, 5, 1):
         assert torch.equal(prefill(q, k, v, table, scales, chunk, **opts), whole), chunk
     # decodes: alone (a long one is split across the threads), and among other decodes (not split)
-    for p in (0, 15, 16, 127, 128, 129, 300, 699):
+    for p in (0, 15, 16, 511, 512, 513, 1023, 1024, 1299):  # partitions of 512 keys; split from 1,024
         alone = attend(q[p : p + 1], k, v, table, [(0, 1, p + 1)], scales, **opts)
         assert torch.equal(alone[0], whole[p]), p
-    positions = list(range(0, 700, 7))
+    positions = list(range(0, 1300, 13))
     batch = attend(q[positions], k, v, table, [(i, 1, p + 1) for i, p in enumerate(positions)], scales, **opts)
     assert torch.equal(batch, whole[positions])
 

@@ -286,12 +286,14 @@ KVSERVE_INLINE void finish_item(const ItemView<DS, TKV>& v, Scratch& sc) {
 }
 
 // The rows' state over the partition ending now (partition `local` of the item, counted from its first):
-// folded into their totals, or, for a part of a split decode, left in Args::partial for merge_parts; then
-// reset for the next partition.
+// for a part of a split decode, left in Args::partial for merge_parts; else folded into the rows' totals,
+// or, for the item's last partition, the totals folded into it (the rows' final state, for finish_item).
+// Then, but for the last, reset for the next partition.
 template <int DS, typename TKV>
-KVSERVE_INLINE void close_partition(const ItemView<DS, TKV>& v, Scratch& sc, int local) {
+[[gnu::noinline]] void close_partition(const ItemView<DS, TKV>& v, Scratch& sc, int local, bool last) {
   const int d = v.d();
   float *acc = sc.acc.data(), *m = sc.m.data(), *l = sc.l.data();
+  if (v.it.part < 0) fold_rows(v.R, sc.tm.data(), sc.tl.data(), sc.tacc.data(), m, l, acc, d, last);
   for (int r = 0; r < v.R; ++r) {
     if (v.it.part >= 0) {
       if constexpr (ItemView<DS, TKV>::kDot) unpermute_bf16<DS>(acc + r * d);  // partial rows are in dim order
@@ -299,9 +301,8 @@ KVSERVE_INLINE void close_partition(const ItemView<DS, TKV>& v, Scratch& sc, int
       std::copy(acc + r * d, acc + (r + 1) * d, p);
       p[d] = m[r];
       p[d + 1] = l[r];
-    } else {
-      fold_state(sc.tm[r], sc.tl[r], sc.tacc.data() + r * d, m[r], l[r], acc + r * d, d);
     }
+    if (last && v.it.part < 0) continue;
     std::fill(acc + r * d, acc + (r + 1) * d, 0.f);
     m[r] = kNegInf;
     l[r] = 0.f;
@@ -312,8 +313,7 @@ KVSERVE_INLINE void close_partition(const ItemView<DS, TKV>& v, Scratch& sc, int
 template <int DS, typename TKV>
 void emit_whole(const ItemView<DS, TKV>& v, Scratch& sc) {
   const int pk = v.a.part_keys, locals = (v.n_keys - 1) / pk - v.it.k0 / pk + 1;
-  close_partition(v, sc, 0);
-  for (int local = 1; local < locals; ++local) close_partition(v, sc, local);  // m = -inf: skipped by the fold
+  for (int local = 0; local < locals; ++local) close_partition(v, sc, local, false);  // past the first: empty
 }
 
 template <int DS, typename TQ, typename TKV>
@@ -337,31 +337,30 @@ void run_item(const Args& a, const Item& it, Scratch& sc, const Item* next) {
   std::fill(sc.tm.begin(), sc.tm.begin() + v.R, kNegInf);
   std::fill(sc.tl.begin(), sc.tl.begin() + v.R, 0.f);
   const int pk = a.part_keys, first = it.k0 / pk;
+  int boundary = (first + 1) * pk, local = 0;  // where the current partition ends, and its index in the item
   for (int kb = it.k0; kb < v.n_keys; kb += v.bs) {
-    if (kb % pk == 0 && kb != it.k0) close_partition(v, sc, kb / pk - 1 - first);
+    if (kb == boundary) {
+      close_partition(v, sc, local++, false);
+      boundary += pk;
+    }
     const int n = std::min(v.bs, v.n_keys - kb);
     const int64_t block = static_cast<int64_t>(v.table[kb / v.bs]) * v.bs * v.kstride;
     for (int hh = 0; hh < v.nh; ++hh) attend_block(v, sc, kb, n, block, hh);
   }
-  close_partition(v, sc, (v.n_keys - 1) / pk - first);
-  if (it.part < 0) {  // the totals are the rows' state
-    std::swap(sc.acc, sc.tacc);
-    std::swap(sc.m, sc.tm);
-    std::swap(sc.l, sc.tl);
-  }
+  close_partition(v, sc, local, true);
   finish_item<DS, TQ>(v, sc);
 }
 
 // One query head of a split decode: its partitions' states (acc_p, m_p, l_p) folded in key order, as an
-// unsplit decode folds them (fold_state), into partition 0's row, then normalised into out.
+// unsplit decode folds them (fold_rows), into partition 0's row, then normalised into out.
 template <typename TQ>
 void merge_parts(const Args& a, const Split& sp, int64_t h) {
   const int64_t d = a.d, pstride = a.heads * (d + 2);  // from one partition's row of head h to the next one's
   float* r0 = a.partial + (sp.base + h) * (d + 2);
   float m = r0[d], l = r0[d + 1];
   for (int p = 1; p < sp.partitions; ++p) {
-    const float* rp = r0 + p * pstride;
-    fold_state(m, l, r0, rp[d], rp[d + 1], rp, d);
+    float* rp = r0 + p * pstride;
+    fold_rows(1, &m, &l, r0, rp + d, rp + d + 1, rp, d);
   }
   TQ* dst = static_cast<TQ*>(a.out) + a.info[4 * sp.seq] * a.o_s0 + h * a.o_s1;
   const float inv = softmax_inverse(m, l, a.sinks, h);
