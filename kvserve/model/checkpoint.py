@@ -24,7 +24,7 @@ class LoadedModel:
     config: ModelConfig
     # Hugging Face names (``kvserve.model.weights``); "lm_head.weight" only when the embeddings are untied
     weights: dict[str, torch.Tensor]
-    tokenizer: Any  # transformers PreTrainedTokenizerFast (TokenizersBackend in transformers 5)
+    tokenizer: Any  # transformers PreTrainedTokenizerFast (TokenizersBackend in transformers 5); None if not asked for
     name: str  # reported by /v1/models: folder name or .gguf file stem
 
 

@@ -51,13 +51,13 @@ def hf_folder_config(folder: Path) -> ModelConfig:
     return config
 
 
-def load_hf_folder(folder: Path, keep_quantized: bool = False) -> LoadedModel:
+def load_hf_folder(folder: Path, keep_quantized: bool = False, with_tokenizer: bool = True) -> LoadedModel:
     """Config, weights and tokenizer of a Hugging Face folder (weights not yet checked); with ``keep_quantized``,
     MXFP4 experts come as ``QuantExperts`` (q8_0)."""
     config = hf_folder_config(folder)
     wanted = expected_weight_shapes(config)
     weights = _read_safetensors(folder, wanted, config.architecture, keep_quantized)
-    tokenizer = hf_folder_tokenizer(folder)
+    tokenizer = hf_folder_tokenizer(folder) if with_tokenizer else None
     return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, name=folder.resolve().name)
 
 

@@ -35,22 +35,23 @@ def _is_gguf_file(path: Path) -> bool:
 
 
 def load_model(path: str | os.PathLike[str], keep_quantized: bool = False, load_format: str = "auto",
-               seed: int = 0) -> LoadedModel:
+               seed: int = 0, with_tokenizer: bool = True) -> LoadedModel:
     """Load a Hugging Face folder or a GGUF file (see ``resolve_model_path``); with
     ``keep_quantized``, a GGUF's Q8_0/Q4_0/Q4_1/Q4_K weights stay quantized (``QuantWeight``), and MXFP4
     experts (a folder's or a GGUF's) become q8_0 ones, value for value.
     ``load_format`` "dummy": the weights are random, drawn with ``seed`` (``dummy_weights``); only
-    the config and the tokenizer are read, so the folder needs no weights (any it has are ignored)."""
+    the config and the tokenizer are read, so the folder needs no weights (any it has are ignored).
+    ``with_tokenizer`` False: no tokenizer is built (``tokenizer`` None): a weight update keeps the served one."""
     path = Path(path)
     if load_format not in LOAD_FORMATS:
         raise ModelLoadError(f"unknown load format {load_format!r} (one of {', '.join(LOAD_FORMATS)})")
     if load_format == "dummy":
-        return _load_dummy(path, seed)
+        return _load_dummy(path, seed, with_tokenizer)
     start = time.perf_counter()
     if path.is_dir():
-        loaded = load_hf_folder(path, keep_quantized)
+        loaded = load_hf_folder(path, keep_quantized, with_tokenizer)
     elif _is_gguf_file(path):
-        loaded = load_gguf(path, keep_quantized)
+        loaded = load_gguf(path, keep_quantized, with_tokenizer)
     else:
         raise ModelLoadError(f"cannot load {path}: expected a folder with config.json or a .gguf file")
     check_weights(loaded.config, loaded.weights, str(path))
@@ -58,7 +59,7 @@ def load_model(path: str | os.PathLike[str], keep_quantized: bool = False, load_
     return loaded
 
 
-def _load_dummy(path: Path, seed: int) -> LoadedModel:
+def _load_dummy(path: Path, seed: int, with_tokenizer: bool = True) -> LoadedModel:
     """The config and tokenizer of ``path`` with random weights in the checkpoint's names, shapes and dtype."""
     start = time.perf_counter()
     config = load_model_config(path)
@@ -66,7 +67,7 @@ def _load_dummy(path: Path, seed: int) -> LoadedModel:
     weights = dummy_weights(config, dtype, seed)
     check_weights(config, weights, str(path))
     generated = time.perf_counter() - start
-    tokenizer = load_tokenizer(path)
+    tokenizer = load_tokenizer(path) if with_tokenizer else None
     params = sum(w.numel() for w in weights.values())
     # a warning, so that `kvserve generate` (which configures no logging) says it too
     logger.warning("dummy weights (--load-format dummy): %d random tensors for %s, %.2fB parameters in %s (seed %d), "

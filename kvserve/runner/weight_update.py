@@ -45,7 +45,7 @@ def load_replacement(source: ModelSource, served: ModelConfig, max_model_len: in
         raise ModelLoadError(f"model_path {source.path}: no such file or folder")
     try:
         loaded = load_model(path, keep_quantized=quantization != "none", load_format=source.load_format,
-                            seed=source.seed)
+                            seed=source.seed, with_tokenizer=False)
     except KVServeError:
         raise
     except Exception as e:  # noqa: BLE001 - a corrupt checkpoint is the caller's error, not the engine's end

@@ -97,6 +97,33 @@ def embedded():
 
 
 @needs_embedded
+def test_the_fast_gguf_reader_reads_every_field_as_gguf_does() -> None:
+    """Its arrays are one view (numbers) or memoryview slices (strings), not one numpy view per item: the
+    fields' types and contents, and the tensors, equal gguf's own reader's."""
+    from kvserve.model.gguf_loader import _FastGGUFReader, _gguf_metadata
+
+    path = resolve_model_path(None)
+    theirs, ours = gguf.GGUFReader(path), _FastGGUFReader(path)
+    assert theirs.fields.keys() == ours.fields.keys()
+    for key, field in theirs.fields.items():
+        assert ours.fields[key].types == field.types, key
+        assert ours.fields[key].contents() == field.contents(), key
+    assert _gguf_metadata(ours)["tokenizer.ggml.tokens"] == len(theirs.fields["tokenizer.ggml.tokens"].data) == 49152
+    assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+    assert all(np.array_equal(a.data, b.data) for a, b in zip(ours.tensors, theirs.tensors))
+
+
+@needs_embedded
+def test_a_load_without_the_tokenizer_builds_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a weight update keeps the served tokenizer: building another cost ~0.4 s of each update
+    import kvserve.model.gguf_loader as gl
+
+    monkeypatch.setattr(gl, "gguf_tokenizer", lambda *a: pytest.fail("built a tokenizer"))
+    loaded = load_model(resolve_model_path(None), keep_quantized=True, with_tokenizer=False)
+    assert loaded.tokenizer is None and loaded.weights
+
+
+@needs_embedded
 def test_embedded_gguf_equals_transformers(embedded, monkeypatch: pytest.MonkeyPatch) -> None:
     reference, ref_config = _transformers_gguf_state_dict(resolve_model_path(None), "llama", 30, monkeypatch)
     config = embedded.config
