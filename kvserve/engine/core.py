@@ -68,6 +68,9 @@ class EngineCore:
         self._tree: tuple[float, PrefixTreeView | None] | None = None  # the last tree summary, and when
         self._lora_replies: list[LoRAReply] = []
         self.lora = getattr(engine.runner, "lora", None)  # the runner's LoRAManager (None: LoRA off)
+        if self.lora is not None:
+            s = engine.scheduler
+            self.lora.in_use = lambda: {r.lora.id for q in (s.running, s.waiting) for r in q if r.lora is not None}
         self.tree_interval_s = TREE_INTERVAL_S
         engine.kv.record_events()  # each message says what the prefix cache stored and removed
         self.model_ops = ModelOps(engine)
@@ -221,6 +224,7 @@ class EngineCore:
                 if self.lora is None:
                     raise NotFoundError(f"the model {cmd.lora_name!r} does not exist", param="model")
                 lora = self.lora.resolve(cmd.lora_name)
+                self.lora.prefetch(lora)
             self.engine.add_request(cmd.request_id, cmd.prompt_token_ids, cmd.params, grammar, lora)
             self._sent[cmd.request_id] = 0
         except Exception as e:  # noqa: BLE001 - a bad request is rejected, never the engine's end

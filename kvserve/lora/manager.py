@@ -10,6 +10,7 @@ import logging
 import os
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -37,6 +38,9 @@ class LoRAManager:
             self.ctx.tables = SlotTable.for_model(cfg, config.max_loras)
         self._ids = itertools.count(1)
         self.load_seconds: list[float] = []
+        # ref ids of the requests in the engine (the engine core sets it): their weights are never dropped, so a
+        # request admitted with its adapter's weights in memory never needs its folder again
+        self.in_use: Callable[[], set[int]] = set
 
     def rebind(self, model: nn.Module) -> None:
         """Serve the adapters on ``model``, the engine's new base model (new weights, a wake from level 2): its
@@ -81,6 +85,7 @@ class LoRAManager:
     def _keep(self, ref_id: int, adapter: LoRAAdapter, pinned: frozenset[int] | set[int] = frozenset()) -> None:
         self.loaded[ref_id] = adapter
         self.loaded.move_to_end(ref_id)
+        pinned = pinned | self.in_use()
         for rid in list(self.loaded):
             if len(self.loaded) <= self.config.cpu_loras:
                 break
@@ -94,6 +99,12 @@ class LoRAManager:
             adapter = load_adapter(ref, self.cfg, self.config.max_lora_rank, self.dtype)
         self._keep(ref.id, adapter, pinned)
         return adapter
+
+    def prefetch(self, ref: LoRARef) -> None:
+        """A request for ``ref`` is being admitted: its weights in memory now (read from its folder if they were
+        dropped), or the InvalidArgumentError saying why they cannot be read (the folder was removed, ...): the
+        request is refused, not the step that would have needed them."""
+        self.adapter(ref, {ref.id})
 
     def _occupy(self, adapters: dict[int, LoRAAdapter]) -> dict[int, int]:
         """Put the step's adapters in slots (copied into the slot table), replacing adapters of no use to this

@@ -154,3 +154,37 @@ def test_adapters_follow_new_base_weights(setup, tmp_path):
     assert after == fresh.generate([prompt], GREEDY, lora="a")[0].token_ids
     assert after != before
     assert after != fresh.generate([prompt], GREEDY)[0].token_ids  # the adapter still changes the answer
+
+
+def test_an_adapter_whose_folder_vanished_fails_only_its_new_requests(setup, tmp_path):
+    """Adapter weights dropped from memory (an LRU of one) and their folder removed: a new request for that
+    adapter is refused with the reason, every other request runs on, and the engine serves after it. Requests
+    already admitted keep their adapter's weights in memory until they finish, folder or not."""
+    import shutil
+
+    from kvserve.errors import InvalidArgumentError
+    from kvserve.text.output import OutputProcessor
+
+    folder, paths = setup
+    gone = tmp_path / "a"
+    shutil.copytree(paths["a"], gone)
+    llm = make_llm(folder, enable_lora=True, max_loras=1, max_cpu_loras=1, block_size=4)
+    llm.load_lora_adapter("a", str(gone))
+    llm.load_lora_adapter("b", str(paths["b"]))
+    ps = prompts()
+    alone = {n: [o.token_ids for o in llm.generate(ps[:2], GREEDY, lora=n)] for n in ("a", "b", None)}
+    # admitted with a's weights in memory, then the folder goes while b's requests compete for the one CPU copy
+    processor = OutputProcessor(None)
+    ids = [llm._add(processor, p, GREEDY, n) for n in ("a", "b", None) for p in ps[:2]]
+    shutil.rmtree(gone)
+    finals = {}
+    while llm._busy():
+        for out in llm._step(processor):
+            if out.finished:
+                finals[out.request_id] = out.token_ids
+    assert [finals[r] for r in ids] == alone["a"] + alone["b"] + alone[None]
+    llm.generate(ps[:1], GREEDY, lora="b")  # b's weights in, a's dropped: a now needs its folder
+    with pytest.raises(InvalidArgumentError, match="adapter_config.json|no such|not a folder|does not exist"):
+        llm.generate(ps[:1], GREEDY, lora="a")
+    assert [o.token_ids for o in llm.generate(ps[:2], GREEDY, lora="b")] == alone["b"]
+    assert [o.token_ids for o in llm.generate(ps[:2], GREEDY)] == alone[None]

@@ -76,3 +76,27 @@ def test_models_requests_and_routes(served):
     assert 'kvserve_lora_requests_total{lora_name="a"} 6.0' in metrics  # 1 + the beam search's 5 steps
     assert 'kvserve_lora_generation_tokens_total{lora_name="b"} 5.0' in metrics
     assert "kvserve_lora_adapters_loaded 1.0" in metrics
+
+
+def test_an_adapter_whose_folder_vanished_gets_a_clear_error(tiny_model_dir, tmp_path):
+    """Its weights dropped (a CPU LRU of one) and its folder removed: a request for it gets an OpenAI-style 400
+    saying why; the server goes on serving the other adapter and the base model."""
+    import shutil
+
+    from kvserve.config import KVServeConfig, ServerConfig
+    from kvserve.server.engine_client import AsyncEngineClient
+
+    base = tiny_hf_model(vocab=49152, seed=3)
+    for i, n in enumerate("ab"):
+        write_adapter(base, tmp_path / n, seed=50 + i, r=4)
+    client = AsyncEngineClient(KVServeConfig.from_kwargs(
+        model=str(tiny_model_dir), **TINY_ENGINE, quantization="none", enable_lora=True, max_lora_rank=8,
+        max_loras=1, max_cpu_loras=1, lora_modules=[f"a={tmp_path / 'a'}", f"b={tmp_path / 'b'}"]))
+    with ServerThread(client, ServerConfig(served_model_names=["tiny"], api_key="k")) as server:
+        want_b = tokens(complete(server.url, "b", [5, 6, 7]))  # b's weights in memory, a's dropped
+        shutil.rmtree(tmp_path / "a")
+        r = complete(server.url, "a", [5, 6, 7])
+        assert r.status_code == 400, r.text
+        assert "adapter_config.json" in r.json()["error"]["message"]
+        assert tokens(complete(server.url, "b", [5, 6, 7])) == want_b
+        assert len(tokens(complete(server.url, "tiny", [5, 6, 7]))) == 5
