@@ -82,3 +82,26 @@ def test_unsplittable_request_goes_whole_and_bad_params_are_400(servers, tokeniz
     both = post(plain.url, "/v1/completions", {**GREEDY, "prompt": "x",
                                                "kv_transfer_params": {"transfer_id": "t", "first_token_ids": [5]}})
     assert both.status_code == 400 and "no KV connector" in both.json()["error"]["message"]
+
+
+def test_the_kv_transfer_route_needs_the_api_key_and_the_router_sends_it(tiny_model_dir, tokenizer):
+    """A replica's /kv/transfer (where it takes KV) is behind its --api-key; a router given the replicas' key
+    (backend_api_key) still pairs them and splits."""
+    from kvserve.config import KVServeConfig, ServerConfig
+    from kvserve.server.engine_client import AsyncEngineClient
+
+    def keyed(name: str, role: str) -> ServerThread:
+        client = AsyncEngineClient(KVServeConfig.from_kwargs(model=str(tiny_model_dir), **ENGINE, role=role))
+        return ServerThread(client, ServerConfig(served_model_names=["tiny"], replica_id=name, api_key="k"))
+
+    with keyed("p", "prefill") as p, keyed("d", "decode") as d:
+        assert httpx.get(f"{d.url}/kv/transfer").status_code == 401
+        ok = httpx.get(f"{d.url}/kv/transfer", headers={"Authorization": "Bearer k"})
+        assert ok.status_code == 200 and ok.json()["role"] == "decode"
+        config = RouterConfig(prefill=[p.url], decode=[d.url], health_interval_s=0.5, events_wait_s=0.5,
+                              backend_api_key="k")
+        with AppThread(create_router_app(config, PromptTokenizer(tokenizer))) as r:
+            resp = httpx.post(f"{r.url}/v1/completions", json={**GREEDY, "prompt": PROMPT},
+                              headers={"Authorization": "Bearer k"}, timeout=60)
+            assert resp.status_code == 200, resp.text
+            assert r.app.state.router.split.stats["split"] == 1
