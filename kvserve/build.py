@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from kvserve.config import KVServeConfig
+from kvserve.cpu_bind import bind, format_cpu_list, resolve_cpu_bind
 from kvserve.device import amx_gemm_available, resolve_deterministic, resolve_device, resolve_dtype
 from kvserve.model.quant_linear import runs_quantized
 from kvserve.engine.core import EngineCore
@@ -46,8 +47,12 @@ def build_engine(config: KVServeConfig, model_cfg: ModelConfig, weights: Weights
     ``hf_tokenizer`` (a transformers tokenizer) enables structured output; ``source``: where ``weights``
     were read (a level-2 sleep reloads them from there)."""
     m = config.model
-    if m.num_threads:
-        torch.set_num_threads(m.num_threads)
+    cpus = resolve_cpu_bind(m.cpu_bind)
+    if cpus is not None:  # before the first parallel region: the OpenMP team inherits the mask
+        bind(cpus)
+        log.info("--cpu-bind: the engine's threads on CPUs %s", format_cpu_list(cpus))
+    if m.num_threads or cpus:
+        torch.set_num_threads(m.num_threads or len(cpus or ()))
     device = resolve_device(m.device)
     dtype = resolve_dtype(m.dtype, device, quantized=runs_quantized(m.quantization, weights))
     deterministic = resolve_deterministic(m.deterministic, device)

@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from kvserve.cpu_bind import resolve_cpu_bind
 from kvserve.errors import InvalidArgumentError
 
 DTYPES = ("auto", "bfloat16", "float16", "float32", "float64")
@@ -48,17 +49,15 @@ class ModelOptions:
                                                   "with native bf16 (AVX512-BF16/AMX), else float32", "choices": DTYPES})
     device: str = field(default="auto", metadata={"help": "cpu, cuda, or auto (cuda when available)"})
     max_model_len: int | None = field(default=None, metadata={"help": "context window (default: the model's, capped by the KV cache)"})
-    quantization: str = field(default="auto", metadata={"help": "weight-only quantized linear layers on CPU (blocks "
-                              "of 32, native kernels): auto keeps a GGUF's Q8_0/Q4_0/Q4_1 weights as stored and "
-                              "other weights dense; none dequantizes everything to --dtype; int8 / int4 quantize "
-                              "every linear layer at load (Q8_0 / Q4_1)", "choices": QUANTIZATIONS})
+    quantization: str = field(default="auto", metadata={"help": "weight-only quantized linear layers on CPU (blocks of 32, native kernels): auto keeps a GGUF's Q8_0/Q4_0/Q4_1 weights as stored and other weights dense; none dequantizes everything to --dtype; int8 / int4 quantize every linear layer at load (Q8_0 / Q4_1)", "choices": QUANTIZATIONS})  # noqa: E501
     load_format: str = field(default="auto", metadata={"help": "auto: read the model's weights; dummy: random "
                              "weights (seeded by --seed) of the shapes config.json implies, for a folder that holds "
                              "only config.json and a tokenizer: any size can be served and benchmarked without its "
                              "weights (outputs are meaningless)", "choices": LOAD_FORMATS})
     seed: int = field(default=0, metadata={"help": "seed of the shared generator for unseeded sampling (and of "
                       "--load-format dummy's weights)"})
-    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: all cores)"})
+    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: all cores, or --cpu-bind's)"})  # noqa: E501
+    cpu_bind: str | None = field(default=None, metadata={"help": "pin the engine's threads: a CPU list (0-7,16), numa:N (NUMA node N's CPUs), or with --replicas auto (each replica its own cores, node by node); default: unpinned (docs/scale-out.md)"})  # noqa: E501
     deterministic: bool | None = field(default=None, metadata={"tristate": True, "help": "a token's logits never depend on the batch, chunking, speculation or prefix hits (docs/determinism.md); default: on except on AMX CPUs, where it turns the bf16 AMX paths off"})  # noqa: E501
 
     def __post_init__(self) -> None:
@@ -69,6 +68,7 @@ class ModelOptions:
                "load_format")
         _check(self.max_model_len is None or self.max_model_len >= 2, "--max-model-len must be at least 2",
                "max_model_len")
+        resolve_cpu_bind(self.cpu_bind)  # a bad list or node: one line, before anything starts
 
 
 @dataclass

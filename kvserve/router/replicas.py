@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 import httpx
 
 from kvserve.config import PARTS, KVServeConfig
+from kvserve.cpu_bind import format_cpu_list, parse_cpu_list, resolve_cpu_bind, split_for_replicas
 from kvserve.engine.memory import cpu_kv_cap_bytes
 from kvserve.errors import InvalidArgumentError, KVServeError
 from kvserve.router.config import RouterConfig
@@ -41,7 +42,7 @@ WATCH_INTERVAL_S = 0.5
 RESTART_DELAY_S = 2.0
 PORT_RETRIES = 3  # a replica's port taken between choosing it and the replica binding it
 # the flags each replica gets from the parent, not copied from its own
-PER_REPLICA = ("host", "port", "replica_id", "num_threads", "kv_cache_memory_gb", "num_kv_blocks",
+PER_REPLICA = ("host", "port", "replica_id", "num_threads", "cpu_bind", "kv_cache_memory_gb", "num_kv_blocks",
                "kv_offload_memory_gb", "kv_offload_dir", "kv_offload_disk_gb")
 PR_SET_PDEATHSIG = 1
 
@@ -68,6 +69,9 @@ def replica_configs(config: KVServeConfig, n: int, cores: int | None = None) -> 
         raise InvalidArgumentError(f"--replicas {n} is more than the {threads} "
                                    f"{'--num-threads' if config.model.num_threads else 'cores here'}: each replica "
                                    "needs a thread of its own", param="replicas")
+    cores_of = [None] * n
+    if config.model.cpu_bind == "auto":  # each replica its own cores, NUMA node by node
+        cores_of = [format_cpu_list(cpus) for cpus in split_for_replicas(n)]
     cache = config.cache
     # without a size, the N pools share what one server's default pool could take at most
     kv_gb = cache.kv_cache_memory_gb or cpu_kv_cap_bytes() / (1 << 30)
@@ -78,7 +82,10 @@ def replica_configs(config: KVServeConfig, n: int, cores: int | None = None) -> 
                     kv_offload_memory_gb=cache.kv_offload_memory_gb / n,
                     kv_offload_dir=os.path.join(cache.kv_offload_dir, f"replica-{i}") if cache.kv_offload_dir else None,
                     kv_offload_disk_gb=cache.kv_offload_disk_gb / n)
-        out.append(replace(config, model=replace(config.model, num_threads=threads // n), cache=c))
+        model = replace(config.model, num_threads=threads // n, cpu_bind=cores_of[i] or config.model.cpu_bind)
+        if cores_of[i] is not None and not config.model.num_threads:
+            model = replace(model, num_threads=len(parse_cpu_list(cores_of[i])))
+        out.append(replace(config, model=model, cache=c))
     return out
 
 
@@ -137,7 +144,14 @@ class Replica:
         return [sys.executable, "-m", "kvserve", "serve", *args, "--host", "127.0.0.1", "--port", str(self.port)]
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(self.argv(), env=self.env, start_new_session=True, preexec_fn=_die_with_parent)
+        cpus = resolve_cpu_bind(self.config.model.cpu_bind)
+        if cpus is None:
+            setup = _die_with_parent
+        else:  # pinned from exec on, so its OpenMP runtime counts and places its threads on these CPUs alone
+            def setup() -> None:
+                _die_with_parent()
+                os.sched_setaffinity(0, cpus)
+        self.proc = subprocess.Popen(self.argv(), env=self.env, start_new_session=True, preexec_fn=setup)
 
     @property
     def exit_code(self) -> int | None:
