@@ -20,7 +20,7 @@ from kvserve.engine.core import EngineCore
 from kvserve.engine.engine import Engine
 from kvserve.engine.messages import AddRequest, LoRACommand, Sleep, UpdateWeights, WakeUp
 from kvserve.engine.request import Request, SamplingParams
-from kvserve.errors import InvalidArgumentError, NotFoundError
+from kvserve.errors import InvalidArgumentError
 from kvserve.model.config import ModelConfig
 from kvserve.text.output import OutputProcessor, RequestOutput
 from kvserve.text.tokenizer import bad_words_token_ids
@@ -136,11 +136,11 @@ class LLM:
         """Run a model command now (between ``generate`` calls no request is in the engine)."""
         self.core.submit(cmd)
         msg = self.core.step()
-        assert msg is not None and msg.results, "the engine did not run the command"
-        result = msg.results[0]
-        if result.error is not None:
-            raise result.error
-        return result.data
+        assert msg is not None and msg.replies, "the engine did not run the command"
+        reply = msg.replies[0]
+        if reply.error is not None:
+            raise reply.error
+        return reply.data
 
     def _busy(self) -> bool:
         return self.core.has_work or self.core.is_compiling
@@ -199,7 +199,7 @@ class LLM:
     def _lora(self, cmd: LoRACommand) -> None:
         reply = self.core.lora_command(cmd)
         if reply.error is not None:
-            raise (NotFoundError if reply.not_found else InvalidArgumentError)(reply.error)
+            raise reply.error
 
     def stream(self, prompt: PromptLike, params: SamplingParams | None = None) -> Iterator[RequestOutput]:
         """Yield one output per new token for a single prompt (for terminals and tests)."""

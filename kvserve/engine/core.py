@@ -24,10 +24,9 @@ from kvserve.engine.memory import resident_memory_bytes
 from kvserve.engine.messages import (
     AbortRequests,
     AddRequest,
-    CommandResult,
+    CommandReply,
     EngineReady,
     LoRACommand,
-    LoRAReply,
     EngineStatsSnapshot,
     ReportState,
     RequestDelta,
@@ -66,7 +65,7 @@ class EngineCore:
         self._commands_since_message = False  # a message goes out after commands, even with no tokens
         self._state_asked = False  # a ReportState came: the next message carries an EngineState
         self._tree: tuple[float, PrefixTreeView | None] | None = None  # the last tree summary, and when
-        self._lora_replies: list[LoRAReply] = []
+        self._replies: list[CommandReply] = []  # commands done since the last message: one channel for all
         self.lora = getattr(engine.runner, "lora", None)  # the runner's LoRAManager (None: LoRA off)
         if self.lora is not None:
             s = engine.scheduler
@@ -89,7 +88,7 @@ class EngineCore:
         """Requests to step, refusals or command results to report, model commands to run (requests
         waiting for a grammar not counted)."""
         ops = self.model_ops
-        return self.engine.has_unfinished() or bool(self._rejected or self._early or ops.pending or ops.results)
+        return self.engine.has_unfinished() or bool(self._rejected or self._early or ops.pending or self._replies)
 
     @property
     def is_compiling(self) -> bool:
@@ -116,7 +115,7 @@ class EngineCore:
 
     def submit(self, cmd: Sleep | WakeUp | UpdateWeights) -> None:
         """Queue a model command: it runs once no request is in the engine (the next ``step`` if none is);
-        its ``CommandResult`` comes in a step message. An update that aborts requests ends every request
+        its ``CommandReply`` comes in a step message. An update that aborts requests ends every request
         in flight now, each with an error saying why."""
         self._commands_since_message = True
         if isinstance(cmd, UpdateWeights) and cmd.abort_all_requests:
@@ -127,10 +126,6 @@ class EngineCore:
                 self._reject(rid, ServiceUnavailableError("the request was aborted: the model's weights are being "
                                                           "updated (update_weights_from_disk)", code="weights_updated"))
         self.model_ops.pending.append(cmd)
-
-    def take_results(self) -> list[CommandResult]:
-        out, self.model_ops.results = self.model_ops.results, []
-        return out
 
     def add(self, cmd: AddRequest) -> None:
         """Queue a request. A user error (a bad prompt, an invalid grammar) is reported in the next
@@ -194,10 +189,10 @@ class EngineCore:
             self._sent.pop(rid, None)
             self._traced.discard(rid)
 
-    def lora_command(self, cmd: LoRACommand) -> LoRAReply:
-        """Load or unload an adapter; the reply also goes out in the next step message."""
+    def lora_command(self, cmd: LoRACommand) -> CommandReply:
+        """Load or unload an adapter now; the reply also goes out in the next step message."""
         self._commands_since_message = True
-        error, not_found = None, False
+        error: KVServeError | None = None
         try:
             if self.lora is None:
                 raise NotFoundError("LoRA adapters are off: start the server with --enable-lora")
@@ -205,10 +200,10 @@ class EngineCore:
                 self.lora.load(cmd.name, str(cmd.path))
             else:
                 self.lora.unload(cmd.name)
-        except KVServeError as e:
-            error, not_found = str(e), isinstance(e, NotFoundError)
-        reply = LoRAReply(cmd.call_id, error, not_found, [] if self.lora is None else self.lora.names)
-        self._lora_replies.append(reply)
+        except KVServeError as e:  # a 404 if what it names is missing, else a 400, about the adapter's name
+            error = (NotFoundError if isinstance(e, NotFoundError) else InvalidArgumentError)(str(e), param="lora_name")
+        reply = CommandReply(cmd.command_id, error, {"adapters": [] if self.lora is None else self.lora.names})
+        self._replies.append(reply)
         return reply
 
     def wait_for_grammars(self, timeout: float) -> None:
@@ -245,7 +240,9 @@ class EngineCore:
                 del self._compiling[rid]
                 self._admit(cmd, fut)
         if self.model_ops.pending and not self.engine.has_unfinished() and not self._compiling:
-            for held in self.model_ops.run_pending():
+            replies, held_back = self.model_ops.run_pending()
+            self._replies += replies
+            for held in held_back:
                 self.add(held)
         if self.handoff is not None:
             for req in self.handoff.ready():
@@ -257,15 +254,14 @@ class EngineCore:
         # (a prefill chunk that samples nothing still caches blocks: that is news too)
         stored, removed = self.engine.kv.take_events()
         if not (changed or self._rejected or self._early or self._commands_since_message or stored or removed
-                or self.model_ops.results):
+                or self._replies):
             return None
-        replies, self._lora_replies = self._lora_replies, []
+        replies, self._replies = self._replies, []
         deltas, self._early = self._early + [self._delta(req) for req in changed], []
         rejected, self._rejected, self._commands_since_message = self._rejected, [], False
         state = self.live_state() if self._state_asked else None
         self._state_asked = False
-        return StepMessage(deltas, rejected, self.snapshot(), step_end, stored, removed, state, self.take_results(),
-                           replies)
+        return StepMessage(deltas, rejected, self.snapshot(), step_end, stored, removed, state, replies)
 
     def live_state(self) -> EngineState:
         now = time.monotonic()

@@ -34,9 +34,9 @@ class AbortRequests:
 
 @dataclass
 class LoRACommand:
-    """Load (``action`` "load", from ``path``) or unload an adapter; a ``LoRAReply`` in the next message answers."""
+    """Load (``action`` "load", from ``path``) or unload an adapter; a ``CommandReply`` in the next message answers."""
 
-    call_id: str
+    command_id: str
     action: str
     name: str
     path: str | None = None
@@ -53,7 +53,7 @@ class Shutdown:
 
 
 # Sleep, wake and weight updates (kvserve.engine.model_ops) run between steps once the requests in
-# flight are done; requests added meanwhile wait behind them. Each is answered by a CommandResult.
+# flight are done; requests added meanwhile wait behind them. Each is answered by a CommandReply.
 @dataclass
 class Sleep:
     command_id: str
@@ -74,6 +74,7 @@ class UpdateWeights:
 
 
 ModelCommand = Sleep | WakeUp | UpdateWeights
+EngineCommand = ModelCommand | LoRACommand  # the commands a CommandReply answers
 
 
 # --------------------------------------------------------------------------- answers
@@ -132,16 +133,6 @@ class RequestDelta:
 
 
 @dataclass
-class LoRAReply:
-    """The outcome of a ``LoRACommand``: ``error`` None when it worked; the adapters loaded after it."""
-
-    call_id: str
-    error: str | None
-    not_found: bool
-    adapters: list[str]
-
-
-@dataclass
 class RequestRejected:
     """Adding this request raised a user error."""
 
@@ -161,8 +152,9 @@ class RequestRejected:
 
 
 @dataclass
-class CommandResult:
-    """The answer to a ``ModelCommand``: ``error`` (a KVServeError, pickled whole) or what it did."""
+class CommandReply:
+    """The answer to an ``EngineCommand`` (same ``command_id``): ``error`` (a KVServeError, pickled whole,
+    None when it worked) and what it did (``data``: a LoRA command's has "adapters", those loaded after it)."""
 
     command_id: str
     error: Exception | None = None
@@ -200,5 +192,4 @@ class StepMessage:
     kv_stored: list[bytes] = field(default_factory=list)
     kv_removed: list[bytes] = field(default_factory=list)
     state: EngineState | None = None  # after a ReportState: what the engine is doing now
-    results: list[CommandResult] = field(default_factory=list)  # the model commands done since the last message
-    lora_replies: list[LoRAReply] = field(default_factory=list)
+    replies: list[CommandReply] = field(default_factory=list)  # the commands done since the last message

@@ -22,7 +22,7 @@ from collections import deque
 from typing import Any, Protocol
 
 from kvserve.engine.engine import Engine
-from kvserve.engine.messages import AddRequest, CommandResult, ModelCommand, Sleep, UpdateWeights, WakeUp
+from kvserve.engine.messages import AddRequest, CommandReply, ModelCommand, Sleep, UpdateWeights, WakeUp
 from kvserve.errors import InvalidArgumentError, KVServeError, ServiceUnavailableError
 
 log = logging.getLogger(__name__)
@@ -45,22 +45,22 @@ class ModelOps:
         self.engine = engine
         self.pending: deque[ModelCommand] = deque()
         self.held: list[AddRequest] = []  # added behind a pending command: they wait for it
-        self.results: list[CommandResult] = []  # done, for the next step message
         self.sleep_level = 0  # 0: awake
 
     @property
     def sleeping(self) -> bool:
         return self.sleep_level > 0
 
-    def run_pending(self) -> list[AddRequest]:
-        """Run the pending commands, in order (the caller saw the engine empty); returns the held
-        requests, to add now."""
+    def run_pending(self) -> tuple[list[CommandReply], list[AddRequest]]:
+        """Run the pending commands, in order (the caller saw the engine empty); returns their replies
+        and the held requests, to add now."""
+        replies = []
         while self.pending:
-            self.results.append(self.run(self.pending.popleft()))
+            replies.append(self.run(self.pending.popleft()))
         held, self.held = self.held, []
-        return held
+        return replies, held
 
-    def run(self, cmd: ModelCommand) -> CommandResult:
+    def run(self, cmd: ModelCommand) -> CommandReply:
         started = time.perf_counter()
         try:
             if isinstance(cmd, Sleep):
@@ -70,13 +70,13 @@ class ModelOps:
             else:
                 self._update(cmd)
         except KVServeError as e:
-            return CommandResult(cmd.command_id, e)
+            return CommandReply(cmd.command_id, e)
         except Exception as e:  # noqa: BLE001 - the engine goes on with what it had
             log.exception("%s failed", type(cmd).__name__)
-            return CommandResult(cmd.command_id, KVServeError(f"{type(cmd).__name__} failed: {e}"))
+            return CommandReply(cmd.command_id, KVServeError(f"{type(cmd).__name__} failed: {e}"))
         seconds = time.perf_counter() - started
         log.info("%s done in %.2f s", type(cmd).__name__, seconds)
-        return CommandResult(cmd.command_id, data={"seconds": seconds, "sleep_level": self.sleep_level,
+        return CommandReply(cmd.command_id, data={"seconds": seconds, "sleep_level": self.sleep_level,
                                                    "cache_root_key": self.engine.kv.cache_root_key})
 
     def _runner(self) -> ModelLifecycle:

@@ -1,7 +1,10 @@
 """The OpenAI endpoint on Ray Serve (``KVServeIngress``): a FastAPI ingress that hands each request to a replica.
 
 Every route kvserve serves is forwarded whole to one ``KVServeReplica`` through a deployment
-handle, and its answer streamed back as the replica writes it (server-sent events included). A
+handle, and its answer streamed back as the replica writes it (server-sent events included); the
+replicas' admin routes (sleep, wake, weight updates, LoRA load/unload: ``kvserve.router.fanout``) go to
+every replica instead (``DeploymentHandle.broadcast``), answered with each one's result as
+``kvserve router`` answers them. A
 completion or chat request is tokenized here first (``kvserve.router.prompt``, as ``kvserve
 router`` does), so that the request router can match its prompt against each replica's cache. A
 replica that fails before its first byte is replaced by another (up to ``MAX_ATTEMPTS``); a stream
@@ -10,6 +13,7 @@ that breaks later ends with an error event and ``data: [DONE]``. Errors have Ope
 
 # (no `from __future__ import annotations`: Ray Serve's ingress rebuilds the routes' signatures, and
 # FastAPI must see `Request` itself, not its name, to inject the request)
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -23,6 +27,7 @@ from ray.serve.handle import DeploymentHandle
 
 from kvserve.errors import RequestTooLargeError
 from kvserve.ray_serve.call import ReplicaCall, ResponseStart
+from kvserve.router.fanout import FANNED_OUT, summarize
 from kvserve.router.prompt import PromptTokenizer, body_model
 from kvserve.router.proxy import RESPONSE_DROPPED
 from kvserve.router.relay import BackendFailedError, StreamWatch, error_event
@@ -73,6 +78,7 @@ class KVServeIngress:
     def __init__(self, replicas: DeploymentHandle, model: str | None = None, tool_call_parser: str = "auto",
                  max_request_bytes: int = 8 << 20):
         self.replicas = replicas.options(stream=True)
+        self.every_replica = replicas  # broadcast: the admin routes, one whole answer from each replica
         self.prompts = PromptTokenizer.load(model, tool_call_parser)
         self.max_request_bytes = max_request_bytes
 
@@ -83,6 +89,8 @@ class KVServeIngress:
             return error_response(RequestTooLargeError(f"the request body is over the limit of "
                                                        f"{self.max_request_bytes} bytes"))
         call = await self.call_of(request, body)
+        if request.method == "POST" and request.url.path in FANNED_OUT:
+            return await self.fan_out(call)
         for attempt in range(1, MAX_ATTEMPTS + 1):
             answer = self.replicas.handle.remote(call)
             try:
@@ -98,6 +106,13 @@ class KVServeIngress:
             sse = headers.get("content-type", "").startswith("text/event-stream")
             return StreamingResponse(relay(answer, sse), status_code=start.status, headers=headers)
         return error_response(BackendFailedError(f"{MAX_ATTEMPTS} replicas failed before answering"))
+
+    async def fan_out(self, call: ReplicaCall) -> Response:
+        """``call`` run on every replica live now; shielded: a client that goes away leaves none half-way."""
+        answers = await asyncio.shield(self.every_replica.broadcast("admin", call).results_async(
+            return_exceptions=True))
+        return summarize([a if isinstance(a, dict) else {"replica": "?", "status_code": None, "body": None,
+                                                          "error": f"{type(a).__name__}: {a}"} for a in answers])
 
     async def call_of(self, request: Request, body: bytes) -> ReplicaCall:
         """The request as a replica gets it, with its prompts' token ids when it is a generation request."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
@@ -51,6 +52,22 @@ class KVServeReplica:
                 if isinstance(item, ResponseStart):
                     item.headers.append((REPLICA_HEADER, self.name))
                 yield item
+
+    async def admin(self, call: ReplicaCall) -> dict[str, Any]:
+        """Run one of the admin routes the ingress sends to every replica (``DeploymentHandle.broadcast``)
+        whole: ``{"replica", "status_code", "body"}``, as ``kvserve.router.fanout.summarize`` reads them."""
+        status, chunks = 500, []
+        async for item in run_on_app(self.app, call):
+            if isinstance(item, ResponseStart):
+                status = item.status
+            else:
+                chunks.append(item)
+        body = b"".join(chunks)
+        try:
+            parsed: Any = json.loads(body)
+        except ValueError:
+            parsed = body.decode("utf-8", "replace")
+        return {"replica": self.name.decode(), "status_code": status, "body": parsed}
 
     async def record_routing_stats(self) -> dict[str, Any]:
         """What the request router routes by (``CacheAwareRequestRouter``)."""

@@ -4,9 +4,12 @@
   ``--prefill``/``--decode``: prefill leg, then decode leg, ``kvserve.router.disagg``).
 - Every other ``/v1/...`` route, ``/tokenize``, ``/detokenize``, ``/version``: proxied to the least
   loaded backend (the backends answer what they serve, and their 404s for what they do not).
+- ``POST /update_weights_from_disk``, ``/sleep``, ``/wake_up``, ``/v1/load_lora_adapter``,
+  ``/v1/unload_lora_adapter``: sent to every replica, each one's answer reported (``kvserve.router.fanout``).
 - ``GET /health``: 200 while a backend is up, else 503. ``GET /metrics``: the router's Prometheus metrics.
 - ``GET /admin/backends`` (each backend's state), ``POST /admin/backends`` ``{"url"}`` (add one),
-  ``DELETE /admin/backends`` ``{"url"}`` or ``?url=`` (remove one); with ``--admin-key``, they need it.
+  ``DELETE /admin/backends`` ``{"url"}`` or ``?url=`` (remove one); with ``--admin-key``, they and the
+  fanned-out routes need it.
 
 Errors are OpenAI's error body (``kvserve.server.errors``); the body size limit is the server's guard.
 """
@@ -24,6 +27,7 @@ from fastapi.responses import Response
 import kvserve
 from kvserve.errors import AuthenticationError, InvalidArgumentError, NotFoundError
 from kvserve.router.config import RouterConfig
+from kvserve.router.fanout import FANNED_OUT, fan_out, replica_headers
 from kvserve.router.prompt import PromptTokenizer
 from kvserve.router.proxy import NoBackendError
 from kvserve.router.state import RouterState
@@ -100,6 +104,16 @@ def create_router_app(config: RouterConfig, prompts: PromptTokenizer | None) -> 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request, state: State) -> Response:
         return await _proxied(request, state, "chat")
+
+    async def fanned_out(request: Request, state: State, _: Admin) -> Response:
+        assert state.proxy is not None, "the router's lifespan did not start"
+        route = await state.route(request, None)
+        c = state.config
+        return await fan_out(state.proxy.client, state.replica_urls(), route,
+                             replica_headers(route, c.admin_key is not None, c.backend_api_key))
+
+    for path in FANNED_OUT:  # before the /v1 catch-all, which would send them to one replica
+        app.add_api_route(path, fanned_out, methods=["POST"])
 
     @app.api_route("/v1/{rest:path}", methods=["GET", "POST", "DELETE"])
     async def other_v1(rest: str, request: Request, state: State) -> Response:

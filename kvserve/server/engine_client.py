@@ -27,14 +27,14 @@ from kvserve.config import KVServeConfig
 from kvserve.engine.engine import check_prompt
 from kvserve.engine.live_state import EngineState
 from kvserve.engine.messages import (AbortRequests, AddRequest, EngineFailed, EngineReady, EngineStatsSnapshot,
-                                     LoRACommand, LoRAReply, ReportState, Shutdown, StepMessage)
+                                     ReportState, Shutdown, StepMessage)
 from kvserve.engine.model_ops import SLEEPING
 from kvserve.text.output import OutputProcessor
 from kvserve.engine.request import Request, SamplingParams
 from kvserve.engine.worker import engine_environment, run_engine_process
 from kvserve.errors import EngineDeadError, ModelLoadError, ServerBusyError, ServiceUnavailableError
 from kvserve.server.kv_events import KVEventLog
-from kvserve.server.model_commands import ModelCommands
+from kvserve.server.engine_commands import EngineCommands
 from kvserve.server.lora_metrics import LoRAUsage
 from kvserve.server.request_stream import RequestObserver, RequestStream
 
@@ -84,7 +84,7 @@ class EngineClient(Protocol):
                              abort_all_requests: bool = False) -> dict[str, Any]: ...
 
 
-class AsyncEngineClient(ModelCommands):
+class AsyncEngineClient(EngineCommands):
     """Starts the engine process and multiplexes requests over it for one asyncio loop.
 
     Construction blocks until the engine has loaded the model (or raises its error);
@@ -102,7 +102,7 @@ class AsyncEngineClient(ModelCommands):
         self._dead: str | None = None  # why the engine is unusable
         self._closing = False
         self._state: asyncio.Future[EngineState | None] | None = None  # a ReportState's answer, pending
-        ModelCommands.__init__(self)
+        EngineCommands.__init__(self)
 
         ctx = mp.get_context("spawn")
         self._commands: mp.Queue = ctx.Queue()
@@ -131,10 +131,9 @@ class AsyncEngineClient(ModelCommands):
         self.processor = OutputProcessor(self.tokenizer)
         self.kv_events = KVEventLog(ready.block_size, ready.cache_root_key, enabled=ready.prefix_caching)
         self.kv_transfer_address = ready.kv_transfer_address  # where prefill replicas send KV ("": nowhere)
-        # the LoRA adapters loaded (None: --enable-lora is off), their requests and tokens; pending load/unload calls
-        self.lora_adapters: list[str] | None = ready.lora_adapters
+        # the LoRA adapters loaded (None: --enable-lora is off), their requests and tokens
+        self.lora_adapters = ready.lora_adapters
         self.lora_usage = LoRAUsage()
-        self._lora_calls: dict[str, asyncio.Future[LoRAReply]] = {}
 
     def _wait_ready(self, timeout: float) -> EngineReady:
         deadline = time.monotonic() + timeout
@@ -269,18 +268,6 @@ class AsyncEngineClient(ModelCommands):
         except TimeoutError:
             return None
 
-    async def lora_command(self, action: str, name: str, path: str | None = None) -> LoRAReply:
-        """Load (from ``path``) or unload an adapter in the engine, between two of its steps."""
-        self._check_alive()
-        assert self._loop is not None
-        call_id = uuid.uuid4().hex
-        self._lora_calls[call_id] = future = self._loop.create_future()
-        self._send(LoRACommand(call_id, action, name, path))
-        try:
-            return await future
-        finally:
-            self._lora_calls.pop(call_id, None)
-
     @property
     def num_in_flight(self) -> int:
         return len(self._requests)
@@ -321,15 +308,11 @@ class AsyncEngineClient(ModelCommands):
             self.kv_events.apply(msg.kv_stored, msg.kv_removed)
             if msg.state is not None and self._state is not None and not self._state.done():
                 self._state.set_result(msg.state)
-            self._answer_commands(msg.results)
+            self._answer_commands(msg.replies)
             for r in msg.rejected:
                 stream = self._requests.get(r.request_id)
                 if stream is not None:
                     stream.queue.put_nowait(r.error())
-            for reply in msg.lora_replies:
-                self.lora_adapters = reply.adapters
-                if (call := self._lora_calls.get(reply.call_id)) is not None and not call.done():
-                    call.set_result(reply)
             for d in msg.deltas:
                 self.lora_usage.on_delta(d)
                 stream = self._requests.get(d.request_id)
@@ -346,9 +329,6 @@ class AsyncEngineClient(ModelCommands):
             self._dead = "the engine process exited unexpectedly; the server must be restarted"
         self._fail_all(self._dead)
         self._fail_commands(EngineDeadError(self._dead))
-        for call in self._lora_calls.values():
-            if not call.done():
-                call.set_exception(EngineDeadError(self._dead))
         if self._state is not None and not self._state.done():
             self._state.set_result(None)
         self.stats = EngineStatsSnapshot(kv_blocks_total=self.stats.kv_blocks_total,

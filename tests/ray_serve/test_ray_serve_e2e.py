@@ -3,7 +3,8 @@
 The test starts a local Ray cluster (no dashboard, a small object store; Serve's HTTP on 127.0.0.1)
 and runs the CLI against it. Greedy answers through Ray Serve (completions and chat, streamed and not) are
 the same as one plain kvserve server's, in float32; a prompt sharing a prefix with an earlier one
-goes to the replica that cached it (the cache-aware request router); SIGTERM stops it all, exit 0.
+goes to the replica that cached it (the cache-aware request router); the admin routes reach every replica;
+SIGTERM stops it all, exit 0.
 """
 
 from __future__ import annotations
@@ -150,6 +151,24 @@ def test_a_shared_prefix_goes_to_the_replica_that_cached_it(ray_server):
         r = httpx.post(f"{url}/v1/completions", json={**GREEDY, "prompt": prefix + f"Question {i}?"}, timeout=120)
         assert r.status_code == 200 and r.headers["x-kvserve-replica"] == holder
         assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 64
+
+
+def test_admin_routes_reach_every_replica(ray_server):
+    """POST /sleep and /wake_up go to both replicas (broadcast), each one's result in the answer; while both
+    sleep every generation request is refused, whichever replica takes it."""
+    url, _ = ray_server
+    slept = httpx.post(f"{url}/sleep", params={"level": 1}, timeout=120)
+    assert slept.status_code == 200, slept.text
+    results = slept.json()["replicas"]
+    assert len({r["replica"] for r in results}) == 2 and all(r["body"]["is_sleeping"] for r in results)
+    for _ in range(4):
+        asleep = httpx.post(f"{url}/v1/completions", json={**GREEDY, "prompt": "Hi"}, timeout=60)
+        assert asleep.status_code == 503 and asleep.json()["error"]["code"] == "sleeping"
+    woke = httpx.post(f"{url}/wake_up", timeout=120)
+    assert woke.status_code == 200 and len(woke.json()["replicas"]) == 2
+    assert httpx.post(f"{url}/v1/completions", json={**GREEDY, "prompt": "Hi"}, timeout=120).status_code == 200
+    bad = httpx.post(f"{url}/update_weights_from_disk", json={"model_path": "x"}, timeout=60)  # no --weights-dir
+    assert bad.status_code == 400 and bad.json()["error"]["message"].startswith("2 of 2 replicas failed")
 
 
 def test_sigterm_stops_serve_and_exits_0(ray_server):

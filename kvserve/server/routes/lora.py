@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict
 
-from kvserve.errors import InvalidArgumentError, NotFoundError
+from kvserve.errors import InvalidArgumentError
 from kvserve.lora.registry import check_lora_name, confined_path
 from kvserve.server.state import ServerState, State
 
@@ -33,9 +33,8 @@ def _check_enabled(state: ServerState) -> None:
 
 
 async def _call(state: ServerState, action: str, name: str, path: str | None = None) -> None:
-    reply = await state.client.lora_command(action, name, path)  # type: ignore[attr-defined]
-    if reply.error is not None:
-        raise (NotFoundError if reply.not_found else InvalidArgumentError)(reply.error, param="lora_name")
+    # raises the engine's error: 404 if the adapter or its folder is missing, else 400
+    await state.client.lora_command(action, name, path)  # type: ignore[attr-defined]
 
 
 @router.post("/v1/load_lora_adapter")
