@@ -7,7 +7,7 @@ they are not (no compiler, a failed build, KVSERVE_KERNELS=0):
 - the element-wise ops (``rms_norm``, ``add_rms_norm``, ``rotary_``, ``silu_mul``, ``gelu_tanh_mul``, ``store_rows_``,
   ``argmax_rows``, ``sample_rows``) run torch code that computes what the kernel does, and the
   availability queries (``amx_gemm_available``, ``flash_prefill_available``) answer False;
-- the rest (quantized GEMMs, ``amx_*``, the attention kernels, ``DecodeStack``) raise
+- the rest (quantized GEMMs, ``amx_*``, the attention kernels, ``DecodeStack``, ``MoEBlock``) raise
   ``NativeKernelsUnavailable``: their callers already pick another path when the kernels are missing.
 
 The element-wise wrappers take ``native``: False runs the torch code even with the kernels loaded (a
@@ -244,6 +244,15 @@ def decode_stack(num_heads: int, num_kv_heads: int, head_dim: int, hidden: int, 
     if not _loaded:
         _require("DecodeStack")
     return torch.classes.kvserve.DecodeStack(num_heads, num_kv_heads, head_dim, hidden, intermediate, eps)
+
+
+def moe_block(hidden: int, top_k: int, norm_topk: bool, act: str, alpha: float = 1.0, limit: float = 0.0) -> Any:
+    """An empty native ``MoEBlock`` (kernels/csrc/model/moe_block.h): a mixture of experts over packed
+    quantized experts, ``act`` silu, gelu_tanh or swiglu (gpt-oss's, with ``alpha`` and ``limit``; 0: no clamp).
+    No fallback: ``MoE`` runs its loop of experts where the kernels are not loaded."""
+    if not _loaded:
+        _require("MoEBlock")
+    return torch.classes.kvserve.MoEBlock(hidden, top_k, norm_topk, act, alpha, limit)
 
 
 # -- LoRA ----------------------------------------------------------------------------------------

@@ -129,13 +129,15 @@ class ModelConfig:
         """None when the native decode stack runs every layer's options: Llama's layers with per-head or
         whole-projection q/k norms, any norm layout (pre, sandwich, post) and offset, a SiLU or GELU-tanh
         gated MLP, biases, a softmax scale, a window, a soft cap and sinks, residual scales, layers without rotary
-        or with their own (Gemma 3's local base); else the options it lacks, for the start-up log."""
+        or with their own (Gemma 3's local base), mixtures of experts (with router and expert biases, a shared
+        expert, gpt-oss's clamped SwiGLU in the experts); else the options it lacks, for the start-up log. (An MoE
+        model's experts must also be packed quantized: ``build_native_stack`` checks the weights.)"""
+        dense_swiglu = self.swiglu is not None and not all(self.is_moe(i) for i in range(self.num_hidden_layers))
         checks = [(self.norm_type != "rms", "LayerNorms"), (not self.gated_mlp, "a non-gated MLP"),
                   (self.hidden_act not in NATIVE_ACTIVATIONS, self.hidden_act),
-                  (self.num_experts > 0, "experts"),
                   (self.partial_rotary_factor != 1, "partial rotary"),
                   (self.clip_qkv is not None, "q/k/v clamps"),
-                  (self.swiglu is not None, "a clamped SwiGLU")]
+                  (dense_swiglu, "a clamped SwiGLU")]
         return ", ".join(why for bad, why in checks if bad) or None
 
     @classmethod

@@ -246,6 +246,9 @@ class CausalLM(nn.Module):
 
     def pack_for_cpu(self) -> None:
         """Swap the linear layers (and the LM head, tied or not) for oneDNN-packed ones."""
+        for m in self.modules():
+            if isinstance(m, MoE):
+                m.keep_gates()
         pack_linears(self)
         if self.lm_head is None:  # tied: the head gets its own packed copy of the embedding
             self.lm_head = PackedLinear(self.embed_tokens.weight, None)

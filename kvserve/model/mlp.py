@@ -4,7 +4,7 @@ expert)."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +13,8 @@ from torch import nn
 from kvserve.kernels import ops
 from kvserve.model.config import NATIVE_ACTIVATIONS
 from kvserve.model.layers import runs_amx
+from kvserve.model.moe_native import native_moe_block
+from kvserve.model.quant_linear import QuantLinear
 
 ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
                "gelu_new": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu}
@@ -77,7 +79,8 @@ class GatedMLP(nn.Module):
 class MoE(nn.Module):
     """Each token's top ``top_k`` experts of ``experts``, weighted by the router's softmax (renormalised
     over the chosen ones with ``norm_topk``: the same as gpt-oss's softmax over the chosen logits); a step runs
-    each expert once over all the tokens routed to it."""
+    each expert once over all the tokens routed to it. With the native kernels over packed experts
+    (``use_native``), one call of a ``kvserve.MoEBlock`` does it all (``moe_native``); else a loop of experts."""
 
     def __init__(self, hidden: int, intermediate: int, experts: int, top_k: int, norm_topk: bool, act: str,
                  shared_intermediate: int = 0, router_bias: bool = False, expert_bias: bool = False,
@@ -88,13 +91,39 @@ class MoE(nn.Module):
         self.top_k, self.norm_topk = top_k, norm_topk
         self.shared = GatedMLP(hidden, shared_intermediate, act) if shared_intermediate else None
         self.shared_gate = nn.Linear(hidden, 1, bias=False) if shared_intermediate else None
+        self.native_block: Any | None = None  # a kvserve.MoEBlock over these weights (use_native)
+        # the router's and shared gate's dense weights, kept for the native block where the linears get packed
+        self.gates: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None = None
+
+    def keep_gates(self) -> None:
+        """Keep the router's (weight, bias) and the shared gate's weight [hidden] as tensors (``gates``): before
+        ``pack_linears`` swaps their linears for oneDNN-packed ones, which do not give them back."""
+        gate = None if self.shared_gate is None else self.shared_gate.weight.detach().reshape(-1).contiguous()
+        bias = self.router.bias
+        self.gates = (self.router.weight.detach().contiguous(), None if bias is None else bias.detach().contiguous(), gate)
 
     def use_native(self, on: bool) -> None:
         for m in self.modules():
             if isinstance(m, GatedMLP):
                 m.use_native(on)
+        self.native_block = native_moe_block(self) if on else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.native_block is not None and x.dtype == torch.float32 and x.dim() == 2:
+            return self._native_forward(x)
+        return self.loop_forward(x)
+
+    def _native_forward(self, x: torch.Tensor) -> torch.Tensor:
+        shared = self.shared
+        # a LoRA adapter may wrap the shared expert's linears: then it runs here, after the routed ones
+        in_block = shared is None or (type(shared.gate_up) is type(shared.down) is QuantLinear)
+        out = self.native_block.forward(x.contiguous(), in_block)
+        if not in_block and shared is not None and self.shared_gate is not None:
+            out += torch.sigmoid(self.shared_gate(x)) * shared(x)
+        return out
+
+    def loop_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The Python loop: route, then each expert over its rows, added back in ascending expert id."""
         probs = torch.softmax(self.router(x).float(), dim=-1)
         weights, chosen = probs.topk(self.top_k, dim=-1)
         if self.norm_topk:

@@ -6,7 +6,7 @@ attention, the gated MLP's activation) back to back, so a decode step pays Pytho
 ~12 times per layer. Each layer carries its spec, the options ``ModelConfig.native_stack_blocker`` lets
 through: norms before, after (OLMo 2) or around (Gemma) each sublayer, q/k norms per head or over the
 projection, a sliding window, soft cap or sinks, biases, rotary by the model's tables, the local layers' (Gemma 3)
-or none (SmolLM3), and for the model an activation (SiLU, GELU-tanh), a residual scale (Granite) and a
+or none (SmolLM3), a mixture of experts (the ``MoEBlock`` its ``MoE`` runs: kvserve.model.moe_native), and for the model an activation (SiLU, GELU-tanh), a residual scale (Granite) and a
 softmax scale; the embeddings' and logits' scales stay in Python. It runs in float32 models whose
 linear layers are all quantized (``QuantLinear`` on the
 native kernels: the default for the embedded GGUF model) and steps whose every row the paged
@@ -19,6 +19,7 @@ more in oneDNN's GEMM, as ``QuantLinear`` does with the same weights.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -26,11 +27,15 @@ import torch
 from kvserve.kernels import ops
 from kvserve.model.config import NATIVE_ACTIVATIONS
 from kvserve.model.layers import padded_rows
+from kvserve.model.mlp import MoE
+from kvserve.model.moe_native import moe_blocker
 from kvserve.model.quant_linear import AMX_MIN_ROWS, QuantLinear
 
 if TYPE_CHECKING:
     from kvserve.attention import AttentionBackend, AttentionMetadata
     from kvserve.model.decoder import CausalLM, DecoderLayer
+
+log = logging.getLogger(__name__)
 
 
 def build_native_stack(model: "CausalLM") -> Any | None:
@@ -40,7 +45,15 @@ def build_native_stack(model: "CausalLM") -> Any | None:
     if not model.native or model.norm.weight.dtype != torch.float32:
         return None
     for layer in model.layers:
-        linears = (layer.self_attn.qkv, layer.self_attn.o_proj, layer.mlp.gate_up, layer.mlp.down)
+        mlp = layer.mlp
+        if isinstance(mlp, MoE):  # the experts in the native block MoE.forward runs (moe_native)
+            if mlp.native_block is None:
+                log.info("%s: decode steps run the Python layers (an MoE layer's experts cannot run natively: %s)",
+                         cfg.architecture, moe_blocker(mlp))
+                return None
+            linears: tuple[Any, ...] = (layer.self_attn.qkv, layer.self_attn.o_proj)
+        else:
+            linears = (layer.self_attn.qkv, layer.self_attn.o_proj, mlp.gate_up, mlp.down)
         if not all(isinstance(m, QuantLinear) and m.packed is not None for m in linears):
             return None
     stack = ops.decode_stack(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
@@ -55,10 +68,14 @@ def _add_layer(stack: Any, i: int, layer: "DecoderLayer", local: bool, rotates: 
     """Layer ``i``'s weights and its options (its spec): each option the layer has, set once here."""
     a, mlp = layer.self_attn, layer.mlp
     pre = layer.layout != "post"
+    dense = None if isinstance(mlp, MoE) else mlp
     stack.add_layer(_weight(layer.input_layernorm) if pre else None,
                     _weight(layer.post_attention_layernorm) if pre else None,
                     a.qkv.packed, a.qkv.kind, a.qkv.bias, a.o_proj.packed, a.o_proj.kind,
-                    mlp.gate_up.packed, mlp.gate_up.kind, mlp.down.packed, mlp.down.kind)
+                    *((dense.gate_up.packed, dense.gate_up.kind, dense.down.packed, dense.down.kind) if dense
+                      else (None, "", None, "")))
+    if dense is None:
+        stack.set_moe(i, mlp.native_block)
     if layer.layout != "pre":  # norms on each sublayer's output: Gemma's sandwich, OLMo 2's post
         stack.set_out_norms(i, _weight(layer.attn_out_norm), _weight(layer.mlp_out_norm))
     if a.qk_norm is not None:  # per head or over the whole projection: the weights' size says which
@@ -69,13 +86,15 @@ def _add_layer(stack: Any, i: int, layer: "DecoderLayer", local: bool, rotates: 
         stack.set_sinks(i, a.sinks.detach())
     if not rotates or local:
         stack.set_rotary(i, "local" if local else "none")
-    if any(m.bias is not None for m in (a.o_proj, mlp.gate_up, mlp.down)):
-        stack.set_biases(i, a.o_proj.bias, mlp.gate_up.bias, mlp.down.bias)
-    linears = (a.qkv, a.o_proj, mlp.gate_up, mlp.down)
+    mlp_linears = (dense.gate_up, dense.down) if dense else ()
+    if any(m.bias is not None for m in (a.o_proj, *mlp_linears)):
+        stack.set_biases(i, a.o_proj.bias, *(m.bias for m in mlp_linears), *((None, None) if dense is None else ()))
+    linears = (a.qkv, a.o_proj, *mlp_linears)
+    pad = (None, None) if dense is None else ()  # an MoE layer's experts stay on the integer kernels
     if all(m.amx is not None for m in linears):
-        stack.add_amx_weights(i, *[m.amx.packed for m in linears])
+        stack.add_amx_weights(i, *[m.amx.packed for m in linears], *pad)
     if all(m.tiles is not None for m in linears):  # a decode step's rows: the tile kernel
-        stack.add_tile_weights(i, *[m.tiles for m in linears])
+        stack.add_tile_weights(i, *[m.tiles for m in linears], *pad)
 
 
 def _weight(norm: torch.nn.Module) -> torch.Tensor:

@@ -271,8 +271,8 @@ def test_gemma3_multimodal_checkpoint_answers_as_its_text_model(tmp_path_factory
 
 
 @pytest.mark.parametrize("case, stack, why", [
-    ("GptOssForCausalLM", False, "experts, a clamped SwiGLU"),
-    ("OlmoeForCausalLM:clip_qkv", False, "experts, q/k/v clamps"),
+    ("GptOssForCausalLM", True, None), ("MixtralForCausalLM", True, None),
+    ("OlmoeForCausalLM:clip_qkv", False, "q/k/v clamps"),
     ("Starcoder2ForCausalLM", False, "LayerNorms, a non-gated MLP"),
     ("Phi3ForCausalLM", False, "partial rotary"),
     ("Ernie4_5ForCausalLM", True, None), ("SmolLM3ForCausalLM", True, None), ("GemmaForCausalLM", True, None),
@@ -281,7 +281,8 @@ def test_the_start_up_log_names_what_keeps_a_model_off_the_native_stack(case, st
     """int8 (what the native decode stack runs over): every option it lacks is named in the start-up log and the
     layers run in Python; models whose options it runs (ERNIE's interleaved rotary reordered at load, SmolLM3's
     layers without rotary, Gemma's sandwich norms, GELU-tanh and local rotary, OLMo 2's post norms and
-    whole-projection q/k norms, Granite's scales and biases) get the stack, and the log names nothing."""
+    whole-projection q/k norms, Granite's scales and biases, MoE experts: gpt-oss's clamped SwiGLU and biases)
+    get the stack, and the log names nothing."""
     import logging
 
     _, folder = checkpoint(case, tmp_path_factory)

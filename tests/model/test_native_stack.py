@@ -71,15 +71,37 @@ OPTIONS = {"GemmaForCausalLM": {}, "Gemma2ForCausalLM": {}, "Gemma3ForCausalLM":
            "SmolLM3ForCausalLM": {}, "SmolLM3ForCausalLM:sliding_window": {},
            "LlamaForCausalLM:head_dim,biases,tied": {},
            "GraniteForCausalLM": dict(residual_multiplier=0.37, mlp_bias=True),
-           "Olmo2ForCausalLM:kv1": dict(num_key_value_heads=1), "Gemma3ForCausalLM:kv1": dict(num_key_value_heads=1)}
+           "Olmo2ForCausalLM:kv1": dict(num_key_value_heads=1), "Gemma3ForCausalLM:kv1": dict(num_key_value_heads=1),
+           # mixtures of experts (the MoEBlock MoE.forward runs): top-k renormalised or not, whole-projection q/k
+           # norms (OLMoE), a window (Mixtral), a shared expert and a dense layer (Qwen2-MoE, its shared expert
+           # widened to whole quantized blocks), gpt-oss's router and expert biases, clamped SwiGLU and sinks
+           "Qwen3MoeForCausalLM": {}, "MixtralForCausalLM": {}, "OlmoeForCausalLM": {},
+           "Qwen2MoeForCausalLM": dict(shared_expert_intermediate_size=64), "GptOssForCausalLM": {}}
+MOE = ["Qwen3MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM", "Qwen2MoeForCausalLM", "GptOssForCausalLM"]
 
 
 def _options_model(arch: str):
     return hf_model(arch if arch in CASES else arch.partition(":")[0], **OPTIONS[arch])
 
 
+def _saved(hf):
+    """(config, weights) of ``hf`` as kvserve loads its saved folder."""
+    import tempfile
+
+    from kvserve.model.loader import load_model
+
+    with tempfile.TemporaryDirectory() as folder:
+        hf.save_pretrained(folder)
+        loaded = load_model(folder, with_tokenizer=False)
+    return loaded.config, loaded.weights
+
+
 def _runner(quantization: str, *, bias: bool = False, dtype=torch.float32, backend: str = "auto",
             kv: str = "auto", arch: str = "llama") -> TorchRunner:
+    if arch in MOE:  # through a saved checkpoint: transformers' in-memory experts are not the files' layout
+        cfg, weights = _saved(_options_model(arch))
+        return TorchRunner(cfg, weights, CacheConfig(num_kv_blocks=64, attention_backend=backend, kv_cache_dtype=kv),
+                           dtype=dtype, quantization=quantization)
     if arch in OPTIONS:
         hf = _options_model(arch)
         cfg = kvserve_config(hf)
@@ -226,7 +248,8 @@ def test_greedy_tokens_equal_the_python_layers_end_to_end():
 
 
 @pytest.mark.parametrize("name", ["GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Olmo2ForCausalLM",
-                                  "GraniteForCausalLM", "SmolLM3ForCausalLM", "LlamaForCausalLM:head_dim,biases,tied"])
+                                  "GraniteForCausalLM", "SmolLM3ForCausalLM", "LlamaForCausalLM:head_dim,biases,tied",
+                                  "Qwen3MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM", "GptOssForCausalLM"])
 def test_each_architecture_decodes_on_the_stack_with_the_python_layers_tokens(name, tmp_path_factory, monkeypatch):
     """A checkpoint as test_architectures.py writes it, end to end: the stack serves the decode steps
     (counted) and gives the Python layers' greedy tokens (int8, the weights the stack runs over); those
@@ -261,7 +284,8 @@ def test_each_architecture_decodes_on_the_stack_with_the_python_layers_tokens(na
 
 
 @pytest.mark.parametrize("arch", ["llama", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Olmo2ForCausalLM",
-                                  "GraniteForCausalLM", "LlamaForCausalLM:head_dim,biases,tied"])
+                                  "GraniteForCausalLM", "LlamaForCausalLM:head_dim,biases,tied", "Qwen3MoeForCausalLM",
+                                  "Qwen2MoeForCausalLM"])
 def test_a_many_row_step_on_the_amx_path_equals_the_python_layers_on_it(monkeypatch, arch):
     """On an AMX CPU a step of AMX_MIN_ROWS+ rows runs its linears in oneDNN's bf16 GEMM, in the
     stack as in the Python layers (forced here: bf16 emulated where the CPU lacks it, same maths), with

@@ -39,7 +39,9 @@ struct PackedWeight {
 PackedWeight packed_weight(const at::Tensor& packed, const std::string& kind, int64_t n, int64_t k);  // checked
 inline int64_t num_tiles(int64_t n) { return (n + 7) / 8; }
 void quantize_rows_range(const float* x, QuantizedRows& a, int64_t r0, int64_t r1);  // rows of x [M, a.K]
-void linear_tiles_range(const PackedWeight& w, const QuantizedRows& a, int64_t M, float* y, int64_t t0, int64_t t1);
+// y [M, w.n] = rows [a_row0, a_row0 + M) of a times w^T: output tiles [t0, t1)
+void linear_tiles_range(const PackedWeight& w, const QuantizedRows& a, int64_t M, float* y, int64_t t0, int64_t t1,
+                        int64_t a_row0 = 0);
 
 // the same ops over float32 rows [r0, r1) on the calling thread
 namespace rows {

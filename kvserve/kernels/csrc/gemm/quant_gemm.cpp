@@ -246,19 +246,19 @@ inline void run_tile(const TileArgs& t) {
 #endif
 }
 
-// Tiles [t0, t1) for every row: rows in groups of 4, so a block's unpacked weights serve 4 rows
+// Tiles [t0, t1) for every row (a's rows from a_row0): rows in groups of 4, so a block's unpacked weights serve 4 rows
 // from registers; a tile's bytes (a few KB) stay in L1 across the groups.
 template <bool Q4>
 void tiles(const uint8_t* packed, int64_t block_bytes, const QuantizedRows& a, int64_t M, int64_t N, int64_t t0,
-           int64_t t1, float* y) {
+           int64_t t1, float* y, int64_t a_row0) {
   for (int64_t t = t0; t < t1; ++t) {
     TileArgs args{packed + t * a.nb * block_bytes, &a, 0, y + t * NR, N, std::min(NR, N - t * NR)};
     int64_t r = 0;
     for (; r + 4 <= M; r += 4) {
-      args.row0 = r, args.y = y + r * N + t * NR;
+      args.row0 = a_row0 + r, args.y = y + r * N + t * NR;
       run_tile<Q4, 4>(args);
     }
-    args.row0 = r, args.y = y + r * N + t * NR;
+    args.row0 = a_row0 + r, args.y = y + r * N + t * NR;
     switch (M - r) {
       case 3: run_tile<Q4, 3>(args); break;
       case 2: run_tile<Q4, 2>(args); break;
@@ -293,10 +293,11 @@ PackedWeight packed_weight(const at::Tensor& packed, const std::string& kind, in
   return {packed.data_ptr<uint8_t>(), f.q4, n, k};
 }
 
-void linear_tiles_range(const PackedWeight& w, const QuantizedRows& a, int64_t M, float* y, int64_t t0, int64_t t1) {
+void linear_tiles_range(const PackedWeight& w, const QuantizedRows& a, int64_t M, float* y, int64_t t0, int64_t t1,
+                        int64_t a_row0) {
   const int64_t block_bytes = format_of(w.q4 ? "q4_1" : "q8_0").block_bytes;
-  if (w.q4) tiles<true>(w.data, block_bytes, a, M, w.n, t0, t1, y);
-  else tiles<false>(w.data, block_bytes, a, M, w.n, t0, t1, y);
+  if (w.q4) tiles<true>(w.data, block_bytes, a, M, w.n, t0, t1, y, a_row0);
+  else tiles<false>(w.data, block_bytes, a, M, w.n, t0, t1, y, a_row0);
 }
 
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const std::string& kind, int64_t n) {

@@ -57,6 +57,7 @@ void DecodeStack::check_step(const at::Tensor& h, const at::Tensor& positions, c
     TORCH_CHECK(slots[t] >= 0 && slots[t] < k_caches[0].size(0), "DecodeStack: slot ", slots[t], " out of range");
     TORCH_CHECK(pos[t] >= 0 && pos[t] < cos.size(0), "DecodeStack: position ", pos[t], " beyond the rotary tables");
   }
+  TORCH_CHECK(complete(), "DecodeStack: a layer without its MLP (an MoE layer needs set_moe)");
   TORCH_CHECK(amx_rows == 0 || (amx_rows >= T && has_amx_weights()),
               "DecodeStack: amx_rows needs bf16 weights for every layer and at least T rows");
 }
@@ -73,6 +74,7 @@ TORCH_LIBRARY_FRAGMENT(kvserve, m) {
       .def("set_biases", &kvserve::DecodeStack::set_biases)
       .def("set_sinks", &kvserve::DecodeStack::set_sinks)
       .def("set_rotary", &kvserve::DecodeStack::set_rotary)
+      .def("set_moe", &kvserve::DecodeStack::set_moe)
       .def("set_model_options", &kvserve::DecodeStack::set_model_options)
       .def("set_invariant", &kvserve::DecodeStack::set_invariant)
       .def("add_amx_weights", &kvserve::DecodeStack::add_amx_weights)

@@ -3,6 +3,7 @@
 // and options, and the class torch registers; a step's work is decode_step.cpp's.
 #pragma once
 #include "common/ops.h"
+#include "model/moe_block.h"
 
 #include <algorithm>
 #include <optional>
@@ -25,8 +26,10 @@ struct DecodeLayer {
   // the RMSNorms before attention and before the MLP [hidden] (weights with Gemma's 1 already added);
   // none in OLMo 2's post-norm layout, where each sublayer reads the residual stream itself
   std::optional<at::Tensor> input_norm, post_norm;
-  at::Tensor qkv, o, gate_up, down;  // packed quantized weights (pack_quant)
-  kvserve::PackedWeight qkv_w, o_w, gate_up_w, down_w;
+  at::Tensor qkv, o;  // packed quantized weights (pack_quant)
+  std::optional<at::Tensor> gate_up, down;  // the dense MLP's (none in an MoE layer)
+  kvserve::PackedWeight qkv_w, o_w, gate_up_w{}, down_w{};
+  c10::intrusive_ptr<MoEBlock> moe;  // set: an MoE layer, whose MLP is this block (set_moe)
   std::optional<at::Tensor> qkv_bias;  // Qwen2-style q/k/v bias
   std::optional<at::Tensor> o_bias, gate_up_bias, down_bias;  // the other linears' biases (set_biases)
   // RMSNorms on attention's and the MLP's outputs before the residual add (Gemma's sandwich, OLMo 2's post)
@@ -54,10 +57,12 @@ struct DecodeStack : torch::CustomClassHolder {
   DecodeStack(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t hidden, int64_t intermediate, double eps)
       : heads(heads), kv_heads(kv_heads), head_dim(head_dim), hidden(hidden), intermediate(intermediate), eps(eps) {}
 
-  // a layer of Llama's ops; input_norm and post_norm None: OLMo 2's layout (set_out_norms gives its norms)
+  // a layer of Llama's ops; input_norm and post_norm None: OLMo 2's layout (set_out_norms gives its norms);
+  // gate_up and down None: an MoE layer (set_moe gives its MLP)
   void add_layer(std::optional<at::Tensor> input_norm, std::optional<at::Tensor> post_norm, at::Tensor qkv,
                  std::string qkv_kind, std::optional<at::Tensor> qkv_bias, at::Tensor o, std::string o_kind,
-                 at::Tensor gate_up, std::string gate_up_kind, at::Tensor down, std::string down_kind) {
+                 std::optional<at::Tensor> gate_up, std::string gate_up_kind, std::optional<at::Tensor> down,
+                 std::string down_kind) {
     const int64_t q_size = heads * head_dim, kv_size = kv_heads * head_dim;
     TORCH_CHECK(input_norm.has_value() == post_norm.has_value(), "DecodeStack: both pre-norms or neither");
     for (const auto* w : {&input_norm, &post_norm})
@@ -68,9 +73,27 @@ struct DecodeStack : torch::CustomClassHolder {
     L.qkv = qkv, L.o = o, L.gate_up = gate_up, L.down = down;
     L.qkv_w = packed_weight(qkv, qkv_kind, q_size + 2 * kv_size, hidden);
     L.o_w = packed_weight(o, o_kind, hidden, q_size);
-    L.gate_up_w = packed_weight(gate_up, gate_up_kind, 2 * intermediate, hidden);
-    L.down_w = packed_weight(down, down_kind, hidden, intermediate);
+    TORCH_CHECK(gate_up.has_value() == down.has_value(), "DecodeStack: gate_up and down, or neither (MoE)");
+    if (gate_up) {
+      L.gate_up_w = packed_weight(*gate_up, gate_up_kind, 2 * intermediate, hidden);
+      L.down_w = packed_weight(*down, down_kind, hidden, intermediate);
+    }
     layers.push_back(std::move(L));
+  }
+
+  // DecodeLayer i's MLP: a mixture of experts (a layer added without gate_up and down); a kvserve.MoEBlock,
+  // taken as any value: a typed argument would need MoEBlock registered first, and the files' order is the linker's
+  void set_moe(int64_t i, c10::IValue block) {
+    check_layer(i);
+    TORCH_CHECK(block.isObject(), "DecodeStack: set_moe takes a kvserve.MoEBlock");
+    c10::intrusive_ptr<MoEBlock> moe = block.toCustomClass<MoEBlock>();
+    TORCH_CHECK(!layers[i].gate_up && moe->hidden == hidden, "DecodeStack: an MoE block of the hidden size, on a "
+                "layer without a dense MLP");
+    layers[i].moe = std::move(moe);
+  }
+
+  bool complete() const {  // every layer has its MLP
+    return std::all_of(layers.begin(), layers.end(), [](const DecodeLayer& L) { return L.gate_up || L.moe; });
   }
 
   // DecodeLayer i's q and k normed before rotary (the layers' eps): each head's head_dim values (weights
@@ -137,14 +160,16 @@ struct DecodeStack : torch::CustomClassHolder {
   }
 
   // DecodeLayer i's weights in bf16, prepacked for oneDNN: steps given amx_rows take them (forward)
-  void add_amx_weights(int64_t i, at::Tensor qkv, at::Tensor o, at::Tensor gate_up, at::Tensor down) {
+  void add_amx_weights(int64_t i, at::Tensor qkv, at::Tensor o, std::optional<at::Tensor> gate_up,
+                       std::optional<at::Tensor> down) {
     check_layer(i);
     DecodeLayer& L = layers[i];
     L.qkv_amx = qkv, L.o_amx = o, L.gate_up_amx = gate_up, L.down_amx = down;
   }
 
   // DecodeLayer i's weights packed by amx_pack: steps of up to kAmxLinearMaxRows rows take them over oneDNN's
-  void add_tile_weights(int64_t i, at::Tensor qkv, at::Tensor o, at::Tensor gate_up, at::Tensor down) {
+  void add_tile_weights(int64_t i, at::Tensor qkv, at::Tensor o, std::optional<at::Tensor> gate_up,
+                        std::optional<at::Tensor> down) {
     check_layer(i);
     DecodeLayer& L = layers[i];
     L.qkv_tiles = qkv, L.o_tiles = o, L.gate_up_tiles = gate_up, L.down_tiles = down;

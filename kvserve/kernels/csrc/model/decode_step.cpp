@@ -117,6 +117,8 @@ struct DecodeStack::Step {
     stack.qa_hidden.reserve(T, hidden);
     stack.qa_attn.reserve(T, q_size);
     stack.qa_inter.reserve(T, intermediate);
+    for (DecodeLayer& L : stack.layers)
+      if (L.moe) L.moe->reserve(T);
   }
 
   // one plan per distinct (window, soft cap) among the layers: a window changes the work items
@@ -225,6 +227,13 @@ struct DecodeStack::Step {
     add_delta(r0, r1);
   }
 
+  // An MoE layer's MLP, this thread's part: the block's phases in this team (its rows [r0, r1) in and
+  // out, as every op here), into the residual stream
+  void moe_sublayer(const DecodeLayer& L, int tid, int nt, int64_t r0, int64_t r1) {
+    L.moe->run(sublayer_input(L.post_norm, r0, r1), dp, T, tid, nt, barrier, true, true);
+    add_sublayer_output(std::nullopt, L.mlp_out_norm, r0, r1);
+  }
+
   // the MLP's activation of gate/up rows [r0, r1), float32 or bf16
   template <typename T>
   void activate(const T* gu, T* out, int64_t r0, int64_t r1) {
@@ -267,7 +276,8 @@ struct DecodeStack::Step {
       const DecodeLayer& L = stack.layers[i];
       team::in_team(threads, barrier, [&](int tid, int nt) {
         const auto [r0, r1] = share(T, tid, nt);
-        if (i > 0) add_linear_output(stack.layers[i - 1].down_bias, stack.layers[i - 1].mlp_out_norm, r0, r1);
+        const DecodeLayer* prev = i > 0 ? &stack.layers[i - 1] : nullptr;  // an MoE layer added its output itself
+        if (prev && !prev->moe) add_linear_output(prev->down_bias, prev->mlp_out_norm, r0, r1);
         input_bf16(L.input_norm, r0, r1);
       });
       y = linear(xb, L.qkv_tiles, L.qkv_amx, W);
@@ -281,8 +291,10 @@ struct DecodeStack::Step {
       team::in_team(threads, barrier, [&](int tid, int nt) {
         const auto [r0, r1] = share(T, tid, nt);
         add_linear_output(L.o_bias, L.attn_out_norm, r0, r1);
-        input_bf16(L.post_norm, r0, r1);
+        if (L.moe) moe_sublayer(L, tid, nt, r0, r1);  // the experts on the integer kernels, as MoE.forward runs them
+        else input_bf16(L.post_norm, r0, r1);
       });
+      if (L.moe) continue;
       y = linear(xb, L.gate_up_tiles, L.gate_up_amx, 2 * intermediate);
       team::in_team(threads, barrier, [&](int tid, int nt) {
         const auto [r0, r1] = share(T, tid, nt);
@@ -291,6 +303,7 @@ struct DecodeStack::Step {
       });
       y = linear(actb, L.down_tiles, L.down_amx, hidden);
     }
+    if (stack.layers.back().moe) return;
     team::in_team(threads, barrier, [&](int tid, int nt) {
       const auto [r0, r1] = share(T, tid, nt);
       add_linear_output(stack.layers.back().down_bias, stack.layers.back().mlp_out_norm, r0, r1);
@@ -324,8 +337,12 @@ struct DecodeStack::Step {
         quantize_rows_range(attnp, stack.qa_attn, r0, r1);
         barrier.wait();
         linear(L.o_w, stack.qa_attn, dp);
-        // MLP: residual add and norm, gate/up, act(gate) * up, down, residual add
+        // MLP: residual add and norm, gate/up, act(gate) * up, down, residual add (or the experts')
         add_sublayer_output(L.o_bias, L.attn_out_norm, r0, r1);
+        if (L.moe) {
+          moe_sublayer(L, tid, nt, r0, r1);
+          continue;
+        }
         quantize_rows_range(sublayer_input(L.post_norm, r0, r1), stack.qa_hidden, r0, r1);
         barrier.wait();
         linear(L.gate_up_w, stack.qa_hidden, gup);

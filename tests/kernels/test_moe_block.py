@@ -1,0 +1,139 @@
+"""The native grouped-expert MoE (kvserve.MoEBlock via ``MoE.forward``) against the Python loop of experts it
+replaces, on tiny random MoE blocks shaped as Qwen3-MoE, Mixtral, OLMoE, Qwen2-MoE (shared expert) and gpt-oss
+(router and expert biases, clamped SwiGLU), over int8 and int4 experts: the same bits where the arithmetic is the
+same (given the routing, the experts' GEMMs and the ascending-expert sum are the loop's), close otherwise (the
+router's GEMV, gpt-oss's SwiGLU); and a row's output bit-identical alone and inside any batch."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from kvserve.model.mlp import MoE
+from kvserve.model.moe_native import moe_blocker
+from kvserve.model.quant import quantize
+from kvserve.model.quant_linear import QuantLinear
+
+CASES = {
+    "qwen3_moe": dict(experts=8, top_k=2, norm_topk=True),
+    "mixtral": dict(experts=4, top_k=2, norm_topk=True),
+    "olmoe": dict(experts=8, top_k=4, norm_topk=False),
+    "qwen2_moe": dict(experts=6, top_k=2, norm_topk=False, shared=96),
+    "gpt_oss": dict(experts=4, top_k=2, norm_topk=True, swiglu=(1.702, 1.5), biases=True),
+    "gelu_tanh": dict(experts=5, top_k=3, norm_topk=True, act="gelu_pytorch_tanh"),
+}
+# the cases whose expert arithmetic is the loop's op for op (the loop's SwiGLU is torch's)
+EXACT = [c for c in CASES if "swiglu" not in CASES[c]]
+KINDS = ["q8_0", "q4_1"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernels():
+    if shutil.which("c++") is None:
+        pytest.skip("no C++ compiler")
+    from kvserve.kernels import load_kernels
+
+    if not load_kernels():
+        pytest.skip("native kernels did not build")
+
+
+def make_moe(case: str, kind: str | None, hidden: int = 64, inter: int = 64, seed: int = 0) -> MoE:
+    """A random MoE block, its experts on the packed kernels (``kind``; None: dense), native ops on."""
+    o = CASES[case]
+    torch.manual_seed(seed)
+    moe = MoE(hidden, inter, o["experts"], o["top_k"], o["norm_topk"], o.get("act", "silu"), o.get("shared", 0),
+              router_bias=o.get("biases", False), expert_bias=o.get("biases", False), swiglu=o.get("swiglu"))
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.normal_(0, 0.3)
+    mlps = list(moe.experts) + ([moe.shared] if moe.shared is not None else [])
+    for mlp in mlps if kind else []:
+        for name in ("gate_up", "down"):
+            lin = getattr(mlp, name)
+            setattr(mlp, name, QuantLinear(quantize(lin.weight.detach(), kind), lin.bias, torch.float32, amx=False))
+    moe.use_native(True)
+    return moe.eval()
+
+
+def route(moe: MoE, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loop's routing: top-k of the router's softmax (renormalised with norm_topk)."""
+    weights, chosen = torch.softmax(moe.router(x).float(), dim=-1).topk(moe.top_k, dim=-1)
+    if moe.norm_topk:
+        weights = weights / weights.sum(-1, keepdim=True)
+    return chosen.contiguous(), weights.contiguous()
+
+
+def with_threads(n: int, f):
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        return f()
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("rows", [1, 3, 37])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("case", EXACT)
+def test_grouped_experts_equal_the_loop_bit_for_bit(case, kind, rows, threads):
+    moe = make_moe(case, kind)
+    assert moe.native_block is not None
+    x = torch.randn(rows, 64)
+    ids, weights = route(moe, x)
+    got = with_threads(threads, lambda: moe.native_block.run_experts(x, ids, weights))
+    ref = moe.loop_forward(x)
+    if moe.shared is not None:  # run_experts is the routed experts alone
+        ref = ref - torch.sigmoid(moe.shared_gate(x)) * moe.shared(x)
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+    else:
+        assert torch.equal(got, ref)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 40])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_moe_forward_runs_the_block_and_agrees_with_the_loop(case, kind, rows, monkeypatch):
+    moe = make_moe(case, kind)
+    x = torch.randn(rows, 64)
+    calls = []
+    block = moe.native_block
+    monkeypatch.setattr(moe, "native_block", type("Spy", (), {
+        "forward": lambda self, *a: calls.append(1) or block.forward(*a)})())
+    got = with_threads(2, lambda: moe(x))
+    assert calls == [1]
+    torch.testing.assert_close(got, moe.loop_forward(x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_rows_output_is_the_same_alone_and_in_any_batch(case, kind):
+    moe = make_moe(case, kind)
+    x = torch.randn(23, 64)
+    batch = with_threads(2, lambda: moe(x))
+    perm = torch.randperm(23)
+    shuffled = with_threads(1, lambda: moe(x[perm].contiguous()))
+    assert torch.equal(shuffled, batch[perm])
+    for i in range(23):
+        alone = with_threads(2, lambda: moe(x[i : i + 1]))
+        assert torch.equal(alone[0], batch[i]), i
+
+
+def test_dense_experts_keep_the_loop():
+    moe = make_moe("qwen3_moe", None)
+    assert moe.native_block is None and moe_blocker(moe) == "experts not on the packed quantized kernels"
+    x = torch.randn(4, 64)
+    assert torch.equal(moe(x), moe.loop_forward(x))
+
+
+def test_the_block_checks_its_arguments():
+    block = make_moe("mixtral", "q8_0").native_block
+    x = torch.randn(2, 64)
+    with pytest.raises(RuntimeError, match="out of range"):
+        block.run_experts(x, torch.tensor([[0, 9], [1, 2]]), torch.ones(2, 2))
+    with pytest.raises(RuntimeError, match="twice"):
+        block.run_experts(x, torch.tensor([[1, 1], [1, 2]]), torch.ones(2, 2))
+    with pytest.raises(RuntimeError, match="float32"):
+        block.forward(x.double(), True)
