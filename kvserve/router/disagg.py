@@ -57,6 +57,8 @@ def first_token_ids(content: bytes) -> list[int] | None:
 
 
 class SplitProxy:
+    """``client`` asks decode replicas where they receive KV: it carries ``--backend-api-key``."""
+
     def __init__(self, prefill: Proxy, decode: Proxy, client: httpx.AsyncClient):
         self.prefill, self.decode, self.client = prefill, decode, client
         self._addresses: dict[str, tuple[float, str | None]] = {}

@@ -58,7 +58,7 @@ class RouterState:
             prefill = Proxy(self.prefill_backends, self.policy, self.monitor, self.metrics, http, c.max_attempts)
             decode = Proxy(self.backends, make_policy("least-load", c.max_load_imbalance), self.monitor, self.metrics,
                            http, c.max_attempts)
-            self.split = SplitProxy(prefill, decode, http)
+            self.split = SplitProxy(prefill, decode, watch)  # asks GET /kv/transfer with the replicas' key
             for b in self.prefill_backends:
                 self.monitor.watch(b)
 
