@@ -143,7 +143,8 @@ def build_handoff(config: KVServeConfig, engine: Engine) -> Handoff | None:
         connector: KVConnector = SharedTierConnector([t for t in engine.kv.tiers.tiers if getattr(t, "write_through", False)])
     else:
         port = cache.kv_transfer_port if cache.role == "decode" else None
-        connector = TCPConnector(engine.runner.kv_fingerprint, host=cache.kv_transfer_host, port=port)
+        connector = TCPConnector(engine.runner.kv_fingerprint, host=cache.kv_transfer_host, port=port,
+                                 api_key=config.server.api_key)
         if connector.address:
             log.info("receiving KV from prefill replicas on %s", connector.address)
     engine.kv.tiers.tiers.extend(connector.tiers())

@@ -9,12 +9,19 @@ CANCEL drops what the transfer sent. The receiver keeps the checked payloads in 
 as a tier the decode engine's prefix lookup reads (``ReceivedBlocks``); a corrupt or foreign block
 fails its transfer, so the decode side stops waiting and recomputes. A destination that cannot be
 reached loses its transfers (one warning); the decode side's wait times out and it recomputes.
-No torch here.
+
+With ``--api-key``, a receiver takes blocks only from senders that know it (else anyone who reaches
+the port could plant KV that later prompts would reuse): on every connection it first sends a random
+nonce, and the sender's first frame must be AUTH with HMAC-SHA256(key, nonce); any other first frame
+closes the connection. No torch here.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
+import os
 import queue
 import socket
 import struct
@@ -30,7 +37,8 @@ log = logging.getLogger("kvserve.kv.connector")
 
 _FRAME = struct.Struct("<4sBHI")  # magic, kind, transfer id length, body length
 _MAGIC = b"KVX1"
-BLOCK, FINISH, CANCEL = 1, 2, 3
+BLOCK, FINISH, CANCEL, AUTH = 1, 2, 3, 4
+NONCE_BYTES = 16
 QUEUE_FRAMES = 4096  # per destination; a full queue fails the transfer rather than block a step
 STATES_KEPT = 10_000  # transfer states remembered by a receiver
 TIMELINE_KEPT = 4096  # (transfer id, key, time sent) entries a sender keeps, for tests and benchmarks
@@ -39,6 +47,10 @@ TIMELINE_KEPT = 4096  # (transfer id, key, time sent) entries a sender keeps, fo
 def _frame(kind: int, tid: str, body: bytes = b"") -> bytes:
     t = tid.encode()
     return _FRAME.pack(_MAGIC, kind, len(t), len(body)) + t + body
+
+
+def auth_digest(api_key: str, nonce: bytes) -> bytes:
+    return hmac.new(api_key.encode(), nonce, hashlib.sha256).digest()
 
 
 def block_body(key: bytes, tokens: Sequence[int], entry: bytes) -> bytes:
@@ -94,8 +106,9 @@ class TCPConnector:
     stream_blocks = True
 
     def __init__(self, fingerprint: bytes, *, host: str = "127.0.0.1", port: int | None = None,
-                 buffer_bytes: int = 1 << 30, connect_timeout_s: float = 3.0):
+                 buffer_bytes: int = 1 << 30, connect_timeout_s: float = 3.0, api_key: str | None = None):
         self.fingerprint = fingerprint
+        self.api_key = api_key
         self.connect_timeout_s = connect_timeout_s
         self.received = ReceivedBlocks(buffer_bytes)
         self._states: OrderedDict[str, str] = OrderedDict()
@@ -104,7 +117,8 @@ class TCPConnector:
         self._lock = threading.Lock()
         self._senders: dict[str, _Sender] = {}
         self.timeline: list[tuple[str, bytes, float]] = []  # (transfer id, key, when its frame was written)
-        self.stats = {"blocks_sent": 0, "bytes_sent": 0, "blocks_received": 0, "corrupt": 0, "send_failures": 0}
+        self.stats = {"blocks_sent": 0, "bytes_sent": 0, "blocks_received": 0, "corrupt": 0, "send_failures": 0,
+                      "unauthorized": 0}
         self._closed = False
         self._listener: socket.socket | None = None
         self.address = ""
@@ -162,6 +176,13 @@ class TCPConnector:
             threading.Thread(target=self._serve, args=(conn,), name="kv-receiver-conn", daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
+        nonce = os.urandom(NONCE_BYTES)
+        try:
+            conn.sendall(nonce)
+        except OSError:
+            conn.close()
+            return
+        authorized = self.api_key is None
         with conn, conn.makefile("rb") as f:
             while True:
                 head = f.read(_FRAME.size)
@@ -175,7 +196,15 @@ class TCPConnector:
                 body = f.read(blen)
                 if len(body) < blen:
                     return
-                self._on_frame(kind, tid, body)
+                if not authorized:
+                    if kind != AUTH or not hmac.compare_digest(body, auth_digest(self.api_key or "", nonce)):
+                        self.stats["unauthorized"] += 1
+                        log.warning("KV connector: a sender without the API key was refused")
+                        return
+                    authorized = True
+                    continue
+                if kind != AUTH:
+                    self._on_frame(kind, tid, body)
 
     def _on_frame(self, kind: int, tid: str, body: bytes) -> None:
         with self._lock:
@@ -248,8 +277,20 @@ class _Sender:
     def _connect(self) -> socket.socket:
         host, _, port = self.dest.rpartition(":")
         sock = socket.create_connection((host, int(port)), timeout=self.owner.connect_timeout_s)
-        sock.settimeout(30.0)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            nonce = b""
+            while len(nonce) < NONCE_BYTES:  # the receiver's challenge
+                got = sock.recv(NONCE_BYTES - len(nonce))
+                if not got:
+                    raise ConnectionError("the receiver closed the connection")
+                nonce += got
+            sock.settimeout(30.0)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.owner.api_key is not None:
+                sock.sendall(_frame(AUTH, "", auth_digest(self.owner.api_key, nonce)))
+        except OSError:
+            sock.close()
+            raise
         return sock
 
     def _run(self) -> None:

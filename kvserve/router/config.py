@@ -29,7 +29,7 @@ class RouterConfig:
     connect_timeout_s: float = 3.0
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     admin_key: str | None = None
-    backend_api_key: str | None = None  # the replicas' --api-key, for GET /kv/events
+    backend_api_key: str | None = None  # the replicas' --api-key, for GET /kv/events and /kv/transfer
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -84,7 +84,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--admin-key", default=os.environ.get("KVSERVE_ROUTER_ADMIN_KEY"),
                    help="require `Authorization: Bearer KEY` on /admin routes (default: $KVSERVE_ROUTER_ADMIN_KEY)")
     p.add_argument("--backend-api-key", default=os.environ.get("KVSERVE_API_KEY"),
-                   help="the replicas' --api-key, which their GET /kv/events needs (default: $KVSERVE_API_KEY; "
+                   help="the replicas' --api-key, which their GET /kv/events and /kv/transfer need (default: $KVSERVE_API_KEY; "
                         "clients' own Authorization headers are passed on to the replicas as they are)")
     p.add_argument("--log-level", default=d.log_level,
                    choices=("critical", "error", "warning", "info", "debug", "trace"))

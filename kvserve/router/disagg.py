@@ -57,12 +57,10 @@ def first_token_ids(content: bytes) -> list[int] | None:
 
 
 class SplitProxy:
-    def __init__(self, prefill: Proxy, decode: Proxy, client: httpx.AsyncClient,
-                 control: httpx.AsyncClient | None = None):
-        """``control``: the client that asks replicas for their KV address (it sends their --api-key); default
-        ``client``."""
+    """``client`` asks decode replicas where they receive KV: it carries ``--backend-api-key``."""
+
+    def __init__(self, prefill: Proxy, decode: Proxy, client: httpx.AsyncClient):
         self.prefill, self.decode, self.client = prefill, decode, client
-        self.control = control or client
         self._addresses: dict[str, tuple[float, str | None]] = {}
         self.stats = {"split": 0, "whole": 0, "prefill_fallbacks": 0}
 
@@ -73,7 +71,7 @@ class SplitProxy:
         if cached is not None and now - cached[0] < ADDRESS_TTL_S:
             return cached[1]
         try:
-            body = (await self.control.get(backend.url + "/kv/transfer")).json()
+            body = (await self.client.get(backend.url + "/kv/transfer")).json()
             address = body["address"] if body.get("role") == "decode" else None
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             address = None

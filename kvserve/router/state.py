@@ -58,7 +58,7 @@ class RouterState:
             prefill = Proxy(self.prefill_backends, self.policy, self.monitor, self.metrics, http, c.max_attempts)
             decode = Proxy(self.backends, make_policy("least-load", c.max_load_imbalance), self.monitor, self.metrics,
                            http, c.max_attempts)
-            self.split = SplitProxy(prefill, decode, http, control=watch)
+            self.split = SplitProxy(prefill, decode, watch)  # asks GET /kv/transfer with the replicas' key
             for b in self.prefill_backends:
                 self.monitor.watch(b)
 
@@ -85,10 +85,6 @@ class RouterState:
                 await self.monitor.unwatch(backend)
             self.policy.forget(backend.url)
         return backend
-
-    def replica_urls(self) -> list[str]:
-        """Every replica the router knows, healthy or not, prefill ones included (where admin routes go)."""
-        return [b.url for b in self.backends] + [b.url for b in self.prefill_backends or ()]
 
     # -- requests -------------------------------------------------------------------------------
     async def route(self, request: Request, kind: str | None) -> Route:

@@ -9,10 +9,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from kvserve.errors import AuthenticationError, InvalidArgumentError, RequestTooLargeError
 from kvserve.server.errors import error_response
 
-# routes that need the API key (/kv/events checks it itself): the OpenAI routes, the live view, the model's admin,
-# and where a decode replica takes KV (disaggregated prefill)
-GUARDED = ("/v1", "/ui/events", "/ui/state", "/update_weights_from_disk", "/sleep", "/wake_up", "/is_sleeping",
-           "/kv/transfer")
+# routes that need the API key (the /kv/ routes check it themselves): the OpenAI routes, the live view, the model's admin
+GUARDED = ("/v1", "/ui/events", "/ui/state", "/update_weights_from_disk", "/sleep", "/wake_up", "/is_sleeping")
 
 
 class GuardMiddleware:

@@ -178,6 +178,18 @@ def add_parsers(sub) -> None:
     plan.add_argument("--tp", type=int, default=None,
                       help="devices per replica (default: per engine, the fewest that hold the model)")
     plan.add_argument("--plot", default=None, help="write a PNG here")
+    g = plan.add_argument_group("--split: colocated or disaggregated prefill, and how many of each (goodput)")
+    g.add_argument("--split", action="store_true", help="answer 'split or not, how many prefill and decode "
+                   "replicas' instead of 'which engine'")
+    g.add_argument("--profile", default="vllm", choices=list(PROFILES), help="the engine (default: %(default)s)")
+    g.add_argument("--weights", choices=["bf16", "fp8", "fp4", "fp32"], default="fp8")
+    g.add_argument("--kv", choices=list(KV_DTYPES), default="fp8")
+    g.add_argument("--slo-ttft-ms", type=float, default=1000.0, help="TTFT SLO per request (default: %(default)s)")
+    g.add_argument("--slo-tpot-ms", type=float, default=50.0, help="TPOT SLO per request (default: %(default)s)")
+    g.add_argument("--kv-link", default=None, metavar="GBPS:US,...",
+                   help="the KV's path between replicas per device, a hop each (GB/s and microseconds), e.g. "
+                        "450:5 within an NVLink node, 450:5,50:10 across nodes (default: the device's KV link)")
+    g.add_argument("--num-prompts", type=int, default=None, help="requests of the workload (default: its own)")
     plan.set_defaults(func=_with_progress("simulating", _cmd_plan))
 
 
@@ -245,6 +257,14 @@ def _cmd_cost(a: argparse.Namespace) -> None:
 
 
 def _cmd_plan(a: argparse.Namespace) -> None:
+    if a.split:
+        from kvserve.sim.split_plan import plan_split, report
+
+        extra = {"num_prompts": a.num_prompts} if a.num_prompts else {}
+        split = plan_split(a.hardware, a.gpus, a.model, a.workload, a.profile, a.weights, a.kv, a.tp,
+                           a.slo_ttft_ms, a.slo_tpot_ms, a.kv_link, **extra)
+        print("\n".join(report(split)))
+        return
     pick = planner.pick_engine(a.hardware, a.gpus, a.workload, a.model, a.slo_ttft_p99_ms, a.slo_itl_p50_ms, tp=a.tp)
     print(pick.comparison.question)
     print(results_table(pick.comparison.results))

@@ -27,6 +27,10 @@ class Hardware:
     interconnect_gbps: float  # per device, to its tensor-parallel peers
     host_link_gbps: float  # device <-> host copies (KV offload)
     price_per_hour: float
+    # disaggregated prefill: the link a prompt's KV crosses from a prefill to a decode replica, per
+    # device (None: the interconnect, e.g. NVLink within a node), and its latency per transfer
+    kv_link_gbps: float | None = None
+    kv_link_latency_s: float = 20e-6
     mfu: float = 0.6  # achievable fraction of peak FLOP/s
     attn_mfu: float | None = None  # the same for attention (None: as mfu); CPUs gather KV and do worse
     mbu: float = 0.8  # achievable fraction of memory bandwidth

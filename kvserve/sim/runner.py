@@ -78,7 +78,9 @@ class SimRunner:
         # loads (host -> device) must land before the step reads them: on the critical path. Saves
         # (device -> host) run on a copy stream beside the step, as engines do them: only the part
         # longer than the step itself costs time.
-        loads = sum(self.block_bytes for t in batch.kv_transfers if t.kind == "load")
+        # (blocks a prefill replica sent straight into this replica's memory paid their way on the KV link)
+        loads = sum(self.block_bytes for t in batch.kv_transfers
+                    if t.kind == "load" and not getattr(t.payload, "direct", False))
         saves = sum(self.block_bytes for t in batch.kv_transfers if t.kind == "save")
         seconds = max(seconds, rf.transfer_seconds(saves)) if saves else seconds
         return seconds + (rf.transfer_seconds(loads) if loads else 0.0)

@@ -260,11 +260,11 @@ def _replay(engine: Engine, runner: SimRunner, clock: VirtualClock, run: Run, hw
                 raise RuntimeError("simulation stalled: requests wait but nothing can be scheduled")
         if steps > max_steps:
             raise RuntimeError(f"simulation exceeded {max_steps} steps")
-    return _result(records, run, runner, hw, profile, tp, rejected, runner.busy_s - busy0,
+    return run_result(records, run, runner, hw, profile, tp, rejected, runner.busy_s - busy0,
                    engine.scheduler.stats.num_preemptions - preempted0)
 
 
-def _result(records: dict[str, SimRecord], run: Run, runner: SimRunner, hw: Hardware, profile: EngineProfile,
+def run_result(records: dict[str, SimRecord], run: Run, runner: SimRunner, hw: Hardware, profile: EngineProfile,
             tp: int, rejected: int, busy_s: float, preemptions: int) -> SimResult:
     """What ``bench serve`` reports of one run, from its requests' token times."""
     workload, max_concurrency, warmup_requests = run.workload, run.max_concurrency, run.warmup_requests

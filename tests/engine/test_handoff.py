@@ -208,3 +208,19 @@ def test_kv_transfer_params_are_checked():
     d = replica()  # --role both: no connector
     with pytest.raises(InvalidArgumentError, match="no KV connector"):
         decode(d, "t11", 5)
+
+
+def test_receiver_with_an_api_key_takes_blocks_only_from_senders_that_know_it(want):
+    """With --api-key, a decode replica's connector refuses a sender without the key (its blocks would
+    be reused by later prompts), so that transfer is recomputed; a sender with the key is taken."""
+    for tid, key in (("a1", None), ("a2", "wrong"), ("a3", "k")):
+        d = replica(role="decode", api_key="k", kv_transfer_timeout_s=0.5)  # a fresh cache for each
+        first = prefill(replica(role="prefill", api_key=key), d.core.handoff.connector.address, tid)
+        out = decode(d, tid, first)
+        conn = d.core.handoff.connector
+        assert out.token_ids == want
+        if key == "k":
+            assert out.num_cached_tokens == 44 and conn.stats["unauthorized"] == 0
+        else:
+            assert out.num_cached_tokens == 0 and conn.stats["unauthorized"] >= 1  # (it retries per frame)
+            assert conn.stats["blocks_received"] == 0

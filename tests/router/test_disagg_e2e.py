@@ -3,7 +3,8 @@ behind ``kvserve router --prefill URL --decode URL``.
 
 Greedy answers through the split equal a plain replica's (completions and chat, streamed and not), the
 decode replica restores the prompt's KV the prefill replica sent; with the prefill replica gone, requests
-go whole to a decode replica and answer the same; bad ``kv_transfer_params`` are a 400.
+go whole to a decode replica and answer the same; bad ``kv_transfer_params`` are a 400; with ``--api-key`` the KV routes need the key and the router
+sends its ``--backend-api-key`` to them.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from kvserve.config import KVServeConfig, ServerConfig
 from kvserve.router.app import create_router_app
 from kvserve.router.config import RouterConfig
 from kvserve.router.prompt import PromptTokenizer
+from kvserve.server.engine_client import AsyncEngineClient
 from server_utils import AppThread, ServerThread
 from router.test_router_e2e import answer, post, stream_text, tokenizer  # noqa: F401 (a fixture)
 from router.test_router_e2e import replica as router_replica
@@ -84,24 +87,28 @@ def test_unsplittable_request_goes_whole_and_bad_params_are_400(servers, tokeniz
     assert both.status_code == 400 and "no KV connector" in both.json()["error"]["message"]
 
 
-def test_the_kv_transfer_route_needs_the_api_key_and_the_router_sends_it(tiny_model_dir, tokenizer):
-    """A replica's /kv/transfer (where it takes KV) is behind its --api-key; a router given the replicas' key
-    (backend_api_key) still pairs them and splits."""
-    from kvserve.config import KVServeConfig, ServerConfig
-    from kvserve.server.engine_client import AsyncEngineClient
+def keyed_replica(model_dir, name: str, key: str, **kw) -> ServerThread:
+    """A replica with ``--api-key key`` (its HTTP routes and its KV connector both check it)."""
+    client = AsyncEngineClient(KVServeConfig.from_kwargs(model=str(model_dir), api_key=key, **ENGINE, **kw))
+    return ServerThread(client, ServerConfig(served_model_names=["tiny"], replica_id=name, api_key=key))
 
-    def keyed(name: str, role: str) -> ServerThread:
-        client = AsyncEngineClient(KVServeConfig.from_kwargs(model=str(tiny_model_dir), **ENGINE, role=role))
-        return ServerThread(client, ServerConfig(served_model_names=["tiny"], replica_id=name, api_key="k"))
 
-    with keyed("p", "prefill") as p, keyed("d", "decode") as d:
-        assert httpx.get(f"{d.url}/kv/transfer").status_code == 401
-        ok = httpx.get(f"{d.url}/kv/transfer", headers={"Authorization": "Bearer k"})
-        assert ok.status_code == 200 and ok.json()["role"] == "decode"
+def test_kv_routes_need_the_api_key_and_the_router_sends_it(servers, tiny_model_dir, tokenizer):
+    plain = servers[0]
+    body = {**GREEDY, "prompt": PROMPT + " keyed"}
+    want = answer(post(plain.url, "/v1/completions", body))
+    auth = {"Authorization": "Bearer k"}
+    with keyed_replica(tiny_model_dir, "kp", "k", role="prefill") as p, \
+            keyed_replica(tiny_model_dir, "kd", "k", role="decode") as d:
+        for url in (p.url, d.url):
+            for path in ("/kv/transfer", "/kv/events"):
+                assert httpx.get(url + path).status_code == 401
+                assert httpx.get(url + path, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert httpx.get(d.url + "/kv/transfer", headers=auth).json()["address"]
         config = RouterConfig(prefill=[p.url], decode=[d.url], health_interval_s=0.5, events_wait_s=0.5,
                               backend_api_key="k")
         with AppThread(create_router_app(config, PromptTokenizer(tokenizer))) as r:
-            resp = httpx.post(f"{r.url}/v1/completions", json={**GREEDY, "prompt": PROMPT},
-                              headers={"Authorization": "Bearer k"}, timeout=60)
-            assert resp.status_code == 200, resp.text
-            assert r.app.state.router.split.stats["split"] == 1
+            resp = httpx.post(r.url + "/v1/completions", json=body, headers=auth, timeout=60)
+            assert answer(resp) == want
+            assert resp.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= want[1] - 16
+            assert r.app.state.router.split.stats == {"split": 1, "whole": 0, "prefill_fallbacks": 0}

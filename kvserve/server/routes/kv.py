@@ -6,8 +6,9 @@ saw); without it, or when N is too old for the log, from another epoch or ahead 
 is the whole set of cached block hashes with ``reset: true``. ``wait=S`` holds the answer up to S
 seconds (at most ``MAX_WAIT_S``) until there is something new: a reader can long-poll. Hashes are
 hex; ``hash_scheme`` says how to compute them from token ids (kvserve/server/kv_events.py).
-With ``--api-key``, the route needs the key too: whether a prompt is cached says something about
-other users' prompts.
+With ``--api-key``, both routes need the key too: whether a prompt is cached says something about
+other users' prompts, and the connector address is where KV is handed over (its TCP stream checks the
+key as well, ``kvserve.kv.tcp_connector``).
 """
 
 from __future__ import annotations
@@ -32,14 +33,19 @@ def replica_id(state: Any) -> str:
     return state.config.replica_id or f"{_DEFAULT_ID}:{state.config.port}"
 
 
-@router.get("/kv/events")
-async def kv_events(request: Request, state: State, since: int | None = None, epoch: str | None = None,
-                    wait: float = 0.0) -> dict[str, Any]:
+def check_api_key(request: Request, state: State) -> None:
+    """With ``--api-key``, a 401 unless the request carries it (read per request, as the config may change)."""
     key = state.config.api_key
     if key is not None:
         scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
             raise AuthenticationError("missing or wrong API key")
+
+
+@router.get("/kv/events")
+async def kv_events(request: Request, state: State, since: int | None = None, epoch: str | None = None,
+                    wait: float = 0.0) -> dict[str, Any]:
+    check_api_key(request, state)
     log = state.client.kv_events
     if since is not None and (epoch is None or epoch == log.epoch):
         await log.wait_after(since, min(wait, MAX_WAIT_S) if wait > 0 else 0.0)  # (NaN: no wait)
@@ -67,7 +73,8 @@ async def kv_events(request: Request, state: State, since: int | None = None, ep
 
 
 @router.get("/kv/transfer")
-async def kv_transfer(state: State) -> dict[str, Any]:
+async def kv_transfer(request: Request, state: State) -> dict[str, Any]:
+    check_api_key(request, state)
     cache = state.client.config.cache
     return {"role": cache.role, "connector": cache.kv_connector,
             "address": getattr(state.client, "kv_transfer_address", "")}
