@@ -86,6 +86,10 @@ class RouterState:
             self.policy.forget(backend.url)
         return backend
 
+    def replica_urls(self) -> list[str]:
+        """Every replica the router knows, healthy or not, prefill ones included (where admin routes go)."""
+        return [b.url for b in self.backends] + [b.url for b in self.prefill_backends or ()]
+
     # -- requests -------------------------------------------------------------------------------
     async def route(self, request: Request, kind: str | None) -> Route:
         """The request as the proxy forwards it; ``kind`` (completions, chat) asks for its prompt's tokens."""
