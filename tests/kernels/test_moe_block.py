@@ -137,3 +137,21 @@ def test_the_block_checks_its_arguments():
         block.run_experts(x, torch.tensor([[1, 1], [1, 2]]), torch.ones(2, 2))
     with pytest.raises(RuntimeError, match="float32"):
         block.forward(x.double(), True)
+
+
+def test_a_shared_expert_under_an_adapter_runs_in_python():
+    """A LoRA adapter wraps the shared expert's linears (not QuantLinear any more): the block runs the routed
+    experts, and the wrapped shared expert runs in Python (its adapter applied: here, an offset)."""
+    moe = make_moe("qwen2_moe", "q8_0")
+
+    class Offset(torch.nn.Module):
+        def __init__(self, base):
+            super().__init__()
+            self.base = base
+
+        def forward(self, x):
+            return self.base(x) + 0.5
+
+    moe.shared.gate_up = Offset(moe.shared.gate_up)
+    x = torch.randn(6, 64)
+    torch.testing.assert_close(moe(x), moe.loop_forward(x), rtol=1e-4, atol=1e-5)
