@@ -1,5 +1,6 @@
 """Decode step time of an MoE model on the native decode stack (the experts in its grouped MoEBlock) against
-the Python layers (MoE.forward: the same block, but the layers' ~12 ops each from Python), in one process.
+the Python layers (MoE.forward: the same block, but the layers' ~12 ops each from Python) and the Python layers
+with the loop of experts the block replaced (one QuantLinear call per routed expert), in one process.
 
 A random Qwen3-MoE-shaped model (``--load-format dummy``'s weights: kvserve.model.dummy) scaled down to fit a
 small machine, int8 or int4. A decode step's time: (time of ``max_tokens`` tokens - time of 1) / (max_tokens - 1),
@@ -27,12 +28,16 @@ def main() -> None:
     ap.add_argument("--quantization", default="int8")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=0, help="torch's threads (0: its default)")
     args = ap.parse_args()
+    if args.threads:
+        __import__("torch").set_num_threads(args.threads)
 
     from kvserve import SamplingParams
     from kvserve.llm import LLM
     from kvserve.model.config import ModelConfig
     from kvserve.model.dummy import dummy_weights
+    from kvserve.model.mlp import MoE
 
     cfg = ModelConfig.from_hf_dict({
         "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 8192, "hidden_size": args.hidden,
@@ -46,11 +51,14 @@ def main() -> None:
     model = llm.engine.runner.model
     stack = model.native_stack
     assert stack is not None, "the stack did not build"
+    blocks = [(m, m.native_block) for m in model.modules() if isinstance(m, MoE)]
     print(f"load {os.getloadavg()}, threads {__import__('torch').get_num_threads()}")
     for batch in [int(b) for b in args.batches.split(",")]:
         prompts = [[(7 * i + j) % 8000 + 3 for j in range(16)] for i in range(batch)]
-        for name, on in (("stack", True), ("python", False)):
-            model.native_stack = stack if on else None
+        for name in ("stack", "python", "loop"):
+            model.native_stack = stack if name == "stack" else None
+            for moe, block in blocks:  # "loop": the Python loop of experts, as before the block
+                moe.native_block = None if name == "loop" else block
 
             def run(n: int) -> float:
                 t0 = time.perf_counter()

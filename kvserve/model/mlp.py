@@ -14,7 +14,7 @@ from kvserve.kernels import ops
 from kvserve.model.config import NATIVE_ACTIVATIONS
 from kvserve.model.layers import runs_amx
 from kvserve.model.moe_native import native_moe_block
-from kvserve.model.quant_linear import QuantLinear
+from kvserve.model.quant_linear import AMX_MIN_ROWS, QuantLinear
 
 ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
                "gelu_new": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu}
@@ -108,8 +108,16 @@ class MoE(nn.Module):
                 m.use_native(on)
         self.native_block = native_moe_block(self) if on else None
 
+    def loop_takes(self, rows: int) -> bool:
+        """Whether a step of ``rows`` runs the loop of experts even with the native block: on an AMX CPU, where
+        the experts average AMX_MIN_ROWS rows or more (a prefill), their bf16 copies on AMX beat the block's
+        integer kernels, as a dense linear's do (kvserve.model.quant_linear)."""
+        return getattr(self.experts[0].gate_up, "amx", None) is not None and \
+            rows * self.top_k >= AMX_MIN_ROWS * len(self.experts)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.native_block is not None and x.dtype == torch.float32 and x.dim() == 2:
+        if self.native_block is not None and x.dtype == torch.float32 and x.dim() == 2 and \
+                not self.loop_takes(x.shape[0]):
             return self._native_forward(x)
         return self.loop_forward(x)
 

@@ -115,6 +115,9 @@ def run_native_stack(stack: Any, h: torch.Tensor, positions: torch.Tensor, model
     native = attn.native_step(meta)
     if native is None or h.dtype != torch.float32:
         return False
+    moe = next((layer.mlp for layer in model.layers if isinstance(layer.mlp, MoE)), None)
+    if moe is not None and moe.loop_takes(h.shape[0]):  # the Python layers' experts run on AMX: so do these
+        return False
     scaled = [layer for layer in kv_caches if getattr(layer, "k_scale", None) is not None]  # an 8-bit cache
     local = model.local_rotary
     scale = native.scale if model.config.attn_scale is None else model.config.attn_scale

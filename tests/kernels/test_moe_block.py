@@ -137,3 +137,45 @@ def test_the_block_checks_its_arguments():
         block.run_experts(x, torch.tensor([[1, 1], [1, 2]]), torch.ones(2, 2))
     with pytest.raises(RuntimeError, match="float32"):
         block.forward(x.double(), True)
+
+
+def test_a_shared_expert_under_an_adapter_runs_in_python():
+    """A LoRA adapter wraps the shared expert's linears (not QuantLinear any more): the block runs the routed
+    experts, and the wrapped shared expert runs in Python (its adapter applied: here, an offset)."""
+    moe = make_moe("qwen2_moe", "q8_0")
+
+    class Offset(torch.nn.Module):
+        def __init__(self, base):
+            super().__init__()
+            self.base = base
+
+        def forward(self, x):
+            return self.base(x) + 0.5
+
+    moe.shared.gate_up = Offset(moe.shared.gate_up)
+    x = torch.randn(6, 64)
+    torch.testing.assert_close(moe(x), moe.loop_forward(x), rtol=1e-4, atol=1e-5)
+
+
+def test_on_amx_a_prefill_sized_step_runs_the_loop_on_the_experts_bf16_copies(monkeypatch):
+    """Experts with AMX copies (forced: emulated where the CPU lacks AMX) take the loop once they average
+    AMX_MIN_ROWS rows (their bf16 GEMMs), the block below that."""
+    from kvserve.model.quant_linear import AMX_MIN_ROWS
+
+    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        pytest.skip("oneDNN without bf16 on this CPU")
+    moe = make_moe("mixtral", "q8_0")  # 4 experts, top-2
+    for mlp in moe.experts:
+        for name in ("gate_up", "down"):
+            lin = getattr(mlp, name)
+            setattr(mlp, name, QuantLinear(quantize(lin.dequantize(), "q8_0"), None, torch.float32, amx=True))
+    moe.use_native(True)
+    few, many = AMX_MIN_ROWS * 2 - 1, AMX_MIN_ROWS * 2  # rows x top-k against AMX_MIN_ROWS x experts
+    assert not moe.loop_takes(few) and moe.loop_takes(many)
+    calls = []
+    block = moe.native_block
+    monkeypatch.setattr(moe, "native_block", type("Spy", (), {
+        "forward": lambda self, *a: calls.append(1) or block.forward(*a)})())
+    moe(torch.randn(few, 64))
+    moe(torch.randn(many, 64))
+    assert calls == [1]

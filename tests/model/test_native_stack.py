@@ -401,3 +401,23 @@ def test_an_amx_lm_head_hands_its_bf16_logits_to_native_draws_only(monkeypatch):
     seen.clear()
     llm.generate(prompts, SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True, logprobs=1))
     assert seen and torch.bfloat16 not in seen
+
+
+def test_on_amx_an_moe_step_whose_experts_take_their_bf16_copies_runs_the_python_layers(monkeypatch):
+    """A step whose experts average AMX_MIN_ROWS rows or more runs them on their bf16 AMX copies in the Python
+    layers' loop (MoE.loop_takes); the stack, whose experts stay on the integer kernels, leaves such steps to
+    the Python layers, and takes the smaller ones (forced AMX: emulated where the CPU lacks it)."""
+    import kvserve.model.decoder as decoder
+    import kvserve.model.quant_linear as ql
+
+    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        pytest.skip("oneDNN without bf16 on this CPU")
+    monkeypatch.setattr(ql, "amx_gemm_available", lambda: True)
+    runner = _runner("int8", arch="Qwen3MoeForCausalLM")  # 4 experts, top-2: 32 rows average 16 an expert
+    assert runner.model.native_stack is not None
+    ran: list[bool] = []
+    real = decoder.run_native_stack
+    monkeypatch.setattr(decoder, "run_native_stack", lambda *a: ran.append(real(*a)) or ran[-1])
+    for rows in (2 * ql.AMX_MIN_ROWS - 1, 2 * ql.AMX_MIN_ROWS):
+        _check_one_step(runner, _step(runner, [(1, 3 + i % 5) for i in range(rows)]))
+    assert ran == [True, False]  # the stack ran the first step, not the second
