@@ -2,9 +2,10 @@
 # docs/scale-out.md's disaggregation table: the interference workload (a decode cohort streams while a
 # burst of long prompts arrives) through the router over two replicas of the embedded model, each on a
 # core of its own (taskset, --num-threads 1): a colocated pair (--backend x2) against a split (one
-# --role prefill, one --role decode replica, --prefill/--decode), replicas restarted before each run.
+# --role prefill, one --role decode replica, --prefill/--decode), replicas restarted before each run,
+# the modes taking turns.
 # Then the KV transfer cost per 1,000 tokens of the TCP and Redis connectors (scripts/bench_kv_transfer.py).
-# Usage: OUT=dir [RUNS=3 COHORT=4 IN=128 OUT_LEN=400 BURST=4 BURST_LEN=4000 DELAY=5 PY=python] \
+# Usage: OUT=dir [RUNS=3 COHORT=4 IN=128 OUT_LEN=1500 BURST=2 BURST_LEN=4000 DELAY=5 PY=python] \
 #        scripts/bench_disagg.sh [colocated split transfer]
 # Run it with PYTHONPATH pointing at the checkout when kvserve is not installed from it.
 set -u
@@ -12,16 +13,16 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-bench-results/disagg}; mkdir -p "$OUT"
 PY=${PY:-.venv/bin/python}
 K="$PY -m kvserve"
-RUNS=${RUNS:-3}; COHORT=${COHORT:-4}; IN=${IN:-128}; OUT_LEN=${OUT_LEN:-400}
-BURST=${BURST:-4}; BURST_LEN=${BURST_LEN:-4000}; DELAY=${DELAY:-5}
+RUNS=${RUNS:-3}; COHORT=${COHORT:-4}; IN=${IN:-128}; OUT_LEN=${OUT_LEN:-1500}
+BURST=${BURST:-2}; BURST_LEN=${BURST_LEN:-4000}; DELAY=${DELAY:-5}
 MODES=${*:-colocated split transfer}
 waitport() { for _ in $(seq 1 900); do curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0; sleep 1; done; return 1; }
 { date -u +%FT%TZ; uptime; lscpu | grep "Model name"; git rev-parse --short HEAD
   echo "RUNS=$RUNS COHORT=$COHORT IN=$IN OUT_LEN=$OUT_LEN BURST=$BURST BURST_LEN=$BURST_LEN DELAY=$DELAY $MODES"; } >> "$OUT/date"
 SERVE=(serve --num-threads 1 --kv-cache-memory-gb 1 --max-model-len 8192 --uvicorn-log-level warning)
-for mode in $MODES; do
-  [ "$mode" = transfer ] && continue
-  for run in $(seq 1 "$RUNS"); do
+for run in $(seq 1 "$RUNS"); do  # the modes interleaved, so that the machine's load falls on both alike
+  for mode in $MODES; do
+    [ "$mode" = transfer ] && continue
     if [ "$mode" = split ]; then roles=(--role\ prefill --role\ decode); else roles=("" ""); fi
     pids=(); core=0
     for port in 8301 8302; do

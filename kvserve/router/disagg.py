@@ -8,6 +8,9 @@ decode replica was chosen for beforehand; then, with the token the prefill repli
 it is: its first token leaves at once, the rest as it decodes on the KV the prefill replica sent.
 Both legs carry the same transfer id.
 
+A request for one token (``max_tokens`` 1) is all prefill: it goes whole to a prefill replica, whose
+answer is the client's, and no KV moves (a decode replica would only receive it and drop it).
+
 What cannot be split (n > 1, beam search, logprobs, prompt logprobs, echo, structured output) goes
 to a decode replica whole, which computes its prompt itself, as does a request whose prefill leg
 found no prefill replica up or failed before answering. A decode replica that fails before its first
@@ -47,6 +50,11 @@ def splittable(payload: Any) -> bool:
     return not any(payload.get(f) not in (None, False) for f in UNSPLIT_FIELDS)
 
 
+def one_token(payload: dict) -> bool:
+    """Whether a (splittable) request asks for a single token: its prefill is all of it."""
+    return payload.get("max_tokens") == 1 or payload.get("max_completion_tokens") == 1
+
+
 def first_token_ids(content: bytes) -> list[int] | None:
     """The token ids a prefill replica's answer (``return_token_ids``) sampled; None if it has none."""
     try:
@@ -62,7 +70,7 @@ class SplitProxy:
     def __init__(self, prefill: Proxy, decode: Proxy, client: httpx.AsyncClient):
         self.prefill, self.decode, self.client = prefill, decode, client
         self._addresses: dict[str, tuple[float, str | None]] = {}
-        self.stats = {"split": 0, "whole": 0, "prefill_fallbacks": 0}
+        self.stats = {"split": 0, "whole": 0, "prefill_fallbacks": 0, "prefill_only": 0}
 
     async def _address(self, backend: Backend) -> str | None:
         """Where ``backend`` receives KV ("" for a shared tier); None if it is no decode replica."""
@@ -83,6 +91,14 @@ class SplitProxy:
             payload = json.loads(route.body)
         except ValueError:
             payload = None
+        if splittable(payload) and one_token(payload):
+            try:
+                answer = await self.prefill.forward(route)
+            except NoBackendError:
+                answer = None
+            if answer is not None:
+                self.stats["prefill_only"] += 1
+                return answer
         choice = self.decode.choose(route) if splittable(payload) else None
         address = await self._address(choice[0]) if choice is not None else None
         if choice is None or address is None:

@@ -111,4 +111,16 @@ def test_kv_routes_need_the_api_key_and_the_router_sends_it(servers, tiny_model_
             resp = httpx.post(r.url + "/v1/completions", json=body, headers=auth, timeout=60)
             assert answer(resp) == want
             assert resp.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= want[1] - 16
-            assert r.app.state.router.split.stats == {"split": 1, "whole": 0, "prefill_fallbacks": 0}
+            assert r.app.state.router.split.stats == {"split": 1, "whole": 0, "prefill_fallbacks": 0, "prefill_only": 0}
+
+
+def test_one_token_request_is_answered_by_a_prefill_replica_alone(servers, tokenizer):
+    """Its prefill is all of it: no KV goes to a decode replica (which would only drop it)."""
+    plain, p, d = servers
+    body = {**GREEDY, "prompt": PROMPT + " once", "max_tokens": 1}
+    want = answer(post(plain.url, "/v1/completions", body))
+    with router(tokenizer, [p.url], [d.url]) as r:
+        assert answer(post(r.url, "/v1/completions", body)) == want
+        text, _ = stream_text(r.url, "/v1/completions", body)
+        assert text == want[0]
+        assert r.app.state.router.split.stats == {"split": 0, "whole": 0, "prefill_fallbacks": 0, "prefill_only": 2}
