@@ -82,7 +82,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--answer-len", type=int, default=64, help="max_tokens of each answer")
     g = p.add_argument_group("interference")
     g.add_argument("--cohort", type=int, default=8, help="streaming decodes started at once")
-    g.add_argument("--burst", type=int, default=4, help="long prompts sent together after --burst-delay")
+    g.add_argument("--burst", type=int, default=4, help="long prompts sent together after --burst-delay (0: the "
+                   "cohort alone, a baseline)")
     g.add_argument("--burst-len", type=int, default=4000)
     g.add_argument("--burst-output-len", type=int, default=1)
     g.add_argument("--burst-delay", type=float, default=5.0, help="seconds after the cohort starts")
@@ -191,7 +192,9 @@ def build(a: argparse.Namespace) -> Workload:
                         description=f"multi-turn {a.num_conversations}x{a.turns} user={a.user_len} answer={a.answer_len}")
 
     if a.dataset == "interference":
-        positive("cohort", "burst", "burst_len", "input_len", "output_len", "burst_output_len")
+        positive("cohort", "burst_len", "input_len", "output_len", "burst_output_len")
+        if a.burst < 0:  # 0: the cohort alone, the baseline a burst's run is compared with
+            raise InvalidArgumentError("--burst must be at least 0")
         cohort = [Session([Turn(tokens(a.input_len), a.output_len)], start=0.0, group="cohort") for _ in range(a.cohort)]
         burst = [Session([Turn(tokens(a.burst_len), a.burst_output_len)], start=a.burst_delay, group="burst")
                  for _ in range(a.burst)]

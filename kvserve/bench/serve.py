@@ -120,23 +120,24 @@ def meets_slo(r: RequestRecord, slo_ttft_ms: float | None, slo_itl_ms: float | N
     return slo_itl_ms is None or all(x * 1e3 <= slo_itl_ms for x in r.itls)
 
 
+def cohort_itl_p99_ms(records: list[RequestRecord], start: float, end: float) -> float | None:
+    """The cohort's ITL p99 (ms) over the gaps that end in [start, end) (run-relative seconds); None if none.
+    A run without a burst gives the baseline of a burst run's window: the same stream positions, so the same
+    context lengths."""
+    gaps = [t - prev for r in records if r.group == "cohort" and r.ok
+            for prev, t in zip(r.token_times, r.token_times[1:]) if start <= t < end]
+    return round(percentile(gaps, 99) * 1e3, 2) if gaps else None
+
+
 def interference(records: list[RequestRecord]) -> Interference | None:
     """Cohort ITL p99 for gaps that end before the first burst request is sent vs. while the burst runs."""
     burst = [r for r in records if r.group == "burst"]
-    cohort = [r for r in records if r.group == "cohort" and r.ok]
-    if not burst or not cohort:
+    if not burst or not any(r.group == "cohort" and r.ok for r in records):
         return None
     b0 = min(r.start for r in burst)
     b1 = max(r.start + r.latency for r in burst)
-    before, during = [], []
-    for r in cohort:
-        for prev, t in zip(r.token_times, r.token_times[1:]):
-            if t < b0:
-                before.append(t - prev)
-            elif t <= b1:
-                during.append(t - prev)
-    p_before = round(percentile(before, 99) * 1e3, 2) if before else None
-    p_during = round(percentile(during, 99) * 1e3, 2) if during else None
+    p_before = cohort_itl_p99_ms(records, 0.0, b0)
+    p_during = cohort_itl_p99_ms(records, b0, b1 + 1e-9)
     ratio = round(p_during / p_before, 2) if p_before and p_during else None
     return Interference(p_before, p_during, ratio, round(b0, 3), round(b1, 3))
 

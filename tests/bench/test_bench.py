@@ -11,6 +11,7 @@ from kvserve.bench import datasets, report
 from kvserve.bench import serve as bench_serve
 from kvserve.bench.datasets import Session, TraceRow, Turn, Workload
 from kvserve.bench.stats import percentile
+from kvserve.errors import InvalidArgumentError
 from kvserve.bench.serve import RequestRecord, summarize
 from kvserve.config import KVServeConfig
 from kvserve.server.engine_client import AsyncEngineClient
@@ -66,6 +67,21 @@ def test_interference_splits_cohort_gaps_at_the_burst():
     assert i.cohort_itl_p99_before_ms == pytest.approx(100)
     assert i.cohort_itl_p99_during_ms == pytest.approx(500, abs=0.5)  # gaps ending in [0.35, 1.35]
     assert i.ratio == pytest.approx(5.0, abs=0.01)
+
+
+def test_cohort_alone_is_the_baseline_of_a_burst_window():
+    """--burst 0 sends the cohort alone; its ITL p99 over a burst run's window compares the same stream
+    positions (a growing context slows decodes on its own, burst or not)."""
+    a = args("http://x", dataset="interference", cohort=3, burst=0, input_len=8, output_len=20)
+    w = datasets.build(a)
+    assert [s.group for s in w.sessions] == ["cohort"] * 3
+    with pytest.raises(InvalidArgumentError, match="--burst must be at least 0"):
+        datasets.build(args("http://x", dataset="interference", burst=-1))
+    alone = RequestRecord(ok=True, group="cohort", token_times=[0.0, 0.1, 0.2, 0.4, 0.6, 0.9, 1.2])
+    assert bench_serve.interference([alone]) is None
+    assert bench_serve.cohort_itl_p99_ms([alone], 0.3, 1.0) == pytest.approx(300, abs=2)  # gaps ending at 0.4, 0.6, 0.9
+    assert bench_serve.cohort_itl_p99_ms([alone], 0.0, 0.25) == pytest.approx(100)
+    assert bench_serve.cohort_itl_p99_ms([alone], 2.0, 3.0) is None
 
 
 def test_shared_prefix_fraction():
