@@ -161,6 +161,6 @@ def build_engine_core(config: KVServeConfig) -> EngineCore:
     m = config.model
     loaded = load_model(path, keep_quantized=m.quantization != "none", load_format=m.load_format, seed=m.seed)
     eos = Tokenizer(loaded.tokenizer, loaded.config).eos_token_ids
-    engine = build_engine(config, loaded.config, loaded.weights, eos, hf_tokenizer=loaded.tokenizer,
+    engine = build_engine(config, loaded.config, loaded.hand_over(), eos, hf_tokenizer=loaded.tokenizer,
                           source=ModelSource(str(path), m.load_format, m.seed))
     return EngineCore(engine, loaded.name, build_handoff(config, engine))

@@ -44,7 +44,7 @@ class LLM:
         loaded = load_model(path, keep_quantized=m.quantization != "none", load_format=m.load_format, seed=m.seed)
         self.tokenizer = Tokenizer(loaded.tokenizer, loaded.config)
         self.model_name = loaded.name
-        self._start(build_engine(self.config, loaded.config, loaded.weights, self.tokenizer.eos_token_ids,
+        self._start(build_engine(self.config, loaded.config, loaded.hand_over(), self.tokenizer.eos_token_ids,
                                  hf_tokenizer=loaded.tokenizer, source=ModelSource(str(path), m.load_format, m.seed)))
 
     @classmethod

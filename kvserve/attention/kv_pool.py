@@ -130,11 +130,11 @@ class KVPool:
             k[s].copy_(data[2 * i])
             v[s].copy_(data[2 * i + 1])
 
-    def fingerprint(self, cfg: ModelConfig, weights: dict[str, Any], model_dtype: torch.dtype,
+    def fingerprint(self, cfg: ModelConfig, weights_sample: bytes, model_dtype: torch.dtype,
                     quantization: str = "") -> bytes:
         """Identifies the model and the KV layout, so stored KV never meets another model or layout.
-        ``quantization`` names the quantized layers' formats (empty: all dense); weights may be
-        ``QuantWeight``s (anything with ``rows()`` and ``dequantize()``) or ``QuantExperts``."""
+        ``weights_sample``: ``sample_weights`` of the checkpoint, taken before the model was built over it
+        (a build may release the tensors); ``quantization`` names the quantized layers' formats (empty: all dense)."""
         h = hashlib.blake2b(digest_size=16)
         h.update(json.dumps(asdict(cfg), sort_keys=True, default=str).encode())
         tag = f"{model_dtype}|{self.block_size}|{self.layout.num_kv_heads}x{self.layout.head_dim}"
@@ -143,20 +143,28 @@ class KVPool:
         if quantization:
             tag += f"|quant {quantization}"
         h.update(tag.encode())
-        names = sorted(weights)
-        for name in names[:4]:  # a sample of the weights themselves
-            h.update(name.encode())
-            w = weights[name]
-            w = w.experts[0] if hasattr(w, "experts") else w  # a layer's experts kept quantized: the first one's
-            if not isinstance(w, torch.Tensor):  # only the rows the sample reads: not the whole table
-                w = w.rows(slice(0, -(-4096 // w.shape[1]))).dequantize()
-            h.update(w.flatten()[:4096].float().cpu().numpy().tobytes())
-        # and a few values spread over every other tensor: a fine-tune that leaves the embeddings and the first
-        # layer alone (a LoRA merged into attention) must change it too, as stored KV must follow the weights
-        for name in names[4:]:
-            h.update(name.encode())
-            h.update(_spread_sample(weights[name]).float().cpu().numpy().tobytes())
+        h.update(weights_sample)
         return h.digest()
+
+
+def sample_weights(weights: dict[str, Any]) -> bytes:
+    """A sample of a checkpoint's values, for ``KVPool.fingerprint``: weights may be ``QuantWeight``s
+    (anything with ``rows()`` and ``dequantize()``) or ``QuantExperts``."""
+    out = []
+    names = sorted(weights)
+    for name in names[:4]:  # the first tensors' leading values
+        out.append(name.encode())
+        w = weights[name]
+        w = w.experts[0] if hasattr(w, "experts") else w  # a layer's experts kept quantized: the first one's
+        if not isinstance(w, torch.Tensor):  # only the rows the sample reads: not the whole table
+            w = w.rows(slice(0, -(-4096 // w.shape[1]))).dequantize()
+        out.append(w.flatten()[:4096].float().cpu().numpy().tobytes())
+    # and a few values spread over every other tensor: a fine-tune that leaves the embeddings and the first
+    # layer alone (a LoRA merged into attention) must change it too, as stored KV must follow the weights
+    for name in names[4:]:
+        out.append(name.encode())
+        out.append(_spread_sample(weights[name]).float().cpu().numpy().tobytes())
+    return b"".join(out)
 
 
 def _spread_sample(w: Any, n: int = 16) -> torch.Tensor:

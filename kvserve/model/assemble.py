@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from kvserve.model.checkpoint import ReleasableWeights
 from kvserve.model.config import ModelConfig
 from kvserve.model.layers import RMSNorm, cpu_packing_supported
 from kvserve.model.quant import QuantWeight
@@ -27,10 +28,17 @@ def build_model(cls: type["CausalLM"], cfg: ModelConfig, weights: dict[str, Any]
     ``weights`` may hold ``QuantWeight``s (a GGUF loaded with ``keep_quantized``); ``quantization``
     (see ``quantized_modules``) says which layers stay or become quantized, the rest is dequantized
     to ``dtype``. Experts stored stacked are cut into each expert's weights first (``unstack_experts``), and
-    interleaved rotary's q/k rows reordered (``deinterleave_rotary``).
+    interleaved rotary's q/k rows reordered (``deinterleave_rotary``). ``ReleasableWeights`` lose each
+    tensor only quantized layers use as soon as those layers are made.
     """
+    handed = weights if isinstance(weights, ReleasableWeights) else None
     weights = deinterleave_rotary(cfg, unstack_experts(cfg, weights))
-    quantized = quantized_modules(cfg, weights, quantization, device)
+
+    def release(name: str) -> None:
+        weights.pop(name, None)
+        handed.pop(name, None)  # type: ignore[union-attr]
+
+    quantized = quantized_modules(cfg, weights, quantization, device, release if handed is not None else None)
     sources = weight_sources(cfg)
     only_quantized = _used_only_by(quantized, cfg, sources)
     weights = {k: v.dequantize() if isinstance(v, QuantWeight) else v for k, v in weights.items()
@@ -46,7 +54,8 @@ def build_model(cls: type["CausalLM"], cfg: ModelConfig, weights: dict[str, Any]
     model.rotary.to(device)
     if model.local_rotary is not None:
         model.local_rotary.to(device)
-    for path, qw in quantized.items():
+    while quantized:  # each QuantWeight dropped once its layer holds the packed form
+        path, qw = quantized.popitem()
         if path == "embed_tokens":
             _set_module(model, path, QuantEmbedding(qw, dtype))
         else:
@@ -110,3 +119,29 @@ def _set_module(model: nn.Module, path: str, module: nn.Module) -> None:
     """``model.<path> = module``; unlike ``set_submodule`` it may replace a None (a tied LM head)."""
     parent, _, name = path.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, name, module)
+
+
+def weights_in_memory(model: nn.Module) -> int:
+    """Bytes a built model's weights take: parameters, buffers and every layer's own copies (packed,
+    quantized, bf16 tiles), each storage counted once (a tied head shares the embedding's)."""
+    seen: set[int] = set()
+    total = 0
+    for m in model.modules():
+        tensors = [*m._parameters.values(), *m._buffers.values()]
+        for v in vars(m).values():
+            if isinstance(v, torch.Tensor):
+                tensors.append(v)
+            elif isinstance(v, QuantWeight):
+                tensors += [v.qs, v.d, v.m]
+        for t in tensors:
+            if t is None or t.device.type == "meta":
+                continue
+            try:
+                storage = t.untyped_storage()
+                key, size = storage.data_ptr(), storage.nbytes()
+            except (RuntimeError, NotImplementedError):  # an opaque (mkldnn) tensor
+                key, size = id(t), t.numel() * t.element_size()
+            if key not in seen:
+                seen.add(key)
+                total += size
+    return total

@@ -27,6 +27,18 @@ class LoadedModel:
     tokenizer: Any  # transformers PreTrainedTokenizerFast (TokenizersBackend in transformers 5); None if not asked for
     name: str  # reported by /v1/models: folder name or .gguf file stem
 
+    def hand_over(self) -> "ReleasableWeights":
+        """The weights, for one model build, which may release each tensor once a layer holds its own form
+        of it; this LoadedModel keeps none."""
+        weights, self.weights = ReleasableWeights(self.weights), {}
+        return weights
+
+
+class ReleasableWeights(dict):
+    """Checkpoint tensors handed to a single model build (``LoadedModel.hand_over``): the build drops each
+    dense tensor once its quantized layer is made, so a large model quantized at load never holds all of
+    its dense weights and all of their quantized copies at once (an 8B model at int4 in 24 GiB)."""
+
 
 def check_weights(config: ModelConfig, weights: dict[str, torch.Tensor], source: str) -> None:
     """Raise ``ModelLoadError`` unless ``weights`` holds every expected tensor in its expected shape."""

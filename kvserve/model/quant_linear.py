@@ -8,7 +8,7 @@ head and the embedding table are built over a ``QuantWeight``; every other weigh
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -162,8 +162,8 @@ def runs_quantized(mode: str, weights: dict[str, Any]) -> bool:
     return (mode in _TARGET or stored) and kernels_available()
 
 
-def quantized_modules(cfg: ModelConfig, weights: dict[str, Any], mode: str,
-                      device: torch.device) -> dict[str, QuantWeight]:
+def quantized_modules(cfg: ModelConfig, weights: dict[str, Any], mode: str, device: torch.device,
+                      release: Callable[[str], None] | None = None) -> dict[str, QuantWeight]:
     """Module path -> the QuantWeight it is built over (empty: everything dense, as ``none``).
 
     ``auto`` keeps the weights a GGUF file stores quantized (an all-quantized group, same format), and
@@ -171,7 +171,8 @@ def quantized_modules(cfg: ModelConfig, weights: dict[str, Any], mode: str,
     ``int8``/``int4`` quantize every linear weight at load (Q8_0 / Q4_1; a weight already in that format
     is kept as is; under int4 MXFP4 experts' q8_0 is requantized to Q4_1, lossy, 5 bits a weight). The LM
     head is Q8_0 under int4 too: the logits are the most sensitive GEMM, and only decode's single row pays for its bytes. Only CPUs run the kernels:
-    on other devices every weight is dequantized to the model's dtype.
+    on other devices every weight is dequantized to the model's dtype. ``release(name)`` is called for
+    each checkpoint tensor once every layer that reads it is quantized (the embedding's never).
     """
     if mode not in QUANTIZATION_MODES:
         raise ValueError(f"unknown quantization {mode!r} (one of {', '.join(QUANTIZATION_MODES)})")
@@ -184,12 +185,19 @@ def quantized_modules(cfg: ModelConfig, weights: dict[str, Any], mode: str,
     groups = linear_sources(cfg)
     head = "lm_head.weight" if "lm_head.weight" in weights else "model.embed_tokens.weight"
     groups["lm_head"] = [head]
+    users: dict[str, list[str]] = {}
+    for path, names in groups.items():
+        for name in names:
+            users.setdefault(name, []).append(path)
     out: dict[str, QuantWeight] = {}
     for path, names in groups.items():
         kind = "q8_0" if path == "lm_head" and mode != "auto" else _TARGET.get(mode)
         qw = _group(path, [weights[n] for n in names], kind)
         if qw is not None:
             out[path] = qw
+            for name in names:
+                if release is not None and name != "model.embed_tokens.weight" and all(p in out for p in users[name]):
+                    release(name)
     embed = weights["model.embed_tokens.weight"]
     if isinstance(embed, QuantWeight):  # stored quantized: a lookup dequantizes its rows
         out["embed_tokens"] = embed

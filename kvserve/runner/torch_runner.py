@@ -13,7 +13,8 @@ import time
 import torch
 
 from kvserve.attention import SeqRows, choose_attention_backend, get_kv_pool
-from kvserve.attention.kv_pool import resolve_kv_cache_dtype
+from kvserve.attention.kv_pool import resolve_kv_cache_dtype, sample_weights
+from kvserve.model.assemble import weights_in_memory
 from kvserve.config import CacheConfig, LoRAConfig
 from kvserve.engine.batch import Batch, ScheduledChunk, StepOutput
 from kvserve.errors import InvalidArgumentError
@@ -53,7 +54,10 @@ class TorchRunner:
         num_kv_blocks = cache.num_kv_blocks
         # deterministic: no bf16 AMX copies, whose results depend on a step's row count (AMX_MIN_ROWS)
         self.amx = False if deterministic else None
+        sample = sample_weights(weights)  # before the build, which may release the checkpoint's tensors
         self.model = CausalLM.from_hf_weights(cfg, weights, dtype, self.device, quantization, self.amx)
+        log.info("model weights: %.2f GiB in memory (%s; %s)", weights_in_memory(self.model) / (1 << 30),
+                 str(dtype).removeprefix("torch."), self.model.quantization_tag() or "no quantized layers")
         # a float32 model whose many-row linears run in bf16 on AMX attends prefill in bf16 too
         bf16_prefill = dtype == torch.float32 and self.model.has_amx_weights()
         kv_name = resolve_kv_cache_dtype(cache.kv_cache_dtype, dtype, bf16_prefill)
@@ -108,7 +112,7 @@ class TorchRunner:
         self._warm_up(self.model)
         self.block_bytes = self.kv_pool.block_bytes  # what a tier stores per block (an 8-bit pool's scales too)
         self.kv_bytes_per_token = layout.bytes_per_token
-        self.kv_fingerprint = self.kv_pool.fingerprint(cfg, weights, dtype, self.model.quantization_tag())
+        self.kv_fingerprint = self.kv_pool.fingerprint(cfg, sample, dtype, self.model.quantization_tag())
         self.sampler = Sampler(self.device, seed)
         self.seed = seed
         self.proposer = proposer
@@ -154,13 +158,14 @@ class TorchRunner:
         self.source = source
 
     def _use_model(self, cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> None:
+        sample = sample_weights(weights)
         model = CausalLM.from_hf_weights(cfg, weights, self.dtype, self.device, self.quantization, self.amx)
         calibrate_kv_scales(model, self.kv_pool, self.dtype)  # an 8-bit pool's scales follow the weights
         self._warm_up(model)
         self.model, self.cfg = model, cfg
         if self.lora is not None:
             self.lora.rebind(model)
-        self.kv_fingerprint = self.kv_pool.fingerprint(cfg, weights, self.dtype, model.quantization_tag())
+        self.kv_fingerprint = self.kv_pool.fingerprint(cfg, sample, self.dtype, model.quantization_tag())
         give_back_memory()  # the old model's
 
     def _transfer(self, transfers: list[KVTransfer], out: StepOutput) -> None:

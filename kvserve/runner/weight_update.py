@@ -55,7 +55,7 @@ def load_replacement(source: ModelSource, served: ModelConfig, max_model_len: in
     problem = replacement_problem(served, loaded.config, max_model_len)
     if problem is not None:
         raise InvalidArgumentError(f"{path} cannot replace the served model: {problem}", param="model_path")
-    return loaded.config, loaded.weights
+    return loaded.config, loaded.hand_over()
 
 
 def replacement_problem(served: ModelConfig, new: ModelConfig, max_model_len: int) -> str | None:

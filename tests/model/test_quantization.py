@@ -10,6 +10,7 @@ import torch
 from kvserve.bench.perplexity import greedy_agreement, perplexity, sequence_logits
 from kvserve.config import CacheConfig, KVServeConfig
 from kvserve.errors import InvalidArgumentError
+from kvserve.model.checkpoint import ReleasableWeights
 from kvserve.model.quant import QuantWeight
 from kvserve.model.quant_linear import QuantEmbedding, QuantLinear
 from kvserve.runner.torch_runner import TorchRunner
@@ -53,6 +54,23 @@ def test_tiny_model_quantized_at_load(mode, bound, tie):
     auto = _runner(cfg, weights, "auto")
     assert not any(isinstance(m, QuantLinear) for m in auto.model.modules())
     assert auto.kv_fingerprint == dense.kv_fingerprint != quant.kv_fingerprint
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_handed_over_weights_are_released_as_their_layers_are_quantized(tie):
+    """A start-up's build drops each dense tensor once its quantized layer is made (an 8B model at int4 in
+    24 GiB), and serves the same logits and fingerprint as a build that keeps them."""
+    hf = tiny_hf_model(tie=tie, hidden=64, layers=2)
+    cfg, weights = kvserve_config(hf), hf_weights(hf)
+    kept = _runner(cfg, weights, "int4")
+    handed = ReleasableWeights(weights)
+    released = _runner(cfg, handed, "int4")
+    assert all(k in handed for k in weights if "norm" in k or "embed_tokens" in k)  # dense layers still read them
+    assert not any(k in handed for k in weights if k.endswith("_proj.weight") or k == "lm_head.weight")
+    assert len(weights) > len(handed)  # the caller's plain dict is untouched
+    ids = list(range(3, 40))
+    assert torch.equal(sequence_logits(kept, ids), sequence_logits(released, ids))
+    assert kept.kv_fingerprint == released.kv_fingerprint
 
 
 def test_qwen2_bias_survives_quantization():
