@@ -6,7 +6,7 @@
 #             (Q8_0, then Q4_0; scripts/write_bench_gguf.py), kvserve keeping its bits (--quantization auto)
 #   serve     16 and 64 concurrent 128 -> 128: kvserve (--quantization $KV_QUANTS) against vLLM-CPU
 #             (--dtype $VLLM_DTYPE), both --load-format dummy on the config folder
-#   goodput   the conversation trace replayed (--time-scale $SCALE), goodput at TTFT <= 2 s, TPOT <= 100 ms
+#   goodput   the conversation trace replayed (--time-scale $SCALE), goodput at TTFT <= 2 s and TPOT <= 100 ms
 # Folders: python scripts/write_bench_models.py $MODELS (default /tmp/kvserve-bench-models).
 # Peers install themselves under $PEERS_HOME (../shared/peers' scripts; run each once first).
 # Usage: OUT=dir MODEL=Llama-3.2-1B-Instruct scripts/bench_sizes.sh [roofline single serve goodput]
@@ -16,7 +16,7 @@ OUT=${OUT:-bench-results/sizes}; mkdir -p "$OUT"
 MODEL=${MODEL:-Llama-3.2-1B-Instruct}; MODELS=${MODELS:-/tmp/kvserve-bench-models}; DIR=$MODELS/$MODEL
 PEERS_HOME=${PEERS_HOME:-$HOME/.cache/kvserve-peers}
 PY=${PY:-.venv/bin/python}; K="$PY -m kvserve"
-KV_QUANTS=${KV_QUANTS:-int8 int4}; VLLM_DTYPE=${VLLM_DTYPE:-bfloat16}; SCALE=${SCALE:-4}; LEN=${LEN:-4096}
+KV_QUANTS=${KV_QUANTS:-auto int8 int4}; VLLM_DTYPE=${VLLM_DTYPE:-bfloat16}; SCALE=${SCALE:-12}; TRACE_N=${TRACE_N:-30}; LEN=${LEN:-4096}
 STEPS=${*:-roofline single serve goodput}
 waitport() { for _ in $(seq 1 900); do curl -sf "http://127.0.0.1:$1${2:-/health}" >/dev/null && return 0; sleep 1; done; return 1; }
 waitclosed() { for _ in $(seq 1 60); do curl -s "http://127.0.0.1:$1/" >/dev/null || return 0; sleep 1; done; }
@@ -58,8 +58,8 @@ serve_workloads() {  # $1 port, $2 name
     done
   fi
   if has goodput; then
-    B --base-url "http://127.0.0.1:$1" --dataset azure-conv --num-prompts 40 --time-scale "$SCALE" --max-input-len 2048 \
-      --max-output-len 128 --slo-ttft-ms 2000 --slo-itl-ms 100 --save-result "$OUT/${2}_goodput.json"
+    B --base-url "http://127.0.0.1:$1" --dataset azure-conv --num-prompts "$TRACE_N" --time-scale "$SCALE" --max-input-len 2048 \
+      --max-output-len 128 --slo-ttft-ms 2000 --slo-tpot-ms 100 --save-result "$OUT/${2}_goodput.json"
   fi
 }
 if has serve || has goodput; then

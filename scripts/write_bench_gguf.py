@@ -8,8 +8,8 @@ included) in one type, Q8_0 or Q4_0 (gguf-py's reference quantizers), norms in F
 the file with ``--quantization auto`` (it keeps Q8_0/Q4_0 as stored), so both engines read the
 same bytes per token.
 
-The tokenizer is the embedded model's (its GGUF fields copied), padded with reserved control tokens
-up to the model's vocab_size, since llama.cpp sizes the embedding by the token list.
+The tokenizer is the embedded model's (its GGUF fields copied), padded with ordinary tokens up to the
+model's vocab_size, since llama.cpp sizes the embedding by the token list.
 
     python scripts/write_bench_gguf.py MODEL_DIR --type q8_0|q4_0 [--out FILE] [--seed 0]
 
@@ -72,8 +72,10 @@ def add_tokenizer(writer: gguf.GGUFWriter, vocab_size: int) -> None:
     pad = vocab_size - len(tokens)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("smollm")
-    writer.add_token_list(tokens + [f"<|reserved_{i}|>" for i in range(pad)])
-    writer.add_token_types(types + [gguf.TokenType.CONTROL] * pad)
+    # ordinary tokens that no merge reaches: prompts encode as before, and each generated one is text, so
+    # every server streams (and counts) every token
+    writer.add_token_list(tokens + [f"reserved{i}" for i in range(pad)])
+    writer.add_token_types(types + [gguf.TokenType.NORMAL] * pad)
     writer.add_token_merges(strings("tokenizer.ggml.merges"))
     writer.add_bos_token_id(scalar("tokenizer.ggml.bos_token_id"))
     writer.add_eos_token_id(scalar("tokenizer.ggml.eos_token_id"))

@@ -15,8 +15,9 @@ encode to ids below 49152, which every one of these vocabularies holds, and gene
 kvserve loads every one of them (its registry: kvserve/model/architectures, docs/models.md); the
 list printed at the end says, per folder, whether this kvserve takes it and its parameter count.
 
-Memory: the dummy weights are bf16 (Llama-3.1-8B: 16 GB), and kvserve holds them twice while it
-starts (the drawn tensors and the model); ``--quantization int8|int4`` adds the quantized copies.
+Memory: the dummy weights are bf16 (Llama-3.1-8B: 16 GB). A dense start holds them twice (the drawn
+tensors and the model); with ``--quantization int8|int4`` each drawn tensor is released once its layer is
+quantized, so the draw itself is the peak (Llama-3.1-8B at int4: 16 GiB, then 6.5 GiB of weights).
 
     python scripts/write_bench_models.py [OUT] [--models NAME ...]
 """

@@ -31,7 +31,9 @@ def format_summary(s: Summary) -> str:
     if s.first_error:
         rows.append(("first error", s.first_error))
     if s.goodput is not None:
-        rows.append((f"goodput (req/s; TTFT<={_fmt(s.slo_ttft_ms)} ms, ITL<={_fmt(s.slo_itl_ms)} ms)",
+        slos = ", ".join(f"{name}<={_fmt(v)} ms" for name, v in (("TTFT", s.slo_ttft_ms), ("ITL", s.slo_itl_ms),
+                                                                  ("TPOT", s.slo_tpot_ms)) if v is not None)
+        rows.append((f"goodput (req/s; {slos})",
                      f"{s.goodput} ({s.good_requests} requests)"))
     if s.shared_prefix_fraction is not None:
         rows.append(("achievable shared prefix (of prompt tokens)", f"{s.shared_prefix_fraction:.1%}"))

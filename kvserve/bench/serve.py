@@ -82,6 +82,7 @@ class Summary:
     e2e_ms: Dist | None
     slo_ttft_ms: float | None = None
     slo_itl_ms: float | None = None
+    slo_tpot_ms: float | None = None
     good_requests: int | None = None
     goodput: float | None = None  # requests/s meeting every SLO given
     shared_prefix_fraction: float | None = None
@@ -101,6 +102,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    "(default: greedy)")
     p.add_argument("--slo-ttft-ms", type=float, default=None, help="goodput: time to first token at most this")
     p.add_argument("--slo-itl-ms", type=float, default=None, help="goodput: every inter-token gap at most this")
+    p.add_argument("--slo-tpot-ms", type=float, default=None,
+                   help="goodput: mean time per output token after the first at most this")
     p.add_argument("--save-result", default=None, help="write the summary and per-request records to this JSON file")
     p.add_argument("--save-records", default=None, help="write one JSON line per request to this file")
     p.add_argument("--plot", default=None, help="write TTFT and ITL distributions to this PNG")
@@ -112,10 +115,15 @@ def add_args(p: argparse.ArgumentParser) -> None:
                                                      "(default: the embedded model's)")
 
 
-def meets_slo(r: RequestRecord, slo_ttft_ms: float | None, slo_itl_ms: float | None) -> bool:
+def meets_slo(r: RequestRecord, slo_ttft_ms: float | None, slo_itl_ms: float | None,
+              slo_tpot_ms: float | None = None) -> bool:
+    """``slo_itl_ms`` bounds every gap between streamed chunks; ``slo_tpot_ms`` the request's mean time per
+    output token after the first (vLLM's goodput "tpot"), which a chunk holding several tokens cannot skew."""
     if not r.ok:
         return False
     if slo_ttft_ms is not None and (r.ttft is None or r.ttft * 1e3 > slo_ttft_ms):
+        return False
+    if slo_tpot_ms is not None and (tpot := r.tpot) is not None and tpot * 1e3 > slo_tpot_ms:
         return False
     return slo_itl_ms is None or all(x * 1e3 <= slo_itl_ms for x in r.itls)
 
@@ -144,14 +152,15 @@ def interference(records: list[RequestRecord]) -> Interference | None:
 
 def summarize(records: list[RequestRecord], elapsed: float, workload: Workload, *, base_url: str = "",
               model: str = "", max_concurrency: int | None = None, request_rate: float = float("inf"),
-              slo_ttft_ms: float | None = None, slo_itl_ms: float | None = None) -> Summary:
+              slo_ttft_ms: float | None = None, slo_itl_ms: float | None = None,
+              slo_tpot_ms: float | None = None) -> Summary:
     ok = [r for r in records if r.ok]
     errors = [r.error for r in records if not r.ok]
     elapsed = max(elapsed, 1e-9)
     n_in, n_out = sum(r.prompt_tokens for r in ok), sum(r.output_tokens for r in ok)
     good = None
-    if slo_ttft_ms is not None or slo_itl_ms is not None:
-        good = sum(meets_slo(r, slo_ttft_ms, slo_itl_ms) for r in records)
+    if slo_ttft_ms is not None or slo_itl_ms is not None or slo_tpot_ms is not None:
+        good = sum(meets_slo(r, slo_ttft_ms, slo_itl_ms, slo_tpot_ms) for r in records)
     return Summary(
         base_url=base_url, model=model, dataset=workload.name, description=workload.description,
         num_requests=len(records), max_concurrency=max_concurrency, request_rate=request_rate,
@@ -163,7 +172,7 @@ def summarize(records: list[RequestRecord], elapsed: float, workload: Workload, 
         tpot_ms=Dist.of([t for r in ok if (t := r.tpot) is not None]),
         itl_ms=Dist.of([x for r in ok for x in r.itls]),
         e2e_ms=Dist.of([r.latency for r in ok]),
-        slo_ttft_ms=slo_ttft_ms, slo_itl_ms=slo_itl_ms, good_requests=good,
+        slo_ttft_ms=slo_ttft_ms, slo_itl_ms=slo_itl_ms, slo_tpot_ms=slo_tpot_ms, good_requests=good,
         goodput=round(good / elapsed, 3) if good is not None else None,
         shared_prefix_fraction=(round(workload.shared_prefix_fraction, 4)
                                 if workload.shared_prefix_fraction is not None else None),
@@ -307,7 +316,8 @@ async def run_workload(a: argparse.Namespace, workload: Workload) -> tuple[Summa
             records, elapsed = await drive(workload, send, request_rate=a.request_rate,
                                            max_concurrency=a.max_concurrency, seed=a.seed, on_done=done)
     summary = summarize(records, elapsed, workload, base_url=base, model=model, max_concurrency=a.max_concurrency,
-                        request_rate=a.request_rate, slo_ttft_ms=a.slo_ttft_ms, slo_itl_ms=a.slo_itl_ms)
+                        request_rate=a.request_rate, slo_ttft_ms=a.slo_ttft_ms, slo_itl_ms=a.slo_itl_ms,
+                        slo_tpot_ms=a.slo_tpot_ms)
     return summary, records
 
 

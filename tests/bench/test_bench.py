@@ -58,6 +58,10 @@ def test_summary_goodput_and_latency_arithmetic():
     assert only_ttft.good_requests == 2
     assert summarize(recs, 2.0, w).goodput is None
     assert "goodput" in report.format_summary(s) and "TTFT" in report.format_summary(s)
+    # TPOT bounds the mean gap, not each one: the slow gap (TPOT 55 ms) passes at 60 ms, fails at 50
+    assert summarize(recs, 2.0, w, slo_ttft_ms=200, slo_tpot_ms=60).good_requests == 2
+    by_tpot = summarize(recs, 2.0, w, slo_ttft_ms=200, slo_tpot_ms=50)
+    assert by_tpot.good_requests == 1 and "TPOT<=50" in report.format_summary(by_tpot)
 
 
 def test_interference_splits_cohort_gaps_at_the_burst():
