@@ -4,7 +4,7 @@ the model fuses them), cast, then packed for oneDNN and switched to the native o
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
@@ -29,7 +29,8 @@ def build_model(cls: type["CausalLM"], cfg: ModelConfig, weights: dict[str, Any]
     (see ``quantized_modules``) says which layers stay or become quantized, the rest is dequantized
     to ``dtype``. Experts stored stacked are cut into each expert's weights first (``unstack_experts``), and
     interleaved rotary's q/k rows reordered (``deinterleave_rotary``). ``ReleasableWeights`` lose each
-    tensor only quantized layers use as soon as those layers are made.
+    tensor as soon as the layers that read it are made (quantized or copied), so a start holds the
+    checkpoint and the model at once only a tensor at a time.
     """
     handed = weights if isinstance(weights, ReleasableWeights) else None
     weights = deinterleave_rotary(cfg, unstack_experts(cfg, weights))
@@ -49,7 +50,7 @@ def build_model(cls: type["CausalLM"], cfg: ModelConfig, weights: dict[str, Any]
             _set_module(model, path, nn.Identity())
     # allocated in the final dtype: copying in casts, and no float32 model is held on the way
     model = model.to(dtype).to_empty(device=device)
-    load_weights(model, cfg, weights, sources)
+    load_weights(model, cfg, weights, sources, release if handed is not None else None)
     model = model.eval()
     model.rotary.to(device)
     if model.local_rotary is not None:
@@ -71,13 +72,19 @@ def build_model(cls: type["CausalLM"], cfg: ModelConfig, weights: dict[str, Any]
 
 
 def load_weights(model: nn.Module, cfg: ModelConfig, weights: dict[str, torch.Tensor],
-                 sources: dict[str, list[tuple[str, tuple[int, ...]]]]) -> None:
+                 sources: dict[str, list[tuple[str, tuple[int, ...]]]],
+                 release: Callable[[str], None] | None = None) -> None:
     """Copy checkpoint tensors into ``model``'s parameters by ``sources`` (``weight_sources``: q/k/v and
-    gate/up stacked into single GEMMs). Parameters a quantized layer holds instead are not there."""
+    gate/up stacked into single GEMMs). Parameters a quantized layer holds instead are not there.
+    ``release(name)`` is called for each checkpoint tensor once the last parameter made from it is loaded."""
     own = dict(model.named_parameters())
     sources = dict(sources)
     if cfg.tie_word_embeddings is False and "lm_head.weight" not in weights:
         sources["lm_head.weight"] = sources["embed_tokens.weight"]  # a checkpoint that ties without saying so
+    readers: dict[str, int] = {}
+    for name in own:
+        for source, _ in sources.get(name, []):
+            readers[source] = readers.get(source, 0) + 1
     offset = {name for name, m in model.named_modules() if isinstance(m, RMSNorm)} if cfg.norm_offset else set()
     for name, p in own.items():
         if name not in sources:
@@ -91,6 +98,11 @@ def load_weights(model: nn.Module, cfg: ModelConfig, weights: dict[str, torch.Te
             tensor = tensor.float() + cfg.norm_offset
         with torch.no_grad():
             p.copy_(tensor)
+        del tensor
+        for source, _ in sources[name]:
+            readers[source] -= 1
+            if release is not None and readers[source] == 0:
+                release(source)
 
 
 def _stacked(weights: dict[str, Any], sources: list[tuple[str, tuple[int, ...]]] | None) -> torch.Tensor | None:
