@@ -13,7 +13,8 @@ model's vocab_size, since llama.cpp sizes the embedding by the token list.
 
     python scripts/write_bench_gguf.py MODEL_DIR --type q8_0|q4_0 [--out FILE] [--seed 0]
 
-Supported: Llama (``llama``) and Qwen2/Qwen3 (``qwen2``, ``qwen3``) configs.
+Supported: configs whose architecture llama.cpp names ``llama``, ``qwen2`` or ``qwen3`` (the registry's
+``Architecture.gguf``); tensor names come from ``gguf_names.hf_to_gguf_name``.
 """
 
 from __future__ import annotations
@@ -26,29 +27,17 @@ import gguf
 import numpy as np
 import torch
 
+from kvserve.model.architectures import get_architecture
 from kvserve.model.dummy import checkpoint_dtype, dummy_weights
+from kvserve.model.gguf_names import hf_to_gguf_name
 from kvserve.model.loader import load_model_config, resolve_model_path
 
-ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+GGUF_ARCHS = ("llama", "qwen2", "qwen3")  # llama.cpp architectures whose metadata this script writes in full
 TYPES = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}
-LEAF = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-        "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
-        "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-        "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
-TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-       "lm_head.weight": "output.weight"}
-
-
-def gguf_name(name: str) -> str:
-    if not name.startswith("model.layers."):
-        return TOP[name]
-    _, _, i, rest = name.split(".", 3)
-    module, suffix = rest.rsplit(".", 1)
-    return f"blk.{i}.{LEAF[module]}.{suffix}"
 
 
 def permute_rotary(w: np.ndarray, heads: int) -> np.ndarray:
-    """llama.cpp's converter's q/k row order for the ``llama`` architecture (kvserve's loader undoes it)."""
+    """llama.cpp's converter's q/k row order for the architectures it permutes (kvserve's loader undoes it)."""
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
@@ -89,12 +78,12 @@ def add_tokenizer(writer: gguf.GGUFWriter, vocab_size: int) -> None:
 
 def write(model_dir: Path, qtype: str, out: Path, seed: int) -> None:
     config = load_model_config(model_dir)
-    arch = ARCHS.get(config.architecture)
-    if arch is None:
-        raise SystemExit(f"{config.architecture}: this script writes {', '.join(ARCHS)} only")
+    arch = get_architecture(config.architecture)
+    if arch.gguf not in GGUF_ARCHS:
+        raise SystemExit(f"{config.architecture}: this script writes llama.cpp's {', '.join(GGUF_ARCHS)} only")
     start = time.perf_counter()
     weights = dummy_weights(config, checkpoint_dtype(model_dir), seed)
-    writer = gguf.GGUFWriter(str(out), arch=arch)
+    writer = gguf.GGUFWriter(str(out), arch=arch.gguf)
     writer.add_name(model_dir.name)
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
@@ -111,10 +100,12 @@ def write(model_dir: Path, qtype: str, out: Path, seed: int) -> None:
     add_tokenizer(writer, config.vocab_size)
     for name in list(weights):
         w = weights.pop(name).to(torch.float32).numpy()
-        target = gguf_name(name)
-        if arch == "llama" and ".attn_q." in target:
+        target = hf_to_gguf_name(name, arch)
+        if target is None:
+            raise SystemExit(f"{name}: no GGUF name for it")
+        if arch.gguf_permuted and ".attn_q." in target:
             w = permute_rotary(w, config.num_attention_heads)
-        elif arch == "llama" and ".attn_k." in target:
+        elif arch.gguf_permuted and ".attn_k." in target:
             w = permute_rotary(w, config.num_key_value_heads)
         if w.ndim == 2:
             writer.add_tensor(target, gguf.quants.quantize(w, TYPES[qtype]), raw_dtype=TYPES[qtype])

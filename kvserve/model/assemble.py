@@ -132,28 +132,3 @@ def _set_module(model: nn.Module, path: str, module: nn.Module) -> None:
     parent, _, name = path.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, name, module)
 
-
-def weights_in_memory(model: nn.Module) -> int:
-    """Bytes a built model's weights take: parameters, buffers and every layer's own copies (packed,
-    quantized, bf16 tiles), each storage counted once (a tied head shares the embedding's)."""
-    seen: set[int] = set()
-    total = 0
-    for m in model.modules():
-        tensors = [*m._parameters.values(), *m._buffers.values()]
-        for v in vars(m).values():
-            if isinstance(v, torch.Tensor):
-                tensors.append(v)
-            elif isinstance(v, QuantWeight):
-                tensors += [v.qs, v.d, v.m]
-        for t in tensors:
-            if t is None or t.device.type == "meta":
-                continue
-            try:
-                storage = t.untyped_storage()
-                key, size = storage.data_ptr(), storage.nbytes()
-            except (RuntimeError, NotImplementedError):  # an opaque (mkldnn) tensor
-                key, size = id(t), t.numel() * t.element_size()
-            if key not in seen:
-                seen.add(key)
-                total += size
-    return total

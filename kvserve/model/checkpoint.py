@@ -36,8 +36,9 @@ class LoadedModel:
 
 class ReleasableWeights(dict):
     """Checkpoint tensors handed to a single model build (``LoadedModel.hand_over``): the build drops each
-    dense tensor once its quantized layer is made, so a large model quantized at load never holds all of
-    its dense weights and all of their quantized copies at once (an 8B model at int4 in 24 GiB)."""
+    tensor once the layers that read it are made (quantized, or copied into a parameter), so a model
+    quantized at load never holds all of its dense weights and all of their quantized copies at once
+    (an 8B model at int4 in 24 GiB)."""
 
 
 def check_weights(config: ModelConfig, weights: dict[str, torch.Tensor], source: str) -> None:

@@ -18,6 +18,7 @@ from kvserve.model.config import ModelConfig
 from kvserve.model.layers import PackedLinear, RMSNorm, make_norm, pack_linears, padded_rows, runs_amx
 from kvserve.model.mlp import GatedMLP, MoE
 from kvserve.model.native_stack import build_native_stack, run_native_stack
+from kvserve.model.quant import QuantWeight
 from kvserve.model.quant_linear import AMX_MIN_ROWS, QuantEmbedding, QuantLinear
 from kvserve.model.rotary import Rotary, RotaryStep
 
@@ -243,6 +244,31 @@ class CausalLM(nn.Module):
         kinds = {m.kind for m in self.modules() if isinstance(m, QuantLinear)}
         kinds |= {m.weight_q.kind for m in self.modules() if isinstance(m, QuantEmbedding)}
         return ",".join(sorted(kinds))
+
+    def weight_bytes(self) -> int:
+        """Bytes the weights take in memory: parameters, buffers and every layer's own copies (packed,
+        quantized, bf16 tiles), each storage counted once (a tied head shares the embedding's)."""
+        seen: set[int] = set()
+        total = 0
+        for m in self.modules():
+            tensors = [*m._parameters.values(), *m._buffers.values()]
+            for v in vars(m).values():
+                if isinstance(v, torch.Tensor):
+                    tensors.append(v)
+                elif isinstance(v, QuantWeight):
+                    tensors += [v.qs, v.d, v.m]
+            for t in tensors:
+                if t is None or t.device.type == "meta":
+                    continue
+                try:
+                    storage = t.untyped_storage()
+                    key, size = storage.data_ptr(), storage.nbytes()
+                except (RuntimeError, NotImplementedError):  # an opaque (mkldnn) tensor
+                    key, size = id(t), t.numel() * t.element_size()
+                if key not in seen:
+                    seen.add(key)
+                    total += size
+        return total
 
     def pack_for_cpu(self) -> None:
         """Swap the linear layers (and the LM head, tied or not) for oneDNN-packed ones."""

@@ -26,6 +26,7 @@ from kvserve.errors import ModelLoadError
 from kvserve.model.architectures import Architecture, get_architecture, gguf_architectures
 from kvserve.model.checkpoint import LoadedModel
 from kvserve.model.config import ModelConfig
+from kvserve.model.gguf_names import GGUF_FUSED_GATE_UP, gguf_to_hf_name
 from kvserve.model.quant import QuantWeight, from_gguf_blocks
 from kvserve.model.weights import stack_experts
 
@@ -139,66 +140,6 @@ def unpermute_rotary_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
     pairs = rows // num_heads // 2
     grouped = weight.reshape(num_heads, pairs, 2, *weight.shape[1:])
     return np.ascontiguousarray(grouped.swapaxes(1, 2)).reshape(weight.shape)
-
-
-_GGUF_GLOBAL_NAMES = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
-}
-# llama.cpp's names for a layer's tensors -> our roles (``LLAMA_WEIGHTS``), which the architecture names
-_GGUF_LAYER_ROLES = {
-    "attn_norm": "input_layernorm",
-    "attn_q": "q_proj",
-    "attn_k": "k_proj",
-    "attn_v": "v_proj",
-    "attn_qkv": "qkv_proj",
-    "attn_output": "o_proj",
-    "attn_q_norm": "q_norm",
-    "attn_k_norm": "k_norm",
-    "post_attention_norm": "attn_out_norm",
-    "ffn_norm": "post_attention_layernorm",
-    "post_ffw_norm": "mlp_out_norm",
-    "ffn_gate": "gate_proj",
-    "ffn_up": "up_proj",
-    "ffn_down": "down_proj",
-    "ffn_gate_inp": "router",
-    "ffn_gate_inp_shexp": "shared_expert_gate",
-    "attn_sinks": "sinks",  # a tensor, not a module's: named without the suffix
-}
-# every expert of a layer in one tensor [experts, rows, cols] -> the role of each expert's slice
-_GGUF_EXPERT_ROLES = {"ffn_gate_exps": "expert_gate", "ffn_up_exps": "expert_up", "ffn_down_exps": "expert_down"}
-# the converter's --fuse-gate-up-exps: each expert's gate rows, then its up rows, in one tensor
-_GGUF_FUSED_GATE_UP = "ffn_gate_up_exps"
-# the shared expert's parts, under the architecture's "shared_expert" prefix (named as ``weights.mlp`` does)
-_GGUF_SHARED_PARTS = {"ffn_gate_shexp": "gate_proj", "ffn_up_shexp": "up_proj", "ffn_down_shexp": "down_proj"}
-
-
-def gguf_to_hf_name(name: str, arch: Architecture | None = None) -> str | None:
-    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight`` (the name ``arch``'s
-    checkpoints give it; Llama's by default); for stacked experts a name with ``{e}`` for the expert;
-    None if not a tensor kvserve reads."""
-    arch = arch or get_architecture("LlamaForCausalLM")
-    stem, _, suffix = name.rpartition(".")
-    if suffix not in ("weight", "bias"):
-        return None
-    if stem in _GGUF_GLOBAL_NAMES:
-        return f"{_GGUF_GLOBAL_NAMES[stem]}.{suffix}"
-    parts = stem.split(".")
-    if len(parts) != 3 or parts[0] != "blk" or not parts[1].isdigit():
-        return None
-    layer, leaf = f"model.layers.{parts[1]}.", parts[2]
-    if leaf in _GGUF_EXPERT_ROLES:
-        return f"{layer}{arch.weight_name('expert')}{arch.weight_name(_GGUF_EXPERT_ROLES[leaf])}.{suffix}"
-    if leaf in _GGUF_SHARED_PARTS:
-        return f"{layer}{arch.weight_name('shared_expert')}{_GGUF_SHARED_PARTS[leaf]}.{suffix}"
-    role = arch.gguf_roles.get(leaf, _GGUF_LAYER_ROLES.get(leaf))
-    if role == "sinks":
-        return f"{layer}{arch.weight_name(role)}"
-    if role == "up_proj" and arch.weight_name("gate_up_proj") is not None:
-        role = "gate_up_proj"  # llama.cpp names a stacked gate + up "ffn_up" (Phi-3): its graph splits it in halves
-    hf = None if role is None else arch.weight_name(role)
-    return None if hf is None else f"{layer}{hf}.{suffix}"
 
 
 def _gguf_config(meta: dict[str, Any], tensors: dict[str, Any], source: Path) -> ModelConfig:
@@ -320,7 +261,7 @@ def load_gguf(path: Path, keep_quantized: bool = False, with_tokenizer: bool = T
     arch = get_architecture(config.architecture)
     weights: dict[str, Any] = {}
     for name, tensor in tensors.items():
-        if f".{_GGUF_FUSED_GATE_UP}." in name:
+        if f".{GGUF_FUSED_GATE_UP}." in name:
             weights.update(_fused_gate_up(name, tensor, arch, keep_quantized, path))
             continue
         hf_name = gguf_to_hf_name(name, arch)
@@ -380,7 +321,7 @@ def _split_experts(tensor: gguf.ReaderTensor, keep_quantized: bool, path: Path) 
 def _fused_gate_up(name: str, tensor: gguf.ReaderTensor, arch: Architecture, keep_quantized: bool,
                    path: Path) -> dict[str, Any]:
     """Each expert's gate and up weights from a fused ``ffn_gate_up_exps`` tensor (gate rows first)."""
-    gate, up = (gguf_to_hf_name(name.replace(_GGUF_FUSED_GATE_UP, part), arch)
+    gate, up = (gguf_to_hf_name(name.replace(GGUF_FUSED_GATE_UP, part), arch)
                 for part in ("ffn_gate_exps", "ffn_up_exps"))
     out: dict[str, Any] = {}
     for e, w in enumerate(_split_experts(tensor, keep_quantized, path)):

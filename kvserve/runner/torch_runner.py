@@ -14,7 +14,6 @@ import torch
 
 from kvserve.attention import SeqRows, choose_attention_backend, get_kv_pool
 from kvserve.attention.kv_pool import resolve_kv_cache_dtype, sample_weights
-from kvserve.model.assemble import weights_in_memory
 from kvserve.model.checkpoint import ReleasableWeights
 from kvserve.config import CacheConfig, LoRAConfig
 from kvserve.engine.batch import Batch, ScheduledChunk, StepOutput
@@ -59,7 +58,7 @@ class TorchRunner:
         self.model = CausalLM.from_hf_weights(cfg, weights, dtype, self.device, quantization, self.amx)
         if isinstance(weights, ReleasableWeights):  # what the build released, back to the system before the KV is sized
             give_back_memory()
-        log.info("model weights: %.2f GiB in memory (%s; %s)", weights_in_memory(self.model) / (1 << 30),
+        log.info("model weights: %.2f GiB in memory (%s; %s)", self.model.weight_bytes() / (1 << 30),
                  str(dtype).removeprefix("torch."), self.model.quantization_tag() or "no quantized layers")
         # a float32 model whose many-row linears run in bf16 on AMX attends prefill in bf16 too
         bf16_prefill = dtype == torch.float32 and self.model.has_amx_weights()

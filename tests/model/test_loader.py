@@ -407,6 +407,26 @@ GGUF_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3":
 
 
 @pytest.mark.parametrize("arch", sorted(GGUF_ARCHS))
+def test_hf_to_gguf_name_inverts_gguf_to_hf_name(arch: str) -> None:
+    """scripts/write_bench_gguf.py names a checkpoint's tensors as llama.cpp's converter does."""
+    from kvserve.model.architectures import get_architecture
+    from kvserve.model.config import ModelConfig
+    from kvserve.model.gguf_names import gguf_to_hf_name, hf_to_gguf_name
+
+    config = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, architecture=GGUF_ARCHS[arch],
+                         attention_bias=arch == "qwen2", tie_word_embeddings=False,
+                         qk_norm="head" if arch == "qwen3" else None)
+    spec = get_architecture(GGUF_ARCHS[arch])
+    names = {n: hf_to_gguf_name(n, spec) for n in expected_weight_shapes(config)}
+    assert names["model.layers.1.self_attn.q_proj.weight"] == "blk.1.attn_q.weight"
+    assert names["model.layers.0.post_attention_layernorm.weight"] == "blk.0.ffn_norm.weight"
+    assert names["lm_head.weight"] == "output.weight" and names["model.norm.weight"] == "output_norm.weight"
+    assert all(g is not None and gguf_to_hf_name(g, spec) == n for n, g in names.items())
+    assert hf_to_gguf_name("model.layers.0.not_a_tensor.weight", spec) is None
+
+
+@pytest.mark.parametrize("arch", sorted(GGUF_ARCHS))
 def test_tiny_gguf_model_equals_transformers(tmp_path: Path, arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A GGUF written the way llama.cpp's converter writes it loads back to the HF weights."""
     from kvserve.model.config import ModelConfig

@@ -1,0 +1,80 @@
+"""llama.cpp's tensor names and the checkpoint names kvserve reads, both ways: ``gguf_to_hf_name`` for the
+GGUF loader, ``hf_to_gguf_name`` (its inverse) for writing GGUF files (``scripts/write_bench_gguf.py``).
+An architecture's own leaves are its ``Architecture.gguf_roles``."""
+
+from __future__ import annotations
+
+from kvserve.model.architectures import Architecture, get_architecture
+
+_GGUF_GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+# llama.cpp's names for a layer's tensors -> our roles (``LLAMA_WEIGHTS``), which the architecture names
+_GGUF_LAYER_ROLES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "q_proj",
+    "attn_k": "k_proj",
+    "attn_v": "v_proj",
+    "attn_qkv": "qkv_proj",
+    "attn_output": "o_proj",
+    "attn_q_norm": "q_norm",
+    "attn_k_norm": "k_norm",
+    "post_attention_norm": "attn_out_norm",
+    "ffn_norm": "post_attention_layernorm",
+    "post_ffw_norm": "mlp_out_norm",
+    "ffn_gate": "gate_proj",
+    "ffn_up": "up_proj",
+    "ffn_down": "down_proj",
+    "ffn_gate_inp": "router",
+    "ffn_gate_inp_shexp": "shared_expert_gate",
+    "attn_sinks": "sinks",  # a tensor, not a module's: named without the suffix
+}
+# every expert of a layer in one tensor [experts, rows, cols] -> the role of each expert's slice
+_GGUF_EXPERT_ROLES = {"ffn_gate_exps": "expert_gate", "ffn_up_exps": "expert_up", "ffn_down_exps": "expert_down"}
+# the converter's --fuse-gate-up-exps: each expert's gate rows, then its up rows, in one tensor
+GGUF_FUSED_GATE_UP = "ffn_gate_up_exps"
+# the shared expert's parts, under the architecture's "shared_expert" prefix (named as ``weights.mlp`` does)
+_GGUF_SHARED_PARTS = {"ffn_gate_shexp": "gate_proj", "ffn_up_shexp": "up_proj", "ffn_down_shexp": "down_proj"}
+
+
+def gguf_to_hf_name(name: str, arch: Architecture | None = None) -> str | None:
+    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight`` (the name ``arch``'s
+    checkpoints give it; Llama's by default); for stacked experts a name with ``{e}`` for the expert;
+    None if not a tensor kvserve reads."""
+    arch = arch or get_architecture("LlamaForCausalLM")
+    stem, _, suffix = name.rpartition(".")
+    if suffix not in ("weight", "bias"):
+        return None
+    if stem in _GGUF_GLOBAL_NAMES:
+        return f"{_GGUF_GLOBAL_NAMES[stem]}.{suffix}"
+    parts = stem.split(".")
+    if len(parts) != 3 or parts[0] != "blk" or not parts[1].isdigit():
+        return None
+    layer, leaf = f"model.layers.{parts[1]}.", parts[2]
+    if leaf in _GGUF_EXPERT_ROLES:
+        return f"{layer}{arch.weight_name('expert')}{arch.weight_name(_GGUF_EXPERT_ROLES[leaf])}.{suffix}"
+    if leaf in _GGUF_SHARED_PARTS:
+        return f"{layer}{arch.weight_name('shared_expert')}{_GGUF_SHARED_PARTS[leaf]}.{suffix}"
+    role = arch.gguf_roles.get(leaf, _GGUF_LAYER_ROLES.get(leaf))
+    if role == "sinks":
+        return f"{layer}{arch.weight_name(role)}"
+    if role == "up_proj" and arch.weight_name("gate_up_proj") is not None:
+        role = "gate_up_proj"  # llama.cpp names a stacked gate + up "ffn_up" (Phi-3): its graph splits it in halves
+    hf = None if role is None else arch.weight_name(role)
+    return None if hf is None else f"{layer}{hf}.{suffix}"
+
+
+def hf_to_gguf_name(name: str, arch: Architecture | None = None) -> str | None:
+    """The name llama.cpp's converter gives a checkpoint tensor kept one per file entry (no stacked experts):
+    the inverse of ``gguf_to_hf_name`` (``model.layers.3.self_attn.q_proj.weight`` -> ``blk.3.attn_q.weight``);
+    None if no GGUF tensor maps to it."""
+    arch = arch or get_architecture("LlamaForCausalLM")
+    suffix = name.rpartition(".")[2]
+    parts = name.split(".")
+    if parts[:2] == ["model", "layers"] and len(parts) > 2 and parts[2].isdigit():
+        stems = [f"blk.{parts[2]}.{leaf}" for leaf in (*arch.gguf_roles, *_GGUF_LAYER_ROLES, *_GGUF_SHARED_PARTS)]
+    else:
+        stems = list(_GGUF_GLOBAL_NAMES)
+    return next((f"{s}.{suffix}" for s in stems if gguf_to_hf_name(f"{s}.{suffix}", arch) == name), None)
