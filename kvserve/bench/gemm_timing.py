@@ -108,15 +108,25 @@ def measure_gemms(shapes: list[LinearShape], layers: int, dtype: Any, rows: list
     return result
 
 
-def measure_bandwidth(mib: int, repeats: int) -> float:
-    """Read bandwidth in GB/s: a float32 tensor of ``mib`` MiB summed, median of ``repeats``."""
+def measure_bandwidth(mib: int, repeats: int) -> tuple[float, str]:
+    """Read bandwidth in GB/s and how it was read: ``mib`` MiB streamed by the native kernels' reader
+    (``ops.read_stream``: the way the decode GEMVs read their weights), or summed by torch where the
+    kernels are not loaded (a plain read: lower on CPUs where a far prefetch pays). Median of ``repeats``."""
     import torch
 
-    t = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
-    t.sum()  # warm-up: pages touched, threads started
+    from kvserve.kernels import ops
+
+    read: Callable[[], object]
+    if ops.available():  # on the pages the packed weights get
+        buf = ops.zeros_huge(mib * 2**20)
+        read, how = (lambda: ops.read_stream(buf)), "streamed"
+    else:
+        t = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
+        read, how = t.sum, "float32 summed"
+    read()  # warm-up: pages touched, threads started
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        t.sum()
+        read()
         times.append(time.perf_counter() - t0)
-    return t.numel() * 4 / median(times) / 1e9
+    return mib * 2**20 / median(times) / 1e9, how

@@ -247,8 +247,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                           for s in shapes))
     from kvserve.bench.gemm_timing import measure_bandwidth, measure_gemms
 
-    bw = measure_bandwidth(args.bandwidth_mib, max(args.repeats, 3))
-    print(f"memory read bandwidth: {bw:.1f} GB/s ({args.bandwidth_mib} MiB float32 summed)")
+    bw, how = measure_bandwidth(args.bandwidth_mib, max(args.repeats, 3))
+    print(f"memory read bandwidth: {bw:.1f} GB/s ({args.bandwidth_mib} MiB {how})")
     times = measure_gemms(shapes, model.num_hidden_layers, dtype, rows, args.repeats, args.min_time_ms / 1e3,
                           formats=formats)
     rates = {m: gemm_rate(shapes, m, times[m]) for m in rows}

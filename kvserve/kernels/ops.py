@@ -174,6 +174,21 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, kind: str, n: int) -> t
     return _ops.packed_linear(x, packed, kind, n)
 
 
+def read_stream(t: torch.Tensor) -> int:
+    """Reads every byte of ``t`` once, on torch's threads, as the decode kernels stream their weights;
+    a checksum of the bytes (for timing memory's read bandwidth)."""
+    if not _loaded:
+        _require("read_stream")
+    return _ops.read_stream(t)
+
+
+def zeros_huge(nbytes: int) -> torch.Tensor:
+    """A zeroed uint8 tensor on 2 MB pages where the OS grants them (memory a decode step streams)."""
+    if not _loaded:
+        _require("zeros_huge")
+    return _ops.zeros_huge(nbytes)
+
+
 def dequantize_packed(packed: torch.Tensor, kind: str, n: int, k: int) -> torch.Tensor:
     """A ``pack_quant`` weight back as float32 [n, k]."""
     if not _loaded:

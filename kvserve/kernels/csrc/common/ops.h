@@ -20,13 +20,18 @@ at::Tensor silu_mul(const at::Tensor& gu);
 at::Tensor gelu_tanh_mul(const at::Tensor& gu);
 void store_rows_(at::Tensor& cache, const at::Tensor& slots, const at::Tensor& x);
 
+// common/huge_pages.cpp: zeroed bytes on 2 MB pages where the OS grants them
+at::Tensor zeros_huge(int64_t bytes);
+
 // gemm/quant_gemm.cpp
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const std::string& kind, int64_t n);
 
-// Activations quantized per 32-block: q int8 [M, K], d (scale) and s (the block's float sum) [M, K/32].
+// Activations quantized per 32-block: q int8 [M, K]; per block [M, K/32]: d (scale), s (the block's
+// float sum, Q4_1's min term) and qsum (the sum of its q, Q8_0's correction for w + 128 on VNNI).
 struct QuantizedRows {
   std::vector<int8_t> q;
   std::vector<float> d, s;
+  std::vector<int32_t> qsum;
   int64_t K = 0, nb = 0;
   void reserve(int64_t M, int64_t K);  // sized for M rows of K (never shrinks); sets K
 };
@@ -39,9 +44,13 @@ struct PackedWeight {
 PackedWeight packed_weight(const at::Tensor& packed, const std::string& kind, int64_t n, int64_t k);  // checked
 inline int64_t num_tiles(int64_t n) { return (n + 7) / 8; }
 void quantize_rows_range(const float* x, QuantizedRows& a, int64_t r0, int64_t r1);  // rows of x [M, a.K]
-// y [M, w.n] = rows [a_row0, a_row0 + M) of a times w^T: output tiles [t0, t1)
+class StreamPrefetch;
+// y [M, w.n] = rows [a_row0, a_row0 + M) of a times w^T: output tiles [t0, t1). Given `pf`, the
+// prefetch goes on from where an earlier call ended (tiles [.., t0) of the same weight), or starts.
 void linear_tiles_range(const PackedWeight& w, const QuantizedRows& a, int64_t M, float* y, int64_t t0, int64_t t1,
-                        int64_t a_row0 = 0);
+                        int64_t a_row0 = 0, StreamPrefetch* pf = nullptr);
+// the bytes of one tile of w (8 output columns, every block along K)
+inline int64_t tile_bytes(const PackedWeight& w) { return w.k / 32 * (w.q4 ? 160 : 272); }
 
 // the same ops over float32 rows [r0, r1) on the calling thread
 namespace rows {

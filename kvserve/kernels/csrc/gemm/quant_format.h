@@ -24,8 +24,13 @@ inline Format format_of(const std::string& kind) {
   TORCH_CHECK(false, "unknown quantized format '", kind, "' (q8_0 or q4_1)");
 }
 
-// Where column j of a tile (0..7) keeps its values within a block: Q4_1 interleaves 0,4,1,5,2,6,3,7.
-inline int64_t column_slot(bool q4, int64_t j) { return q4 ? (j % 4) * 2 + j / 4 : j; }
+// Where column j of a tile (0..7) keeps its values within a Q4_1 block: 16 bytes each, in the order 0,4,1,5,2,6,3,7.
+inline int64_t q4_column_slot(int64_t j) { return (j % 4) * 2 + j / 4; }
+
+// Where q[k] of column j sits within a Q8_0 block: in groups of 4 along K, the 8 columns' 4 bytes of a
+// group side by side (32 bytes), so one u8 x s8 multiply-add of a group against x's 4 values broadcast
+// leaves column j's partial sum in lane j: no horizontal sums.
+inline int64_t q8_offset(int64_t j, int64_t k) { return (k / 4) * 32 + j * 4 + k % 4; }
 
 inline float half_to_float(uint16_t bits) { return static_cast<float>(c10::Half(bits, c10::Half::from_bits())); }
 

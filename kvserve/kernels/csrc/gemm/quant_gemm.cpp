@@ -10,19 +10,19 @@
 //
 // Packed layout: output columns in tiles of 8, one tile after another; within a tile its K/32
 // blocks one after another, and a block holds the 8 columns' values and then their fp16 scales:
-//   q8_0: 8 x 32 bytes of q (column order), 8 fp16 d                   272 bytes
-//   q4_1: 8 x 16 bytes of nibbles, 8 fp16 d, 8 fp16 m (column order)   160 bytes
-// (Q4_1's nibbles pair columns k and k + 4 in each 32 bytes, k = 0..3: see q4_block.) So a thread
-// reads its columns as one sequential stream, and a block's scales are one vector load. Decode
-// (M = 1) is bound by these bytes; with the scattered per-column layout it was bound by the
-// instructions that gathered scales and reduced columns one by one (~8 GB/s per core, hot in cache).
+//   q8_0: 8 groups of 4 along K, each the 8 columns' 4 bytes (q8_offset), 8 fp16 d   272 bytes
+//   q4_1: 8 x 16 bytes of nibbles, 8 fp16 d, 8 fp16 m (column order)              160 bytes
+// (Q4_1's nibbles pair columns k and k + 4 in each 32 bytes, k = 0..3.) So a thread reads its columns
+// as one sequential stream, and a block's scales are one vector load. Q8_0's groups make a column's
+// sum one lane of the multiply-adds, so no horizontal sums.
 //
-// Each row of x is quantized on the fly to int8 per 32-block (a scale and the block's float sum for
-// Q4_1's min term), so a block's dot product is integer (u8 x s8 multiply-adds) and is scaled once:
-// sum_k w_k x_k = dw * dx * sum(q * qx) + m * sum(x).
+// Each row of x is quantized on the fly to int8 per 32-block (a scale, the block's float sum for
+// Q4_1's min term, its integer sum for Q8_0's w + 128 on VNNI), so a block's dot product is integer
+// (u8 x s8 multiply-adds) and is scaled once: sum_k w_k x_k = dw * dx * sum(q * qx) + m * sum(x).
 //
 // The packing is quant_pack.cpp's; this file quantizes activations and multiplies.
 #include "common/ops.h"
+#include "common/prefetch.h"
 #include "gemm/quant_format.h"
 
 #include <cmath>
@@ -41,7 +41,7 @@ using namespace quant;
 
 // ---- activations -----------------------------------------------------------------------------
 
-inline void quantize_block(const float* v, int8_t* q, float* d, float* s) {
+inline void quantize_block(const float* v, int8_t* q, float* d, float* s, int32_t* qsum) {
 #if defined(__AVX2__)
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 x[4], amax = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
@@ -60,6 +60,11 @@ inline void quantize_block(const float* v, int8_t* q, float* d, float* s) {
   const __m256 inv = _mm256_set1_ps(mx > 0.f ? 127.f / mx : 0.f);
   __m256i i32[4];
   for (int i = 0; i < 4; ++i) i32[i] = _mm256_cvtps_epi32(_mm256_mul_ps(x[i], inv));  // round to nearest even
+  const __m256i t8 = _mm256_add_epi32(_mm256_add_epi32(i32[0], i32[1]), _mm256_add_epi32(i32[2], i32[3]));
+  __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(t8), _mm256_extracti128_si256(t8, 1));
+  t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4E));
+  t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xB1));
+  *qsum = _mm_cvtsi128_si32(t4);
   // pack to int8; packs works per 128-bit lane, so restore the order with one permute
   const __m256i i16 = _mm256_packs_epi32(i32[0], i32[1]), j16 = _mm256_packs_epi32(i32[2], i32[3]);
   const __m256i i8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(i16, j16), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
@@ -73,13 +78,16 @@ inline void quantize_block(const float* v, int8_t* q, float* d, float* s) {
     sum += v[k];
   }
   const float inv = amax > 0.f ? 127.f / amax : 0.f;
-  for (int k = 0; k < QK; ++k) q[k] = static_cast<int8_t>(std::nearbyint(v[k] * inv));
+  int32_t total = 0;
+  for (int k = 0; k < QK; ++k) total += q[k] = static_cast<int8_t>(std::nearbyint(v[k] * inv));
+  *qsum = total;
   *d = amax / 127.f;
   *s = sum;
 #endif
 }
 
 // ---- the kernels: one tile of 8 columns for MR rows --------------------------------------------
+
 
 struct TileArgs {
   const uint8_t* tile;  // the tile's first block
@@ -88,6 +96,7 @@ struct TileArgs {
   float* y;             // y[row0, first column of the tile]
   int64_t ldy;          // row stride of y
   int64_t cols;         // valid columns in the tile (8 except in a last, partial one)
+  StreamPrefetch* pf;   // the thread's stream of tiles
 };
 
 inline void store_row(float* dst, const float* src, int64_t cols) {
@@ -95,6 +104,16 @@ inline void store_row(float* dst, const float* src, int64_t cols) {
 }
 
 #if defined(__AVX2__)
+#if defined(__AVXVNNI__)
+#define KV_VNNI 1
+#define VNNI_DPBUSD _mm256_dpbusd_avx_epi32
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define KV_VNNI 1
+#define VNNI_DPBUSD _mm256_dpbusd_epi32
+#else
+#define KV_VNNI 0
+#endif
+
 // Lane i of the result: the sum of u8 x s8 products over the 4 bytes of lane i of (u1, s1) and (u2, s2).
 // maddubs saturates its pairwise i16 sums, which our operands never reach: u <= 15 (Q4) or
 // u = |q| <= 128 (Q8), times |x| <= 127, twice, (twice again when two Q4 sums are added) < 2^15.
@@ -119,13 +138,6 @@ inline __m256i dot_u8s8(__m256i u, __m256i s) {
 #endif
 }
 
-// Lane j = the sum of the 8 int32 lanes of p[j].
-inline __m256i reduce8(const __m256i p[8]) {
-  const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-  const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
-  return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
-}
-
 // The MR rows of a tile's 8 sums into y (fewer columns in a last, partial tile).
 template <int MR>
 inline void store_tile(const __m256 (&acc)[MR], const TileArgs& t) {
@@ -140,7 +152,6 @@ inline void store_tile(const __m256 (&acc)[MR], const TileArgs& t) {
   }
 }
 
-constexpr int64_t PREFETCH_BYTES = 1024;  // how far ahead of its stream a tile reads
 
 template <int MR>
 void q4_tile(const TileArgs& t) {
@@ -151,9 +162,7 @@ void q4_tile(const TileArgs& t) {
   const __m256i mask = _mm256_set1_epi8(0x0F);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = t.tile + b * 160;
-    _mm_prefetch(reinterpret_cast<const char*>(blk + PREFETCH_BYTES), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(blk + PREFETCH_BYTES + 64), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(blk + PREFETCH_BYTES + 128), _MM_HINT_T0);
+    t.pf->upto(blk + 160);
     // 32 bytes k = column k's 16 bytes, then column k + 4's: low nibbles are elements 0..15 of both
     // columns, high nibbles 16..31, so each is one multiply-add against x's half broadcast twice,
     // and lane 0 (1) of the product holds column k's (k + 4's) partial sums.
@@ -188,21 +197,47 @@ void q8_tile(const TileArgs& t) {
   const int64_t nb = a.nb;
   __m256 acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+#if KV_VNNI
+  const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
+#endif
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = t.tile + b * 272;
-    for (int64_t off = 0; off < 320; off += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(blk + PREFETCH_BYTES + off), _MM_HINT_T0);
+    t.pf->upto(blk + 272);
     const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 256)));
+    // C independent sums per row (groups g, g + C, ...): one chain of 8 dependent multiply-adds
+    // per block would bound a decode step by their latency, not by its bytes
+    constexpr int C = MR == 1 ? 4 : 2;
+    __m256i sum[MR][C];
+    const int8_t* xq[MR];
     for (int i = 0; i < MR; ++i) {
-      const int64_t row = t.row0 + i;
-      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q.data() + row * a.K + b * QK));
-      __m256i p[NR];
-      for (int j = 0; j < NR; ++j) {  // s8 x s8 as |w| x (x with w's sign): maddubs wants one unsigned side
-        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 * j));
-        p[j] = dot_u8s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xq, w));
+      xq[i] = a.q.data() + (t.row0 + i) * a.K + b * QK;
+      for (int c = 0; c < C; ++c) sum[i][c] = _mm256_setzero_si256();
+    }
+    for (int g = 0; g < QK / 4; ++g) {  // group g: k = 4g..4g+3 of the 8 columns (q8_offset)
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 * g));
+#if KV_VNNI  // (w + 128) x as u8 x s8; 128 * sum(x) comes off below
+      const __m256i wu = _mm256_xor_si256(w, bias);
+#else  // maddubs wants one unsigned side: |w| x (x with w's sign)
+      const __m256i wu = _mm256_sign_epi8(w, w);
+#endif
+      for (int i = 0; i < MR; ++i) {
+        int32_t x4;
+        std::memcpy(&x4, xq[i] + 4 * g, 4);
+#if KV_VNNI
+        sum[i][g % C] = VNNI_DPBUSD(sum[i][g % C], wu, _mm256_set1_epi32(x4));
+#else
+        sum[i][g % C] = _mm256_add_epi32(sum[i][g % C], dot_u8s8(wu, _mm256_sign_epi8(_mm256_set1_epi32(x4), w)));
+#endif
       }
-      const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(a.d[row * nb + b]));
-      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(p)), scale, acc[i]);
+    }
+    for (int i = 0; i < MR; ++i) {
+      __m256i total = sum[i][0];
+      for (int c = 1; c < C; ++c) total = _mm256_add_epi32(total, sum[i][c]);
+#if KV_VNNI
+      total = _mm256_sub_epi32(total, _mm256_set1_epi32(128 * a.qsum[(t.row0 + i) * nb + b]));
+#endif
+      const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(a.d[(t.row0 + i) * nb + b]));
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), scale, acc[i]);
     }
   }
   store_tile<MR>(acc, t);
@@ -220,14 +255,14 @@ void scalar_tile(const TileArgs& t) {
       float total = 0.f;
       for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = t.tile + b * block_bytes;
-        const uint8_t* q = blk + column_slot(Q4, j) * q_bytes;
+        const uint8_t* q = blk + (Q4 ? q4_column_slot(j) * q_bytes : 0);
         const uint16_t* scales = reinterpret_cast<const uint16_t*>(blk + NR * q_bytes);
         const int8_t* xq = a.q.data() + row * a.K + b * QK;
         int32_t dot = 0;
         if constexpr (Q4) {
           for (int k = 0; k < 16; ++k) dot += (q[k] & 0x0F) * xq[k] + (q[k] >> 4) * xq[k + 16];
         } else {
-          for (int k = 0; k < 32; ++k) dot += static_cast<int8_t>(q[k]) * xq[k];
+          for (int k = 0; k < 32; ++k) dot += static_cast<int8_t>(q[q8_offset(j, k)]) * xq[k];
         }
         total += half_to_float(scales[j]) * a.d[row * nb + b] * static_cast<float>(dot);
         if constexpr (Q4) total += half_to_float(scales[NR + j]) * a.s[row * nb + b];
@@ -250,9 +285,12 @@ inline void run_tile(const TileArgs& t) {
 // from registers; a tile's bytes (a few KB) stay in L1 across the groups.
 template <bool Q4>
 void tiles(const uint8_t* packed, int64_t block_bytes, const QuantizedRows& a, int64_t M, int64_t N, int64_t t0,
-           int64_t t1, float* y, int64_t a_row0) {
+           int64_t t1, float* y, int64_t a_row0, StreamPrefetch* given) {
+  StreamPrefetch own;  // tiles [t0, t1) are one sequential stream
+  StreamPrefetch& pf = given ? *given : own;
+  if (!pf.started()) pf.start(packed + t0 * a.nb * block_bytes);
   for (int64_t t = t0; t < t1; ++t) {
-    TileArgs args{packed + t * a.nb * block_bytes, &a, 0, y + t * NR, N, std::min(NR, N - t * NR)};
+    TileArgs args{packed + t * a.nb * block_bytes, &a, 0, y + t * NR, N, std::min(NR, N - t * NR), &pf};
     int64_t r = 0;
     for (; r + 4 <= M; r += 4) {
       args.row0 = a_row0 + r, args.y = y + r * N + t * NR;
@@ -277,11 +315,12 @@ void QuantizedRows::reserve(int64_t M, int64_t K_) {
   if (static_cast<int64_t>(d.size()) < M * nb) {
     d.resize(M * nb);
     s.resize(M * nb);
+    qsum.resize(M * nb);
   }
 }
 
 void quantize_rows_range(const float* x, QuantizedRows& a, int64_t r0, int64_t r1) {
-  for (int64_t i = r0 * a.nb; i < r1 * a.nb; ++i) quantize_block(x + i * QK, a.q.data() + i * QK, a.d.data() + i, a.s.data() + i);
+  for (int64_t i = r0 * a.nb; i < r1 * a.nb; ++i) quantize_block(x + i * QK, a.q.data() + i * QK, a.d.data() + i, a.s.data() + i, a.qsum.data() + i);
 }
 
 PackedWeight packed_weight(const at::Tensor& packed, const std::string& kind, int64_t n, int64_t k) {
@@ -294,10 +333,10 @@ PackedWeight packed_weight(const at::Tensor& packed, const std::string& kind, in
 }
 
 void linear_tiles_range(const PackedWeight& w, const QuantizedRows& a, int64_t M, float* y, int64_t t0, int64_t t1,
-                        int64_t a_row0) {
+                        int64_t a_row0, StreamPrefetch* pf) {
   const int64_t block_bytes = format_of(w.q4 ? "q4_1" : "q8_0").block_bytes;
-  if (w.q4) tiles<true>(w.data, block_bytes, a, M, w.n, t0, t1, y, a_row0);
-  else tiles<false>(w.data, block_bytes, a, M, w.n, t0, t1, y, a_row0);
+  if (w.q4) tiles<true>(w.data, block_bytes, a, M, w.n, t0, t1, y, a_row0, pf);
+  else tiles<false>(w.data, block_bytes, a, M, w.n, t0, t1, y, a_row0, pf);
 }
 
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const std::string& kind, int64_t n) {

@@ -1,5 +1,6 @@
 // kvserve::pack_quant and kvserve::dequantize_packed: a weight in the layout of kvserve/model/quant.py
 // to the packed layout the quantized linears read (quant_format.h), and back to float32.
+#include "common/ops.h"
 #include "gemm/quant_format.h"
 
 #include <cstring>
@@ -19,7 +20,7 @@ at::Tensor pack_quant(const at::Tensor& qs, const at::Tensor& d, const c10::opti
   TORCH_CHECK(d.scalar_type() == at::kHalf && d.is_contiguous() && d.numel() == n * nb, "pack_quant: d fp16 [N, K/32]");
   if (q4) TORCH_CHECK(m->scalar_type() == at::kHalf && m->is_contiguous() && m->numel() == n * nb, "pack_quant: m fp16 [N, K/32]");
   const int64_t tiles = (n + NR - 1) / NR;
-  at::Tensor packed = at::zeros({tiles * nb * f.block_bytes}, at::TensorOptions().dtype(at::kByte));  // padding columns: zeros
+  at::Tensor packed = zeros_huge(tiles * nb * f.block_bytes);  // padding columns: zeros
   uint8_t* out = packed.data_ptr<uint8_t>();
   const uint8_t* src = reinterpret_cast<const uint8_t*>(qs.data_ptr());
   const uint16_t* dp = reinterpret_cast<const uint16_t*>(d.data_ptr());
@@ -31,7 +32,9 @@ at::Tensor pack_quant(const at::Tensor& qs, const at::Tensor& d, const c10::opti
         uint16_t* scales = reinterpret_cast<uint16_t*>(blk + NR * f.q_bytes);
         for (int64_t j = 0; j < NR && t * NR + j < n; ++j) {
           const int64_t col = t * NR + j;
-          std::memcpy(blk + column_slot(q4, j) * f.q_bytes, src + (col * nb + b) * f.q_bytes, f.q_bytes);
+          const uint8_t* q = src + (col * nb + b) * f.q_bytes;
+          if (q4) std::memcpy(blk + q4_column_slot(j) * f.q_bytes, q, f.q_bytes);
+          else for (int64_t i = 0; i < QK; ++i) blk[q8_offset(j, i)] = q[i];
           scales[j] = dp[col * nb + b];
           if (q4) scales[NR + j] = mp[col * nb + b];
         }
@@ -54,17 +57,17 @@ at::Tensor dequantize_packed(const at::Tensor& packed, const std::string& kind, 
         const uint8_t* blk = p + (t * nb + b) * f.block_bytes;
         const uint16_t* scales = reinterpret_cast<const uint16_t*>(blk + NR * f.q_bytes);
         for (int64_t j = 0; j < NR && t * NR + j < n; ++j) {
-          const uint8_t* q = blk + column_slot(f.q4, j) * f.q_bytes;
           const float dw = half_to_float(scales[j]);
           float* row = o + (t * NR + j) * k + b * QK;
           if (f.q4) {
+            const uint8_t* q = blk + q4_column_slot(j) * f.q_bytes;
             const float mw = half_to_float(scales[NR + j]);
             for (int64_t i = 0; i < QK / 2; ++i) {
               row[i] = dw * static_cast<float>(q[i] & 0x0F) + mw;
               row[i + QK / 2] = dw * static_cast<float>(q[i] >> 4) + mw;
             }
           } else {
-            for (int64_t i = 0; i < QK; ++i) row[i] = dw * static_cast<float>(static_cast<int8_t>(q[i]));
+            for (int64_t i = 0; i < QK; ++i) row[i] = dw * static_cast<float>(static_cast<int8_t>(blk[q8_offset(j, i)]));
           }
         }
       }

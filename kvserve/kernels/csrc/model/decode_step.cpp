@@ -7,6 +7,7 @@
 #include "model/decode_stack.h"
 #include "model/row_convert.h"
 #include "model/team.h"
+#include "common/prefetch.h"
 
 #include <omp.h>
 
@@ -77,6 +78,7 @@ struct DecodeStack::Step {
   std::vector<PagedAttentionPlan> plans;
   std::vector<size_t> plan_of;
   team::SpinBarrier barrier;
+  team::Claims claims;  // the linears' output tiles
 
   Step(DecodeStack& stack, const at::Tensor& h, const at::Tensor& positions, const at::Tensor& cos,
        const at::Tensor& sin, const std::optional<at::Tensor>& local_cos, const std::optional<at::Tensor>& local_sin,
@@ -314,6 +316,7 @@ struct DecodeStack::Step {
   // and adds its rows, and computes its tiles of each linear's output columns.
   void run_quantized() {
     const int64_t intermediate = stack.intermediate;
+    claims.reset(4 * stack.layers.size(), threads);
 #pragma omp parallel num_threads(threads)
     {
       const int tid = omp_get_thread_num();
@@ -321,10 +324,12 @@ struct DecodeStack::Step {
       barrier.set_threads(omp_get_num_threads());  // (an implicit barrier ends the single)
       const int nt = omp_get_num_threads();
       const auto [r0, r1] = share(T, tid, nt);  // this thread's rows of row-wise ops
-      // y = a @ w^T, a already quantized: this thread's tiles of output columns
+      // y = a @ w^T, a already quantized: chunks of ~128 KB of tiles, this thread's share first
+      size_t phase = 0;
       auto linear = [&](const PackedWeight& w, const QuantizedRows& a, float* y) {
-        const auto [t0, t1] = share(num_tiles(w.n), tid, nt);
-        linear_tiles_range(w, a, T, y, t0, t1);
+        StreamPrefetch own_stream;
+        claims.run(phase++, num_tiles(w.n), std::max<int64_t>(1, (int64_t{1} << 17) / tile_bytes(w)), tid,
+                   [&](int64_t t0, int64_t t1, bool own) { linear_tiles_range(w, a, T, y, t0, t1, 0, own ? &own_stream : nullptr); });
         barrier.wait();
       };
       for (size_t i = 0; i < stack.layers.size(); ++i) {

@@ -95,6 +95,7 @@ void MoEBlock::gather_rows(int64_t s0, int64_t s1) {
     std::memcpy(qxs_.q.data() + s * hidden, qx_.q.data() + t * hidden, hidden);
     std::memcpy(qxs_.d.data() + s * nb, qx_.d.data() + t * nb, nb * sizeof(float));
     std::memcpy(qxs_.s.data() + s * nb, qx_.s.data() + t * nb, nb * sizeof(float));
+    std::memcpy(qxs_.qsum.data() + s * nb, qx_.qsum.data() + t * nb, nb * sizeof(int32_t));
   }
 }
 

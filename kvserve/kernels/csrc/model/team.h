@@ -3,8 +3,10 @@
 #pragma once
 #include <omp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <thread>
 #include <utility>
 
@@ -43,6 +45,42 @@ class SpinBarrier {
   static constexpr int kSpins = 2000;  // ~10-50 us of pauses before yielding
   std::atomic<int> arrived_{0}, phase_{0};
   int n_ = 1;
+};
+
+// The items of a step's phases (a linear's output tiles), handed out in chunks: each thread takes its
+// own share's chunks in order, then the chunks still left in the others' shares. A thread that is
+// slower, or preempted (by the server's API process on a small machine), leaves its work to the rest
+// instead of holding everyone at the next barrier.
+class Claims {
+ public:
+  // phases x threads cursors, all at 0 (before the team starts)
+  void reset(size_t phases, int threads) {
+    threads_ = threads;
+    const size_t n = phases * static_cast<size_t>(threads);
+    if (n > size_) cursors_.reset(new Cursor[n]), size_ = n;
+    for (size_t i = 0; i < n; ++i) cursors_[i].next.store(0, std::memory_order_relaxed);
+  }
+  // f(begin, end, own) for every chunk thread `tid` takes of phase `phase`'s n items; own: a chunk of
+  // its own share (they come in order, so one stream of memory)
+  template <class F>
+  void run(size_t phase, int64_t n, int64_t chunk, int tid, F&& f) {
+    for (int k = 0; k < threads_; ++k) {
+      const int owner = (tid + k) % threads_;
+      const int64_t begin = n * owner / threads_, end = n * (owner + 1) / threads_;
+      std::atomic<int64_t>& next = cursors_[phase * threads_ + owner].next;
+      for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); begin + c * chunk < end;
+           c = next.fetch_add(1, std::memory_order_relaxed))
+        f(begin + c * chunk, std::min(end, begin + (c + 1) * chunk), k == 0);
+    }
+  }
+
+ private:
+  struct alignas(64) Cursor {
+    std::atomic<int64_t> next{0};
+  };
+  std::unique_ptr<Cursor[]> cursors_;
+  size_t size_ = 0;
+  int threads_ = 1;
 };
 
 // [begin, end) of thread `tid`'s share of n items
