@@ -54,7 +54,7 @@ def forward_flops(shapes: list[LinearShape], m: int) -> float:
 
 
 # bytes per weight of the quantized formats (kvserve/model/quant.py): 32 values + fp16 scale (and min)
-FORMAT_BYTES = {"q8_0": 34 / 32, "q4_1": 20 / 32, "bf16": 2}
+FORMAT_BYTES = {"q8_0": 34 / 32, "q4_1": 20 / 32, "q4_0": 18 / 32, "bf16": 2}
 
 
 def weight_bytes(cfg: ModelConfig, dtype: str, formats: dict[str, str | None] | None = None) -> int:
@@ -83,7 +83,7 @@ def batch_weight_bytes(cfg: ModelConfig, dtype: str, formats: dict[str, str | No
 
 _GGUF_TENSOR = {"qkv": "blk.0.attn_q.weight", "o_proj": "blk.0.attn_output.weight", "gate_up": "blk.0.ffn_gate.weight",
                 "down": "blk.0.ffn_down.weight"}
-_GGUF_FORMAT = {"Q8_0": "q8_0", "Q4_0": "q4_1", "Q4_1": "q4_1", "Q4_K": "q4_1"}
+_GGUF_FORMAT = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1", "Q4_K": "q4_1"}
 
 
 def weight_formats(quantization: str, model_path: str) -> dict[str, str | None]:

@@ -161,7 +161,8 @@ def flash_prefill_available() -> bool:
 # -- ops without a fallback: their callers take another path where the kernels are missing --------
 
 def pack_quant(qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
-    """A quantized weight's blocks packed for ``packed_linear`` (tiles of output columns, scales inline)."""
+    """A quantized weight's blocks packed for ``packed_linear`` (tiles of output columns, scales inline):
+    q8_0 (int8 ``qs``), q4_1 (uint8 nibbles with ``m``) or q4_0 (nibbles, no ``m``)."""
     if not _loaded:
         _require("pack_quant")
     return _ops.pack_quant(qs, d, m)

@@ -1,11 +1,14 @@
-"""Block-quantized weights kept quantized in memory: ``QuantWeight`` and its two formats.
+"""Block-quantized weights kept quantized in memory: ``QuantWeight`` and its formats.
 
-Both formats cut each row of a weight [N, K] into blocks of 32 along K:
+Each format cuts each row of a weight [N, K] into blocks of 32 along K:
 
 - ``q8_0``: int8 q and an fp16 scale d per block; w = d * q (GGUF's Q8_0, bit for bit).
-- ``q4_1``: 4-bit q in 0..15 and fp16 scale d and min m per block; w = d * q + m (GGUF's Q4_1; its
-  Q4_0, w = d * (q - 8), is the same with m = -8d, exact in fp16). Byte j of a block holds q[j]
-  in its low nibble and q[j + 16] in its high one, as in GGUF.
+- ``q4_1``: 4-bit q in 0..15 and fp16 scale d and min m per block; w = d * q + m (GGUF's Q4_1).
+- ``q4_0``: 4-bit q and an fp16 scale d per block; w = d * (q - 8) (GGUF's Q4_0: 4.5 bits a weight
+  against Q4_1's 5). ``as_q4_1`` gives the same values as q4_1 (m = -8d, exact in fp16).
+
+In the 4-bit formats byte j of a block holds q[j] in its low nibble and q[j + 16] in its high one, as
+in GGUF.
 
 Arrays are split by kind (qs, d, m) rather than kept as GGUF's interleaved 18/20/34-byte blocks,
 so that rows can be permuted, concatenated (q/k/v fusion) and gathered (embedding rows) with plain
@@ -24,12 +27,13 @@ import numpy as np
 import torch
 
 BLOCK = 32
-FORMATS = ("q8_0", "q4_1")
+FORMATS = ("q8_0", "q4_1")  # what ``quantize`` makes
+FOUR_BIT = ("q4_1", "q4_0")
 
 
 @dataclass
 class QuantWeight:
-    """A [N, K] weight in ``kind`` format: qs int8 [N, K] (q8_0) or uint8 [N, K/2] (q4_1), d and
+    """A [N, K] weight in ``kind`` format: qs int8 [N, K] (q8_0) or uint8 [N, K/2] (q4_1, q4_0), d and
     m (q4_1 only) float16 [N, K/32]."""
 
     kind: str
@@ -39,7 +43,7 @@ class QuantWeight:
 
     @property
     def shape(self) -> torch.Size:
-        k = self.qs.shape[1] * (2 if self.kind == "q4_1" else 1)
+        k = self.qs.shape[1] * (2 if self.kind in FOUR_BIT else 1)
         return torch.Size((self.qs.shape[0], k))
 
     @property
@@ -56,11 +60,17 @@ class QuantWeight:
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         n, k = self.shape
-        q = unpack_q4(self.qs) if self.kind == "q4_1" else self.qs
-        w = q.view(n, k // BLOCK, BLOCK).float() * self.d.float().unsqueeze(-1)
+        q = unpack_q4(self.qs) if self.kind in FOUR_BIT else self.qs
+        q = q.view(n, k // BLOCK, BLOCK).float()
+        w = (q - 8 if self.kind == "q4_0" else q) * self.d.float().unsqueeze(-1)
         if self.m is not None:
             w = w + self.m.float().unsqueeze(-1)
         return w.view(n, k).to(dtype)
+
+    def as_q4_1(self) -> "QuantWeight":
+        """A q4_0 weight as q4_1, value for value: d (q - 8) = d q + (-8 d), and -8 d is exact in fp16."""
+        assert self.kind == "q4_0"
+        return QuantWeight("q4_1", self.qs, self.d, (self.d.float() * -8).half())
 
     @staticmethod
     def cat(parts: list["QuantWeight"]) -> "QuantWeight":
@@ -175,12 +185,10 @@ def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) ->
     if type_name == "Q8_0":
         qs = b[..., 2:].copy().view(np.int8).reshape(n, k)
         return QuantWeight("q8_0", torch.from_numpy(qs), torch.from_numpy(d))
-    if type_name == "Q4_1":
-        m = b[..., 2:4].copy().view(np.float16).reshape(n, nb)
-        qs = b[..., 4:].copy().reshape(n, k // 2)
-    else:  # Q4_0: d * (q - 8) = d * q + (-8 d), and -8 d is exact in fp16
-        m = (d.astype(np.float32) * -8).astype(np.float16)
-        qs = b[..., 2:].copy().reshape(n, k // 2)
+    if type_name == "Q4_0":
+        return QuantWeight("q4_0", torch.from_numpy(b[..., 2:].copy().reshape(n, k // 2)), torch.from_numpy(d))
+    m = b[..., 2:4].copy().view(np.float16).reshape(n, nb)
+    qs = b[..., 4:].copy().reshape(n, k // 2)
     return QuantWeight("q4_1", torch.from_numpy(qs), torch.from_numpy(d), torch.from_numpy(m))
 
 

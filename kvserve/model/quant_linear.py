@@ -169,7 +169,7 @@ def quantized_modules(cfg: ModelConfig, weights: dict[str, Any], mode: str, devi
     ``auto`` keeps the weights a GGUF file stores quantized (an all-quantized group, same format), and
     MXFP4 experts as the q8_0 they loaded as (exact);
     ``int8``/``int4`` quantize every linear weight at load (Q8_0 / Q4_1; a weight already in that format
-    is kept as is; under int4 MXFP4 experts' q8_0 is requantized to Q4_1, lossy, 5 bits a weight). The LM
+    is kept as is, and under int4 a Q4_0 group too; under int4 MXFP4 experts' q8_0 is requantized to Q4_1, lossy, 5 bits a weight). The LM
     head is Q8_0 under int4 too: the logits are the most sensitive GEMM, and only decode's single row pays for its bytes. Only CPUs run the kernels:
     on other devices every weight is dequantized to the model's dtype. ``release(name)`` is called for
     each checkpoint tensor once every layer that reads it is quantized (the embedding's never).
@@ -211,12 +211,20 @@ def _group(path: str, parts: list[Any], kind: str | None) -> QuantWeight | None:
         log.info("%s: %d input features are not a multiple of %d; kept dense", path, k, BLOCK)
         return None
     if kind is None:
-        if not all(isinstance(p, QuantWeight) for p in parts) or len({p.kind for p in parts}) != 1:
+        if not all(isinstance(p, QuantWeight) for p in parts):
+            return None
+        if {p.kind for p in parts} == {"q4_0", "q4_1"}:  # fused as q4_1, exactly
+            parts = [p.as_q4_1() if p.kind == "q4_0" else p for p in parts]
+        if len({p.kind for p in parts}) != 1:
             return None
         return QuantWeight.cat(parts) if len(parts) > 1 else parts[0]
+    if kind == "q4_1" and all(isinstance(p, QuantWeight) and p.kind == "q4_0" for p in parts):
+        kind = "q4_0"  # already 4-bit, in fewer bytes
     converted = []
     for p in parts:
         if isinstance(p, QuantWeight):
+            if p.kind == "q4_0" and kind == "q4_1":
+                p = p.as_q4_1()
             p = p if p.kind == kind else quantize(p.dequantize(), kind)
         else:
             p = quantize(p, kind)

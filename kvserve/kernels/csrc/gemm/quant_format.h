@@ -14,17 +14,21 @@ constexpr int64_t NR = 8;   // output columns per tile
 
 struct Format {
   bool q4;
+  bool min;             // Q4_1's fp16 m per column after the d's; Q4_0 has none (w = d (q - 8))
   int64_t q_bytes;      // one column's quantized values in a block
   int64_t block_bytes;  // one block of a tile: 8 columns' values and scales
 };
 
 inline Format format_of(const std::string& kind) {
-  if (kind == "q8_0") return {false, 32, NR * 32 + NR * 2};
-  if (kind == "q4_1") return {true, 16, NR * 16 + NR * 4};
-  TORCH_CHECK(false, "unknown quantized format '", kind, "' (q8_0 or q4_1)");
+  if (kind == "q8_0") return {false, false, 32, NR * 32 + NR * 2};
+  if (kind == "q4_1") return {true, true, 16, NR * 16 + NR * 4};
+  if (kind == "q4_0") return {true, false, 16, NR * 16 + NR * 2};
+  TORCH_CHECK(false, "unknown quantized format '", kind, "' (q8_0, q4_1 or q4_0)");
 }
 
-// Where column j of a tile (0..7) keeps its values within a Q4_1 block: 16 bytes each, in the order 0,4,1,5,2,6,3,7.
+inline const char* kind_of(bool q4, bool min) { return q4 ? (min ? "q4_1" : "q4_0") : "q8_0"; }
+
+// Where column j of a tile (0..7) keeps its values within a Q4 block: 16 bytes each, in the order 0,4,1,5,2,6,3,7.
 inline int64_t q4_column_slot(int64_t j) { return (j % 4) * 2 + j / 4; }
 
 // Where q[k] of column j sits within a Q8_0 block: in groups of 4 along K, the 8 columns' 4 bytes of a

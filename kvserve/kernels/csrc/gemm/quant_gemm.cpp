@@ -5,14 +5,15 @@
 //   kvserve::packed_linear(x, packed, kind, n)      y = x @ W^T, x float32 [M, K]
 //   kvserve::dequantize_packed(packed, kind, n, k)  W as float32 [N, K]
 //
-// kind "q8_0": W = d * q (q int8); kind "q4_1": W = d * q + m (q 0..15, two per byte: byte j of a
-// column's block holds q[j] low and q[j + 16] high, as in GGUF).
+// kind "q8_0": W = d * q (q int8); kind "q4_1": W = d * q + m, and "q4_0": W = d * (q - 8) (q 0..15,
+// two per byte: byte j of a column's block holds q[j] low and q[j + 16] high, as in GGUF).
 //
 // Packed layout: output columns in tiles of 8, one tile after another; within a tile its K/32
 // blocks one after another, and a block holds the 8 columns' values and then their fp16 scales:
 //   q8_0: 8 groups of 4 along K, each the 8 columns' 4 bytes (q8_offset), 8 fp16 d   272 bytes
 //   q4_1: 8 x 16 bytes of nibbles, 8 fp16 d, 8 fp16 m (column order)              160 bytes
-// (Q4_1's nibbles pair columns k and k + 4 in each 32 bytes, k = 0..3.) So a thread reads its columns
+//   q4_0: the same without the m                                                   144 bytes
+// (Q4's nibbles pair columns k and k + 4 in each 32 bytes, k = 0..3.) So a thread reads its columns
 // as one sequential stream, and a block's scales are one vector load. Q8_0's groups make a column's
 // sum one lane of the multiply-adds, so no horizontal sums.
 //
@@ -153,16 +154,18 @@ inline void store_tile(const __m256 (&acc)[MR], const TileArgs& t) {
 }
 
 
-template <int MR>
+// MIN: Q4_1, w = d q + m; else Q4_0, w = d (q - 8), whose -8 sum(x) is the integer block sum of x
+template <int MR, bool MIN>
 void q4_tile(const TileArgs& t) {
+  constexpr int64_t block_bytes = MIN ? 160 : 144;
   const QuantizedRows& a = *t.a;
   const int64_t nb = a.nb;
   __m256 acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
   const __m256i mask = _mm256_set1_epi8(0x0F);
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = t.tile + b * 160;
-    t.pf->upto(blk + 160);
+    const uint8_t* blk = t.tile + b * block_bytes;
+    t.pf->upto(blk + block_bytes);
     // 32 bytes k = column k's 16 bytes, then column k + 4's: low nibbles are elements 0..15 of both
     // columns, high nibbles 16..31, so each is one multiply-add against x's half broadcast twice,
     // and lane 0 (1) of the product holds column k's (k + 4's) partial sums.
@@ -173,7 +176,8 @@ void q4_tile(const TileArgs& t) {
       hi[k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
     }
     const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 128)));
-    const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 144)));
+    __m256 mw = _mm256_setzero_ps();
+    if constexpr (MIN) mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 144)));
     for (int i = 0; i < MR; ++i) {
       const int64_t row = t.row0 + i;
       const int8_t* xq = a.q.data() + row * a.K + b * QK;
@@ -182,10 +186,11 @@ void q4_tile(const TileArgs& t) {
       const __m256i p0 = dot2_u8s8(lo[0], xl, hi[0], xh), p1 = dot2_u8s8(lo[1], xl, hi[1], xh);
       const __m256i p2 = dot2_u8s8(lo[2], xl, hi[2], xh), p3 = dot2_u8s8(lo[3], xl, hi[3], xh);
       // per 128-bit lane hadds: [c0 c1 c2 c3 | c4 c5 c6 c7], the columns in order
-      const __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+      __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+      if constexpr (!MIN) sums = _mm256_sub_epi32(sums, _mm256_set1_epi32(8 * a.qsum[row * nb + b]));
       const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(a.d[row * nb + b]));
       acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[i]);
-      acc[i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s[row * nb + b]), acc[i]);
+      if constexpr (MIN) acc[i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s[row * nb + b]), acc[i]);
     }
   }
   store_tile<MR>(acc, t);
@@ -244,11 +249,14 @@ void q8_tile(const TileArgs& t) {
 }
 #endif
 
+enum Fmt { kQ8_0, kQ4_1, kQ4_0 };
+
 // Any CPU: the same sums, one column and one row at a time.
-template <bool Q4, int MR>
+template <Fmt F, int MR>
 void scalar_tile(const TileArgs& t) {
+  constexpr bool Q4 = F != kQ8_0;
   const QuantizedRows& a = *t.a;
-  const int64_t nb = a.nb, q_bytes = Q4 ? 16 : 32, block_bytes = Q4 ? 160 : 272;
+  const int64_t nb = a.nb, q_bytes = Q4 ? 16 : 32, block_bytes = F == kQ8_0 ? 272 : F == kQ4_1 ? 160 : 144;
   for (int i = 0; i < MR; ++i) {
     const int64_t row = t.row0 + i;
     for (int64_t j = 0; j < t.cols; ++j) {
@@ -260,30 +268,32 @@ void scalar_tile(const TileArgs& t) {
         const int8_t* xq = a.q.data() + row * a.K + b * QK;
         int32_t dot = 0;
         if constexpr (Q4) {
-          for (int k = 0; k < 16; ++k) dot += (q[k] & 0x0F) * xq[k] + (q[k] >> 4) * xq[k + 16];
+          const int off = F == kQ4_0 ? 8 : 0;
+          for (int k = 0; k < 16; ++k) dot += ((q[k] & 0x0F) - off) * xq[k] + ((q[k] >> 4) - off) * xq[k + 16];
         } else {
           for (int k = 0; k < 32; ++k) dot += static_cast<int8_t>(q[q8_offset(j, k)]) * xq[k];
         }
         total += half_to_float(scales[j]) * a.d[row * nb + b] * static_cast<float>(dot);
-        if constexpr (Q4) total += half_to_float(scales[NR + j]) * a.s[row * nb + b];
+        if constexpr (F == kQ4_1) total += half_to_float(scales[NR + j]) * a.s[row * nb + b];
       }
       t.y[i * t.ldy + j] = total;
     }
   }
 }
 
-template <bool Q4, int MR>
+template <Fmt F, int MR>
 inline void run_tile(const TileArgs& t) {
 #if defined(__AVX2__)
-  if constexpr (Q4) q4_tile<MR>(t); else q8_tile<MR>(t);
+  if constexpr (F == kQ8_0) q8_tile<MR>(t);
+  else q4_tile<MR, F == kQ4_1>(t);
 #else
-  scalar_tile<Q4, MR>(t);
+  scalar_tile<F, MR>(t);
 #endif
 }
 
 // Tiles [t0, t1) for every row (a's rows from a_row0): rows in groups of 4, so a block's unpacked weights serve 4 rows
 // from registers; a tile's bytes (a few KB) stay in L1 across the groups.
-template <bool Q4>
+template <Fmt F>
 void tiles(const uint8_t* packed, int64_t block_bytes, const QuantizedRows& a, int64_t M, int64_t N, int64_t t0,
            int64_t t1, float* y, int64_t a_row0, StreamPrefetch* given) {
   StreamPrefetch own;  // tiles [t0, t1) are one sequential stream
@@ -294,13 +304,13 @@ void tiles(const uint8_t* packed, int64_t block_bytes, const QuantizedRows& a, i
     int64_t r = 0;
     for (; r + 4 <= M; r += 4) {
       args.row0 = a_row0 + r, args.y = y + r * N + t * NR;
-      run_tile<Q4, 4>(args);
+      run_tile<F, 4>(args);
     }
     args.row0 = a_row0 + r, args.y = y + r * N + t * NR;
     switch (M - r) {
-      case 3: run_tile<Q4, 3>(args); break;
-      case 2: run_tile<Q4, 2>(args); break;
-      case 1: run_tile<Q4, 1>(args); break;
+      case 3: run_tile<F, 3>(args); break;
+      case 2: run_tile<F, 2>(args); break;
+      case 1: run_tile<F, 1>(args); break;
       default: break;
     }
   }
@@ -329,14 +339,15 @@ PackedWeight packed_weight(const at::Tensor& packed, const std::string& kind, in
   TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
                   packed.numel() == num_tiles(n) * (k / QK) * f.block_bytes,
               "packed_linear: packed does not hold a [", n, ", ", k, "] ", kind, " weight");
-  return {packed.data_ptr<uint8_t>(), f.q4, n, k};
+  return {packed.data_ptr<uint8_t>(), f.q4, f.min, n, k};
 }
 
 void linear_tiles_range(const PackedWeight& w, const QuantizedRows& a, int64_t M, float* y, int64_t t0, int64_t t1,
                         int64_t a_row0, StreamPrefetch* pf) {
-  const int64_t block_bytes = format_of(w.q4 ? "q4_1" : "q8_0").block_bytes;
-  if (w.q4) tiles<true>(w.data, block_bytes, a, M, w.n, t0, t1, y, a_row0, pf);
-  else tiles<false>(w.data, block_bytes, a, M, w.n, t0, t1, y, a_row0, pf);
+  const int64_t block_bytes = format_of(kind_of(w.q4, w.min)).block_bytes;
+  if (!w.q4) tiles<kQ8_0>(w.data, block_bytes, a, M, w.n, t0, t1, y, a_row0, pf);
+  else if (w.min) tiles<kQ4_1>(w.data, block_bytes, a, M, w.n, t0, t1, y, a_row0, pf);
+  else tiles<kQ4_0>(w.data, block_bytes, a, M, w.n, t0, t1, y, a_row0, pf);
 }
 
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const std::string& kind, int64_t n) {
