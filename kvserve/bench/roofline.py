@@ -91,10 +91,17 @@ def weight_formats(quantization: str, model_path: str) -> dict[str, str | None]:
     names = ("qkv", "o_proj", "gate_up", "down", "lm_head")
     if quantization == "int8":
         return dict.fromkeys(names, "q8_0")
-    if quantization == "int4":
-        return {**dict.fromkeys(names, "q4_1"), "lm_head": "q8_0"}
-    if quantization != "auto" or not str(model_path).endswith(".gguf"):
+    gguf_file = str(model_path).endswith(".gguf")
+    if quantization == "int4":  # a GGUF's Q4_0 linears keep their format (quant_linear._group)
+        stored = _gguf_formats(model_path) if gguf_file else {}
+        return {**{n: "q4_0" if stored.get(n) == "q4_0" else "q4_1" for n in names}, "lm_head": "q8_0"}
+    if quantization != "auto" or not gguf_file:
         return dict.fromkeys(names)
+    return _gguf_formats(model_path)
+
+
+def _gguf_formats(model_path: str) -> dict[str, str | None]:
+    """Linear name -> the format a GGUF file stores it in, as the engine keeps it (None: dense)."""
     import gguf
 
     types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(model_path).tensors}

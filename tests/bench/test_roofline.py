@@ -189,6 +189,24 @@ def test_quantized_formats_lower_the_bytes_and_follow_the_mode(tmp_path):
     assert rf.weight_formats("auto", str(tmp_path)) == dict.fromkeys(["qkv", "o_proj", "gate_up", "down", "lm_head"])
 
 
+def test_int4_over_a_gguf_keeps_its_q4_0_linears(tmp_path):
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "m.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    blocks = np.zeros((4, 18), dtype=np.uint8)  # 4 rows of one 32-block: fp16 d + 16 bytes of nibbles
+    w.add_tensor("blk.0.attn_q.weight", blocks, raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+    w.add_tensor("blk.0.ffn_down.weight", np.zeros((4, 32), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert rf.weight_formats("auto", str(path))["qkv"] == "q4_0"
+    q4 = rf.weight_formats("int4", str(path))  # as quant_linear._group: Q4_0 stays, the rest becomes Q4_1
+    assert (q4["qkv"], q4["down"], q4["lm_head"]) == ("q4_0", "q4_1", "q8_0")
+
+
 def test_quantized_linear_timing_runs_through_the_kernel_path():
     cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=2, num_key_value_heads=1)  # K a multiple of the 32-value blocks

@@ -40,6 +40,7 @@ struct PackedWeight {
   const uint8_t* data;
   bool q4;   // q4_1 or q4_0, else q8_0
   bool min;  // q4_1's m (w = d q + m); q4_0 has none (w = d (q - 8))
+  int64_t block_bytes;  // one block of a tile (gemm/quant_format.h)
   int64_t n, k;
 };
 PackedWeight packed_weight(const at::Tensor& packed, const std::string& kind, int64_t n, int64_t k);  // checked
@@ -51,7 +52,7 @@ class StreamPrefetch;
 void linear_tiles_range(const PackedWeight& w, const QuantizedRows& a, int64_t M, float* y, int64_t t0, int64_t t1,
                         int64_t a_row0 = 0, StreamPrefetch* pf = nullptr);
 // the bytes of one tile of w (8 output columns, every block along K)
-inline int64_t tile_bytes(const PackedWeight& w) { return w.k / 32 * (w.q4 ? (w.min ? 160 : 144) : 272); }
+inline int64_t tile_bytes(const PackedWeight& w) { return w.k / 32 * w.block_bytes; }
 
 // the same ops over float32 rows [r0, r1) on the calling thread
 namespace rows {

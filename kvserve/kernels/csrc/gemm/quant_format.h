@@ -12,6 +12,11 @@ namespace quant {
 constexpr int64_t QK = 32;  // weights per block
 constexpr int64_t NR = 8;   // output columns per tile
 
+enum Fmt { kQ8_0, kQ4_1, kQ4_0 };
+
+// one block of a tile: 8 columns' values, their fp16 d, and Q4_1's fp16 m
+constexpr int64_t block_bytes_of(Fmt f) { return f == kQ8_0 ? NR * 32 + NR * 2 : f == kQ4_1 ? NR * 16 + NR * 4 : NR * 16 + NR * 2; }
+
 struct Format {
   bool q4;
   bool min;             // Q4_1's fp16 m per column after the d's; Q4_0 has none (w = d (q - 8))
@@ -20,9 +25,9 @@ struct Format {
 };
 
 inline Format format_of(const std::string& kind) {
-  if (kind == "q8_0") return {false, false, 32, NR * 32 + NR * 2};
-  if (kind == "q4_1") return {true, true, 16, NR * 16 + NR * 4};
-  if (kind == "q4_0") return {true, false, 16, NR * 16 + NR * 2};
+  if (kind == "q8_0") return {false, false, 32, block_bytes_of(kQ8_0)};
+  if (kind == "q4_1") return {true, true, 16, block_bytes_of(kQ4_1)};
+  if (kind == "q4_0") return {true, false, 16, block_bytes_of(kQ4_0)};
   TORCH_CHECK(false, "unknown quantized format '", kind, "' (q8_0, q4_1 or q4_0)");
 }
 

@@ -157,7 +157,7 @@ inline void store_tile(const __m256 (&acc)[MR], const TileArgs& t) {
 // MIN: Q4_1, w = d q + m; else Q4_0, w = d (q - 8), whose -8 sum(x) is the integer block sum of x
 template <int MR, bool MIN>
 void q4_tile(const TileArgs& t) {
-  constexpr int64_t block_bytes = MIN ? 160 : 144;
+  constexpr int64_t block_bytes = block_bytes_of(MIN ? kQ4_1 : kQ4_0);
   const QuantizedRows& a = *t.a;
   const int64_t nb = a.nb;
   __m256 acc[MR];
@@ -206,8 +206,8 @@ void q8_tile(const TileArgs& t) {
   const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
 #endif
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = t.tile + b * 272;
-    t.pf->upto(blk + 272);
+    const uint8_t* blk = t.tile + b * block_bytes_of(kQ8_0);
+    t.pf->upto(blk + block_bytes_of(kQ8_0));
     const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 256)));
     // C independent sums per row (groups g, g + C, ...): one chain of 8 dependent multiply-adds
     // per block would bound a decode step by their latency, not by its bytes
@@ -249,14 +249,12 @@ void q8_tile(const TileArgs& t) {
 }
 #endif
 
-enum Fmt { kQ8_0, kQ4_1, kQ4_0 };
-
 // Any CPU: the same sums, one column and one row at a time.
 template <Fmt F, int MR>
 void scalar_tile(const TileArgs& t) {
   constexpr bool Q4 = F != kQ8_0;
   const QuantizedRows& a = *t.a;
-  const int64_t nb = a.nb, q_bytes = Q4 ? 16 : 32, block_bytes = F == kQ8_0 ? 272 : F == kQ4_1 ? 160 : 144;
+  const int64_t nb = a.nb, q_bytes = Q4 ? 16 : 32, block_bytes = block_bytes_of(F);
   for (int i = 0; i < MR; ++i) {
     const int64_t row = t.row0 + i;
     for (int64_t j = 0; j < t.cols; ++j) {
@@ -294,8 +292,9 @@ inline void run_tile(const TileArgs& t) {
 // Tiles [t0, t1) for every row (a's rows from a_row0): rows in groups of 4, so a block's unpacked weights serve 4 rows
 // from registers; a tile's bytes (a few KB) stay in L1 across the groups.
 template <Fmt F>
-void tiles(const uint8_t* packed, int64_t block_bytes, const QuantizedRows& a, int64_t M, int64_t N, int64_t t0,
-           int64_t t1, float* y, int64_t a_row0, StreamPrefetch* given) {
+void tiles(const uint8_t* packed, const QuantizedRows& a, int64_t M, int64_t N, int64_t t0, int64_t t1, float* y,
+           int64_t a_row0, StreamPrefetch* given) {
+  constexpr int64_t block_bytes = block_bytes_of(F);
   StreamPrefetch own;  // tiles [t0, t1) are one sequential stream
   StreamPrefetch& pf = given ? *given : own;
   if (!pf.started()) pf.start(packed + t0 * a.nb * block_bytes);
@@ -339,15 +338,14 @@ PackedWeight packed_weight(const at::Tensor& packed, const std::string& kind, in
   TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
                   packed.numel() == num_tiles(n) * (k / QK) * f.block_bytes,
               "packed_linear: packed does not hold a [", n, ", ", k, "] ", kind, " weight");
-  return {packed.data_ptr<uint8_t>(), f.q4, f.min, n, k};
+  return {packed.data_ptr<uint8_t>(), f.q4, f.min, f.block_bytes, n, k};
 }
 
 void linear_tiles_range(const PackedWeight& w, const QuantizedRows& a, int64_t M, float* y, int64_t t0, int64_t t1,
                         int64_t a_row0, StreamPrefetch* pf) {
-  const int64_t block_bytes = format_of(kind_of(w.q4, w.min)).block_bytes;
-  if (!w.q4) tiles<kQ8_0>(w.data, block_bytes, a, M, w.n, t0, t1, y, a_row0, pf);
-  else if (w.min) tiles<kQ4_1>(w.data, block_bytes, a, M, w.n, t0, t1, y, a_row0, pf);
-  else tiles<kQ4_0>(w.data, block_bytes, a, M, w.n, t0, t1, y, a_row0, pf);
+  if (!w.q4) tiles<kQ8_0>(w.data, a, M, w.n, t0, t1, y, a_row0, pf);
+  else if (w.min) tiles<kQ4_1>(w.data, a, M, w.n, t0, t1, y, a_row0, pf);
+  else tiles<kQ4_0>(w.data, a, M, w.n, t0, t1, y, a_row0, pf);
 }
 
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const std::string& kind, int64_t n) {
