@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 BLOCK = 32
-FORMATS = ("q8_0", "q4_1")  # what ``quantize`` makes
+FORMATS = ("q8_0", "q4_1", "q4_0")  # what ``quantize`` makes
 FOUR_BIT = ("q4_1", "q4_0")
 
 
@@ -159,6 +159,12 @@ def quantize(weight: torch.Tensor, kind: str) -> QuantWeight:
         inv = torch.where(d16 > 0, 1 / d16.float(), torch.zeros_like(d16, dtype=torch.float32))
         q = (w * inv.unsqueeze(-1)).round().clamp(-127, 127).to(torch.int8)
         return QuantWeight(kind, q.reshape(n, k).contiguous(), d16.contiguous())
+    if kind == "q4_0":  # llama.cpp's rule: d = the signed extreme / -8 (it becomes q = 0), q = floor(x/d + 8.5)
+        extreme = w.gather(-1, w.abs().argmax(-1, keepdim=True)).squeeze(-1)
+        d16 = (extreme / -8).half()
+        inv = torch.where(d16 != 0, 1 / d16.float(), torch.zeros_like(d16, dtype=torch.float32))
+        q = (w * inv.unsqueeze(-1) + 8.5).floor().clamp(0, 15).to(torch.uint8)
+        return QuantWeight(kind, pack_q4(q.reshape(n, k)), d16.contiguous())
     lo, hi = w.amin(-1), w.amax(-1)
     d = (hi - lo) / 15
     # as above: against the fp16-rounded scale and min

@@ -207,11 +207,12 @@ def test_int4_over_a_gguf_keeps_its_q4_0_linears(tmp_path):
     assert (q4["qkv"], q4["down"], q4["lm_head"]) == ("q4_0", "q4_1", "q8_0")
 
 
-def test_quantized_linear_timing_runs_through_the_kernel_path():
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_1", "q4_0"])  # q4_0: a GGUF's Q4_0 linears, as kept
+def test_quantized_linear_timing_runs_through_the_kernel_path(fmt):
     cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=2, num_key_value_heads=1)  # K a multiple of the 32-value blocks
     times = gt.measure_gemms(rf.linear_shapes(cfg), cfg.num_hidden_layers, torch.float32, [1, 3], repeats=1,
-                             min_time_s=0.001, formats=rf.weight_formats("int8", "unused"))
+                             min_time_s=0.001, formats={**rf.weight_formats("int8", "unused"), "qkv": fmt, "down": fmt})
     assert set(times) == {1, 3} and all(t > 0 for per in times.values() for t in per.values())
 
 
