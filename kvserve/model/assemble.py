@@ -13,7 +13,7 @@ from kvserve.model.checkpoint import ReleasableWeights
 from kvserve.model.config import ModelConfig
 from kvserve.model.layers import RMSNorm, cpu_packing_supported
 from kvserve.model.quant import QuantWeight
-from kvserve.model.quant_linear import QuantEmbedding, QuantLinear, quantized_modules
+from kvserve.model.quant_linear import NarrowEmbedding, QuantEmbedding, QuantLinear, quantized_modules
 from kvserve.model.weights import deinterleave_rotary, linear_sources, unstack_experts, weight_sources
 
 if TYPE_CHECKING:
@@ -44,9 +44,10 @@ def build_model(cls: type["CausalLM"], cfg: ModelConfig, weights: dict[str, Any]
     only_quantized = _used_only_by(quantized, cfg, sources)
     weights = {k: v.dequantize() if isinstance(v, QuantWeight) else v for k, v in weights.items()
                if not (isinstance(v, QuantWeight) and k in only_quantized)}
+    narrow = _narrow_embedding(cfg, weights, quantized, dtype)
     with torch.device("meta"):
         model = cls(cfg)
-        for path in quantized:  # no dense storage for these: they are built below
+        for path in [*quantized, *(["embed_tokens"] if narrow is not None else [])]:  # built below, not dense
             _set_module(model, path, nn.Identity())
     # allocated in the final dtype: copying in casts, and no float32 model is held on the way
     model = model.to(dtype).to_empty(device=device)
@@ -55,6 +56,10 @@ def build_model(cls: type["CausalLM"], cfg: ModelConfig, weights: dict[str, Any]
     model.rotary.to(device)
     if model.local_rotary is not None:
         model.local_rotary.to(device)
+    if narrow is not None:
+        _set_module(model, "embed_tokens", NarrowEmbedding(narrow, dtype))
+        if handed is not None:  # no parameter read it, so load_weights did not release it
+            release("model.embed_tokens.weight")
     while quantized:  # each QuantWeight dropped once its layer holds the packed form
         path, qw = quantized.popitem()
         if path == "embed_tokens":
@@ -125,6 +130,20 @@ def _used_only_by(quantized: dict[str, QuantWeight], cfg: ModelConfig,
     if "lm_head" in quantized:
         out.add("lm_head.weight")
     return out
+
+
+def _narrow_embedding(cfg: ModelConfig, weights: dict[str, Any], quantized: dict[str, QuantWeight],
+                      dtype: torch.dtype) -> torch.Tensor | None:
+    """The checkpoint's embedding table, to keep as it is stored, where it is a float dtype narrower than
+    the model's and only lookups read it (the LM head is its own layer: quantized, or untied). A float32
+    model of a bf16 checkpoint (the integer kernels' dtype) would otherwise hold a table of 2 GiB at 8B
+    for one row a token."""
+    embed = weights.get("model.embed_tokens.weight")
+    head_reads_it = cfg.tie_word_embeddings is not False and "lm_head" not in quantized
+    if ("embed_tokens" in quantized or head_reads_it or not isinstance(embed, torch.Tensor)
+            or not embed.is_floating_point() or embed.element_size() >= torch.empty(0, dtype=dtype).element_size()):
+        return None
+    return embed.detach().clone()  # its own memory: the checkpoint's (an mmap) is released
 
 
 def _set_module(model: nn.Module, path: str, module: nn.Module) -> None:

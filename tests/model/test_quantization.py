@@ -12,7 +12,7 @@ from kvserve.config import CacheConfig, KVServeConfig
 from kvserve.errors import InvalidArgumentError
 from kvserve.model.checkpoint import ReleasableWeights
 from kvserve.model.quant import QuantWeight
-from kvserve.model.quant_linear import QuantEmbedding, QuantLinear
+from kvserve.model.quant_linear import NarrowEmbedding, QuantEmbedding, QuantLinear
 from kvserve.runner.torch_runner import TorchRunner
 from tests.conftest import hf_weights, kvserve_config, tiny_hf_model
 
@@ -70,6 +70,24 @@ def test_handed_over_weights_are_released_as_their_layers_are_made(tie, mode):
     ids = list(range(3, 40))
     assert torch.equal(sequence_logits(kept, ids), sequence_logits(released, ids))
     assert kept.kv_fingerprint == released.kv_fingerprint
+
+
+@pytest.mark.parametrize("mode,tie,narrow", [("int8", True, True), ("int4", False, True), ("none", False, True),
+                                             ("none", True, False)])  # tied and dense: the head reads the table
+def test_a_bf16_embedding_stays_bf16_under_a_float32_model_where_only_lookups_read_it(mode, tie, narrow):
+    hf = tiny_hf_model(tie=tie, hidden=64, layers=2)
+    cfg = kvserve_config(hf)
+    bf16 = {k: v.to(torch.bfloat16) for k, v in hf_weights(hf).items()}
+    widened = {**bf16, "model.embed_tokens.weight": bf16["model.embed_tokens.weight"].float()}  # the same values
+    handed = ReleasableWeights(dict(bf16))
+    kept, ref = _runner(cfg, handed, mode), _runner(cfg, widened, mode)
+    embed = kept.model.embed_tokens
+    assert isinstance(embed, NarrowEmbedding) == narrow and not handed
+    assert embed.weight.dtype == (torch.bfloat16 if narrow else torch.float32)
+    assert ref.model.embed_tokens.weight.dtype == torch.float32
+    assert kept.model.weight_bytes() < ref.model.weight_bytes() if narrow else True
+    ids = list(range(3, 40))
+    assert torch.equal(sequence_logits(kept, ids), sequence_logits(ref, ids))
 
 
 def test_qwen2_bias_survives_quantization():
