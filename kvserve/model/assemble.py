@@ -141,7 +141,7 @@ def _narrow_embedding(cfg: ModelConfig, weights: dict[str, Any], quantized: dict
     embed = weights.get("model.embed_tokens.weight")
     head_reads_it = cfg.tie_word_embeddings is not False and "lm_head" not in quantized
     if ("embed_tokens" in quantized or head_reads_it or not isinstance(embed, torch.Tensor)
-            or not embed.is_floating_point() or embed.element_size() >= torch.empty(0, dtype=dtype).element_size()):
+            or not embed.is_floating_point() or embed.element_size() >= dtype.itemsize):
         return None
     return embed.detach().clone()  # its own memory: the checkpoint's (an mmap) is released
 
