@@ -11,9 +11,9 @@ from torch import nn
 
 from kvserve.model.checkpoint import ReleasableWeights
 from kvserve.model.config import ModelConfig
-from kvserve.model.layers import RMSNorm, cpu_packing_supported
+from kvserve.model.layers import NarrowEmbedding, RMSNorm, cpu_packing_supported
 from kvserve.model.quant import QuantWeight
-from kvserve.model.quant_linear import NarrowEmbedding, QuantEmbedding, QuantLinear, quantized_modules
+from kvserve.model.quant_linear import QuantEmbedding, QuantLinear, quantized_modules
 from kvserve.model.weights import deinterleave_rotary, linear_sources, unstack_experts, weight_sources
 
 if TYPE_CHECKING:
@@ -47,8 +47,10 @@ def build_model(cls: type["CausalLM"], cfg: ModelConfig, weights: dict[str, Any]
     narrow = _narrow_embedding(cfg, weights, quantized, dtype)
     with torch.device("meta"):
         model = cls(cfg)
-        for path in [*quantized, *(["embed_tokens"] if narrow is not None else [])]:  # built below, not dense
+        for path in quantized:  # no dense storage for these: they are built below
             _set_module(model, path, nn.Identity())
+        if narrow is not None:
+            _set_module(model, "embed_tokens", nn.Identity())
     # allocated in the final dtype: copying in casts, and no float32 model is held on the way
     model = model.to(dtype).to_empty(device=device)
     load_weights(model, cfg, weights, sources, release if handed is not None else None)
@@ -125,11 +127,16 @@ def _used_only_by(quantized: dict[str, QuantWeight], cfg: ModelConfig,
         for name in names:
             users.setdefault(name, []).append(path)
     out = {name for name, paths in users.items() if all(p in quantized for p in paths)}
-    if "embed_tokens" in quantized and (cfg.tie_word_embeddings is False or "lm_head" in quantized):
+    if "embed_tokens" in quantized and not _head_reads_embedding(cfg, quantized):
         out.add("model.embed_tokens.weight")
     if "lm_head" in quantized:
         out.add("lm_head.weight")
     return out
+
+
+def _head_reads_embedding(cfg: ModelConfig, quantized: dict[str, QuantWeight]) -> bool:
+    """Whether the LM head is the embedding table itself: tied, and not built as its own quantized layer."""
+    return cfg.tie_word_embeddings is not False and "lm_head" not in quantized
 
 
 def _narrow_embedding(cfg: ModelConfig, weights: dict[str, Any], quantized: dict[str, QuantWeight],
@@ -139,8 +146,7 @@ def _narrow_embedding(cfg: ModelConfig, weights: dict[str, Any], quantized: dict
     model of a bf16 checkpoint (the integer kernels' dtype) would otherwise hold a table of 2 GiB at 8B
     for one row a token."""
     embed = weights.get("model.embed_tokens.weight")
-    head_reads_it = cfg.tie_word_embeddings is not False and "lm_head" not in quantized
-    if ("embed_tokens" in quantized or head_reads_it or not isinstance(embed, torch.Tensor)
+    if ("embed_tokens" in quantized or _head_reads_embedding(cfg, quantized) or not isinstance(embed, torch.Tensor)
             or not embed.is_floating_point() or embed.element_size() >= dtype.itemsize):
         return None
     return embed.detach().clone()  # its own memory: the checkpoint's (an mmap) is released

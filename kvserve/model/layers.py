@@ -1,5 +1,5 @@
 """Building blocks every decoder shares: RMSNorm (the residual add fused in), LayerNorm (Starcoder2), oneDNN-packed
-linears and their row padding. Rotary embeddings are in ``rotary``, the MLPs in ``mlp``, attention in ``attention``."""
+linears and their row padding, an embedding table kept narrower than the model (NarrowEmbedding). Rotary embeddings are in ``rotary``, the MLPs in ``mlp``, attention in ``attention``."""
 
 from __future__ import annotations
 
@@ -125,3 +125,16 @@ def pack_linears(module: nn.Module) -> None:
             setattr(module, name, PackedLinear(child.weight, child.bias))
         else:
             pack_linears(child)
+
+
+class NarrowEmbedding(nn.Module):
+    """An embedding table kept in the checkpoint's narrower float dtype (bf16 or fp16 under a float32
+    model whose LM head is its own layer): a lookup widens only the rows it gathers, the same values."""
+
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype):
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.dtype = dtype
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return nn.functional.embedding(ids, self.weight).to(self.dtype)

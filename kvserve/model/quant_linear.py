@@ -155,19 +155,6 @@ class QuantEmbedding(nn.Module):
         return self.weight_q.rows(ids.reshape(-1)).dequantize(self.dtype).view(*ids.shape, -1)
 
 
-class NarrowEmbedding(nn.Module):
-    """An embedding table kept in the checkpoint's narrower float dtype (bf16 or fp16 under a float32
-    model whose LM head is its own layer): a lookup widens only the rows it gathers, the same values."""
-
-    def __init__(self, weight: torch.Tensor, dtype: torch.dtype):
-        super().__init__()
-        self.weight = nn.Parameter(weight, requires_grad=False)
-        self.dtype = dtype
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return nn.functional.embedding(ids, self.weight).to(self.dtype)
-
-
 def runs_quantized(mode: str, weights: dict[str, Any]) -> bool:
     """Whether the linear layers will run on the integer kernels (on a CPU): a quantizing mode, or
     ``auto`` over weights stored quantized, and the kernels built."""
