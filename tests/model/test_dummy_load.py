@@ -71,6 +71,24 @@ def test_dummy_weights_are_seeded():
     assert not torch.equal(a["model.layers.0.self_attn.q_proj.weight"], c["model.layers.0.self_attn.q_proj.weight"])
 
 
+def test_dummy_weights_are_windows_of_one_pool_that_building_leaves_alone():
+    """Drawing them costs the memory of the largest tensor, not the model's (16 GB at 8B): every drawn
+    tensor is a view of one pool at its own offset; and a build, dense or quantized, copies them and
+    writes none (it would change every tensor sharing the pool)."""
+    cfg = ModelConfig.from_hf_dict(_config())
+    weights = dummy_weights(cfg, torch.bfloat16, seed=0)
+    drawn = [w for name, w in weights.items() if not name.endswith("norm.weight")]
+    assert len({w.untyped_storage().data_ptr() for w in drawn}) == 1
+    assert len({w.storage_offset() for w in drawn}) == len(drawn)
+    largest = max(w.numel() * w.element_size() for w in drawn)
+    assert drawn[0].untyped_storage().nbytes() < 1.5 * largest
+    before = {name: w.clone() for name, w in weights.items()}
+    for quantization in ("none", "int4"):
+        llm = LLM.from_weights(cfg, dict(weights), quantization=quantization, **TINY)
+        assert len(llm.generate([[5, 6, 7]], GREEDY)[0].token_ids) == 8
+    assert all(torch.equal(weights[name], before[name]) for name in weights)
+
+
 def test_checkpoint_dtype_is_the_declared_one(tmp_path):
     assert checkpoint_dtype(tmp_path) == torch.bfloat16  # no config.json
     for key, name, dtype in (("torch_dtype", "float16", torch.float16), ("dtype", "float32", torch.float32),
