@@ -121,6 +121,23 @@ def test_a_rows_output_is_the_same_alone_and_in_any_batch(case, kind):
         assert torch.equal(alone[0], batch[i]), i
 
 
+def test_blocks_share_one_scratch_without_disturbing_each_other():
+    """Every block a thread runs shares that thread's buffers (a prefill's would be ~400 MB a layer): blocks of
+    other shapes and step sizes, run in turn, still give the loop's bits, and eight layers' blocks hold
+    no more than one does."""
+    olmoe, qwen2 = make_moe("olmoe", "q8_0"), make_moe("qwen2_moe", "q4_1", hidden=128, inter=96, seed=1)
+    for moe, rows in ((olmoe, 50), (qwen2, 3), (olmoe, 2), (qwen2, 41), (olmoe, 50), (qwen2, 1)):
+        x = torch.randn(rows, moe.router.in_features)
+        torch.testing.assert_close(with_threads(2, lambda: moe(x)), moe.loop_forward(x), rtol=1e-4, atol=1e-5)
+    layers = [make_moe("olmoe", "q4_1", seed=s) for s in range(8)]
+    x = torch.randn(300, 64)  # more rows than any step above: the scratch grows once, for the first layer
+    layers[0](x)
+    one = layers[0].native_block.scratch_bytes()
+    for layer in layers[1:]:
+        layer(x)
+    assert layers[-1].native_block.scratch_bytes() == one >= 300 * 4 * 64 * 4 * 2  # gate_up's and down's outputs
+
+
 def test_dense_experts_keep_the_loop():
     moe = make_moe("qwen3_moe", None)
     assert moe.native_block is None and moe_blocker(moe) == "experts not on the packed quantized kernels"

@@ -14,6 +14,22 @@ namespace kvserve {
 
 using team::share;
 
+namespace {
+
+MoEScratch& thread_scratch() {
+  static thread_local MoEScratch scratch;
+  return scratch;
+}
+
+template <typename... V>
+int64_t bytes_of(const V&... v) {
+  return (int64_t{0} + ... + static_cast<int64_t>(v.size() * sizeof(typename V::value_type)));
+}
+
+int64_t bytes_of_rows(const QuantizedRows& r) { return bytes_of(r.q, r.d, r.s, r.qsum); }
+
+}  // namespace
+
 MoEBlock::MoEBlock(int64_t hidden, int64_t top_k, bool norm_topk, const std::string& act_name, double alpha,
                    double limit)
     : hidden(hidden), top_k(top_k), norm_topk(norm_topk), alpha(static_cast<float>(alpha)),
@@ -58,7 +74,6 @@ void MoEBlock::add_expert(at::Tensor gate_up, const std::string& gate_up_kind, a
   TORCH_CHECK(experts.empty() || e.inter == experts[0].inter, "MoEBlock: routed experts of one intermediate size");
   max_inter_ = std::max(max_inter_, e.inter);
   experts.push_back(std::move(e));
-  reserved_ = -1;
 }
 
 void MoEBlock::set_shared(at::Tensor gate_up, const std::string& gate_up_kind, at::Tensor down,
@@ -68,19 +83,25 @@ void MoEBlock::set_shared(at::Tensor gate_up, const std::string& gate_up_kind, a
   shared = make_expert(gate_up, gate_up_kind, down, down_kind, std::nullopt, std::nullopt);
   shared_gate = gate;
   max_inter_ = std::max(max_inter_, shared->inter);
-  reserved_ = -1;
 }
 
 void MoEBlock::reserve(int64_t T) {
   TORCH_CHECK(router.defined() && router.size(0) == num_experts(), "MoEBlock: a router row per expert");
-  if (T <= reserved_) return;
-  const int64_t picks = T * top_k, slots = picks + T, inter = experts.empty() ? 0 : experts[0].inter;
-  ids_.resize(picks), slot_of_.resize(picks), weights_.resize(picks), gate_.resize(T);
-  slot_row_.resize(slots), slot_group_.resize(slots), slot_w_.resize(slots);
-  gu_.resize(slots * 2 * max_inter_), ys_.resize(slots * hidden);
-  act_.resize(picks * inter), qx_.reserve(T, hidden), qxs_.reserve(slots, hidden), qact_.reserve(picks, inter);
-  if (shared) act_shared_.resize(T * shared->inter), qact_shared_.reserve(T, shared->inter);
-  reserved_ = T;
+  MoEScratch& scratch = thread_scratch();
+  ws_ = &scratch;
+  const int64_t picks = T * top_k, slots = picks + (shared ? T : 0), inter = experts.empty() ? 0 : experts[0].inter;
+  const auto fit = [](auto& v, int64_t n) { if (static_cast<int64_t>(v.size()) < n) v.resize(n); };
+  fit(scratch.ids, picks), fit(scratch.slot_of, picks), fit(scratch.weights, picks), fit(scratch.gate, T);
+  fit(scratch.slot_row, slots), fit(scratch.slot_group, slots), fit(scratch.slot_w, slots);
+  fit(scratch.gu, slots * 2 * max_inter_), fit(scratch.ys, slots * hidden), fit(scratch.act, picks * inter);
+  scratch.qx.reserve(T, hidden), scratch.qxs.reserve(slots, hidden), scratch.qact.reserve(picks, inter);
+  if (shared) fit(scratch.act_shared, T * shared->inter), scratch.qact_shared.reserve(T, shared->inter);
+}
+
+int64_t MoEBlock::scratch_bytes() const {
+  const MoEScratch& s = thread_scratch();
+  return bytes_of(s.ids, s.slot_of, s.slot_row, s.slot_group, s.weights, s.gate, s.slot_w, s.gu, s.act, s.act_shared,
+                  s.ys) + bytes_of_rows(s.qx) + bytes_of_rows(s.qxs) + bytes_of_rows(s.qact) + bytes_of_rows(s.qact_shared);
 }
 
 void MoEBlock::run(const float* x, float* out, int64_t T, int tid, int nt, team::SpinBarrier& barrier, bool route,
@@ -88,7 +109,7 @@ void MoEBlock::run(const float* x, float* out, int64_t T, int tid, int nt, team:
   with_shared = with_shared && shared.has_value();
   const auto [r0, r1] = share(T, tid, nt);
   if (route) route_rows(x, r0, r1);
-  quantize_rows_range(x, qx_, r0, r1);
+  quantize_rows_range(x, ws_->qx, r0, r1);
   barrier.wait();
   if (tid == 0) group(T, with_shared);
   barrier.wait();
@@ -144,8 +165,8 @@ at::Tensor MoEBlock::run_experts(const at::Tensor& x, const at::Tensor& ids, con
       TORCH_CHECK(e >= 0 && e < num_experts(), "MoEBlock: expert ", e, " out of range");
       for (int64_t i = 0; i < j; ++i) TORCH_CHECK(ip[t * top_k + i] != e, "MoEBlock: a row picks expert ", e, " twice");
     }
-  std::copy(ip, ip + T * top_k, ids_.begin());
-  std::copy(weights.data_ptr<float>(), weights.data_ptr<float>() + T * top_k, weights_.begin());
+  std::copy(ip, ip + T * top_k, ws_->ids.begin());
+  std::copy(weights.data_ptr<float>(), weights.data_ptr<float>() + T * top_k, ws_->weights.begin());
   team::SpinBarrier barrier;
   const float* xp = x.data_ptr<float>();
   float* op = out.data_ptr<float>();
@@ -164,5 +185,6 @@ TORCH_LIBRARY_FRAGMENT(kvserve, m) {
       .def("set_shared", &kvserve::MoEBlock::set_shared)
       .def("num_experts", &kvserve::MoEBlock::num_experts)
       .def("forward", &kvserve::MoEBlock::forward)
-      .def("run_experts", &kvserve::MoEBlock::run_experts);
+      .def("run_experts", &kvserve::MoEBlock::run_experts)
+      .def("scratch_bytes", &kvserve::MoEBlock::scratch_bytes);
 }

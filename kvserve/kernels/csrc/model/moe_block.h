@@ -27,6 +27,15 @@ struct Expert {
   int64_t inter;
 };
 
+// A step's per-row and per-slot buffers. Every block a thread runs shares that thread's one (blocks run one
+// after another), sized for the largest step so far: per block, a 2048-token prefill's would be ~400 MB
+// at OLMoE's shapes, 6 GB over its 16 layers, all first touched in that step.
+struct MoEScratch {
+  std::vector<int64_t> ids, slot_of, slot_row, slot_group;
+  std::vector<float> weights, gate, slot_w, gu, act, act_shared, ys;
+  QuantizedRows qx, qxs, qact, qact_shared;
+};
+
 struct MoEBlock : torch::CustomClassHolder {
   int64_t hidden, top_k;
   bool norm_topk;
@@ -53,25 +62,25 @@ struct MoEBlock : torch::CustomClassHolder {
   // the grouped experts alone, for given top-k choices: ids int64 [T, k], weights float32 [T, k]
   at::Tensor run_experts(const at::Tensor& x, const at::Tensor& ids, const at::Tensor& weights);
 
-  // For a team (the decode stack's): reserve(T) before the parallel region, then every thread calls
+  // For a team (the decode stack's): reserve(T) on the calling thread before the parallel region (it
+  // points the block at that thread's MoEScratch, grown to fit), then every thread calls
   // run(tid, nt) over the same x and out. Thread tid reads x's and writes out's rows share(T, tid, nt)
   // only before and after the barriers inside, so it needs none around it.
   void reserve(int64_t T);
+  int64_t scratch_bytes() const;  // the calling thread's MoEScratch, which every block it runs shares
   void run(const float* x, float* out, int64_t T, int tid, int nt, team::SpinBarrier& barrier, bool route,
            bool with_shared);
 
  private:
-  // a step's routing and grouping (one buffer each, kept across steps: never shrink)
+  // a step's grouping of its slots by expert
   struct Group {
     int64_t expert;         // index into experts, or -1: the shared expert
     int64_t slot0, rows;    // its slots [slot0, slot0 + rows)
     int64_t gu_tile0, down_tile0;  // its first tile in the step's (group, tile) lists
   };
-  std::vector<int64_t> ids_, slot_of_, slot_row_, slot_group_;
-  std::vector<float> weights_, gate_, slot_w_, gu_, act_, act_shared_, ys_;
   std::vector<Group> groups_;
-  int64_t routed_slots_ = 0, gu_tiles_ = 0, down_tiles_ = 0, max_inter_ = 0, reserved_ = -1;
-  QuantizedRows qx_, qxs_, qact_, qact_shared_;
+  int64_t routed_slots_ = 0, gu_tiles_ = 0, down_tiles_ = 0, max_inter_ = 0;
+  MoEScratch* ws_ = nullptr;  // the calling thread's (reserve)
 
   const Expert& expert_of(const Group& g) const { return g.expert < 0 ? *shared : experts[g.expert]; }
   void route_rows(const float* x, int64_t r0, int64_t r1);

@@ -50,25 +50,25 @@ void MoEBlock::route_rows(const float* x, int64_t r0, int64_t r1) {
       for (int64_t e = 0; e < E; ++e)
         if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
       taken[best] = 1;
-      ids_[t * top_k + j] = best, weights_[t * top_k + j] = p[best];
+      ws_->ids[t * top_k + j] = best, ws_->weights[t * top_k + j] = p[best];
       picked += p[best];
     }
     if (norm_topk)
-      for (int64_t j = 0; j < top_k; ++j) weights_[t * top_k + j] /= picked;
-    if (shared_gate) gate_[t] = 1.f / (1.f + std::exp(-dot(xr, shared_gate->data_ptr<float>(), hidden)));
+      for (int64_t j = 0; j < top_k; ++j) ws_->weights[t * top_k + j] /= picked;
+    if (shared_gate) ws_->gate[t] = 1.f / (1.f + std::exp(-dot(xr, shared_gate->data_ptr<float>(), hidden)));
   }
 }
 
 void MoEBlock::group(int64_t T, bool with_shared) {
   const int64_t E = num_experts(), picks = T * top_k;
   std::vector<int64_t> start(E, 0);
-  for (int64_t i = 0; i < picks; ++i) ++start[ids_[i]];
+  for (int64_t i = 0; i < picks; ++i) ++start[ws_->ids[i]];
   groups_.clear();
   int64_t slot = 0, gu_tiles = 0, dn_tiles = 0;
   auto add = [&](int64_t expert, int64_t rows) {
     const Expert& x = expert < 0 ? *shared : experts[expert];
     groups_.push_back({expert, slot, rows, gu_tiles, dn_tiles});
-    for (int64_t s = slot; s < slot + rows; ++s) slot_group_[s] = static_cast<int64_t>(groups_.size()) - 1;
+    for (int64_t s = slot; s < slot + rows; ++s) ws_->slot_group[s] = static_cast<int64_t>(groups_.size()) - 1;
     slot += rows, gu_tiles += num_tiles(2 * x.inter), dn_tiles += num_tiles(hidden);
   };
   for (int64_t e = 0; e < E; ++e) {
@@ -78,24 +78,24 @@ void MoEBlock::group(int64_t T, bool with_shared) {
   }
   routed_slots_ = slot;
   for (int64_t i = 0; i < picks; ++i) {  // rows in ascending order within each expert's slots
-    const int64_t s = start[ids_[i]]++;
-    slot_row_[s] = i / top_k, slot_w_[s] = weights_[i], slot_of_[i] = s;
+    const int64_t s = start[ws_->ids[i]]++;
+    ws_->slot_row[s] = i / top_k, ws_->slot_w[s] = ws_->weights[i], ws_->slot_of[i] = s;
   }
   if (with_shared) {
-    for (int64_t t = 0; t < T; ++t) slot_row_[slot + t] = t, slot_w_[slot + t] = gate_[t];
+    for (int64_t t = 0; t < T; ++t) ws_->slot_row[slot + t] = t, ws_->slot_w[slot + t] = ws_->gate[t];
     add(-1, T);
   }
   gu_tiles_ = gu_tiles, down_tiles_ = dn_tiles;
 }
 
 void MoEBlock::gather_rows(int64_t s0, int64_t s1) {
-  const int64_t nb = qx_.nb;
+  const int64_t nb = ws_->qx.nb;
   for (int64_t s = s0; s < s1; ++s) {
-    const int64_t t = slot_row_[s];
-    std::memcpy(qxs_.q.data() + s * hidden, qx_.q.data() + t * hidden, hidden);
-    std::memcpy(qxs_.d.data() + s * nb, qx_.d.data() + t * nb, nb * sizeof(float));
-    std::memcpy(qxs_.s.data() + s * nb, qx_.s.data() + t * nb, nb * sizeof(float));
-    std::memcpy(qxs_.qsum.data() + s * nb, qx_.qsum.data() + t * nb, nb * sizeof(int32_t));
+    const int64_t t = ws_->slot_row[s];
+    std::memcpy(ws_->qxs.q.data() + s * hidden, ws_->qx.q.data() + t * hidden, hidden);
+    std::memcpy(ws_->qxs.d.data() + s * nb, ws_->qx.d.data() + t * nb, nb * sizeof(float));
+    std::memcpy(ws_->qxs.s.data() + s * nb, ws_->qx.s.data() + t * nb, nb * sizeof(float));
+    std::memcpy(ws_->qxs.qsum.data() + s * nb, ws_->qx.qsum.data() + t * nb, nb * sizeof(int32_t));
   }
 }
 
@@ -104,30 +104,30 @@ void MoEBlock::gate_up_tiles(int64_t w0, int64_t w1) {
     const Expert& e = expert_of(g);
     const int64_t n = num_tiles(2 * e.inter), lo = std::max(w0, g.gu_tile0), hi = std::min(w1, g.gu_tile0 + n);
     if (lo < hi)
-      linear_tiles_range(e.gate_up_w, qxs_, g.rows, gu_.data() + g.slot0 * 2 * max_inter_, lo - g.gu_tile0,
+      linear_tiles_range(e.gate_up_w, ws_->qxs, g.rows, ws_->gu.data() + g.slot0 * 2 * max_inter_, lo - g.gu_tile0,
                          hi - g.gu_tile0, g.slot0);
   }
 }
 
 void MoEBlock::activate_slots(int64_t s0, int64_t s1) {
   for (int64_t s = s0; s < s1; ++s) {
-    const Group& g = groups_[slot_group_[s]];
+    const Group& g = groups_[ws_->slot_group[s]];
     const Expert& e = expert_of(g);
     const int64_t inter = e.inter, r = s - g.slot0;
-    float* gu = gu_.data() + g.slot0 * 2 * max_inter_ + r * 2 * inter;
+    float* gu = ws_->gu.data() + g.slot0 * 2 * max_inter_ + r * 2 * inter;
     if (e.gate_up_bias) {
       const float* b = e.gate_up_bias->data_ptr<float>();
       for (int64_t j = 0; j < 2 * inter; ++j) gu[j] += b[j];
     }
-    // routed slots quantized as rows of qact_, the shared expert's (row r) as rows of qact_shared_
+    // routed slots quantized as rows of the scratch's qact, the shared expert's (row r) as rows of its qact_shared
     const bool routed = g.expert >= 0;
-    std::vector<float>& buf = routed ? act_ : act_shared_;
+    std::vector<float>& buf = routed ? ws_->act : ws_->act_shared;
     const int64_t row = routed ? s : r;
     float* out = buf.data() + row * inter;
     if (act == ExpertAct::kSwiglu) clamped_swiglu(gu, out, inter, alpha, limit);
     else if (act == ExpertAct::kGeluTanh) rows::gelu_tanh_mul(gu, out, inter, 0, 1);
     else rows::silu_mul(gu, out, inter, 0, 1);
-    quantize_rows_range(buf.data(), routed ? qact_ : qact_shared_, row, row + 1);
+    quantize_rows_range(buf.data(), routed ? ws_->qact : ws_->qact_shared, row, row + 1);
   }
 }
 
@@ -137,7 +137,7 @@ void MoEBlock::down_tiles(int64_t w0, int64_t w1) {
     const int64_t n = num_tiles(hidden), lo = std::max(w0, g.down_tile0), hi = std::min(w1, g.down_tile0 + n);
     const bool routed = g.expert >= 0;
     if (lo < hi)
-      linear_tiles_range(e.down_w, routed ? qact_ : qact_shared_, g.rows, ys_.data() + g.slot0 * hidden,
+      linear_tiles_range(e.down_w, routed ? ws_->qact : ws_->qact_shared, g.rows, ws_->ys.data() + g.slot0 * hidden,
                          lo - g.down_tile0, hi - g.down_tile0, routed ? g.slot0 : 0);
   }
 }
@@ -146,7 +146,7 @@ void MoEBlock::combine_rows(float* out, int64_t r0, int64_t r1, bool with_shared
   std::vector<int64_t> slots(top_k + 1);
   for (int64_t t = r0; t < r1; ++t) {
     // slots are laid out by ascending expert id: sorting a row's slots sorts its experts
-    std::copy(slot_of_.begin() + t * top_k, slot_of_.begin() + (t + 1) * top_k, slots.begin());
+    std::copy(ws_->slot_of.begin() + t * top_k, ws_->slot_of.begin() + (t + 1) * top_k, slots.begin());
     std::sort(slots.begin(), slots.begin() + top_k);
     int64_t n = top_k;
     if (with_shared) slots[n++] = routed_slots_ + t;
@@ -154,9 +154,9 @@ void MoEBlock::combine_rows(float* out, int64_t r0, int64_t r1, bool with_shared
     std::fill(o, o + hidden, 0.f);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t s = slots[i];
-      const Expert& e = expert_of(groups_[slot_group_[s]]);
-      float* y = ys_.data() + s * hidden;
-      const float w = slot_w_[s];
+      const Expert& e = expert_of(groups_[ws_->slot_group[s]]);
+      float* y = ws_->ys.data() + s * hidden;
+      const float w = ws_->slot_w[s];
       if (e.down_bias) {
         const float* b = e.down_bias->data_ptr<float>();
         for (int64_t j = 0; j < hidden; ++j) y[j] += b[j];
