@@ -100,8 +100,9 @@ void MoEBlock::reserve(int64_t T) {
 
 int64_t MoEBlock::scratch_bytes() const {
   const MoEScratch& s = thread_scratch();
-  return bytes_of(s.ids, s.slot_of, s.slot_row, s.slot_group, s.weights, s.gate, s.slot_w, s.gu, s.act, s.act_shared,
-                  s.ys) + bytes_of_rows(s.qx) + bytes_of_rows(s.qxs) + bytes_of_rows(s.qact) + bytes_of_rows(s.qact_shared);
+  const int64_t rows = bytes_of_rows(s.qx) + bytes_of_rows(s.qxs) + bytes_of_rows(s.qact) + bytes_of_rows(s.qact_shared);
+  return rows + bytes_of(s.ids, s.slot_of, s.slot_row, s.slot_group, s.weights, s.gate, s.slot_w, s.gu, s.act,
+                         s.act_shared, s.ys);
 }
 
 void MoEBlock::run(const float* x, float* out, int64_t T, int tid, int nt, team::SpinBarrier& barrier, bool route,
