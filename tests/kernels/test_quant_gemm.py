@@ -191,6 +191,21 @@ def test_native_dequantize_is_exact_and_prefill_rows_equal_the_same_rows_alone(k
 
 
 @pytest.mark.parametrize("kind", ["q8_0", "q4_1", "q4_0"])
+@pytest.mark.parametrize("n", [13, 40, 96])
+def test_every_row_gets_the_bits_it_gets_alone_whichever_tile_kernel_runs(kernels, kind, n):
+    """4 rows or more run on pairs of tiles (16 columns, AVX512-VNNI builds), fewer rows and an odd or partial
+    last tile on single tiles (8 columns): the same integer sums and float ops per column, the same bits."""
+    torch.manual_seed(n)
+    qw = quantize(torch.randn(n, 128), kind)
+    packed = kernels.pack_quant(qw.qs, qw.d, qw.m)
+    x = torch.randn(11, 128)
+    batch = kernels.packed_linear(x, packed, kind, n)
+    for i in range(11):
+        assert torch.equal(kernels.packed_linear(x[i : i + 1], packed, kind, n)[0], batch[i]), i
+    assert torch.equal(kernels.packed_linear(x[2:9], packed, kind, n), batch[2:9])
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_1", "q4_0"])
 def test_many_rows_take_the_bf16_gemm_where_amx_is_on_and_few_rows_the_integer_kernel(kernels, kind):
     if not torch.backends.mkldnn.is_available():
         pytest.skip("torch without oneDNN")

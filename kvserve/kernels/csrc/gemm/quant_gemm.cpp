@@ -25,6 +25,7 @@
 #include "common/ops.h"
 #include "common/prefetch.h"
 #include "gemm/quant_format.h"
+#include "gemm/quant_tiles.h"
 
 #include <cmath>
 #include <cstring>
@@ -89,16 +90,6 @@ inline void quantize_block(const float* v, int8_t* q, float* d, float* s, int32_
 
 // ---- the kernels: one tile of 8 columns for MR rows --------------------------------------------
 
-
-struct TileArgs {
-  const uint8_t* tile;  // the tile's first block
-  const QuantizedRows* a;
-  int64_t row0;         // first row
-  float* y;             // y[row0, first column of the tile]
-  int64_t ldy;          // row stride of y
-  int64_t cols;         // valid columns in the tile (8 except in a last, partial one)
-  StreamPrefetch* pf;   // the thread's stream of tiles
-};
 
 inline void store_row(float* dst, const float* src, int64_t cols) {
   for (int64_t j = 0; j < cols; ++j) dst[j] = src[j];
@@ -300,6 +291,13 @@ void tiles(const uint8_t* packed, const QuantizedRows& a, int64_t M, int64_t N, 
   if (!pf.started()) pf.start(packed + t0 * a.nb * block_bytes);
   for (int64_t t = t0; t < t1; ++t) {
     TileArgs args{packed + t * a.nb * block_bytes, &a, 0, y + t * NR, N, std::min(NR, N - t * NR), &pf};
+#if KV_TILE_PAIRS
+    if (M >= 4 && t + 1 < t1 && (t + 2) * NR <= N) {  // rows enough to be compute-bound, two full tiles
+      each_row_group(M, a_row0, y + t * NR, N, args, [](const TileArgs& g, int mr) { run_pair_rows<F>(g, mr); });
+      ++t;
+      continue;
+    }
+#endif
     int64_t r = 0;
     for (; r + 4 <= M; r += 4) {
       args.row0 = a_row0 + r, args.y = y + r * N + t * NR;
