@@ -21,7 +21,8 @@
 // Q4_1's min term, its integer sum for Q8_0's w + 128 on VNNI), so a block's dot product is integer
 // (u8 x s8 multiply-adds) and is scaled once: sum_k w_k x_k = dw * dx * sum(q * qx) + m * sum(x).
 //
-// The packing is quant_pack.cpp's; this file quantizes activations and multiplies.
+// The packing is quant_pack.cpp's; this file quantizes activations and multiplies, a tile at a time, or on
+// AVX512-VNNI two tiles at a time for 4 rows or more (quant_tiles.h: the same bits, half the instructions).
 #include "common/ops.h"
 #include "common/prefetch.h"
 #include "gemm/quant_format.h"
