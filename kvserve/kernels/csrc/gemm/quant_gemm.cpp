@@ -281,6 +281,32 @@ inline void run_tile(const TileArgs& t) {
 #endif
 }
 
+// One tile (8 columns), or with Pair on AVX512-VNNI two adjacent ones (16: quant_tiles.h), for MR rows.
+template <Fmt F, bool Pair, int MR>
+inline void run_kernel(const TileArgs& t) {
+#if KV_TILE_PAIRS
+  if constexpr (Pair) {
+    run_pair<F, MR>(t);
+    return;
+  }
+#endif
+  run_tile<F, MR>(t);
+}
+
+// The kernel over M rows in groups of 4 (then the 1-3 left), from the tile at `args`
+template <Fmt F, bool Pair>
+void row_groups(int64_t M, int64_t a_row0, float* y0, int64_t N, TileArgs args) {
+  for (int64_t r = 0; r < M; r += 4) {
+    args.row0 = a_row0 + r, args.y = y0 + r * N;
+    switch (std::min<int64_t>(4, M - r)) {
+      case 4: run_kernel<F, Pair, 4>(args); break;
+      case 3: run_kernel<F, Pair, 3>(args); break;
+      case 2: run_kernel<F, Pair, 2>(args); break;
+      default: run_kernel<F, Pair, 1>(args); break;
+    }
+  }
+}
+
 // Tiles [t0, t1) for every row (a's rows from a_row0): rows in groups of 4, so a block's unpacked weights serve 4 rows
 // from registers; a tile's bytes (a few KB) stay in L1 across the groups.
 template <Fmt F>
@@ -291,25 +317,13 @@ void tiles(const uint8_t* packed, const QuantizedRows& a, int64_t M, int64_t N, 
   StreamPrefetch& pf = given ? *given : own;
   if (!pf.started()) pf.start(packed + t0 * a.nb * block_bytes);
   for (int64_t t = t0; t < t1; ++t) {
-    TileArgs args{packed + t * a.nb * block_bytes, &a, 0, y + t * NR, N, std::min(NR, N - t * NR), &pf};
-#if KV_TILE_PAIRS
-    if (M >= 4 && t + 1 < t1 && (t + 2) * NR <= N) {  // rows enough to be compute-bound, two full tiles
-      each_row_group(M, a_row0, y + t * NR, N, args, [](const TileArgs& g, int mr) { run_pair_rows<F>(g, mr); });
+    const TileArgs args{packed + t * a.nb * block_bytes, &a, 0, y + t * NR, N, std::min(NR, N - t * NR), &pf};
+    // rows enough to be compute-bound, and two full tiles: both at once
+    if (KV_TILE_PAIRS && M >= 4 && t + 1 < t1 && (t + 2) * NR <= N) {
+      row_groups<F, true>(M, a_row0, y + t * NR, N, args);
       ++t;
-      continue;
-    }
-#endif
-    int64_t r = 0;
-    for (; r + 4 <= M; r += 4) {
-      args.row0 = a_row0 + r, args.y = y + r * N + t * NR;
-      run_tile<F, 4>(args);
-    }
-    args.row0 = a_row0 + r, args.y = y + r * N + t * NR;
-    switch (M - r) {
-      case 3: run_tile<F, 3>(args); break;
-      case 2: run_tile<F, 2>(args); break;
-      case 1: run_tile<F, 1>(args); break;
-      default: break;
+    } else {
+      row_groups<F, false>(M, a_row0, y + t * NR, N, args);
     }
   }
 }

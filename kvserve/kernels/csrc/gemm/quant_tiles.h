@@ -9,7 +9,6 @@
 #include "common/prefetch.h"
 #include "gemm/quant_format.h"
 
-#include <algorithm>
 #include <cstring>
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -141,25 +140,6 @@ template <Fmt F, int MR>
 inline void run_pair(const TileArgs& t) {
   if constexpr (F == kQ8_0) q8_pair<MR>(t);
   else q4_pair<MR, F == kQ4_1>(t);
-}
-
-template <Fmt F>
-inline void run_pair_rows(const TileArgs& t, int mr) {
-  switch (mr) {
-    case 4: run_pair<F, 4>(t); break;
-    case 3: run_pair<F, 3>(t); break;
-    case 2: run_pair<F, 2>(t); break;
-    default: run_pair<F, 1>(t); break;
-  }
-}
-
-// run(args, rows) over M rows in groups of 4 (then the 1-3 left), args' row0 and y set for each group
-template <typename Run>
-inline void each_row_group(int64_t M, int64_t a_row0, float* y0, int64_t N, TileArgs args, Run run) {
-  for (int64_t r = 0; r < M; r += 4) {
-    args.row0 = a_row0 + r, args.y = y0 + r * N;
-    run(args, static_cast<int>(std::min<int64_t>(4, M - r)));
-  }
 }
 #endif
 
