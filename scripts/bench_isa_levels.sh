@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The embedded model's speed at each instruction-set level of the native kernels, forced with
 # KVSERVE_CPU_ISA, in one sitting, rounds alternating: `kvserve bench offline` (64 prompts, 128 in,
-# 128 out) and `kvserve serve` + `bench serve` c64 (the same shape). A side `native@DIR` runs the
-# checkout DIR as it is (before per-level libraries: its kernels built with -march=native).
-# Usage: OUT=dir [ROUNDS="1 2 3"] scripts/bench_isa_levels.sh SIDE ...   (SIDE: a level, or native@DIR)
+# 128 out) and `kvserve serve` + `bench serve` c64 (the same shape). A side `NAME@DIR` runs the
+# checkout DIR as it is, at its own choice of kernels, under the label NAME (for example
+# `native@DIR`: a tree from before per-level libraries, its kernels built with -march=native; or
+# `before@DIR`: a worktree of an earlier commit, to measure a kernel change on this CPU).
+# Usage: OUT=dir [ROUNDS="1 2 3"] scripts/bench_isa_levels.sh SIDE ...   (SIDE: a level, or NAME@DIR)
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/tmp/isa-bench}; mkdir -p "$OUT"
@@ -13,7 +15,7 @@ lscpu | grep "Model name" > "$OUT/cpu"; date -u +%FT%TZ >> "$OUT/date"
 for round in ${ROUNDS:-1 2 3}; do
   for side in "$@"; do
     case $side in
-      native@*) dir=${side#native@}; name=native; isa= ;;
+      *@*) dir=${side#*@}; name=${side%%@*}; isa= ;;
       *) dir=$ROOT; name=$side; isa=$side ;;
     esac
     cd "$dir"

@@ -107,27 +107,33 @@ inline void store_row(float* dst, const float* src, int64_t cols) {
 #define KV_VNNI 0
 #endif
 
-// Lane i of the result: the sum of u8 x s8 products over the 4 bytes of lane i of (u1, s1) and (u2, s2).
-// maddubs saturates its pairwise i16 sums, which our operands never reach: u <= 15 (Q4) or
-// u = |q| <= 128 (Q8), times |x| <= 127, twice, (twice again when two Q4 sums are added) < 2^15.
-inline __m256i dot2_u8s8(__m256i u1, __m256i s1, __m256i u2, __m256i s2) {
-#if defined(__AVXVNNI__)
-  return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u1, s1), u2, s2);
-#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u1, s1), u2, s2);
-#else
-  const __m256i sum16 = _mm256_add_epi16(_mm256_maddubs_epi16(u1, s1), _mm256_maddubs_epi16(u2, s2));
-  return _mm256_madd_epi16(sum16, _mm256_set1_epi16(1));
-#endif
+// Ends what the compiler may assume about v, at no cost: a chain of adds then stays a chain. Left free,
+// GCC rebalances a block's adds into a tree, which needs every product live at once and, in AVX2's
+// 16 registers, spills them to the stack.
+inline __m256i opaque(__m256i v) {
+  asm("" : "+x"(v));
+  return v;
 }
 
-inline __m256i dot_u8s8(__m256i u, __m256i s) {
-#if defined(__AVXVNNI__)
-  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
-#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+// Q4's 8 column totals of one block for one row, as [c0 c1 c2 c3 | c4 c5 c6 c7]: lo[k] / hi[k] hold columns
+// k (low 128 bits) and k + 4 (high) as nibbles for x's first / second 16 values, xl / xh.
+inline __m256i q4_column_sums(const __m256i (&lo)[4], const __m256i (&hi)[4], __m256i xl, __m256i xh) {
+#if KV_VNNI
+  __m256i p[4];
+  for (int k = 0; k < 4; ++k) p[k] = VNNI_DPBUSD(VNNI_DPBUSD(_mm256_setzero_si256(), lo[k], xl), hi[k], xh);
+  // per 128-bit lane hadds: the columns in order
+  return _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
 #else
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+  // maddubs saturates its pairwise i16 sums, but Q4's never get there: a pair is at most 2 * 15 * 127,
+  // and 8 of them summed in 16 bits stay under 2^15. So the 16-bit partials are folded by unpack + add
+  // (hadd is several uops: 1.4x slower here on Zen 3) down to 2 per column, and widened once.
+  __m256i s[4];
+  for (int k = 0; k < 4; ++k) s[k] = _mm256_add_epi16(_mm256_maddubs_epi16(lo[k], xl), _mm256_maddubs_epi16(hi[k], xh));
+  // per 128-bit lane, 16-bit: [k k k k k k k k] x 4 -> [0 0 1 1 0 0 1 1], [2 2 3 3 2 2 3 3] -> [0 0 1 1 2 2 3 3]
+  const __m256i s01 = _mm256_add_epi16(_mm256_unpacklo_epi32(s[0], s[1]), _mm256_unpackhi_epi32(s[0], s[1]));
+  const __m256i s23 = _mm256_add_epi16(_mm256_unpacklo_epi32(s[2], s[3]), _mm256_unpackhi_epi32(s[2], s[3]));
+  const __m256i pairs = _mm256_add_epi16(_mm256_unpacklo_epi64(s01, s23), _mm256_unpackhi_epi64(s01, s23));
+  return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
 #endif
 }
 
@@ -175,10 +181,7 @@ void q4_tile(const TileArgs& t) {
       const int8_t* xq = a.q.data() + row * a.K + b * QK;
       const __m256i xl = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq)));
       const __m256i xh = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq + 16)));
-      const __m256i p0 = dot2_u8s8(lo[0], xl, hi[0], xh), p1 = dot2_u8s8(lo[1], xl, hi[1], xh);
-      const __m256i p2 = dot2_u8s8(lo[2], xl, hi[2], xh), p3 = dot2_u8s8(lo[3], xl, hi[3], xh);
-      // per 128-bit lane hadds: [c0 c1 c2 c3 | c4 c5 c6 c7], the columns in order
-      __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+      __m256i sums = q4_column_sums(lo, hi, xl, xh);
       if constexpr (!MIN) sums = _mm256_sub_epi32(sums, _mm256_set1_epi32(8 * a.qsum[row * nb + b]));
       const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(a.d[row * nb + b]));
       acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[i]);
@@ -196,14 +199,17 @@ void q8_tile(const TileArgs& t) {
   for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
 #if KV_VNNI
   const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
+#else
+  const __m256i ones = _mm256_set1_epi16(1);
 #endif
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = t.tile + b * block_bytes_of(kQ8_0);
     t.pf->upto(blk + block_bytes_of(kQ8_0));
     const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 256)));
     // C independent sums per row (groups g, g + C, ...): one chain of 8 dependent multiply-adds
-    // per block would bound a decode step by their latency, not by its bytes
-    constexpr int C = MR == 1 ? 4 : 2;
+    // per block would bound a decode step by their latency, not by its bytes. Without VNNI, several
+    // rows are chains enough, and AVX2's 16 registers hold no more sums without spilling.
+    constexpr int C = MR == 1 ? 4 : (KV_VNNI ? 2 : 1);
     __m256i sum[MR][C];
     const int8_t* xq[MR];
     for (int i = 0; i < MR; ++i) {
@@ -223,7 +229,7 @@ void q8_tile(const TileArgs& t) {
 #if KV_VNNI
         sum[i][g % C] = VNNI_DPBUSD(sum[i][g % C], wu, _mm256_set1_epi32(x4));
 #else
-        sum[i][g % C] = _mm256_add_epi32(sum[i][g % C], dot_u8s8(wu, _mm256_sign_epi8(_mm256_set1_epi32(x4), w)));
+        sum[i][g % C] = opaque(_mm256_add_epi32(sum[i][g % C], _mm256_madd_epi16(_mm256_maddubs_epi16(wu, _mm256_sign_epi8(_mm256_set1_epi32(x4), w)), ones)));
 #endif
       }
     }
