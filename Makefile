@@ -41,7 +41,7 @@ test: $(STAMP)
 	scripts/test_deps.sh
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
-# the kernel, engine and server tests with those packages' binaries hidden from the PATH: 0 errors
+# the tests marked `component` (they start those packages' programs) with the binaries hidden from the PATH: 0 errors
 test-bare: $(STAMP)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} PYTEST_ARGS="-n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)" scripts/test_bare.sh $(BIN)/python
 

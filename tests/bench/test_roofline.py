@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+from conftest import onednn_packs_bf16
 from kvserve.bench import gemm_timing as gt
 from kvserve.bench import roofline as rf
 from kvserve.cli import main
@@ -245,7 +246,7 @@ def test_the_gemm_timing_sizes_its_weight_copies_in_the_bytes_the_kernels_read()
     assert gt.held_bytes(lambda x: x, shape, torch.float32) == 96 * 64 * 4
     if shutil.which("c++") is None or not load_kernels():
         pytest.skip("native kernels did not build")
-    if torch.ops.mkldnn._is_mkldnn_bf16_supported():  # oneDNN packs bf16 weights only with AVX512-BW/VL/DQ
+    if onednn_packs_bf16():
         assert gt.held_bytes(QuantLinear(quantize(w, "q4_1"), None, torch.float32, amx=True), shape, torch.float32) == 96 * 64 * 2
     plain = QuantLinear(quantize(w, "q4_1"), None, torch.float32, amx=False)
     assert gt.held_bytes(plain, shape, torch.float32) == plain.packed.numel() == 96 * 64 * 20 // 32

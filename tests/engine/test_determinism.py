@@ -117,6 +117,7 @@ def test_cold_equals_a_restore_from_disk(prompts, alone, tmp_path):
     assert second.engine.kv.stats.tier_hits["disk"] > 0
 
 
+@pytest.mark.component
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="no redis-server on the PATH (make test installs it)")
 def test_cold_equals_a_restore_from_redis(prompts, alone):
     pytest.importorskip("redis")

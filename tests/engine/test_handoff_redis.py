@@ -14,6 +14,7 @@ from engine.test_handoff import PROMPT, decode, prefill, replica, want  # noqa: 
 from redis_server import RedisServer, free_port
 from kvserve.kv.redis_tier import KEY_PREFIX, RedisTier
 
+pytestmark = pytest.mark.component
 redis = pytest.importorskip("redis")
 if shutil.which("redis-server") is None:
     pytest.skip("no redis-server on the PATH (Debian: apt-get install redis-server; make test does as root)",

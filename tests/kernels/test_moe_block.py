@@ -11,6 +11,7 @@ import shutil
 import pytest
 import torch
 
+from conftest import needs_onednn_bf16
 from kvserve.model.mlp import MoE
 from kvserve.model.moe_native import moe_blocker
 from kvserve.model.quant import quantize
@@ -174,13 +175,12 @@ def test_a_shared_expert_under_an_adapter_runs_in_python():
     torch.testing.assert_close(moe(x), moe.loop_forward(x), rtol=1e-4, atol=1e-5)
 
 
+@needs_onednn_bf16
 def test_on_amx_a_prefill_sized_step_runs_the_loop_on_the_experts_bf16_copies(monkeypatch):
     """Experts with AMX copies (forced: emulated where the CPU lacks AMX) take the loop once they average
     AMX_MIN_ROWS rows (their bf16 GEMMs), the block below that."""
     from kvserve.model.quant_linear import AMX_MIN_ROWS
 
-    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
-        pytest.skip("oneDNN without bf16 on this CPU")
     moe = make_moe("mixtral", "q8_0")  # 4 experts, top-2
     for mlp in moe.experts:
         for name in ("gate_up", "down"):

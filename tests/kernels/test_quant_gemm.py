@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import needs_onednn_bf16
 from kvserve.model.quant import QuantWeight, from_gguf_blocks, pack_q4, quantize, unpack_q4
 from kvserve.model.quant_linear import AMX_MIN_ROWS, QuantLinear
 
@@ -206,9 +207,8 @@ def test_every_row_gets_the_bits_it_gets_alone_whichever_tile_kernel_runs(kernel
 
 
 @pytest.mark.parametrize("kind", ["q8_0", "q4_1", "q4_0"])
+@needs_onednn_bf16
 def test_many_rows_take_the_bf16_gemm_where_amx_is_on_and_few_rows_the_integer_kernel(kernels, kind):
-    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
-        pytest.skip("oneDNN packs bf16 weights only on CPUs with AVX512-BW/VL/DQ or AVX-NE-CONVERT")
     torch.manual_seed(4)
     qw = quantize(torch.randn(40, 96), kind)
     bias = torch.randn(40)

@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from conftest import tiny_weights
+from conftest import onednn_packs_bf16, tiny_weights
 from kvserve.attention import SeqRows, get_attention_backend, get_kv_pool
 from kvserve.config import CacheConfig
 from kvserve.errors import InvalidArgumentError
@@ -167,8 +167,7 @@ def test_auto_stores_bf16_where_prefill_attends_in_bf16(monkeypatch, caplog):
     import kvserve.model.quant_linear as ql
 
     cfg, weights = tiny_weights()
-    # the AMX case packs bf16 weights with oneDNN, which refuses on CPUs without AVX512-BW/VL/DQ
-    amx_cases = [(True, torch.bfloat16)] if torch.ops.mkldnn._is_mkldnn_bf16_supported() else []
+    amx_cases = [(True, torch.bfloat16)] if onednn_packs_bf16() else []
     for amx, want in amx_cases + [(False, torch.float32)]:
         monkeypatch.setattr(ql, "amx_gemm_available", lambda amx=amx: amx)
         with caplog.at_level(logging.INFO, logger="kvserve.runner.torch_runner"):

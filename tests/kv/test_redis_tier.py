@@ -17,6 +17,7 @@ from kvserve import SamplingParams
 from kvserve.kv.redis_tier import KEY_PREFIX, RedisTier
 from kvserve.llm import LLM
 
+pytestmark = pytest.mark.component
 redis = pytest.importorskip("redis")
 if shutil.which("redis-server") is None:
     pytest.skip("no redis-server on the PATH (Debian: apt-get install redis-server; make test does as root)",

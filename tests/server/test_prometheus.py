@@ -29,6 +29,7 @@ from kvserve.router.config import RouterConfig
 from kvserve.router.prompt import PromptTokenizer
 from server_utils import TINY_ENGINE, AppThread, ServerThread
 
+pytestmark = pytest.mark.component
 PROMETHEUS, PROMTOOL = shutil.which("prometheus"), shutil.which("promtool")
 NO_PROMETHEUS = "no prometheus binary on the PATH (Debian: apt-get install prometheus; make test does as root)"
 needs_prometheus = pytest.mark.skipif(PROMETHEUS is None, reason=NO_PROMETHEUS)
@@ -168,7 +169,6 @@ def scraped(prometheus: str, expr: str) -> float:
     return sum(float(r["value"][1]) for r in body["data"]["result"])
 
 
-@pytest.mark.prometheus
 @needs_prometheus
 def test_every_dashboard_query_returns_data_from_a_real_prometheus(prometheus, loaded):
     server, router, start = loaded
@@ -198,7 +198,6 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(prometheus, l
     assert not empty, "queries without data:\n" + "\n".join(empty)
 
 
-@pytest.mark.prometheus
 @needs_promtool
 def test_metrics_pass_promtool(loaded):
     server, router, _ = loaded

@@ -25,6 +25,7 @@ from kvserve.server.app import create_app
 from kvserve.server.engine_client import AsyncEngineClient
 from server_utils import TINY_ENGINE, ServerThread, spawn_serve
 
+pytestmark = pytest.mark.component  # chromium (the page tests); the route tests run without it
 CHROMIUM = os.environ.get("KVSERVE_CHROMIUM") or shutil.which("chromium") or ""
 KEY = "ui-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
