@@ -84,16 +84,18 @@ class QuantWeight:
 
 @dataclass
 class QuantExperts:
-    """A layer's experts stored stacked (``StackedExperts``: [experts, in, out]) kept quantized: each expert's
-    linear weight [out, in] as a QuantWeight, gate's rows before up's (the order ``unstack_experts`` cuts
-    dense ones into). ``shape`` is the stacked tensor's, which the checkpoint check reads."""
+    """A layer's experts stored stacked (``StackedExperts``: [experts, in, out], or [experts, out, in] where not
+    ``transposed``) kept quantized: each expert's linear weight [out, in] as a QuantWeight, gate's rows before
+    up's (the order ``unstack_experts`` cuts dense ones into). ``shape`` is the stacked tensor's, which the
+    checkpoint check reads."""
 
     experts: list[QuantWeight]
+    transposed: bool = True
 
     @property
     def shape(self) -> torch.Size:
         out, k = self.experts[0].shape
-        return torch.Size((len(self.experts), k, out))
+        return torch.Size((len(self.experts), k, out) if self.transposed else (len(self.experts), out, k))
 
     @property
     def nbytes(self) -> int:

@@ -53,6 +53,10 @@ CASES: dict[str, tuple[str, dict]] = {
     "OlmoeForCausalLM": ("OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2, intermediate_size=32)),
     "GraniteForCausalLM": ("GraniteConfig", dict(embedding_multiplier=3.0, residual_multiplier=0.5,
                                                  attention_multiplier=0.3, logits_scaling=2.0, attention_bias=True)),
+    # experts stacked as linear weights (gate's rows then up's), with Granite's multipliers
+    "GraniteMoeForCausalLM": ("GraniteMoeConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
+                                                       embedding_multiplier=3.0, residual_multiplier=0.5,
+                                                       attention_multiplier=0.3, logits_scaling=2.0)),
     # sinks, biases everywhere, the router's bias, the clamped SwiGLU, stacked experts, sliding/full, yarn; a low
     # limit so that the clamps bite on these weights
     "GptOssForCausalLM": ("GptOssConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
@@ -276,7 +280,8 @@ def test_gemma3_multimodal_checkpoint_answers_as_its_text_model(tmp_path_factory
     ("Starcoder2ForCausalLM", False, "LayerNorms, a non-gated MLP"),
     ("Phi3ForCausalLM", False, "partial rotary"),
     ("Ernie4_5ForCausalLM", True, None), ("SmolLM3ForCausalLM", True, None), ("GemmaForCausalLM", True, None),
-    ("Gemma2ForCausalLM", True, None), ("Gemma3ForCausalLM", True, None), ("Olmo2ForCausalLM", True, None), ("GraniteForCausalLM", True, None)])
+    ("Gemma2ForCausalLM", True, None), ("Gemma3ForCausalLM", True, None), ("Olmo2ForCausalLM", True, None), ("GraniteForCausalLM", True, None),
+    ("GraniteMoeForCausalLM", True, None)])
 def test_the_start_up_log_names_what_keeps_a_model_off_the_native_stack(case, stack, why, tmp_path_factory, caplog):
     """int8 (what the native decode stack runs over): every option it lacks is named in the start-up log and the
     layers run in Python; models whose options it runs (ERNIE's interleaved rotary reordered at load, SmolLM3's

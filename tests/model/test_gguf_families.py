@@ -29,7 +29,7 @@ from conftest import hf_greedy
 from kvserve import SamplingParams
 from kvserve.llm import LLM
 from kvserve.model.loader import load_model, load_model_config
-from kvserve.model.quant import QuantWeight
+from kvserve.model.quant import QuantExperts, QuantWeight
 from test_architectures import CASES as ARCH_CASES
 from test_architectures import COMMON, GREEDY, assert_logprobs_close, hf_model, prompts
 from test_mxfp4 import mxfp4_experts
@@ -51,6 +51,8 @@ CASES: dict[str, tuple[str, dict, str]] = {
     "gemma": ("GemmaForCausalLM", {}, "gemma"),
     "olmo2": ("Olmo2ForCausalLM", {}, "olmo2"),
     "granite": ("GraniteForCausalLM", {}, "granite"),
+    # the converter splits the stacked input_linear into gate's and up's expert tensors
+    "granitemoe": ("GraniteMoeForCausalLM", {}, "granitemoe"),
     # llama.cpp's graph skips rotary on every 4th layer (no GGUF key): four layers show it
     "smollm3": ("SmolLM3ForCausalLM", dict(no_rope_layer_interval=4), "smollm3"),
     # the converter writes no window for starcoder2 (llama.cpp has none there)
@@ -66,12 +68,12 @@ CASES: dict[str, tuple[str, dict, str]] = {
         **ARCH_CASES["GptOssForCausalLM"][1]["rope_parameters"], "truncate": True}), "gpt-oss"),
 }
 # where transformers' GGUF reader has no such architecture, or no stacked experts for it (llama)
-NO_TRANSFORMERS_READER = {"olmoe", "mixtral", "gemma", "olmo2", "granite", "smollm3", "glm4", "ernie4_5",
+NO_TRANSFORMERS_READER = {"olmoe", "mixtral", "gemma", "olmo2", "granite", "granitemoe", "smollm3", "glm4", "ernie4_5",
                           "ernie4_5:use_bias", "gpt-oss"}
 GEMMA = {"gemma", "gemma2", "gemma3"}
 # every linear Q8_0; not granite, whose test model's near-flat logits (several tokens within 0.01) Q8_0 reorders
 DENSE_Q8_0 = {"gemma", "olmo2", "smollm3", "starcoder2", "glm4", "ernie4_5:use_bias"}
-PERMUTED = {"llama", "granite", "smollm3"}  # llama.cpp's LlamaModel lineage reorders q/k rows for GGML's rope
+PERMUTED = {"llama", "granite", "granitemoe", "smollm3"}  # llama.cpp's LlamaModel lineage reorders q/k rows for GGML's rope
 LOADS_AS = {"mistral": "LlamaForCausalLM"}  # without a window, llama.cpp's Mistral is Llama
 
 
@@ -165,7 +167,7 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
         w.add_layer_norm_rms_eps(d["rms_norm_eps"])
     if arch not in ("gemma", "gemma2"):  # these converters write no rope base (llama.cpp's default: 10000)
         w.add_rope_freq_base(full["rope_theta"])
-    if arch not in ("phi3", "granite"):  # the Granite converter drops head_dim
+    if arch not in ("phi3", "granite", "granitemoe"):  # the Granite converter drops head_dim
         w.add_key_length(d["head_dim"])
         w.add_value_length(d["head_dim"])
     if experts:
@@ -178,7 +180,7 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
     if arch in PERMUTED:  # Llama's converter and its subclasses
         w.add_vocab_size(d["vocab_size"])
         w.add_rope_dimension_count(d["head_dim"])
-    if arch == "granite":
+    if arch in ("granite", "granitemoe"):
         w.add_attention_scale(d["attention_multiplier"])
         w.add_embedding_scale(d["embedding_multiplier"])
         w.add_residual_scale(d["residual_multiplier"])
@@ -215,10 +217,14 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
         w.add_tensor("rope_factors_short.weight", np.array(full["short_factor"], np.float32))
     _add_tokenizer(w, d["vocab_size"])
 
-    name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper().replace("-", "_")], layers)
+    name_map = gguf.get_tensor_name_map({v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[arch], layers)
     state, raw = _stack_experts(load_file(folder / "model.safetensors"), layers, experts), {}
     if arch == "gpt-oss":
         state, raw = _gpt_oss_tensors(state, mxfp4 or {})
+    if arch == "granitemoe":
+        for i in range(layers):
+            gate, up = state.pop(f"model.layers.{i}.block_sparse_moe.input_linear.weight").chunk(2, dim=1)
+            state[f"blk.{i}.ffn_gate_exps.weight"], state[f"blk.{i}.ffn_up_exps.weight"] = gate, up
     if fuse_gate_up:
         for i in range(layers):
             gate, up = (state.pop(f"model.layers.{i}.mlp.experts.{w}.weight") for w in ("gate_proj", "up_proj"))
@@ -363,7 +369,7 @@ def test_gguf_fused_gate_up_experts_load(expert_type, tmp_path_factory):
         assert torch.equal(fused[name], w), name
 
 
-@pytest.mark.parametrize("case", ["qwen3moe", "mixtral"])
+@pytest.mark.parametrize("case", ["qwen3moe", "mixtral", "granitemoe"])
 @pytest.mark.parametrize("expert_type", [QT.Q8_0], ids=lambda t: t.name)
 def test_gguf_quantized_experts_stay_quantized_and_close(case, expert_type, tmp_path_factory):
     """Experts stored quantized load as each expert's QuantWeight and run quantized; the dense greedy
@@ -372,6 +378,8 @@ def test_gguf_quantized_experts_stay_quantized_and_close(case, expert_type, tmp_
     _, _, path = gguf_case(case, tmp_path_factory, expert_type)
     loaded = load_model(path, keep_quantized=True)
     experts = [w for n, w in loaded.weights.items() if ".experts.3." in n]
+    # where the architecture stores them stacked (Granite MoE): each stacked tensor's expert 3
+    experts += [w.experts[3] for w in loaded.weights.values() if isinstance(w, QuantExperts)]
     assert experts and all(isinstance(w, QuantWeight) for w in experts)
 
     quant_llm = _llm(path, quantization="auto")

@@ -22,7 +22,7 @@ from kvserve.model.config import FULL, SLIDING
 from kvserve.runner.inputs import build_inputs
 from kvserve.runner.torch_runner import TorchRunner
 from test_architectures import GREEDY, CASES, assert_logprobs_close, checkpoint, expected, hf_model, make_llm, prompts
-from tests.conftest import hf_weights, kvserve_config, tiny_hf_model
+from tests.conftest import hf_weights, kvserve_config, needs_onednn_bf16, tiny_hf_model
 
 pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler")
 
@@ -249,7 +249,8 @@ def test_greedy_tokens_equal_the_python_layers_end_to_end():
 
 @pytest.mark.parametrize("name", ["GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Olmo2ForCausalLM",
                                   "GraniteForCausalLM", "SmolLM3ForCausalLM", "LlamaForCausalLM:head_dim,biases,tied",
-                                  "Qwen3MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM", "GptOssForCausalLM"])
+                                  "Qwen3MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM", "GptOssForCausalLM",
+                                  "GraniteMoeForCausalLM"])
 def test_each_architecture_decodes_on_the_stack_with_the_python_layers_tokens(name, tmp_path_factory, monkeypatch):
     """A checkpoint as test_architectures.py writes it, end to end: the stack serves the decode steps
     (counted) and gives the Python layers' greedy tokens (int8, the weights the stack runs over); those
@@ -286,14 +287,13 @@ def test_each_architecture_decodes_on_the_stack_with_the_python_layers_tokens(na
 @pytest.mark.parametrize("arch", ["llama", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Olmo2ForCausalLM",
                                   "GraniteForCausalLM", "LlamaForCausalLM:head_dim,biases,tied", "Qwen3MoeForCausalLM",
                                   "Qwen2MoeForCausalLM"])
+@needs_onednn_bf16
 def test_a_many_row_step_on_the_amx_path_equals_the_python_layers_on_it(monkeypatch, arch):
     """On an AMX CPU a step of AMX_MIN_ROWS+ rows runs its linears in oneDNN's bf16 GEMM, in the
     stack as in the Python layers (forced here: bf16 emulated where the CPU lacks it, same maths), with
     each architecture's options between the GEMMs (the bf16 GELU-tanh, biases, out norms, scales)."""
     import kvserve.model.quant_linear as ql
 
-    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
-        pytest.skip("oneDNN without bf16 on this CPU")
     monkeypatch.setattr(ql, "amx_gemm_available", lambda: True)
     runner = _runner("int4", bias=True, arch=arch)
     stack = runner.model.native_stack
@@ -306,14 +306,13 @@ def test_a_many_row_step_on_the_amx_path_equals_the_python_layers_on_it(monkeypa
     _check_one_step(runner, few)
 
 
+@needs_onednn_bf16
 def test_an_amx_prefill_keeps_q_k_v_in_bf16_and_agrees_with_the_float32_path(monkeypatch):
     """A fresh prompt on the AMX path (bf16 GEMMs, bf16 attention and KV cache): q/k/v stay bf16 from
     the qkv GEMM into o_proj, and the hidden states and cache writes agree with the float32 round
     trips to bf16 precision. (Decode steps keep the stack's float32 arithmetic: the test above.)"""
     import kvserve.model.quant_linear as ql
 
-    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
-        pytest.skip("oneDNN without bf16 on this CPU")
     monkeypatch.setattr(ql, "amx_gemm_available", lambda: True)
     runner = _runner("int4", kv="bfloat16")
     assert runner.attention.prefill_dtype == torch.bfloat16
@@ -341,14 +340,13 @@ def test_an_amx_prefill_keeps_q_k_v_in_bf16_and_agrees_with_the_float32_path(mon
         torch.testing.assert_close(gv.float(), rv.float(), atol=0.05, rtol=0.05)
 
 
+@needs_onednn_bf16
 def test_warm_up_compiles_each_amx_linear_shape_at_each_row_bucket(monkeypatch):
     """The start-up warm-up runs every distinct AMX linear shape once per row count ``padded_rows``
     can hand it (the LM head up to the sampled rows): what the first steps would compile otherwise."""
     import kvserve.model.quant_linear as ql
     from kvserve.model.layers import padded_rows
 
-    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
-        pytest.skip("oneDNN without bf16 on this CPU")
     monkeypatch.setattr(ql, "amx_gemm_available", lambda: True)
     model = _runner("int4").model
     shapes = {(m.in_features, m.out_features) for m in model.modules() if isinstance(m, ql.QuantLinear)
@@ -362,14 +360,13 @@ def test_warm_up_compiles_each_amx_linear_shape_at_each_row_bucket(monkeypatch):
     assert _runner("int4").model.warm_up(300, 20) == 0  # nothing to compile off AMX
 
 
+@needs_onednn_bf16
 def test_an_amx_lm_head_hands_its_bf16_logits_to_native_draws_only(monkeypatch):
     """On the AMX path the LM head's GEMM writes bf16 logits: ``logits(keep_bf16=True)`` returns
     them unconverted (the float32 ones are exactly their conversion), and the runner asks for them
     only when the sampler's native draws are all that read them."""
     import kvserve.model.quant_linear as ql
 
-    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
-        pytest.skip("oneDNN without bf16 on this CPU")
     monkeypatch.setattr(ql, "amx_gemm_available", lambda: True)
     hf = tiny_hf_model(kv_heads=2, hidden=64, layers=2)
     llm = LLM.from_weights(kvserve_config(hf), hf_weights(hf), dtype="float32", quantization="int8", num_kv_blocks=64,
@@ -403,6 +400,7 @@ def test_an_amx_lm_head_hands_its_bf16_logits_to_native_draws_only(monkeypatch):
     assert seen and torch.bfloat16 not in seen
 
 
+@needs_onednn_bf16
 def test_on_amx_an_moe_step_whose_experts_take_their_bf16_copies_runs_the_python_layers(monkeypatch):
     """A step whose experts average AMX_MIN_ROWS rows or more runs them on their bf16 AMX copies in the Python
     layers' loop (MoE.loop_takes); the stack, whose experts stay on the integer kernels, leaves such steps to
@@ -410,8 +408,6 @@ def test_on_amx_an_moe_step_whose_experts_take_their_bf16_copies_runs_the_python
     import kvserve.model.decoder as decoder
     import kvserve.model.quant_linear as ql
 
-    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
-        pytest.skip("oneDNN without bf16 on this CPU")
     monkeypatch.setattr(ql, "amx_gemm_available", lambda: True)
     runner = _runner("int8", arch="Qwen3MoeForCausalLM")  # 4 experts, top-2: 32 rows average 16 an expert
     assert runner.model.native_stack is not None

@@ -42,15 +42,17 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
 
 @dataclass(frozen=True)
 class StackedExperts:
-    """A layer's experts stored as two 3-D tensors (gpt-oss), under "model.layers.{i}.": ``gate_up``
+    """A layer's experts stored as two 3-D tensors, under "model.layers.{i}.": ``gate_up``
     [experts, hidden, 2 * inter] and ``down`` [experts, inter, hidden] (each expert's matrix transposed
-    against a linear's weight), their biases ``<name>_bias``; ``interleaved``: gate and up alternate
-    along the last dim instead of gate's half then up's. The loaders hand them on as stored;
+    against a linear's weight, as gpt-oss stores them; not ``transposed``: [experts, 2 * inter, hidden]
+    and [experts, hidden, inter], as Granite MoE does), their biases ``<name>_bias``; ``interleaved``:
+    gate and up alternate instead of gate's half then up's. The loaders hand them on as stored;
     ``kvserve.model.weights.unstack_experts`` cuts them into each expert's linears."""
 
     gate_up: str = "mlp.experts.gate_up_proj"
     down: str = "mlp.experts.down_proj"
     interleaved: bool = True
+    transposed: bool = True
 
 
 @dataclass(frozen=True)
@@ -147,7 +149,7 @@ def gguf_architectures() -> dict[str, str]:
 
 # one line per architecture module
 _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma", "gemma2", "gemma3", "phi3", "olmo2",
-            "olmoe", "granite", "gpt_oss", "gemma3_mm", "smollm3", "starcoder2", "glm4", "ernie4_5"]
+            "olmoe", "granite", "granite_moe", "gpt_oss", "gemma3_mm", "smollm3", "starcoder2", "glm4", "ernie4_5"]
 
 
 def _load() -> None:
