@@ -108,8 +108,8 @@ def expected_weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             continue
         for name in [n for n in out if n.startswith(p + UNSTACKED_ROOT)]:
             del out[name]
-        out[f"{p}{stacked.gate_up}"] = (e, h, 2 * inter) if stacked.transposed else (e, 2 * inter, h)
-        out[f"{p}{stacked.down}"] = (e, inter, h) if stacked.transposed else (e, h, inter)
+        out[f"{p}{stacked.gate_up}"] = stacked.stored_shape(e, 2 * inter, h)
+        out[f"{p}{stacked.down}"] = stacked.stored_shape(e, h, inter)
         if cfg.expert_bias:
             out[f"{p}{stacked.gate_up}_bias"] = (e, 2 * inter)
             out[f"{p}{stacked.down}_bias"] = (e, h)
@@ -165,16 +165,13 @@ def unstack_experts(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]
             if hasattr(gate_up, "experts"):  # kept quantized (``QuantExperts``): each expert's, gate's rows first
                 gu = gate_up.experts[e]
             else:
-                gu = gate_up[e].t() if stacked.transposed else gate_up[e]
+                gu = stacked.orient(gate_up[e])
                 if stacked.interleaved:  # gate's rows first, then up's, as the fused GEMM stacks them
                     gu = gu.reshape(-1, 2, gu.shape[1]).transpose(0, 1).reshape(gu.shape)
             if stacked.interleaved and gu_bias is not None:
                 gu_bias = gu_bias.reshape(-1, 2).t().reshape(-1)
             out[f"{name}gate_up.weight"] = gu
-            if hasattr(down, "experts"):
-                out[f"{name}down.weight"] = down.experts[e]
-            else:
-                out[f"{name}down.weight"] = down[e].t() if stacked.transposed else down[e]
+            out[f"{name}down.weight"] = down.experts[e] if hasattr(down, "experts") else stacked.orient(down[e])
             if gu_bias is not None and down_bias is not None:
                 out[f"{name}gate_up.bias"], out[f"{name}down.bias"] = gu_bias, down_bias[e]
     return out
@@ -210,9 +207,8 @@ def stack_experts(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
             out[p + stacked.down] = QuantExperts(down, stacked.transposed)
         else:
             gate, up, down = ([w.dequantize() if isinstance(w, QuantWeight) else w for w in ws] for ws in (gate, up, down))
-            gate_up = [_pair(g, u, stacked.interleaved) for g, u in zip(gate, up)]
-            out[p + stacked.gate_up] = torch.stack([w.t() if stacked.transposed else w for w in gate_up])
-            out[p + stacked.down] = torch.stack([d.t() if stacked.transposed else d for d in down])
+            out[p + stacked.gate_up] = torch.stack([stacked.orient(_pair(g, u, stacked.interleaved)) for g, u in zip(gate, up)])
+            out[p + stacked.down] = torch.stack([stacked.orient(d) for d in down])
         if ("expert_gate", "bias") in parts:
             biases = zip(parts[("expert_gate", "bias")], parts[("expert_up", "bias")])
             out[f"{p}{stacked.gate_up}_bias"] = torch.stack([_pair(g, u, stacked.interleaved) for g, u in biases])

@@ -54,6 +54,15 @@ class StackedExperts:
     interleaved: bool = True
     transposed: bool = True
 
+    def orient(self, matrix: Any) -> Any:
+        """An expert's stored matrix as a linear's weight [out, in], or a linear's weight as stored (the same
+        transpose both ways, where the layout is ``transposed``)."""
+        return matrix.t() if self.transposed else matrix
+
+    def stored_shape(self, experts: int, out: int, k: int) -> tuple[int, int, int]:
+        """The stacked tensor's shape for ``experts`` linears of ``out`` x ``k``."""
+        return (experts, k, out) if self.transposed else (experts, out, k)
+
 
 @dataclass(frozen=True)
 class Architecture:
