@@ -77,7 +77,8 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False  # renormalise the chosen experts' weights to sum to 1
     moe_layers: list[bool] | None = None  # per layer: MoE or the dense MLP; None: every layer MoE when num_experts
-    shared_expert_intermediate_size: int = 0  # Qwen2-MoE: a dense expert every token takes, gated by a sigmoid
+    shared_expert_intermediate_size: int = 0  # a dense expert every token takes (Qwen2-MoE, Granite MoE Shared)
+    shared_expert_gated: bool = True  # weighted by sigmoid(gate . x) (Qwen2-MoE); False: added as is (Granite)
     router_bias: bool = False  # the router's linear has a bias (gpt-oss)
     expert_bias: bool = False  # each expert's linears have biases (gpt-oss)
 

@@ -35,8 +35,9 @@ _GGUF_LAYER_ROLES = {
 _GGUF_EXPERT_ROLES = {"ffn_gate_exps": "expert_gate", "ffn_up_exps": "expert_up", "ffn_down_exps": "expert_down"}
 # the converter's --fuse-gate-up-exps: each expert's gate rows, then its up rows, in one tensor
 GGUF_FUSED_GATE_UP = "ffn_gate_up_exps"
-# the shared expert's parts, under the architecture's "shared_expert" prefix (named as ``weights.mlp`` does)
-_GGUF_SHARED_PARTS = {"ffn_gate_shexp": "gate_proj", "ffn_up_shexp": "up_proj", "ffn_down_shexp": "down_proj"}
+# the shared expert's parts (roles), under the architecture's "shared_expert" prefix
+_GGUF_SHARED_PARTS = {"ffn_gate_shexp": "shared_gate_proj", "ffn_up_shexp": "shared_up_proj",
+                      "ffn_down_shexp": "shared_down_proj"}
 
 
 def gguf_to_hf_name(name: str, arch: Architecture | None = None) -> str | None:
@@ -56,7 +57,7 @@ def gguf_to_hf_name(name: str, arch: Architecture | None = None) -> str | None:
     if leaf in _GGUF_EXPERT_ROLES:
         return f"{layer}{arch.weight_name('expert')}{arch.weight_name(_GGUF_EXPERT_ROLES[leaf])}.{suffix}"
     if leaf in _GGUF_SHARED_PARTS:
-        return f"{layer}{arch.weight_name('shared_expert')}{_GGUF_SHARED_PARTS[leaf]}.{suffix}"
+        return f"{layer}{arch.weight_name('shared_expert')}{arch.weight_name(_GGUF_SHARED_PARTS[leaf])}.{suffix}"
     role = arch.gguf_roles.get(leaf, _GGUF_LAYER_ROLES.get(leaf))
     if role == "sinks":
         return f"{layer}{arch.weight_name(role)}"

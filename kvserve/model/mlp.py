@@ -84,13 +84,13 @@ class MoE(nn.Module):
 
     def __init__(self, hidden: int, intermediate: int, experts: int, top_k: int, norm_topk: bool, act: str,
                  shared_intermediate: int = 0, router_bias: bool = False, expert_bias: bool = False,
-                 swiglu: tuple[float, float | None] | None = None):
+                 swiglu: tuple[float, float | None] | None = None, shared_gated: bool = True):
         super().__init__()
         self.router = nn.Linear(hidden, experts, bias=router_bias)
         self.experts = nn.ModuleList(GatedMLP(hidden, intermediate, act, expert_bias, swiglu) for _ in range(experts))
         self.top_k, self.norm_topk = top_k, norm_topk
         self.shared = GatedMLP(hidden, shared_intermediate, act) if shared_intermediate else None
-        self.shared_gate = nn.Linear(hidden, 1, bias=False) if shared_intermediate else None
+        self.shared_gate = nn.Linear(hidden, 1, bias=False) if shared_intermediate and shared_gated else None
         self.native_block: Any | None = None  # a kvserve.MoEBlock over these weights (use_native)
         # the router's and shared gate's dense weights, kept for the native block where the linears get packed
         self.gates: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None = None
@@ -126,9 +126,14 @@ class MoE(nn.Module):
         # a LoRA adapter may wrap the shared expert's linears: then it runs here, after the routed ones
         in_block = shared is None or (type(shared.gate_up) is type(shared.down) is QuantLinear)
         out = self.native_block.forward(x.contiguous(), in_block)
-        if not in_block and shared is not None and self.shared_gate is not None:
-            out += torch.sigmoid(self.shared_gate(x)) * shared(x)
+        if not in_block and shared is not None:
+            out += self._shared_forward(x)
         return out
+
+    def _shared_forward(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.shared is not None
+        y = self.shared(x)
+        return y if self.shared_gate is None else torch.sigmoid(self.shared_gate(x)) * y
 
     def loop_forward(self, x: torch.Tensor) -> torch.Tensor:
         """The Python loop: route, then each expert over its rows, added back in ascending expert id."""
@@ -148,6 +153,6 @@ class MoE(nn.Module):
                 rows = tokens[start : start + n]
                 out.index_add_(0, rows, self.experts[e](x[rows]) * slot_weights[start : start + n, None])
                 start += n
-        if self.shared is not None and self.shared_gate is not None:
-            out += torch.sigmoid(self.shared_gate(x)) * self.shared(x)
+        if self.shared is not None:
+            out += self._shared_forward(x)
         return out

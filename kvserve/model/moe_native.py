@@ -51,7 +51,7 @@ def native_moe_block(moe: "MoE") -> Any | None:
     block.set_router(router, bias)
     for e in moe.experts:
         block.add_expert(e.gate_up.packed, e.gate_up.kind, e.down.packed, e.down.kind, e.gate_up.bias, e.down.bias)
-    if moe.shared is not None and gate is not None:
+    if moe.shared is not None:  # gate None: the shared expert added unweighted
         s = moe.shared
         block.set_shared(s.gate_up.packed, s.gate_up.kind, s.down.packed, s.down.kind, gate)
     return block

@@ -65,7 +65,8 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
         if cfg.shared_expert_intermediate_size:
             mlp(out, arch, dst + "mlp.shared.", p + str(arch.weight_name("shared_expert")), "shared_",
                 cfg.shared_expert_intermediate_size, h, False)
-            out[f"{dst}mlp.shared_gate.weight"] = [(f"{p}{arch.weight_name('shared_expert_gate')}.weight", (1, h))]
+            if cfg.shared_expert_gated:
+                out[f"{dst}mlp.shared_gate.weight"] = [(f"{p}{arch.weight_name('shared_expert_gate')}.weight", (1, h))]
     for suffix in norm_suffixes:
         out[f"norm.{suffix}"] = [(f"model.norm.{suffix}", (h,))]
     if not cfg.tie_word_embeddings:
@@ -83,7 +84,8 @@ def mlp(out: dict[str, list[Source]], arch: Architecture, dst: str, prefix: str,
         gate, up, down = (str(arch.weight_name(r)) for r in ("expert_gate", "expert_up", "expert_down"))
         fused = None
     elif kind == "shared_":
-        gate, up, down, fused = "gate_proj", "up_proj", "down_proj", None
+        gate, up, down = (str(arch.weight_name(r)) for r in ("shared_gate_proj", "shared_up_proj", "shared_down_proj"))
+        fused = arch.weight_name("shared_gate_up_proj")
     else:
         gate, up, down = (str(arch.weight_name(r)) for r in ("gate_proj", "up_proj", "down_proj"))
         fused = arch.weight_name("gate_up_proj")
@@ -213,6 +215,31 @@ def stack_experts(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
             biases = zip(parts[("expert_gate", "bias")], parts[("expert_up", "bias")])
             out[f"{p}{stacked.gate_up}_bias"] = torch.stack([_pair(g, u, stacked.interleaved) for g, u in biases])
             out[f"{p}{stacked.down}_bias"] = torch.stack(parts[("expert_down", "bias")])
+    return out
+
+
+def stack_shared_gate_up(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
+    """The shared expert's gate and up weights, read apart (a GGUF file), as the one tensor (gate's rows, then up's)
+    where the architecture's checkpoints stack them (``shared_gate_up_proj``); as given otherwise."""
+    arch = get_architecture(cfg.architecture)
+    fused = arch.weight_name("shared_gate_up_proj")
+    if fused is None or not cfg.shared_expert_intermediate_size:
+        return weights
+    import torch
+
+    from kvserve.model.quant import QuantWeight
+
+    out = dict(weights)
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}.{arch.weight_name('shared_expert')}"
+        gate, up = (f"{p}{arch.weight_name(role)}.weight" for role in ("shared_gate_proj", "shared_up_proj"))
+        if gate not in out or up not in out:
+            continue
+        parts = [out.pop(gate), out.pop(up)]
+        if all(isinstance(w, QuantWeight) for w in parts):
+            out[f"{p}{fused}.weight"] = QuantWeight.cat(parts)
+        else:
+            out[f"{p}{fused}.weight"] = torch.cat([w.dequantize() if isinstance(w, QuantWeight) else w for w in parts])
     return out
 
 

@@ -1,6 +1,7 @@
 """The native grouped-expert MoE (kvserve.MoEBlock via ``MoE.forward``) against the Python loop of experts it
-replaces, on tiny random MoE blocks shaped as Qwen3-MoE, Mixtral, OLMoE, Qwen2-MoE (shared expert) and gpt-oss
-(router and expert biases, clamped SwiGLU), over int8 and int4 experts: the same bits where the arithmetic is the
+replaces, on tiny random MoE blocks shaped as Qwen3-MoE, Mixtral, OLMoE, Qwen2-MoE (shared expert), Granite MoE
+Shared (a shared expert without a gate) and gpt-oss (router and expert biases, clamped SwiGLU), over int8 and int4
+experts: the same bits where the arithmetic is the
 same (given the routing, the experts' GEMMs and the ascending-expert sum are the loop's), close otherwise (the
 router's GEMV, gpt-oss's SwiGLU); and a row's output bit-identical alone and inside any batch."""
 
@@ -22,6 +23,7 @@ CASES = {
     "mixtral": dict(experts=4, top_k=2, norm_topk=True),
     "olmoe": dict(experts=8, top_k=4, norm_topk=False),
     "qwen2_moe": dict(experts=6, top_k=2, norm_topk=False, shared=96),
+    "granite_moe_shared": dict(experts=4, top_k=2, norm_topk=True, shared=64, shared_gated=False),  # no gate: weight 1
     "gpt_oss": dict(experts=4, top_k=2, norm_topk=True, swiglu=(1.702, 1.5), biases=True),
     "gelu_tanh": dict(experts=5, top_k=3, norm_topk=True, act="gelu_pytorch_tanh"),
 }
@@ -45,7 +47,8 @@ def make_moe(case: str, kind: str | None, hidden: int = 64, inter: int = 64, see
     o = CASES[case]
     torch.manual_seed(seed)
     moe = MoE(hidden, inter, o["experts"], o["top_k"], o["norm_topk"], o.get("act", "silu"), o.get("shared", 0),
-              router_bias=o.get("biases", False), expert_bias=o.get("biases", False), swiglu=o.get("swiglu"))
+              router_bias=o.get("biases", False), expert_bias=o.get("biases", False), swiglu=o.get("swiglu"),
+              shared_gated=o.get("shared_gated", True))
     with torch.no_grad():
         for p in moe.parameters():
             p.normal_(0, 0.3)
@@ -87,7 +90,7 @@ def test_grouped_experts_equal_the_loop_bit_for_bit(case, kind, rows, threads):
     got = with_threads(threads, lambda: moe.native_block.run_experts(x, ids, weights))
     ref = moe.loop_forward(x)
     if moe.shared is not None:  # run_experts is the routed experts alone
-        ref = ref - torch.sigmoid(moe.shared_gate(x)) * moe.shared(x)
+        ref = ref - moe._shared_forward(x)
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
     else:
         assert torch.equal(got, ref)

@@ -57,6 +57,11 @@ CASES: dict[str, tuple[str, dict]] = {
     "GraniteMoeForCausalLM": ("GraniteMoeConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
                                                        embedding_multiplier=3.0, residual_multiplier=0.5,
                                                        attention_multiplier=0.3, logits_scaling=2.0)),
+    # and a shared expert without a gate (one MLP: gate's rows then up's in input_linear)
+    "GraniteMoeSharedForCausalLM": ("GraniteMoeSharedConfig", dict(num_local_experts=4, num_experts_per_tok=2,
+                                                                   intermediate_size=32, shared_intermediate_size=64,
+                                                                   embedding_multiplier=3.0, residual_multiplier=0.5,
+                                                                   attention_multiplier=0.3, logits_scaling=2.0)),
     # sinks, biases everywhere, the router's bias, the clamped SwiGLU, stacked experts, sliding/full, yarn; a low
     # limit so that the clamps bite on these weights
     "GptOssForCausalLM": ("GptOssConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
@@ -281,7 +286,7 @@ def test_gemma3_multimodal_checkpoint_answers_as_its_text_model(tmp_path_factory
     ("Phi3ForCausalLM", False, "partial rotary"),
     ("Ernie4_5ForCausalLM", True, None), ("SmolLM3ForCausalLM", True, None), ("GemmaForCausalLM", True, None),
     ("Gemma2ForCausalLM", True, None), ("Gemma3ForCausalLM", True, None), ("Olmo2ForCausalLM", True, None), ("GraniteForCausalLM", True, None),
-    ("GraniteMoeForCausalLM", True, None)])
+    ("GraniteMoeForCausalLM", True, None), ("GraniteMoeSharedForCausalLM", True, None)])
 def test_the_start_up_log_names_what_keeps_a_model_off_the_native_stack(case, stack, why, tmp_path_factory, caplog):
     """int8 (what the native decode stack runs over): every option it lacks is named in the start-up log and the
     layers run in Python; models whose options it runs (ERNIE's interleaved rotary reordered at load, SmolLM3's

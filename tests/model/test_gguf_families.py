@@ -53,6 +53,8 @@ CASES: dict[str, tuple[str, dict, str]] = {
     "granite": ("GraniteForCausalLM", {}, "granite"),
     # the converter splits the stacked input_linear into gate's and up's expert tensors
     "granitemoe": ("GraniteMoeForCausalLM", {}, "granitemoe"),
+    # the same file name; a shared expert's tensors (input_linear split into gate and up) and its size in the metadata
+    "granitemoe:shared": ("GraniteMoeSharedForCausalLM", {}, "granitemoe"),
     # llama.cpp's graph skips rotary on every 4th layer (no GGUF key): four layers show it
     "smollm3": ("SmolLM3ForCausalLM", dict(no_rope_layer_interval=4), "smollm3"),
     # the converter writes no window for starcoder2 (llama.cpp has none there)
@@ -68,8 +70,8 @@ CASES: dict[str, tuple[str, dict, str]] = {
         **ARCH_CASES["GptOssForCausalLM"][1]["rope_parameters"], "truncate": True}), "gpt-oss"),
 }
 # where transformers' GGUF reader has no such architecture, or no stacked experts for it (llama)
-NO_TRANSFORMERS_READER = {"olmoe", "mixtral", "gemma", "olmo2", "granite", "granitemoe", "smollm3", "glm4", "ernie4_5",
-                          "ernie4_5:use_bias", "gpt-oss"}
+NO_TRANSFORMERS_READER = {"olmoe", "mixtral", "gemma", "olmo2", "granite", "granitemoe", "granitemoe:shared", "smollm3",
+                          "glm4", "ernie4_5", "ernie4_5:use_bias", "gpt-oss"}
 GEMMA = {"gemma", "gemma2", "gemma3"}
 # every linear Q8_0; not granite, whose test model's near-flat logits (several tokens within 0.01) Q8_0 reorders
 DENSE_Q8_0 = {"gemma", "olmo2", "smollm3", "starcoder2", "glm4", "ernie4_5:use_bias"}
@@ -180,6 +182,8 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
     if arch in PERMUTED:  # Llama's converter and its subclasses
         w.add_vocab_size(d["vocab_size"])
         w.add_rope_dimension_count(d["head_dim"])
+    if arch == "granitemoe" and d.get("shared_intermediate_size"):
+        w.add_expert_shared_feed_forward_length(d["shared_intermediate_size"])
     if arch in ("granite", "granitemoe"):
         w.add_attention_scale(d["attention_multiplier"])
         w.add_embedding_scale(d["embedding_multiplier"])
@@ -225,6 +229,9 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
         for i in range(layers):
             gate, up = state.pop(f"model.layers.{i}.block_sparse_moe.input_linear.weight").chunk(2, dim=1)
             state[f"blk.{i}.ffn_gate_exps.weight"], state[f"blk.{i}.ffn_up_exps.weight"] = gate, up
+            if d.get("shared_intermediate_size"):
+                gate, up = state.pop(f"model.layers.{i}.shared_mlp.input_linear.weight").chunk(2, dim=0)
+                state[f"blk.{i}.ffn_gate_shexp.weight"], state[f"blk.{i}.ffn_up_shexp.weight"] = gate, up
     if fuse_gate_up:
         for i in range(layers):
             gate, up = (state.pop(f"model.layers.{i}.mlp.experts.{w}.weight") for w in ("gate_proj", "up_proj"))
@@ -369,7 +376,7 @@ def test_gguf_fused_gate_up_experts_load(expert_type, tmp_path_factory):
         assert torch.equal(fused[name], w), name
 
 
-@pytest.mark.parametrize("case", ["qwen3moe", "mixtral", "granitemoe"])
+@pytest.mark.parametrize("case", ["qwen3moe", "mixtral", "granitemoe", "granitemoe:shared"])
 @pytest.mark.parametrize("expert_type", [QT.Q8_0], ids=lambda t: t.name)
 def test_gguf_quantized_experts_stay_quantized_and_close(case, expert_type, tmp_path_factory):
     """Experts stored quantized load as each expert's QuantWeight and run quantized; the dense greedy

@@ -250,7 +250,7 @@ def test_greedy_tokens_equal_the_python_layers_end_to_end():
 @pytest.mark.parametrize("name", ["GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Olmo2ForCausalLM",
                                   "GraniteForCausalLM", "SmolLM3ForCausalLM", "LlamaForCausalLM:head_dim,biases,tied",
                                   "Qwen3MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM", "GptOssForCausalLM",
-                                  "GraniteMoeForCausalLM"])
+                                  "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM"])
 def test_each_architecture_decodes_on_the_stack_with_the_python_layers_tokens(name, tmp_path_factory, monkeypatch):
     """A checkpoint as test_architectures.py writes it, end to end: the stack serves the decode steps
     (counted) and gives the Python layers' greedy tokens (int8, the weights the stack runs over); those

@@ -35,7 +35,10 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     "router": "mlp.gate",
     "expert": "mlp.experts.{e}.",  # then expert_gate / expert_up / expert_down
     "expert_gate": "gate_proj", "expert_up": "up_proj", "expert_down": "down_proj",
-    "shared_expert": "mlp.shared_expert.",  # then gate_proj / up_proj / down_proj
+    "shared_expert": "mlp.shared_expert.",  # then shared_gate_proj / shared_up_proj / shared_down_proj
+    "shared_gate_proj": "gate_proj", "shared_up_proj": "up_proj", "shared_down_proj": "down_proj",
+    # the shared expert's gate and up already stacked (Granite MoE Shared); a GGUF file's apart are stacked at load
+    "shared_gate_up_proj": None,
     "shared_expert_gate": "mlp.shared_expert_gate",
 }
 

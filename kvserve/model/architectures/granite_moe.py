@@ -1,9 +1,11 @@
 """Granite 3.x MoE: Granite's four multipliers with a top-k mixture of experts in every layer (softmax over the
 chosen logits, so renormalised), the experts stored stacked as linear weights: gate's rows then up's in
-``input_linear``, ``output_linear`` the down projections. llama.cpp's "granitemoe" files: gate, up and down
-per expert tensor, Granite's multiplier keys."""
+``input_linear``, ``output_linear`` the down projections. Granite MoE Shared (Granite 4.0 tiny preview's lineage)
+adds a shared expert without a gate, stored as one MLP (``shared_mlp``). llama.cpp writes both as "granitemoe":
+gate, up and down per expert tensor, Granite's multiplier keys, the shared expert as ``ffn_*_shexp`` with its
+size as ``expert_shared_feed_forward_length``."""
 
-from kvserve.model.architectures import Architecture, StackedExperts, first_of, register
+from kvserve.model.architectures import Architecture, GGUFGet, StackedExperts, first_of, register
 from kvserve.model.architectures.granite import granite_config, granite_gguf
 
 
@@ -13,8 +15,24 @@ def granite_moe_config(d: dict) -> dict:
             "norm_topk_prob": True}
 
 
-register(Architecture("GraniteMoeForCausalLM", granite_moe_config, weights={"router": "block_sparse_moe.router.layer"},
-                      stacked_experts=StackedExperts(gate_up="block_sparse_moe.input_linear.weight",
-                                                     down="block_sparse_moe.output_linear.weight",
-                                                     interleaved=False, transposed=False),
-                      gguf="granitemoe", gguf_permuted=True, gguf_config=granite_gguf))
+def granite_moe_shared_config(d: dict) -> dict:
+    shared = first_of(d, "shared_intermediate_size", "shared_expert_intermediate_size", default=0)
+    return {**granite_moe_config(d), "shared_expert_intermediate_size": shared, "shared_expert_gated": False}
+
+
+def granite_moe_gguf(get: GGUFGet) -> dict:
+    """A file with a shared expert is Granite MoE Shared's (one llama.cpp name for both)."""
+    shared = int(get("expert_shared_feed_forward_length", 0))
+    named = {"architectures": ["GraniteMoeSharedForCausalLM"], "shared_intermediate_size": shared} if shared else {}
+    return {**granite_gguf(get), **named}
+
+
+EXPERTS = StackedExperts(gate_up="block_sparse_moe.input_linear.weight", down="block_sparse_moe.output_linear.weight",
+                         interleaved=False, transposed=False)
+WEIGHTS = {"router": "block_sparse_moe.router.layer", "shared_expert": "shared_mlp.",
+           "shared_gate_up_proj": "input_linear", "shared_down_proj": "output_linear"}
+
+register(Architecture("GraniteMoeForCausalLM", granite_moe_config, weights=WEIGHTS, stacked_experts=EXPERTS,
+                      gguf="granitemoe", gguf_permuted=True, gguf_config=granite_moe_gguf))
+register(Architecture("GraniteMoeSharedForCausalLM", granite_moe_shared_config, weights=WEIGHTS,
+                      stacked_experts=EXPERTS, gguf_permuted=True))

@@ -77,8 +77,8 @@ void MoEBlock::add_expert(at::Tensor gate_up, const std::string& gate_up_kind, a
 }
 
 void MoEBlock::set_shared(at::Tensor gate_up, const std::string& gate_up_kind, at::Tensor down,
-                          const std::string& down_kind, at::Tensor gate) {
-  TORCH_CHECK(gate.scalar_type() == at::kFloat && gate.is_contiguous() && gate.numel() == hidden,
+                          const std::string& down_kind, std::optional<at::Tensor> gate) {
+  TORCH_CHECK(!gate || (gate->scalar_type() == at::kFloat && gate->is_contiguous() && gate->numel() == hidden),
               "MoEBlock: shared expert gate float32 [hidden]");
   shared = make_expert(gate_up, gate_up_kind, down, down_kind, std::nullopt, std::nullopt);
   shared_gate = gate;

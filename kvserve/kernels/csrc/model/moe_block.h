@@ -44,7 +44,9 @@ struct MoEBlock : torch::CustomClassHolder {
   at::Tensor router;              // float32 [experts, hidden]
   std::optional<at::Tensor> router_bias;
   std::vector<Expert> experts;    // the routed ones
-  std::optional<Expert> shared;   // Qwen2-MoE's shared expert, every row's, weighted by sigmoid(shared_gate . x)
+  // a shared expert, every row's: weighted by sigmoid(shared_gate . x) (Qwen2-MoE), or by 1 without a gate
+  // (Granite MoE Shared)
+  std::optional<Expert> shared;
   std::optional<at::Tensor> shared_gate;  // float32 [hidden]
 
   MoEBlock(int64_t hidden, int64_t top_k, bool norm_topk, const std::string& act, double alpha, double limit);
@@ -53,7 +55,7 @@ struct MoEBlock : torch::CustomClassHolder {
   void add_expert(at::Tensor gate_up, const std::string& gate_up_kind, at::Tensor down, const std::string& down_kind,
                   std::optional<at::Tensor> gate_up_bias, std::optional<at::Tensor> down_bias);
   void set_shared(at::Tensor gate_up, const std::string& gate_up_kind, at::Tensor down, const std::string& down_kind,
-                  at::Tensor gate);
+                  std::optional<at::Tensor> gate);
   int64_t num_experts() const { return static_cast<int64_t>(experts.size()); }
 
   // x float32 [T, hidden] -> the block's output [T, hidden]: routed, and with the shared expert where

@@ -55,7 +55,8 @@ void MoEBlock::route_rows(const float* x, int64_t r0, int64_t r1) {
     }
     if (norm_topk)
       for (int64_t j = 0; j < top_k; ++j) ws_->weights[t * top_k + j] /= picked;
-    if (shared_gate) ws_->gate[t] = 1.f / (1.f + std::exp(-dot(xr, shared_gate->data_ptr<float>(), hidden)));
+    if (shared)
+      ws_->gate[t] = shared_gate ? 1.f / (1.f + std::exp(-dot(xr, shared_gate->data_ptr<float>(), hidden))) : 1.f;
   }
 }
 
