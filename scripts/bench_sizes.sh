@@ -4,8 +4,8 @@
 #             ceiling and how close a live decode step gets
 #   single    single-stream ITL, 3 x 128 -> 128 text prompts: kvserve and llama.cpp on the same GGUF file
 #             (Q8_0, then Q4_0; scripts/write_bench_gguf.py), kvserve keeping its bits (--quantization auto)
-#   serve     16 and 64 concurrent 128 -> 128: kvserve (--quantization $KV_QUANTS) against vLLM-CPU
-#             (--dtype $VLLM_DTYPE), both --load-format dummy on the config folder
+#   serve     16 and 64 concurrent 128 -> 128 (CONCURRENCY="16 64"): kvserve (--quantization $KV_QUANTS; empty: none) against
+#             vLLM-CPU (--dtype $VLLM_DTYPE; PEERS="" skips it), both --load-format dummy on the config folder
 #   goodput   the conversation trace replayed (--time-scale $SCALE), goodput at TTFT <= 2 s and TPOT <= 100 ms
 # Folders: python scripts/write_bench_models.py $MODELS (default /tmp/kvserve-bench-models).
 # Peers install themselves under $PEERS_HOME (../shared/peers' scripts; run each once first).
@@ -16,7 +16,7 @@ OUT=${OUT:-bench-results/sizes}; mkdir -p "$OUT"
 MODEL=${MODEL:-Llama-3.2-1B-Instruct}; MODELS=${MODELS:-/tmp/kvserve-bench-models}; DIR=$MODELS/$MODEL
 PEERS_HOME=${PEERS_HOME:-$HOME/.cache/kvserve-peers}
 PY=${PY:-.venv/bin/python}; K="$PY -m kvserve"
-KV_QUANTS=${KV_QUANTS:-auto int8 int4}; VLLM_DTYPE=${VLLM_DTYPE:-bfloat16}; SCALE=${SCALE:-12}; TRACE_N=${TRACE_N:-30}; LEN=${LEN:-4096}
+KV_QUANTS=${KV_QUANTS-auto int8 int4}; CONCURRENCY=${CONCURRENCY:-16 64}; PEERS=${PEERS-vllm}; VLLM_DTYPE=${VLLM_DTYPE:-bfloat16}; SCALE=${SCALE:-12}; TRACE_N=${TRACE_N:-30}; LEN=${LEN:-4096}
 STEPS=${*:-roofline single serve goodput}
 waitport() { for _ in $(seq 1 900); do curl -sf "http://127.0.0.1:$1${2:-/health}" >/dev/null && return 0; sleep 1; done; return 1; }
 waitclosed() { for _ in $(seq 1 60); do curl -s "http://127.0.0.1:$1/" >/dev/null || return 0; sleep 1; done; }
@@ -53,7 +53,7 @@ fi
 
 serve_workloads() {  # $1 port, $2 name
   if has serve; then
-    for c in 16 64; do
+    for c in $CONCURRENCY; do
       B --base-url "http://127.0.0.1:$1" --num-prompts $c --input-len 128 --output-len 128 --save-result "$OUT/${2}_c$c.json"
     done
   fi
@@ -69,11 +69,13 @@ if has serve || has goodput; then
     waitport 8100 && serve_workloads 8100 "kvserve_$q"
     stop $P 8100
   done
-  V=$PEERS_HOME/venv-vllm/bin/python
-  VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-4} $V -m vllm.entrypoints.openai.api_server --model "$DIR" \
-    --load-format dummy --served-model-name default --host 127.0.0.1 --port 8101 --dtype "$VLLM_DTYPE" \
-    --max-model-len "$LEN" > "$OUT/vllm_serve.log" 2>&1 & P=$!
-  waitport 8101 && serve_workloads 8101 "vllm_$VLLM_DTYPE"
-  kill -TERM $P; sleep 5; pkill -f vllm.entrypoints; waitclosed 8101
+  if [ -n "$PEERS" ]; then
+    V=$PEERS_HOME/venv-vllm/bin/python
+    VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-4} $V -m vllm.entrypoints.openai.api_server --model "$DIR" \
+      --load-format dummy --served-model-name default --host 127.0.0.1 --port 8101 --dtype "$VLLM_DTYPE" \
+      --max-model-len "$LEN" > "$OUT/vllm_serve.log" 2>&1 & P=$!
+    waitport 8101 && serve_workloads 8101 "vllm_$VLLM_DTYPE"
+    kill -TERM $P; sleep 5; pkill -f vllm.entrypoints; waitclosed 8101
+  fi
 fi
 date -u +%FT%TZ >> "$OUT/date"

@@ -14,6 +14,8 @@ from typing import Any
 FULL, SLIDING = "full_attention", "sliding_attention"  # HF's layer_types values
 # the gated MLPs' activations with a fused native kernel (kernel's name), which the native decode stack runs
 NATIVE_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
+# a layer's norms in the sandwich layout: every one (the other layouts have some of them: ModelConfig.norm_roles)
+NORM_ROLES = ("input_layernorm", "post_attention_layernorm", "attn_out_norm", "mlp_out_norm")
 
 
 @dataclass
@@ -46,7 +48,8 @@ class ModelConfig:
     # whole projection (OLMo 2), None: none
     qk_norm: str | None = None
     # where the norms sit: "pre" (Llama), "sandwich" (Gemma 2/3: also on each sublayer's output),
-    # "post" (OLMo 2: only on each sublayer's output)
+    # "post" (OLMo 2: only on each sublayer's output), "parallel" (StableLM's use_parallel_residual: one norm,
+    # attention and the MLP both read it and both outputs join the residual)
     norm_layout: str = "pre"
     norm_offset: float = 0.0  # Gemma's norms scale by (1 + weight)
     norm_type: str = "rms"  # the layers' and the final norm: "rms" or "layer" (LayerNorm with a bias: Starcoder2)
@@ -126,6 +129,12 @@ class ModelConfig:
     def rotary_dim(self) -> int:
         return int(int(self.head_dim or 0) * self.partial_rotary_factor)
 
+    @property
+    def norm_roles(self) -> tuple[str, ...]:
+        """The norms each layer has (``LLAMA_WEIGHTS`` roles), by ``norm_layout``."""
+        return {"pre": ("input_layernorm", "post_attention_layernorm"), "post": ("attn_out_norm", "mlp_out_norm"),
+                "parallel": ("input_layernorm",)}.get(self.norm_layout, NORM_ROLES)
+
     def native_stack_blocker(self) -> str | None:
         """None when the native decode stack runs every layer's options: Llama's layers with per-head or
         whole-projection q/k norms, any norm layout (pre, sandwich, post) and offset, a SiLU or GELU-tanh
@@ -135,6 +144,7 @@ class ModelConfig:
         model's experts must also be packed quantized: ``build_native_stack`` checks the weights.)"""
         dense_swiglu = self.swiglu is not None and not all(self.is_moe(i) for i in range(self.num_hidden_layers))
         checks = [(self.norm_type != "rms", "LayerNorms"), (not self.gated_mlp, "a non-gated MLP"),
+                  (self.norm_layout == "parallel", "a parallel residual"),
                   (self.hidden_act not in NATIVE_ACTIVATIONS, self.hidden_act),
                   (self.partial_rotary_factor != 1, "partial rotary"),
                   (self.clip_qkv is not None, "q/k/v clamps"),

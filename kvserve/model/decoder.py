@@ -29,12 +29,9 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.layout = cfg.norm_layout
-        if self.layout != "post":  # before attention and before the MLP
-            self.input_layernorm = make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps)
-            self.post_attention_layernorm = make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps)
-        if self.layout != "pre":  # on attention's and the MLP's outputs
-            self.attn_out_norm = make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps)
-            self.mlp_out_norm = make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps)
+        # before attention and before the MLP ("pre"; "parallel": the first only), on their outputs ("post"), or both
+        for role in cfg.norm_roles:
+            setattr(self, role, make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps))
         self.self_attn = Attention(cfg, layer)
         self.mlp: GatedMLP | MoE
         if cfg.is_moe(layer):
@@ -63,6 +60,8 @@ class DecoderLayer(nn.Module):
         On an AMX step the norms write bf16 (what the GEMMs read) and the GEMMs' bf16 outputs go
         into the float32 residual as they are: no conversion passes between them."""
         t = h.shape[0]
+        if self.layout == "parallel":
+            return self._parallel_forward(h, delta, rope, attn, meta, kv_cache, rows)
         bf16_attn = self.fast and self.self_attn.runs_bf16(h, attn, meta, kv_cache)
         if self.layout == "post":
             x = h if delta is None else h.add_(delta)
@@ -82,9 +81,23 @@ class DecoderLayer(nn.Module):
                                                                   else ()))
         return h, self._out(self.mlp(x)[: h.shape[0]], "mlp_out_norm")
 
+    def _parallel_forward(self, h, delta, rope, attn, meta, kv_cache,
+                          rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attention and the MLP over the same normed input: attention's output joins the stream here, the MLP's
+        is the delta (the sum in the checkpoints' order: residual + attention, then + MLP)."""
+        t = h.shape[0]
+        x = self.input_layernorm.add_forward(h, delta)
+        a = self.self_attn(x, rope, attn, meta, kv_cache, False, rows, t)
+        if rows is not None:
+            h, x = h[rows], x[rows]
+            if not rows.numel():
+                return h, None
+        h.add_(self._out(a, ""))
+        return h, self._out(self.mlp(x)[: h.shape[0]], "")
+
     def _out(self, x: torch.Tensor, norm: str) -> torch.Tensor:
         """A sublayer's output as the residual stream takes it: normed (sandwich and post layouts), scaled."""
-        if self.layout != "pre":
+        if self.layout in ("post", "sandwich"):
             x = getattr(self, norm)(x)
         return x * self.residual_scale if self.residual_scale != 1 else x
 

@@ -190,7 +190,9 @@ def _gguf_config(meta: dict[str, Any], tensors: dict[str, Any], source: Path) ->
           "sliding_window": get("attention.sliding_window") or None,
           "attn_logit_softcapping": get("attn_logit_softcapping") or None,
           "final_logit_softcapping": get("final_logit_softcapping") or None,
-          "rope_local_base_freq": get("rope.freq_base_swa")}
+          "rope_local_base_freq": get("rope.freq_base_swa"),
+          # llama.cpp's graphs with a parallel form (stablelm) take it where a layer has no norm before the MLP
+          "use_parallel_residual": "blk.0.ffn_norm.weight" not in tensors}
     experts = int(get("expert_count", 0))
     if experts:
         hf.update(num_experts=experts, num_local_experts=experts, num_experts_per_tok=int(get("expert_used_count", 0)),

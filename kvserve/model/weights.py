@@ -35,7 +35,7 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
     norm_suffixes = ("weight", "bias") if cfg.norm_type == "layer" else ("weight",)
     for i in range(cfg.num_hidden_layers):
         p, dst = f"model.layers.{i}.", f"layers.{i}."
-        for role in ("input_layernorm", "post_attention_layernorm", "attn_out_norm", "mlp_out_norm"):
+        for role in cfg.norm_roles:
             name = arch.weight_name(role)
             if name is not None:
                 for suffix in norm_suffixes:

@@ -73,6 +73,9 @@ CASES: dict[str, tuple[str, dict]] = {
     "SmolLM3ForCausalLM": ("SmolLM3Config", dict(num_hidden_layers=4, no_rope_layer_interval=2)),
     "Starcoder2ForCausalLM": ("Starcoder2Config", dict(sliding_window=WINDOW, norm_epsilon=1e-4, tie_word_embeddings=True)),
     "Glm4ForCausalLM": ("Glm4Config", dict(partial_rotary_factor=0.5)),
+    # LayerNorms, partial rotary, q/k/v biases; then attention and the MLP side by side over one norm
+    "StableLmForCausalLM": ("StableLmConfig", dict(use_qkv_bias=True, partial_rotary_factor=0.5)),
+    "StableLmForCausalLM:parallel": ("StableLmConfig", dict(use_parallel_residual=True, partial_rotary_factor=0.25)),
     "Ernie4_5ForCausalLM": ("Ernie4_5Config", {}),  # Llama's layers (int8: the native decode stack), rotary reordered
     "Ernie4_5ForCausalLM:use_bias": ("Ernie4_5Config", dict(use_bias=True)),
     "OlmoeForCausalLM:clip_qkv": ("OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2, intermediate_size=32,
@@ -284,6 +287,7 @@ def test_gemma3_multimodal_checkpoint_answers_as_its_text_model(tmp_path_factory
     ("OlmoeForCausalLM:clip_qkv", False, "q/k/v clamps"),
     ("Starcoder2ForCausalLM", False, "LayerNorms, a non-gated MLP"),
     ("Phi3ForCausalLM", False, "partial rotary"),
+    ("StableLmForCausalLM:parallel", False, "LayerNorms, a parallel residual, partial rotary"),
     ("Ernie4_5ForCausalLM", True, None), ("SmolLM3ForCausalLM", True, None), ("GemmaForCausalLM", True, None),
     ("Gemma2ForCausalLM", True, None), ("Gemma3ForCausalLM", True, None), ("Olmo2ForCausalLM", True, None), ("GraniteForCausalLM", True, None),
     ("GraniteMoeForCausalLM", True, None), ("GraniteMoeSharedForCausalLM", True, None)])
@@ -317,3 +321,20 @@ def test_a_bfloat16_model_attends_windows_and_sinks(case, tmp_path_factory):
     got = [o.token_ids for o in llm.generate(prompts(), GREEDY)]
     assert all(len(g) == GREEDY.max_tokens for g in got)
     assert sum(g[0] == w[0] for g, w in zip(got, expected(case, tmp_path_factory))) >= len(got) - 1
+
+
+def test_an_option_no_path_runs_is_refused_in_one_line(tmp_path):
+    """StableLM 2 12B's per-head q/k LayerNorms: loading names the option instead of serving without it."""
+    import json
+
+    import transformers
+
+    from kvserve.errors import ModelLoadError
+    from kvserve.model.hf_loader import hf_folder_config
+
+    d = transformers.StableLmConfig(**{**COMMON, "qk_layernorm": True}).to_dict()
+    d["architectures"] = ["StableLmForCausalLM"]
+    (tmp_path / "config.json").write_text(json.dumps(d))
+    with pytest.raises(ModelLoadError, match="qk_layernorm .* is not supported") as e:
+        hf_folder_config(tmp_path)
+    assert "\n" not in str(e.value)

@@ -62,6 +62,9 @@ CASES: dict[str, tuple[str, dict, str]] = {
     # no bias on any linear: the file's tensors and config.json's use_bias agree
     "starcoder2:no_bias": ("Starcoder2ForCausalLM", dict(sliding_window=None, use_bias=False), "starcoder2"),
     "glm4": ("Glm4ForCausalLM", {}, "glm4"),
+    # LayerNorms, partial rotary; the parallel form has no ffn_norm tensors
+    "stablelm": ("StableLmForCausalLM", {}, "stablelm"),
+    "stablelm:parallel": ("StableLmForCausalLM:parallel", {}, "stablelm"),
     "ernie4_5": ("Ernie4_5ForCausalLM", {}, "ernie4_5"),
     "ernie4_5:use_bias": ("Ernie4_5ForCausalLM:use_bias", {}, "ernie4_5"),
     # experts in MXFP4 (the converter repacks the checkpoint's blocks); what llama.cpp's graph fixes: the SwiGLU's
@@ -163,8 +166,8 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
     w.add_feed_forward_length(d["intermediate_size"])
     w.add_head_count(heads)
     w.add_head_count_kv(kv_heads)
-    if arch == "starcoder2":  # LayerNorms: the converter writes their eps under its own key
-        w.add_layer_norm_eps(d["norm_epsilon"])
+    if arch in ("starcoder2", "stablelm"):  # LayerNorms: the converter writes their eps under its own key
+        w.add_layer_norm_eps(d.get("norm_epsilon") or d["layer_norm_eps"])
     else:
         w.add_layer_norm_rms_eps(d["rms_norm_eps"])
     if arch not in ("gemma", "gemma2"):  # these converters write no rope base (llama.cpp's default: 10000)
@@ -198,7 +201,7 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
     if arch == "gpt-oss":
         w.add_sliding_window(d["sliding_window"])
         w.add_expert_feed_forward_length(d["intermediate_size"])
-    if arch == "glm4":
+    if arch in ("glm4", "stablelm"):
         w.add_rope_dimension_count(int(d["head_dim"] * full["partial_rotary_factor"]))
     if arch == "gemma2":
         w.add_attn_logit_softcapping(d["attn_logit_softcapping"])
