@@ -31,7 +31,7 @@ class DecoderLayer(nn.Module):
         self.layout = cfg.norm_layout
         # before attention and before the MLP ("pre"; "parallel": the first only), on their outputs ("post"), or both
         for role in cfg.norm_roles:
-            setattr(self, role, make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps))
+            setattr(self, role, make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias))
         self.self_attn = Attention(cfg, layer)
         self.mlp: GatedMLP | MoE
         if cfg.is_moe(layer):
@@ -110,7 +110,7 @@ class CausalLM(nn.Module):
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
-        self.norm = make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         head_dim = int(cfg.head_dim or 0)
         self.rotary = Rotary(cfg.rotary_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling, head_dim)

@@ -85,10 +85,10 @@ def _fast_gguf_reader(path: Path) -> gguf.GGUFReader:
 
 
 def _gguf_metadata(reader: gguf.GGUFReader) -> dict[str, Any]:
-    """Scalar and string metadata by key; arrays only as their length (the tokenizer's are huge)."""
+    """Scalar and string metadata by key, arrays as lists; the tokenizer's arrays only as their length (huge)."""
     meta: dict[str, Any] = {}
     for key, field in reader.fields.items():
-        if field.types and field.types[0] == gguf.GGUFValueType.ARRAY:
+        if field.types and field.types[0] == gguf.GGUFValueType.ARRAY and key.startswith("tokenizer."):
             meta[key] = int(field.parts[4][0])  # the key's length, its bytes, its type, the items' type, the count
         else:
             meta[key] = field.contents()

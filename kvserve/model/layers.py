@@ -32,12 +32,13 @@ class RMSNorm(nn.Module):
 
 
 class LayerNorm(nn.Module):
-    """LayerNorm with a bias, with RMSNorm's interface (``add_forward``, the output dtype and rows); torch only."""
+    """LayerNorm (with a bias, or none), with RMSNorm's interface (``add_forward``, the output dtype and rows);
+    torch only."""
 
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, bias: bool = True):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
-        self.bias = nn.Parameter(torch.zeros(dim))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
         self.eps = eps
 
     def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None, out_rows: int = 0) -> torch.Tensor:
@@ -52,11 +53,11 @@ class LayerNorm(nn.Module):
         return self.forward(residual, out_dtype, out_rows)
 
 
-def make_norm(kind: str, dim: int, eps: float) -> RMSNorm | LayerNorm:
-    """A decoder's norm of ``kind`` (``ModelConfig.norm_type``): "rms" or "layer"."""
+def make_norm(kind: str, dim: int, eps: float, bias: bool = True) -> RMSNorm | LayerNorm:
+    """A decoder's norm of ``kind`` (``ModelConfig.norm_type``): "rms" or "layer" (``bias``: with a bias)."""
     if kind not in ("rms", "layer"):
         raise ValueError(f"norm type {kind!r} is not supported (rms, layer)")
-    return RMSNorm(dim, eps) if kind == "rms" else LayerNorm(dim, eps)
+    return RMSNorm(dim, eps) if kind == "rms" else LayerNorm(dim, eps, bias)
 
 
 class PackedLinear(nn.Module):

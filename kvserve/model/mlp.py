@@ -17,7 +17,8 @@ from kvserve.model.moe_native import native_moe_block
 from kvserve.model.quant_linear import AMX_MIN_ROWS, QuantLinear
 
 ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-               "gelu_new": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu}
+               "gelu_new": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu, "relu": F.relu,
+               "relu2": lambda x: F.relu(x).square()}
 # the activations with a fused act(gate) * up kernel (the native decode stack runs the same kernels)
 _KERNELS = {"silu": ops.silu_mul, "gelu_tanh": ops.gelu_tanh_mul}
 NATIVE_GATED = {act: _KERNELS[kernel] for act, kernel in NATIVE_ACTIVATIONS.items()}

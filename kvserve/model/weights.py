@@ -32,7 +32,7 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
         for suffix, shape in (("weight", lambda r: (r, cols)), ("bias", lambda r: (r,)))[: 2 if bias else 1]:
             out[f"{dst}.{suffix}"] = [(f"{prefix}{name}.{suffix}", shape(r)) for name, r in names]
 
-    norm_suffixes = ("weight", "bias") if cfg.norm_type == "layer" else ("weight",)
+    norm_suffixes = ("weight", "bias") if cfg.norm_type == "layer" and cfg.norm_bias else ("weight",)
     for i in range(cfg.num_hidden_layers):
         p, dst = f"model.layers.{i}.", f"layers.{i}."
         for role in cfg.norm_roles:

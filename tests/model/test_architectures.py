@@ -70,12 +70,30 @@ CASES: dict[str, tuple[str, dict]] = {
                                                                 "beta_slow": 1.0, "truncate": False,
                                                                 "original_max_position_embeddings": 64})),
     "Gemma3ForConditionalGeneration": ("Gemma3Config", {}),  # text only: see GEMMA3_MM
+    "Mistral3ForConditionalGeneration": ("Mistral3Config", {}),  # text only: see MISTRAL3_MM
+    # the window on the layers layer_types names
+    "MinistralForCausalLM": ("MinistralConfig", dict(sliding_window=WINDOW, num_hidden_layers=3,
+                                                     layer_types=["sliding_attention", "full_attention",
+                                                                  "sliding_attention"])),
     "SmolLM3ForCausalLM": ("SmolLM3Config", dict(num_hidden_layers=4, no_rope_layer_interval=2)),
     "Starcoder2ForCausalLM": ("Starcoder2Config", dict(sliding_window=WINDOW, norm_epsilon=1e-4, tie_word_embeddings=True)),
     "Glm4ForCausalLM": ("Glm4Config", dict(partial_rotary_factor=0.5)),
     # LayerNorms, partial rotary, q/k/v biases; then attention and the MLP side by side over one norm
     "StableLmForCausalLM": ("StableLmConfig", dict(use_qkv_bias=True, partial_rotary_factor=0.5)),
     "StableLmForCausalLM:parallel": ("StableLmConfig", dict(use_parallel_residual=True, partial_rotary_factor=0.25)),
+    # one LayerNorm without a bias before attention and the MLP side by side, interleaved rotary, a logit scale
+    "CohereForCausalLM": ("CohereConfig", dict(logit_scale=0.5, tie_word_embeddings=True)),
+    # and three windowed layers (rotary) to a global one (no positions)
+    "Cohere2ForCausalLM": ("Cohere2Config", dict(logit_scale=0.5, sliding_window=WINDOW, num_hidden_layers=4)),
+    # post norms, per-head q/k norms; a windowed layer (rotary) to each global one (no positions)
+    "Exaone4ForCausalLM": ("Exaone4Config", dict(sliding_window=WINDOW, sliding_window_pattern=2, num_hidden_layers=4)),
+    "Exaone4ForCausalLM:no_window": ("Exaone4Config", dict(sliding_window=None, layer_types=["full_attention"] * 2)),
+    # OLMo 2's layers, three windowed to a global one; yarn on the global layers only
+    "Olmo3ForCausalLM": ("Olmo3Config", dict(sliding_window=WINDOW, num_hidden_layers=4, rope_scaling={
+        "rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64})),
+    "HeliumForCausalLM": ("HeliumConfig", dict(attention_bias=True, mlp_bias=True)),  # no bias on o_proj
+    "SeedOssForCausalLM": ("SeedOssConfig", dict(attention_bias=True, attention_out_bias=True)),
+    "ArceeForCausalLM": ("ArceeConfig", {}),  # a non-gated MLP with relu squared
     "Ernie4_5ForCausalLM": ("Ernie4_5Config", {}),  # Llama's layers (int8: the native decode stack), rotary reordered
     "Ernie4_5ForCausalLM:use_bias": ("Ernie4_5Config", dict(use_bias=True)),
     "OlmoeForCausalLM:clip_qkv": ("OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2, intermediate_size=32,
@@ -93,6 +111,11 @@ CASES: dict[str, tuple[str, dict]] = {
 GEMMA3_MM = dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                                     image_size=28, patch_size=14), mm_tokens_per_image=4,
                  text_config=dict(CASES["Gemma3ForCausalLM"][1]))
+# Mistral3ForConditionalGeneration's text model (Mistral's), beside a one-layer Pixtral tower
+MISTRAL3_MM = dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                      head_dim=16, image_size=28, patch_size=14),
+                   text_config=dict(model_type="mistral", sliding_window=WINDOW))
+MULTIMODAL = {"Gemma3ForConditionalGeneration": GEMMA3_MM, "Mistral3ForConditionalGeneration": MISTRAL3_MM}
 PROMPT_LENS = [1, 5, 9, 17, 30]
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
@@ -107,10 +130,11 @@ def hf_model(case: str, **overrides):
 
     name = case.partition(":")[0]
     config_class, extra = CASES[case]
-    if name == "Gemma3ForConditionalGeneration":
-        text = {**COMMON, **GEMMA3_MM["text_config"], **overrides}
-        cfg = transformers.Gemma3Config(**{**GEMMA3_MM, "text_config": text},
-                                        tie_word_embeddings=text["tie_word_embeddings"])
+    if name in MULTIMODAL:
+        parts = MULTIMODAL[name]
+        text = {**COMMON, **parts["text_config"], **overrides}
+        cfg = getattr(transformers, config_class)(**{**parts, "text_config": text},
+                                                  tie_word_embeddings=text["tie_word_embeddings"])
     else:
         cfg = getattr(transformers, config_class)(**{**COMMON, **extra, **overrides})
     cfg.architectures = [name]
@@ -288,6 +312,10 @@ def test_gemma3_multimodal_checkpoint_answers_as_its_text_model(tmp_path_factory
     ("Starcoder2ForCausalLM", False, "LayerNorms, a non-gated MLP"),
     ("Phi3ForCausalLM", False, "partial rotary"),
     ("StableLmForCausalLM:parallel", False, "LayerNorms, a parallel residual, partial rotary"),
+    ("Cohere2ForCausalLM", False, "LayerNorms, a parallel residual"),
+    ("Exaone4ForCausalLM", True, None), ("Olmo3ForCausalLM", True, None),
+    ("ArceeForCausalLM", False, "a non-gated MLP, relu2"), ("HeliumForCausalLM", True, None),
+    ("SeedOssForCausalLM", True, None),
     ("Ernie4_5ForCausalLM", True, None), ("SmolLM3ForCausalLM", True, None), ("GemmaForCausalLM", True, None),
     ("Gemma2ForCausalLM", True, None), ("Gemma3ForCausalLM", True, None), ("Olmo2ForCausalLM", True, None), ("GraniteForCausalLM", True, None),
     ("GraniteMoeForCausalLM", True, None), ("GraniteMoeSharedForCausalLM", True, None)])
@@ -323,8 +351,15 @@ def test_a_bfloat16_model_attends_windows_and_sinks(case, tmp_path_factory):
     assert sum(g[0] == w[0] for g, w in zip(got, expected(case, tmp_path_factory))) >= len(got) - 1
 
 
-def test_an_option_no_path_runs_is_refused_in_one_line(tmp_path):
-    """StableLM 2 12B's per-head q/k LayerNorms: loading names the option instead of serving without it."""
+@pytest.mark.parametrize("case, config, option", [
+    ("StableLmForCausalLM", dict(qk_layernorm=True), "qk_layernorm"),
+    ("CohereForCausalLM", dict(use_qk_norm=True), "use_qk_norm"),
+    ("Mistral3ForConditionalGeneration", dict(text_config=dict(COMMON, model_type="ministral3", rope_parameters=dict(
+        rope_type="yarn", factor=4.0, original_max_position_embeddings=64, llama_4_scaling_beta=0.1))),
+     "llama_4_scaling_beta")])
+def test_an_option_no_path_runs_is_refused_in_one_line(case, config, option, tmp_path):
+    """Per-head q/k LayerNorms (StableLM 2 12B, Command R+), Ministral 3's query scale by position: loading names
+    the option instead of serving without it."""
     import json
 
     import transformers
@@ -332,9 +367,9 @@ def test_an_option_no_path_runs_is_refused_in_one_line(tmp_path):
     from kvserve.errors import ModelLoadError
     from kvserve.model.hf_loader import hf_folder_config
 
-    d = transformers.StableLmConfig(**{**COMMON, "qk_layernorm": True}).to_dict()
-    d["architectures"] = ["StableLmForCausalLM"]
+    d = getattr(transformers, CASES[case][0])(**{**COMMON, **config}).to_dict()
+    d["architectures"] = [case]
     (tmp_path / "config.json").write_text(json.dumps(d))
-    with pytest.raises(ModelLoadError, match="qk_layernorm .* is not supported") as e:
+    with pytest.raises(ModelLoadError, match=f"{option} .* is not supported") as e:
         hf_folder_config(tmp_path)
     assert "\n" not in str(e.value)

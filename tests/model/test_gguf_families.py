@@ -65,6 +65,13 @@ CASES: dict[str, tuple[str, dict, str]] = {
     # LayerNorms, partial rotary; the parallel form has no ffn_norm tensors
     "stablelm": ("StableLmForCausalLM", {}, "stablelm"),
     "stablelm:parallel": ("StableLmForCausalLM:parallel", {}, "stablelm"),
+    # bias-less LayerNorms, parallel, interleaved rotary (the converter leaves q/k rows as they are), a logit scale
+    "command-r": ("CohereForCausalLM", {}, "command-r"),  # tied (gguf-py's command-r has no output tensor)
+    # llama.cpp's graph: three windowed layers (rotary) to a global one (none), whatever the file says
+    "cohere2": ("Cohere2ForCausalLM", dict(tie_word_embeddings=True), "cohere2"),
+    "arcee": ("ArceeForCausalLM", {}, "arcee"),  # no gate: ffn_up and ffn_down only
+    # the layers' kinds as one bool each (sliding: rotary; global: none)
+    "exaone4": ("Exaone4ForCausalLM", {}, "exaone4"),
     "ernie4_5": ("Ernie4_5ForCausalLM", {}, "ernie4_5"),
     "ernie4_5:use_bias": ("Ernie4_5ForCausalLM:use_bias", {}, "ernie4_5"),
     # experts in MXFP4 (the converter repacks the checkpoint's blocks); what llama.cpp's graph fixes: the SwiGLU's
@@ -74,11 +81,11 @@ CASES: dict[str, tuple[str, dict, str]] = {
 }
 # where transformers' GGUF reader has no such architecture, or no stacked experts for it (llama)
 NO_TRANSFORMERS_READER = {"olmoe", "mixtral", "gemma", "olmo2", "granite", "granitemoe", "granitemoe:shared", "smollm3",
-                          "glm4", "ernie4_5", "ernie4_5:use_bias", "gpt-oss"}
+                          "glm4", "ernie4_5", "ernie4_5:use_bias", "gpt-oss", "cohere2", "command-r", "arcee", "exaone4"}
 GEMMA = {"gemma", "gemma2", "gemma3"}
 # every linear Q8_0; not granite, whose test model's near-flat logits (several tokens within 0.01) Q8_0 reorders
-DENSE_Q8_0 = {"gemma", "olmo2", "smollm3", "starcoder2", "glm4", "ernie4_5:use_bias"}
-PERMUTED = {"llama", "granite", "granitemoe", "smollm3"}  # llama.cpp's LlamaModel lineage reorders q/k rows for GGML's rope
+DENSE_Q8_0 = {"gemma", "olmo2", "smollm3", "starcoder2", "glm4", "ernie4_5:use_bias", "command-r", "cohere2", "exaone4"}
+PERMUTED = {"llama", "granite", "granitemoe", "smollm3", "arcee"}  # llama.cpp's LlamaModel lineage reorders q/k rows for GGML's rope
 LOADS_AS = {"mistral": "LlamaForCausalLM"}  # without a window, llama.cpp's Mistral is Llama
 
 
@@ -166,7 +173,7 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
     w.add_feed_forward_length(d["intermediate_size"])
     w.add_head_count(heads)
     w.add_head_count_kv(kv_heads)
-    if arch in ("starcoder2", "stablelm"):  # LayerNorms: the converter writes their eps under its own key
+    if arch in ("starcoder2", "stablelm", "command-r", "cohere2"):  # LayerNorms: their eps under its own key
         w.add_layer_norm_eps(d.get("norm_epsilon") or d["layer_norm_eps"])
     else:
         w.add_layer_norm_rms_eps(d["rms_norm_eps"])
@@ -201,6 +208,15 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
     if arch == "gpt-oss":
         w.add_sliding_window(d["sliding_window"])
         w.add_expert_feed_forward_length(d["intermediate_size"])
+    if arch in ("command-r", "cohere2"):
+        w.add_logit_scale(d["logit_scale"])
+    if arch == "exaone4":
+        w.add_vocab_size(d["vocab_size"])
+        w.add_sliding_window(d["sliding_window"])
+        w.add_sliding_window_pattern([t == "sliding_attention" for t in d["layer_types"]])
+    if arch == "cohere2":
+        w.add_sliding_window(d["sliding_window"])
+        w.add_rope_dimension_count(d["head_dim"])
     if arch in ("glm4", "stablelm"):
         w.add_rope_dimension_count(int(d["head_dim"] * full["partial_rotary_factor"]))
     if arch == "gemma2":
@@ -241,7 +257,7 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
             fused = gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.FFN_GATE_UP_EXP].format(bid=i) + ".weight"
             state[fused] = torch.cat([gate, up], dim=1)
     for name, t in state.items():
-        if arch.startswith("gemma") and name == "lm_head.weight":
+        if d["tie_word_embeddings"] and name == "lm_head.weight":
             continue  # tied; the converter skips it
         if arch.startswith("gemma") and name.endswith("norm.weight"):
             t = t + 1

@@ -162,7 +162,7 @@ def gguf_architectures() -> dict[str, str]:
 # one line per architecture module
 _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma", "gemma2", "gemma3", "phi3", "olmo2",
             "olmoe", "granite", "granite_moe", "gpt_oss", "gemma3_mm", "smollm3", "starcoder2", "glm4", "ernie4_5",
-            "stablelm"]
+            "stablelm", "cohere", "cohere2", "exaone4", "olmo3", "mistral3", "helium", "seed_oss", "arcee"]
 
 
 def _load() -> None:

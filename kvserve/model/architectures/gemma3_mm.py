@@ -6,8 +6,12 @@ from kvserve.model.architectures import Architecture, register
 from kvserve.model.architectures.gemma2 import GEMMA_WEIGHTS
 from kvserve.model.architectures.gemma3 import gemma3_config
 
+# a multimodal checkpoint's text weights -> ours (transformers 4's names, then 5's); others are not read
+MULTIMODAL_PREFIXES = {"language_model.model.": "model.", "model.language_model.": "model.",
+                       "language_model.lm_head.": "lm_head.", "lm_head.": "lm_head."}
 
-def gemma3_text(d: dict) -> dict:
+
+def text_part(d: dict) -> dict:
     """The text part, with the top-level keys transformers keeps there (tied embeddings, token ids)."""
     text = dict(d.get("text_config") or {})
     for key in ("tie_word_embeddings", "bos_token_id", "eos_token_id"):
@@ -16,6 +20,5 @@ def gemma3_text(d: dict) -> dict:
     return text
 
 
-register(Architecture("Gemma3ForConditionalGeneration", gemma3_config, weights=GEMMA_WEIGHTS, text_config=gemma3_text,
-                      prefixes={"language_model.model.": "model.", "model.language_model.": "model.",
-                                "language_model.lm_head.": "lm_head.", "lm_head.": "lm_head."}))
+register(Architecture("Gemma3ForConditionalGeneration", gemma3_config, weights=GEMMA_WEIGHTS, text_config=text_part,
+                      prefixes=MULTIMODAL_PREFIXES))
