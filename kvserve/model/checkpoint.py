@@ -42,14 +42,20 @@ class ReleasableWeights(dict):
 
 
 def check_weights(config: ModelConfig, weights: dict[str, torch.Tensor], source: str) -> None:
-    """Raise ``ModelLoadError`` unless ``weights`` holds every expected tensor in its expected shape."""
+    """Raise ``ModelLoadError`` unless ``weights`` holds every expected tensor in its expected shape. A tensor whose
+    shape differs only by dims of size 1 (a router's bias stored [1, experts] by one checkpoint, [experts] by
+    another) is viewed in the expected shape, in ``weights``."""
     expected = expected_weight_shapes(config)
     missing = [name for name in expected if name not in weights]
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise ModelLoadError(f"{source}: missing weights {', '.join(missing[:5])}{more}")
     for name, shape in expected.items():
-        if tuple(weights[name].shape) != shape:
+        got = weights[name]
+        if isinstance(got, torch.Tensor) and tuple(got.shape) != shape and \
+                [d for d in got.shape if d != 1] == [d for d in shape if d != 1]:
+            weights[name] = got = got.reshape(shape)
+        if tuple(got.shape) != shape:
             raise ModelLoadError(
                 f"{source}: {name} has shape {tuple(weights[name].shape)}, the config implies {shape}"
             )

@@ -59,6 +59,7 @@ class ModelConfig:
     attn_logit_softcap: float | None = None  # Gemma 2: cap * tanh(scores / cap)
     final_logit_softcap: float | None = None
     logit_scale: float = 1.0  # logits multiplied by this (Granite: 1 / logits_scaling)
+    lm_head_bias: bool = False  # the LM head has a bias (Phi-2); untied only
     embed_scale: float = 1.0  # embeddings multiplied by this (Gemma: sqrt(hidden), Granite: embedding_multiplier)
     residual_scale: float = 1.0  # each sublayer's output multiplied by this before the add (Granite)
     sliding_window: int | None = None  # keys a sliding layer attends: the query's own and the window - 1 before
@@ -84,6 +85,11 @@ class ModelConfig:
     shared_expert_intermediate_size: int = 0  # a dense expert every token takes (Qwen2-MoE, Granite MoE Shared)
     shared_expert_gated: bool = True  # weighted by sigmoid(gate . x) (Qwen2-MoE); False: added as is (Granite)
     router_bias: bool = False  # the router's linear has a bias (gpt-oss)
+    # a bias [1, experts] added to the router's probabilities to choose the experts, not to weight them (ERNIE 4.5
+    # MoE's e_score_correction_bias)
+    selection_bias: bool = False
+    router_scoring: str = "softmax"  # "sigmoid": each expert scored by sigmoid(logit) on its own (GLM-4.5 MoE)
+    routed_scale: float = 1.0  # the routed experts' weights multiplied by this (routed_scaling_factor)
     expert_bias: bool = False  # each expert's linears have biases (gpt-oss)
 
     def __post_init__(self) -> None:
@@ -95,6 +101,10 @@ class ModelConfig:
             per_layer = getattr(self, name)
             if per_layer is not None and len(per_layer) != self.num_hidden_layers:
                 raise ValueError(f"{name} has {len(per_layer)} entries for {self.num_hidden_layers} layers")
+        if self.lm_head_bias and self.tie_word_embeddings:
+            raise ValueError("an LM head with a bias must be its own weight (tie_word_embeddings false)")
+        if self.router_scoring not in ("softmax", "sigmoid"):
+            raise ValueError(f"router scoring {self.router_scoring!r} is not supported (softmax, sigmoid)")
         if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
             raise ValueError(f"num_experts_per_tok must be 1..{self.num_experts}")
 

@@ -37,7 +37,8 @@ class DecoderLayer(nn.Module):
         if cfg.is_moe(layer):
             self.mlp = MoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_tok,
                            cfg.norm_topk_prob, cfg.hidden_act, cfg.shared_expert_intermediate_size, cfg.router_bias,
-                           cfg.expert_bias, cfg.swiglu, cfg.shared_expert_gated)
+                           cfg.expert_bias, cfg.swiglu, cfg.shared_expert_gated, cfg.selection_bias,
+                           cfg.router_scoring, cfg.routed_scale)
         else:
             self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, cfg.mlp_bias, cfg.swiglu,
                                 cfg.gated_mlp)
@@ -111,7 +112,8 @@ class CausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias)
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size,
+                                                                      bias=cfg.lm_head_bias)
         head_dim = int(cfg.head_dim or 0)
         self.rotary = Rotary(cfg.rotary_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling, head_dim)
         # Gemma 3's sliding layers rotate with their own base, unscaled
@@ -187,8 +189,10 @@ class CausalLM(nn.Module):
 
     @property
     def transforms_logits(self) -> bool:
-        """Whether logits are scaled or capped after the LM head (Granite, Gemma 2)."""
-        return self.config.logit_scale != 1 or self.config.final_logit_softcap is not None
+        """Whether logits are scaled or capped after the LM head (Granite, Gemma 2), or take its bias (Phi-2): then
+        no head computes them in bf16 or draws the tokens itself."""
+        cfg = self.config
+        return cfg.logit_scale != 1 or cfg.final_logit_softcap is not None or cfg.lm_head_bias
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor, keep_bf16: bool = False) -> torch.Tensor:

@@ -30,6 +30,7 @@ _GGUF_LAYER_ROLES = {
     "ffn_gate_inp": "router",
     "ffn_gate_inp_shexp": "shared_expert_gate",
     "attn_sinks": "sinks",  # a tensor, not a module's: named without the suffix
+    "exp_probs_b": "selection_bias",  # the same
 }
 # every expert of a layer in one tensor [experts, rows, cols] -> the role of each expert's slice
 _GGUF_EXPERT_ROLES = {"ffn_gate_exps": "expert_gate", "ffn_up_exps": "expert_up", "ffn_down_exps": "expert_down"}
@@ -59,8 +60,9 @@ def gguf_to_hf_name(name: str, arch: Architecture | None = None) -> str | None:
     if leaf in _GGUF_SHARED_PARTS:
         return f"{layer}{arch.weight_name('shared_expert')}{arch.weight_name(_GGUF_SHARED_PARTS[leaf])}.{suffix}"
     role = arch.gguf_roles.get(leaf, _GGUF_LAYER_ROLES.get(leaf))
-    if role == "sinks":
-        return f"{layer}{arch.weight_name(role)}"
+    if role in ("sinks", "selection_bias"):
+        hf = arch.weight_name(role)
+        return None if hf is None else f"{layer}{hf}"
     if role == "up_proj" and arch.weight_name("gate_up_proj") is not None:
         role = "gate_up_proj"  # llama.cpp names a stacked gate + up "ffn_up" (Phi-3): its graph splits it in halves
     hf = None if role is None else arch.weight_name(role)

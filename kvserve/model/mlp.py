@@ -78,16 +78,20 @@ class GatedMLP(nn.Module):
 
 
 class MoE(nn.Module):
-    """Each token's top ``top_k`` experts of ``experts``, weighted by the router's softmax (renormalised
-    over the chosen ones with ``norm_topk``: the same as gpt-oss's softmax over the chosen logits); a step runs
+    """Each token's top ``top_k`` experts of ``experts``, weighted by the router's softmax (or each expert's sigmoid:
+    ``scoring``), renormalised over the chosen ones with ``norm_topk`` (the same as gpt-oss's softmax over the chosen
+    logits), times ``routed_scale``; chosen by those scores plus ``selection_bias`` where there is one; a step runs
     each expert once over all the tokens routed to it. With the native kernels over packed experts
     (``use_native``), one call of a ``kvserve.MoEBlock`` does it all (``moe_native``); else a loop of experts."""
 
     def __init__(self, hidden: int, intermediate: int, experts: int, top_k: int, norm_topk: bool, act: str,
                  shared_intermediate: int = 0, router_bias: bool = False, expert_bias: bool = False,
-                 swiglu: tuple[float, float | None] | None = None, shared_gated: bool = True):
+                 swiglu: tuple[float, float | None] | None = None, shared_gated: bool = True,
+                 selection_bias: bool = False, scoring: str = "softmax", routed_scale: float = 1.0):
         super().__init__()
+        self.scoring, self.routed_scale = scoring, routed_scale
         self.router = nn.Linear(hidden, experts, bias=router_bias)
+        self.selection_bias = nn.Parameter(torch.zeros(1, experts)) if selection_bias else None
         self.experts = nn.ModuleList(GatedMLP(hidden, intermediate, act, expert_bias, swiglu) for _ in range(experts))
         self.top_k, self.norm_topk = top_k, norm_topk
         self.shared = GatedMLP(hidden, shared_intermediate, act) if shared_intermediate else None
@@ -138,10 +142,17 @@ class MoE(nn.Module):
 
     def loop_forward(self, x: torch.Tensor) -> torch.Tensor:
         """The Python loop: route, then each expert over its rows, added back in ascending expert id."""
-        probs = torch.softmax(self.router(x).float(), dim=-1)
-        weights, chosen = probs.topk(self.top_k, dim=-1)
+        logits = self.router(x).float()
+        probs = torch.sigmoid(logits) if self.scoring == "sigmoid" else torch.softmax(logits, dim=-1)
+        if self.selection_bias is None:
+            weights, chosen = probs.topk(self.top_k, dim=-1)
+        else:
+            chosen = (probs + self.selection_bias.float()).topk(self.top_k, dim=-1).indices
+            weights = probs.gather(-1, chosen)
         if self.norm_topk:
             weights = weights / weights.sum(-1, keepdim=True)
+        if self.routed_scale != 1:
+            weights = weights * self.routed_scale
         weights = weights.to(x.dtype)
         out = torch.zeros(x.shape[0], x.shape[1], dtype=x.dtype, device=x.device)
         # tokens grouped by expert: one GEMM per expert the step routed to, none for the others

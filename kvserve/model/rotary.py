@@ -1,5 +1,5 @@
 """Rotary position embeddings: the frequencies of each scaling checkpoints use (linear, llama3, yarn,
-longrope), partial rotary, and one step's tables.
+longrope, dynamic NTK), partial rotary, and one step's tables.
 
 The frequencies follow transformers' definitions (its rope utilities are the reference in tests);
 the tables are built once, cos and sin per absolute position, and multiplied by the scaling's
@@ -17,7 +17,7 @@ from kvserve.errors import ModelLoadError
 from kvserve.kernels import ops
 from kvserve.kernels.ops import apply_rotary  # the torch rotation (the native rotary_'s fallback too)
 
-ROPE_TYPES = ("linear", "llama3", "yarn", "longrope")
+ROPE_TYPES = ("linear", "llama3", "yarn", "longrope", "su", "dynamic")
 
 
 def rope_inv_freq(dim: int, theta: float, scaling: dict[str, Any] | None,
@@ -40,7 +40,14 @@ def rope_inv_freq(dim: int, theta: float, scaling: dict[str, Any] | None,
         if scaling.get("factor") is None and max_positions:
             factor = max_positions / original
         return _yarn(dim, theta, factor, original, scaling)
-    if kind == "longrope":
+    if kind == "dynamic":
+        # transformers' dynamic NTK is plain RoPE up to the original context and re-bases every position by the
+        # sequence's length beyond it; positions there get the base of the longest context (factor x the original)
+        # instead, as vLLM's, so that a cached key's rotation never changes
+        long_theta = theta * (factor * factor - (factor - 1)) ** (dim / (dim - 2))
+        long = 1.0 / long_theta ** exponents
+        return inv_freq, 1.0, long, original
+    if kind in ("longrope", "su"):  # "su": Phi-3's first name for it
         if scaling.get("factor") is None and max_positions:
             factor = max_positions / original
         attention = scaling.get("attention_factor")
@@ -105,7 +112,7 @@ class Rotary:
         inv_freq, attention, long, switch = rope_inv_freq(dim, theta, scaling, max_positions)
         t = torch.arange(max_positions, dtype=torch.float32, device="cpu")
         freqs = torch.outer(t, inv_freq)
-        if long is not None:  # longrope: positions past the original context rotate at the long frequencies
+        if long is not None:  # longrope, dynamic: positions past the original context rotate at the long frequencies
             freqs[switch:] = torch.outer(t[switch:], long)
         emb = torch.cat([freqs, freqs], dim=-1)
         self.cos, self.sin = emb.cos() * attention, emb.sin() * attention

@@ -55,6 +55,8 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
         out[f"{dst}mlp.router.weight"] = [(f"{p}{arch.weight_name('router')}.weight", (cfg.num_experts, h))]
         if cfg.router_bias:
             out[f"{dst}mlp.router.bias"] = [(f"{p}{arch.weight_name('router')}.bias", (cfg.num_experts,))]
+        if cfg.selection_bias:
+            out[f"{dst}mlp.selection_bias"] = [(f"{p}{arch.weight_name('selection_bias')}", (1, cfg.num_experts))]
         for e in range(cfg.num_experts):
             if arch.stacked_experts is not None:  # the names unstack_experts gives each expert's cut
                 mlp(out, arch, f"{dst}mlp.experts.{e}.", f"{p}{UNSTACKED.format(e=e)}", "unstacked_",
@@ -71,6 +73,8 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
         out[f"norm.{suffix}"] = [(f"model.norm.{suffix}", (h,))]
     if not cfg.tie_word_embeddings:
         out["lm_head.weight"] = [("lm_head.weight", (cfg.vocab_size, h))]
+        if cfg.lm_head_bias:
+            out["lm_head.bias"] = [("lm_head.bias", (cfg.vocab_size,))]
     return out
 
 

@@ -1,6 +1,7 @@
 """The native grouped-expert MoE (kvserve.MoEBlock via ``MoE.forward``) against the Python loop of experts it
 replaces, on tiny random MoE blocks shaped as Qwen3-MoE, Mixtral, OLMoE, Qwen2-MoE (shared expert), Granite MoE
-Shared (a shared expert without a gate) and gpt-oss (router and expert biases, clamped SwiGLU), over int8 and int4
+Shared (a shared expert without a gate), ERNIE 4.5 MoE (experts chosen with a bias, weighted without it) and gpt-oss
+(router and expert biases, clamped SwiGLU), over int8 and int4
 experts: the same bits where the arithmetic is the
 same (given the routing, the experts' GEMMs and the ascending-expert sum are the loop's), close otherwise (the
 router's GEMV, gpt-oss's SwiGLU); and a row's output bit-identical alone and inside any batch."""
@@ -25,6 +26,11 @@ CASES = {
     "qwen2_moe": dict(experts=6, top_k=2, norm_topk=False, shared=96),
     "granite_moe_shared": dict(experts=4, top_k=2, norm_topk=True, shared=64, shared_gated=False),  # no gate: weight 1
     "gpt_oss": dict(experts=4, top_k=2, norm_topk=True, swiglu=(1.702, 1.5), biases=True),
+    # chosen by softmax + a bias of the probabilities' size (normal 0.3 below), weighted by the softmax alone
+    "ernie4_5_moe": dict(experts=6, top_k=2, norm_topk=True, shared=64, shared_gated=False, selection_bias=True),
+    # each expert's own sigmoid, chosen with the bias, renormalised and scaled (GLM-4.5 MoE)
+    "glm4_moe": dict(experts=6, top_k=2, norm_topk=True, shared=64, shared_gated=False, selection_bias=True,
+                     scoring="sigmoid", routed_scale=2.5),
     "gelu_tanh": dict(experts=5, top_k=3, norm_topk=True, act="gelu_pytorch_tanh"),
 }
 # the cases whose expert arithmetic is the loop's op for op (the loop's SwiGLU is torch's)
@@ -48,7 +54,8 @@ def make_moe(case: str, kind: str | None, hidden: int = 64, inter: int = 64, see
     torch.manual_seed(seed)
     moe = MoE(hidden, inter, o["experts"], o["top_k"], o["norm_topk"], o.get("act", "silu"), o.get("shared", 0),
               router_bias=o.get("biases", False), expert_bias=o.get("biases", False), swiglu=o.get("swiglu"),
-              shared_gated=o.get("shared_gated", True))
+              shared_gated=o.get("shared_gated", True), selection_bias=o.get("selection_bias", False),
+              scoring=o.get("scoring", "softmax"), routed_scale=o.get("routed_scale", 1.0))
     with torch.no_grad():
         for p in moe.parameters():
             p.normal_(0, 0.3)
@@ -62,11 +69,15 @@ def make_moe(case: str, kind: str | None, hidden: int = 64, inter: int = 64, see
 
 
 def route(moe: MoE, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The loop's routing: top-k of the router's softmax (renormalised with norm_topk)."""
-    weights, chosen = torch.softmax(moe.router(x).float(), dim=-1).topk(moe.top_k, dim=-1)
+    """The loop's routing: top-k of the router's softmax (plus the selection bias; renormalised with norm_topk)."""
+    logits = moe.router(x).float()
+    probs = torch.sigmoid(logits) if moe.scoring == "sigmoid" else torch.softmax(logits, dim=-1)
+    bias = 0 if moe.selection_bias is None else moe.selection_bias.float()
+    chosen = (probs + bias).topk(moe.top_k, dim=-1).indices
+    weights = probs.gather(-1, chosen)
     if moe.norm_topk:
         weights = weights / weights.sum(-1, keepdim=True)
-    return chosen.contiguous(), weights.contiguous()
+    return chosen.contiguous(), (weights * moe.routed_scale).contiguous()
 
 
 def with_threads(n: int, f):

@@ -28,6 +28,7 @@ from safetensors.torch import load_file
 from conftest import hf_greedy
 from kvserve import SamplingParams
 from kvserve.llm import LLM
+from kvserve.model.architectures import get_architecture
 from kvserve.model.loader import load_model, load_model_config
 from kvserve.model.quant import QuantExperts, QuantWeight
 from test_architectures import CASES as ARCH_CASES
@@ -50,6 +51,9 @@ CASES: dict[str, tuple[str, dict, str]] = {
     "mixtral": ("MixtralForCausalLM", dict(sliding_window=None), "llama"),
     "gemma": ("GemmaForCausalLM", {}, "gemma"),
     "olmo2": ("Olmo2ForCausalLM", {}, "olmo2"),
+    # OLMo 3 is "olmo2" with a window and its per-layer pattern
+    "olmo2:olmo3": ("Olmo3ForCausalLM", dict(rope_scaling=None), "olmo2"),
+    "seed_oss": ("SeedOssForCausalLM", {}, "seed_oss"),  # q/k/v biases and o_proj's
     "granite": ("GraniteForCausalLM", {}, "granite"),
     # the converter splits the stacked input_linear into gate's and up's expert tensors
     "granitemoe": ("GraniteMoeForCausalLM", {}, "granitemoe"),
@@ -72,8 +76,14 @@ CASES: dict[str, tuple[str, dict, str]] = {
     "arcee": ("ArceeForCausalLM", {}, "arcee"),  # no gate: ffn_up and ffn_down only
     # the layers' kinds as one bool each (sliding: rotary; global: none)
     "exaone4": ("Exaone4ForCausalLM", {}, "exaone4"),
+    # sigmoid scores, exp_probs_b, a scale, shared experts, a leading dense layer; the block count with an MTP layer
+    "glm4moe": ("Glm4MoeForCausalLM:scaled", dict(num_nextn_predict_layers=1), "glm4moe"),
+    # LayerNorms, parallel, a non-gated MLP, partial rotary, biases on every linear and the LM head ("output.bias")
+    "phi2": ("PhiForCausalLM", {}, "phi2"),
     "ernie4_5": ("Ernie4_5ForCausalLM", {}, "ernie4_5"),
     "ernie4_5:use_bias": ("Ernie4_5ForCausalLM:use_bias", {}, "ernie4_5"),
+    # experts chosen with exp_probs_b, shared experts, a leading dense layer
+    "ernie4_5-moe": ("Ernie4_5_MoeForCausalLM", {}, "ernie4_5-moe"),
     # experts in MXFP4 (the converter repacks the checkpoint's blocks); what llama.cpp's graph fixes: the SwiGLU's
     # limit 7, yarn's correction range truncated
     "gpt-oss": ("GptOssForCausalLM", dict(swiglu_limit=7.0, rope_parameters={
@@ -81,10 +91,10 @@ CASES: dict[str, tuple[str, dict, str]] = {
 }
 # where transformers' GGUF reader has no such architecture, or no stacked experts for it (llama)
 NO_TRANSFORMERS_READER = {"olmoe", "mixtral", "gemma", "olmo2", "granite", "granitemoe", "granitemoe:shared", "smollm3",
-                          "glm4", "ernie4_5", "ernie4_5:use_bias", "gpt-oss", "cohere2", "command-r", "arcee", "exaone4"}
+                          "glm4", "ernie4_5", "ernie4_5:use_bias", "gpt-oss", "cohere2", "command-r", "arcee", "exaone4", "ernie4_5-moe", "phi2", "glm4moe", "olmo2:olmo3", "seed_oss"}
 GEMMA = {"gemma", "gemma2", "gemma3"}
 # every linear Q8_0; not granite, whose test model's near-flat logits (several tokens within 0.01) Q8_0 reorders
-DENSE_Q8_0 = {"gemma", "olmo2", "smollm3", "starcoder2", "glm4", "ernie4_5:use_bias", "command-r", "cohere2", "exaone4"}
+DENSE_Q8_0 = {"gemma", "olmo2", "smollm3", "starcoder2", "glm4", "ernie4_5:use_bias", "command-r", "cohere2", "exaone4", "phi2"}
 PERMUTED = {"llama", "granite", "granitemoe", "smollm3", "arcee"}  # llama.cpp's LlamaModel lineage reorders q/k rows for GGML's rope
 LOADS_AS = {"mistral": "LlamaForCausalLM"}  # without a window, llama.cpp's Mistral is Llama
 
@@ -165,15 +175,16 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
     full = rope.get("full_attention", rope)
     layers, hidden, heads, kv_heads = (d[k] for k in ("num_hidden_layers", "hidden_size", "num_attention_heads",
                                                       "num_key_value_heads"))
-    experts = d.get("num_local_experts") or d.get("num_experts") or 0
+    experts = d.get("num_local_experts") or d.get("num_experts") or d.get("moe_num_experts") or \
+        d.get("n_routed_experts") or 0
     w = gguf.GGUFWriter(str(path), arch=arch)
-    w.add_block_count(layers)
+    w.add_block_count(layers + (d.get("num_nextn_predict_layers") or 0))  # llama.cpp counts the MTP layers
     w.add_context_length(d["max_position_embeddings"])
     w.add_embedding_length(hidden)
     w.add_feed_forward_length(d["intermediate_size"])
     w.add_head_count(heads)
     w.add_head_count_kv(kv_heads)
-    if arch in ("starcoder2", "stablelm", "command-r", "cohere2"):  # LayerNorms: their eps under its own key
+    if arch in ("starcoder2", "stablelm", "command-r", "cohere2", "phi2"):  # LayerNorms: their eps under its own key
         w.add_layer_norm_eps(d.get("norm_epsilon") or d["layer_norm_eps"])
     else:
         w.add_layer_norm_rms_eps(d["rms_norm_eps"])
@@ -184,7 +195,7 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
         w.add_value_length(d["head_dim"])
     if experts:
         w.add_expert_count(experts)
-        w.add_expert_used_count(d["num_experts_per_tok"])
+        w.add_expert_used_count(d.get("num_experts_per_tok") or d["moe_k"])
     if arch in ("qwen2moe", "qwen3moe"):
         w.add_expert_feed_forward_length(d["moe_intermediate_size"])
         if d.get("shared_expert_intermediate_size"):
@@ -210,6 +221,23 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
         w.add_expert_feed_forward_length(d["intermediate_size"])
     if arch in ("command-r", "cohere2"):
         w.add_logit_scale(d["logit_scale"])
+    if arch == "glm4moe":
+        w.add_expert_feed_forward_length(d["moe_intermediate_size"])
+        w.add_expert_shared_count(d["n_shared_experts"])
+        w.add_leading_dense_block_count(d["first_k_dense_replace"])
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        w.add_expert_weights_scale(d["routed_scaling_factor"])
+        w.add_expert_weights_norm(d["norm_topk_prob"])
+        w.add_nextn_predict_layers(d["num_nextn_predict_layers"])
+        w.add_rope_dimension_count(int(d["head_dim"] * full["partial_rotary_factor"]))
+    if arch == "ernie4_5-moe":
+        w.add_interleave_moe_layer_step(d["moe_layer_interval"])
+        w.add_leading_dense_block_count(d["moe_layer_start_index"])
+        w.add_expert_feed_forward_length(d["moe_intermediate_size"])
+        w.add_expert_shared_count(d["moe_num_shared_experts"])
+    if arch == "olmo2" and d.get("sliding_window"):
+        w.add_sliding_window(d["sliding_window"])
+        w.add_sliding_window_pattern([t == "sliding_attention" for t in d["layer_types"]])
     if arch == "exaone4":
         w.add_vocab_size(d["vocab_size"])
         w.add_sliding_window(d["sliding_window"])
@@ -217,7 +245,7 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
     if arch == "cohere2":
         w.add_sliding_window(d["sliding_window"])
         w.add_rope_dimension_count(d["head_dim"])
-    if arch in ("glm4", "stablelm"):
+    if arch in ("glm4", "stablelm", "phi2"):
         w.add_rope_dimension_count(int(d["head_dim"] * full["partial_rotary_factor"]))
     if arch == "gemma2":
         w.add_attn_logit_softcapping(d["attn_logit_softcapping"])
@@ -265,6 +293,7 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
             t = _permute(t, heads)
         elif arch in PERMUTED and ".k_proj." in name:
             t = _permute(t, kv_heads)
+        name = name.replace("e_score_correction_bias", "e_score_correction.bias")  # as the converter renames it
         gguf_name = name if name.startswith("blk.") else name_map.get_name(name, try_suffixes=(".weight", ".bias"))
         assert gguf_name is not None, name
         data = t.float().numpy()
@@ -311,11 +340,13 @@ def _llm(path: Path, quantization: str = "none") -> LLM:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_gguf_loads_the_checkpoint_weights(case, tmp_path_factory, monkeypatch):
     model, folder, path = gguf_case(case, tmp_path_factory)
-    original = load_file(folder / "model.safetensors")
-    if model.config.tie_word_embeddings:
-        original.pop("lm_head.weight", None)
     loaded = load_model(path)
     assert loaded.config.architecture == LOADS_AS.get(case, CASES[case][0].partition(":")[0])
+    # the checkpoint's tensors under the names the loaders give them (Phi's final_layernorm is the final norm)
+    arch = get_architecture(loaded.config.architecture)
+    original = {arch.checkpoint_name(n): t for n, t in load_file(folder / "model.safetensors").items()}
+    if model.config.tie_word_embeddings:
+        original.pop("lm_head.weight", None)
     # the metadata means what the checkpoint's config.json does (the eos ids come from the tokenizer)
     gguf_config, hf_config = asdict(loaded.config), asdict(load_model_config(folder))
     for key in ("architecture", "eos_token_ids", "rope_scaling"):
@@ -330,6 +361,8 @@ def test_gguf_loads_the_checkpoint_weights(case, tmp_path_factory, monkeypatch):
     assert set(loaded.weights) == set(original)
     for name, t in original.items():
         got = loaded.weights[name]
+        if got.shape != t.shape and got.numel() == t.numel():  # viewed in the engine's shape (a [1, experts] bias)
+            got = got.reshape(t.shape)
         if case in GEMMA and name.endswith("norm.weight"):
             # the model scales by 1 + weight: that sum is the file's, bit for bit
             got, t = got + 1, t + 1
@@ -395,7 +428,7 @@ def test_gguf_fused_gate_up_experts_load(expert_type, tmp_path_factory):
         assert torch.equal(fused[name], w), name
 
 
-@pytest.mark.parametrize("case", ["qwen3moe", "mixtral", "granitemoe", "granitemoe:shared"])
+@pytest.mark.parametrize("case", ["qwen3moe", "mixtral", "granitemoe", "granitemoe:shared", "ernie4_5-moe"])
 @pytest.mark.parametrize("expert_type", [QT.Q8_0], ids=lambda t: t.name)
 def test_gguf_quantized_experts_stay_quantized_and_close(case, expert_type, tmp_path_factory):
     """Experts stored quantized load as each expert's QuantWeight and run quantized; the dense greedy
@@ -409,7 +442,7 @@ def test_gguf_quantized_experts_stay_quantized_and_close(case, expert_type, tmp_
     assert experts and all(isinstance(w, QuantWeight) for w in experts)
 
     quant_llm = _llm(path, quantization="auto")
-    mlp = quant_llm.engine.runner.model.layers[0].mlp
+    mlp = quant_llm.engine.runner.model.layers[-1].mlp  # ERNIE's first layer is dense
     assert type(mlp.experts[3].gate_up).__name__ == "QuantLinear"
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=3)
     dense = _llm(dense_path).generate(prompts(), params)

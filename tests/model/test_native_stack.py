@@ -76,8 +76,13 @@ OPTIONS = {"GemmaForCausalLM": {}, "Gemma2ForCausalLM": {}, "Gemma3ForCausalLM":
            # norms (OLMoE), a window (Mixtral), a shared expert and a dense layer (Qwen2-MoE, its shared expert
            # widened to whole quantized blocks), gpt-oss's router and expert biases, clamped SwiGLU and sinks
            "Qwen3MoeForCausalLM": {}, "MixtralForCausalLM": {}, "OlmoeForCausalLM": {},
-           "Qwen2MoeForCausalLM": dict(shared_expert_intermediate_size=64), "GptOssForCausalLM": {}}
-MOE = ["Qwen3MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM", "Qwen2MoeForCausalLM", "GptOssForCausalLM"]
+           "Qwen2MoeForCausalLM": dict(shared_expert_intermediate_size=64), "GptOssForCausalLM": {},
+           # experts chosen with a bias, an ungated shared expert, a dense first layer, interleaved rotary (ERNIE MoE);
+           # post norms with per-head q/k norms, global layers without rotary (EXAONE 4); local layers rotating
+           # unscaled beside yarn ones (OLMo 3)
+           "Ernie4_5_MoeForCausalLM": {}, "Exaone4ForCausalLM": {}, "Olmo3ForCausalLM": {}}
+MOE = ["Qwen3MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM", "Qwen2MoeForCausalLM", "GptOssForCausalLM",
+       "Ernie4_5_MoeForCausalLM"]
 
 
 def _options_model(arch: str):
@@ -250,7 +255,8 @@ def test_greedy_tokens_equal_the_python_layers_end_to_end():
 @pytest.mark.parametrize("name", ["GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Olmo2ForCausalLM",
                                   "GraniteForCausalLM", "SmolLM3ForCausalLM", "LlamaForCausalLM:head_dim,biases,tied",
                                   "Qwen3MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM", "GptOssForCausalLM",
-                                  "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM"])
+                                  "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM", "Ernie4_5_MoeForCausalLM",
+                                  "Exaone4ForCausalLM", "Olmo3ForCausalLM"])
 def test_each_architecture_decodes_on_the_stack_with_the_python_layers_tokens(name, tmp_path_factory, monkeypatch):
     """A checkpoint as test_architectures.py writes it, end to end: the stack serves the decode steps
     (counted) and gives the Python layers' greedy tokens (int8, the weights the stack runs over); those

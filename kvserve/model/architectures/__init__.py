@@ -33,6 +33,7 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj", "down_proj": "mlp.down_proj",
     "gate_up_proj": None,  # gate and up already stacked (Phi-3)
     "router": "mlp.gate",
+    "selection_bias": None,  # a tensor [1, experts] (not a module's): the bias that only chooses experts
     "expert": "mlp.experts.{e}.",  # then expert_gate / expert_up / expert_down
     "expert_gate": "gate_proj", "expert_up": "up_proj", "expert_down": "down_proj",
     "shared_expert": "mlp.shared_expert.",  # then shared_gate_proj / shared_up_proj / shared_down_proj
@@ -162,7 +163,7 @@ def gguf_architectures() -> dict[str, str]:
 # one line per architecture module
 _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma", "gemma2", "gemma3", "phi3", "olmo2",
             "olmoe", "granite", "granite_moe", "gpt_oss", "gemma3_mm", "smollm3", "starcoder2", "glm4", "ernie4_5",
-            "stablelm", "cohere", "cohere2", "exaone4", "olmo3", "mistral3", "helium", "seed_oss", "arcee"]
+            "stablelm", "cohere", "cohere2", "exaone4", "olmo3", "mistral3", "helium", "seed_oss", "arcee", "ernie4_5_moe", "phi", "glm4_moe"]
 
 
 def _load() -> None:

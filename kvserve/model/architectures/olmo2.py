@@ -1,9 +1,20 @@
-"""OLMo 2: no norm before a sublayer, one on each sublayer's output; q/k norms over the whole projection."""
+"""OLMo 2: no norm before a sublayer, one on each sublayer's output; q/k norms over the whole projection.
+llama.cpp's "olmo2" files, and OLMo 3's under the same name (a sliding window and its per-layer pattern)."""
 
-from kvserve.model.architectures import Architecture, register
+from kvserve.model.architectures import Architecture, GGUFGet, register
+from kvserve.model.config import FULL, SLIDING
 
 OLMO2_WEIGHTS = {"input_layernorm": None, "post_attention_layernorm": None, "attn_out_norm": "post_attention_layernorm",
                  "mlp_out_norm": "post_feedforward_layernorm"}
 
+
+def olmo2_gguf(get: GGUFGet) -> dict:
+    """A file with a window is OLMo 3's: its layers' kinds one bool (sliding) each."""
+    pattern = get("attention.sliding_window_pattern")
+    if not get("attention.sliding_window") or not pattern:
+        return {}
+    return {"architectures": ["Olmo3ForCausalLM"], "layer_types": [SLIDING if p else FULL for p in pattern]}
+
+
 register(Architecture("Olmo2ForCausalLM", lambda d: {"norm_layout": "post", "qk_norm": "full"}, weights=OLMO2_WEIGHTS,
-                      gguf="olmo2"))
+                      gguf="olmo2", gguf_config=olmo2_gguf))

@@ -49,6 +49,16 @@ void MoEBlock::set_router(at::Tensor weight, std::optional<at::Tensor> bias) {
   router = weight, router_bias = bias;
 }
 
+void MoEBlock::set_scoring(bool sigmoid_scores, double scale) {
+  sigmoid = sigmoid_scores, routed_scale = static_cast<float>(scale);
+}
+
+void MoEBlock::set_selection_bias(at::Tensor bias) {
+  TORCH_CHECK(bias.scalar_type() == at::kFloat && bias.is_contiguous() && bias.numel() == router.size(0),
+              "MoEBlock: selection bias float32 [experts] (after set_router)");
+  selection_bias = bias;
+}
+
 Expert MoEBlock::make_expert(at::Tensor gate_up, const std::string& gate_up_kind, at::Tensor down,
                              const std::string& down_kind, std::optional<at::Tensor> gate_up_bias,
                              std::optional<at::Tensor> down_bias) const {
@@ -182,6 +192,8 @@ TORCH_LIBRARY_FRAGMENT(kvserve, m) {
   m.class_<kvserve::MoEBlock>("MoEBlock")
       .def(torch::init<int64_t, int64_t, bool, std::string, double, double>())
       .def("set_router", &kvserve::MoEBlock::set_router)
+      .def("set_selection_bias", &kvserve::MoEBlock::set_selection_bias)
+      .def("set_scoring", &kvserve::MoEBlock::set_scoring)
       .def("add_expert", &kvserve::MoEBlock::add_expert)
       .def("set_shared", &kvserve::MoEBlock::set_shared)
       .def("num_experts", &kvserve::MoEBlock::num_experts)

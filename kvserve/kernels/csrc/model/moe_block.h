@@ -43,6 +43,10 @@ struct MoEBlock : torch::CustomClassHolder {
   float alpha, limit;             // the clamped SwiGLU's (limit inf: no clamp)
   at::Tensor router;              // float32 [experts, hidden]
   std::optional<at::Tensor> router_bias;
+  // float32 [experts], added to a row's probabilities to choose its experts; their weights are the probabilities
+  std::optional<at::Tensor> selection_bias;
+  bool sigmoid = false;     // each expert scored by sigmoid(logit) on its own, not by the softmax over them
+  float routed_scale = 1.f;  // the routed experts' weights multiplied by this, after norm_topk
   std::vector<Expert> experts;    // the routed ones
   // a shared expert, every row's: weighted by sigmoid(shared_gate . x) (Qwen2-MoE), or by 1 without a gate
   // (Granite MoE Shared)
@@ -52,6 +56,8 @@ struct MoEBlock : torch::CustomClassHolder {
   MoEBlock(int64_t hidden, int64_t top_k, bool norm_topk, const std::string& act, double alpha, double limit);
 
   void set_router(at::Tensor weight, std::optional<at::Tensor> bias);
+  void set_selection_bias(at::Tensor bias);
+  void set_scoring(bool sigmoid_scores, double scale);
   void add_expert(at::Tensor gate_up, const std::string& gate_up_kind, at::Tensor down, const std::string& down_kind,
                   std::optional<at::Tensor> gate_up_bias, std::optional<at::Tensor> down_bias);
   void set_shared(at::Tensor gate_up, const std::string& gate_up_kind, at::Tensor down, const std::string& down_kind,

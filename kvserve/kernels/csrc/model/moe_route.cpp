@@ -1,4 +1,4 @@
-// MoEBlock's phases (moe_block.h): a row's routing (router GEMV, softmax, top-k), the step's slots grouped
+// MoEBlock's phases (moe_block.h): a row's routing (router GEMV, softmax or sigmoids, top-k), the step's slots grouped
 // by expert, the grouped GEMMs over (expert, column tile) ranges, and each row's weighted sum of its
 // experts' outputs in ascending expert id. Every per-row result is computed in the same order whatever
 // the step's other rows are; the products and sums of the combine are separate passes, rounded as the
@@ -32,7 +32,8 @@ void MoEBlock::route_rows(const float* x, int64_t r0, int64_t r1) {
   const int64_t E = num_experts();
   const float* w = router.data_ptr<float>();
   const float* b = router_bias ? router_bias->data_ptr<float>() : nullptr;
-  std::vector<float> p(E);
+  const float* sb = selection_bias ? selection_bias->data_ptr<float>() : nullptr;
+  std::vector<float> p(E), score(E);
   std::vector<char> taken(E);
   for (int64_t t = r0; t < r1; ++t) {
     const float* xr = x + t * hidden;
@@ -41,20 +42,27 @@ void MoEBlock::route_rows(const float* x, int64_t r0, int64_t r1) {
       p[e] = dot(xr, w + e * hidden, hidden) + (b ? b[e] : 0.f);
       mx = std::max(mx, p[e]);
     }
-    for (int64_t e = 0; e < E; ++e) sum += (p[e] = std::exp(p[e] - mx));
-    for (int64_t e = 0; e < E; ++e) p[e] /= sum;
+    if (sigmoid) {
+      for (int64_t e = 0; e < E; ++e) p[e] = 1.f / (1.f + std::exp(-p[e]));
+    } else {
+      for (int64_t e = 0; e < E; ++e) sum += (p[e] = std::exp(p[e] - mx));
+      for (int64_t e = 0; e < E; ++e) p[e] /= sum;
+    }
+    for (int64_t e = 0; e < E; ++e) score[e] = sb ? p[e] + sb[e] : p[e];
     std::fill(taken.begin(), taken.end(), 0);
     float picked = 0.f;
-    for (int64_t j = 0; j < top_k; ++j) {  // the largest first; a tie goes to the lower expert id
+    for (int64_t j = 0; j < top_k; ++j) {  // the largest score first; a tie goes to the lower expert id
       int64_t best = -1;
       for (int64_t e = 0; e < E; ++e)
-        if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
+        if (!taken[e] && (best < 0 || score[e] > score[best])) best = e;
       taken[best] = 1;
       ws_->ids[t * top_k + j] = best, ws_->weights[t * top_k + j] = p[best];
       picked += p[best];
     }
     if (norm_topk)
       for (int64_t j = 0; j < top_k; ++j) ws_->weights[t * top_k + j] /= picked;
+    if (routed_scale != 1.f)
+      for (int64_t j = 0; j < top_k; ++j) ws_->weights[t * top_k + j] *= routed_scale;
     if (shared)
       ws_->gate[t] = shared_gate ? 1.f / (1.f + std::exp(-dot(xr, shared_gate->data_ptr<float>(), hidden))) : 1.f;
   }

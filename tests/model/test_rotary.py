@@ -1,0 +1,28 @@
+"""Rotary frequencies of the scalings beyond transformers' reach in the architecture tests: dynamic NTK past the
+original context (where transformers re-bases by the sequence's length, kvserve by the longest context, as vLLM),
+and Phi-3's first name for longrope."""
+
+from __future__ import annotations
+
+import torch
+
+from kvserve.model.rotary import Rotary
+
+
+def test_dynamic_ntk_is_plain_rope_within_the_original_context_and_rebased_past_it():
+    plain = Rotary(16, 256, 10000.0, None)
+    dynamic = Rotary(16, 256, 10000.0, {"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 64})
+    assert torch.equal(dynamic.cos[:64], plain.cos[:64]) and torch.equal(dynamic.sin[:64], plain.sin[:64])
+    # vLLM's base for the longest context (4 x 64): theta * (factor^2 - factor + 1)^(dim / (dim - 2))
+    base = 10000.0 * (16 - 3) ** (16 / 14)
+    inv = 1.0 / base ** (torch.arange(0, 16, 2).float() / 16)
+    want = torch.outer(torch.arange(64, 256).float(), inv)
+    torch.testing.assert_close(dynamic.cos[64:, :8], want.cos())
+    assert not torch.allclose(dynamic.cos[64:], plain.cos[64:])
+
+
+def test_su_is_longrope():
+    scaling = {"short_factor": [1.0, 1.5, 2.0, 3.0], "long_factor": [2.0, 3.0, 4.0, 5.0],
+               "original_max_position_embeddings": 32}
+    su, longrope = (Rotary(8, 128, 10000.0, {**scaling, "type": kind}) for kind in ("su", "longrope"))
+    assert torch.equal(su.cos, longrope.cos) and torch.equal(su.sin, longrope.sin)
