@@ -1,5 +1,6 @@
 // kvserve.MoEBlock (moe_block.cpp, moe_route.cpp): a mixture-of-experts MLP on the packed quantized weights.
-// A step's rows are routed (router GEMM, softmax, top-k), then grouped by expert: every routed expert runs
+// A step's rows are routed (router GEMM, softmax or sigmoids, top-k of the scores plus any selection bias),
+// then grouped by expert: every routed expert runs
 // gate_up, its activation and down once over just its rows, the threads splitting (expert, column tile)
 // pairs; each row then sums its experts' weighted outputs in ascending expert id, so a row's result never
 // depends on which other rows share its step. The decode stack runs the same code inside its own team.
