@@ -29,6 +29,7 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
         self.qk_norm = cfg.qk_norm
+        self.norm_after_rope = cfg.qk_norm_after_rope
         if cfg.qk_norm is not None:
             full = cfg.qk_norm == "full"
             self.q_norm = RMSNorm(q_size if full else d, cfg.rms_norm_eps)
@@ -39,6 +40,13 @@ class Attention(nn.Module):
         self.spec = LayerAttention(cfg.attn_scale, cfg.window(layer), cfg.attn_logit_softcap)
         # what the bf16 path below handles
         self.plain = cfg.qk_norm is None and not self.spec.masked and self.sinks is None and self.clip is None
+
+    def _head_norms(self, q: torch.Tensor, k: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """q and k [t, heads, head_dim] normed per head (a head's reshape of the GEMM's output is a strided view:
+        made contiguous)."""
+        q = self.q_norm(q.reshape(-1, self.head_dim).contiguous()).view(t, self.num_heads, self.head_dim)
+        k = self.k_norm(k.reshape(-1, self.head_dim).contiguous()).view(t, self.num_kv_heads, self.head_dim)
+        return q, k
 
     def runs_bf16(self, x: torch.Tensor, attn: AttentionBackend, meta: AttentionMetadata,
                   kv_cache: tuple[torch.Tensor, torch.Tensor]) -> bool:
@@ -64,11 +72,12 @@ class Attention(nn.Module):
         if self.clip is not None:
             q, k, v = q.clamp(-self.clip, self.clip), k.clamp(-self.clip, self.clip), v.clamp(-self.clip, self.clip)
         q, k = q.reshape(t, self.num_heads, self.head_dim), k.reshape(t, self.num_kv_heads, self.head_dim)
-        if self.qk_norm == "head":  # (one head's reshape is a strided view of the GEMM's output: made contiguous)
-            q = self.q_norm(q.reshape(-1, self.head_dim).contiguous()).view(t, self.num_heads, self.head_dim)
-            k = self.k_norm(k.reshape(-1, self.head_dim).contiguous()).view(t, self.num_kv_heads, self.head_dim)
+        if self.qk_norm == "head" and not self.norm_after_rope:
+            q, k = self._head_norms(q, k, t)
         if rope is not None:
             q, k = rope.apply(q, k)
+        if self.norm_after_rope:
+            q, k = self._head_norms(q, k, t)
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
         spec = self.spec if self.sinks is None else dataclasses.replace(self.spec, sinks=self.sinks)
         o = attn.attend_layer(q, k, v, kv_cache, meta, spec, rows)

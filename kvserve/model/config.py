@@ -47,6 +47,7 @@ class ModelConfig:
     # q/k RMSNorm after the projections: "head" over each head's dims (Qwen3, Gemma 3), "full" over the
     # whole projection (OLMo 2), None: none
     qk_norm: str | None = None
+    qk_norm_after_rope: bool = False  # the per-head q/k norms on the rotated q and k (Hunyuan), not before rotary
     # where the norms sit: "pre" (Llama), "sandwich" (Gemma 2/3: also on each sublayer's output),
     # "post" (OLMo 2: only on each sublayer's output), "parallel" (StableLM's use_parallel_residual: one norm,
     # attention and the MLP both read it and both outputs join the residual)
@@ -103,6 +104,8 @@ class ModelConfig:
                 raise ValueError(f"{name} has {len(per_layer)} entries for {self.num_hidden_layers} layers")
         if self.lm_head_bias and self.tie_word_embeddings:
             raise ValueError("an LM head with a bias must be its own weight (tie_word_embeddings false)")
+        if self.qk_norm_after_rope and self.qk_norm != "head":
+            raise ValueError("q/k norms after rotary are per head (qk_norm 'head')")
         if self.router_scoring not in ("softmax", "sigmoid"):
             raise ValueError(f"router scoring {self.router_scoring!r} is not supported (softmax, sigmoid)")
         if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
@@ -159,6 +162,7 @@ class ModelConfig:
                   (self.hidden_act not in NATIVE_ACTIVATIONS, self.hidden_act),
                   (self.partial_rotary_factor != 1, "partial rotary"),
                   (self.clip_qkv is not None, "q/k/v clamps"),
+                  (self.qk_norm_after_rope, "q/k norms after rotary"),
                   (dense_swiglu, "a clamped SwiGLU")]
         return ", ".join(why for bad, why in checks if bad) or None
 

@@ -40,6 +40,8 @@ def rope_inv_freq(dim: int, theta: float, scaling: dict[str, Any] | None,
         if scaling.get("factor") is None and max_positions:
             factor = max_positions / original
         return _yarn(dim, theta, factor, original, scaling)
+    if kind == "dynamic" and scaling.get("alpha"):  # Hunyuan's fixed NTK alpha: a larger base, whatever the length
+        return 1.0 / (theta * float(scaling["alpha"]) ** (dim / (dim - 2))) ** exponents, 1.0, None, 0
     if kind == "dynamic":
         # transformers' dynamic NTK is plain RoPE up to the original context and re-bases every position by the
         # sequence's length beyond it; positions there get the base of the longest context (factor x the original)

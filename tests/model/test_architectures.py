@@ -104,6 +104,9 @@ CASES: dict[str, tuple[str, dict]] = {
     "Glm4MoeForCausalLM:scaled": ("Glm4MoeConfig", dict(num_hidden_layers=3, n_routed_experts=4, num_experts_per_tok=2,
                                                         moe_intermediate_size=32, n_shared_experts=1,
                                                         routed_scaling_factor=2.5)),
+    # per-head q/k norms on the rotated q and k; a fixed NTK alpha on the RoPE base; biases on q/k/v/o
+    "HunYuanDenseV1ForCausalLM": ("HunYuanDenseV1Config", dict(attention_bias=True, rope_parameters={
+        "rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0})),
     # one LayerNorm before attention and a non-gated GELU MLP side by side, partial rotary, biases (the LM head's too)
     "PhiForCausalLM": ("PhiConfig", dict(partial_rotary_factor=0.5)),
     "HeliumForCausalLM": ("HeliumConfig", dict(attention_bias=True, mlp_bias=True)),  # no bias on o_proj
@@ -340,6 +343,7 @@ def test_gemma3_multimodal_checkpoint_answers_as_its_text_model(tmp_path_factory
     ("Cohere2ForCausalLM", False, "LayerNorms, a parallel residual"),
     ("PhiForCausalLM", False, "LayerNorms, a non-gated MLP, a parallel residual, partial rotary"),
     ("Glm4MoeForCausalLM", False, "partial rotary"),
+    ("HunYuanDenseV1ForCausalLM", False, "q/k norms after rotary"),
     ("Exaone4ForCausalLM", True, None), ("Olmo3ForCausalLM", True, None),
     ("ArceeForCausalLM", False, "a non-gated MLP, relu2"), ("HeliumForCausalLM", True, None),
     ("SeedOssForCausalLM", True, None), ("Ernie4_5_MoeForCausalLM", True, None),

@@ -1,6 +1,6 @@
 """Rotary frequencies of the scalings beyond transformers' reach in the architecture tests: dynamic NTK past the
 original context (where transformers re-bases by the sequence's length, kvserve by the longest context, as vLLM),
-and Phi-3's first name for longrope."""
+Phi-3's first name for longrope, and Hunyuan's fixed NTK alpha."""
 
 from __future__ import annotations
 
@@ -26,3 +26,10 @@ def test_su_is_longrope():
                "original_max_position_embeddings": 32}
     su, longrope = (Rotary(8, 128, 10000.0, {**scaling, "type": kind}) for kind in ("su", "longrope"))
     assert torch.equal(su.cos, longrope.cos) and torch.equal(su.sin, longrope.sin)
+
+
+def test_dynamic_with_an_alpha_is_a_fixed_larger_base():
+    alpha = Rotary(16, 64, 10000.0, {"rope_type": "dynamic", "alpha": 1000.0})
+    plain = Rotary(16, 64, 10000.0 * 1000.0 ** (16 / 14), None)
+    torch.testing.assert_close(alpha.cos, plain.cos)
+    torch.testing.assert_close(alpha.sin, plain.sin)

@@ -161,9 +161,10 @@ def gguf_architectures() -> dict[str, str]:
 
 
 # one line per architecture module
-_MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma", "gemma2", "gemma3", "phi3", "olmo2",
-            "olmoe", "granite", "granite_moe", "gpt_oss", "gemma3_mm", "smollm3", "starcoder2", "glm4", "ernie4_5",
-            "stablelm", "cohere", "cohere2", "exaone4", "olmo3", "mistral3", "helium", "seed_oss", "arcee", "ernie4_5_moe", "phi", "glm4_moe"]
+_MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma", "gemma2", "gemma3", "phi3",
+            "olmo2", "olmoe", "granite", "granite_moe", "gpt_oss", "gemma3_mm", "smollm3", "starcoder2", "glm4",
+            "ernie4_5", "stablelm", "cohere", "cohere2", "exaone4", "olmo3", "mistral3", "helium", "seed_oss",
+            "arcee", "ernie4_5_moe", "phi", "glm4_moe", "hunyuan_dense"]
 
 
 def _load() -> None:
