@@ -49,8 +49,7 @@ def native_moe_block(moe: "MoE") -> Any | None:
     router, bias, gate = moe.gates
     block = ops.moe_block(router.shape[1], moe.top_k, moe.norm_topk, act, alpha, limit or 0.0)
     block.set_router(router, bias)
-    if moe.scoring != "softmax" or moe.routed_scale != 1:
-        block.set_scoring(moe.scoring == "sigmoid", moe.routed_scale)
+    block.set_scoring(moe.scoring == "sigmoid", moe.routed_scale)
     if moe.selection_bias is not None:
         block.set_selection_bias(moe.selection_bias.detach().float().reshape(-1).contiguous())
     for e in moe.experts:

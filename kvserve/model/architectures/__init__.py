@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+
 GGUFGet = Callable[..., Any]  # get(key, default=None): the file's "<llama.cpp arch>.<key>" metadata
 
 # Our names for a layer's weights (roles) -> the names Llama's checkpoints give them, under
@@ -140,6 +141,13 @@ def generic_config(d: dict[str, Any]) -> dict[str, Any]:
 
 
 GENERIC = Architecture("generic", generic_config)
+
+
+def partial_rotary(d: dict[str, Any], default: float) -> float:
+    """The share of each head's dims that rotate: ``partial_rotary_factor`` at the top level (transformers 4) or in
+    ``rope_parameters`` (5), else the architecture's ``default``."""
+    params = d.get("rope_parameters") if isinstance(d.get("rope_parameters"), dict) else {}
+    return float(first_of(d, "partial_rotary_factor", default=params.get("partial_rotary_factor", default)))
 
 
 def gguf_rotary_share(get: GGUFGet) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 sets a window, its sliding layers rotate and the global ones attend without positions."""
 
 from kvserve.model.architectures import Architecture, GGUFGet, register
-from kvserve.model.architectures.olmo2 import OLMO2_WEIGHTS
+from kvserve.model.architectures.olmo2 import OLMO2_WEIGHTS, gguf_layer_types
 from kvserve.model.config import FULL, SLIDING
 
 
@@ -26,8 +26,8 @@ def exaone4_config(d: dict) -> dict:
 
 def exaone4_gguf(get: GGUFGet) -> dict:
     """llama.cpp's converter writes the layers' kinds as one bool (sliding) per layer."""
-    pattern = get("attention.sliding_window_pattern")
-    return {"layer_types": [SLIDING if p else FULL for p in pattern]} if pattern else {}
+    types = gguf_layer_types(get)
+    return {} if types is None else {"layer_types": types}
 
 
 register(Architecture("Exaone4ForCausalLM", exaone4_config, weights=OLMO2_WEIGHTS, gguf="exaone4",

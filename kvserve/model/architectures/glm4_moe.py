@@ -4,7 +4,7 @@ each scored by its own sigmoid, chosen by the score plus a per-expert bias (``ga
 weighted by the score renormalised and times ``routed_scaling_factor``; shared experts added without a gate.
 Expert groups that restrict the choice (``topk_group`` < ``n_group``: DeepSeek-V3's) are refused."""
 
-from kvserve.model.architectures import Architecture, GGUFGet, first_of, gguf_rotary_share, register
+from kvserve.model.architectures import Architecture, GGUFGet, first_of, gguf_rotary_share, partial_rotary, register
 
 
 def glm4_moe_config(d: dict) -> dict:
@@ -12,12 +12,10 @@ def glm4_moe_config(d: dict) -> dict:
     if topk_groups < groups:
         raise ValueError(f"{d['architectures'][0]} with expert groups (topk_group {topk_groups} of n_group {groups}) "
                          "is not supported")
-    params = d.get("rope_parameters") if isinstance(d.get("rope_parameters"), dict) else {}
-    partial = first_of(d, "partial_rotary_factor", default=params.get("partial_rotary_factor", 0.5))
     layers, inter = d["num_hidden_layers"], d["moe_intermediate_size"]
     dense = d.get("first_k_dense_replace", 1)
     return {"attention_bias": bool(d.get("attention_bias", False)), "o_proj_bias": False,
-            "qk_norm": "head" if d.get("use_qk_norm") else None, "partial_rotary_factor": float(partial),
+            "qk_norm": "head" if d.get("use_qk_norm") else None, "partial_rotary_factor": partial_rotary(d, 0.5),
             "num_experts": first_of(d, "n_routed_experts", "num_local_experts"),
             "num_experts_per_tok": d["num_experts_per_tok"], "moe_intermediate_size": inter,
             "norm_topk_prob": bool(d.get("norm_topk_prob", True)), "router_scoring": "sigmoid",

@@ -2,17 +2,15 @@
 rotary over the first ``partial_rotary_factor`` of each head, biases on every linear and on the LM head. Per-head
 q/k LayerNorms (``qk_layernorm``) are refused. llama.cpp's "phi2" files."""
 
-from kvserve.model.architectures import Architecture, GGUFGet, first_of, gguf_rotary_share, register
+from kvserve.model.architectures import Architecture, GGUFGet, gguf_rotary_share, partial_rotary, register
 
 
 def phi_config(d: dict) -> dict:
     if d.get("qk_layernorm"):
         raise ValueError("PhiForCausalLM with qk_layernorm (a LayerNorm per head for q and k) is not supported")
-    params = d.get("rope_parameters") if isinstance(d.get("rope_parameters"), dict) else {}
-    partial = first_of(d, "partial_rotary_factor", default=params.get("partial_rotary_factor", 0.5))
     return {"norm_type": "layer", "rms_norm_eps": float(d.get("layer_norm_eps", 1e-5)), "norm_layout": "parallel",
             "gated_mlp": False, "hidden_act": d.get("hidden_act") or "gelu_new", "attention_bias": True,
-            "o_proj_bias": True, "mlp_bias": True, "lm_head_bias": True, "partial_rotary_factor": float(partial)}
+            "o_proj_bias": True, "mlp_bias": True, "lm_head_bias": True, "partial_rotary_factor": partial_rotary(d, 0.5)}
 
 
 def phi_gguf(get: GGUFGet) -> dict:

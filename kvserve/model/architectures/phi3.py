@@ -1,15 +1,13 @@
 """Phi-3 / Phi-3.5 / Phi-4-mini: q/k/v and gate/up stored stacked, longrope scaling, partial rotary (Phi-4-mini),
 a sliding window where the config sets one."""
 
-from kvserve.model.architectures import Architecture, GGUFGet, first_of, gguf_rotary_share, register
+from kvserve.model.architectures import Architecture, GGUFGet, gguf_rotary_share, partial_rotary, register
 from kvserve.model.config import rope_settings
 
 
 def phi3_config(d: dict) -> dict:
-    params = d.get("rope_parameters") if isinstance(d.get("rope_parameters"), dict) else {}
     out = {"sliding_window": d.get("sliding_window") or None, "o_proj_bias": False,
-           "partial_rotary_factor": float(first_of(d, "partial_rotary_factor", default=params.get("partial_rotary_factor",
-                                                                                                   1.0)))}
+           "partial_rotary_factor": partial_rotary(d, 1.0)}
     _, scaling = rope_settings(d)
     if scaling is not None and d.get("original_max_position_embeddings"):
         # longrope picks its factors by this length; transformers keeps it beside the scaling dict

@@ -3,17 +3,15 @@
 attention and the MLP side by side over one norm. Per-head q/k LayerNorms (``qk_layernorm``) are refused.
 llama.cpp's "stablelm" files: the rotating dims as ``rope.dimension_count``, parallel where a layer has no ffn_norm."""
 
-from kvserve.model.architectures import Architecture, GGUFGet, first_of, gguf_rotary_share, register
+from kvserve.model.architectures import Architecture, GGUFGet, gguf_rotary_share, partial_rotary, register
 
 
 def stablelm_config(d: dict) -> dict:
     if d.get("qk_layernorm"):
         raise ValueError("StableLmForCausalLM with qk_layernorm (a LayerNorm per head for q and k) is not supported")
-    params = d.get("rope_parameters") if isinstance(d.get("rope_parameters"), dict) else {}
-    partial = first_of(d, "partial_rotary_factor", default=params.get("partial_rotary_factor", 0.25))
     return {"norm_type": "layer", "rms_norm_eps": float(d.get("layer_norm_eps", 1e-5)),
             "attention_bias": bool(d.get("use_qkv_bias", False)), "o_proj_bias": False,
-            "partial_rotary_factor": float(partial),
+            "partial_rotary_factor": partial_rotary(d, 0.25),
             "norm_layout": "parallel" if d.get("use_parallel_residual") else "pre"}
 
 
