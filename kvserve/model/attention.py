@@ -13,7 +13,7 @@ from torch import nn
 from kvserve.attention import AttentionBackend, AttentionMetadata
 from kvserve.attention.backend import LayerAttention
 from kvserve.model.config import ModelConfig
-from kvserve.model.layers import RMSNorm, runs_amx
+from kvserve.model.layers import HeadLayerNorm, RMSNorm, runs_amx
 from kvserve.model.rotary import RotaryStep
 
 
@@ -30,20 +30,28 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
         self.qk_norm = cfg.qk_norm
         self.norm_after_rope = cfg.qk_norm_after_rope
-        if cfg.qk_norm is not None:
+        self.layer_norms = cfg.qk_norm_type == "layer"
+        if self.layer_norms:
+            self.q_norm = HeadLayerNorm(self.num_heads, d, cfg.rms_norm_eps, cfg.qk_norm_per_head, cfg.qk_norm_bias)
+            self.k_norm = HeadLayerNorm(self.num_kv_heads, d, cfg.rms_norm_eps, cfg.qk_norm_per_head, cfg.qk_norm_bias)
+        elif cfg.qk_norm is not None:
             full = cfg.qk_norm == "full"
             self.q_norm = RMSNorm(q_size if full else d, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(kv_size if full else d, cfg.rms_norm_eps)
         self.clip = cfg.clip_qkv
+        self.position_scale = cfg.query_position_scale
         # the sinks are a parameter (loaded after the spec is built): the step's spec takes them (forward)
         self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if cfg.attn_sinks else None
         self.spec = LayerAttention(cfg.attn_scale, cfg.window(layer), cfg.attn_logit_softcap)
         # what the bf16 path below handles
-        self.plain = cfg.qk_norm is None and not self.spec.masked and self.sinks is None and self.clip is None
+        self.plain = (cfg.qk_norm is None and not self.spec.masked and self.sinks is None and self.clip is None
+                      and self.position_scale is None)
 
     def _head_norms(self, q: torch.Tensor, k: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
         """q and k [t, heads, head_dim] normed per head (a head's reshape of the GEMM's output is a strided view:
         made contiguous)."""
+        if self.layer_norms:
+            return self.q_norm(q), self.k_norm(k)
         q = self.q_norm(q.reshape(-1, self.head_dim).contiguous()).view(t, self.num_heads, self.head_dim)
         k = self.k_norm(k.reshape(-1, self.head_dim).contiguous()).view(t, self.num_kv_heads, self.head_dim)
         return q, k
@@ -78,6 +86,10 @@ class Attention(nn.Module):
             q, k = rope.apply(q, k)
         if self.norm_after_rope:
             q, k = self._head_norms(q, k, t)
+        if self.position_scale is not None and rope is not None:
+            beta, length = self.position_scale
+            scale = 1 + beta * torch.log1p(torch.div(rope.positions[:t], length, rounding_mode="floor").float())
+            q = q * scale.to(q.dtype)[:, None, None]
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
         spec = self.spec if self.sinks is None else dataclasses.replace(self.spec, sinks=self.sinks)
         o = attn.attend_layer(q, k, v, kv_cache, meta, spec, rows)

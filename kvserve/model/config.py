@@ -48,6 +48,11 @@ class ModelConfig:
     # whole projection (OLMo 2), None: none
     qk_norm: str | None = None
     qk_norm_after_rope: bool = False  # the per-head q/k norms on the rotated q and k (Hunyuan), not before rotary
+    # per-head q/k norms that are LayerNorms ("layer": Cohere's use_qk_norm, StableLM's and Phi's qk_layernorm), with
+    # a weight for each head ([heads, head_dim]: Cohere, StableLM) or one they share, and with a bias (Phi)
+    qk_norm_type: str = "rms"
+    qk_norm_per_head: bool = False
+    qk_norm_bias: bool = False
     # where the norms sit: "pre" (Llama), "sandwich" (Gemma 2/3: also on each sublayer's output),
     # "post" (OLMo 2: only on each sublayer's output), "parallel" (StableLM's use_parallel_residual: one norm,
     # attention and the MLP both read it and both outputs join the residual)
@@ -58,6 +63,9 @@ class ModelConfig:
     gated_mlp: bool = True  # False: the dense MLP is down(act(up(x))) (Starcoder2)
     attn_scale: float | None = None  # softmax scale; None: head_dim ** -0.5
     attn_logit_softcap: float | None = None  # Gemma 2: cap * tanh(scores / cap)
+    # queries scaled by 1 + beta * log(1 + floor(position / length)) after rotary (Ministral 3's llama_4_scaling_beta,
+    # length its original context): (beta, length), None: unscaled
+    query_position_scale: tuple[float, int] | None = None
     final_logit_softcap: float | None = None
     logit_scale: float = 1.0  # logits multiplied by this (Granite: 1 / logits_scaling)
     lm_head_bias: bool = False  # the LM head has a bias (Phi-2); untied only
@@ -92,6 +100,20 @@ class ModelConfig:
     router_scoring: str = "softmax"  # "sigmoid": each expert scored by sigmoid(logit) on its own (GLM-4.5 MoE)
     routed_scale: float = 1.0  # the routed experts' weights multiplied by this (routed_scaling_factor)
     expert_bias: bool = False  # each expert's linears have biases (gpt-oss)
+    # expert groups (DeepSeek): a row's experts come from its best ``expert_groups_used`` of ``expert_groups`` equal
+    # groups, each ranked by its best choosing score ("max") or the sum of its best two ("top2")
+    expert_groups: int = 1
+    expert_groups_used: int = 1
+    group_scoring: str = "max"
+    # --- multi-head latent attention (DeepSeek-V2/V3): k and v expanded per head from a latent of kv_lora_rank
+    # (normed) beside one rotary key of qk_rope_head_dim every head shares; q from its own latent of q_lora_rank
+    # (0: q's own projection). The cache holds the expanded heads, num_key_value_heads = num_attention_heads, of
+    # head_dim max(qk_nope_head_dim + qk_rope_head_dim, v_head_dim) (the shorter of k and v zero-padded) ---
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
 
     def __post_init__(self) -> None:
         if self.head_dim is None:
@@ -104,12 +126,37 @@ class ModelConfig:
                 raise ValueError(f"{name} has {len(per_layer)} entries for {self.num_hidden_layers} layers")
         if self.lm_head_bias and self.tie_word_embeddings:
             raise ValueError("an LM head with a bias must be its own weight (tie_word_embeddings false)")
-        if self.qk_norm_after_rope and self.qk_norm != "head":
-            raise ValueError("q/k norms after rotary are per head (qk_norm 'head')")
+        if (self.qk_norm_after_rope or self.qk_norm_type != "rms") and self.qk_norm != "head":
+            raise ValueError("q/k norms after rotary, and q/k LayerNorms, are per head (qk_norm 'head')")
         if self.router_scoring not in ("softmax", "sigmoid"):
             raise ValueError(f"router scoring {self.router_scoring!r} is not supported (softmax, sigmoid)")
         if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
             raise ValueError(f"num_experts_per_tok must be 1..{self.num_experts}")
+        if self.expert_groups_used < self.expert_groups:
+            self._check_expert_groups()
+        if self.kv_lora_rank and (self.num_key_value_heads != self.num_attention_heads or
+                                  self.head_dim != max(self.qk_nope_head_dim + self.qk_rope_head_dim, self.v_head_dim)):
+            raise ValueError("latent attention caches every head (num_key_value_heads = num_attention_heads) at "
+                             "head_dim max(qk_nope_head_dim + qk_rope_head_dim, v_head_dim)")
+
+    def _check_expert_groups(self) -> None:
+        groups, used, experts = self.expert_groups, self.expert_groups_used, self.num_experts
+        if not experts or experts % groups or used < 1:
+            raise ValueError(f"{experts} experts do not split into {groups} expert groups of which {used} are used")
+        if self.group_scoring not in ("max", "top2") or (self.group_scoring == "top2" and experts // groups < 2):
+            raise ValueError(f"group scoring {self.group_scoring!r} is not supported here (max; top2 with 2+ experts "
+                             "a group)")
+        if self.num_experts_per_tok > used * (experts // groups):
+            raise ValueError(f"{self.num_experts_per_tok} experts a token cannot come from {used} groups of "
+                             f"{experts // groups}")
+
+    @property
+    def expert_group_choice(self) -> tuple[int, int, str] | None:
+        """(groups, groups used, group scoring) where groups restrict a row's experts; None where any expert may be
+        chosen."""
+        if self.expert_groups_used >= self.expert_groups:
+            return None
+        return self.expert_groups, self.expert_groups_used, self.group_scoring
 
     def window(self, layer: int) -> int | None:
         """The sliding window of ``layer``, or None where it attends the whole context."""
@@ -139,8 +186,21 @@ class ModelConfig:
         """(alpha, limit) of the gated MLPs' clamped SwiGLU (``mlp.clamped_swiglu``); None: ``hidden_act``'s."""
         return None if self.swiglu_limit is None else (self.swiglu_alpha, self.swiglu_limit)
 
+    def attention_params(self) -> int:
+        """Weights in one layer's attention projections (biases and norms aside)."""
+        h, heads, d = self.hidden_size, self.num_attention_heads, int(self.head_dim or 0)
+        if not self.kv_lora_rank:
+            return 2 * h * heads * d + 2 * h * self.num_key_value_heads * d
+        qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+        q = self.q_lora_rank * (h + heads * qk) if self.q_lora_rank else h * heads * qk
+        kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank * heads * (self.qk_nope_head_dim
+                                                                                           + self.v_head_dim)
+        return q + kv + heads * self.v_head_dim * h
+
     @property
     def rotary_dim(self) -> int:
+        if self.kv_lora_rank:  # latent attention: the rotary key's dims
+            return self.qk_rope_head_dim
         return int(int(self.head_dim or 0) * self.partial_rotary_factor)
 
     @property
@@ -163,6 +223,9 @@ class ModelConfig:
                   (self.partial_rotary_factor != 1, "partial rotary"),
                   (self.clip_qkv is not None, "q/k/v clamps"),
                   (self.qk_norm_after_rope, "q/k norms after rotary"),
+                  (self.qk_norm_type != "rms", "q/k LayerNorms"),
+                  (self.query_position_scale is not None, "queries scaled by position"),
+                  (bool(self.kv_lora_rank), "latent attention"),
                   (dense_swiglu, "a clamped SwiGLU")]
         return ", ".join(why for bad, why in checks if bad) or None
 

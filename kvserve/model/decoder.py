@@ -15,6 +15,7 @@ from torch import nn
 from kvserve.attention import AttentionBackend, AttentionMetadata
 from kvserve.model.attention import Attention
 from kvserve.model.config import ModelConfig
+from kvserve.model.latent_attention import LatentAttention
 from kvserve.model.layers import PackedLinear, RMSNorm, make_norm, pack_linears, padded_rows, runs_amx
 from kvserve.model.mlp import GatedMLP, MoE
 from kvserve.model.native_stack import build_native_stack, run_native_stack
@@ -32,13 +33,13 @@ class DecoderLayer(nn.Module):
         # before attention and before the MLP ("pre"; "parallel": the first only), on their outputs ("post"), or both
         for role in cfg.norm_roles:
             setattr(self, role, make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias))
-        self.self_attn = Attention(cfg, layer)
+        self.self_attn = LatentAttention(cfg, layer) if cfg.kv_lora_rank else Attention(cfg, layer)
         self.mlp: GatedMLP | MoE
         if cfg.is_moe(layer):
             self.mlp = MoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_tok,
                            cfg.norm_topk_prob, cfg.hidden_act, cfg.shared_expert_intermediate_size, cfg.router_bias,
                            cfg.expert_bias, cfg.swiglu, cfg.shared_expert_gated, cfg.selection_bias,
-                           cfg.router_scoring, cfg.routed_scale)
+                           cfg.router_scoring, cfg.routed_scale, cfg.expert_group_choice)
         else:
             self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, cfg.mlp_bias, cfg.swiglu,
                                 cfg.gated_mlp)

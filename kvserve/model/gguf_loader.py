@@ -28,7 +28,7 @@ from kvserve.model.checkpoint import LoadedModel
 from kvserve.model.config import ModelConfig
 from kvserve.model.gguf_names import GGUF_FUSED_GATE_UP, gguf_to_hf_name
 from kvserve.model.quant import QuantWeight, from_gguf_blocks
-from kvserve.model.weights import stack_experts, stack_shared_gate_up
+from kvserve.model.weights import join_latent_kv, stack_experts, stack_shared_gate_up
 
 logger = logging.getLogger(__name__)
 
@@ -198,7 +198,10 @@ def _gguf_config(meta: dict[str, Any], tensors: dict[str, Any], source: Path) ->
         hf.update(num_experts=experts, num_local_experts=experts, num_experts_per_tok=int(get("expert_used_count", 0)),
                   moe_intermediate_size=int(get("expert_feed_forward_length", intermediate)),
                   shared_expert_intermediate_size=int(get("expert_shared_feed_forward_length", 0)))
-    hf.update(spec.gguf_config(get))
+    own = spec.gguf_config(get)
+    if isinstance(own.get("rope_scaling"), dict):  # options of the scaling the file names (none: nothing to add to)
+        own["rope_scaling"] = {**hf["rope_scaling"], **own["rope_scaling"]} if hf["rope_scaling"] else None
+    hf.update(own)
     try:
         config = ModelConfig.from_hf_dict(hf)
     except (KeyError, TypeError, ValueError) as e:
@@ -295,7 +298,7 @@ def load_gguf(path: Path, keep_quantized: bool = False, with_tokenizer: bool = T
             values = values[None]  # older converters squeezed the shared expert's gate [1, hidden] to [hidden]
         weights[hf_name] = torch.from_numpy(values)
     del reader, tensors  # drop the file mapping
-    weights = stack_shared_gate_up(config, stack_experts(config, weights))
+    weights = join_latent_kv(config, stack_shared_gate_up(config, stack_experts(config, weights)))
 
     tokenizer = gguf_tokenizer(path, meta.get("tokenizer.chat_template")) if with_tokenizer else None
     return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, name=path.stem)

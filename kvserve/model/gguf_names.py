@@ -29,6 +29,9 @@ _GGUF_LAYER_ROLES = {
     "ffn_down": "down_proj",
     "ffn_gate_inp": "router",
     "ffn_gate_inp_shexp": "shared_expert_gate",
+    "attn_q_a": "q_a_proj", "attn_q_a_norm": "q_a_norm", "attn_q_b": "q_b_proj",  # latent attention's
+    "attn_kv_a_mqa": "kv_a_proj", "attn_kv_a_norm": "kv_a_norm", "attn_kv_b": "kv_b_proj",
+    "attn_k_b": "k_b_proj", "attn_v_b": "v_b_proj",
     "attn_sinks": "sinks",  # a tensor, not a module's: named without the suffix
     "exp_probs_b": "selection_bias",  # the same
 }

@@ -55,6 +55,10 @@ def load_hf_folder(folder: Path, keep_quantized: bool = False, with_tokenizer: b
     """Config, weights and tokenizer of a Hugging Face folder (weights not yet checked); with ``keep_quantized``,
     MXFP4 experts come as ``QuantExperts`` (q8_0)."""
     config = hf_folder_config(folder)
+    method = (_read_json(folder / "config.json").get("quantization_config") or {}).get("quant_method")
+    if method not in (None, "mxfp4"):  # gpt-oss's MXFP4 experts are read (kvserve.model.mxfp4); no other scheme is
+        raise ModelLoadError(f"{folder}: {method} checkpoints (config.json's quantization_config) are not read; use "
+                             "the bf16/fp16 checkpoint or a GGUF file")
     wanted = expected_weight_shapes(config)
     weights = _read_safetensors(folder, wanted, config.architecture, keep_quantized)
     tokenizer = hf_folder_tokenizer(folder) if with_tokenizer else None

@@ -53,6 +53,22 @@ class LayerNorm(nn.Module):
         return self.forward(residual, out_dtype, out_rows)
 
 
+class HeadLayerNorm(nn.Module):
+    """LayerNorm over each head's dims of x [tokens, heads, head_dim], in float32, with a weight (and a bias) for
+    each head ([heads, head_dim]) or one they share ([head_dim]); torch only."""
+
+    def __init__(self, heads: int, dim: int, eps: float, per_head: bool, bias: bool):
+        super().__init__()
+        shape = (heads, dim) if per_head else (dim,)
+        self.weight = nn.Parameter(torch.ones(shape))
+        self.bias = nn.Parameter(torch.zeros(shape)) if bias else None
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.layer_norm(x.float(), (x.shape[-1],), None, None, self.eps) * self.weight.float()
+        return (y if self.bias is None else y + self.bias.float()).to(x.dtype)
+
+
 def make_norm(kind: str, dim: int, eps: float, bias: bool = True) -> RMSNorm | LayerNorm:
     """A decoder's norm of ``kind`` (``ModelConfig.norm_type``): "rms" or "layer" (``bias``: with a bias)."""
     if kind not in ("rms", "layer"):

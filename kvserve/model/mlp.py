@@ -80,16 +80,19 @@ class GatedMLP(nn.Module):
 class MoE(nn.Module):
     """Each token's top ``top_k`` experts of ``experts``, weighted by the router's softmax (or each expert's sigmoid:
     ``scoring``), renormalised over the chosen ones with ``norm_topk`` (the same as gpt-oss's softmax over the chosen
-    logits), times ``routed_scale``; chosen by those scores plus ``selection_bias`` where there is one; a step runs
+    logits), times ``routed_scale``; chosen by those scores plus ``selection_bias`` where there is one, from the best
+    of the expert ``groups`` where they restrict the choice; a step runs
     each expert once over all the tokens routed to it. With the native kernels over packed experts
     (``use_native``), one call of a ``kvserve.MoEBlock`` does it all (``moe_native``); else a loop of experts."""
 
     def __init__(self, hidden: int, intermediate: int, experts: int, top_k: int, norm_topk: bool, act: str,
                  shared_intermediate: int = 0, router_bias: bool = False, expert_bias: bool = False,
                  swiglu: tuple[float, float | None] | None = None, shared_gated: bool = True,
-                 selection_bias: bool = False, scoring: str = "softmax", routed_scale: float = 1.0):
+                 selection_bias: bool = False, scoring: str = "softmax", routed_scale: float = 1.0,
+                 groups: tuple[int, int, str] | None = None):
         super().__init__()
         self.scoring, self.routed_scale = scoring, routed_scale
+        self.groups = groups  # (groups, groups used, "max" or "top2"): ModelConfig.expert_group_choice
         self.router = nn.Linear(hidden, experts, bias=router_bias)
         self.selection_bias = nn.Parameter(torch.zeros(1, experts)) if selection_bias else None
         self.experts = nn.ModuleList(GatedMLP(hidden, intermediate, act, expert_bias, swiglu) for _ in range(experts))
@@ -140,15 +143,24 @@ class MoE(nn.Module):
         y = self.shared(x)
         return y if self.shared_gate is None else torch.sigmoid(self.shared_gate(x)) * y
 
+    def _in_best_groups(self, choice: torch.Tensor) -> torch.Tensor:
+        """``choice`` with the experts outside each row's best groups at -inf (as DeepSeek's reference code masks)."""
+        assert self.groups is not None
+        groups, used, scoring = self.groups
+        per_group = choice.view(choice.shape[0], groups, -1)
+        score = per_group.amax(-1) if scoring == "max" else per_group.topk(2, dim=-1).values.sum(-1)
+        keep = torch.zeros_like(score, dtype=torch.bool).scatter_(1, score.topk(used, dim=-1).indices, True)
+        return per_group.masked_fill(~keep[..., None], float("-inf")).view_as(choice)
+
     def loop_forward(self, x: torch.Tensor) -> torch.Tensor:
         """The Python loop: route, then each expert over its rows, added back in ascending expert id."""
         logits = self.router(x).float()
         probs = torch.sigmoid(logits) if self.scoring == "sigmoid" else torch.softmax(logits, dim=-1)
-        if self.selection_bias is None:
-            weights, chosen = probs.topk(self.top_k, dim=-1)
-        else:
-            chosen = (probs + self.selection_bias.float()).topk(self.top_k, dim=-1).indices
-            weights = probs.gather(-1, chosen)
+        choice = probs if self.selection_bias is None else probs + self.selection_bias.float()
+        if self.groups is not None:
+            choice = self._in_best_groups(choice)
+        chosen = choice.topk(self.top_k, dim=-1).indices
+        weights = probs.gather(-1, chosen)
         if self.norm_topk:
             weights = weights / weights.sum(-1, keepdim=True)
         if self.routed_scale != 1:

@@ -50,6 +50,9 @@ def native_moe_block(moe: "MoE") -> Any | None:
     block = ops.moe_block(router.shape[1], moe.top_k, moe.norm_topk, act, alpha, limit or 0.0)
     block.set_router(router, bias)
     block.set_scoring(moe.scoring == "sigmoid", moe.routed_scale)
+    if moe.groups is not None:
+        groups, used, scoring = moe.groups
+        block.set_groups(groups, used, scoring == "top2")
     if moe.selection_bias is not None:
         block.set_selection_bias(moe.selection_bias.detach().float().reshape(-1).contiguous())
     for e in moe.experts:

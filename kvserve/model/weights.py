@@ -15,7 +15,8 @@ from kvserve.model.architectures import Architecture, get_architecture
 from kvserve.model.config import ModelConfig
 
 Source = tuple[str, tuple[int, ...]]  # a checkpoint tensor's name and shape
-LINEARS = ("qkv", "o_proj", "gate_up", "down")  # the decoder's linear modules (last part of their path)
+# the decoder's linear modules (last part of their path; q_b and kv_b: latent attention's expansions)
+LINEARS = ("qkv", "o_proj", "gate_up", "down", "q_b", "kv_b")
 
 
 def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
@@ -40,10 +41,15 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
             if name is not None:
                 for suffix in norm_suffixes:
                     out[f"{dst}{role}.{suffix}"] = [(f"{p}{name}.{suffix}", (h,))]
-        linear(dst + "self_attn.qkv", p, [("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)],
-               arch.weight_name("qkv_proj"), h, cfg.attention_bias)
-        linear(dst + "self_attn.o_proj", p, [("o_proj", h)], None, q_rows, cfg.o_proj_bias)
-        if cfg.qk_norm is not None:
+        if cfg.kv_lora_rank:
+            latent_attention(out, arch, cfg, dst + "self_attn.", p, linear)
+        else:
+            linear(dst + "self_attn.qkv", p, [("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)],
+                   arch.weight_name("qkv_proj"), h, cfg.attention_bias)
+            linear(dst + "self_attn.o_proj", p, [("o_proj", h)], None, q_rows, cfg.o_proj_bias)
+        if cfg.qk_norm_type == "layer":
+            head_norms(out, arch, cfg, dst + "self_attn.", p)
+        elif cfg.qk_norm is not None:
             full = cfg.qk_norm == "full"
             for role, rows in (("q_norm", q_rows), ("k_norm", kv_rows)):
                 out[f"{dst}self_attn.{role}.weight"] = [(f"{p}{arch.weight_name(role)}.weight", (rows if full else d,))]
@@ -76,6 +82,42 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
         if cfg.lm_head_bias:
             out["lm_head.bias"] = [("lm_head.bias", (cfg.vocab_size,))]
     return out
+
+
+def head_norms(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str) -> None:
+    """Per-head q/k LayerNorms (``layers.HeadLayerNorm``): a weight [heads, head_dim] in one tensor, or in one a head
+    where the architecture's name has "{h}" (StableLM's), or one [head_dim] the heads share; a bias alike."""
+    d = int(cfg.head_dim or 0)
+    suffixes = ("weight", "bias") if cfg.qk_norm_bias else ("weight",)
+    for role, heads in (("q_norm", cfg.num_attention_heads), ("k_norm", cfg.num_key_value_heads)):
+        name = str(arch.weight_name(role))
+        for suffix in suffixes:
+            if not cfg.qk_norm_per_head:
+                parts = [(f"{prefix}{name}.{suffix}", (d,))]
+            elif "{h}" in name:
+                parts = [(f"{prefix}{name.format(h=h)}.{suffix}", (1, d)) for h in range(heads)]
+            else:
+                parts = [(f"{prefix}{name}.{suffix}", (heads, d))]
+            out[f"{dst}{role}.{suffix}"] = parts
+
+
+def latent_attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,
+                     linear: Any) -> None:
+    """Latent attention's weights (``kvserve.model.latent_attention``): q's latent (or q itself) and k/v's latent with
+    the rotary key stacked into one GEMM on the layer's input (``qkv``), the latents' norms, their expansions (``q_b``,
+    ``kv_b``) and ``o_proj``."""
+    h, heads = cfg.hidden_size, cfg.num_attention_heads
+    qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+    q_part = ("q_a_proj", cfg.q_lora_rank) if cfg.q_lora_rank else ("q_proj", heads * qk)
+    linear(dst + "qkv", prefix, [q_part, ("kv_a_proj", cfg.kv_lora_rank + cfg.qk_rope_head_dim)], None, h,
+           cfg.attention_bias)
+    if cfg.q_lora_rank:
+        out[f"{dst}q_norm.weight"] = [(f"{prefix}{arch.weight_name('q_a_norm')}.weight", (cfg.q_lora_rank,))]
+        linear(dst + "q_b", prefix, [("q_b_proj", heads * qk)], None, cfg.q_lora_rank, False)
+    out[f"{dst}kv_norm.weight"] = [(f"{prefix}{arch.weight_name('kv_a_norm')}.weight", (cfg.kv_lora_rank,))]
+    linear(dst + "kv_b", prefix, [("kv_b_proj", heads * (cfg.qk_nope_head_dim + cfg.v_head_dim))], None,
+           cfg.kv_lora_rank, False)
+    linear(dst + "o_proj", prefix, [("o_proj", h)], None, heads * cfg.v_head_dim, cfg.o_proj_bias)
 
 
 def mlp(out: dict[str, list[Source]], arch: Architecture, dst: str, prefix: str, kind: str, inter: int, h: int, bias: bool,
@@ -130,7 +172,7 @@ def deinterleave_rotary(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, 
     """``weights`` with q's and k's rows (and biases) of every head reordered, where ``cfg.rope_interleaved``, so that
     the dims rotating together as pairs (2i, 2i+1) sit at i and i + rotary_dim / 2, as rotate-half rotates them.
     Scores are unchanged (q and k reordered alike; v and o untouched); as given otherwise."""
-    if not cfg.rope_interleaved:
+    if not cfg.rope_interleaved or cfg.kv_lora_rank:  # latent attention reorders its rotary dims as it runs
         return weights
     import torch
 
@@ -244,6 +286,26 @@ def stack_shared_gate_up(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str,
             out[f"{p}{fused}.weight"] = QuantWeight.cat(parts)
         else:
             out[f"{p}{fused}.weight"] = torch.cat([w.dequantize() if isinstance(w, QuantWeight) else w for w in parts])
+    return out
+
+
+def join_latent_kv(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
+    """kv_b_proj [heads * (nope + v), kv_lora_rank] from the two tensors llama.cpp's converter splits it into (for its
+    absorbed attention): k_b [heads, kv_lora_rank, nope] (each head's k part transposed) and v_b [heads, v,
+    kv_lora_rank], dense; as given where there are none."""
+    if not cfg.kv_lora_rank:
+        return weights
+    import torch
+
+    arch = get_architecture(cfg.architecture)
+    out = dict(weights)
+    for i in range(cfg.num_hidden_layers):
+        k_name, v_name = (f"model.layers.{i}.{arch.weight_name(role)}.weight" for role in ("k_b_proj", "v_b_proj"))
+        if k_name not in out or v_name not in out:
+            continue
+        k_b, v_b = (w.dequantize() if hasattr(w, "dequantize") else w for w in (out.pop(k_name), out.pop(v_name)))
+        kv_b = torch.cat([k_b.transpose(1, 2), v_b], dim=1)
+        out[f"model.layers.{i}.{arch.weight_name('kv_b_proj')}.weight"] = kv_b.reshape(-1, cfg.kv_lora_rank)
     return out
 
 

@@ -37,9 +37,13 @@ class ModelSpec:
     shared_expert_intermediate: int = 0
     max_context: int = 131072
     sliding_window: int | None = None  # every layer's window (``ModelConfig.kv_window``): blocks behind it are freed
+    attn_params: int = 0  # a layer's attention weights where not q/k/v/o of these heads (latent attention); 0: those
+    dense_layers: int = 0  # of an MoE model, the layers with the dense MLP (DeepSeek's first, Qwen2-MoE's mlp_only)
 
     @property
     def attn_params_per_layer(self) -> int:
+        if self.attn_params:
+            return self.attn_params
         q = self.heads * self.head_dim
         kv = self.kv_heads * self.head_dim
         return self.hidden * q + 2 * self.hidden * kv + q * self.hidden
@@ -52,7 +56,9 @@ class ModelSpec:
                 + self.hidden * self.experts)
 
     def layer_params(self, active: bool) -> int:
-        return self.layers * (self.attn_params_per_layer + self.mlp_params_per_layer(active))
+        dense = 3 * self.hidden * self.intermediate * self.dense_layers if self.experts else 0
+        return (self.layers * self.attn_params_per_layer + dense
+                + (self.layers - (self.dense_layers if self.experts else 0)) * self.mlp_params_per_layer(active))
 
     @property
     def embed_params(self) -> int:
@@ -96,7 +102,9 @@ class ModelSpec:
                    experts=cfg.num_experts, experts_per_token=cfg.num_experts_per_tok,
                    expert_intermediate=cfg.moe_intermediate_size,
                    shared_expert_intermediate=cfg.shared_expert_intermediate_size,
-                   max_context=d.get("max_position_embeddings", 131072), sliding_window=cfg.kv_window())
+                   max_context=d.get("max_position_embeddings", 131072), sliding_window=cfg.kv_window(),
+                   attn_params=cfg.attention_params() if cfg.kv_lora_rank else 0,
+                   dense_layers=sum(not cfg.is_moe(i) for i in range(cfg.num_hidden_layers)) if cfg.num_experts else 0)
 
 
 def _llama(name, hidden, layers, heads, kv, inter, vocab, tied=False, ctx=131072):

@@ -1,7 +1,7 @@
 """The native grouped-expert MoE (kvserve.MoEBlock via ``MoE.forward``) against the Python loop of experts it
 replaces, on tiny random MoE blocks shaped as Qwen3-MoE, Mixtral, OLMoE, Qwen2-MoE (shared expert), Granite MoE
-Shared (a shared expert without a gate), ERNIE 4.5 MoE (experts chosen with a bias, weighted without it) and gpt-oss
-(router and expert biases, clamped SwiGLU), over int8 and int4
+Shared (a shared expert without a gate), ERNIE 4.5 MoE (experts chosen with a bias, weighted without it), gpt-oss
+(router and expert biases, clamped SwiGLU) and DeepSeek-V2/V3 (expert groups), over int8 and int4
 experts: the same bits where the arithmetic is the
 same (given the routing, the experts' GEMMs and the ascending-expert sum are the loop's), close otherwise (the
 router's GEMV, gpt-oss's SwiGLU); and a row's output bit-identical alone and inside any batch."""
@@ -32,6 +32,12 @@ CASES = {
     "glm4_moe": dict(experts=6, top_k=2, norm_topk=True, shared=64, shared_gated=False, selection_bias=True,
                      scoring="sigmoid", routed_scale=2.5),
     "gelu_tanh": dict(experts=5, top_k=3, norm_topk=True, act="gelu_pytorch_tanh"),
+    # DeepSeek-V3's: GLM's router, and the experts of a row's best 2 of 4 groups (ranked by their best two)
+    "deepseek_v3": dict(experts=8, top_k=2, norm_topk=True, shared=64, shared_gated=False, selection_bias=True,
+                        scoring="sigmoid", routed_scale=2.5, groups=(4, 2, "top2")),
+    # DeepSeek-V2's: softmax, 3 experts of a row's best 2 of 4 groups (ranked by their best one), scaled
+    "deepseek_v2": dict(experts=8, top_k=3, norm_topk=False, shared=64, shared_gated=False, routed_scale=1.5,
+                        groups=(4, 2, "max")),
 }
 # the cases whose expert arithmetic is the loop's op for op (the loop's SwiGLU is torch's)
 EXACT = [c for c in CASES if "swiglu" not in CASES[c]]
@@ -55,7 +61,7 @@ def make_moe(case: str, kind: str | None, hidden: int = 64, inter: int = 64, see
     moe = MoE(hidden, inter, o["experts"], o["top_k"], o["norm_topk"], o.get("act", "silu"), o.get("shared", 0),
               router_bias=o.get("biases", False), expert_bias=o.get("biases", False), swiglu=o.get("swiglu"),
               shared_gated=o.get("shared_gated", True), selection_bias=o.get("selection_bias", False),
-              scoring=o.get("scoring", "softmax"), routed_scale=o.get("routed_scale", 1.0))
+              scoring=o.get("scoring", "softmax"), routed_scale=o.get("routed_scale", 1.0), groups=o.get("groups"))
     with torch.no_grad():
         for p in moe.parameters():
             p.normal_(0, 0.3)
@@ -72,8 +78,8 @@ def route(moe: MoE, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The loop's routing: top-k of the router's softmax (plus the selection bias; renormalised with norm_topk)."""
     logits = moe.router(x).float()
     probs = torch.sigmoid(logits) if moe.scoring == "sigmoid" else torch.softmax(logits, dim=-1)
-    bias = 0 if moe.selection_bias is None else moe.selection_bias.float()
-    chosen = (probs + bias).topk(moe.top_k, dim=-1).indices
+    choice = probs if moe.selection_bias is None else probs + moe.selection_bias.float()
+    chosen = (choice if moe.groups is None else moe._in_best_groups(choice)).topk(moe.top_k, dim=-1).indices
     weights = probs.gather(-1, chosen)
     if moe.norm_topk:
         weights = weights / weights.sum(-1, keepdim=True)
@@ -210,3 +216,17 @@ def test_on_amx_a_prefill_sized_step_runs_the_loop_on_the_experts_bf16_copies(mo
     moe(torch.randn(few, 64))
     moe(torch.randn(many, 64))
     assert calls == [1]
+
+
+@pytest.mark.parametrize("case", ["deepseek_v2", "deepseek_v3"])
+def test_expert_groups_restrict_each_rows_experts(case):
+    """Every row's experts lie in its best groups, and the groups change the choice for some rows (so the block's
+    agreement with the loop above covers the group choice too)."""
+    moe = make_moe(case, "q8_0")
+    groups, used, _ = moe.groups
+    x = torch.randn(64, 64)
+    ids, _ = route(moe, x)
+    per_group = moe.router.out_features // groups
+    assert all(len({int(e) // per_group for e in row}) <= used for row in ids)
+    moe.groups = None
+    assert not torch.equal(route(moe, x)[0], ids)

@@ -24,6 +24,11 @@ COMMON = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_la
               pad_token_id=0, tie_word_embeddings=False)
 WINDOW = 6  # shorter than most prompts below
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+# latent attention's shapes: every head cached (num_key_value_heads = heads); transformers' head_dim is the rotary dims
+LATENT = dict(num_key_value_heads=4, head_dim=8, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
+              v_head_dim=12)
+LATENT_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "mscale": 0.8,
+               "mscale_all_dim": 0.8, "rope_theta": 10000.0, "beta_fast": 32, "beta_slow": 1}
 
 # case -> (transformers config class, its arguments beyond COMMON); a case is a registered name, or
 # "name:variant" for more of its options (another shape of the same architecture)
@@ -109,7 +114,35 @@ CASES: dict[str, tuple[str, dict]] = {
         "rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0})),
     # one LayerNorm before attention and a non-gated GELU MLP side by side, partial rotary, biases (the LM head's too)
     "PhiForCausalLM": ("PhiConfig", dict(partial_rotary_factor=0.5)),
+    # latent attention (q's own projection; v wider than q.k, so q and k are the padded ones), YaRN with
+    # mscale_all_dim; softmax experts from the best group of two (ranked by their best expert), shared experts
+    "DeepseekV2ForCausalLM": ("DeepseekV2Config", dict(LATENT, q_lora_rank=None, v_head_dim=20, num_hidden_layers=3,
+                                                       n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                                       n_shared_experts=1, first_k_dense_replace=1,
+                                                       topk_method="group_limited_greedy", n_group=2, topk_group=1,
+                                                       routed_scaling_factor=1.5, rope_parameters=LATENT_YARN)),
+    # q from its own latent, v narrower than q.k (v padded); sigmoid experts chosen with a bias from the best two of four
+    # groups (ranked by their best two), renormalised, scaled
+    "DeepseekV3ForCausalLM": ("DeepseekV3Config", dict(LATENT, num_hidden_layers=3, n_routed_experts=8,
+                                                       num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+                                                       first_k_dense_replace=1, n_group=4, topk_group=2)),
+    # the rotary pairs as halves (rope_interleave false), no expert groups
+    "DeepseekV3ForCausalLM:halves": ("DeepseekV3Config", dict(LATENT, rope_interleave=False, n_routed_experts=4,
+                                                              num_experts_per_tok=2, moe_intermediate_size=32,
+                                                              n_shared_experts=1, first_k_dense_replace=1, n_group=1,
+                                                              topk_group=1, routed_scaling_factor=1.0)),
+    "Glm4MoeLiteForCausalLM": ("Glm4MoeLiteConfig", dict(LATENT, n_routed_experts=4, num_experts_per_tok=2,
+                                                         moe_intermediate_size=32, n_shared_experts=1,
+                                                         routed_scaling_factor=1.0)),
     "HeliumForCausalLM": ("HeliumConfig", dict(attention_bias=True, mlp_bias=True)),  # no bias on o_proj
+    # per-head q/k LayerNorms: Command R+'s (a weight per head, no bias), StableLM 2 12B's (a module per head), Phi's
+    # (one LayerNorm with a bias for all of q's heads, another for k's)
+    "CohereForCausalLM:qk_norm": ("CohereConfig", dict(logit_scale=0.5, use_qk_norm=True)),
+    "StableLmForCausalLM:qk_layernorm": ("StableLmConfig", dict(qk_layernorm=True, partial_rotary_factor=0.5)),
+    "PhiForCausalLM:qk_layernorm": ("PhiConfig", dict(qk_layernorm=True, partial_rotary_factor=0.5)),
+    # queries scaled by position past the original context (8 tokens here: most prompts cross it)
+    "Ministral3ForCausalLM": ("Ministral3Config", dict(rope_parameters=dict(
+        rope_type="yarn", factor=4.0, original_max_position_embeddings=8, llama_4_scaling_beta=0.5, rope_theta=10000.0))),
     "SeedOssForCausalLM": ("SeedOssConfig", dict(attention_bias=True, attention_out_bias=True)),
     "ArceeForCausalLM": ("ArceeConfig", {}),  # a non-gated MLP with relu squared
     "Ernie4_5ForCausalLM": ("Ernie4_5Config", {}),  # Llama's layers (int8: the native decode stack), rotary reordered
@@ -294,7 +327,9 @@ def assert_logprobs_close(dense, quant, label: str) -> None:
 
 # where int8 moves this random model's greedy tokens beyond the closeness bound (what the case adds is checked exactly:
 # dense greedy tokens above, the native block against the loop in tests/kernels/test_moe_block.py)
-NOT_CLOSE = {"Glm4MoeForCausalLM:scaled": "x2.5 amplifies int8's flips among the random router's near-equal sigmoids"}
+NOT_CLOSE = {"Glm4MoeForCausalLM:scaled": "x2.5 amplifies int8's flips among the random router's near-equal sigmoids",
+             "DeepseekV3ForCausalLM": "int8 flips the choice of expert groups among the random router's near-equal "
+                                      "sigmoids (int8 through latent attention: the other DeepSeek cases)"}
 
 
 @pytest.mark.parametrize("name", sorted(set(CASES) - set(NOT_CLOSE)))
@@ -344,6 +379,9 @@ def test_gemma3_multimodal_checkpoint_answers_as_its_text_model(tmp_path_factory
     ("PhiForCausalLM", False, "LayerNorms, a non-gated MLP, a parallel residual, partial rotary"),
     ("Glm4MoeForCausalLM", False, "partial rotary"),
     ("HunYuanDenseV1ForCausalLM", False, "q/k norms after rotary"),
+    ("DeepseekV3ForCausalLM", False, "latent attention"),
+    ("CohereForCausalLM:qk_norm", False, "LayerNorms, a parallel residual, q/k LayerNorms"),
+    ("Ministral3ForCausalLM", False, "queries scaled by position"),
     ("Exaone4ForCausalLM", True, None), ("Olmo3ForCausalLM", True, None),
     ("ArceeForCausalLM", False, "a non-gated MLP, relu2"), ("HeliumForCausalLM", True, None),
     ("SeedOssForCausalLM", True, None), ("Ernie4_5_MoeForCausalLM", True, None),
@@ -383,15 +421,14 @@ def test_a_bfloat16_model_attends_windows_and_sinks(case, tmp_path_factory):
 
 
 @pytest.mark.parametrize("case, config, option", [
-    ("StableLmForCausalLM", dict(qk_layernorm=True), "qk_layernorm"),
-    ("CohereForCausalLM", dict(use_qk_norm=True), "use_qk_norm"),
-    ("PhiForCausalLM", dict(qk_layernorm=True), "qk_layernorm"),
-    ("Mistral3ForConditionalGeneration", dict(text_config=dict(COMMON, model_type="ministral3", rope_parameters=dict(
-        rope_type="yarn", factor=4.0, original_max_position_embeddings=64, llama_4_scaling_beta=0.1))),
-     "llama_4_scaling_beta")])
+    ("Ernie4_5_MoeForCausalLM", dict(moe_num_experts=4, moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=1,
+                                     use_bias=True), "use_bias"),
+    ("DeepseekV2ForCausalLM", dict(LATENT, q_lora_rank=None, attention_bias=True), "attention_bias"),
+    ("DeepseekV2ForCausalLM", dict(LATENT, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                   topk_method="noaux_tc"), "topk_method")])
 def test_an_option_no_path_runs_is_refused_in_one_line(case, config, option, tmp_path):
-    """Per-head q/k LayerNorms (StableLM 2 12B, Command R+), Ministral 3's query scale by position: loading names
-    the option instead of serving without it."""
+    """ERNIE MoE's biased shared experts, a q projection without the bias its latent attention has, a router method
+    not built: loading names the option instead of serving without it."""
     import json
 
     import transformers

@@ -88,9 +88,14 @@ CASES: dict[str, tuple[str, dict, str]] = {
     # limit 7, yarn's correction range truncated
     "gpt-oss": ("GptOssForCausalLM", dict(swiglu_limit=7.0, rope_parameters={
         **ARCH_CASES["GptOssForCausalLM"][1]["rope_parameters"], "truncate": True}), "gpt-oss"),
+    # latent attention as MQA-shaped metadata, kv_b split into k_b (transposed) and v_b; YaRN's mscale_all_dim as its
+    # log multiplier; softmax experts from groups, shared experts, a leading dense layer
+    "deepseek2": ("DeepseekV2ForCausalLM", {}, "deepseek2"),
+    # the sigmoid gating function (V3's router: exp_probs_b, groups by their best two), q from its own latent
+    "deepseek2:v3": ("DeepseekV3ForCausalLM", {}, "deepseek2"),
 }
 # where transformers' GGUF reader has no such architecture, or no stacked experts for it (llama)
-NO_TRANSFORMERS_READER = {"olmoe", "mixtral", "gemma", "olmo2", "granite", "granitemoe", "granitemoe:shared", "smollm3",
+NO_TRANSFORMERS_READER = {"deepseek2", "deepseek2:v3", "olmoe", "mixtral", "gemma", "olmo2", "granite", "granitemoe", "granitemoe:shared", "smollm3",
                           "glm4", "ernie4_5", "ernie4_5:use_bias", "gpt-oss", "cohere2", "command-r", "arcee", "exaone4", "ernie4_5-moe", "phi2", "glm4moe", "olmo2:olmo3", "seed_oss"}
 GEMMA = {"gemma", "gemma2", "gemma3"}
 # every linear Q8_0; not granite, whose test model's near-flat logits (several tokens within 0.01) Q8_0 reorders
@@ -165,11 +170,12 @@ def _add_tokenizer(writer: gguf.GGUFWriter, vocab: int) -> None:
 
 def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type: QT | None = None,
                          fuse_gate_up: bool = False, linear_type: QT | None = None,
-                         mxfp4: dict[str, torch.Tensor] | None = None) -> None:
+                         mxfp4: dict[str, torch.Tensor] | None = None, whole_kv_b: bool = False) -> None:
     """``folder``'s checkpoint as llama.cpp's converter writes it (``expert_type``: the stacked experts
     quantized to that type, as llama-quantize leaves them; ``fuse_gate_up``: its --fuse-gate-up-exps,
     each layer's gate and up experts in one tensor, gate first; ``linear_type``: every 2-D weight, embeddings
-    included, quantized to that type, norms and biases left float32, as llama-quantize writes them)."""
+    included, quantized to that type, norms and biases left float32, as llama-quantize writes them; ``whole_kv_b``:
+    a deepseek2 file as converters wrote it before splitting kv_b for absorbed attention)."""
     d = model.config.to_dict()
     rope = d.get("rope_parameters") or {}
     full = rope.get("full_attention", rope)
@@ -178,19 +184,20 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
     experts = d.get("num_local_experts") or d.get("num_experts") or d.get("moe_num_experts") or \
         d.get("n_routed_experts") or 0
     w = gguf.GGUFWriter(str(path), arch=arch)
-    w.add_block_count(layers + (d.get("num_nextn_predict_layers") or 0))  # llama.cpp counts the MTP layers
+    # llama.cpp counts the MTP layers (not its DeepSeek converter, which drops them)
+    w.add_block_count(layers + (0 if arch == "deepseek2" else d.get("num_nextn_predict_layers") or 0))
     w.add_context_length(d["max_position_embeddings"])
     w.add_embedding_length(hidden)
     w.add_feed_forward_length(d["intermediate_size"])
     w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
+    w.add_head_count_kv(1 if arch == "deepseek2" else kv_heads)  # its converter writes latent attention as MQA
     if arch in ("starcoder2", "stablelm", "command-r", "cohere2", "phi2"):  # LayerNorms: their eps under its own key
         w.add_layer_norm_eps(d.get("norm_epsilon") or d["layer_norm_eps"])
     else:
         w.add_layer_norm_rms_eps(d["rms_norm_eps"])
     if arch not in ("gemma", "gemma2"):  # these converters write no rope base (llama.cpp's default: 10000)
         w.add_rope_freq_base(full["rope_theta"])
-    if arch not in ("phi3", "granite", "granitemoe"):  # the Granite converter drops head_dim
+    if arch not in ("phi3", "granite", "granitemoe", "deepseek2"):  # the Granite converter drops head_dim
         w.add_key_length(d["head_dim"])
         w.add_value_length(d["head_dim"])
     if experts:
@@ -230,6 +237,8 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
         w.add_expert_weights_norm(d["norm_topk_prob"])
         w.add_nextn_predict_layers(d["num_nextn_predict_layers"])
         w.add_rope_dimension_count(int(d["head_dim"] * full["partial_rotary_factor"]))
+    if arch == "deepseek2":
+        _deepseek2_metadata(w, d, full, whole_kv_b)
     if arch == "ernie4_5-moe":
         w.add_interleave_moe_layer_step(d["moe_layer_interval"])
         w.add_leading_dense_block_count(d["moe_layer_start_index"])
@@ -279,6 +288,12 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
             if d.get("shared_intermediate_size"):
                 gate, up = state.pop(f"model.layers.{i}.shared_mlp.input_linear.weight").chunk(2, dim=0)
                 state[f"blk.{i}.ffn_gate_shexp.weight"], state[f"blk.{i}.ffn_up_shexp.weight"] = gate, up
+    if arch == "deepseek2" and not whole_kv_b:  # the converter splits kv_b per head: k's part, transposed, and v's
+        for i in range(layers):
+            kv_b = state.pop(f"model.layers.{i}.self_attn.kv_b_proj.weight")
+            k_b, v_b = kv_b.view(heads, -1, kv_b.shape[-1]).split([d["qk_nope_head_dim"], d["v_head_dim"]], dim=1)
+            state[f"model.layers.{i}.self_attn.k_b_proj.weight"] = k_b.transpose(1, 2)
+            state[f"model.layers.{i}.self_attn.v_b_proj.weight"] = v_b
     if fuse_gate_up:
         for i in range(layers):
             gate, up = (state.pop(f"model.layers.{i}.mlp.experts.{w}.weight") for w in ("gate_proj", "up_proj"))
@@ -309,6 +324,37 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def _deepseek2_metadata(w: gguf.GGUFWriter, d: dict, rope: dict, whole_kv_b: bool) -> None:
+    """The DeepseekV2Model converter's keys (its base class's group counts and gating function: V3's config.json
+    names its scoring function, which transformers does not save); ``whole_kv_b``: the key and value lengths as
+    converters wrote them before the MLA keys."""
+    w.add_leading_dense_block_count(d["first_k_dense_replace"])
+    w.add_vocab_size(d["vocab_size"])
+    if d.get("q_lora_rank"):
+        w.add_q_lora_rank(d["q_lora_rank"])
+    w.add_kv_lora_rank(d["kv_lora_rank"])
+    if whole_kv_b:
+        w.add_key_length(d["qk_nope_head_dim"] + d["qk_rope_head_dim"])
+        w.add_value_length(d["v_head_dim"])
+    else:
+        w.add_key_length(d["kv_lora_rank"] + d["qk_rope_head_dim"])
+        w.add_value_length(d["kv_lora_rank"])
+        w.add_key_length_mla(d["qk_nope_head_dim"] + d["qk_rope_head_dim"])
+        w.add_value_length_mla(d["v_head_dim"])
+    w.add_expert_feed_forward_length(d["moe_intermediate_size"])
+    w.add_expert_shared_count(d["n_shared_experts"])
+    w.add_expert_weights_scale(d["routed_scaling_factor"])
+    if d.get("norm_topk_prob"):
+        w.add_expert_weights_norm(True)
+    w.add_expert_group_count(d["n_group"])
+    w.add_expert_group_used_count(d["topk_group"])
+    v3 = d["model_type"] == "deepseek_v3"
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID if v3 else gguf.ExpertGatingFuncType.SOFTMAX)
+    w.add_rope_dimension_count(d["qk_rope_head_dim"])
+    if rope.get("mscale_all_dim"):
+        w.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
 
 
 _files: dict[tuple, tuple] = {}
@@ -428,7 +474,19 @@ def test_gguf_fused_gate_up_experts_load(expert_type, tmp_path_factory):
         assert torch.equal(fused[name], w), name
 
 
-@pytest.mark.parametrize("case", ["qwen3moe", "mixtral", "granitemoe", "granitemoe:shared", "ernie4_5-moe"])
+def test_gguf_deepseek2_from_before_the_mla_split_loads_alike(tmp_path_factory):
+    """A deepseek2 file from converters before llama.cpp's absorbed attention (kv_b whole, the plain key and value
+    lengths): the same config and weights as today's split file."""
+    model, folder, split = gguf_case("deepseek2", tmp_path_factory)
+    whole = folder / "whole_kv_b.gguf"
+    write_like_llama_cpp(model, folder, whole, "deepseek2", whole_kv_b=True)
+    assert any(t.name == "blk.0.attn_kv_b.weight" for t in gguf.GGUFReader(whole).tensors)
+    old, new = load_model(whole), load_model(split)
+    assert old.config == new.config
+    assert set(old.weights) == set(new.weights) and all(torch.equal(old.weights[n], w) for n, w in new.weights.items())
+
+
+@pytest.mark.parametrize("case", ["qwen3moe", "mixtral", "granitemoe", "granitemoe:shared", "ernie4_5-moe", "deepseek2"])
 @pytest.mark.parametrize("expert_type", [QT.Q8_0], ids=lambda t: t.name)
 def test_gguf_quantized_experts_stay_quantized_and_close(case, expert_type, tmp_path_factory):
     """Experts stored quantized load as each expert's QuantWeight and run quantized; the dense greedy

@@ -275,6 +275,22 @@ def test_hf_folder_missing_weight(tmp_path: Path, tokenizer_dir: Path) -> None:
         load_model(folder)
 
 
+def test_hf_folder_of_a_quantization_scheme_not_read_is_refused(tmp_path: Path, tokenizer_dir: Path) -> None:
+    """An FP8 checkpoint (DeepSeek-V3's block-scaled weights) would load its raw fp8 values without their scales:
+    the load names the scheme instead, in one line."""
+    import json
+
+    model = _tiny_llama(torch.float32, tie=True)
+    folder = tmp_path / "fp8"
+    _save_hf_model(model, folder, tokenizer_dir)
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="fp8 checkpoints .* are not read") as e:
+        load_model(folder)
+    assert "\n" not in str(e.value)
+
+
 # --------------------------------------------------------------------------- GGUF tensor types
 
 

@@ -109,6 +109,17 @@ def test_moe_active_and_total_params():
     assert (oss.experts, oss.experts_per_token, oss.expert_intermediate, oss.head_dim) == (32, 4, 2880, 64)
     assert oss.total_params / 1e9 == pytest.approx(20.9, rel=0.01)
     assert (oss.active_params - oss.embed_params) / 1e9 == pytest.approx(3.6, rel=0.01)
+    # DeepSeek-V2-Lite: latent attention's projections, one dense layer then experts; 15.7B in all, 2.4B active by
+    # its card (which, as gpt-oss's, leaves the embeddings out)
+    lite = ModelSpec.from_hf_config({"architectures": ["DeepseekV2ForCausalLM"], "hidden_size": 2048,
+                                     "num_hidden_layers": 27, "num_attention_heads": 16, "num_key_value_heads": 16,
+                                     "intermediate_size": 10944, "moe_intermediate_size": 1408, "n_routed_experts": 64,
+                                     "n_shared_experts": 2, "num_experts_per_tok": 6, "first_k_dense_replace": 1,
+                                     "kv_lora_rank": 512, "q_lora_rank": None, "qk_nope_head_dim": 128,
+                                     "qk_rope_head_dim": 64, "v_head_dim": 128, "vocab_size": 102400})
+    assert (lite.dense_layers, lite.head_dim, lite.kv_heads) == (1, 192, 16)  # the cache holds the expanded heads
+    assert lite.total_params / 1e9 == pytest.approx(15.7, rel=0.01)
+    assert (lite.active_params - lite.embed_params) / 1e9 == pytest.approx(2.4, rel=0.03)
     synth = planner.model_for_params(100, 10)
     assert synth.total_params / 1e9 == pytest.approx(100, rel=0.15)
     assert synth.active_params / 1e9 == pytest.approx(10, rel=0.15)

@@ -30,6 +30,13 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     "qkv_proj": None,  # q, k and v already stacked in one tensor (Phi-3)
     "o_proj": "self_attn.o_proj",
     "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm",
+    # latent attention (ModelConfig.kv_lora_rank): q's latent, its norm and its expansion (or q_proj alone), the
+    # latent of k/v with the shared rotary key, its norm, and the per-head expansion of k's and v's parts
+    "q_a_proj": "self_attn.q_a_proj", "q_a_norm": "self_attn.q_a_layernorm", "q_b_proj": "self_attn.q_b_proj",
+    "kv_a_proj": "self_attn.kv_a_proj_with_mqa", "kv_a_norm": "self_attn.kv_a_layernorm",
+    "kv_b_proj": "self_attn.kv_b_proj",
+    # kv_b_proj as GGUF files split it (per head: k's part transposed, v's): joined at load (weights.join_latent_kv)
+    "k_b_proj": "self_attn.k_b_proj", "v_b_proj": "self_attn.v_b_proj",
     "sinks": "self_attn.sinks",  # one logit per head (a tensor, not a module: no .weight)
     "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj", "down_proj": "mlp.down_proj",
     "gate_up_proj": None,  # gate and up already stacked (Phi-3)
@@ -172,7 +179,8 @@ def gguf_architectures() -> dict[str, str]:
 _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma", "gemma2", "gemma3", "phi3",
             "olmo2", "olmoe", "granite", "granite_moe", "gpt_oss", "gemma3_mm", "smollm3", "starcoder2", "glm4",
             "ernie4_5", "stablelm", "cohere", "cohere2", "exaone4", "olmo3", "mistral3", "helium", "seed_oss",
-            "arcee", "ernie4_5_moe", "phi", "glm4_moe", "hunyuan_dense"]
+            "arcee", "ernie4_5_moe", "phi", "glm4_moe", "hunyuan_dense", "deepseek_v2", "deepseek_v3",
+            "glm4_moe_lite"]
 
 
 def _load() -> None:

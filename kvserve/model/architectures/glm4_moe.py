@@ -1,17 +1,13 @@
 """GLM-4.5 / 4.6 MoE (GLM-4.5-Air, GLM-4.6): Llama's layers with q/k/v biases, rotary over the first half of each
 head (``partial_rotary_factor``), q/k norms per head where ``use_qk_norm``; experts from ``first_k_dense_replace`` on,
 each scored by its own sigmoid, chosen by the score plus a per-expert bias (``gate.e_score_correction_bias``),
-weighted by the score renormalised and times ``routed_scaling_factor``; shared experts added without a gate.
-Expert groups that restrict the choice (``topk_group`` < ``n_group``: DeepSeek-V3's) are refused."""
+weighted by the score renormalised and times ``routed_scaling_factor``, from the best ``topk_group`` of ``n_group``
+expert groups (ranked by their best two); shared experts added without a gate."""
 
 from kvserve.model.architectures import Architecture, GGUFGet, first_of, gguf_rotary_share, partial_rotary, register
 
 
 def glm4_moe_config(d: dict) -> dict:
-    groups, topk_groups = d.get("n_group") or 1, d.get("topk_group") or 1
-    if topk_groups < groups:
-        raise ValueError(f"{d['architectures'][0]} with expert groups (topk_group {topk_groups} of n_group {groups}) "
-                         "is not supported")
     layers, inter = d["num_hidden_layers"], d["moe_intermediate_size"]
     dense = d.get("first_k_dense_replace", 1)
     return {"attention_bias": bool(d.get("attention_bias", False)), "o_proj_bias": False,
@@ -21,7 +17,8 @@ def glm4_moe_config(d: dict) -> dict:
             "norm_topk_prob": bool(d.get("norm_topk_prob", True)), "router_scoring": "sigmoid",
             "routed_scale": float(d.get("routed_scaling_factor") or 1.0), "selection_bias": True,
             "shared_expert_intermediate_size": inter * (d.get("n_shared_experts") or 0), "shared_expert_gated": False,
-            "moe_layers": [i >= dense for i in range(layers)]}
+            "moe_layers": [i >= dense for i in range(layers)], "expert_groups": d.get("n_group") or 1,
+            "expert_groups_used": d.get("topk_group") or 1, "group_scoring": "top2"}
 
 
 def glm4_moe_gguf(get: GGUFGet) -> dict:

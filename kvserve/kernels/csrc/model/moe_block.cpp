@@ -53,6 +53,14 @@ void MoEBlock::set_scoring(bool sigmoid_scores, double scale) {
   sigmoid = sigmoid_scores, routed_scale = static_cast<float>(scale);
 }
 
+void MoEBlock::set_groups(int64_t num_groups, int64_t used, bool top2) {
+  const int64_t E = router.size(0);
+  TORCH_CHECK(num_groups > 0 && E % num_groups == 0 && used > 0 && (!top2 || E / num_groups >= 2) &&
+                  top_k <= std::min(used, num_groups) * (E / num_groups),
+              "MoEBlock: experts in equal groups (2+ each for top2), enough in the used ones for top_k (after set_router)");
+  groups = num_groups, groups_used = used, group_top2 = top2;
+}
+
 void MoEBlock::set_selection_bias(at::Tensor bias) {
   TORCH_CHECK(bias.scalar_type() == at::kFloat && bias.is_contiguous() && bias.numel() == router.size(0),
               "MoEBlock: selection bias float32 [experts] (after set_router)");
@@ -194,6 +202,7 @@ TORCH_LIBRARY_FRAGMENT(kvserve, m) {
       .def("set_router", &kvserve::MoEBlock::set_router)
       .def("set_selection_bias", &kvserve::MoEBlock::set_selection_bias)
       .def("set_scoring", &kvserve::MoEBlock::set_scoring)
+      .def("set_groups", &kvserve::MoEBlock::set_groups)
       .def("add_expert", &kvserve::MoEBlock::add_expert)
       .def("set_shared", &kvserve::MoEBlock::set_shared)
       .def("num_experts", &kvserve::MoEBlock::num_experts)

@@ -1,5 +1,6 @@
 // kvserve.MoEBlock (moe_block.cpp, moe_route.cpp): a mixture-of-experts MLP on the packed quantized weights.
-// A step's rows are routed (router GEMM, softmax or sigmoids, top-k of the scores plus any selection bias),
+// A step's rows are routed (router GEMM, softmax or sigmoids, top-k of the scores plus any selection bias, within
+// the row's best expert groups where they restrict the choice),
 // then grouped by expert: every routed expert runs
 // gate_up, its activation and down once over just its rows, the threads splitting (expert, column tile)
 // pairs; each row then sums its experts' weighted outputs in ascending expert id, so a row's result never
@@ -48,6 +49,10 @@ struct MoEBlock : torch::CustomClassHolder {
   std::optional<at::Tensor> selection_bias;
   bool sigmoid = false;     // each expert scored by sigmoid(logit) on its own, not by the softmax over them
   float routed_scale = 1.f;  // the routed experts' weights multiplied by this, after norm_topk
+  // expert groups (DeepSeek): a row's experts come from its best groups_used of `groups` equal groups, each ranked
+  // by its best choosing score or (top2) the sum of its best two; groups_used >= groups: any expert
+  int64_t groups = 1, groups_used = 1;
+  bool group_top2 = false;
   std::vector<Expert> experts;    // the routed ones
   // a shared expert, every row's: weighted by sigmoid(shared_gate . x) (Qwen2-MoE), or by 1 without a gate
   // (Granite MoE Shared)
@@ -59,6 +64,7 @@ struct MoEBlock : torch::CustomClassHolder {
   void set_router(at::Tensor weight, std::optional<at::Tensor> bias);
   void set_selection_bias(at::Tensor bias);
   void set_scoring(bool sigmoid_scores, double scale);
+  void set_groups(int64_t num_groups, int64_t used, bool top2);
   void add_expert(at::Tensor gate_up, const std::string& gate_up_kind, at::Tensor down, const std::string& down_kind,
                   std::optional<at::Tensor> gate_up_bias, std::optional<at::Tensor> down_bias);
   void set_shared(at::Tensor gate_up, const std::string& gate_up_kind, at::Tensor down, const std::string& down_kind,

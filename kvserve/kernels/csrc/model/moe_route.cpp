@@ -26,6 +26,28 @@ void clamped_swiglu(const float* gu, float* out, int64_t inter, float alpha, flo
   }
 }
 
+// marks `taken` every expert outside the best `used` of `groups` equal groups (each ranked by its best score, or
+// its best two's sum), so that the top-k picks among the rest; a tie goes to the lower group id
+void outside_best_groups(const float* score, int64_t E, int64_t groups, int64_t used, bool top2, float* rank,
+                         char* kept, char* taken) {
+  const int64_t per = E / groups;
+  for (int64_t g = 0; g < groups; ++g) {
+    float first = -std::numeric_limits<float>::infinity(), second = first;
+    for (int64_t e = g * per; e < (g + 1) * per; ++e) {
+      if (score[e] > first) second = first, first = score[e];
+      else if (score[e] > second) second = score[e];
+    }
+    rank[g] = top2 ? first + second : first, kept[g] = 0;
+  }
+  for (int64_t j = 0; j < used; ++j) {
+    int64_t best = -1;
+    for (int64_t g = 0; g < groups; ++g)
+      if (!kept[g] && (best < 0 || rank[g] > rank[best])) best = g;
+    kept[best] = 1;
+  }
+  for (int64_t e = 0; e < E; ++e) taken[e] = !kept[e / per];
+}
+
 }  // namespace
 
 void MoEBlock::route_rows(const float* x, int64_t r0, int64_t r1) {
@@ -34,7 +56,9 @@ void MoEBlock::route_rows(const float* x, int64_t r0, int64_t r1) {
   const float* b = router_bias ? router_bias->data_ptr<float>() : nullptr;
   const float* sb = selection_bias ? selection_bias->data_ptr<float>() : nullptr;
   std::vector<float> p(E), score(E);
-  std::vector<char> taken(E);
+  std::vector<char> taken(E), kept(groups);
+  std::vector<float> rank(groups);
+  const bool grouped = groups_used < groups;
   for (int64_t t = r0; t < r1; ++t) {
     const float* xr = x + t * hidden;
     float mx = -std::numeric_limits<float>::infinity(), sum = 0.f;
@@ -49,7 +73,10 @@ void MoEBlock::route_rows(const float* x, int64_t r0, int64_t r1) {
       for (int64_t e = 0; e < E; ++e) p[e] /= sum;
     }
     for (int64_t e = 0; e < E; ++e) score[e] = sb ? p[e] + sb[e] : p[e];
-    std::fill(taken.begin(), taken.end(), 0);
+    if (grouped)
+      outside_best_groups(score.data(), E, groups, groups_used, group_top2, rank.data(), kept.data(), taken.data());
+    else
+      std::fill(taken.begin(), taken.end(), 0);
     float picked = 0.f;
     for (int64_t j = 0; j < top_k; ++j) {  // the largest score first; a tie goes to the lower expert id
       int64_t best = -1;
