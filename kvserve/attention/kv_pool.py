@@ -64,7 +64,7 @@ class KVPool:
     @classmethod
     def layout_for(cls, cfg: ModelConfig, model_dtype: torch.dtype, block_size: int) -> KVLayout:
         dtype = str(cls.storage_dtype(model_dtype)).removeprefix("torch.")
-        return KVLayout(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, block_size, dtype)
+        return KVLayout(cfg.kv_cache_layers, cfg.num_key_value_heads, cfg.head_dim, block_size, dtype)
 
     @property
     def block_bytes(self) -> int:

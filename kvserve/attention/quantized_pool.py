@@ -24,7 +24,9 @@ from __future__ import annotations
 import torch
 
 from kvserve.attention.kv_pool import KVPool, LayerKV, register_kv_pool
-from kvserve.kv.layout import EIGHT_BIT_KV_DTYPES
+from kvserve.errors import InvalidArgumentError
+from kvserve.kv.layout import EIGHT_BIT_KV_DTYPES, KVLayout
+from kvserve.model.config import ModelConfig
 
 # Calibration sees a sample; real inputs reach past its largest value (up to ~1.9x on the embedded
 # model's text against random tokens), so the scales leave this headroom before values saturate.
@@ -54,6 +56,14 @@ class QuantizedKVPool(KVPool):
     @classmethod
     def storage_dtype(cls, model_dtype: torch.dtype) -> torch.dtype:
         return cls.storage
+
+    @classmethod
+    def layout_for(cls, cfg: ModelConfig, model_dtype: torch.dtype, block_size: int) -> KVLayout:
+        if cfg.conv_layers is not None and any(cfg.conv_layers):  # their inputs share the pool with K and V
+            raise InvalidArgumentError(f"--kv-cache-dtype {cls.storage}: {cfg.architecture}'s short convolutions "
+                                       "keep their inputs in the KV pool, which an 8-bit cache cannot hold "
+                                       "exactly; use auto")
+        return super().layout_for(cfg, model_dtype, block_size)
 
     @property
     def scales_tag(self) -> str:

@@ -110,7 +110,7 @@ def _gguf_formats(model_path: str) -> dict[str, str | None]:
 
 
 def kv_layout(cfg: ModelConfig, dtype: str, block_size: int = 16) -> KVLayout:
-    return KVLayout(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim or 0, block_size, dtype)
+    return KVLayout(cfg.kv_cache_layers, cfg.num_key_value_heads, cfg.head_dim or 0, block_size, dtype)
 
 
 def gemm_rate(shapes: list[LinearShape], m: int, seconds_per_call: dict[str, float]) -> float:

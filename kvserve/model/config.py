@@ -114,13 +114,18 @@ class ModelConfig:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    # --- short convolutions (LFM2): per layer, whether its token mixer is a gated depthwise causal convolution of
+    # conv_kernel taps (with a bias where conv_bias) instead of attention; None: every layer attends ---
+    conv_layers: list[bool] | None = None
+    conv_kernel: int = 0
+    conv_bias: bool = False
 
     def __post_init__(self) -> None:
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
-        for name in ("layer_types", "rope_layers", "moe_layers"):
+        for name in ("layer_types", "rope_layers", "moe_layers", "conv_layers"):
             per_layer = getattr(self, name)
             if per_layer is not None and len(per_layer) != self.num_hidden_layers:
                 raise ValueError(f"{name} has {len(per_layer)} entries for {self.num_hidden_layers} layers")
@@ -174,6 +179,22 @@ class ModelConfig:
         windows = {self.window(i) for i in range(self.num_hidden_layers)}
         return self.sliding_window if windows == {self.sliding_window} else None
 
+    def is_conv(self, layer: int) -> bool:
+        """Whether ``layer``'s token mixer is a short convolution (``kvserve.model.short_conv``)."""
+        return self.conv_layers is not None and self.conv_layers[layer]
+
+    def cache_layers(self, layer: int) -> int:
+        """How many of the KV pool's layers ``layer`` takes: 1 (its K and V), or for a short convolution as many as
+        hold its input (hidden_size values a token) in their K's and V's widths."""
+        if not self.is_conv(layer):
+            return 1
+        return -(-self.hidden_size // (2 * self.num_key_value_heads * int(self.head_dim or 0)))
+
+    @property
+    def kv_cache_layers(self) -> int:
+        """The KV pool's layers (``KVLayout.num_layers``): one an attention layer, a short convolution's own count."""
+        return sum(self.cache_layers(i) for i in range(self.num_hidden_layers))
+
     def is_moe(self, layer: int) -> bool:
         return bool(self.num_experts) and (self.moe_layers is None or self.moe_layers[layer])
 
@@ -226,6 +247,7 @@ class ModelConfig:
                   (self.qk_norm_type != "rms", "q/k LayerNorms"),
                   (self.query_position_scale is not None, "queries scaled by position"),
                   (bool(self.kv_lora_rank), "latent attention"),
+                  (self.conv_layers is not None and any(self.conv_layers), "short convolutions"),
                   (dense_swiglu, "a clamped SwiGLU")]
         return ", ".join(why for bad, why in checks if bad) or None
 

@@ -22,6 +22,7 @@ from kvserve.model.native_stack import build_native_stack, run_native_stack
 from kvserve.model.quant import QuantWeight
 from kvserve.model.quant_linear import AMX_MIN_ROWS, QuantEmbedding, QuantLinear
 from kvserve.model.rotary import Rotary, RotaryStep
+from kvserve.model.short_conv import ShortConv
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,12 @@ class DecoderLayer(nn.Module):
         # before attention and before the MLP ("pre"; "parallel": the first only), on their outputs ("post"), or both
         for role in cfg.norm_roles:
             setattr(self, role, make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias))
-        self.self_attn = LatentAttention(cfg, layer) if cfg.kv_lora_rank else Attention(cfg, layer)
+        # the layer's token mixer: attention, latent attention or a short convolution
+        self.self_attn: Attention | LatentAttention | ShortConv
+        if cfg.is_conv(layer):
+            self.self_attn = ShortConv(cfg, layer)
+        else:
+            self.self_attn = LatentAttention(cfg, layer) if cfg.kv_lora_rank else Attention(cfg, layer)
         self.mlp: GatedMLP | MoE
         if cfg.is_moe(layer):
             self.mlp = MoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_tok,
@@ -122,6 +128,12 @@ class CausalLM(nn.Module):
             cfg.rotary_dim, cfg.max_position_embeddings, cfg.rope_local_theta, None, head_dim)
         self.uses_local = [cfg.rope_local_theta is not None and cfg.window(i) is not None for i in range(len(self.layers))]
         self.rotates = [cfg.rotates(i) for i in range(len(self.layers))]  # SmolLM3's NoPE layers: False
+        # each layer's pool layers (kv_caches' entries): its own one, or a short convolution's several
+        self.cache_of: list[int | slice] = []
+        first = 0
+        for i in range(len(self.layers)):
+            self.cache_of.append(slice(first, first + cfg.cache_layers(i)) if cfg.is_conv(i) else first)
+            first += cfg.cache_layers(i)
         self.native = False
         self.native_stack: Any | None = None  # every layer in one native call (kvserve.model.native_stack)
         self.lora: Any | None = None  # a kvserve.lora.layers.LoRAContext once adapters are enabled
@@ -183,7 +195,8 @@ class CausalLM(nn.Module):
             local = self.local_rotary.for_step(positions, h.dtype, self.native)
         delta = None
         last = len(self.layers) - 1
-        for i, (layer, kv) in enumerate(zip(self.layers, kv_caches)):
+        for i, layer in enumerate(self.layers):
+            kv = kv_caches[self.cache_of[i]]
             step = local if self.uses_local[i] and local is not None else rope if self.rotates[i] else None
             h, delta = layer(h, delta, step, attn, meta, kv, keep_rows if i == last else None)
         return self.norm.add_forward(h, delta)

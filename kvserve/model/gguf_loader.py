@@ -159,7 +159,9 @@ def _gguf_config(meta: dict[str, Any], tensors: dict[str, Any], source: Path) ->
         intermediate = int(get("feed_forward_length"))
     except TypeError as e:  # int(None): a required key is absent
         raise ModelLoadError(f"{source}: GGUF metadata lacks a required {arch}.* key") from e
-    kv_heads = int(get("attention.head_count_kv", heads))
+    kv_heads = get("attention.head_count_kv", heads)
+    # a list: per layer (LFM2's, 0 where a layer does not attend); the architecture reads which layers from it
+    kv_heads = max(kv_heads) if isinstance(kv_heads, list) else int(kv_heads)
     spec = get_architecture(known[arch])
     head_dim = get("attention.key_length")
     if head_dim is None and spec.gguf_permuted:

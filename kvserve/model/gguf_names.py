@@ -32,6 +32,7 @@ _GGUF_LAYER_ROLES = {
     "attn_q_a": "q_a_proj", "attn_q_a_norm": "q_a_norm", "attn_q_b": "q_b_proj",  # latent attention's
     "attn_kv_a_mqa": "kv_a_proj", "attn_kv_a_norm": "kv_a_norm", "attn_kv_b": "kv_b_proj",
     "attn_k_b": "k_b_proj", "attn_v_b": "v_b_proj",
+    "shortconv.in_proj": "conv_in_proj", "shortconv.conv": "conv_kernel", "shortconv.out_proj": "conv_out_proj",
     "attn_sinks": "sinks",  # a tensor, not a module's: named without the suffix
     "exp_probs_b": "selection_bias",  # the same
 }
@@ -52,9 +53,11 @@ def gguf_to_hf_name(name: str, arch: Architecture | None = None) -> str | None:
     stem, _, suffix = name.rpartition(".")
     if suffix not in ("weight", "bias"):
         return None
+    if stem in arch.gguf_globals:
+        return f"{arch.gguf_globals[stem]}.{suffix}"
     if stem in _GGUF_GLOBAL_NAMES:
         return f"{_GGUF_GLOBAL_NAMES[stem]}.{suffix}"
-    parts = stem.split(".")
+    parts = stem.split(".", 2)  # a leaf may have a dot of its own ("shortconv.in_proj")
     if len(parts) != 3 or parts[0] != "blk" or not parts[1].isdigit():
         return None
     layer, leaf = f"model.layers.{parts[1]}.", parts[2]
@@ -82,5 +85,5 @@ def hf_to_gguf_name(name: str, arch: Architecture | None = None) -> str | None:
     if parts[:2] == ["model", "layers"] and len(parts) > 2 and parts[2].isdigit():
         stems = [f"blk.{parts[2]}.{leaf}" for leaf in (*arch.gguf_roles, *_GGUF_LAYER_ROLES, *_GGUF_SHARED_PARTS)]
     else:
-        stems = list(_GGUF_GLOBAL_NAMES)
+        stems = [*arch.gguf_globals, *_GGUF_GLOBAL_NAMES]
     return next((f"{s}.{suffix}" for s in stems if gguf_to_hf_name(f"{s}.{suffix}", arch) == name), None)

@@ -15,8 +15,9 @@ from kvserve.model.architectures import Architecture, get_architecture
 from kvserve.model.config import ModelConfig
 
 Source = tuple[str, tuple[int, ...]]  # a checkpoint tensor's name and shape
-# the decoder's linear modules (last part of their path; q_b and kv_b: latent attention's expansions)
-LINEARS = ("qkv", "o_proj", "gate_up", "down", "q_b", "kv_b")
+# the decoder's linear modules (last part of their path; q_b and kv_b: latent attention's expansions; in_proj and
+# out_proj: a short convolution's)
+LINEARS = ("qkv", "o_proj", "gate_up", "down", "q_b", "kv_b", "in_proj", "out_proj")
 
 
 def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
@@ -41,13 +42,17 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
             if name is not None:
                 for suffix in norm_suffixes:
                     out[f"{dst}{role}.{suffix}"] = [(f"{p}{name}.{suffix}", (h,))]
-        if cfg.kv_lora_rank:
+        if cfg.is_conv(i):
+            short_conv(out, arch, cfg, dst + "self_attn.", p, linear)
+        elif cfg.kv_lora_rank:
             latent_attention(out, arch, cfg, dst + "self_attn.", p, linear)
         else:
             linear(dst + "self_attn.qkv", p, [("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)],
                    arch.weight_name("qkv_proj"), h, cfg.attention_bias)
             linear(dst + "self_attn.o_proj", p, [("o_proj", h)], None, q_rows, cfg.o_proj_bias)
-        if cfg.qk_norm_type == "layer":
+        if cfg.is_conv(i):
+            pass  # no q/k norms or sinks
+        elif cfg.qk_norm_type == "layer":
             head_norms(out, arch, cfg, dst + "self_attn.", p)
         elif cfg.qk_norm is not None:
             full = cfg.qk_norm == "full"
@@ -99,6 +104,19 @@ def head_norms(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfi
             else:
                 parts = [(f"{prefix}{name}.{suffix}", (heads, d))]
             out[f"{dst}{role}.{suffix}"] = parts
+
+
+def short_conv(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,
+               linear: Any) -> None:
+    """A short convolution's weights (``kvserve.model.short_conv``): in_proj (B, C and x), out_proj, and the
+    depthwise kernel [channels, taps] (stored [channels, 1, taps]: viewed so at the checkpoint check)."""
+    h = cfg.hidden_size
+    linear(dst + "in_proj", prefix, [("conv_in_proj", 3 * h)], None, h, cfg.conv_bias)
+    linear(dst + "out_proj", prefix, [("conv_out_proj", h)], None, h, cfg.conv_bias)
+    kernel = arch.weight_name("conv_kernel")
+    out[f"{dst}kernel"] = [(f"{prefix}{kernel}.weight", (h, cfg.conv_kernel))]
+    if cfg.conv_bias:
+        out[f"{dst}bias"] = [(f"{prefix}{kernel}.bias", (h,))]
 
 
 def latent_attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,

@@ -131,6 +131,18 @@ CASES: dict[str, tuple[str, dict]] = {
                                                               num_experts_per_tok=2, moe_intermediate_size=32,
                                                               n_shared_experts=1, first_k_dense_replace=1, n_group=1,
                                                               topk_group=1, routed_scaling_factor=1.0)),
+    # short convolutions around one attention layer (one KV head: each conv layer's inputs take two pool layers);
+    # LFM2's own MLP size (2/3 of it, to a multiple of 16)
+    "Lfm2ForCausalLM": ("Lfm2Config", dict(num_hidden_layers=4, num_key_value_heads=1, block_multiple_of=16,
+                                           layer_types=["conv", "full_attention", "conv", "conv"])),
+    # biases on the convolutions and their projections, the attention layers by index
+    "Lfm2ForCausalLM:conv_bias": ("Lfm2Config", dict(num_hidden_layers=3, conv_bias=True, full_attn_idxs=[2],
+                                                     block_auto_adjust_ff_dim=False)),
+    # and sigmoid experts chosen with a bias, renormalised, scaled, after a dense layer
+    "Lfm2MoeForCausalLM": ("Lfm2MoeConfig", dict(num_hidden_layers=3, num_experts=4, num_experts_per_tok=2,
+                                                 moe_intermediate_size=32, num_dense_layers=1,
+                                                 routed_scaling_factor=1.5,
+                                                 layer_types=["conv", "full_attention", "conv"])),
     "Glm4MoeLiteForCausalLM": ("Glm4MoeLiteConfig", dict(LATENT, n_routed_experts=4, num_experts_per_tok=2,
                                                          moe_intermediate_size=32, n_shared_experts=1,
                                                          routed_scaling_factor=1.0)),
@@ -200,7 +212,7 @@ def hf_model(case: str, **overrides):
             else:  # norms and biases away from their initial values, so a misplaced one changes the answer
                 p.add_(torch.randn_like(p) * 0.2)
         for bname, b in model.named_buffers():  # a router's selection bias (GLM-4.5 MoE keeps it as a buffer)
-            if bname.endswith("e_score_correction_bias"):
+            if bname.endswith(("e_score_correction_bias", "expert_bias")):
                 b.normal_(0, 0.05)
     return model.eval()
 
@@ -282,7 +294,7 @@ def test_greedy_equals_transformers(name, torch_path, tmp_path_factory, monkeypa
     got = [o.token_ids for o in llm.generate(prompts(), GREEDY)]
     assert got == expected(name, tmp_path_factory)
     runner = llm.engine.runner
-    specs = [layer.self_attn.spec for layer in runner.model.layers]
+    specs = [layer.self_attn.spec for layer in runner.model.layers if hasattr(layer.self_attn, "spec")]
     sinks = any(layer.self_attn.sinks is not None for layer in runner.model.layers)
     # flash_prefill (AMX bf16 prompts) takes windows and caps but no sinks: those steps' sink layers go to the torch path
     flash_steps = sinks and runner.attention.prefill_dtype == torch.bfloat16 and ops.flash_prefill_available()
@@ -382,6 +394,7 @@ def test_gemma3_multimodal_checkpoint_answers_as_its_text_model(tmp_path_factory
     ("DeepseekV3ForCausalLM", False, "latent attention"),
     ("CohereForCausalLM:qk_norm", False, "LayerNorms, a parallel residual, q/k LayerNorms"),
     ("Ministral3ForCausalLM", False, "queries scaled by position"),
+    ("Lfm2ForCausalLM", False, "short convolutions"), ("Lfm2MoeForCausalLM", False, "short convolutions"),
     ("Exaone4ForCausalLM", True, None), ("Olmo3ForCausalLM", True, None),
     ("ArceeForCausalLM", False, "a non-gated MLP, relu2"), ("HeliumForCausalLM", True, None),
     ("SeedOssForCausalLM", True, None), ("Ernie4_5_MoeForCausalLM", True, None),

@@ -93,9 +93,12 @@ CASES: dict[str, tuple[str, dict, str]] = {
     "deepseek2": ("DeepseekV2ForCausalLM", {}, "deepseek2"),
     # the sigmoid gating function (V3's router: exp_probs_b, groups by their best two), q from its own latent
     "deepseek2:v3": ("DeepseekV3ForCausalLM", {}, "deepseek2"),
+    # short convolutions (kernels squeezed to 2-D) around attention; KV heads per layer (0: a conv layer); the MLP's
+    # size as derived; the final norm as token_embd_norm
+    "lfm2": ("Lfm2ForCausalLM", {}, "lfm2"),
 }
 # where transformers' GGUF reader has no such architecture, or no stacked experts for it (llama)
-NO_TRANSFORMERS_READER = {"deepseek2", "deepseek2:v3", "olmoe", "mixtral", "gemma", "olmo2", "granite", "granitemoe", "granitemoe:shared", "smollm3",
+NO_TRANSFORMERS_READER = {"deepseek2", "deepseek2:v3", "lfm2", "olmoe", "mixtral", "gemma", "olmo2", "granite", "granitemoe", "granitemoe:shared", "smollm3",
                           "glm4", "ernie4_5", "ernie4_5:use_bias", "gpt-oss", "cohere2", "command-r", "arcee", "exaone4", "ernie4_5-moe", "phi2", "glm4moe", "olmo2:olmo3", "seed_oss"}
 GEMMA = {"gemma", "gemma2", "gemma3"}
 # every linear Q8_0; not granite, whose test model's near-flat logits (several tokens within 0.01) Q8_0 reorders
@@ -188,13 +191,25 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
     w.add_block_count(layers + (0 if arch == "deepseek2" else d.get("num_nextn_predict_layers") or 0))
     w.add_context_length(d["max_position_embeddings"])
     w.add_embedding_length(hidden)
-    w.add_feed_forward_length(d["intermediate_size"])
+    if arch == "lfm2":  # the size LFM2's MLP derives (the converter rounds as transformers does with a multiplier)
+        from kvserve.model.architectures.lfm2 import lfm2_intermediate
+
+        w.add_feed_forward_length(lfm2_intermediate(d))
+        w.add_shortconv_l_cache(d["conv_L_cache"])
+        w.add_vocab_size(d["vocab_size"])
+    else:
+        w.add_feed_forward_length(d["intermediate_size"])
     w.add_head_count(heads)
-    w.add_head_count_kv(1 if arch == "deepseek2" else kv_heads)  # its converter writes latent attention as MQA
+    if arch == "deepseek2":  # its converter writes latent attention as MQA
+        w.add_head_count_kv(1)
+    elif arch == "lfm2":  # a count per layer, 0 where it does not attend
+        w.add_head_count_kv([0 if kind == "conv" else kv_heads for kind in d["layer_types"]])
+    else:
+        w.add_head_count_kv(kv_heads)
     if arch in ("starcoder2", "stablelm", "command-r", "cohere2", "phi2"):  # LayerNorms: their eps under its own key
         w.add_layer_norm_eps(d.get("norm_epsilon") or d["layer_norm_eps"])
     else:
-        w.add_layer_norm_rms_eps(d["rms_norm_eps"])
+        w.add_layer_norm_rms_eps(d.get("rms_norm_eps") or d["norm_eps"])
     if arch not in ("gemma", "gemma2"):  # these converters write no rope base (llama.cpp's default: 10000)
         w.add_rope_freq_base(full["rope_theta"])
     if arch not in ("phi3", "granite", "granitemoe", "deepseek2"):  # the Granite converter drops head_dim
@@ -304,6 +319,8 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
             continue  # tied; the converter skips it
         if arch.startswith("gemma") and name.endswith("norm.weight"):
             t = t + 1
+        if arch == "lfm2" and name.endswith("conv.conv.weight"):
+            t = t.squeeze(1)  # the converter's: llama.cpp's conv op takes [channels, taps]
         if arch in PERMUTED and ".q_proj." in name:
             t = _permute(t, heads)
         elif arch in PERMUTED and ".k_proj." in name:

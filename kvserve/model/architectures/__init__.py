@@ -37,6 +37,8 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     "kv_b_proj": "self_attn.kv_b_proj",
     # kv_b_proj as GGUF files split it (per head: k's part transposed, v's): joined at load (weights.join_latent_kv)
     "k_b_proj": "self_attn.k_b_proj", "v_b_proj": "self_attn.v_b_proj",
+    # a short convolution (ModelConfig.conv_layers): its input and output projections, its depthwise kernel
+    "conv_in_proj": "conv.in_proj", "conv_out_proj": "conv.out_proj", "conv_kernel": "conv.conv",
     "sinks": "self_attn.sinks",  # one logit per head (a tensor, not a module: no .weight)
     "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj", "down_proj": "mlp.down_proj",
     "gate_up_proj": None,  # gate and up already stacked (Phi-3)
@@ -95,6 +97,9 @@ class Architecture:
     # llama.cpp's names for a layer's tensors -> our roles, where its converter maps this architecture's
     # otherwise than the loader's table (gpt-oss: "post_attention_norm" is the norm before the MLP)
     gguf_roles: Mapping[str, str] = field(default_factory=dict)
+    # llama.cpp's names for tensors outside the layers -> ours, where its converter names this architecture's
+    # otherwise (LFM2's final norm is "token_embd_norm")
+    gguf_globals: Mapping[str, str] = field(default_factory=dict)
     # a multimodal config -> the text model's part (its layers, heads, ...)
     text_config: Callable[[dict[str, Any]], dict[str, Any]] = lambda d: d
     stacked_experts: StackedExperts | None = None  # experts in 3-D tensors; None: one set of linears each
@@ -180,7 +185,7 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "olmo2", "olmoe", "granite", "granite_moe", "gpt_oss", "gemma3_mm", "smollm3", "starcoder2", "glm4",
             "ernie4_5", "stablelm", "cohere", "cohere2", "exaone4", "olmo3", "mistral3", "helium", "seed_oss",
             "arcee", "ernie4_5_moe", "phi", "glm4_moe", "hunyuan_dense", "deepseek_v2", "deepseek_v3",
-            "glm4_moe_lite"]
+            "glm4_moe_lite", "lfm2", "lfm2_moe"]
 
 
 def _load() -> None:
