@@ -44,7 +44,8 @@ class ReleasableWeights(dict):
 def check_weights(config: ModelConfig, weights: dict[str, torch.Tensor], source: str) -> None:
     """Raise ``ModelLoadError`` unless ``weights`` holds every expected tensor in its expected shape. A tensor whose
     shape differs only by dims of size 1 (a router's bias stored [1, experts] by one checkpoint, [experts] by
-    another) is viewed in the expected shape, in ``weights``."""
+    another) is viewed in the expected shape, in ``weights``; so is a stacked expert tensor whose last two dims are
+    swapped (Qwen3-VL-MoE's published files store [experts, in, out], transformers 5 saves [experts, out, in])."""
     expected = expected_weight_shapes(config)
     missing = [name for name in expected if name not in weights]
     if missing:
@@ -55,6 +56,8 @@ def check_weights(config: ModelConfig, weights: dict[str, torch.Tensor], source:
         if isinstance(got, torch.Tensor) and tuple(got.shape) != shape and \
                 [d for d in got.shape if d != 1] == [d for d in shape if d != 1]:
             weights[name] = got = got.reshape(shape)
+        if isinstance(got, torch.Tensor) and got.dim() == 3 and (got.shape[0], got.shape[2], got.shape[1]) == shape:
+            weights[name] = got = got.transpose(1, 2)  # stacked experts the other way round (see the docstring)
         if tuple(got.shape) != shape:
             raise ModelLoadError(
                 f"{source}: {name} has shape {tuple(weights[name].shape)}, the config implies {shape}"

@@ -76,6 +76,10 @@ CASES: dict[str, tuple[str, dict]] = {
                                                                 "original_max_position_embeddings": 64})),
     "Gemma3ForConditionalGeneration": ("Gemma3Config", {}),  # text only: see GEMMA3_MM
     "Mistral3ForConditionalGeneration": ("Mistral3Config", {}),  # text only: see MISTRAL3_MM
+    "Qwen2VLForConditionalGeneration": ("Qwen2VLConfig", {}),  # text only: see QWEN2_VL and the others
+    "Qwen2_5_VLForConditionalGeneration": ("Qwen2_5_VLConfig", {}),
+    "Qwen3VLForConditionalGeneration": ("Qwen3VLConfig", {}),
+    "Qwen3VLMoeForConditionalGeneration": ("Qwen3VLMoeConfig", {}),
     # the window on the layers layer_types names
     "MinistralForCausalLM": ("MinistralConfig", dict(sliding_window=WINDOW, num_hidden_layers=3,
                                                      layer_types=["sliding_attention", "full_attention",
@@ -143,6 +147,11 @@ CASES: dict[str, tuple[str, dict]] = {
                                                  moe_intermediate_size=32, num_dense_layers=1,
                                                  routed_scaling_factor=1.5,
                                                  layer_types=["conv", "full_attention", "conv"])),
+    # Qwen3's attention (windowed from max_window_layers on) with DeepSeek-V3's router: 2 of 4 groups, a dense layer first
+    "Dots1ForCausalLM": ("Dots1Config", dict(num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=2,
+                                             moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1,
+                                             n_group=4, topk_group=2, norm_topk_prob=True, sliding_window=WINDOW,
+                                             max_window_layers=2)),
     "Glm4MoeLiteForCausalLM": ("Glm4MoeLiteConfig", dict(LATENT, n_routed_experts=4, num_experts_per_tok=2,
                                                          moe_intermediate_size=32, n_shared_experts=1,
                                                          routed_scaling_factor=1.0)),
@@ -180,7 +189,23 @@ GEMMA3_MM = dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hi
 MISTRAL3_MM = dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                                       head_dim=16, image_size=28, patch_size=14),
                    text_config=dict(model_type="mistral", sliding_window=WINDOW))
-MULTIMODAL = {"Gemma3ForConditionalGeneration": GEMMA3_MM, "Mistral3ForConditionalGeneration": MISTRAL3_MM}
+# the Qwen VL models' text models, multimodal rotary sections over head_dim / 2 (transformers 4's "mrope" type for
+# Qwen2-VL, 5's for the others), beside a one-block vision tower
+QWEN_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
+QWEN2_VL = dict(vision_config=dict(QWEN_VISION, embed_dim=32, mlp_ratio=2),
+                text_config=dict(rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}))
+QWEN2_5_VL = dict(vision_config=QWEN_VISION,
+                  text_config=dict(rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3],
+                                                    "rope_theta": 1e6}))
+QWEN3_VL = dict(vision_config=dict(QWEN_VISION, deepstack_visual_indexes=[0]),
+                text_config=dict(rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3],
+                                                  "mrope_interleaved": True, "rope_theta": 5e5}))
+# (experts of 24: gate_up is not square, so its orientation shows)
+QWEN3_VL_MOE = dict(QWEN3_VL, text_config=dict(QWEN3_VL["text_config"], **dict(MOE, moe_intermediate_size=24),
+                                               decoder_sparse_step=1))
+MULTIMODAL = {"Gemma3ForConditionalGeneration": GEMMA3_MM, "Mistral3ForConditionalGeneration": MISTRAL3_MM,
+              "Qwen2VLForConditionalGeneration": QWEN2_VL, "Qwen2_5_VLForConditionalGeneration": QWEN2_5_VL,
+              "Qwen3VLForConditionalGeneration": QWEN3_VL, "Qwen3VLMoeForConditionalGeneration": QWEN3_VL_MOE}
 PROMPT_LENS = [1, 5, 9, 17, 30]
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
@@ -379,6 +404,28 @@ def test_gemma3_multimodal_checkpoint_answers_as_its_text_model(tmp_path_factory
     assert "not read" in caplog.text
     assert [o.token_ids for o in llm.generate(prompts(), GREEDY)] == [hf_greedy(text, p, GREEDY.max_tokens)
                                                                     for p in prompts()]
+
+
+def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
+    """Qwen3-VL-MoE's experts as its published files store them ([experts, in, out]) and as transformers 5 saves them
+    ([experts, out, in]): the same weights either way."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    _, folder = checkpoint("Qwen3VLMoeForConditionalGeneration", tmp_path_factory)
+    tensors = load_file(folder / "model.safetensors")
+    stacked = [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]
+    assert stacked
+    for name in stacked:
+        tensors[name] = tensors[name].transpose(1, 2).contiguous()
+    for f in folder.iterdir():
+        if f.name != "model.safetensors":
+            shutil.copy(f, tmp_path / f.name)
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    saved, published = load_model(folder).weights, load_model(tmp_path).weights
+    assert set(saved) == set(published)
+    assert all(torch.equal(saved[n], published[n]) for n in saved)
 
 
 @pytest.mark.parametrize("case, stack, why", [

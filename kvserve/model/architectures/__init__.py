@@ -185,7 +185,7 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "olmo2", "olmoe", "granite", "granite_moe", "gpt_oss", "gemma3_mm", "smollm3", "starcoder2", "glm4",
             "ernie4_5", "stablelm", "cohere", "cohere2", "exaone4", "olmo3", "mistral3", "helium", "seed_oss",
             "arcee", "ernie4_5_moe", "phi", "glm4_moe", "hunyuan_dense", "deepseek_v2", "deepseek_v3",
-            "glm4_moe_lite", "lfm2", "lfm2_moe"]
+            "glm4_moe_lite", "lfm2", "lfm2_moe", "qwen_vl", "dots1"]
 
 
 def _load() -> None:
