@@ -11,7 +11,7 @@ from torch import nn
 
 from kvserve.model.checkpoint import ReleasableWeights
 from kvserve.model.config import ModelConfig
-from kvserve.model.layers import NarrowEmbedding, RMSNorm, cpu_packing_supported
+from kvserve.model.layers import LayerNorm, NarrowEmbedding, RMSNorm, cpu_packing_supported
 from kvserve.model.quant import QuantWeight
 from kvserve.model.quant_linear import QuantEmbedding, QuantLinear, quantized_modules
 from kvserve.model.weights import deinterleave_rotary, linear_sources, unstack_experts, weight_sources
@@ -92,7 +92,8 @@ def load_weights(model: nn.Module, cfg: ModelConfig, weights: dict[str, torch.Te
     for name in own:
         for source, _ in sources.get(name, []):
             readers[source] = readers.get(source, 0) + 1
-    offset = {name for name, m in model.named_modules() if isinstance(m, RMSNorm)} if cfg.norm_offset else set()
+    offset = {name for name, m in model.named_modules() if isinstance(m, (RMSNorm, LayerNorm))} if cfg.norm_offset \
+        else set()
     for name, p in own.items():
         if name not in sources:
             raise ValueError(f"{name}: no checkpoint tensor is mapped to it")
@@ -101,7 +102,8 @@ def load_weights(model: nn.Module, cfg: ModelConfig, weights: dict[str, torch.Te
             raise ValueError(f"weights missing from the checkpoint: {[n for n, _ in sources[name] if n not in weights][:5]}")
         if p.shape != tensor.shape:
             raise ValueError(f"{name}: expected shape {tuple(p.shape)}, file has {tuple(tensor.shape)}")
-        if name.removesuffix(".weight") in offset:  # Gemma's norms scale by 1 + weight: stored as such
+        if name.endswith(".weight") and name.removesuffix(".weight") in offset:  # Gemma's norms (Nemotron's
+            # LayerNorms) scale by 1 + weight: stored as such
             tensor = tensor.float() + cfg.norm_offset
         with torch.no_grad():
             p.copy_(tensor)

@@ -56,7 +56,8 @@ def check_weights(config: ModelConfig, weights: dict[str, torch.Tensor], source:
         if isinstance(got, torch.Tensor) and tuple(got.shape) != shape and \
                 [d for d in got.shape if d != 1] == [d for d in shape if d != 1]:
             weights[name] = got = got.reshape(shape)
-        if isinstance(got, torch.Tensor) and got.dim() == 3 and (got.shape[0], got.shape[2], got.shape[1]) == shape:
+        if isinstance(got, torch.Tensor) and got.dim() == 3 and tuple(got.shape) != shape and \
+                (got.shape[0], got.shape[2], got.shape[1]) == shape:
             weights[name] = got = got.transpose(1, 2)  # stacked experts the other way round (see the docstring)
         if tuple(got.shape) != shape:
             raise ModelLoadError(

@@ -55,7 +55,8 @@ class ModelConfig:
     qk_norm_bias: bool = False
     # where the norms sit: "pre" (Llama), "sandwich" (Gemma 2/3: also on each sublayer's output),
     # "post" (OLMo 2: only on each sublayer's output), "parallel" (StableLM's use_parallel_residual: one norm,
-    # attention and the MLP both read it and both outputs join the residual)
+    # attention and the MLP both read it and both outputs join the residual), "parallel_two" (GPT-NeoX's: the same
+    # with a norm of its own for the MLP)
     norm_layout: str = "pre"
     norm_offset: float = 0.0  # Gemma's norms scale by (1 + weight)
     norm_type: str = "rms"  # the layers' and the final norm: "rms" or "layer" (LayerNorm: Starcoder2)
@@ -69,6 +70,10 @@ class ModelConfig:
     final_logit_softcap: float | None = None
     logit_scale: float = 1.0  # logits multiplied by this (Granite: 1 / logits_scaling)
     lm_head_bias: bool = False  # the LM head has a bias (Phi-2); untied only
+    # a learned table of absolute positions added to the token embeddings (GPT-2, OPT: position + position_offset),
+    # and no rotary
+    learned_positions: bool = False
+    position_offset: int = 0
     embed_scale: float = 1.0  # embeddings multiplied by this (Gemma: sqrt(hidden), Granite: embedding_multiplier)
     residual_scale: float = 1.0  # each sublayer's output multiplied by this before the add (Granite)
     sliding_window: int | None = None  # keys a sliding layer attends: the query's own and the window - 1 before
@@ -200,7 +205,7 @@ class ModelConfig:
 
     def rotates(self, layer: int) -> bool:
         """Whether ``layer``'s q and k take rotary embeddings."""
-        return self.rope_layers is None or self.rope_layers[layer]
+        return not self.learned_positions and (self.rope_layers is None or self.rope_layers[layer])
 
     @property
     def swiglu(self) -> tuple[float, float | None] | None:
@@ -228,7 +233,8 @@ class ModelConfig:
     def norm_roles(self) -> tuple[str, ...]:
         """The norms each layer has (``LLAMA_WEIGHTS`` roles), by ``norm_layout``."""
         return {"pre": ("input_layernorm", "post_attention_layernorm"), "post": ("attn_out_norm", "mlp_out_norm"),
-                "parallel": ("input_layernorm",)}.get(self.norm_layout, NORM_ROLES)
+                "parallel": ("input_layernorm",),
+                "parallel_two": ("input_layernorm", "post_attention_layernorm")}.get(self.norm_layout, NORM_ROLES)
 
     def native_stack_blocker(self) -> str | None:
         """None when the native decode stack runs every layer's options: Llama's layers with per-head or
@@ -239,7 +245,7 @@ class ModelConfig:
         model's experts must also be packed quantized: ``build_native_stack`` checks the weights.)"""
         dense_swiglu = self.swiglu is not None and not all(self.is_moe(i) for i in range(self.num_hidden_layers))
         checks = [(self.norm_type != "rms", "LayerNorms"), (not self.gated_mlp, "a non-gated MLP"),
-                  (self.norm_layout == "parallel", "a parallel residual"),
+                  (self.norm_layout.startswith("parallel"), "a parallel residual"),
                   (self.hidden_act not in NATIVE_ACTIVATIONS, self.hidden_act),
                   (self.partial_rotary_factor != 1, "partial rotary"),
                   (self.clip_qkv is not None, "q/k/v clamps"),

@@ -68,7 +68,7 @@ class DecoderLayer(nn.Module):
         On an AMX step the norms write bf16 (what the GEMMs read) and the GEMMs' bf16 outputs go
         into the float32 residual as they are: no conversion passes between them."""
         t = h.shape[0]
-        if self.layout == "parallel":
+        if self.layout.startswith("parallel"):
             return self._parallel_forward(h, delta, rope, attn, meta, kv_cache, rows)
         bf16_attn = self.fast and self.self_attn.runs_bf16(h, attn, meta, kv_cache)
         if self.layout == "post":
@@ -91,17 +91,19 @@ class DecoderLayer(nn.Module):
 
     def _parallel_forward(self, h, delta, rope, attn, meta, kv_cache,
                           rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Attention and the MLP over the same normed input: attention's output joins the stream here, the MLP's
-        is the delta (the sum in the checkpoints' order: residual + attention, then + MLP)."""
+        """Attention and the MLP over the same input, normed once ("parallel") or by a norm each ("parallel_two"):
+        attention's output joins the stream here, the MLP's is the delta (the sum in the checkpoints' order: residual
+        + attention, then + MLP)."""
         t = h.shape[0]
         x = self.input_layernorm.add_forward(h, delta)
+        mlp_in = self.post_attention_layernorm(h) if self.layout == "parallel_two" else x
         a = self.self_attn(x, rope, attn, meta, kv_cache, False, rows, t)
         if rows is not None:
-            h, x = h[rows], x[rows]
+            h, mlp_in = h[rows], mlp_in[rows]
             if not rows.numel():
                 return h, None
         h.add_(self._out(a, ""))
-        return h, self._out(self.mlp(x)[: h.shape[0]], "")
+        return h, self._out(self.mlp(mlp_in)[: h.shape[0]], "")
 
     def _out(self, x: torch.Tensor, norm: str) -> torch.Tensor:
         """A sublayer's output as the residual stream takes it: normed (sandwich and post layouts), scaled."""
@@ -117,6 +119,8 @@ class CausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_positions = nn.Embedding(cfg.max_position_embeddings + cfg.position_offset, cfg.hidden_size) \
+            if cfg.learned_positions else None
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size,
@@ -184,6 +188,8 @@ class CausalLM(nn.Module):
         h = self.embed_tokens(input_ids)  # a fresh tensor: the layers add to it in place
         if self.config.embed_scale != 1:  # in the hidden dtype, as transformers scales
             h = h * torch.tensor(self.config.embed_scale, dtype=h.dtype)
+        if self.embed_positions is not None:
+            h = h + self.embed_positions(positions + self.config.position_offset).to(h.dtype)
         # a step with adapter rows runs the Python layers: the native stack has no LoRA
         lora_rows = self.lora is not None and self.lora.step is not None
         if self.native_stack is not None and not lora_rows and \

@@ -19,7 +19,7 @@ from kvserve.model.architectures import UnsupportedArchitecture, get_architectur
 from kvserve.model.checkpoint import LoadedModel
 from kvserve.model.config import ModelConfig
 from kvserve.model.mxfp4 import dequantize_mxfp4, mxfp4_experts_q8_0
-from kvserve.model.weights import expected_weight_shapes
+from kvserve.model.weights import expected_weight_shapes, standard_layout
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def load_hf_folder(folder: Path, keep_quantized: bool = False, with_tokenizer: b
         raise ModelLoadError(f"{folder}: {method} checkpoints (config.json's quantization_config) are not read; use "
                              "the bf16/fp16 checkpoint or a GGUF file")
     wanted = expected_weight_shapes(config)
-    weights = _read_safetensors(folder, wanted, config.architecture, keep_quantized)
+    weights = standard_layout(config, _read_safetensors(folder, wanted, config.architecture, keep_quantized))
     tokenizer = hf_folder_tokenizer(folder) if with_tokenizer else None
     return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, name=folder.resolve().name)
 

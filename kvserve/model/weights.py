@@ -26,6 +26,9 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
     h, d = cfg.hidden_size, int(cfg.head_dim or 0)
     q_rows, kv_rows = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
     out: dict[str, list[Source]] = {"embed_tokens.weight": [("model.embed_tokens.weight", (cfg.vocab_size, h))]}
+    if cfg.learned_positions:
+        rows = cfg.max_position_embeddings + cfg.position_offset
+        out["embed_positions.weight"] = [("model.embed_positions.weight", (rows, h))]
 
     def linear(dst: str, prefix: str, parts: list[tuple[str, int]], fused: str | None, cols: int, bias: bool) -> None:
         """``dst``.weight (and .bias) from the stacked tensor ``fused`` when the checkpoint has one, else
@@ -207,6 +210,30 @@ def deinterleave_rotary(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, 
                 name = f"model.layers.{i}.{arch.weight_name(role)}.{suffix}"
                 if name in out:  # a GGUF file's weight kept quantized (``QuantWeight``) takes its rows so
                     out[name] = out[name].rows(order) if hasattr(out[name], "rows") else out[name][order]
+    return out
+
+
+def standard_layout(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's linears as the other architectures store them: GPT-2's Conv1D weights ([in, out]:
+    ``Architecture.transposed_linears``) transposed, GPT-NeoX's fused q/k/v rows (head by head, q, k and v of each:
+    ``Architecture.qkv_per_head``) reordered to q's, then k's, then v's (biases too); as given otherwise."""
+    arch = get_architecture(cfg.architecture)
+    if not (arch.transposed_linears or arch.qkv_per_head):
+        return weights
+    out = dict(weights)
+    if arch.transposed_linears:
+        for names in linear_sources(cfg).values():
+            for name in names:
+                if name in out and out[name].dim() == 2:
+                    out[name] = out[name].t()
+    if arch.qkv_per_head:
+        heads, d = cfg.num_attention_heads, int(cfg.head_dim or 0)
+        for i in range(cfg.num_hidden_layers):
+            for suffix in ("weight", "bias"):
+                name = f"model.layers.{i}.{arch.weight_name('qkv_proj')}.{suffix}"
+                if name in out:
+                    w = out[name]
+                    out[name] = w.reshape(heads, 3, d, *w.shape[1:]).transpose(0, 1).reshape(w.shape)
     return out
 
 

@@ -87,6 +87,19 @@ CASES: dict[str, tuple[str, dict]] = {
     "SmolLM3ForCausalLM": ("SmolLM3Config", dict(num_hidden_layers=4, no_rope_layer_interval=2)),
     "Starcoder2ForCausalLM": ("Starcoder2Config", dict(sliding_window=WINDOW, norm_epsilon=1e-4, tie_word_embeddings=True)),
     "Glm4ForCausalLM": ("Glm4Config", dict(partial_rotary_factor=0.5)),
+    "GlmForCausalLM": ("GlmConfig", dict(partial_rotary_factor=0.5)),
+    # learned positions (OPT's 2 rows in), LayerNorms, non-gated MLPs, biases; GPT-2's Conv1D weights stored [in, out],
+    # BigCode's one KV head; GPT-NeoX's two norms side by side and its q/k/v head by head, partial rotary; GPT-J's
+    # one norm for both, interleaved partial rotary, the LM head's bias
+    "OPTForCausalLM": ("OPTConfig", dict(ffn_dim=96, word_embed_proj_dim=64)),
+    "GPT2LMHeadModel": ("GPT2Config", dict(n_embd=64, n_layer=2, n_head=4, n_positions=512)),
+    "GPTBigCodeForCausalLM": ("GPTBigCodeConfig", dict(n_embd=64, n_layer=2, n_head=4, n_positions=512)),
+    "GPTNeoXForCausalLM": ("GPTNeoXConfig", dict(rotary_pct=0.25)),
+    "GPTNeoXForCausalLM:sequential": ("GPTNeoXConfig", dict(rotary_pct=0.5, use_parallel_residual=False)),
+    "GPTJForCausalLM": ("GPTJConfig", dict(n_embd=64, n_layer=2, n_head=4, n_positions=512, rotary_dim=8)),
+    # Mixtral's experts under sigmoids chosen with a bias, whole-projection q/k norms, the legacy rotary_dim
+    "MiniMaxM2ForCausalLM": ("MiniMaxM2Config", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
+                                                     rotary_dim=8)),
     # LayerNorms, partial rotary, q/k/v biases; then attention and the MLP side by side over one norm
     "StableLmForCausalLM": ("StableLmConfig", dict(use_qkv_bias=True, partial_rotary_factor=0.5)),
     "StableLmForCausalLM:parallel": ("StableLmConfig", dict(use_parallel_residual=True, partial_rotary_factor=0.25)),
@@ -116,6 +129,10 @@ CASES: dict[str, tuple[str, dict]] = {
     # per-head q/k norms on the rotated q and k; a fixed NTK alpha on the RoPE base; biases on q/k/v/o
     "HunYuanDenseV1ForCausalLM": ("HunYuanDenseV1Config", dict(attention_bias=True, rope_parameters={
         "rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0})),
+    # and experts (softmax top-2, renormalised) beside a shared MLP in every layer; the NTK alpha
+    "HunYuanMoEV1ForCausalLM": ("HunYuanMoEV1Config", dict(num_experts=4, moe_topk=2, intermediate_size=64,
+                                                           rope_parameters={"rope_type": "dynamic", "alpha": 1000.0,
+                                                                            "factor": 1.0, "rope_theta": 10000.0})),
     # one LayerNorm before attention and a non-gated GELU MLP side by side, partial rotary, biases (the LM head's too)
     "PhiForCausalLM": ("PhiConfig", dict(partial_rotary_factor=0.5)),
     # latent attention (q's own projection; v wider than q.k, so q and k are the padded ones), YaRN with
@@ -155,6 +172,8 @@ CASES: dict[str, tuple[str, dict]] = {
     "Glm4MoeLiteForCausalLM": ("Glm4MoeLiteConfig", dict(LATENT, n_routed_experts=4, num_experts_per_tok=2,
                                                          moe_intermediate_size=32, n_shared_experts=1,
                                                          routed_scaling_factor=1.0)),
+    # LayerNorms scaling by 1 + weight, with biases; a non-gated relu2 MLP; partial rotary; biases on the linears
+    "NemotronForCausalLM": ("NemotronConfig", dict(partial_rotary_factor=0.5, attention_bias=True, mlp_bias=True)),
     "HeliumForCausalLM": ("HeliumConfig", dict(attention_bias=True, mlp_bias=True)),  # no bias on o_proj
     # per-head q/k LayerNorms: Command R+'s (a weight per head, no bias), StableLM 2 12B's (a module per head), Phi's
     # (one LayerNorm with a bias for all of q's heads, another for k's)
@@ -163,7 +182,8 @@ CASES: dict[str, tuple[str, dict]] = {
     "PhiForCausalLM:qk_layernorm": ("PhiConfig", dict(qk_layernorm=True, partial_rotary_factor=0.5)),
     # queries scaled by position past the original context (8 tokens here: most prompts cross it)
     "Ministral3ForCausalLM": ("Ministral3Config", dict(rope_parameters=dict(
-        rope_type="yarn", factor=4.0, original_max_position_embeddings=8, llama_4_scaling_beta=0.5, rope_theta=10000.0))),
+        rope_type="yarn", factor=4.0, original_max_position_embeddings=8, llama_4_scaling_beta=0.5, rope_theta=10000.0,
+        beta_fast=32.0, beta_slow=1.0))),
     "SeedOssForCausalLM": ("SeedOssConfig", dict(attention_bias=True, attention_out_bias=True)),
     "ArceeForCausalLM": ("ArceeConfig", {}),  # a non-gated MLP with relu squared
     "Ernie4_5ForCausalLM": ("Ernie4_5Config", {}),  # Llama's layers (int8: the native decode stack), rotary reordered
@@ -214,6 +234,18 @@ def test_every_registered_architecture_has_a_case():
     assert sorted({case.partition(":")[0] for case in CASES}) == architecture_names()
 
 
+def test_importing_one_architecture_first_still_registers_them_all():
+    """A module imported before the registry loads (a test helper importing lfm2's) registers itself; the registry
+    still loads the rest."""
+    import subprocess
+    import sys
+
+    code = ("import kvserve.model.architectures.lfm2\n"
+            "from kvserve.model.architectures import architecture_names\nprint(len(architecture_names()))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert int(out) == len(architecture_names())
+
+
 def hf_model(case: str, **overrides):
     """``case``'s tiny random transformers model (its arguments, then ``overrides``)."""
     import transformers
@@ -237,7 +269,7 @@ def hf_model(case: str, **overrides):
             else:  # norms and biases away from their initial values, so a misplaced one changes the answer
                 p.add_(torch.randn_like(p) * 0.2)
         for bname, b in model.named_buffers():  # a router's selection bias (GLM-4.5 MoE keeps it as a buffer)
-            if bname.endswith(("e_score_correction_bias", "expert_bias")):
+            if bname.endswith(("e_score_correction_bias", "expert_bias")):  # (a buffer: the init left it at zero)
                 b.normal_(0, 0.05)
     return model.eval()
 
@@ -442,6 +474,7 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("CohereForCausalLM:qk_norm", False, "LayerNorms, a parallel residual, q/k LayerNorms"),
     ("Ministral3ForCausalLM", False, "queries scaled by position"),
     ("Lfm2ForCausalLM", False, "short convolutions"), ("Lfm2MoeForCausalLM", False, "short convolutions"),
+    ("OPTForCausalLM", False, "LayerNorms, a non-gated MLP, relu"),
     ("Exaone4ForCausalLM", True, None), ("Olmo3ForCausalLM", True, None),
     ("ArceeForCausalLM", False, "a non-gated MLP, relu2"), ("HeliumForCausalLM", True, None),
     ("SeedOssForCausalLM", True, None), ("Ernie4_5_MoeForCausalLM", True, None),

@@ -96,14 +96,21 @@ CASES: dict[str, tuple[str, dict, str]] = {
     # short convolutions (kernels squeezed to 2-D) around attention; KV heads per layer (0: a conv layer); the MLP's
     # size as derived; the final norm as token_embd_norm
     "lfm2": ("Lfm2ForCausalLM", {}, "lfm2"),
+    # LayerNorm1P stored with the 1 added, partial rotary, a non-gated relu2 MLP, biases
+    "nemotron": ("NemotronForCausalLM", {}, "nemotron"),
+    # Ministral 3: Llama's lineage (q/k rows permuted), yarn, the query scale's beta as the attention temperature
+    "mistral3": ("Ministral3ForCausalLM", {}, "mistral3"),
+    # and experts (sigmoid, exp_probs_b, renormalised) after a leading dense layer (no scale: the test case's 1.5 off)
+    "lfm2moe": ("Lfm2MoeForCausalLM", dict(routed_scaling_factor=1.0, tie_word_embeddings=True), "lfm2moe"),  # tied
 }
 # where transformers' GGUF reader has no such architecture, or no stacked experts for it (llama)
-NO_TRANSFORMERS_READER = {"deepseek2", "deepseek2:v3", "lfm2", "olmoe", "mixtral", "gemma", "olmo2", "granite", "granitemoe", "granitemoe:shared", "smollm3",
+NO_TRANSFORMERS_READER = {"deepseek2", "deepseek2:v3", "lfm2", "lfm2moe", "nemotron", "mistral3", "olmoe", "mixtral", "gemma", "olmo2", "granite", "granitemoe", "granitemoe:shared", "smollm3",
                           "glm4", "ernie4_5", "ernie4_5:use_bias", "gpt-oss", "cohere2", "command-r", "arcee", "exaone4", "ernie4_5-moe", "phi2", "glm4moe", "olmo2:olmo3", "seed_oss"}
 GEMMA = {"gemma", "gemma2", "gemma3"}
+PLUS_ONE = GEMMA | {"nemotron"}  # norms that scale by 1 + weight, which the converters store with the 1 added
 # every linear Q8_0; not granite, whose test model's near-flat logits (several tokens within 0.01) Q8_0 reorders
 DENSE_Q8_0 = {"gemma", "olmo2", "smollm3", "starcoder2", "glm4", "ernie4_5:use_bias", "command-r", "cohere2", "exaone4", "phi2"}
-PERMUTED = {"llama", "granite", "granitemoe", "smollm3", "arcee"}  # llama.cpp's LlamaModel lineage reorders q/k rows for GGML's rope
+PERMUTED = {"llama", "granite", "granitemoe", "smollm3", "arcee", "mistral3"}  # llama.cpp's LlamaModel lineage reorders q/k rows for GGML's rope
 LOADS_AS = {"mistral": "LlamaForCausalLM"}  # without a window, llama.cpp's Mistral is Llama
 
 
@@ -191,7 +198,14 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
     w.add_block_count(layers + (0 if arch == "deepseek2" else d.get("num_nextn_predict_layers") or 0))
     w.add_context_length(d["max_position_embeddings"])
     w.add_embedding_length(hidden)
-    if arch == "lfm2":  # the size LFM2's MLP derives (the converter rounds as transformers does with a multiplier)
+    if arch == "lfm2moe":  # the LFM2MoeModel converter's keys
+        w.add_feed_forward_length(d["intermediate_size"])
+        w.add_expert_feed_forward_length(d["moe_intermediate_size"])
+        w.add_leading_dense_block_count(d["num_dense_layers"])
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        w.add_shortconv_l_cache(d["conv_L_cache"])
+        w.add_vocab_size(d["vocab_size"])
+    elif arch == "lfm2":  # the size LFM2's MLP derives (the converter rounds as transformers does with a multiplier)
         from kvserve.model.architectures.lfm2 import lfm2_intermediate
 
         w.add_feed_forward_length(lfm2_intermediate(d))
@@ -202,12 +216,12 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
     w.add_head_count(heads)
     if arch == "deepseek2":  # its converter writes latent attention as MQA
         w.add_head_count_kv(1)
-    elif arch == "lfm2":  # a count per layer, 0 where it does not attend
+    elif arch in ("lfm2", "lfm2moe"):  # a count per layer, 0 where it does not attend
         w.add_head_count_kv([0 if kind == "conv" else kv_heads for kind in d["layer_types"]])
     else:
         w.add_head_count_kv(kv_heads)
-    if arch in ("starcoder2", "stablelm", "command-r", "cohere2", "phi2"):  # LayerNorms: their eps under its own key
-        w.add_layer_norm_eps(d.get("norm_epsilon") or d["layer_norm_eps"])
+    if arch in ("starcoder2", "stablelm", "command-r", "cohere2", "phi2", "nemotron"):  # LayerNorms: their own eps key
+        w.add_layer_norm_eps(d.get("norm_epsilon") or d.get("norm_eps") or d["layer_norm_eps"])
     else:
         w.add_layer_norm_rms_eps(d.get("rms_norm_eps") or d["norm_eps"])
     if arch not in ("gemma", "gemma2"):  # these converters write no rope base (llama.cpp's default: 10000)
@@ -254,6 +268,10 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
         w.add_rope_dimension_count(int(d["head_dim"] * full["partial_rotary_factor"]))
     if arch == "deepseek2":
         _deepseek2_metadata(w, d, full, whole_kv_b)
+    if arch == "mistral3":  # the Ministral3Model converter's
+        if full.get("mscale_all_dim"):
+            w.add_rope_scaling_yarn_log_mul(full["mscale_all_dim"])
+        w.add_attn_temperature_scale(full["llama_4_scaling_beta"])
     if arch == "ernie4_5-moe":
         w.add_interleave_moe_layer_step(d["moe_layer_interval"])
         w.add_leading_dense_block_count(d["moe_layer_start_index"])
@@ -269,7 +287,7 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
     if arch == "cohere2":
         w.add_sliding_window(d["sliding_window"])
         w.add_rope_dimension_count(d["head_dim"])
-    if arch in ("glm4", "stablelm", "phi2"):
+    if arch in ("glm4", "stablelm", "phi2", "nemotron"):
         w.add_rope_dimension_count(int(d["head_dim"] * full["partial_rotary_factor"]))
     if arch == "gemma2":
         w.add_attn_logit_softcapping(d["attn_logit_softcapping"])
@@ -303,6 +321,12 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
             if d.get("shared_intermediate_size"):
                 gate, up = state.pop(f"model.layers.{i}.shared_mlp.input_linear.weight").chunk(2, dim=0)
                 state[f"blk.{i}.ffn_gate_shexp.weight"], state[f"blk.{i}.ffn_up_shexp.weight"] = gate, up
+    if arch == "lfm2moe":  # the converter stacks each layer's experts under llama.cpp's names
+        for i in range(layers):
+            for w_name, leaf in (("w1", "ffn_gate_exps"), ("w3", "ffn_up_exps"), ("w2", "ffn_down_exps")):
+                names = [f"model.layers.{i}.feed_forward.experts.{e}.{w_name}.weight" for e in range(experts)]
+                if names[0] in state:
+                    state[f"blk.{i}.{leaf}.weight"] = torch.stack([state.pop(n) for n in names])
     if arch == "deepseek2" and not whole_kv_b:  # the converter splits kv_b per head: k's part, transposed, and v's
         for i in range(layers):
             kv_b = state.pop(f"model.layers.{i}.self_attn.kv_b_proj.weight")
@@ -317,15 +341,16 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
     for name, t in state.items():
         if d["tie_word_embeddings"] and name == "lm_head.weight":
             continue  # tied; the converter skips it
-        if arch.startswith("gemma") and name.endswith("norm.weight"):
+        if (arch.startswith("gemma") or arch == "nemotron") and name.endswith("norm.weight"):
             t = t + 1
-        if arch == "lfm2" and name.endswith("conv.conv.weight"):
+        if arch in ("lfm2", "lfm2moe") and name.endswith("conv.conv.weight"):
             t = t.squeeze(1)  # the converter's: llama.cpp's conv op takes [channels, taps]
         if arch in PERMUTED and ".q_proj." in name:
             t = _permute(t, heads)
         elif arch in PERMUTED and ".k_proj." in name:
             t = _permute(t, kv_heads)
-        name = name.replace("e_score_correction_bias", "e_score_correction.bias")  # as the converter renames it
+        name = name.replace("e_score_correction_bias", "e_score_correction.bias")  # as the converters rename them
+        name = name.replace(".expert_bias", ".expert_bias.bias")
         gguf_name = name if name.startswith("blk.") else name_map.get_name(name, try_suffixes=(".weight", ".bias"))
         assert gguf_name is not None, name
         data = t.float().numpy()
@@ -426,7 +451,7 @@ def test_gguf_loads_the_checkpoint_weights(case, tmp_path_factory, monkeypatch):
         got = loaded.weights[name]
         if got.shape != t.shape and got.numel() == t.numel():  # viewed in the engine's shape (a [1, experts] bias)
             got = got.reshape(t.shape)
-        if case in GEMMA and name.endswith("norm.weight"):
+        if case in PLUS_ONE and name.endswith("norm.weight"):
             # the model scales by 1 + weight: that sum is the file's, bit for bit
             got, t = got + 1, t + 1
         assert torch.equal(got, t), name

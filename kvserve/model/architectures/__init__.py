@@ -103,6 +103,8 @@ class Architecture:
     # a multimodal config -> the text model's part (its layers, heads, ...)
     text_config: Callable[[dict[str, Any]], dict[str, Any]] = lambda d: d
     stacked_experts: StackedExperts | None = None  # experts in 3-D tensors; None: one set of linears each
+    transposed_linears: bool = False  # linear weights stored [in, out] (GPT-2's Conv1D); the HF loader transposes them
+    qkv_per_head: bool = False  # a fused q/k/v tensor's rows head by head (GPT-NeoX's); the HF loader reorders them
     # prefixes the checkpoint's names carry instead of ours ("model.", "lm_head."), e.g. a multimodal
     # checkpoint's "language_model.model."; the HF loader renames by them as it reads
     prefixes: Mapping[str, str] = field(default_factory=dict)
@@ -185,13 +187,18 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "olmo2", "olmoe", "granite", "granite_moe", "gpt_oss", "gemma3_mm", "smollm3", "starcoder2", "glm4",
             "ernie4_5", "stablelm", "cohere", "cohere2", "exaone4", "olmo3", "mistral3", "helium", "seed_oss",
             "arcee", "ernie4_5_moe", "phi", "glm4_moe", "hunyuan_dense", "deepseek_v2", "deepseek_v3",
-            "glm4_moe_lite", "lfm2", "lfm2_moe", "qwen_vl", "dots1"]
+            "glm4_moe_lite", "lfm2", "lfm2_moe", "qwen_vl", "dots1", "nemotron", "hunyuan_moe",
+            "minimax_m2", "gpt2", "opt", "gpt_neox"]
+
+
+_loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)
 
 
 def _load() -> None:
-    if not _ARCHITECTURES:
+    if not _loaded:
         for module in _MODULES:
             importlib.import_module(f"{__name__}.{module}")
+        _loaded.append(True)
 
 
 def first_of(d: dict[str, Any], *keys: str, default: Any = None) -> Any:

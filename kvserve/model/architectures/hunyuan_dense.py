@@ -4,5 +4,7 @@
 
 from kvserve.model.architectures import Architecture, register
 
-register(Architecture("HunYuanDenseV1ForCausalLM", lambda d: {"qk_norm": "head", "qk_norm_after_rope": True}, weights={
-    "q_norm": "self_attn.query_layernorm", "k_norm": "self_attn.key_layernorm"}))
+HUNYUAN_WEIGHTS = {"q_norm": "self_attn.query_layernorm", "k_norm": "self_attn.key_layernorm"}
+
+register(Architecture("HunYuanDenseV1ForCausalLM", lambda d: {"qk_norm": "head", "qk_norm_after_rope": True},
+                      weights=HUNYUAN_WEIGHTS))

@@ -9,6 +9,7 @@ def mixtral_config(d: dict) -> dict:
             "norm_topk_prob": True}
 
 
-register(Architecture("MixtralForCausalLM", mixtral_config, weights={
-    "router": "block_sparse_moe.gate", "expert": "block_sparse_moe.experts.{e}.",
-    "expert_gate": "w1", "expert_up": "w3", "expert_down": "w2"}))
+MIXTRAL_WEIGHTS = {"router": "block_sparse_moe.gate", "expert": "block_sparse_moe.experts.{e}.",
+                   "expert_gate": "w1", "expert_up": "w3", "expert_down": "w2"}
+
+register(Architecture("MixtralForCausalLM", mixtral_config, weights=MIXTRAL_WEIGHTS))
