@@ -295,7 +295,7 @@ def load_gguf(path: Path, keep_quantized: bool = False, with_tokenizer: bool = T
         if heads is not None:
             values = unpermute_rotary_rows(values, heads)
         if config.norm_offset and name.endswith("norm.weight"):
-            values -= config.norm_offset  # llama.cpp stores Gemma's (Nemotron's) norms with the 1 added; the model adds it
+            values -= config.norm_offset  # llama.cpp stores Gemma's and Nemotron's norms with the 1 added; we add it
         if name.endswith(".ffn_gate_inp_shexp.weight") and values.ndim == 1:
             values = values[None]  # older converters squeezed the shared expert's gate [1, hidden] to [hidden]
         weights[hf_name] = torch.from_numpy(values)

@@ -35,14 +35,17 @@ class LayerNorm(nn.Module):
     """LayerNorm (with a bias, or none), with RMSNorm's interface (``add_forward``, the output dtype and rows);
     torch only."""
 
-    def __init__(self, dim: int, eps: float, bias: bool = True):
+    def __init__(self, dim: int, eps: float, bias: bool = True, affine: bool = True):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+        self.weight = nn.Parameter(torch.ones(dim)) if affine else None  # not affine: OLMo 1's, in float32
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias and affine else None
         self.eps = eps
 
     def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None, out_rows: int = 0) -> torch.Tensor:
-        y = torch.nn.functional.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+        if self.weight is None:
+            y = torch.nn.functional.layer_norm(x.float(), (x.shape[-1],), None, None, self.eps).to(x.dtype)
+        else:
+            y = torch.nn.functional.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
         y = y if out_dtype is None else y.to(out_dtype)
         return y if out_rows <= y.shape[0] else torch.cat([y, y.new_zeros(out_rows - y.shape[0], y.shape[1])])
 
@@ -69,11 +72,12 @@ class HeadLayerNorm(nn.Module):
         return (y if self.bias is None else y + self.bias.float()).to(x.dtype)
 
 
-def make_norm(kind: str, dim: int, eps: float, bias: bool = True) -> RMSNorm | LayerNorm:
-    """A decoder's norm of ``kind`` (``ModelConfig.norm_type``): "rms" or "layer" (``bias``: with a bias)."""
+def make_norm(kind: str, dim: int, eps: float, bias: bool = True, affine: bool = True) -> RMSNorm | LayerNorm:
+    """A decoder's norm of ``kind`` (``ModelConfig.norm_type``): "rms" or "layer" (``bias``: with a bias; not
+    ``affine``: with neither weight nor bias)."""
     if kind not in ("rms", "layer"):
         raise ValueError(f"norm type {kind!r} is not supported (rms, layer)")
-    return RMSNorm(dim, eps) if kind == "rms" else LayerNorm(dim, eps, bias)
+    return RMSNorm(dim, eps) if kind == "rms" else LayerNorm(dim, eps, bias, affine)
 
 
 class PackedLinear(nn.Module):

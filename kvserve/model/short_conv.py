@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from kvserve.attention import AttentionBackend, AttentionMetadata
-from kvserve.attention.kv_pool import LayerKV
+from kvserve.attention.kv_pool import KVPool, LayerKV
 from kvserve.model.config import ModelConfig
 from kvserve.model.rotary import RotaryStep
 
@@ -24,7 +24,7 @@ class ShortConv(nn.Module):
     plain = False  # the decoder's bf16 hand-offs are attention's
     sinks = None
 
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int):  # (``layer``: the mixers' one signature)
         super().__init__()
         self.hidden_size, self.taps = cfg.hidden_size, cfg.conv_kernel
         self.in_proj = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=cfg.conv_bias)
@@ -45,7 +45,8 @@ class ShortConv(nn.Module):
         store_inputs(pool, kv_cache, meta.slot_mapping[:t], b * u)
         slots, exists = tap_slots(meta, self.taps, pool.block_size, pool.null_slot)
         # every tap as the pool holds it, this token's too: a step reads the same values whatever its chunking
-        window = gather_inputs(pool, kv_cache, slots[:t], x.dtype, self.hidden_size).masked_fill(~exists[:t, :, None], 0)
+        window = gather_inputs(pool, kv_cache, slots[:t], x.dtype, self.hidden_size)
+        window = window.masked_fill(~exists[:t, :, None], 0)
         conv = (window * self.kernel.t().to(x.dtype)).sum(1)
         if self.bias is not None:
             conv = conv + self.bias
@@ -53,7 +54,7 @@ class ShortConv(nn.Module):
         return self.out_proj(y if rows is None else y[rows])
 
 
-def store_inputs(pool, layers: list[LayerKV], slots: torch.Tensor, values: torch.Tensor) -> None:
+def store_inputs(pool: KVPool, layers: list[LayerKV], slots: torch.Tensor, values: torch.Tensor) -> None:
     """``values`` [T, hidden] into ``slots`` of ``layers``, spread over their K's and V's widths (zero-padded)."""
     k_shape = layers[0][0].shape[1:]
     width = k_shape.numel()
@@ -64,7 +65,8 @@ def store_inputs(pool, layers: list[LayerKV], slots: torch.Tensor, values: torch
         pool.store(layer, slots, parts[:, j, 0], parts[:, j, 1])
 
 
-def gather_inputs(pool, layers: list[LayerKV], slots: torch.Tensor, dtype: torch.dtype, hidden: int) -> torch.Tensor:
+def gather_inputs(pool: KVPool, layers: list[LayerKV], slots: torch.Tensor, dtype: torch.dtype,
+                  hidden: int) -> torch.Tensor:
     """The values ``store_inputs`` wrote at ``slots`` (any shape S): [*S, hidden]."""
     parts = []
     for layer in layers:

@@ -38,6 +38,8 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
             out[f"{dst}.{suffix}"] = [(f"{prefix}{name}.{suffix}", shape(r)) for name, r in names]
 
     norm_suffixes = ("weight", "bias") if cfg.norm_type == "layer" and cfg.norm_bias else ("weight",)
+    if not cfg.norm_affine:
+        norm_suffixes = ()
     for i in range(cfg.num_hidden_layers):
         p, dst = f"model.layers.{i}.", f"layers.{i}."
         for role in cfg.norm_roles:

@@ -55,6 +55,7 @@ CASES: dict[str, tuple[str, dict]] = {
                                            rope_scaling={"type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.5],
                                                          "long_factor": [2.0, 3.0, 4.0, 5.0]})),
     "Olmo2ForCausalLM": ("Olmo2Config", {}),
+    "OlmoForCausalLM": ("OlmoConfig", dict(clip_qkv=0.5)),  # LayerNorms without weights; q/k/v clamped
     "OlmoeForCausalLM": ("OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2, intermediate_size=32)),
     "GraniteForCausalLM": ("GraniteConfig", dict(embedding_multiplier=3.0, residual_multiplier=0.5,
                                                  attention_multiplier=0.3, logits_scaling=2.0, attention_bias=True)),

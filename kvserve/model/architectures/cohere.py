@@ -1,6 +1,7 @@
 """Cohere (Command R, Aya 23, Aya Expanse): attention and the MLP side by side over one LayerNorm without a bias,
-rotary on interleaved pairs, logits multiplied by ``logit_scale``, tied embeddings; where ``use_qk_norm`` (Command R+), a LayerNorm without a
-bias on each head of q and of k, its own weights each. llama.cpp's "command-r" files."""
+rotary on interleaved pairs, logits multiplied by ``logit_scale``, tied embeddings; where ``use_qk_norm``
+(Command R+), a LayerNorm without a bias on each head of q and of k, its own weights each. llama.cpp's "command-r"
+files."""
 
 from kvserve.model.architectures import Architecture, GGUFGet, register
 

@@ -5,4 +5,5 @@ from kvserve.model.architectures import Architecture, register
 from kvserve.model.architectures.olmo2 import OLMO2_WEIGHTS
 from kvserve.model.architectures.olmoe import olmoe_config
 
-register(Architecture("FlexOlmoForCausalLM", lambda d: {**olmoe_config(d), "norm_layout": "post"}, weights=OLMO2_WEIGHTS))
+register(Architecture("FlexOlmoForCausalLM", lambda d: {**olmoe_config(d), "norm_layout": "post"},
+                      weights=OLMO2_WEIGHTS))

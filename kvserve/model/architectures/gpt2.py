@@ -29,7 +29,8 @@ def gpt2_keys(d: dict) -> dict:
 def gpt2_config(d: dict) -> dict:
     if d.get("scale_attn_by_inverse_layer_idx"):
         raise ValueError(f"{d['architectures'][0]} with scale_attn_by_inverse_layer_idx is not supported")
-    out = {"num_key_value_heads": d["num_attention_heads"], "learned_positions": True, "norm_type": "layer", "rms_norm_eps": float(d.get("layer_norm_epsilon", 1e-5)),
+    out = {"num_key_value_heads": d["num_attention_heads"], "learned_positions": True, "norm_type": "layer",
+           "rms_norm_eps": float(d.get("layer_norm_epsilon", 1e-5)),
            "gated_mlp": False, "hidden_act": d.get("activation_function") or "gelu_new", "attention_bias": True,
            "o_proj_bias": True, "mlp_bias": True, "tie_word_embeddings": bool(d.get("tie_word_embeddings", True))}
     if not d.get("scale_attn_weights", True):

@@ -32,7 +32,8 @@ register(Architecture("GPTNeoXForCausalLM", gpt_neox_config, weights={
     "up_proj": "mlp.dense_h_to_4h", "down_proj": "mlp.dense_4h_to_h"}, qkv_per_head=True,
     prefixes={"gpt_neox.embed_in.": "model.embed_tokens.", "gpt_neox.final_layer_norm.": "model.norm.",
               "gpt_neox.layers.": "model.layers.", "embed_out.": "lm_head."}))
-register(Architecture("GPTJForCausalLM", gptj_config, text_config=lambda d: {**gpt2_keys(d), "tie_word_embeddings": False},
+register(Architecture("GPTJForCausalLM", gptj_config,
+                      text_config=lambda d: {**gpt2_keys(d), "tie_word_embeddings": False},
                       weights={"input_layernorm": "ln_1", "q_proj": "attn.q_proj", "k_proj": "attn.k_proj",
                                "v_proj": "attn.v_proj", "o_proj": "attn.out_proj", "gate_proj": None,
                                "up_proj": "mlp.fc_in", "down_proj": "mlp.fc_out"},

@@ -40,7 +40,8 @@ def lfm2_gguf(get: GGUFGet) -> dict:
             "norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-5))}
 
 
-LFM2_WEIGHTS = {"input_layernorm": "operator_norm", "post_attention_layernorm": "ffn_norm", "o_proj": "self_attn.out_proj",
+LFM2_WEIGHTS = {"input_layernorm": "operator_norm", "post_attention_layernorm": "ffn_norm",
+                "o_proj": "self_attn.out_proj",
                 "q_norm": "self_attn.q_layernorm", "k_norm": "self_attn.k_layernorm",
                 "gate_proj": "feed_forward.w1", "up_proj": "feed_forward.w3", "down_proj": "feed_forward.w2"}
 

@@ -1,6 +1,7 @@
 """LFM2-MoE (LFM2-8B-A1B): LFM2's layers (short convolutions and attention) with experts from ``num_dense_layers``
 on, each scored by its own sigmoid, chosen with a per-expert bias (``expert_bias``, where ``use_expert_bias``),
-renormalised and times ``routed_scaling_factor``; the dense layers' MLP of ``intermediate_size`` as it is. llama.cpp's "lfm2moe" files."""
+renormalised and times ``routed_scaling_factor``; the dense layers' MLP of ``intermediate_size`` as it is.
+llama.cpp's "lfm2moe" files."""
 
 from kvserve.model.architectures import Architecture, GGUFGet, register
 from kvserve.model.architectures.lfm2 import LFM2_WEIGHTS, lfm2_config, lfm2_gguf

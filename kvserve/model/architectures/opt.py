@@ -10,7 +10,8 @@ def opt_config(d: dict) -> dict:
     if not d.get("do_layer_norm_before", True) or d.get("word_embed_proj_dim", d["hidden_size"]) != d["hidden_size"]:
         raise ValueError("OPTForCausalLM with post-norm layers or projected embeddings (OPT-350M) is not supported")
     bias = bool(d.get("enable_bias", True))
-    return {"num_key_value_heads": d["num_attention_heads"], "learned_positions": True, "position_offset": 2, "norm_type": "layer", "gated_mlp": False,
+    return {"num_key_value_heads": d["num_attention_heads"], "learned_positions": True, "position_offset": 2,
+            "norm_type": "layer", "gated_mlp": False,
             "hidden_act": d.get("activation_function") or "relu", "intermediate_size": d["ffn_dim"],
             "attention_bias": bias, "o_proj_bias": bias, "mlp_bias": bias,
             "tie_word_embeddings": bool(d.get("tie_word_embeddings", True))}
