@@ -68,6 +68,14 @@ CASES: dict[str, tuple[str, dict]] = {
                                                                    intermediate_size=32, shared_intermediate_size=64,
                                                                    embedding_multiplier=3.0, residual_multiplier=0.5,
                                                                    attention_multiplier=0.3, logits_scaling=2.0)),
+    # Granite 4.0 micro: every layer attends, the shared MLP the only one (no experts); and with experts and no rotary
+    "GraniteMoeHybridForCausalLM": ("GraniteMoeHybridConfig", dict(
+        num_local_experts=0, shared_intermediate_size=48, layer_types=["attention"] * 2, position_embedding_type="rope",
+        embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.3, logits_scaling=2.0)),
+    "GraniteMoeHybridForCausalLM:experts,nope": ("GraniteMoeHybridConfig", dict(
+        num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, shared_intermediate_size=64,
+        layer_types=["attention"] * 2, position_embedding_type=None, embedding_multiplier=3.0, residual_multiplier=0.5,
+        attention_multiplier=0.3, logits_scaling=2.0)),
     # sinks, biases everywhere, the router's bias, the clamped SwiGLU, stacked experts, sliding/full, yarn; a low
     # limit so that the clamps bite on these weights
     "GptOssForCausalLM": ("GptOssConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
@@ -525,10 +533,11 @@ def test_a_bfloat16_model_attends_windows_and_sinks(case, tmp_path_factory):
                                      use_bias=True), "use_bias"),
     ("DeepseekV2ForCausalLM", dict(LATENT, q_lora_rank=None, attention_bias=True), "attention_bias"),
     ("DeepseekV2ForCausalLM", dict(LATENT, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                                   topk_method="noaux_tc"), "topk_method")])
+                                   topk_method="noaux_tc"), "topk_method"),
+    ("GraniteMoeHybridForCausalLM", dict(num_local_experts=0, layer_types=["mamba", "attention"]), "mamba")])
 def test_an_option_no_path_runs_is_refused_in_one_line(case, config, option, tmp_path):
     """ERNIE MoE's biased shared experts, a q projection without the bias its latent attention has, a router method
-    not built: loading names the option instead of serving without it."""
+    not built, Granite 4.0 H's Mamba layers: loading names the option instead of serving without it."""
     import json
 
     import transformers
