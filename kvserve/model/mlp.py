@@ -24,9 +24,27 @@ _KERNELS = {"silu": ops.silu_mul, "gelu_tanh": ops.gelu_tanh_mul}
 NATIVE_GATED = {act: _KERNELS[kernel] for act, kernel in NATIVE_ACTIVATIONS.items()}
 
 
+class XIELU(nn.Module):
+    """xIELU (Apertus): a layer's own activation, x > 0: alpha_p x^2 + beta x; else (expm1(min(x, eps)) - x) alpha_n +
+    beta x, with alpha_p = softplus(its parameter) and alpha_n = beta + softplus(its own)."""
+
+    def __init__(self):
+        super().__init__()
+        self.alpha_p, self.alpha_n = nn.Parameter(torch.zeros(1)), nn.Parameter(torch.zeros(1))
+        self.beta, self.eps = nn.Parameter(torch.tensor(0.5)), nn.Parameter(torch.tensor(-1e-6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        alpha_p, alpha_n = F.softplus(self.alpha_p), self.beta + F.softplus(self.alpha_n)
+        return torch.where(x > 0, alpha_p * x * x + self.beta * x,
+                           (torch.expm1(torch.minimum(x, self.eps)) - x) * alpha_n + self.beta * x)
+
+
 def activation(name: str):
+    """The activation ``name`` (a function; xIELU: a module with its layer's parameters)."""
+    if name == "xielu":
+        return XIELU()
     if name not in ACTIVATIONS:
-        raise ValueError(f"activation {name!r} is not supported (supported: {', '.join(ACTIVATIONS)})")
+        raise ValueError(f"activation {name!r} is not supported (supported: {', '.join(ACTIVATIONS)}, xielu)")
     return ACTIVATIONS[name]
 
 

@@ -67,6 +67,9 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
             out[f"{dst}self_attn.sinks"] = [(f"{p}{arch.weight_name('sinks')}", (cfg.num_attention_heads,))]
         if not cfg.is_moe(i):
             mlp(out, arch, dst + "mlp.", p, "", cfg.intermediate_size, h, cfg.mlp_bias, cfg.gated_mlp)
+            if cfg.hidden_act == "xielu":  # the activation's own parameters
+                for name, shape in (("alpha_p", (1,)), ("alpha_n", (1,)), ("beta", ()), ("eps", ())):
+                    out[f"{dst}mlp.act.{name}"] = [(f"{p}{arch.weight_name('act_fn')}.{name}", shape)]
             continue
         out[f"{dst}mlp.router.weight"] = [(f"{p}{arch.weight_name('router')}.weight", (cfg.num_experts, h))]
         if cfg.router_bias:

@@ -200,6 +200,8 @@ CASES: dict[str, tuple[str, dict]] = {
         beta_fast=32.0, beta_slow=1.0))),
     "SeedOssForCausalLM": ("SeedOssConfig", dict(attention_bias=True, attention_out_bias=True)),
     "ArceeForCausalLM": ("ArceeConfig", {}),  # a non-gated MLP with relu squared
+    # a non-gated MLP with xIELU, each layer's own parameters (random too, below); per-head q/k norms; llama3 rotary
+    "ApertusForCausalLM": ("ApertusConfig", {}),
     "Ernie4_5ForCausalLM": ("Ernie4_5Config", {}),  # Llama's layers (int8: the native decode stack), rotary reordered
     "Ernie4_5ForCausalLM:use_bias": ("Ernie4_5Config", dict(use_bias=True)),
     "OlmoeForCausalLM:clip_qkv": ("OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2, intermediate_size=32,

@@ -42,6 +42,7 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     "sinks": "self_attn.sinks",  # one logit per head (a tensor, not a module: no .weight)
     "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj", "down_proj": "mlp.down_proj",
     "gate_up_proj": None,  # gate and up already stacked (Phi-3)
+    "act_fn": "mlp.act_fn",  # an activation with parameters of its own (xIELU: alpha_p, alpha_n, beta, eps)
     "router": "mlp.gate",
     "selection_bias": None,  # a tensor [1, experts] (not a module's): the bias that only chooses experts
     "expert": "mlp.experts.{e}.",  # then expert_gate / expert_up / expert_down
@@ -188,7 +189,7 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "ernie4_5", "stablelm", "cohere", "cohere2", "exaone4", "olmo3", "mistral3", "helium", "seed_oss",
             "arcee", "ernie4_5_moe", "phi", "glm4_moe", "hunyuan_dense", "deepseek_v2", "deepseek_v3",
             "glm4_moe_lite", "lfm2", "lfm2_moe", "qwen_vl", "dots1", "nemotron", "hunyuan_moe",
-            "minimax_m2", "gpt2", "opt", "gpt_neox", "flex_olmo", "vaultgemma", "cwm", "olmo"]
+            "minimax_m2", "gpt2", "opt", "gpt_neox", "flex_olmo", "vaultgemma", "cwm", "olmo", "apertus"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)
