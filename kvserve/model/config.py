@@ -103,7 +103,10 @@ class ModelConfig:
     # a bias [1, experts] added to the router's probabilities to choose the experts, not to weight them (ERNIE 4.5
     # MoE's e_score_correction_bias)
     selection_bias: bool = False
-    router_scoring: str = "softmax"  # "sigmoid": each expert scored by sigmoid(logit) on its own (GLM-4.5 MoE)
+    # "sigmoid": each expert scored by sigmoid(logit) on its own (GLM-4.5 MoE); "sparsemixer": Phi-3.5-MoE's two
+    # picks, each weighted by a softmax over the logits near it (within 2 x router_jitter, relatively)
+    router_scoring: str = "softmax"
+    router_jitter: float = 0.01
     routed_scale: float = 1.0  # the routed experts' weights multiplied by this (routed_scaling_factor)
     expert_bias: bool = False  # each expert's linears have biases (gpt-oss)
     # expert groups (DeepSeek): a row's experts come from its best ``expert_groups_used`` of ``expert_groups`` equal
@@ -139,8 +142,10 @@ class ModelConfig:
             raise ValueError("an LM head with a bias must be its own weight (tie_word_embeddings false)")
         if (self.qk_norm_after_rope or self.qk_norm_type != "rms") and self.qk_norm != "head":
             raise ValueError("q/k norms after rotary, and q/k LayerNorms, are per head (qk_norm 'head')")
-        if self.router_scoring not in ("softmax", "sigmoid"):
-            raise ValueError(f"router scoring {self.router_scoring!r} is not supported (softmax, sigmoid)")
+        if self.router_scoring not in ("softmax", "sigmoid", "sparsemixer"):
+            raise ValueError(f"router scoring {self.router_scoring!r} is not supported (softmax, sigmoid, sparsemixer)")
+        if self.router_scoring == "sparsemixer" and self.num_experts_per_tok != 2:
+            raise ValueError("the sparsemixer router picks 2 experts a token (num_experts_per_tok 2)")
         if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
             raise ValueError(f"num_experts_per_tok must be 1..{self.num_experts}")
         if self.expert_groups_used < self.expert_groups:
@@ -255,6 +260,7 @@ class ModelConfig:
                   (self.query_position_scale is not None, "queries scaled by position"),
                   (bool(self.kv_lora_rank), "latent attention"),
                   (self.conv_layers is not None and any(self.conv_layers), "short convolutions"),
+                  (self.router_scoring == "sparsemixer", "the sparsemixer router"),
                   (dense_swiglu, "a clamped SwiGLU")]
         return ", ".join(why for bad, why in checks if bad) or None
 

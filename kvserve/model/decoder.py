@@ -46,7 +46,7 @@ class DecoderLayer(nn.Module):
             self.mlp = MoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_tok,
                            cfg.norm_topk_prob, cfg.hidden_act, cfg.shared_expert_intermediate_size, cfg.router_bias,
                            cfg.expert_bias, cfg.swiglu, cfg.shared_expert_gated, cfg.selection_bias,
-                           cfg.router_scoring, cfg.routed_scale, cfg.expert_group_choice)
+                           cfg.router_scoring, cfg.routed_scale, cfg.expert_group_choice, cfg.router_jitter)
         else:
             self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, cfg.mlp_bias, cfg.swiglu,
                                 cfg.gated_mlp)

@@ -95,6 +95,20 @@ class GatedMLP(nn.Module):
         return self.down(self.act(gu[..., : self.intermediate]) * gu[..., self.intermediate :])
 
 
+def sparsemixer(logits: torch.Tensor, jitter: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Phi-3.5-MoE's router at inference: the best expert, weighted by the softmax over the logits within 2 x jitter of
+    it (relatively: (best - logit) / max(|logit|, best)); then the best of the rest, weighted alike over the rest.
+    (weights, experts), each [rows, 2]."""
+    weights, chosen, rest = [], [], logits
+    for _ in range(2):
+        best, pick = rest.max(dim=-1, keepdim=True)
+        far = (best - logits) / logits.abs().clamp(min=best) > 2 * jitter
+        weights.append(torch.softmax(rest.masked_fill(far, float("-inf")), dim=-1).gather(-1, pick))
+        chosen.append(pick)
+        rest = rest.scatter(-1, pick, float("-inf"))
+    return torch.cat(weights, -1), torch.cat(chosen, -1)
+
+
 class MoE(nn.Module):
     """Each token's top ``top_k`` experts of ``experts``, weighted by the router's softmax (or each expert's sigmoid:
     ``scoring``), renormalised over the chosen ones with ``norm_topk`` (the same as gpt-oss's softmax over the chosen
@@ -107,9 +121,9 @@ class MoE(nn.Module):
                  shared_intermediate: int = 0, router_bias: bool = False, expert_bias: bool = False,
                  swiglu: tuple[float, float | None] | None = None, shared_gated: bool = True,
                  selection_bias: bool = False, scoring: str = "softmax", routed_scale: float = 1.0,
-                 groups: tuple[int, int, str] | None = None):
+                 groups: tuple[int, int, str] | None = None, jitter: float = 0.01):
         super().__init__()
-        self.scoring, self.routed_scale = scoring, routed_scale
+        self.scoring, self.routed_scale, self.jitter = scoring, routed_scale, jitter
         self.groups = groups  # (groups, groups used, "max" or "top2"): ModelConfig.expert_group_choice
         self.router = nn.Linear(hidden, experts, bias=router_bias)
         self.selection_bias = nn.Parameter(torch.zeros(1, experts)) if selection_bias else None
@@ -173,16 +187,19 @@ class MoE(nn.Module):
     def loop_forward(self, x: torch.Tensor) -> torch.Tensor:
         """The Python loop: route, then each expert over its rows, added back in ascending expert id."""
         logits = self.router(x).float()
-        probs = torch.sigmoid(logits) if self.scoring == "sigmoid" else torch.softmax(logits, dim=-1)
-        choice = probs if self.selection_bias is None else probs + self.selection_bias.float()
-        if self.groups is not None:
-            choice = self._in_best_groups(choice)
-        chosen = choice.topk(self.top_k, dim=-1).indices
-        weights = probs.gather(-1, chosen)
-        if self.norm_topk:
-            weights = weights / weights.sum(-1, keepdim=True)
-        if self.routed_scale != 1:
-            weights = weights * self.routed_scale
+        if self.scoring == "sparsemixer":
+            weights, chosen = sparsemixer(logits, self.jitter)
+        else:
+            probs = torch.sigmoid(logits) if self.scoring == "sigmoid" else torch.softmax(logits, dim=-1)
+            choice = probs if self.selection_bias is None else probs + self.selection_bias.float()
+            if self.groups is not None:
+                choice = self._in_best_groups(choice)
+            chosen = choice.topk(self.top_k, dim=-1).indices
+            weights = probs.gather(-1, chosen)
+            if self.norm_topk:
+                weights = weights / weights.sum(-1, keepdim=True)
+            if self.routed_scale != 1:
+                weights = weights * self.routed_scale
         weights = weights.to(x.dtype)
         out = torch.zeros(x.shape[0], x.shape[1], dtype=x.dtype, device=x.device)
         # tokens grouped by expert: one GEMM per expert the step routed to, none for the others

@@ -32,6 +32,8 @@ def moe_blocker(moe: "MoE") -> str | None:
     mlps = list(moe.experts) + ([moe.shared] if moe.shared is not None else [])
     if not all(_packed(m) for m in mlps):
         return "experts not on the packed quantized kernels"
+    if moe.scoring == "sparsemixer":
+        return "the sparsemixer router"
     act = moe.experts[0]
     if act.swiglu is None and act.act_name not in NATIVE_ACTIVATIONS:
         return f"the activation {act.act_name}"

@@ -52,7 +52,8 @@ def rope_inv_freq(dim: int, theta: float, scaling: dict[str, Any] | None,
     if kind in ("longrope", "su"):  # "su": Phi-3's first name for it
         if scaling.get("factor") is None and max_positions:
             factor = max_positions / original
-        attention = scaling.get("attention_factor")
+        # Phi-3.5-MoE's short_mscale (and long_mscale past the original context: ``Rotary``) in place of the factor
+        attention = scaling.get("attention_factor", scaling.get("short_mscale"))
         if attention is None:
             attention = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
         short = 1.0 / (torch.tensor(scaling["short_factor"], dtype=torch.float32, device="cpu") * base)
@@ -118,6 +119,10 @@ class Rotary:
             freqs[switch:] = torch.outer(t[switch:], long)
         emb = torch.cat([freqs, freqs], dim=-1)
         self.cos, self.sin = emb.cos() * attention, emb.sin() * attention
+        if long is not None and scaling and scaling.get("long_mscale") is not None and attention:
+            # longrope's own factor past the original context (Phi-3.5-MoE's long_mscale), per position
+            self.cos[switch:] *= scaling["long_mscale"] / attention
+            self.sin[switch:] *= scaling["long_mscale"] / attention
         self.dim = dim
         self.partial = head_dim is not None and dim < head_dim
 

@@ -202,6 +202,13 @@ CASES: dict[str, tuple[str, dict]] = {
     "ArceeForCausalLM": ("ArceeConfig", {}),  # a non-gated MLP with relu squared
     # a non-gated MLP with xIELU, each layer's own parameters (random too, below); per-head q/k norms; llama3 rotary
     "ApertusForCausalLM": ("ApertusConfig", {}),
+    # the sparsemixer router, LayerNorms, biases on the attention and the LM head, a window, longrope
+    "PhimoeForCausalLM": ("PhimoeConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
+                                               attention_bias=True, lm_head_bias=True, sliding_window=WINDOW,
+                                               rope_scaling={"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.5] * 2,
+                                                             "long_factor": [2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0],
+                                                             "original_max_position_embeddings": 64,
+                                                             "short_mscale": 1.2, "long_mscale": 1.3})),
     "Ernie4_5ForCausalLM": ("Ernie4_5Config", {}),  # Llama's layers (int8: the native decode stack), rotary reordered
     "Ernie4_5ForCausalLM:use_bias": ("Ernie4_5Config", dict(use_bias=True)),
     "OlmoeForCausalLM:clip_qkv": ("OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2, intermediate_size=32,
@@ -414,7 +421,9 @@ def assert_logprobs_close(dense, quant, label: str) -> None:
 # dense greedy tokens above, the native block against the loop in tests/kernels/test_moe_block.py)
 NOT_CLOSE = {"Glm4MoeForCausalLM:scaled": "x2.5 amplifies int8's flips among the random router's near-equal sigmoids",
              "DeepseekV3ForCausalLM": "int8 flips the choice of expert groups among the random router's near-equal "
-                                      "sigmoids (int8 through latent attention: the other DeepSeek cases)"}
+                                      "sigmoids (int8 through latent attention: the other DeepSeek cases)",
+             "PhimoeForCausalLM": "the sparsemixer's 2% threshold (which logits share a pick's softmax) moves under "
+                                  "int8 on this random router, a step change in the weights"}
 
 
 @pytest.mark.parametrize("name", sorted(set(CASES) - set(NOT_CLOSE)))
@@ -453,6 +462,22 @@ def test_gemma3_multimodal_checkpoint_answers_as_its_text_model(tmp_path_factory
     assert "not read" in caplog.text
     assert [o.token_ids for o in llm.generate(prompts(), GREEDY)] == [hf_greedy(text, p, GREEDY.max_tokens)
                                                                     for p in prompts()]
+
+
+def test_sparsemixer_equals_transformers():
+    """Phi-3.5-MoE's router against transformers' (inference): the same two experts and weights a row, on logits close
+    enough that the threshold leaves some of them in each pick's softmax (so its weights are not a plain softmax's)."""
+    from transformers.models.phimoe.modeling_phimoe import sparsemixer as reference
+
+    from kvserve.model.mlp import sparsemixer
+
+    torch.manual_seed(0)
+    logits = 1 + torch.randn(256, 8) * 0.02
+    weights, experts = sparsemixer(logits, 0.01)
+    want_weights, want_experts = reference(logits, jitter_eps=0.01, training=False, top_k=2)
+    assert torch.equal(experts, want_experts)
+    torch.testing.assert_close(weights, want_weights, rtol=0, atol=0)
+    assert (weights[:, 0] < 0.99).any() and (weights[:, 0] > 0.99).any()  # some picks share their softmax, some not
 
 
 def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
