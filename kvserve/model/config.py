@@ -8,6 +8,7 @@ Torch-free, so that the simulator can use it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -303,6 +304,11 @@ class ModelConfig:
         )
         common.update(spec.config(d))
         return cls(**common)
+
+
+def yarn_mscale(scale: float, m: float = 1.0) -> float:
+    """YaRN's magnitude factor for a context ``scale`` times the original (1 at or below it)."""
+    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
 
 
 def rope_settings(d: dict[str, Any]) -> tuple[float | None, dict[str, Any] | None]:

@@ -16,6 +16,7 @@ import torch
 from kvserve.errors import ModelLoadError
 from kvserve.kernels import ops
 from kvserve.kernels.ops import apply_rotary  # the torch rotation (the native rotary_'s fallback too)
+from kvserve.model.config import yarn_mscale
 
 ROPE_TYPES = ("linear", "llama3", "yarn", "longrope", "su", "dynamic")
 
@@ -77,13 +78,10 @@ def _llama3(inv_freq: torch.Tensor, factor: float, scaling: dict[str, Any]) -> t
 
 def _yarn(dim: int, theta: float, factor: float, original: int,
           scaling: dict[str, Any]) -> tuple[torch.Tensor, float, None, int]:
-    def mscale(scale: float, m: float = 1.0) -> float:
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
     attention = scaling.get("attention_factor")
     if attention is None:
         m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
-        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+        attention = yarn_mscale(factor, m) / yarn_mscale(factor, m_all) if m and m_all else yarn_mscale(factor)
     fast, slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
 
     def correction_dim(rotations: float) -> float:

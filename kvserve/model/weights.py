@@ -23,8 +23,7 @@ LINEARS = ("qkv", "o_proj", "gate_up", "down", "q_b", "kv_b", "in_proj", "out_pr
 def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
     """Our parameter path -> the checkpoint tensors stacked to make it."""
     arch = get_architecture(cfg.architecture)
-    h, d = cfg.hidden_size, int(cfg.head_dim or 0)
-    q_rows, kv_rows = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+    h = cfg.hidden_size
     out: dict[str, list[Source]] = {"embed_tokens.weight": [("model.embed_tokens.weight", (cfg.vocab_size, h))]}
     if cfg.learned_positions:
         rows = cfg.max_position_embeddings + cfg.position_offset
@@ -52,19 +51,7 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
         elif cfg.kv_lora_rank:
             latent_attention(out, arch, cfg, dst + "self_attn.", p, linear)
         else:
-            linear(dst + "self_attn.qkv", p, [("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)],
-                   arch.weight_name("qkv_proj"), h, cfg.attention_bias)
-            linear(dst + "self_attn.o_proj", p, [("o_proj", h)], None, q_rows, cfg.o_proj_bias)
-        if cfg.is_conv(i):
-            pass  # no q/k norms or sinks
-        elif cfg.qk_norm_type == "layer":
-            head_norms(out, arch, cfg, dst + "self_attn.", p)
-        elif cfg.qk_norm is not None:
-            full = cfg.qk_norm == "full"
-            for role, rows in (("q_norm", q_rows), ("k_norm", kv_rows)):
-                out[f"{dst}self_attn.{role}.weight"] = [(f"{p}{arch.weight_name(role)}.weight", (rows if full else d,))]
-        if cfg.attn_sinks:
-            out[f"{dst}self_attn.sinks"] = [(f"{p}{arch.weight_name('sinks')}", (cfg.num_attention_heads,))]
+            attention(out, arch, cfg, dst + "self_attn.", p, linear)
         if not cfg.is_moe(i):
             mlp(out, arch, dst + "mlp.", p, "", cfg.intermediate_size, h, cfg.mlp_bias, cfg.gated_mlp)
             if cfg.hidden_act == "xielu":  # the activation's own parameters
@@ -95,6 +82,25 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
         if cfg.lm_head_bias:
             out["lm_head.bias"] = [("lm_head.bias", (cfg.vocab_size,))]
     return out
+
+
+def attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,
+              linear: Any) -> None:
+    """Attention's weights (``kvserve.model.attention``): q/k/v in one GEMM, o_proj, the q/k norms (per head or over
+    the whole projection; LayerNorms: ``head_norms``) and the sinks."""
+    h, d = cfg.hidden_size, int(cfg.head_dim or 0)
+    q_rows, kv_rows = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+    linear(dst + "qkv", prefix, [("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)],
+           arch.weight_name("qkv_proj"), h, cfg.attention_bias)
+    linear(dst + "o_proj", prefix, [("o_proj", h)], None, q_rows, cfg.o_proj_bias)
+    if cfg.qk_norm_type == "layer":
+        head_norms(out, arch, cfg, dst, prefix)
+    elif cfg.qk_norm is not None:
+        full = cfg.qk_norm == "full"
+        for role, rows in (("q_norm", q_rows), ("k_norm", kv_rows)):
+            out[f"{dst}{role}.weight"] = [(f"{prefix}{arch.weight_name(role)}.weight", (rows if full else d,))]
+    if cfg.attn_sinks:
+        out[f"{dst}sinks"] = [(f"{prefix}{arch.weight_name('sinks')}", (cfg.num_attention_heads,))]
 
 
 def head_norms(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str) -> None:

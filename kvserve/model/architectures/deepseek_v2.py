@@ -4,8 +4,6 @@ interleaved pairs of its rotary dims, the softmax scale times YaRN's ``mscale_al
 expert groups (``topk_method`` "group_limited_greedy": groups ranked by their best expert), times
 ``routed_scaling_factor``; shared experts added without a gate. The pieces DeepSeek-V3 and GLM-4.7-Flash reuse."""
 
-import math
-
 from kvserve.model.architectures import Architecture, GGUFGet, first_of, register
 
 DEEPSEEK_WEIGHTS = {"shared_expert": "mlp.shared_experts.", "selection_bias": "mlp.gate.e_score_correction_bias"}
@@ -14,7 +12,7 @@ DEEPSEEK_WEIGHTS = {"shared_expert": "mlp.shared_experts.", "selection_bias": "m
 def latent_attention_config(d: dict) -> dict:
     """The latent attention's shape, its cache's heads and the softmax scale (YaRN's mscale_all_dim folded in, as
     DeepSeek's reference code scales every dim of q.k)."""
-    from kvserve.model.config import rope_settings
+    from kvserve.model.config import rope_settings, yarn_mscale
 
     nope, rope, v = d["qk_nope_head_dim"], d["qk_rope_head_dim"], d["v_head_dim"]
     q_lora, bias = d.get("q_lora_rank") or 0, bool(d.get("attention_bias", False))
@@ -23,8 +21,8 @@ def latent_attention_config(d: dict) -> dict:
                          "kv_a_proj has) is not supported")
     scale = (nope + rope) ** -0.5
     _, scaling = rope_settings(d)
-    if scaling and scaling.get("mscale_all_dim") and float(scaling.get("factor") or 1) > 1:
-        scale *= (0.1 * float(scaling["mscale_all_dim"]) * math.log(float(scaling["factor"])) + 1.0) ** 2
+    if scaling and scaling.get("mscale_all_dim"):
+        scale *= yarn_mscale(float(scaling.get("factor") or 1), float(scaling["mscale_all_dim"])) ** 2
     return {"kv_lora_rank": d["kv_lora_rank"], "q_lora_rank": q_lora, "qk_nope_head_dim": nope,
             "qk_rope_head_dim": rope, "v_head_dim": v, "head_dim": max(nope + rope, v),
             "num_key_value_heads": d["num_attention_heads"], "attn_scale": scale,

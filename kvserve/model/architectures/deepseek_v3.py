@@ -9,11 +9,16 @@ from kvserve.model.architectures.deepseek_v2 import (DEEPSEEK_WEIGHTS, deepseek_
                                                      latent_attention_config)
 
 
-def deepseek_v3_config(d: dict) -> dict:
-    experts = deepseek_experts({**d, "norm_topk_prob": d.get("norm_topk_prob", True)}, dense_first_layers(d),
+def v3_experts(d: dict, moe_layers: list[bool], norm_topk_default: bool = True) -> dict:
+    """DeepSeek-V3's experts and router, which GLM-4.7-Flash and dots.llm1 share: sigmoid scores chosen with the
+    selection bias from the best expert groups, ranked by their best two."""
+    experts = deepseek_experts({**d, "norm_topk_prob": d.get("norm_topk_prob", norm_topk_default)}, moe_layers,
                                d.get("n_group") or 1, d.get("topk_group") or 1)
-    return {**latent_attention_config(d), **experts, "router_scoring": "sigmoid", "selection_bias": True,
-            "group_scoring": "top2"}
+    return {**experts, "router_scoring": "sigmoid", "selection_bias": True, "group_scoring": "top2"}
+
+
+def deepseek_v3_config(d: dict) -> dict:
+    return {**latent_attention_config(d), **v3_experts(d, dense_first_layers(d))}
 
 
 register(Architecture("DeepseekV3ForCausalLM", deepseek_v3_config, weights=DEEPSEEK_WEIGHTS))

@@ -2,16 +2,14 @@
 bias, expert groups ranked by their best two), its layers dense or sparse by ``mlp_layer_types`` (the first dense)."""
 
 from kvserve.model.architectures import Architecture, register
-from kvserve.model.architectures.deepseek_v2 import DEEPSEEK_WEIGHTS, deepseek_experts, latent_attention_config
+from kvserve.model.architectures.deepseek_v2 import DEEPSEEK_WEIGHTS, latent_attention_config
+from kvserve.model.architectures.deepseek_v3 import v3_experts
 
 
 def glm4_moe_lite_config(d: dict) -> dict:
     layers = d["num_hidden_layers"]
     plan = d.get("mlp_layer_types") or ["dense"] + ["sparse"] * (layers - 1)
-    experts = deepseek_experts({**d, "norm_topk_prob": d.get("norm_topk_prob", True)},
-                               [kind == "sparse" for kind in plan], d.get("n_group") or 1, d.get("topk_group") or 1)
-    return {**latent_attention_config(d), **experts, "router_scoring": "sigmoid", "selection_bias": True,
-            "group_scoring": "top2"}
+    return {**latent_attention_config(d), **v3_experts(d, [kind == "sparse" for kind in plan])}
 
 
 register(Architecture("Glm4MoeLiteForCausalLM", glm4_moe_lite_config, weights=DEEPSEEK_WEIGHTS))
