@@ -19,7 +19,7 @@ from kvserve.device import amx_gemm_available, resolve_deterministic, resolve_de
 from kvserve.model.quant_linear import runs_quantized
 from kvserve.engine.core import EngineCore
 from kvserve.engine.engine import Engine
-from kvserve.errors import MissingPackageError, ModelLoadError
+from kvserve.errors import InvalidArgumentError, MissingPackageError, ModelLoadError
 from kvserve.engine.handoff import Handoff
 from kvserve.kv.connector import KVConnector, SharedTierConnector
 from kvserve.kv.manager import KVManager
@@ -53,6 +53,8 @@ def build_engine(config: KVServeConfig, model_cfg: ModelConfig, weights: Weights
         log.info("--cpu-bind: the engine's threads on CPUs %s", format_cpu_list(cpus))
     if m.num_threads or cpus:
         torch.set_num_threads(m.num_threads or len(cpus or ()))
+    if model_cfg.has_recurrent_state:
+        refuse_for_recurrent_state(config)
     device = resolve_device(m.device)
     dtype = resolve_dtype(m.dtype, device, quantized=runs_quantized(m.quantization, weights))
     deterministic = resolve_deterministic(m.deterministic, device)
@@ -81,9 +83,24 @@ def build_engine(config: KVServeConfig, model_cfg: ModelConfig, weights: Weights
     return Engine(runner, config.scheduler, max_loras=config.lora.max_loras if runner.lora else 0,
                   vocab_size=model_cfg.vocab_size, eos_token_ids=tuple(eos_token_ids),
                   kv=build_kv_manager(config, runner.num_kv_blocks, runner.block_size, runner.block_bytes,
-                                      runner.kv_fingerprint, sliding_window=model_cfg.kv_window()),
+                                      runner.kv_fingerprint, sliding_window=model_cfg.kv_window(),
+                                      state_slots=runner.num_state_slots),
                   grammars=grammars if hf_tokenizer is not None else None,
                   speculation=config.speculation if runner.proposer is not None else None)
+
+
+def refuse_for_recurrent_state(config: KVServeConfig) -> None:
+    """What a model with Mamba layers cannot run, in one line: each needs KV for a prefix without the sequence's
+    state (offload tiers and KV hand-over restore a prefix; speculative steps would have to roll the state back)."""
+    cache, why = config.cache, ""
+    if config.speculation.speculative_method is not None:
+        why = "speculative decoding (its rejected tokens would stay in the recurrent state)"
+    elif cache.kv_offload_memory_gb or cache.kv_offload_dir or cache.kv_offload_url:
+        why = "KV offload tiers (they restore prefixes, and a recurrent state is the whole sequence's)"
+    elif cache.role != "both":
+        why = f"--role {cache.role} (KV hand-over carries no recurrent state)"
+    if why:
+        raise InvalidArgumentError(f"this model's Mamba layers keep a state per sequence: {why} is not supported")
 
 
 def build_proposer(config: KVServeConfig, model_cfg: ModelConfig, runner: TorchRunner,
@@ -111,10 +128,15 @@ def build_proposer(config: KVServeConfig, model_cfg: ModelConfig, runner: TorchR
 
 
 def build_kv_manager(config: KVServeConfig, num_blocks: int, block_size: int, block_bytes: int,
-                     fingerprint: bytes, sliding_window: int | None = None) -> KVManager:
+                     fingerprint: bytes, sliding_window: int | None = None, state_slots: int = 0) -> KVManager:
     """The KV manager with the prefix cache and the offload tiers the config asks for; ``sliding_window``:
-    every layer's window (``ModelConfig.kv_window``), behind which sequences let go of their blocks."""
+    every layer's window (``ModelConfig.kv_window``), behind which sequences let go of their blocks;
+    ``state_slots``: the recurrent states a model with Mamba layers keeps (then no prefix cache)."""
     cache = config.cache
+    prefix_caching = cache.enable_prefix_caching and not state_slots
+    if state_slots and cache.enable_prefix_caching:
+        log.info("prefix caching off: this model's Mamba layers keep a state per sequence, which no cached prefix "
+                 "holds")
     tiers: list[Tier] = []
     if cache.kv_offload_memory_gb:
         tiers.append(HostTier(int(cache.kv_offload_memory_gb * (1 << 30))))
@@ -129,8 +151,9 @@ def build_kv_manager(config: KVServeConfig, num_blocks: int, block_size: int, bl
         log.info("sliding window of %d tokens on every layer: each sequence keeps only the KV blocks of its "
                  "window (%d blocks of %d tokens, and a step's chunk)", sliding_window,
                  -(-sliding_window // block_size) + 1, block_size)
-    return KVManager(num_blocks, block_size, enable_prefix_caching=cache.enable_prefix_caching, tiers=tiers,
-                     fingerprint=fingerprint, block_bytes=block_bytes, sliding_window=sliding_window)
+    return KVManager(num_blocks, block_size, enable_prefix_caching=prefix_caching, tiers=tiers,
+                     fingerprint=fingerprint, block_bytes=block_bytes, sliding_window=sliding_window,
+                     state_slots=state_slots)
 
 
 def build_handoff(config: KVServeConfig, engine: Engine) -> Handoff | None:

@@ -30,6 +30,7 @@ class SeqRows:
     tokens: list[int]
     start: int
     block_table: list[int]
+    state_slot: int = -1  # where its recurrent layers keep their state (KVManager.state_slot); -1: none
 
     @property
     def end(self) -> int:

@@ -27,6 +27,7 @@ class ScheduledChunk:
     block_table: list[int]
     draft_token_ids: list[int] = field(default_factory=list)  # verified in this step
     propose_k: int = 0  # tokens to draft after this step, for the next one
+    state_slot: int = -1  # the sequence's recurrent state (KVManager.state_slot); -1: the model has none
 
     @property
     def end(self) -> int:

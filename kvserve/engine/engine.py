@@ -62,7 +62,9 @@ class Engine:
         """``speculation``: the drafts the runner's proposer makes are verified as it says (None: off);
         ``max_loras``: most distinct LoRA adapters in one step (0: no adapters)."""
         self.runner = runner
-        self.kv = kv or KVManager(runner.num_kv_blocks, runner.block_size)
+        states = getattr(runner, "num_state_slots", 0)
+        self.kv = kv or KVManager(runner.num_kv_blocks, runner.block_size, enable_prefix_caching=not states,
+                                  state_slots=states)
         # the wall clock here; the simulator's virtual clock, which its runner advances, there
         self.clock = clock
         if self.kv.cache is not None:

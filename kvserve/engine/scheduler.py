@@ -342,7 +342,8 @@ class Scheduler:
         return budget
 
     def _add_chunk(self, batch: Batch, req: Request, n: int, drafts: list[int] | None = None) -> None:
-        chunk = ScheduledChunk(req, req.num_computed_tokens, n, self.kv.table(req.request_id), drafts or [])
+        chunk = ScheduledChunk(req, req.num_computed_tokens, n, self.kv.table(req.request_id), drafts or [],
+                               state_slot=self.kv.state_slot(req.request_id))
         if chunk.sample:
             chunk.propose_k = self.spec.propose_k(req)
         batch.chunks.append(chunk)

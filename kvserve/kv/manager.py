@@ -5,6 +5,8 @@ sequence's next tokens (evicting cached blocks when the free list runs short), t
 the blocks a step filled, and to free a sequence. For a model whose every layer attends a
 sliding window, a sequence also lets go of the blocks wholly behind the window of the next token
 it computes (``slide``); their table entries become ``NO_BLOCK``, so a table still maps positions.
+For a model with recurrent layers (Mamba), a sequence also holds one state slot from its first blocks until it is
+freed (finished or preempted): the runner keeps that layer state there, restarting it at position 0.
 Copies between device blocks and the tiers are queued as ``KVTransfer``s that ride on the step's
 batch, in order, so the runner performs them before the forward pass that may overwrite a reused
 block. No torch here.
@@ -64,11 +66,18 @@ class PrefixCacheStats:
 class KVManager:
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True,
                  tiers: Sequence[Tier] = (), fingerprint: bytes = b"", block_bytes: int = 0,
-                 sliding_window: int | None = None):
+                 sliding_window: int | None = None, state_slots: int = 0):
         """``sliding_window``: the window every layer of the model attends (``ModelConfig.kv_window``);
-        None keeps every block of a sequence."""
+        None keeps every block of a sequence. ``state_slots``: how many sequences may hold a recurrent state at
+        once (0: the model has none). A recurrent state describes a whole sequence, not a prefix of it, so such a
+        model runs without the prefix cache."""
         if sliding_window is not None and sliding_window < 1:
             raise ValueError("sliding_window must be positive")
+        if state_slots and enable_prefix_caching:
+            raise ValueError("a recurrent state per sequence rules out the prefix cache")
+        self.state_slots = state_slots
+        self._free_states = list(range(state_slots - 1, -1, -1))
+        self.states: dict[str, int] = {}  # seq -> its state slot
         self.pool = BlockPool(num_blocks, block_size)
         self.block_size = block_size
         self.sliding_window = sliding_window
@@ -134,13 +143,22 @@ class KVManager:
         return max(0, self.pool.blocks_for(num_tokens) - len(self.table(seq_id)))
 
     def can_grow(self, seq_id: str, num_tokens: int) -> bool:
+        if self.state_slots and seq_id not in self.states and not self._free_states:
+            return False
         return self.blocks_needed(seq_id, num_tokens) <= self.num_available_blocks
 
     def grow(self, seq_id: str, num_tokens: int) -> None:
-        """Make the sequence's table cover ``num_tokens`` tokens; caller checked ``can_grow``."""
+        """Make the sequence's table cover ``num_tokens`` tokens (and give it a state slot where the model has
+        recurrent layers); caller checked ``can_grow``."""
         need = self.blocks_needed(seq_id, num_tokens)
         if need:
             self.tables.setdefault(seq_id, []).extend(self._allocate(need))
+        if self.state_slots and seq_id not in self.states:
+            self.states[seq_id] = self._free_states.pop()
+
+    def state_slot(self, seq_id: str) -> int:
+        """The sequence's recurrent state slot; -1 where the model has none."""
+        return self.states.get(seq_id, -1)
 
     def _allocate(self, n: int) -> list[int]:
         short = n - self.pool.num_free
@@ -163,6 +181,9 @@ class KVManager:
 
     def free(self, seq_id: str) -> None:
         self._cached_upto.pop(seq_id, None)
+        slot = self.states.pop(seq_id, None)
+        if slot is not None:
+            self._free_states.append(slot)
         blocks = self.tables.pop(seq_id, None)
         if blocks:
             self.pool.release([b for b in blocks if b != NO_BLOCK])
@@ -346,3 +367,6 @@ class KVManager:
         assert evictable == self.pool.num_evictable, (evictable, self.pool.num_evictable)
         free = sum(1 for r in refs if r == 0)
         assert free == self.pool.num_free, (free, self.pool.num_free)
+        slots = [*self.states.values(), *self._free_states]
+        assert len(slots) == len(set(slots)), "a state slot held twice"
+        assert set(self.states) <= set(self.tables), "a state slot held by a sequence without blocks"

@@ -129,13 +129,25 @@ class ModelConfig:
     conv_layers: list[bool] | None = None
     conv_kernel: int = 0
     conv_bias: bool = False
+    # --- Mamba-2 layers (Granite 4.0 H, Bamba): per layer, whether its token mixer is a selective state space of
+    # mamba_heads heads of mamba_head_dim, mamba_groups groups of B and C of mamba_state_size, after a depthwise causal
+    # convolution of mamba_conv_kernel taps; a recurrent state per sequence (kvserve.model.mamba) ---
+    mamba_layers: list[bool] | None = None
+    mamba_heads: int = 0
+    mamba_head_dim: int = 0
+    mamba_groups: int = 1
+    mamba_state_size: int = 0
+    mamba_conv_kernel: int = 4
+    mamba_conv_bias: bool = True
+    mamba_proj_bias: bool = False
+    mamba_dt_limit: tuple[float, float] = (0.0, float("inf"))
 
     def __post_init__(self) -> None:
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
-        for name in ("layer_types", "rope_layers", "moe_layers", "conv_layers"):
+        for name in ("layer_types", "rope_layers", "moe_layers", "conv_layers", "mamba_layers"):
             per_layer = getattr(self, name)
             if per_layer is not None and len(per_layer) != self.num_hidden_layers:
                 raise ValueError(f"{name} has {len(per_layer)} entries for {self.num_hidden_layers} layers")
@@ -195,9 +207,25 @@ class ModelConfig:
         """Whether ``layer``'s token mixer is a short convolution (``kvserve.model.short_conv``)."""
         return self.conv_layers is not None and self.conv_layers[layer]
 
+    def is_mamba(self, layer: int) -> bool:
+        """Whether ``layer``'s token mixer is a Mamba-2 selective state space (``kvserve.model.mamba``)."""
+        return self.mamba_layers is not None and self.mamba_layers[layer]
+
+    @property
+    def has_recurrent_state(self) -> bool:
+        """Whether some layer keeps a state per sequence (its length's worth of tokens in fixed size), not KV."""
+        return self.mamba_layers is not None and any(self.mamba_layers)
+
+    @property
+    def mamba_inner(self) -> int:
+        return self.mamba_heads * self.mamba_head_dim
+
     def cache_layers(self, layer: int) -> int:
-        """How many of the KV pool's layers ``layer`` takes: 1 (its K and V), or for a short convolution as many as
-        hold its input (hidden_size values a token) in their K's and V's widths."""
+        """How many of the KV pool's layers ``layer`` takes: 1 (its K and V), none for a Mamba layer (its state is
+        per sequence), or for a short convolution as many as hold its input (hidden_size values a token) in their
+        K's and V's widths."""
+        if self.is_mamba(layer):
+            return 0
         if not self.is_conv(layer):
             return 1
         return -(-self.hidden_size // (2 * self.num_key_value_heads * int(self.head_dim or 0)))
@@ -261,6 +289,7 @@ class ModelConfig:
                   (self.query_position_scale is not None, "queries scaled by position"),
                   (bool(self.kv_lora_rank), "latent attention"),
                   (self.conv_layers is not None and any(self.conv_layers), "short convolutions"),
+                  (self.has_recurrent_state, "Mamba layers"),
                   (self.router_scoring == "sparsemixer", "the sparsemixer router"),
                   (dense_swiglu, "a clamped SwiGLU")]
         return ", ".join(why for bad, why in checks if bad) or None

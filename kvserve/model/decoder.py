@@ -16,6 +16,7 @@ from kvserve.attention import AttentionBackend, AttentionMetadata
 from kvserve.model.attention import Attention
 from kvserve.model.config import ModelConfig
 from kvserve.model.latent_attention import LatentAttention
+from kvserve.model.mamba import Mamba2
 from kvserve.model.layers import PackedLinear, RMSNorm, make_norm, pack_linears, padded_rows, runs_amx
 from kvserve.model.mlp import GatedMLP, MoE
 from kvserve.model.native_stack import build_native_stack, run_native_stack
@@ -35,9 +36,11 @@ class DecoderLayer(nn.Module):
         for role in cfg.norm_roles:
             setattr(self, role, make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias,
                                           cfg.norm_affine))
-        # the layer's token mixer: attention, latent attention or a short convolution
-        self.self_attn: Attention | LatentAttention | ShortConv
-        if cfg.is_conv(layer):
+        # the layer's token mixer: attention, latent attention, a short convolution or a Mamba-2 layer
+        self.self_attn: Attention | LatentAttention | ShortConv | Mamba2
+        if cfg.is_mamba(layer):
+            self.self_attn = Mamba2(cfg, layer)
+        elif cfg.is_conv(layer):
             self.self_attn = ShortConv(cfg, layer)
         else:
             self.self_attn = LatentAttention(cfg, layer) if cfg.kv_lora_rank else Attention(cfg, layer)
@@ -133,15 +136,29 @@ class CausalLM(nn.Module):
             cfg.rotary_dim, cfg.max_position_embeddings, cfg.rope_local_theta, None, head_dim)
         self.uses_local = [cfg.rope_local_theta is not None and cfg.window(i) is not None for i in range(len(self.layers))]
         self.rotates = [cfg.rotates(i) for i in range(len(self.layers))]  # SmolLM3's NoPE layers: False
-        # each layer's pool layers (kv_caches' entries): its own one, or a short convolution's several
+        # each layer's pool layers (kv_caches' entries): its own one, a short convolution's several, a Mamba layer's
+        # none
         self.cache_of: list[int | slice] = []
         first = 0
         for i in range(len(self.layers)):
-            self.cache_of.append(slice(first, first + cfg.cache_layers(i)) if cfg.is_conv(i) else first)
-            first += cfg.cache_layers(i)
+            n = cfg.cache_layers(i)
+            self.cache_of.append(first if n == 1 and not cfg.is_conv(i) else slice(first, first + n))
+            first += n
         self.native = False
         self.native_stack: Any | None = None  # every layer in one native call (kvserve.model.native_stack)
         self.lora: Any | None = None  # a kvserve.lora.layers.LoRAContext once adapters are enabled
+
+    def mamba_layers(self) -> list[Mamba2]:
+        return [layer.self_attn for layer in self.layers if isinstance(layer.self_attn, Mamba2)]
+
+    def state_bytes(self, dtype: torch.dtype) -> int:
+        """Bytes one sequence's recurrent state takes over every layer (0: the model keeps none)."""
+        return sum(m.state_bytes(dtype) for m in self.mamba_layers())
+
+    def allocate_states(self, slots: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Room for ``slots`` sequences' recurrent states (``KVManager.state_slot`` indexes them)."""
+        for m in self.mamba_layers():
+            m.allocate_states(slots, dtype, device)
 
     @classmethod
     def from_hf_weights(cls, cfg: ModelConfig, weights: dict[str, Any], dtype: torch.dtype,

@@ -16,7 +16,7 @@ from kvserve.model.config import ModelConfig
 
 Source = tuple[str, tuple[int, ...]]  # a checkpoint tensor's name and shape
 # the decoder's linear modules (last part of their path; q_b and kv_b: latent attention's expansions; in_proj and
-# out_proj: a short convolution's)
+# out_proj: a short convolution's or a Mamba layer's)
 LINEARS = ("qkv", "o_proj", "gate_up", "down", "q_b", "kv_b", "in_proj", "out_proj")
 
 
@@ -46,7 +46,9 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
             if name is not None:
                 for suffix in norm_suffixes:
                     out[f"{dst}{role}.{suffix}"] = [(f"{p}{name}.{suffix}", (h,))]
-        if cfg.is_conv(i):
+        if cfg.is_mamba(i):
+            mamba(out, arch, cfg, dst + "self_attn.", p, linear)
+        elif cfg.is_conv(i):
             short_conv(out, arch, cfg, dst + "self_attn.", p, linear)
         elif cfg.kv_lora_rank:
             latent_attention(out, arch, cfg, dst + "self_attn.", p, linear)
@@ -131,6 +133,24 @@ def short_conv(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfi
     out[f"{dst}kernel"] = [(f"{prefix}{kernel}.weight", (h, cfg.conv_kernel))]
     if cfg.conv_bias:
         out[f"{dst}bias"] = [(f"{prefix}{kernel}.bias", (h,))]
+
+
+def mamba(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,
+          linear: Any) -> None:
+    """A Mamba-2 layer's weights (``kvserve.model.mamba``): in_proj (z, x, B, C, dt), the depthwise kernel [channels,
+    taps] (stored [channels, 1, taps]) and its bias, dt's bias, A's log, D, the gated norm's weight, out_proj."""
+    h, inner, heads = cfg.hidden_size, cfg.mamba_inner, cfg.mamba_heads
+    channels = inner + 2 * cfg.mamba_groups * cfg.mamba_state_size
+    linear(dst + "in_proj", prefix, [("mamba_in_proj", inner + channels + heads)], None, h, cfg.mamba_proj_bias)
+    linear(dst + "out_proj", prefix, [("mamba_out_proj", h)], None, inner, cfg.mamba_proj_bias)
+    conv = arch.weight_name("mamba_conv")
+    out[f"{dst}kernel"] = [(f"{prefix}{conv}.weight", (channels, cfg.mamba_conv_kernel))]
+    if cfg.mamba_conv_bias:
+        out[f"{dst}conv_bias"] = [(f"{prefix}{conv}.bias", (channels,))]
+    for ours, role, rows in (("dt_bias", "mamba_dt_bias", heads), ("A_log", "mamba_A_log", heads),
+                             ("D", "mamba_D", heads), ("norm_weight", "mamba_norm", inner)):
+        name = arch.weight_name(role)
+        out[dst + ours] = [(f"{prefix}{name}", (rows,))]
 
 
 def latent_attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,

@@ -94,6 +94,13 @@ class TorchRunner:
                  num_kv_blocks, block_size, num_kv_blocks * layout.block_bytes / (1 << 30), layout.dtype,
                  layout.bytes_per_token, kv_name, why)
         self.kv_pool = pool_cls(layout, num_kv_blocks, self.device)
+        # a recurrent state for each sequence that may run at once (the KV manager hands out the slots)
+        self.num_state_slots = max_num_seqs if cfg.has_recurrent_state else 0
+        if self.num_state_slots:
+            self.model.allocate_states(self.num_state_slots, dtype, self.device)
+            log.info("recurrent state: %d slots (--max-num-seqs) of %.2f MiB (%.2f GiB)", self.num_state_slots,
+                     self.model.state_bytes(dtype) / (1 << 20),
+                     self.num_state_slots * self.model.state_bytes(dtype) / (1 << 30))
         calibrate_kv_scales(self.model, self.kv_pool, dtype)  # an 8-bit pool's scales, before any token
         self.attention = backend_cls(self.kv_pool, dtype)
         self.deterministic = deterministic
@@ -141,6 +148,7 @@ class TorchRunner:
             raise InvalidArgumentError("sleep level 2 reloads the weights from disk on wake, and this model was "
                                        "not loaded from a path: use level 1", param="level")
         self.kv_pool.release()
+        self.model.allocate_states(0, self.dtype, self.device)
         self._draft_probs.clear()
         if level >= 2:
             self.model = None  # type: ignore[assignment]
@@ -151,6 +159,7 @@ class TorchRunner:
             assert self.source is not None
             self._use_model(*load_replacement(self.source, self.cfg, self.max_model_len, self.quantization))
         self.kv_pool.reallocate()
+        self.model.allocate_states(self.num_state_slots, self.dtype, self.device)
 
     def load_weights(self, model_path: str, load_format: str = "auto") -> None:
         """Serve the checkpoint at ``model_path`` (``load_replacement``'s checks) from the next step on; the
@@ -164,6 +173,7 @@ class TorchRunner:
         model = CausalLM.from_hf_weights(cfg, weights, self.dtype, self.device, self.quantization, self.amx)
         calibrate_kv_scales(model, self.kv_pool, self.dtype)  # an 8-bit pool's scales follow the weights
         self._warm_up(model)
+        model.allocate_states(self.num_state_slots, self.dtype, self.device)
         self.model, self.cfg = model, cfg
         if self.lora is not None:
             self.lora.rebind(model)
@@ -193,7 +203,7 @@ class TorchRunner:
         if not batch.chunks:
             return out
         chunks = batch.chunks
-        seqs = [SeqRows(c.input_token_ids, c.start, c.block_table) for c in chunks]
+        seqs = [SeqRows(c.input_token_ids, c.start, c.block_table, c.state_slot) for c in chunks]
         inputs = build_inputs(seqs, self.attention)
         # the rows to score: a sampling chunk's last row; all 1 + k rows of a verify chunk
         rows: list[int] = []

@@ -23,6 +23,7 @@ COMMON = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_la
               num_key_value_heads=2, head_dim=16, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
               pad_token_id=0, tie_word_embeddings=False)
 WINDOW = 6  # shorter than most prompts below
+MAMBA = dict(mamba_n_heads=4, mamba_d_head=32, mamba_d_state=8, mamba_n_groups=2, mamba_d_conv=4, mamba_chunk_size=4)
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
 # latent attention's shapes: every head cached (num_key_value_heads = heads); transformers' head_dim is the rotary dims
 LATENT = dict(num_key_value_heads=4, head_dim=8, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
@@ -76,6 +77,14 @@ CASES: dict[str, tuple[str, dict]] = {
         num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, shared_intermediate_size=64,
         layer_types=["attention"] * 2, position_embedding_type=None, embedding_multiplier=3.0, residual_multiplier=0.5,
         attention_multiplier=0.3, logits_scaling=2.0)),
+    # Granite 4.0 H: Mamba-2 layers (two groups of B and C, chunks of 4 in transformers' scan) and experts
+    "GraniteMoeHybridForCausalLM:mamba": ("GraniteMoeHybridConfig", dict(
+        MAMBA, num_hidden_layers=3, layer_types=["mamba", "attention", "mamba"], num_local_experts=4,
+        num_experts_per_tok=2, intermediate_size=32, shared_intermediate_size=64, position_embedding_type=None,
+        embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.3, logits_scaling=2.0)),
+    # Mamba-2 layers with projection biases and no convolution bias; half of each head rotates where it attends
+    "BambaForCausalLM": ("BambaConfig", dict(MAMBA, num_hidden_layers=3, attn_layer_indices=[1], mamba_conv_bias=False,
+                                             mamba_proj_bias=True)),
     # sinks, biases everywhere, the router's bias, the clamped SwiGLU, stacked experts, sliding/full, yarn; a low
     # limit so that the clamps bite on these weights
     "GptOssForCausalLM": ("GptOssConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
@@ -394,7 +403,10 @@ def test_chunked_prefill_prefix_hits_and_preemption_keep_the_answer(name, tmp_pa
     assert [o.token_ids for o in llm.generate(prompts(), GREEDY)] == want
     hits = llm.engine.kv.stats.device_hits
     assert [o.token_ids for o in llm.generate(prompts(), GREEDY)] == want
-    assert llm.engine.kv.stats.device_hits >= hits + 16  # the longer prompts' whole blocks
+    if llm.engine.runner.cfg.has_recurrent_state:  # a state per sequence: no prefix cache (tests/model/test_mamba.py)
+        assert llm.engine.kv.cache is None and llm.engine.kv.state_slots
+    else:
+        assert llm.engine.kv.stats.device_hits >= hits + 16  # the longer prompts' whole blocks
     # a pool that holds about one sequence: later ones are preempted and recomputed (where every layer has
     # a window a sequence holds only the window's blocks and its chunk's: steps of 4 tokens, 5 blocks)
     small = dict(max_num_batched_tokens=32, num_kv_blocks=(max(PROMPT_LENS) + 8) // 4 + 2)
@@ -516,6 +528,7 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("CohereForCausalLM:qk_norm", False, "LayerNorms, a parallel residual, q/k LayerNorms"),
     ("Ministral3ForCausalLM", False, "queries scaled by position"),
     ("Lfm2ForCausalLM", False, "short convolutions"), ("Lfm2MoeForCausalLM", False, "short convolutions"),
+    ("GraniteMoeHybridForCausalLM:mamba", False, "Mamba layers"),
     ("OPTForCausalLM", False, "LayerNorms, a non-gated MLP, relu"),
     ("Exaone4ForCausalLM", True, None), ("Olmo3ForCausalLM", True, None),
     ("ArceeForCausalLM", False, "a non-gated MLP, relu2"), ("HeliumForCausalLM", True, None),
@@ -560,11 +573,10 @@ def test_a_bfloat16_model_attends_windows_and_sinks(case, tmp_path_factory):
                                      use_bias=True), "use_bias"),
     ("DeepseekV2ForCausalLM", dict(LATENT, q_lora_rank=None, attention_bias=True), "attention_bias"),
     ("DeepseekV2ForCausalLM", dict(LATENT, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                                   topk_method="noaux_tc"), "topk_method"),
-    ("GraniteMoeHybridForCausalLM", dict(num_local_experts=0, layer_types=["mamba", "attention"]), "mamba")])
+                                   topk_method="noaux_tc"), "topk_method")])
 def test_an_option_no_path_runs_is_refused_in_one_line(case, config, option, tmp_path):
     """ERNIE MoE's biased shared experts, a q projection without the bias its latent attention has, a router method
-    not built, Granite 4.0 H's Mamba layers: loading names the option instead of serving without it."""
+    not built: loading names the option instead of serving without it."""
     import json
 
     import transformers

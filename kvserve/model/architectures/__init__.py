@@ -39,6 +39,11 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     "k_b_proj": "self_attn.k_b_proj", "v_b_proj": "self_attn.v_b_proj",
     # a short convolution (ModelConfig.conv_layers): its input and output projections, its depthwise kernel
     "conv_in_proj": "conv.in_proj", "conv_out_proj": "conv.out_proj", "conv_kernel": "conv.conv",
+    # a Mamba-2 layer (ModelConfig.mamba_layers): its projections, depthwise convolution (weight and bias), dt's bias,
+    # A's log, D (tensors, not modules) and the gated norm's weight
+    "mamba_in_proj": "mamba.in_proj", "mamba_out_proj": "mamba.out_proj", "mamba_conv": "mamba.conv1d",
+    "mamba_dt_bias": "mamba.dt_bias", "mamba_A_log": "mamba.A_log", "mamba_D": "mamba.D",
+    "mamba_norm": "mamba.norm.weight",
     "sinks": "self_attn.sinks",  # one logit per head (a tensor, not a module: no .weight)
     "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj", "down_proj": "mlp.down_proj",
     "gate_up_proj": None,  # gate and up already stacked (Phi-3)
@@ -189,7 +194,8 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "ernie4_5", "stablelm", "cohere", "cohere2", "exaone4", "olmo3", "mistral3", "helium", "seed_oss",
             "arcee", "ernie4_5_moe", "phi", "glm4_moe", "hunyuan_dense", "deepseek_v2", "deepseek_v3",
             "glm4_moe_lite", "lfm2", "lfm2_moe", "qwen_vl", "dots1", "nemotron", "hunyuan_moe",
-            "minimax_m2", "gpt2", "opt", "gpt_neox", "flex_olmo", "vaultgemma", "cwm", "olmo", "apertus", "phimoe"]
+            "minimax_m2", "gpt2", "opt", "gpt_neox", "flex_olmo", "vaultgemma", "cwm", "olmo", "apertus", "phimoe",
+            "bamba"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)

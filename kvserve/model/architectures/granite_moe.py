@@ -3,11 +3,12 @@ chosen logits, so renormalised), the experts stored stacked as linear weights: g
 ``input_linear``, ``output_linear`` the down projections. Granite MoE Shared (Granite 4.0 tiny preview's lineage)
 adds a shared expert without a gate, stored as one MLP (``shared_mlp``). llama.cpp writes both as "granitemoe":
 gate, up and down per expert tensor, Granite's multiplier keys, the shared expert as ``ffn_*_shexp`` with its
-size as ``expert_shared_feed_forward_length``. Granite 4.0's hybrid architecture where every layer attends (see
+size as ``expert_shared_feed_forward_length``. Granite 4.0's hybrid architecture, its Mamba-2 layers too (see
 ``granite_moe_hybrid_config``)."""
 
 from kvserve.model.architectures import Architecture, GGUFGet, StackedExperts, first_of, register
 from kvserve.model.architectures.granite import granite_config, granite_gguf
+from kvserve.model.architectures.mamba2 import mamba2_config
 
 
 def granite_moe_config(d: dict) -> dict:
@@ -40,14 +41,12 @@ register(Architecture("GraniteMoeSharedForCausalLM", granite_moe_shared_config, 
 
 
 def granite_moe_hybrid_config(d: dict) -> dict:
-    """Granite 4.0's attention-only models (micro: ``num_local_experts`` 0, ``shared_mlp`` the layers' MLP; with
-    experts, Granite MoE Shared's layers); rotary only where ``position_embedding_type`` is "rope". Mamba layers
-    (Granite 4.0 H: a recurrent state each) are refused."""
+    """Granite 4.0: layers that attend and Mamba-2 layers (H models: ``layer_types`` "mamba"); micro's
+    ``num_local_experts`` 0 makes ``shared_mlp`` the layers' MLP, else Granite MoE Shared's layers; rotary only where
+    ``position_embedding_type`` is "rope"."""
     layers = d["num_hidden_layers"]
-    kinds = d.get("layer_types") or ["attention"] * layers
-    if any(kind not in ("attention", "full_attention") for kind in kinds):
-        raise ValueError("GraniteMoeHybridForCausalLM with mamba layers (a recurrent state each) is not supported")
-    out = granite_config(d)
+    kinds = d.get("layer_types") or d.get("layers_block_type") or ["attention"] * layers
+    out = {**granite_config(d), **mamba2_config(d, [kind in ("mamba", "linear_attention") for kind in kinds])}
     if d.get("position_embedding_type") != "rope":
         out["rope_layers"] = [False] * layers
     if first_of(d, "num_local_experts", "num_experts", default=0):

@@ -1,0 +1,32 @@
+"""Mamba-2 layers' settings as the hybrid families name them (Granite 4.0 H and Bamba: ``mamba_n_heads``, ``mamba_d_head``
+...; Mamba2 and Nemotron-H: ``num_heads``/``mamba_num_heads``, ``head_dim``/``mamba_head_dim`` ...), for
+``ModelConfig``'s ``mamba_*`` options (``kvserve.model.mamba``)."""
+
+from kvserve.model.architectures import first_of
+
+
+def mamba2_config(d: dict, layers: list[bool]) -> dict:
+    """The ``mamba_*`` options for a model whose ``layers`` are Mamba-2 where True (none: {})."""
+    if not any(layers):
+        return {}
+    expand = first_of(d, "mamba_expand", "expand", default=2)
+    inner = int(expand * d["hidden_size"])
+    heads = int(first_of(d, "mamba_n_heads", "mamba_num_heads", "num_heads"))
+    head_dim = first_of(d, "mamba_d_head", "mamba_head_dim", "head_dim", default="auto")
+    head_dim = inner // heads if head_dim in (None, "auto") else int(head_dim)
+    if heads * head_dim != inner:
+        raise ValueError(f"{heads} Mamba heads of {head_dim} do not make the inner size {inner} (expand x hidden)")
+    limit = d.get("time_step_limit") or (0.0, float("inf"))
+    return {"mamba_layers": layers, "mamba_heads": heads, "mamba_head_dim": head_dim,
+            "mamba_groups": int(first_of(d, "mamba_n_groups", "n_groups", default=1)),
+            "mamba_state_size": int(first_of(d, "mamba_d_state", "ssm_state_size", "state_size")),
+            "mamba_conv_kernel": int(first_of(d, "mamba_d_conv", "conv_kernel", default=4)),
+            "mamba_conv_bias": bool(first_of(d, "mamba_conv_bias", "use_conv_bias", default=True)),
+            "mamba_proj_bias": bool(first_of(d, "mamba_proj_bias", "use_bias", default=False)),
+            "mamba_dt_limit": (json_float(limit[0]), json_float(limit[1]))}
+
+
+def json_float(v) -> float:
+    """A float of a config.json: a number, "Infinity", or transformers' {"__float__": "Infinity"} (what it writes for
+    non-finite floats)."""
+    return float(v["__float__"] if isinstance(v, dict) else v)
