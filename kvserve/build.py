@@ -90,8 +90,9 @@ def build_engine(config: KVServeConfig, model_cfg: ModelConfig, weights: Weights
 
 
 def refuse_for_recurrent_state(config: KVServeConfig) -> None:
-    """What a model with Mamba layers cannot run, in one line: each needs KV for a prefix without the sequence's
-    state (offload tiers and KV hand-over restore a prefix; speculative steps would have to roll the state back)."""
+    """What a model with recurrent layers (Mamba, gated delta nets) cannot run, in one line: each needs KV for a prefix
+    without the sequence's state (offload tiers and KV hand-over restore a prefix; speculative steps would have to roll
+    the state back)."""
     cache, why = config.cache, ""
     if config.speculation.speculative_method is not None:
         why = "speculative decoding (its rejected tokens would stay in the recurrent state)"
@@ -100,7 +101,7 @@ def refuse_for_recurrent_state(config: KVServeConfig) -> None:
     elif cache.role != "both":
         why = f"--role {cache.role} (KV hand-over carries no recurrent state)"
     if why:
-        raise InvalidArgumentError(f"this model's Mamba layers keep a state per sequence: {why} is not supported")
+        raise InvalidArgumentError(f"this model's recurrent layers keep a state per sequence: {why} is not supported")
 
 
 def build_proposer(config: KVServeConfig, model_cfg: ModelConfig, runner: TorchRunner,
@@ -131,11 +132,11 @@ def build_kv_manager(config: KVServeConfig, num_blocks: int, block_size: int, bl
                      fingerprint: bytes, sliding_window: int | None = None, state_slots: int = 0) -> KVManager:
     """The KV manager with the prefix cache and the offload tiers the config asks for; ``sliding_window``:
     every layer's window (``ModelConfig.kv_window``), behind which sequences let go of their blocks;
-    ``state_slots``: the recurrent states a model with Mamba layers keeps (then no prefix cache)."""
+    ``state_slots``: how many sequences' recurrent states the model keeps (then no prefix cache)."""
     cache = config.cache
     prefix_caching = cache.enable_prefix_caching and not state_slots
     if state_slots and cache.enable_prefix_caching:
-        log.info("prefix caching off: this model's Mamba layers keep a state per sequence, which no cached prefix "
+        log.info("prefix caching off: this model's recurrent layers keep a state per sequence, which no cached prefix "
                  "holds")
     tiers: list[Tier] = []
     if cache.kv_offload_memory_gb:

@@ -1,6 +1,6 @@
 """A decoder layer's attention, with the options architectures differ by: biases, q/k norms (per head or
 over the whole projection), clamps on q/k/v, rotary or none, the softmax scale, a sliding window, a soft cap
-on the scores, sinks (a learned logit per head in the softmax's denominator). q, k and v come from one GEMM;
+on the scores, sinks (a learned logit per head in the softmax's denominator), a sigmoid gate on the output. q, k and v come from one GEMM;
 the attention backend attends (``AttentionBackend.attend_layer``)."""
 
 from __future__ import annotations
@@ -25,8 +25,10 @@ class Attention(nn.Module):
         self.head_dim = d = int(cfg.head_dim or 0)
         self.hidden_size = cfg.hidden_size
         q_size, kv_size = self.num_heads * d, self.num_kv_heads * d
-        self.split = (q_size, kv_size, kv_size)
-        self.qkv = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.attention_bias)
+        # gated attention: a gate for each of q's values, after q's (weights.standard_layout puts them there)
+        self.output_gate = cfg.attn_output_gate
+        self.split = (q_size, *((q_size,) if self.output_gate else ()), kv_size, kv_size)
+        self.qkv = nn.Linear(cfg.hidden_size, sum(self.split), bias=cfg.attention_bias)
         self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
         self.qk_norm = cfg.qk_norm
         self.norm_after_rope = cfg.qk_norm_after_rope
@@ -45,7 +47,7 @@ class Attention(nn.Module):
         self.spec = LayerAttention(cfg.attn_scale, cfg.window(layer), cfg.attn_logit_softcap)
         # what the bf16 path below handles
         self.plain = (cfg.qk_norm is None and not self.spec.masked and self.sinks is None and self.clip is None
-                      and self.position_scale is None)
+                      and self.position_scale is None and not self.output_gate)
 
     def _head_norms(self, q: torch.Tensor, k: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
         """q and k [t, heads, head_dim] normed per head (a head's reshape of the GEMM's output is a strided view:
@@ -74,7 +76,10 @@ class Attention(nn.Module):
         ``rope`` None: a layer whose q and k do not rotate (SmolLM3's NoPE layers)."""
         t = x.shape[0] if tokens is None else tokens
         qkv = (self.qkv(x, out_dtype=torch.bfloat16) if bf16 else self.qkv(x))[:t]
-        q, k, v = qkv.split(self.split, dim=-1)
+        if self.output_gate:
+            q, gate, k, v = qkv.split(self.split, dim=-1)
+        else:
+            q, k, v = qkv.split(self.split, dim=-1)
         if self.qk_norm == "full":
             q, k = self.q_norm(q.contiguous()), self.k_norm(k.contiguous())
         if self.clip is not None:
@@ -96,4 +101,6 @@ class Attention(nn.Module):
         if not o.shape[0]:  # no row attends (a step that samples nothing): the K/V writes were all
             return x.new_empty(0, self.hidden_size)
         o = o.reshape(o.shape[0], -1)
+        if self.output_gate:
+            o = o * torch.sigmoid(gate if rows is None else gate[rows])
         return self.o_proj(o, out_dtype=torch.bfloat16) if bf16 else self.o_proj(o)

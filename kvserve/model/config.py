@@ -141,13 +141,24 @@ class ModelConfig:
     mamba_conv_bias: bool = True
     mamba_proj_bias: bool = False
     mamba_dt_limit: tuple[float, float] = (0.0, float("inf"))
+    # --- gated delta nets (Qwen3-Next, Qwen3.5): per layer, whether its token mixer is linear attention with the gated
+    # delta rule, q/k in delta_key_heads heads of delta_key_dim, v in delta_value_heads of delta_value_dim, after a
+    # depthwise causal convolution of delta_conv_kernel taps; a recurrent state per sequence (kvserve.model.gated_delta)
+    delta_layers: list[bool] | None = None
+    delta_key_heads: int = 0
+    delta_value_heads: int = 0
+    delta_key_dim: int = 0
+    delta_value_dim: int = 0
+    delta_conv_kernel: int = 4
+    # gated attention (Qwen3-Next): q_proj also gives a gate per head's dim, and sigmoid(gate) scales attention's output
+    attn_output_gate: bool = False
 
     def __post_init__(self) -> None:
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
-        for name in ("layer_types", "rope_layers", "moe_layers", "conv_layers", "mamba_layers"):
+        for name in ("layer_types", "rope_layers", "moe_layers", "conv_layers", "mamba_layers", "delta_layers"):
             per_layer = getattr(self, name)
             if per_layer is not None and len(per_layer) != self.num_hidden_layers:
                 raise ValueError(f"{name} has {len(per_layer)} entries for {self.num_hidden_layers} layers")
@@ -211,20 +222,27 @@ class ModelConfig:
         """Whether ``layer``'s token mixer is a Mamba-2 selective state space (``kvserve.model.mamba``)."""
         return self.mamba_layers is not None and self.mamba_layers[layer]
 
+    def is_delta(self, layer: int) -> bool:
+        """Whether ``layer``'s token mixer is a gated delta net (``kvserve.model.gated_delta``)."""
+        return self.delta_layers is not None and self.delta_layers[layer]
+
+    def is_recurrent(self, layer: int) -> bool:
+        """Whether ``layer`` keeps a state per sequence (the whole sequence summed up in a fixed size) instead of KV."""
+        return self.is_mamba(layer) or self.is_delta(layer)
+
     @property
     def has_recurrent_state(self) -> bool:
-        """Whether some layer keeps a state per sequence (its length's worth of tokens in fixed size), not KV."""
-        return self.mamba_layers is not None and any(self.mamba_layers)
+        return any(self.is_recurrent(i) for i in range(self.num_hidden_layers))
 
     @property
     def mamba_inner(self) -> int:
         return self.mamba_heads * self.mamba_head_dim
 
     def cache_layers(self, layer: int) -> int:
-        """How many of the KV pool's layers ``layer`` takes: 1 (its K and V), none for a Mamba layer (its state is
+        """How many of the KV pool's layers ``layer`` takes: 1 (its K and V), none for a recurrent layer (its state is
         per sequence), or for a short convolution as many as hold its input (hidden_size values a token) in their
         K's and V's widths."""
-        if self.is_mamba(layer):
+        if self.is_recurrent(layer):
             return 0
         if not self.is_conv(layer):
             return 1
@@ -289,7 +307,9 @@ class ModelConfig:
                   (self.query_position_scale is not None, "queries scaled by position"),
                   (bool(self.kv_lora_rank), "latent attention"),
                   (self.conv_layers is not None and any(self.conv_layers), "short convolutions"),
-                  (self.has_recurrent_state, "Mamba layers"),
+                  (self.mamba_layers is not None and any(self.mamba_layers), "Mamba layers"),
+                  (self.delta_layers is not None and any(self.delta_layers), "gated delta nets"),
+                  (self.attn_output_gate, "gated attention"),
                   (self.router_scoring == "sparsemixer", "the sparsemixer router"),
                   (dense_swiglu, "a clamped SwiGLU")]
         return ", ".join(why for bad, why in checks if bad) or None

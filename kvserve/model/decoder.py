@@ -15,12 +15,14 @@ from torch import nn
 from kvserve.attention import AttentionBackend, AttentionMetadata
 from kvserve.model.attention import Attention
 from kvserve.model.config import ModelConfig
+from kvserve.model.gated_delta import GatedDeltaNet
 from kvserve.model.latent_attention import LatentAttention
 from kvserve.model.mamba import Mamba2
 from kvserve.model.layers import PackedLinear, RMSNorm, make_norm, pack_linears, padded_rows, runs_amx
 from kvserve.model.mlp import GatedMLP, MoE
 from kvserve.model.native_stack import build_native_stack, run_native_stack
 from kvserve.model.quant import QuantWeight
+from kvserve.model.recurrent import RecurrentMixer
 from kvserve.model.quant_linear import AMX_MIN_ROWS, QuantEmbedding, QuantLinear
 from kvserve.model.rotary import Rotary, RotaryStep
 from kvserve.model.short_conv import ShortConv
@@ -36,10 +38,12 @@ class DecoderLayer(nn.Module):
         for role in cfg.norm_roles:
             setattr(self, role, make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias,
                                           cfg.norm_affine))
-        # the layer's token mixer: attention, latent attention, a short convolution or a Mamba-2 layer
-        self.self_attn: Attention | LatentAttention | ShortConv | Mamba2
+        # the layer's token mixer: attention, latent attention, a short convolution, a Mamba-2 layer or a gated delta net
+        self.self_attn: Attention | LatentAttention | ShortConv | Mamba2 | GatedDeltaNet
         if cfg.is_mamba(layer):
             self.self_attn = Mamba2(cfg, layer)
+        elif cfg.is_delta(layer):
+            self.self_attn = GatedDeltaNet(cfg, layer)
         elif cfg.is_conv(layer):
             self.self_attn = ShortConv(cfg, layer)
         else:
@@ -148,16 +152,16 @@ class CausalLM(nn.Module):
         self.native_stack: Any | None = None  # every layer in one native call (kvserve.model.native_stack)
         self.lora: Any | None = None  # a kvserve.lora.layers.LoRAContext once adapters are enabled
 
-    def mamba_layers(self) -> list[Mamba2]:
-        return [layer.self_attn for layer in self.layers if isinstance(layer.self_attn, Mamba2)]
+    def recurrent_layers(self) -> list[RecurrentMixer]:
+        return [layer.self_attn for layer in self.layers if isinstance(layer.self_attn, RecurrentMixer)]
 
     def state_bytes(self, dtype: torch.dtype) -> int:
         """Bytes one sequence's recurrent state takes over every layer (0: the model keeps none)."""
-        return sum(m.state_bytes(dtype) for m in self.mamba_layers())
+        return sum(m.state_bytes(dtype) for m in self.recurrent_layers())
 
     def allocate_states(self, slots: int, dtype: torch.dtype, device: torch.device) -> None:
         """Room for ``slots`` sequences' recurrent states (``KVManager.state_slot`` indexes them)."""
-        for m in self.mamba_layers():
+        for m in self.recurrent_layers():
             m.allocate_states(slots, dtype, device)
 
     @classmethod

@@ -48,6 +48,8 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
                     out[f"{dst}{role}.{suffix}"] = [(f"{p}{name}.{suffix}", (h,))]
         if cfg.is_mamba(i):
             mamba(out, arch, cfg, dst + "self_attn.", p, linear)
+        elif cfg.is_delta(i):
+            gated_delta(out, arch, cfg, dst + "self_attn.", p, linear)
         elif cfg.is_conv(i):
             short_conv(out, arch, cfg, dst + "self_attn.", p, linear)
         elif cfg.kv_lora_rank:
@@ -92,7 +94,8 @@ def attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig
     the whole projection; LayerNorms: ``head_norms``) and the sinks."""
     h, d = cfg.hidden_size, int(cfg.head_dim or 0)
     q_rows, kv_rows = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
-    linear(dst + "qkv", prefix, [("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)],
+    gated = 2 if cfg.attn_output_gate else 1  # q_proj's rows: q's, then the output gate's (standard_layout)
+    linear(dst + "qkv", prefix, [("q_proj", gated * q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)],
            arch.weight_name("qkv_proj"), h, cfg.attention_bias)
     linear(dst + "o_proj", prefix, [("o_proj", h)], None, q_rows, cfg.o_proj_bias)
     if cfg.qk_norm_type == "layer":
@@ -151,6 +154,23 @@ def mamba(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, ds
                              ("D", "mamba_D", heads), ("norm_weight", "mamba_norm", inner)):
         name = arch.weight_name(role)
         out[dst + ours] = [(f"{prefix}{name}", (rows,))]
+
+
+def gated_delta(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,
+                linear: Any) -> None:
+    """A gated delta net's weights (``kvserve.model.gated_delta``): in_proj (q, k, v, z, b, a, from four tensors or two),
+    the depthwise kernel [channels, taps], dt's bias, A's log, the gated norm's weight [value_dim], out_proj."""
+    h, heads = cfg.hidden_size, cfg.delta_value_heads
+    keys, values = cfg.delta_key_heads * cfg.delta_key_dim, heads * cfg.delta_value_dim
+    parts = [("delta_qkvz", 2 * keys + 2 * values), ("delta_ba", 2 * heads)] if arch.weight_name("delta_qkvz") else \
+        [("delta_qkv", 2 * keys + values), ("delta_z", values), ("delta_b", heads), ("delta_a", heads)]
+    linear(dst + "in_proj", prefix, parts, None, h, False)
+    linear(dst + "out_proj", prefix, [("delta_out_proj", h)], None, values, False)
+    out[f"{dst}kernel"] = [(f"{prefix}{arch.weight_name('delta_conv')}.weight", (2 * keys + values,
+                                                                              cfg.delta_conv_kernel))]
+    for ours, role, rows in (("dt_bias", "delta_dt_bias", heads), ("A_log", "delta_A_log", heads),
+                             ("norm_weight", "delta_norm", cfg.delta_value_dim)):
+        out[dst + ours] = [(f"{prefix}{arch.weight_name(role)}", (rows,))]
 
 
 def latent_attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,
@@ -247,11 +267,23 @@ def deinterleave_rotary(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, 
 def standard_layout(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint's linears as the other architectures store them: GPT-2's Conv1D weights ([in, out]:
     ``Architecture.transposed_linears``) transposed, GPT-NeoX's fused q/k/v rows (head by head, q, k and v of each:
-    ``Architecture.qkv_per_head``) reordered to q's, then k's, then v's (biases too); as given otherwise."""
+    ``Architecture.qkv_per_head``) reordered to q's, then k's, then v's (biases too); gated attention's q_proj (each
+    head's q then its gate) as every head's q, then every gate; Qwen3-Next's grouped delta-net projections
+    (``ungroup_delta``); as given otherwise."""
     arch = get_architecture(cfg.architecture)
-    if not (arch.transposed_linears or arch.qkv_per_head):
+    if not (arch.transposed_linears or arch.qkv_per_head or cfg.attn_output_gate or arch.weight_name("delta_qkvz")):
         return weights
     out = dict(weights)
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        if cfg.attn_output_gate and not cfg.is_recurrent(i):  # q_proj: each head's q, then its gate: q's first
+            for suffix in ("weight", "bias"):
+                if (name := f"{p}{arch.weight_name('q_proj')}.{suffix}") in out:
+                    w = out[name]
+                    out[name] = w.reshape(cfg.num_attention_heads, 2, -1, *w.shape[1:]).transpose(0, 1).reshape(w.shape)
+        if cfg.is_delta(i) and arch.weight_name("delta_qkvz"):
+            out.update(ungroup_delta(cfg, out, p + str(arch.weight_name("delta_qkvz")) + ".weight",
+                                     p + str(arch.weight_name("delta_ba")) + ".weight"))
     if arch.transposed_linears:
         for names in linear_sources(cfg).values():
             for name in names:
@@ -265,6 +297,31 @@ def standard_layout(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]
                 if name in out:
                     w = out[name]
                     out[name] = w.reshape(heads, 3, d, *w.shape[1:]).transpose(0, 1).reshape(w.shape)
+    return out
+
+
+def ungroup_delta(cfg: ModelConfig, weights: dict[str, Any], qkvz: str, ba: str) -> dict[str, Any]:
+    """Qwen3-Next's stacked projections of a gated delta net, whose rows come a key head's group at a time (its q, k,
+    v and z; its b and a), as q, k, v, z and b, a each whole (the order ``GatedDeltaNet.in_proj`` splits)."""
+    groups, share = cfg.delta_key_heads, cfg.delta_value_heads // cfg.delta_key_heads
+    kd, vd = cfg.delta_key_dim, share * cfg.delta_value_dim
+    out = {}
+    if qkvz in weights:
+        w = weights[qkvz].reshape(groups, 2 * kd + 2 * vd, -1)
+        out[qkvz] = stack_rows([part.reshape(-1, w.shape[-1]) for part in w.split([kd, kd, vd, vd], dim=1)])
+    if ba in weights:
+        w = weights[ba].reshape(groups, 2 * share, -1)
+        out[ba] = stack_rows([part.reshape(-1, w.shape[-1]) for part in w.split([share, share], dim=1)])
+    return out
+
+
+def stack_rows(parts: list[Any]) -> Any:
+    """The tensors' rows one after another (their own methods: this module imports no torch)."""
+    out = parts[0].new_empty(sum(p.shape[0] for p in parts), *parts[0].shape[1:])
+    first = 0
+    for part in parts:
+        out[first : first + part.shape[0]] = part
+        first += part.shape[0]
     return out
 
 

@@ -23,6 +23,8 @@ COMMON = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_la
               num_key_value_heads=2, head_dim=16, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
               pad_token_id=0, tie_word_embeddings=False)
 WINDOW = 6  # shorter than most prompts below
+DELTA = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8,
+             linear_conv_kernel_dim=4, head_dim=16, layer_types=["linear_attention", "full_attention"] * 2)
 MAMBA = dict(mamba_n_heads=4, mamba_d_head=32, mamba_d_state=8, mamba_n_groups=2, mamba_d_conv=4, mamba_chunk_size=4)
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
 # latent attention's shapes: every head cached (num_key_value_heads = heads); transformers' head_dim is the rotary dims
@@ -77,6 +79,13 @@ CASES: dict[str, tuple[str, dict]] = {
         num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, shared_intermediate_size=64,
         layer_types=["attention"] * 2, position_embedding_type=None, embedding_multiplier=3.0, residual_multiplier=0.5,
         attention_multiplier=0.3, logits_scaling=2.0)),
+    # gated delta nets (two key heads, each shared by two value heads) around gated attention; experts, one dense layer
+    "Qwen3NextForCausalLM": ("Qwen3NextConfig", dict(DELTA, num_hidden_layers=4, mlp_only_layers=[2],
+                                                     decoder_sparse_step=1, shared_expert_intermediate_size=48,
+                                                     **dict(MOE, num_experts=8))),
+    "Qwen3_5ForCausalLM": ("Qwen3_5TextConfig", dict(DELTA, num_hidden_layers=4, tie_word_embeddings=True)),
+    "Qwen3_5MoeForCausalLM": ("Qwen3_5MoeTextConfig", dict(DELTA, num_hidden_layers=4, shared_expert_intermediate_size=48,
+                                                           **dict(MOE, num_experts=8))),
     # Granite 4.0 H: Mamba-2 layers (two groups of B and C, chunks of 4 in transformers' scan) and experts
     "GraniteMoeHybridForCausalLM:mamba": ("GraniteMoeHybridConfig", dict(
         MAMBA, num_hidden_layers=3, layer_types=["mamba", "attention", "mamba"], num_local_experts=4,
@@ -98,6 +107,8 @@ CASES: dict[str, tuple[str, dict]] = {
     "Qwen2_5_VLForConditionalGeneration": ("Qwen2_5_VLConfig", {}),
     "Qwen3VLForConditionalGeneration": ("Qwen3VLConfig", {}),
     "Qwen3VLMoeForConditionalGeneration": ("Qwen3VLMoeConfig", {}),
+    "Qwen3_5ForConditionalGeneration": ("Qwen3_5Config", {}),
+    "Qwen3_5MoeForConditionalGeneration": ("Qwen3_5MoeConfig", {}),
     # the window on the layers layer_types names
     "MinistralForCausalLM": ("MinistralConfig", dict(sliding_window=WINDOW, num_hidden_layers=3,
                                                      layer_types=["sliding_attention", "full_attention",
@@ -255,9 +266,17 @@ QWEN3_VL = dict(vision_config=dict(QWEN_VISION, deepstack_visual_indexes=[0]),
 # (experts of 24: gate_up is not square, so its orientation shows)
 QWEN3_VL_MOE = dict(QWEN3_VL, text_config=dict(QWEN3_VL["text_config"], **dict(MOE, moe_intermediate_size=24),
                                                decoder_sparse_step=1))
+# Qwen3.5's text models (interleaved multimodal rotary on a quarter of each head), beside a one-block vision tower
+QWEN3_5_TEXT = dict(CASES["Qwen3_5ForCausalLM"][1], rope_parameters={
+    "rope_type": "default", "mrope_section": [1, 1, 0], "mrope_interleaved": True, "rope_theta": 1e7,
+    "partial_rotary_factor": 0.25})
+QWEN3_5 = dict(vision_config=QWEN_VISION, text_config=QWEN3_5_TEXT)
+QWEN3_5_MOE = dict(vision_config=QWEN_VISION, text_config=dict(CASES["Qwen3_5MoeForCausalLM"][1],
+                                                               rope_parameters=QWEN3_5_TEXT["rope_parameters"]))
 MULTIMODAL = {"Gemma3ForConditionalGeneration": GEMMA3_MM, "Mistral3ForConditionalGeneration": MISTRAL3_MM,
               "Qwen2VLForConditionalGeneration": QWEN2_VL, "Qwen2_5_VLForConditionalGeneration": QWEN2_5_VL,
-              "Qwen3VLForConditionalGeneration": QWEN3_VL, "Qwen3VLMoeForConditionalGeneration": QWEN3_VL_MOE}
+              "Qwen3VLForConditionalGeneration": QWEN3_VL, "Qwen3VLMoeForConditionalGeneration": QWEN3_VL_MOE,
+              "Qwen3_5ForConditionalGeneration": QWEN3_5, "Qwen3_5MoeForConditionalGeneration": QWEN3_5_MOE}
 PROMPT_LENS = [1, 5, 9, 17, 30]
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
@@ -435,7 +454,11 @@ NOT_CLOSE = {"Glm4MoeForCausalLM:scaled": "x2.5 amplifies int8's flips among the
              "DeepseekV3ForCausalLM": "int8 flips the choice of expert groups among the random router's near-equal "
                                       "sigmoids (int8 through latent attention: the other DeepSeek cases)",
              "PhimoeForCausalLM": "the sparsemixer's 2% threshold (which logits share a pick's softmax) moves under "
-                                  "int8 on this random router, a step change in the weights"}
+                                  "int8 on this random router, a step change in the weights",
+             **dict.fromkeys(["Qwen3NextForCausalLM", "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration"],
+                             "the random delta nets move most under int8 (0.43 of the 0.5 bound for the dense Qwen3.5; "
+                             "0.16 with their in_proj dense), enough to flip this random router's choices (int8 "
+                             "through the delta nets and gated attention: the dense Qwen3.5 cases)")}
 
 
 @pytest.mark.parametrize("name", sorted(set(CASES) - set(NOT_CLOSE)))
@@ -529,6 +552,7 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("Ministral3ForCausalLM", False, "queries scaled by position"),
     ("Lfm2ForCausalLM", False, "short convolutions"), ("Lfm2MoeForCausalLM", False, "short convolutions"),
     ("GraniteMoeHybridForCausalLM:mamba", False, "Mamba layers"),
+    ("Qwen3NextForCausalLM", False, "partial rotary, gated delta nets, gated attention"),
     ("OPTForCausalLM", False, "LayerNorms, a non-gated MLP, relu"),
     ("Exaone4ForCausalLM", True, None), ("Olmo3ForCausalLM", True, None),
     ("ArceeForCausalLM", False, "a non-gated MLP, relu2"), ("HeliumForCausalLM", True, None),

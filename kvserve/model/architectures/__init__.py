@@ -44,6 +44,13 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     "mamba_in_proj": "mamba.in_proj", "mamba_out_proj": "mamba.out_proj", "mamba_conv": "mamba.conv1d",
     "mamba_dt_bias": "mamba.dt_bias", "mamba_A_log": "mamba.A_log", "mamba_D": "mamba.D",
     "mamba_norm": "mamba.norm.weight",
+    # a gated delta net (ModelConfig.delta_layers): q/k/v, z, b and a apart (Qwen3.5's), or q/k/v/z and b/a stacked a key
+    # head's group at a time (Qwen3-Next's: weights.standard_layout reorders them); the convolution, dt's bias, A's log,
+    # the gated norm's weight, out_proj
+    "delta_qkv": "linear_attn.in_proj_qkv", "delta_z": "linear_attn.in_proj_z", "delta_b": "linear_attn.in_proj_b",
+    "delta_a": "linear_attn.in_proj_a", "delta_qkvz": None, "delta_ba": None, "delta_conv": "linear_attn.conv1d",
+    "delta_dt_bias": "linear_attn.dt_bias", "delta_A_log": "linear_attn.A_log", "delta_norm": "linear_attn.norm.weight",
+    "delta_out_proj": "linear_attn.out_proj",
     "sinks": "self_attn.sinks",  # one logit per head (a tensor, not a module: no .weight)
     "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj", "down_proj": "mlp.down_proj",
     "gate_up_proj": None,  # gate and up already stacked (Phi-3)
@@ -195,7 +202,7 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "arcee", "ernie4_5_moe", "phi", "glm4_moe", "hunyuan_dense", "deepseek_v2", "deepseek_v3",
             "glm4_moe_lite", "lfm2", "lfm2_moe", "qwen_vl", "dots1", "nemotron", "hunyuan_moe",
             "minimax_m2", "gpt2", "opt", "gpt_neox", "flex_olmo", "vaultgemma", "cwm", "olmo", "apertus", "phimoe",
-            "bamba"]
+            "bamba", "qwen3_next", "qwen3_5"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)
