@@ -63,7 +63,7 @@ class ModelConfig:
     norm_type: str = "rms"  # the layers' and the final norm: "rms" or "layer" (LayerNorm: Starcoder2)
     norm_bias: bool = True  # a "layer" norm has a bias (Cohere's have none)
     norm_affine: bool = True  # False: "layer" norms with neither weight nor bias (OLMo 1)
-    gated_mlp: bool = True  # False: the dense MLP is down(act(up(x))) (Starcoder2)
+    gated_mlp: bool = True  # False: the MLPs (and experts) are down(act(up(x))) (Starcoder2, Nemotron-H)
     attn_scale: float | None = None  # softmax scale; None: head_dim ** -0.5
     attn_logit_softcap: float | None = None  # Gemma 2: cap * tanh(scores / cap)
     # queries scaled by 1 + beta * log(1 + floor(position / length)) after rotary (Ministral 3's llama_4_scaling_beta,
@@ -152,16 +152,22 @@ class ModelConfig:
     delta_conv_kernel: int = 4
     # gated attention (Qwen3-Next): q_proj also gives a gate per head's dim, and sigmoid(gate) scales attention's output
     attn_output_gate: bool = False
+    # --- layers of one sublayer (Nemotron-H's blocks, Mamba2's): per layer "mixer" (its token mixer alone), "mlp" (its
+    # MLP or experts alone) or "both"; None: every layer has both. Pre-norm layout only ---
+    layer_parts: list[str] | None = None
 
     def __post_init__(self) -> None:
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
-        for name in ("layer_types", "rope_layers", "moe_layers", "conv_layers", "mamba_layers", "delta_layers"):
+        for name in ("layer_types", "rope_layers", "moe_layers", "conv_layers", "mamba_layers", "delta_layers",
+                     "layer_parts"):
             per_layer = getattr(self, name)
             if per_layer is not None and len(per_layer) != self.num_hidden_layers:
                 raise ValueError(f"{name} has {len(per_layer)} entries for {self.num_hidden_layers} layers")
+        if self.layer_parts is not None and (set(self.layer_parts) - {"mixer", "mlp", "both"} or self.norm_layout != "pre"):
+            raise ValueError("layer_parts are 'mixer', 'mlp' or 'both', in the pre-norm layout")
         if self.lm_head_bias and self.tie_word_embeddings:
             raise ValueError("an LM head with a bias must be its own weight (tie_word_embeddings false)")
         if (self.qk_norm_after_rope or self.qk_norm_type != "rms") and self.qk_norm != "head":
@@ -222,6 +228,20 @@ class ModelConfig:
         """Whether ``layer``'s token mixer is a Mamba-2 selective state space (``kvserve.model.mamba``)."""
         return self.mamba_layers is not None and self.mamba_layers[layer]
 
+    def has_mixer(self, layer: int) -> bool:
+        """Whether ``layer`` has a token mixer (attention, a convolution, a recurrence); not an MLP-only block."""
+        return self.layer_parts is None or self.layer_parts[layer] != "mlp"
+
+    def has_mlp(self, layer: int) -> bool:
+        """Whether ``layer`` has an MLP or experts; not a mixer-only block."""
+        return self.layer_parts is None or self.layer_parts[layer] != "mixer"
+
+    def layer_norm_roles(self, layer: int) -> tuple[str, ...]:
+        """The norms ``layer`` has: ``norm_roles``, less the one before a sublayer it lacks."""
+        if self.layer_parts is None or self.layer_parts[layer] == "both":
+            return self.norm_roles
+        return ("input_layernorm",) if self.layer_parts[layer] == "mixer" else ("post_attention_layernorm",)
+
     def is_delta(self, layer: int) -> bool:
         """Whether ``layer``'s token mixer is a gated delta net (``kvserve.model.gated_delta``)."""
         return self.delta_layers is not None and self.delta_layers[layer]
@@ -242,7 +262,7 @@ class ModelConfig:
         """How many of the KV pool's layers ``layer`` takes: 1 (its K and V), none for a recurrent layer (its state is
         per sequence), or for a short convolution as many as hold its input (hidden_size values a token) in their
         K's and V's widths."""
-        if self.is_recurrent(layer):
+        if self.is_recurrent(layer) or not self.has_mixer(layer):
             return 0
         if not self.is_conv(layer):
             return 1
@@ -254,7 +274,7 @@ class ModelConfig:
         return sum(self.cache_layers(i) for i in range(self.num_hidden_layers))
 
     def is_moe(self, layer: int) -> bool:
-        return bool(self.num_experts) and (self.moe_layers is None or self.moe_layers[layer])
+        return bool(self.num_experts) and (self.moe_layers is None or self.moe_layers[layer]) and self.has_mlp(layer)
 
     def rotates(self, layer: int) -> bool:
         """Whether ``layer``'s q and k take rotary embeddings."""

@@ -35,12 +35,14 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.layout = cfg.norm_layout
         # before attention and before the MLP ("pre"; "parallel": the first only), on their outputs ("post"), or both
-        for role in cfg.norm_roles:
+        for role in cfg.layer_norm_roles(layer):
             setattr(self, role, make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias,
                                           cfg.norm_affine))
         # the layer's token mixer: attention, latent attention, a short convolution, a Mamba-2 layer or a gated delta net
-        self.self_attn: Attention | LatentAttention | ShortConv | Mamba2 | GatedDeltaNet
-        if cfg.is_mamba(layer):
+        self.self_attn: Attention | LatentAttention | ShortConv | Mamba2 | GatedDeltaNet | None
+        if not cfg.has_mixer(layer):  # an MLP-only block
+            self.self_attn = None
+        elif cfg.is_mamba(layer):
             self.self_attn = Mamba2(cfg, layer)
         elif cfg.is_delta(layer):
             self.self_attn = GatedDeltaNet(cfg, layer)
@@ -48,18 +50,22 @@ class DecoderLayer(nn.Module):
             self.self_attn = ShortConv(cfg, layer)
         else:
             self.self_attn = LatentAttention(cfg, layer) if cfg.kv_lora_rank else Attention(cfg, layer)
-        self.mlp: GatedMLP | MoE
-        if cfg.is_moe(layer):
+        self.mlp: GatedMLP | MoE | None
+        if not cfg.has_mlp(layer):  # a mixer-only block
+            self.mlp = None
+        elif cfg.is_moe(layer):
             self.mlp = MoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_tok,
                            cfg.norm_topk_prob, cfg.hidden_act, cfg.shared_expert_intermediate_size, cfg.router_bias,
                            cfg.expert_bias, cfg.swiglu, cfg.shared_expert_gated, cfg.selection_bias,
-                           cfg.router_scoring, cfg.routed_scale, cfg.expert_group_choice, cfg.router_jitter)
+                           cfg.router_scoring, cfg.routed_scale, cfg.expert_group_choice, cfg.router_jitter,
+                           cfg.gated_mlp)
         else:
             self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, cfg.mlp_bias, cfg.swiglu,
                                 cfg.gated_mlp)
         self.residual_scale = cfg.residual_scale
         # the bf16 hand-offs between the norms and the AMX GEMMs: Llama's layout and plain attention only
-        self.fast = self.layout == "pre" and self.self_attn.plain and cfg.residual_scale == 1
+        self.one_part = self.self_attn is None or self.mlp is None
+        self.fast = self.layout == "pre" and not self.one_part and self.self_attn.plain and cfg.residual_scale == 1
         # and into the MLP, whose down projection then writes bf16: not where it adds a bias (added in float32
         # instead, as the native decode stack adds it)
         self.fast_mlp = self.fast and not cfg.mlp_bias
@@ -76,6 +82,8 @@ class DecoderLayer(nn.Module):
         On an AMX step the norms write bf16 (what the GEMMs read) and the GEMMs' bf16 outputs go
         into the float32 residual as they are: no conversion passes between them."""
         t = h.shape[0]
+        if self.one_part:
+            return self._one_part_forward(h, delta, rope, attn, meta, kv_cache, rows)
         if self.layout.startswith("parallel"):
             return self._parallel_forward(h, delta, rope, attn, meta, kv_cache, rows)
         bf16_attn = self.fast and self.self_attn.runs_bf16(h, attn, meta, kv_cache)
@@ -96,6 +104,23 @@ class DecoderLayer(nn.Module):
             x = self.post_attention_layernorm.add_forward(h, x, *((torch.bfloat16, padded_rows(h.shape[0])) if bf16_mlp
                                                                   else ()))
         return h, self._out(self.mlp(x)[: h.shape[0]], "mlp_out_norm")
+
+    def _one_part_forward(self, h, delta, rope, attn, meta, kv_cache,
+                          rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A block of one sublayer, the mixer or the MLP, after its norm: its output is the delta the next norm adds."""
+        if self.self_attn is not None:
+            x = self.self_attn(self.input_layernorm.add_forward(h, delta), rope, attn, meta, kv_cache, False, rows,
+                               h.shape[0])
+        else:
+            assert self.mlp is not None
+            x = self.post_attention_layernorm.add_forward(h, delta)
+            x = x if rows is None else x[rows]
+            x = self.mlp(x) if x.shape[0] else x
+        if rows is not None:
+            h = h[rows]
+            if not rows.numel():
+                return h, None
+        return h, self._out(x, "")
 
     def _parallel_forward(self, h, delta, rope, attn, meta, kv_cache,
                           rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -113,7 +113,8 @@ class MoE(nn.Module):
     """Each token's top ``top_k`` experts of ``experts``, weighted by the router's softmax (or each expert's sigmoid:
     ``scoring``), renormalised over the chosen ones with ``norm_topk`` (the same as gpt-oss's softmax over the chosen
     logits), times ``routed_scale``; chosen by those scores plus ``selection_bias`` where there is one, from the best
-    of the expert ``groups`` where they restrict the choice; a step runs
+    of the expert ``groups`` where they restrict the choice (not ``gated``: experts of up and down alone, Nemotron-H's); a
+    step runs
     each expert once over all the tokens routed to it. With the native kernels over packed experts
     (``use_native``), one call of a ``kvserve.MoEBlock`` does it all (``moe_native``); else a loop of experts."""
 
@@ -121,15 +122,16 @@ class MoE(nn.Module):
                  shared_intermediate: int = 0, router_bias: bool = False, expert_bias: bool = False,
                  swiglu: tuple[float, float | None] | None = None, shared_gated: bool = True,
                  selection_bias: bool = False, scoring: str = "softmax", routed_scale: float = 1.0,
-                 groups: tuple[int, int, str] | None = None, jitter: float = 0.01):
+                 groups: tuple[int, int, str] | None = None, jitter: float = 0.01, gated: bool = True):
         super().__init__()
         self.scoring, self.routed_scale, self.jitter = scoring, routed_scale, jitter
         self.groups = groups  # (groups, groups used, "max" or "top2"): ModelConfig.expert_group_choice
         self.router = nn.Linear(hidden, experts, bias=router_bias)
         self.selection_bias = nn.Parameter(torch.zeros(1, experts)) if selection_bias else None
-        self.experts = nn.ModuleList(GatedMLP(hidden, intermediate, act, expert_bias, swiglu) for _ in range(experts))
+        self.experts = nn.ModuleList(GatedMLP(hidden, intermediate, act, expert_bias, swiglu, gated)
+                                     for _ in range(experts))
         self.top_k, self.norm_topk = top_k, norm_topk
-        self.shared = GatedMLP(hidden, shared_intermediate, act) if shared_intermediate else None
+        self.shared = GatedMLP(hidden, shared_intermediate, act, gated=gated) if shared_intermediate else None
         self.shared_gate = nn.Linear(hidden, 1, bias=False) if shared_intermediate and shared_gated else None
         self.native_block: Any | None = None  # a kvserve.MoEBlock over these weights (use_native)
         # the router's and shared gate's dense weights, kept for the native block where the linears get packed

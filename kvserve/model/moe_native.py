@@ -35,6 +35,8 @@ def moe_blocker(moe: "MoE") -> str | None:
     if moe.scoring == "sparsemixer":
         return "the sparsemixer router"
     act = moe.experts[0]
+    if not act.gated:
+        return "experts without a gate"
     if act.swiglu is None and act.act_name not in NATIVE_ACTIVATIONS:
         return f"the activation {act.act_name}"
     return None

@@ -41,12 +41,14 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
         norm_suffixes = ()
     for i in range(cfg.num_hidden_layers):
         p, dst = f"model.layers.{i}.", f"layers.{i}."
-        for role in cfg.norm_roles:
+        for role in cfg.layer_norm_roles(i):
             name = arch.weight_name(role)
             if name is not None:
                 for suffix in norm_suffixes:
                     out[f"{dst}{role}.{suffix}"] = [(f"{p}{name}.{suffix}", (h,))]
-        if cfg.is_mamba(i):
+        if not cfg.has_mixer(i):
+            pass
+        elif cfg.is_mamba(i):
             mamba(out, arch, cfg, dst + "self_attn.", p, linear)
         elif cfg.is_delta(i):
             gated_delta(out, arch, cfg, dst + "self_attn.", p, linear)
@@ -56,6 +58,8 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
             latent_attention(out, arch, cfg, dst + "self_attn.", p, linear)
         else:
             attention(out, arch, cfg, dst + "self_attn.", p, linear)
+        if not cfg.has_mlp(i):
+            continue
         if not cfg.is_moe(i):
             mlp(out, arch, dst + "mlp.", p, "", cfg.intermediate_size, h, cfg.mlp_bias, cfg.gated_mlp)
             if cfg.hidden_act == "xielu":  # the activation's own parameters
@@ -70,13 +74,13 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
         for e in range(cfg.num_experts):
             if arch.stacked_experts is not None:  # the names unstack_experts gives each expert's cut
                 mlp(out, arch, f"{dst}mlp.experts.{e}.", f"{p}{UNSTACKED.format(e=e)}", "unstacked_",
-                    cfg.moe_intermediate_size, h, cfg.expert_bias)
+                    cfg.moe_intermediate_size, h, cfg.expert_bias, cfg.gated_mlp)
                 continue
             mlp(out, arch, f"{dst}mlp.experts.{e}.", p + str(arch.weight_name("expert")).format(e=e), "expert_",
-                cfg.moe_intermediate_size, h, cfg.expert_bias)
+                cfg.moe_intermediate_size, h, cfg.expert_bias, cfg.gated_mlp)
         if cfg.shared_expert_intermediate_size:
             mlp(out, arch, dst + "mlp.shared.", p + str(arch.weight_name("shared_expert")), "shared_",
-                cfg.shared_expert_intermediate_size, h, False)
+                cfg.shared_expert_intermediate_size, h, False, cfg.gated_mlp)
             if cfg.shared_expert_gated:
                 out[f"{dst}mlp.shared_gate.weight"] = [(f"{p}{arch.weight_name('shared_expert_gate')}.weight", (1, h))]
     for suffix in norm_suffixes:
@@ -210,7 +214,8 @@ def mlp(out: dict[str, list[Source]], arch: Architecture, dst: str, prefix: str,
     suffixes = ("weight", "bias") if bias else ("weight",)
     for suffix in suffixes:
         rows = (lambda r: (r, h)) if suffix == "weight" else (lambda r: (r,))
-        names = [(fused, 2 * inter)] if fused else [(gate, inter), (up, inter)] if gated else [(up, inter)]
+        names = [(fused, (2 if gated else 1) * inter)] if fused else [(gate, inter), (up, inter)] if gated \
+            else [(up, inter)]
         out[f"{dst}gate_up.{suffix}"] = [(f"{prefix}{n}.{suffix}", rows(r)) for n, r in names]
         out[f"{dst}down.{suffix}"] = [(f"{prefix}{down}.{suffix}", (h, inter) if suffix == "weight" else (h,))]
 

@@ -74,7 +74,10 @@ class TorchRunner:
         # with a window on every layer a sequence holds its window's blocks and a chunk's, whatever its length
         window = cfg.kv_window()
         held = None if window is None else window_tokens(window, block_size, max_num_batched_tokens)
-        if num_kv_blocks is None and cache.kv_cache_memory_gb:
+        if num_kv_blocks is None and not layout.block_bytes:  # no layer attends: blocks only map positions
+            model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+            num_kv_blocks, why = max_num_seqs * -(-model_len // block_size), "no layer keeps KV"
+        elif num_kv_blocks is None and cache.kv_cache_memory_gb:
             num_kv_blocks, why = int(cache.kv_cache_memory_gb * (1 << 30)) // layout.block_bytes, "--kv-cache-memory-gb"
         elif num_kv_blocks is None:
             model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)

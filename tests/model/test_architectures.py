@@ -91,6 +91,15 @@ CASES: dict[str, tuple[str, dict]] = {
         MAMBA, num_hidden_layers=3, layer_types=["mamba", "attention", "mamba"], num_local_experts=4,
         num_experts_per_tok=2, intermediate_size=32, shared_intermediate_size=64, position_embedding_type=None,
         embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.3, logits_scaling=2.0)),
+    # blocks of one sublayer: Mamba-2, experts (grouped sigmoid router, a shared expert), attention without rotary, MLP
+    "NemotronHForCausalLM": ("NemotronHConfig", dict(
+        layers_block_type=["mamba", "moe", "attention", "mlp", "mamba", "moe"], num_hidden_layers=6, head_dim=16,
+        mamba_num_heads=4, mamba_head_dim=32, n_groups=2, ssm_state_size=8, chunk_size=4, use_bias=True,
+        moe_intermediate_size=32, moe_shared_expert_intermediate_size=48, n_routed_experts=8, num_experts_per_tok=2,
+        n_group=2, topk_group=1, routed_scaling_factor=1.5)),
+    # Mamba-2 blocks alone: no attention, no MLP
+    "Mamba2ForCausalLM": ("Mamba2Config", dict(num_heads=4, head_dim=32, state_size=8, n_groups=2, chunk_size=4,
+                                               num_hidden_layers=3)),
     # Mamba-2 layers with projection biases and no convolution bias; half of each head rotates where it attends
     "BambaForCausalLM": ("BambaConfig", dict(MAMBA, num_hidden_layers=3, attn_layer_indices=[1], mamba_conv_bias=False,
                                              mamba_proj_bias=True)),
@@ -403,7 +412,7 @@ def test_greedy_equals_transformers(name, torch_path, tmp_path_factory, monkeypa
     assert got == expected(name, tmp_path_factory)
     runner = llm.engine.runner
     specs = [layer.self_attn.spec for layer in runner.model.layers if hasattr(layer.self_attn, "spec")]
-    sinks = any(layer.self_attn.sinks is not None for layer in runner.model.layers)
+    sinks = any(getattr(layer.self_attn, "sinks", None) is not None for layer in runner.model.layers)
     # flash_prefill (AMX bf16 prompts) takes windows and caps but no sinks: those steps' sink layers go to the torch path
     flash_steps = sinks and runner.attention.prefill_dtype == torch.bfloat16 and ops.flash_prefill_available()
     if (sinks or any(spec.masked for spec in specs)) and not flash_steps:
@@ -553,6 +562,7 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("Lfm2ForCausalLM", False, "short convolutions"), ("Lfm2MoeForCausalLM", False, "short convolutions"),
     ("GraniteMoeHybridForCausalLM:mamba", False, "Mamba layers"),
     ("Qwen3NextForCausalLM", False, "partial rotary, gated delta nets, gated attention"),
+    ("NemotronHForCausalLM", False, "a non-gated MLP, relu2, Mamba layers"),
     ("OPTForCausalLM", False, "LayerNorms, a non-gated MLP, relu"),
     ("Exaone4ForCausalLM", True, None), ("Olmo3ForCausalLM", True, None),
     ("ArceeForCausalLM", False, "a non-gated MLP, relu2"), ("HeliumForCausalLM", True, None),

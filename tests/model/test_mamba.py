@@ -131,3 +131,18 @@ def test_prefix_caching_is_turned_off_and_the_log_says_so(tmp_path_factory, capl
         llm = make_llm(folder)
     assert llm.engine.kv.cache is None
     assert "prefix caching off" in caplog.text and "recurrent state: " in caplog.text
+
+
+def test_a_model_without_attention_sizes_its_blocks_by_position(tmp_path_factory):
+    """Mamba2: no layer keeps KV, so blocks cost nothing and the default pool maps every sequence's whole context."""
+    from kvserve import LLM
+    from kvserve.model.loader import load_model
+    from test_architectures import expected
+
+    _, folder = checkpoint("Mamba2ForCausalLM", tmp_path_factory)
+    loaded = load_model(folder)
+    loaded.config.eos_token_ids = []
+    llm = LLM.from_weights(loaded.config, loaded.weights, dtype="float32", quantization="none", max_num_seqs=4)
+    assert llm.engine.runner.kv_pool.block_bytes == 0
+    assert llm.engine.runner.num_kv_blocks * llm.engine.runner.block_size >= 4 * llm.engine.max_model_len
+    assert [o.token_ids for o in llm.generate(prompts(), GREEDY)] == expected("Mamba2ForCausalLM", tmp_path_factory)

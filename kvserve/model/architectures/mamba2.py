@@ -1,8 +1,10 @@
 """Mamba-2 layers' settings as the hybrid families name them (Granite 4.0 H and Bamba: ``mamba_n_heads``, ``mamba_d_head``
 ...; Mamba2 and Nemotron-H: ``num_heads``/``mamba_num_heads``, ``head_dim``/``mamba_head_dim`` ...), for
-``ModelConfig``'s ``mamba_*`` options (``kvserve.model.mamba``)."""
+``ModelConfig``'s ``mamba_*`` options (``kvserve.model.mamba``); and Mamba2 itself (Mamba-Codestral): a norm and a Mamba-2
+layer in each block, no attention, no MLP (``backbone.embeddings``, ``backbone.layers.{i}.norm`` and ``.mixer``,
+``backbone.norm_f``)."""
 
-from kvserve.model.architectures import first_of
+from kvserve.model.architectures import Architecture, first_of, register
 
 
 def mamba2_config(d: dict, layers: list[bool]) -> dict:
@@ -30,3 +32,23 @@ def json_float(v) -> float:
     """A float of a config.json: a number, "Infinity", or transformers' {"__float__": "Infinity"} (what it writes for
     non-finite floats)."""
     return float(v["__float__"] if isinstance(v, dict) else v)
+
+
+def without_attention(d: dict) -> dict:
+    """A config with no attention layer, given one nominal head (the common parse wants a count; nothing attends)."""
+    return {**d, "num_attention_heads": d.get("num_attention_heads") or 1, "head_dim": None}
+
+
+def mamba2_model_config(d: dict) -> dict:
+    layers = d["num_hidden_layers"]
+    return {**mamba2_config(d, [True] * layers), "layer_parts": ["mixer"] * layers,
+            "rms_norm_eps": float(d.get("layer_norm_epsilon", 1e-5))}
+
+
+BACKBONE = {"backbone.embeddings.": "model.embed_tokens.", "backbone.norm_f.": "model.norm.", "backbone.": "model.",
+            "lm_head.": "lm_head."}
+register(Architecture("Mamba2ForCausalLM", mamba2_model_config, text_config=without_attention, prefixes=BACKBONE,
+                      weights={"input_layernorm": "norm", "mamba_in_proj": "mixer.in_proj",
+                               "mamba_out_proj": "mixer.out_proj", "mamba_conv": "mixer.conv1d",
+                               "mamba_dt_bias": "mixer.dt_bias", "mamba_A_log": "mixer.A_log", "mamba_D": "mixer.D",
+                               "mamba_norm": "mixer.norm.weight"}))
