@@ -141,6 +141,13 @@ class ModelConfig:
     mamba_conv_bias: bool = True
     mamba_proj_bias: bool = False
     mamba_dt_limit: tuple[float, float] = (0.0, float("inf"))
+    # Mamba-1 (Mamba, Falcon Mamba): mamba_version 1, its selective scan per channel of mamba_inner, a state of
+    # mamba_state_size each, dt through a rank-mamba_dt_rank projection; dt, B and C RMS-normed without weights where
+    # mamba_bcdt_norm_eps is set (Falcon Mamba)
+    mamba_version: int = 2
+    mamba_inner: int = 0  # (Mamba-2: mamba_heads x mamba_head_dim where not given)
+    mamba_dt_rank: int = 0
+    mamba_bcdt_norm_eps: float | None = None
     # --- gated delta nets (Qwen3-Next, Qwen3.5): per layer, whether its token mixer is linear attention with the gated
     # delta rule, q/k in delta_key_heads heads of delta_key_dim, v in delta_value_heads of delta_value_dim, after a
     # depthwise causal convolution of delta_conv_kernel taps; a recurrent state per sequence (kvserve.model.gated_delta)
@@ -166,6 +173,8 @@ class ModelConfig:
             per_layer = getattr(self, name)
             if per_layer is not None and len(per_layer) != self.num_hidden_layers:
                 raise ValueError(f"{name} has {len(per_layer)} entries for {self.num_hidden_layers} layers")
+        if not self.mamba_inner:
+            self.mamba_inner = self.mamba_heads * self.mamba_head_dim
         if self.layer_parts is not None and (set(self.layer_parts) - {"mixer", "mlp", "both"} or self.norm_layout != "pre"):
             raise ValueError("layer_parts are 'mixer', 'mlp' or 'both', in the pre-norm layout")
         if self.lm_head_bias and self.tie_word_embeddings:
@@ -253,10 +262,6 @@ class ModelConfig:
     @property
     def has_recurrent_state(self) -> bool:
         return any(self.is_recurrent(i) for i in range(self.num_hidden_layers))
-
-    @property
-    def mamba_inner(self) -> int:
-        return self.mamba_heads * self.mamba_head_dim
 
     def cache_layers(self, layer: int) -> int:
         """How many of the KV pool's layers ``layer`` takes: 1 (its K and V), none for a recurrent layer (its state is

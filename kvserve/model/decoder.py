@@ -17,7 +17,7 @@ from kvserve.model.attention import Attention
 from kvserve.model.config import ModelConfig
 from kvserve.model.gated_delta import GatedDeltaNet
 from kvserve.model.latent_attention import LatentAttention
-from kvserve.model.mamba import Mamba2
+from kvserve.model.mamba import Mamba1, Mamba2
 from kvserve.model.layers import PackedLinear, RMSNorm, make_norm, pack_linears, padded_rows, runs_amx
 from kvserve.model.mlp import GatedMLP, MoE
 from kvserve.model.native_stack import build_native_stack, run_native_stack
@@ -39,11 +39,11 @@ class DecoderLayer(nn.Module):
             setattr(self, role, make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias,
                                           cfg.norm_affine))
         # the layer's token mixer: attention, latent attention, a short convolution, a Mamba-2 layer or a gated delta net
-        self.self_attn: Attention | LatentAttention | ShortConv | Mamba2 | GatedDeltaNet | None
+        self.self_attn: Attention | LatentAttention | ShortConv | Mamba1 | Mamba2 | GatedDeltaNet | None
         if not cfg.has_mixer(layer):  # an MLP-only block
             self.self_attn = None
         elif cfg.is_mamba(layer):
-            self.self_attn = Mamba2(cfg, layer)
+            self.self_attn = Mamba2(cfg, layer) if cfg.mamba_version == 2 else Mamba1(cfg, layer)
         elif cfg.is_delta(layer):
             self.self_attn = GatedDeltaNet(cfg, layer)
         elif cfg.is_conv(layer):

@@ -1,11 +1,12 @@
-"""A Mamba-2 layer as a token mixer (Granite 4.0 H, Bamba): in_proj to the gate z, the convolution's input (x, B, C)
+"""Mamba layers as token mixers. Mamba-2 (Granite 4.0 H, Bamba, Nemotron-H, Mamba-Codestral): in_proj to the gate z, the convolution's input (x, B, C)
 and the step sizes dt; a depthwise causal convolution of ``mamba_conv_kernel`` taps over (x, B, C) with SiLU; the
 selective state space recurrence per head, h = exp(dt * A) * h + dt * x B^T, y = h C + D * x; an RMSNorm per group of
 y * silu(z); out_proj.
 
 The states per sequence (the convolution's last inputs, h [heads, head_dim, state]) are ``kvserve.model.recurrent``'s.
 A prompt chunk runs the recurrence block by block (the state space duality's quadratic form within a block of
-``BLOCK`` tokens, the state carried across blocks); decode rows run one step each, every sequence's at once.
+``BLOCK`` tokens, the state carried across blocks); decode rows run one step each, every sequence's at once. Mamba-1
+(Mamba, Falcon Mamba: ``Mamba1``) keeps a state per channel instead of per head.
 """
 
 from __future__ import annotations
@@ -98,3 +99,49 @@ def ssd_block(xdt: torch.Tensor, decay: torch.Tensor, b: torch.Tensor, c: torch.
     h = h * cum[:, -1, :, None, None].exp() + torch.einsum("sjh,sjhp,sjhn->shpn", to_end, xdt, b)
     return y, h
 
+
+
+class Mamba1(RecurrentMixer):
+    """A Mamba-1 layer (Mamba, Falcon Mamba): in_proj to x and the gate z; the depthwise causal convolution over x with
+    SiLU; x_proj to dt's low-rank part, B and C (each RMS-normed without a weight in Falcon Mamba), dt = softplus(dt_proj
+    (...)); per channel a state of ``mamba_state_size``: h = exp(dt A) h + dt x B, y = h C + D x; y * silu(z); out_proj.
+    Every token in turn (the decay differs per channel and state: no block form here)."""
+
+    def __init__(self, cfg: ModelConfig, layer: int):  # (``layer``: the mixers' one signature)
+        self.inner, self.state_size, self.rank = cfg.mamba_inner, cfg.mamba_state_size, cfg.mamba_dt_rank
+        super().__init__(self.inner, cfg.mamba_conv_kernel, (self.inner, self.state_size), cfg.mamba_conv_bias)
+        self.in_proj = nn.Linear(cfg.hidden_size, 2 * self.inner, bias=cfg.mamba_proj_bias)
+        self.x_proj = nn.Linear(self.inner, self.rank + 2 * self.state_size, bias=False)
+        self.dt_proj = nn.Linear(self.rank, self.inner, bias=True)
+        self.A_log = nn.Parameter(torch.zeros(self.inner, self.state_size))
+        self.D = nn.Parameter(torch.ones(self.inner))
+        self.norm_eps = cfg.mamba_bcdt_norm_eps
+        self.out_proj = nn.Linear(self.inner, cfg.hidden_size, bias=cfg.mamba_proj_bias)
+
+    def forward(self, x, rope: RotaryStep | None, attn: AttentionBackend, meta: AttentionMetadata,
+                kv_cache: list, bf16: bool = False, rows: torch.Tensor | None = None, tokens: int | None = None):
+        """As ``Mamba2.forward``."""
+        t = x.shape[0] if tokens is None else tokens
+        u, z = self.in_proj(x)[:t].chunk(2, dim=-1)
+        y = self.run_sequences(meta, u, [z], self.inner, self._scan)
+        return self.out_proj(y if rows is None else y[rows])
+
+    def _scan(self, u: torch.Tensor, z: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The selective scan over u [S, L, inner] (after the convolution) from h [S, inner, state], gated by z: y [S,
+        L, inner] and the state after the last token (the recurrence in float32)."""
+        dt, b, c = self.x_proj(u).split([self.rank, self.state_size, self.state_size], dim=-1)
+        if self.norm_eps is not None:
+            dt, b, c = (unweighted_rms_norm(v, self.norm_eps) for v in (dt, b, c))
+        dt = F.softplus(self.dt_proj(dt).float())  # [S, L, inner]
+        a = -torch.exp(self.A_log.float())  # [inner, state]
+        uf, b, c = u.float(), b.float(), c.float()
+        out = []
+        for i in range(u.shape[1]):
+            h = torch.exp(dt[:, i, :, None] * a) * h + (dt[:, i] * uf[:, i])[..., None] * b[:, i, None, :]
+            out.append(torch.einsum("sdn,sn->sd", h, c[:, i]))
+        y = torch.stack(out, dim=1) + uf * self.D.float()
+        return y * F.silu(z.float()), h
+
+
+def unweighted_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)

@@ -146,6 +146,8 @@ def mamba(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, ds
           linear: Any) -> None:
     """A Mamba-2 layer's weights (``kvserve.model.mamba``): in_proj (z, x, B, C, dt), the depthwise kernel [channels,
     taps] (stored [channels, 1, taps]) and its bias, dt's bias, A's log, D, the gated norm's weight, out_proj."""
+    if cfg.mamba_version == 1:
+        return mamba1(out, arch, cfg, dst, prefix, linear)
     h, inner, heads = cfg.hidden_size, cfg.mamba_inner, cfg.mamba_heads
     channels = inner + 2 * cfg.mamba_groups * cfg.mamba_state_size
     linear(dst + "in_proj", prefix, [("mamba_in_proj", inner + channels + heads)], None, h, cfg.mamba_proj_bias)
@@ -158,6 +160,23 @@ def mamba(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, ds
                              ("D", "mamba_D", heads), ("norm_weight", "mamba_norm", inner)):
         name = arch.weight_name(role)
         out[dst + ours] = [(f"{prefix}{name}", (rows,))]
+
+
+def mamba1(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,
+           linear: Any) -> None:
+    """A Mamba-1 layer's weights (``kvserve.model.mamba.Mamba1``): in_proj (x, z), the depthwise kernel over x and its
+    bias, x_proj (dt's low rank, B, C), dt_proj (with its bias), A's log [inner, state], D, out_proj."""
+    h, inner, n, rank = cfg.hidden_size, cfg.mamba_inner, cfg.mamba_state_size, cfg.mamba_dt_rank
+    linear(dst + "in_proj", prefix, [("mamba_in_proj", 2 * inner)], None, h, cfg.mamba_proj_bias)
+    linear(dst + "out_proj", prefix, [("mamba_out_proj", h)], None, inner, cfg.mamba_proj_bias)
+    linear(dst + "x_proj", prefix, [("mamba_x_proj", rank + 2 * n)], None, inner, False)
+    linear(dst + "dt_proj", prefix, [("mamba_dt_proj", inner)], None, rank, True)
+    conv = arch.weight_name("mamba_conv")
+    out[f"{dst}kernel"] = [(f"{prefix}{conv}.weight", (inner, cfg.mamba_conv_kernel))]
+    if cfg.mamba_conv_bias:
+        out[f"{dst}conv_bias"] = [(f"{prefix}{conv}.bias", (inner,))]
+    out[dst + "A_log"] = [(f"{prefix}{arch.weight_name('mamba_A_log')}", (inner, n))]
+    out[dst + "D"] = [(f"{prefix}{arch.weight_name('mamba_D')}", (inner,))]
 
 
 def gated_delta(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,

@@ -100,6 +100,11 @@ CASES: dict[str, tuple[str, dict]] = {
     # Mamba-2 blocks alone: no attention, no MLP
     "Mamba2ForCausalLM": ("Mamba2Config", dict(num_heads=4, head_dim=32, state_size=8, n_groups=2, chunk_size=4,
                                                num_hidden_layers=3)),
+    # Mamba-1 blocks (a state per channel); Falcon Mamba's with dt, B and C normed
+    "MambaForCausalLM": ("MambaConfig", dict(state_size=8, intermediate_size=96, time_step_rank=6, num_hidden_layers=3,
+                                             use_bias=True)),
+    "FalconMambaForCausalLM": ("FalconMambaConfig", dict(state_size=8, intermediate_size=96, num_hidden_layers=2,
+                                                         tie_word_embeddings=True)),
     # Mamba-2 layers with projection biases and no convolution bias; half of each head rotates where it attends
     "BambaForCausalLM": ("BambaConfig", dict(MAMBA, num_hidden_layers=3, attn_layer_indices=[1], mamba_conv_bias=False,
                                              mamba_proj_bias=True)),

@@ -43,7 +43,7 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     # A's log, D (tensors, not modules) and the gated norm's weight
     "mamba_in_proj": "mamba.in_proj", "mamba_out_proj": "mamba.out_proj", "mamba_conv": "mamba.conv1d",
     "mamba_dt_bias": "mamba.dt_bias", "mamba_A_log": "mamba.A_log", "mamba_D": "mamba.D",
-    "mamba_norm": "mamba.norm.weight",
+    "mamba_norm": "mamba.norm.weight", "mamba_x_proj": "mamba.x_proj", "mamba_dt_proj": "mamba.dt_proj",  # (Mamba-1's)
     # a gated delta net (ModelConfig.delta_layers): q/k/v, z, b and a apart (Qwen3.5's), or q/k/v/z and b/a stacked a key
     # head's group at a time (Qwen3-Next's: weights.standard_layout reorders them); the convolution, dt's bias, A's log,
     # the gated norm's weight, out_proj

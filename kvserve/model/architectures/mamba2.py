@@ -52,3 +52,25 @@ register(Architecture("Mamba2ForCausalLM", mamba2_model_config, text_config=with
                                "mamba_out_proj": "mixer.out_proj", "mamba_conv": "mixer.conv1d",
                                "mamba_dt_bias": "mixer.dt_bias", "mamba_A_log": "mixer.A_log", "mamba_D": "mixer.D",
                                "mamba_norm": "mixer.norm.weight"}))
+
+
+def mamba1_model_config(d: dict) -> dict:
+    """Mamba and Falcon Mamba: Mamba-1 blocks alone (``mixer_rms_eps``: Falcon Mamba's norms of dt, B and C)."""
+    layers, hidden = d["num_hidden_layers"], d["hidden_size"]
+    rank = d.get("time_step_rank") or "auto"
+    return {"mamba_layers": [True] * layers, "layer_parts": ["mixer"] * layers, "mamba_version": 1,
+            "mamba_inner": int(d.get("intermediate_size") or 2 * hidden), "mamba_state_size": int(d["state_size"]),
+            "mamba_dt_rank": -(-hidden // 16) if rank == "auto" else int(rank),
+            "mamba_conv_kernel": int(d.get("conv_kernel", 4)), "mamba_conv_bias": bool(d.get("use_conv_bias", True)),
+            "mamba_proj_bias": bool(d.get("use_bias", False)),
+            "mamba_bcdt_norm_eps": float(d["mixer_rms_eps"]) if d.get("mixer_rms_eps") is not None else None,
+            "rms_norm_eps": float(d.get("layer_norm_epsilon", 1e-5)), "intermediate_size": 0}
+
+
+MAMBA1_WEIGHTS = {"input_layernorm": "norm", "mamba_in_proj": "mixer.in_proj", "mamba_out_proj": "mixer.out_proj",
+                  "mamba_conv": "mixer.conv1d", "mamba_x_proj": "mixer.x_proj", "mamba_dt_proj": "mixer.dt_proj",
+                  "mamba_A_log": "mixer.A_log", "mamba_D": "mixer.D"}
+register(Architecture("MambaForCausalLM", mamba1_model_config, text_config=without_attention, prefixes=BACKBONE,
+                      weights=MAMBA1_WEIGHTS))
+register(Architecture("FalconMambaForCausalLM", lambda d: {**mamba1_model_config(d), "mamba_bcdt_norm_eps": float(
+    d.get("mixer_rms_eps") or 1e-6)}, text_config=without_attention, prefixes=BACKBONE, weights=MAMBA1_WEIGHTS))
