@@ -5,7 +5,8 @@ Where the kernels are loaded (``kvserve.kernels.load_kernels``) a wrapper calls 
 they are not (no compiler, a failed build, KVSERVE_KERNELS=0):
 
 - the element-wise ops (``rms_norm``, ``add_rms_norm``, ``rotary_``, ``silu_mul``, ``gelu_tanh_mul``, ``store_rows_``,
-  ``argmax_rows``, ``sample_rows``) run torch code that computes what the kernel does, and the
+  ``argmax_rows``, ``sample_rows``, the recurrent layers' decode steps ``delta_rule_step_`` and ``ssd_step_``) run torch
+  code that computes what the kernel does, and the
   availability queries (``amx_gemm_available``, ``flash_prefill_available``) answer False;
 - the rest (quantized GEMMs, ``amx_*``, the attention kernels, ``DecodeStack``, ``MoEBlock``) raise
   ``NativeKernelsUnavailable``: their callers already pick another path when the kernels are missing.
@@ -118,6 +119,37 @@ def store_rows_(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, *, na
         _ops.store_rows_(cache, slots, x)
     else:
         cache.index_copy_(0, slots, x)
+
+
+def delta_rule_step_(states: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                     v: torch.Tensor, beta: torch.Tensor, decay: torch.Tensor, *, native: bool = True) -> torch.Tensor:
+    """One gated-delta-rule step per sequence, its state ``states[slots[s]]`` [heads, dk, dv] updated in place (zeros
+    first where ``fresh``): S = decay S + k (beta (v - decay S^T k))^T; returns S^T q [S, heads, dv]. q, k [S, heads, dk],
+    v [S, heads, dv], beta and decay [S, heads]; all float32 (kvserve.model.gated_delta)."""
+    if native and (_loaded or available()):
+        return _ops.delta_rule_step_(states, slots, fresh, q.contiguous(), k.contiguous(), v.contiguous(),
+                                     beta.contiguous(), decay.contiguous())
+    state = states[slots].masked_fill(fresh[:, None, None, None], 0) * decay[..., None, None]
+    recalled = torch.einsum("shkv,shk->shv", state, k)
+    state = state + k[..., None] * (beta[..., None] * (v - recalled))[..., None, :]
+    states[slots] = state
+    return torch.einsum("shkv,shk->shv", state, q)
+
+
+def ssd_step_(states: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor, x: torch.Tensor, dt: torch.Tensor,
+              A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, D: torch.Tensor, *, native: bool = True) -> torch.Tensor:
+    """One Mamba-2 step per sequence, its state ``states[slots[s]]`` [heads, head_dim, N] updated in place (zeros first
+    where ``fresh``): h = exp(dt A) h + dt x B^T; returns h C + D x [S, heads, head_dim]. x [S, heads, head_dim], dt [S,
+    heads], A and D [heads], B and C [S, groups, N] (a group's serve its heads); all float32 (kvserve.model.mamba)."""
+    if native and (_loaded or available()):
+        return _ops.ssd_step_(states, slots, fresh, x.contiguous(), dt.contiguous(), A.contiguous(), B.contiguous(),
+                              C.contiguous(), D.contiguous())
+    per_group = states.shape[1] // B.shape[1]
+    b, c = B.repeat_interleave(per_group, dim=1), C.repeat_interleave(per_group, dim=1)
+    h = states[slots].masked_fill(fresh[:, None, None, None], 0) * torch.exp(dt * A)[..., None, None]
+    h = h + (dt[..., None] * x)[..., None] * b[:, :, None, :]
+    states[slots] = h
+    return torch.einsum("shpn,shn->shp", h, c) + x * D[:, None]
 
 
 def argmax_rows(logits: torch.Tensor, *, native: bool = True) -> torch.Tensor:

@@ -206,6 +206,8 @@ class CausalLM(nn.Module):
                 m.native = on
             elif isinstance(m, (GatedMLP, MoE)):
                 m.use_native(on)
+            elif isinstance(m, RecurrentMixer):
+                m.native = on
         self.native_stack = None
         if on:
             why = self.config.native_stack_blocker()

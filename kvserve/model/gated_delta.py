@@ -7,7 +7,8 @@ gate z and per value head b and a; a depthwise causal convolution over (q, k, v)
 
 with the decay g = -exp(A_log) softplus(a + dt_bias) and the write strength beta = sigmoid(b); an RMSNorm per head of
 o, times silu(z); out_proj. The states per sequence (the convolution's last inputs, S) are
-``kvserve.model.recurrent``'s. The rule runs token by token, every sequence of a group at once.
+``kvserve.model.recurrent``'s. A prompt chunk runs block by block (``delta_block``: the tokens' writes from one
+triangular solve, the state carried across blocks); decode rows run the rule's step, every sequence's at once.
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvserve.attention import AttentionBackend, AttentionMetadata
+from kvserve.kernels import ops
 from kvserve.model.config import ModelConfig
 from kvserve.model.recurrent import RecurrentMixer
 from kvserve.model.rotary import RotaryStep
+
+BLOCK = 64  # tokens a prompt chunk's rule solves at once: [BLOCK, BLOCK] per head of intermediate values
 
 
 class GatedDeltaNet(RecurrentMixer):
@@ -44,30 +48,44 @@ class GatedDeltaNet(RecurrentMixer):
         ``rows``' only."""
         t = x.shape[0] if tokens is None else tokens
         qkv, z, b, a = self.in_proj(x)[:t].split([self.channels, self.values, self.value_heads, self.value_heads], -1)
-        o = self.run_sequences(meta, qkv, [b, a], self.values, self._rule)
+        o = self.run_sequences(meta, qkv, [b, a], self.values)
         o = self._gated_norm(o, z)
         return self.out_proj(o if rows is None else o[rows])
 
-    def _rule(self, u: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
-              state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The gated delta rule over u [S, L, channels] (q, k, v after the convolution) and b, a [S, L, value heads]
-        from ``state`` [S, value heads, key_dim, value_dim], in float32: o [S, L, values] and the state after."""
+    def _inputs(self, u: torch.Tensor, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """q, k [S, L, value heads, key_dim] (L2-normed, each key head's repeated for its value heads, q scaled), v [S,
+        L, value heads, value_dim], beta and the log of the decay [S, L, value heads]; float32."""
         s, length = u.shape[:2]
         q, k, v = u.float().split([self.keys, self.keys, self.values], dim=-1)
         share = self.value_heads // self.key_heads
         q = l2norm(q.view(s, length, self.key_heads, self.key_dim)).repeat_interleave(share, dim=2)
         k = l2norm(k.view(s, length, self.key_heads, self.key_dim)).repeat_interleave(share, dim=2)
-        q = q * self.key_dim ** -0.5
-        v = v.view(s, length, self.value_heads, self.value_dim)
-        beta = torch.sigmoid(b.float())
-        decay = (-self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())).exp()
+        log_decay = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        return (q * self.key_dim ** -0.5, k, v.view(s, length, self.value_heads, self.value_dim),
+                torch.sigmoid(b.float()), log_decay)
+
+    def step(self, u: torch.Tensor, b: torch.Tensor, a: torch.Tensor, *, states: torch.Tensor, slots: torch.Tensor,
+             fresh: torch.Tensor) -> torch.Tensor:
+        q, k, v, beta, log_decay = self._inputs(u, b, a)
+        o = ops.delta_rule_step_(states, slots, fresh, q[:, 0], k[:, 0], v[:, 0], beta[:, 0], log_decay[:, 0].exp(),
+                                 native=self.native)
+        return o.flatten(1)[:, None]
+
+    def recurrence(self, u: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+                   state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The gated delta rule over u [S, L, channels] (q, k, v after the convolution) and b, a [S, L, value heads]
+        from ``state`` [S, value heads, key_dim, value_dim], in float32: o [S, L, values] and the state after."""
+        q, k, v, beta, log_decay = self._inputs(u, b, a)
+        # heads before positions for the block products: [S, heads, L, dim]
+        q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+        beta, log_decay = beta.transpose(1, 2), log_decay.transpose(1, 2)
         out = []
-        for i in range(length):
-            state = state * decay[:, i, :, None, None]
-            recalled = torch.einsum("shkv,shk->shv", state, k[:, i])
-            state = state + k[:, i, :, :, None] * ((v[:, i] - recalled) * beta[:, i, :, None])[:, :, None, :]
-            out.append(torch.einsum("shkv,shk->shv", state, q[:, i]))
-        return torch.stack(out, dim=1).flatten(2), state
+        for start in range(0, u.shape[1], BLOCK):
+            end = min(start + BLOCK, u.shape[1])
+            o, state = delta_block(q[:, :, start:end], k[:, :, start:end], v[:, :, start:end],
+                                   beta[:, :, start:end], log_decay[:, :, start:end], state)
+            out.append(o)
+        return torch.cat(out, dim=2).transpose(1, 2).flatten(2), state
 
     def _gated_norm(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """An RMSNorm over each value head of o, times the weight, then times silu(z) (in float32; o's dtype after the
@@ -76,6 +94,28 @@ class GatedDeltaNet(RecurrentMixer):
         normed = (heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + self.eps)).to(o.dtype)
         gated = (self.norm_weight * normed).float() * F.silu(z.float().view_as(heads))
         return gated.view(o.shape[0], self.values).to(o.dtype)
+
+
+def delta_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, log_decay: torch.Tensor,
+                state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rule over one block of L tokens at once: q, k [S, H, L, key_dim], v [S, H, L, value_dim], beta and log_decay
+    [S, H, L], state [S, H, key_dim, value_dim] before the block. With G the decay's running sum, what token j writes is
+    w_j = beta_j (v_j - e^G_j S0^T k_j - sum over i < j of e^(G_j - G_i) (k_j . k_i) w_i): a unit lower-triangular system
+    in the block's w. Then o_t = e^G_t S0^T q_t + sum over j <= t of e^(G_t - G_j) (q_t . k_j) w_j, and the state after
+    is e^G_L S0 + sum over j of e^(G_L - G_j) k_j w_j^T."""
+    length = q.shape[2]
+    g = log_decay.cumsum(-1)  # [S, H, L]
+    gaps = (g[..., :, None] - g[..., None, :])  # [S, H, L (t), L (j)]: G_t - G_j
+    below = torch.ones(length, length, dtype=torch.bool, device=q.device).tril(-1)
+    decayed = gaps.masked_fill(~below, float("-inf")).exp()  # e^(G_t - G_j) for j < t, else 0
+    coupling = beta[..., None] * decayed * (k @ k.transpose(-1, -2))
+    eye = torch.eye(length, dtype=q.dtype, device=q.device)
+    rhs = beta[..., None] * (v - g.exp()[..., None] * (k @ state))
+    w = torch.linalg.solve_triangular(eye + coupling, rhs, upper=False, unitriangular=True)
+    within = gaps.masked_fill(~(below | eye.bool()), float("-inf")).exp() * (q @ k.transpose(-1, -2))
+    o = g.exp()[..., None] * (q @ state) + within @ w
+    state = g[..., -1:, None].exp() * state + k.transpose(-1, -2) @ ((g[..., -1:] - g).exp()[..., None] * w)
+    return o, state
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

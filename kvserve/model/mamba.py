@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvserve.attention import AttentionBackend, AttentionMetadata
+from kvserve.kernels import ops
 from kvserve.model.config import ModelConfig
 from kvserve.model.recurrent import RecurrentMixer
 from kvserve.model.rotary import RotaryStep
@@ -48,20 +49,33 @@ class Mamba2(RecurrentMixer):
         ``rows``' only."""
         t = x.shape[0] if tokens is None else tokens
         z, xbc, dt = self.in_proj(x)[:t].split([self.inner, self.conv_dim, self.heads], dim=-1)
-        y = self.run_sequences(meta, xbc, [dt], self.inner, self._scan)
+        y = self.run_sequences(meta, xbc, [dt], self.inner)
         y = self._gated_norm(y, z)
         return self.out_proj(y if rows is None else y[rows])
 
-    def _scan(self, u: torch.Tensor, dt: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The recurrence over u [S, L, conv channels] (x, B, C) with step sizes dt [S, L, heads] from state h
-        [S, heads, head_dim, state], in float32: y [S, L, heads * head_dim] and the state after the last token."""
+    def _inputs(self, u: torch.Tensor, dt: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x [S, L, heads, head_dim], B and C [S, L, groups, state] from the convolution's output, and the step sizes
+        [S, L, heads] after softplus and their limits; float32."""
         s, length = u.shape[:2]
         x, b, c = u.float().split([self.inner, self.groups * self.state_size, self.groups * self.state_size], dim=-1)
-        x = x.view(s, length, self.heads, self.head_dim)
+        return (x.view(s, length, self.heads, self.head_dim), b.view(s, length, self.groups, self.state_size),
+                c.view(s, length, self.groups, self.state_size),
+                F.softplus(dt.float() + self.dt_bias.float()).clamp(*self.dt_limit))
+
+    def step(self, u: torch.Tensor, dt: torch.Tensor, *, states: torch.Tensor, slots: torch.Tensor,
+             fresh: torch.Tensor) -> torch.Tensor:
+        x, b, c, dt = self._inputs(u, dt)
+        y = ops.ssd_step_(states, slots, fresh, x[:, 0], dt[:, 0], -torch.exp(self.A_log.float()), b[:, 0], c[:, 0],
+                          self.D.float(), native=self.native)
+        return y.flatten(1)[:, None]
+
+    def recurrence(self, u: torch.Tensor, dt: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The recurrence over u [S, L, conv channels] (x, B, C) with step sizes dt [S, L, heads] from state h
+        [S, heads, head_dim, state], in float32: y [S, L, heads * head_dim] and the state after the last token."""
+        length = u.shape[1]
+        x, b, c, dt = self._inputs(u, dt)
         per_group = self.heads // self.groups  # B and C of a group serve its heads
-        b = b.view(s, length, self.groups, self.state_size).repeat_interleave(per_group, dim=2)
-        c = c.view(s, length, self.groups, self.state_size).repeat_interleave(per_group, dim=2)
-        dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(*self.dt_limit)
+        b, c = b.repeat_interleave(per_group, dim=2), c.repeat_interleave(per_group, dim=2)
         decay = dt * -torch.exp(self.A_log.float())  # log of the per-step decay, [S, L, heads]
         xdt = x * dt[..., None]
         out = []
@@ -123,10 +137,10 @@ class Mamba1(RecurrentMixer):
         """As ``Mamba2.forward``."""
         t = x.shape[0] if tokens is None else tokens
         u, z = self.in_proj(x)[:t].chunk(2, dim=-1)
-        y = self.run_sequences(meta, u, [z], self.inner, self._scan)
+        y = self.run_sequences(meta, u, [z], self.inner)
         return self.out_proj(y if rows is None else y[rows])
 
-    def _scan(self, u: torch.Tensor, z: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def recurrence(self, u: torch.Tensor, z: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The selective scan over u [S, L, inner] (after the convolution) from h [S, inner, state], gated by z: y [S,
         L, inner] and the state after the last token (the recurrence in float32)."""
         dt, b, c = self.x_proj(u).split([self.rank, self.state_size, self.state_size], dim=-1)

@@ -11,7 +11,7 @@ cache. The step's sequences run in groups of equal row counts: the decodes all a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -20,10 +20,6 @@ from torch import nn
 
 from kvserve.attention import AttentionMetadata
 from kvserve.attention.backend import SeqRows
-
-# the recurrence over one group: (the convolution's output [S, L, channels], the other per-row inputs [S, L, ...], the
-# states [S, *state_shape]) -> (output [S, L, width], the states after the last row)
-Recurrence = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass
@@ -38,6 +34,7 @@ class SlotStates:
 class RecurrentMixer(nn.Module):
     plain = False  # the decoder's bf16 hand-offs are attention's
     sinks = None
+    native = False  # decode steps through the native kernels (set by the model: CausalLM.use_native_ops)
 
     def __init__(self, channels: int, taps: int, state_shape: tuple[int, ...], conv_bias: bool):
         super().__init__()
@@ -61,38 +58,56 @@ class RecurrentMixer(nn.Module):
         return False
 
     def run_sequences(self, meta: AttentionMetadata, conv_in: torch.Tensor, extras: Sequence[torch.Tensor],
-                      width: int, recurrence: Recurrence) -> torch.Tensor:
+                      width: int) -> torch.Tensor:
         """The step's rows [T, width]: each sequence's ``conv_in`` rows [T, channels] through the convolution and
-        ``recurrence`` (with its rows of each of ``extras``), from its slot's states, which it leaves updated."""
+        ``recurrence`` (with its rows of each of ``extras``), from its slot's states, which it leaves updated. Groups of
+        one row a sequence (decodes) take ``step`` instead, which updates the slots' states in place."""
         y = conv_in.new_empty(conv_in.shape[0], width)
         device = conv_in.device
         for idx, seqs in groups_by_length(meta.seqs, device):
             slots = [s.state_slot for s in seqs]
             if any(s.start > 0 and (slot < 0 or self.states is None) for s, slot in zip(seqs, slots)):
                 raise RuntimeError("a recurrent layer continues a sequence without a state slot")
-            conv_prev, state = self._states_of(slots, [s.start == 0 for s in seqs], conv_in.dtype, device)
+            fresh = [s.start == 0 for s in seqs]
+            keep = [i for i, slot in enumerate(slots) if slot >= 0] if self.states is not None else []
+            at, which = torch.tensor([slots[i] for i in keep], device=device), torch.tensor(keep, device=device)
+            conv_prev = conv_in.new_zeros(len(seqs), self.taps - 1, self.channels)
+            carried = [i for i in keep if not fresh[i]]
+            if carried and self.states is not None:
+                conv_prev[carried] = self.states.conv[[slots[i] for i in carried]].to(conv_in.dtype)
             u, conv_next = self.convolve(conv_in[idx], conv_prev)
-            out, state = recurrence(u, *(e[idx] for e in extras), state)
-            y[idx.flatten()] = out.flatten(0, 1).to(y.dtype)
-            keep = [i for i, slot in enumerate(slots) if slot >= 0]
-            if keep and self.states is not None:
-                at, which = torch.tensor([slots[i] for i in keep], device=device), torch.tensor(keep, device=device)
+            rows = [e[idx] for e in extras]
+            if idx.shape[1] == 1 and len(keep) == len(seqs):  # every sequence a decode row with its slot
+                assert self.states is not None
+                out = self.step(u, *rows, states=self.states.recurrent, slots=at,
+                                fresh=torch.tensor(fresh, device=device))
+            else:
+                state = torch.zeros(len(seqs), *self.state_shape, device=device)
+                if carried and self.states is not None:
+                    state[carried] = self.states.recurrent[[slots[i] for i in carried]]
+                out, state = self.recurrence(u, *rows, state)
+                if keep:
+                    assert self.states is not None
+                    self.states.recurrent[at] = state[which]
+            if keep:
+                assert self.states is not None
                 self.states.conv[at] = conv_next[which].to(self.states.conv.dtype)
-                self.states.recurrent[at] = state[which]
+            y[idx.flatten()] = out.flatten(0, 1).to(y.dtype)
         return y
 
-    def _states_of(self, slots: list[int], fresh: list[bool], dtype: torch.dtype,
-                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The states the sequences continue from: their slots', zeros where a sequence starts (or has no slot)."""
-        n = len(slots)
-        conv = torch.zeros(n, self.taps - 1, self.channels, dtype=dtype, device=device)
-        state = torch.zeros(n, *self.state_shape, device=device)
-        go_on = [i for i in range(n) if not fresh[i] and slots[i] >= 0]
-        if go_on and self.states is not None:
-            at, which = torch.tensor([slots[i] for i in go_on], device=device), torch.tensor(go_on, device=device)
-            conv[which] = self.states.conv[at].to(dtype)
-            state[which] = self.states.recurrent[at]
-        return conv, state
+    def recurrence(self, u: torch.Tensor, *rows_and_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's recurrence over a group: (the convolution's output u [S, L, channels], the extras' rows [S, L,
+        ...], the states [S, *state_shape]) -> (the output [S, L, width], the states after the last row)."""
+        raise NotImplementedError
+
+    def step(self, u: torch.Tensor, *rows: torch.Tensor, states: torch.Tensor, slots: torch.Tensor,
+             fresh: torch.Tensor) -> torch.Tensor:
+        """One row a sequence: ``recurrence``'s output, the states ``states[slots]`` (zeros first where ``fresh``)
+        updated in place. A subclass runs it natively."""
+        state = states[slots].masked_fill(fresh.view(-1, *[1] * len(self.state_shape)), 0)
+        out, state = self.recurrence(u, *rows, state)
+        states[slots] = state
+        return out
 
     def convolve(self, u: torch.Tensor, prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """u [S, L, channels] after ``prev`` [S, taps - 1, channels]: the convolution's output with SiLU, and the

@@ -34,7 +34,7 @@ def test_the_rule_equals_transformers(length):
     u = torch.randn(2, length, m.channels)
     b, a = torch.randn(2, length, m.value_heads), torch.randn(2, length, m.value_heads)
     state = torch.randn(2, m.value_heads, m.key_dim, m.value_dim)
-    o, after = m._rule(u, b, a, state.clone())
+    o, after = m.recurrence(u, b, a, state.clone())
     q, k, v = u.split([m.keys, m.keys, m.values], dim=-1)
     rule = torch_recurrent_gated_delta_rule if length == 1 else torch_chunk_gated_delta_rule
     g = -m.A_log.detach().exp() * torch.nn.functional.softplus(a + m.dt_bias.detach())
@@ -51,10 +51,10 @@ def test_a_chunked_prompt_equals_the_whole_one():
     u, b, a = torch.randn(1, 40, m.channels), torch.randn(1, 40, m.value_heads), torch.randn(1, 40, m.value_heads)
     state = torch.zeros(1, *m.state_shape)
     conv = torch.zeros(1, m.taps - 1, m.channels)
-    whole, _ = m._rule(m.convolve(u, conv)[0], b, a, state)
+    whole, _ = m.recurrence(m.convolve(u, conv)[0], b, a, state)
     parts = []
     for lo, hi in ((0, 1), (1, 3), (3, 40)):
         out, conv = m.convolve(u[:, lo:hi], conv)
-        y, state = m._rule(out, b[:, lo:hi], a[:, lo:hi], state)
+        y, state = m.recurrence(out, b[:, lo:hi], a[:, lo:hi], state)
         parts.append(y)
     torch.testing.assert_close(torch.cat(parts, 1), whole, atol=1e-5, rtol=1e-5)

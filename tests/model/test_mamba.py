@@ -43,7 +43,7 @@ def test_the_recurrence_equals_transformers_scan(length):
     u = torch.randn(2, length, m.conv_dim)
     dt = torch.randn(2, length, m.heads)
     h0 = torch.randn(2, m.heads, m.head_dim, m.state_size)
-    y, h = m._scan(u, dt, h0.clone())
+    y, h = m.recurrence(u, dt, h0.clone())
     x, b, c = u.split([m.inner, m.groups * m.state_size, m.groups * m.state_size], dim=-1)
     want, want_h = mamba2_chunk_scan(
         x.reshape(2, length, m.heads, m.head_dim), dt, -torch.exp(m.A_log.detach()),
@@ -63,11 +63,11 @@ def test_a_chunked_prompt_equals_the_whole_one():
     dt = torch.randn(1, 90, m.heads)
     h = torch.zeros(1, m.heads, m.head_dim, m.state_size)
     conv = torch.zeros(1, m.taps - 1, m.conv_dim)
-    whole, _ = m._scan(m.convolve(u, conv)[0], dt, h)
+    whole, _ = m.recurrence(m.convolve(u, conv)[0], dt, h)
     parts = []
     for a, b in ((0, 2), (2, 70), (70, 90)):
         out, conv = m.convolve(u[:, a:b], conv)
-        y, h = m._scan(out, dt[:, a:b], h)
+        y, h = m.recurrence(out, dt[:, a:b], h)
         parts.append(y)
     torch.testing.assert_close(torch.cat(parts, 1), whole, atol=1e-5, rtol=1e-5)
 
