@@ -145,6 +145,14 @@ class ModelConfig:
     # mamba_state_size each, dt through a rank-mamba_dt_rank projection; dt, B and C RMS-normed without weights where
     # mamba_bcdt_norm_eps is set (Falcon Mamba)
     mamba_version: int = 2
+    # Mamba-2's output: "gated" RMSNorm per group of y * silu(z) (the default), "norm_then_gate" (the norm of y, then
+    # times silu(z)), or "none" (y * silu(z): Falcon-H1 without mamba_rms_norm); out_proj's bias where it differs
+    mamba_norm: str = "gated"
+    mamba_out_bias: bool | None = None
+    # Falcon-H1: each Mamba-2 layer attends too, side by side over the same norm, the two outputs summed
+    parallel_attention: bool = False
+    # scales an architecture folds into its weights at load (Architecture.adjust_weights: Falcon-H1's muP multipliers)
+    weight_multipliers: dict[str, Any] | None = None
     mamba_inner: int = 0  # (Mamba-2: mamba_heads x mamba_head_dim where not given)
     mamba_dt_rank: int = 0
     mamba_bcdt_norm_eps: float | None = None
@@ -175,6 +183,8 @@ class ModelConfig:
                 raise ValueError(f"{name} has {len(per_layer)} entries for {self.num_hidden_layers} layers")
         if not self.mamba_inner:
             self.mamba_inner = self.mamba_heads * self.mamba_head_dim
+        if self.mamba_norm not in ("gated", "norm_then_gate", "none"):
+            raise ValueError(f"mamba_norm {self.mamba_norm!r} is not one of gated, norm_then_gate, none")
         if self.layer_parts is not None and (set(self.layer_parts) - {"mixer", "mlp", "both"} or self.norm_layout != "pre"):
             raise ValueError("layer_parts are 'mixer', 'mlp' or 'both', in the pre-norm layout")
         if self.lm_head_bias and self.tie_word_embeddings:
@@ -267,7 +277,7 @@ class ModelConfig:
         """How many of the KV pool's layers ``layer`` takes: 1 (its K and V), none for a recurrent layer (its state is
         per sequence), or for a short convolution as many as hold its input (hidden_size values a token) in their
         K's and V's widths."""
-        if self.is_recurrent(layer) or not self.has_mixer(layer):
+        if not self.has_mixer(layer) or (self.is_recurrent(layer) and not self.parallel_attention):
             return 0
         if not self.is_conv(layer):
             return 1
@@ -333,6 +343,7 @@ class ModelConfig:
                   (bool(self.kv_lora_rank), "latent attention"),
                   (self.conv_layers is not None and any(self.conv_layers), "short convolutions"),
                   (self.mamba_layers is not None and any(self.mamba_layers), "Mamba layers"),
+                  (self.parallel_attention, "attention beside Mamba"),
                   (self.delta_layers is not None and any(self.delta_layers), "gated delta nets"),
                   (self.attn_output_gate, "gated attention"),
                   (self.router_scoring == "sparsemixer", "the sparsemixer router"),

@@ -17,7 +17,7 @@ from kvserve.model.attention import Attention
 from kvserve.model.config import ModelConfig
 from kvserve.model.gated_delta import GatedDeltaNet
 from kvserve.model.latent_attention import LatentAttention
-from kvserve.model.mamba import Mamba1, Mamba2
+from kvserve.model.mamba import AttentionBesideMamba, Mamba1, Mamba2
 from kvserve.model.layers import PackedLinear, RMSNorm, make_norm, pack_linears, padded_rows, runs_amx
 from kvserve.model.mlp import GatedMLP, MoE
 from kvserve.model.native_stack import build_native_stack, run_native_stack
@@ -39,9 +39,11 @@ class DecoderLayer(nn.Module):
             setattr(self, role, make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias,
                                           cfg.norm_affine))
         # the layer's token mixer: attention, latent attention, a short convolution, a Mamba-2 layer or a gated delta net
-        self.self_attn: Attention | LatentAttention | ShortConv | Mamba1 | Mamba2 | GatedDeltaNet | None
+        self.self_attn: Attention | LatentAttention | ShortConv | Mamba1 | Mamba2 | AttentionBesideMamba | GatedDeltaNet | None
         if not cfg.has_mixer(layer):  # an MLP-only block
             self.self_attn = None
+        elif cfg.is_mamba(layer) and cfg.parallel_attention:
+            self.self_attn = AttentionBesideMamba(cfg, layer, Attention(cfg, layer))
         elif cfg.is_mamba(layer):
             self.self_attn = Mamba2(cfg, layer) if cfg.mamba_version == 2 else Mamba1(cfg, layer)
         elif cfg.is_delta(layer):
@@ -178,7 +180,7 @@ class CausalLM(nn.Module):
         self.lora: Any | None = None  # a kvserve.lora.layers.LoRAContext once adapters are enabled
 
     def recurrent_layers(self) -> list[RecurrentMixer]:
-        return [layer.self_attn for layer in self.layers if isinstance(layer.self_attn, RecurrentMixer)]
+        return [m for m in self.modules() if isinstance(m, RecurrentMixer)]
 
     def state_bytes(self, dtype: torch.dtype) -> int:
         """Bytes one sequence's recurrent state takes over every layer (0: the model keeps none)."""

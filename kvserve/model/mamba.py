@@ -38,10 +38,12 @@ class Mamba2(RecurrentMixer):
         self.dt_bias = nn.Parameter(torch.zeros(self.heads))
         self.A_log = nn.Parameter(torch.zeros(self.heads))
         self.D = nn.Parameter(torch.ones(self.heads))
-        self.norm_weight = nn.Parameter(torch.ones(self.inner))
+        self.norm = cfg.mamba_norm
+        self.norm_weight = nn.Parameter(torch.ones(self.inner)) if self.norm != "none" else None
         self.eps = cfg.rms_norm_eps
         self.dt_limit = cfg.mamba_dt_limit
-        self.out_proj = nn.Linear(self.inner, cfg.hidden_size, bias=cfg.mamba_proj_bias)
+        out_bias = cfg.mamba_proj_bias if cfg.mamba_out_bias is None else cfg.mamba_out_bias
+        self.out_proj = nn.Linear(self.inner, cfg.hidden_size, bias=out_bias)
 
     def forward(self, x, rope: RotaryStep | None, attn: AttentionBackend, meta: AttentionMetadata,
                 kv_cache: list, bf16: bool = False, rows: torch.Tensor | None = None, tokens: int | None = None):
@@ -88,10 +90,15 @@ class Mamba2(RecurrentMixer):
 
     def _gated_norm(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """RMSNorm over each group of y * silu(z), times the weight (in float32, back to y's dtype before the weight,
-        as transformers rounds)."""
-        g = (y.float() * F.silu(z.float())).view(y.shape[0], self.groups, -1)
+        as transformers rounds); or the norm of y, then times silu(z); or y * silu(z) alone (``ModelConfig.mamba_norm``)."""
+        gate = F.silu(z.float())
+        if self.norm_weight is None:
+            return (y.float() * gate).to(y.dtype)
+        g = (y.float() * gate if self.norm == "gated" else y.float()).view(y.shape[0], self.groups, -1)
         g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.norm_weight * g.view(y.shape[0], self.inner).to(y.dtype)
+        if self.norm == "gated":
+            return self.norm_weight * g.view(y.shape[0], self.inner).to(y.dtype)
+        return (self.norm_weight.float() * g.view(y.shape[0], self.inner) * gate).to(y.dtype)
 
 
 def ssd_block(xdt: torch.Tensor, decay: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
@@ -159,3 +166,23 @@ class Mamba1(RecurrentMixer):
 
 def unweighted_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+class AttentionBesideMamba(nn.Module):
+    """Falcon-H1's token mixer: attention and a Mamba-2 layer over the same input, their outputs summed (each one's
+    multipliers folded into its weights at load)."""
+
+    plain = False
+    sinks = None
+
+    def __init__(self, cfg: ModelConfig, layer: int, attention: nn.Module):
+        super().__init__()
+        self.attn, self.mamba = attention, Mamba2(cfg, layer)
+
+    def runs_bf16(self, *args) -> bool:
+        return False
+
+    def forward(self, x, rope: RotaryStep | None, attn: AttentionBackend, meta: AttentionMetadata, kv_cache,
+                bf16: bool = False, rows: torch.Tensor | None = None, tokens: int | None = None):
+        return self.attn(x, rope, attn, meta, kv_cache, False, rows, tokens) + \
+            self.mamba(x, rope, attn, meta, kv_cache, False, rows, tokens)

@@ -48,6 +48,9 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
                     out[f"{dst}{role}.{suffix}"] = [(f"{p}{name}.{suffix}", (h,))]
         if not cfg.has_mixer(i):
             pass
+        elif cfg.is_mamba(i) and cfg.parallel_attention:
+            attention(out, arch, cfg, dst + "self_attn.attn.", p, linear)
+            mamba(out, arch, cfg, dst + "self_attn.mamba.", p, linear)
         elif cfg.is_mamba(i):
             mamba(out, arch, cfg, dst + "self_attn.", p, linear)
         elif cfg.is_delta(i):
@@ -151,13 +154,16 @@ def mamba(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, ds
     h, inner, heads = cfg.hidden_size, cfg.mamba_inner, cfg.mamba_heads
     channels = inner + 2 * cfg.mamba_groups * cfg.mamba_state_size
     linear(dst + "in_proj", prefix, [("mamba_in_proj", inner + channels + heads)], None, h, cfg.mamba_proj_bias)
-    linear(dst + "out_proj", prefix, [("mamba_out_proj", h)], None, inner, cfg.mamba_proj_bias)
+    out_bias = cfg.mamba_proj_bias if cfg.mamba_out_bias is None else cfg.mamba_out_bias
+    linear(dst + "out_proj", prefix, [("mamba_out_proj", h)], None, inner, out_bias)
     conv = arch.weight_name("mamba_conv")
     out[f"{dst}kernel"] = [(f"{prefix}{conv}.weight", (channels, cfg.mamba_conv_kernel))]
     if cfg.mamba_conv_bias:
         out[f"{dst}conv_bias"] = [(f"{prefix}{conv}.bias", (channels,))]
-    for ours, role, rows in (("dt_bias", "mamba_dt_bias", heads), ("A_log", "mamba_A_log", heads),
-                             ("D", "mamba_D", heads), ("norm_weight", "mamba_norm", inner)):
+    params = [("dt_bias", "mamba_dt_bias", heads), ("A_log", "mamba_A_log", heads), ("D", "mamba_D", heads)]
+    if cfg.mamba_norm != "none":
+        params.append(("norm_weight", "mamba_norm", inner))
+    for ours, role, rows in params:
         name = arch.weight_name(role)
         out[dst + ours] = [(f"{prefix}{name}", (rows,))]
 
@@ -293,8 +299,11 @@ def standard_layout(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]
     ``Architecture.transposed_linears``) transposed, GPT-NeoX's fused q/k/v rows (head by head, q, k and v of each:
     ``Architecture.qkv_per_head``) reordered to q's, then k's, then v's (biases too); gated attention's q_proj (each
     head's q then its gate) as every head's q, then every gate; Qwen3-Next's grouped delta-net projections
-    (``ungroup_delta``); as given otherwise."""
+    (``ungroup_delta``); first what the architecture's own ``adjust_weights`` does (Falcon-H1's multipliers folded
+    in); as given otherwise."""
     arch = get_architecture(cfg.architecture)
+    if arch.adjust_weights is not None:
+        weights = arch.adjust_weights(cfg, dict(weights))
     if not (arch.transposed_linears or arch.qkv_per_head or cfg.attn_output_gate or arch.weight_name("delta_qkvz")):
         return weights
     out = dict(weights)

@@ -100,6 +100,17 @@ CASES: dict[str, tuple[str, dict]] = {
     # Mamba-2 blocks alone: no attention, no MLP
     "Mamba2ForCausalLM": ("Mamba2Config", dict(num_heads=4, head_dim=32, state_size=8, n_groups=2, chunk_size=4,
                                                num_hidden_layers=3)),
+    # attention beside Mamba-2 in every layer, every muP multiplier away from 1; the Mamba output normed before its
+    # gate, (":plain") not normed, (":gated") normed after it
+    "FalconH1ForCausalLM": ("FalconH1Config", dict(
+        MAMBA, num_hidden_layers=2, mamba_d_ssm=96, mamba_n_heads=4, mamba_d_head=24, mamba_rms_norm=True,
+        mamba_norm_before_gate=True, projectors_bias=True, embedding_multiplier=1.5, lm_head_multiplier=0.7,
+        mlp_multipliers=[0.8, 1.3], key_multiplier=0.9, attention_in_multiplier=1.2, attention_out_multiplier=0.6,
+        ssm_multipliers=[1.1, 0.9, 1.2, 0.8, 1.4], ssm_in_multiplier=1.3, ssm_out_multiplier=0.7)),
+    "FalconH1ForCausalLM:plain": ("FalconH1Config", dict(MAMBA, num_hidden_layers=2, mamba_d_ssm=128,
+                                                         mamba_rms_norm=False)),
+    "FalconH1ForCausalLM:gated": ("FalconH1Config", dict(MAMBA, num_hidden_layers=2, mamba_d_ssm=128,
+                                                         mamba_rms_norm=True, mamba_norm_before_gate=False)),
     # Mamba-1 blocks (a state per channel); Falcon Mamba's with dt, B and C normed
     "MambaForCausalLM": ("MambaConfig", dict(state_size=8, intermediate_size=96, time_step_rank=6, num_hidden_layers=3,
                                              use_bias=True)),
@@ -568,6 +579,7 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("GraniteMoeHybridForCausalLM:mamba", False, "Mamba layers"),
     ("Qwen3NextForCausalLM", False, "partial rotary, gated delta nets, gated attention"),
     ("NemotronHForCausalLM", False, "a non-gated MLP, relu2, Mamba layers"),
+    ("FalconH1ForCausalLM", False, "Mamba layers, attention beside Mamba"),
     ("OPTForCausalLM", False, "LayerNorms, a non-gated MLP, relu"),
     ("Exaone4ForCausalLM", True, None), ("Olmo3ForCausalLM", True, None),
     ("ArceeForCausalLM", False, "a non-gated MLP, relu2"), ("HeliumForCausalLM", True, None),

@@ -118,6 +118,8 @@ class Architecture:
     stacked_experts: StackedExperts | None = None  # experts in 3-D tensors; None: one set of linears each
     transposed_linears: bool = False  # linear weights stored [in, out] (GPT-2's Conv1D); the HF loader transposes them
     qkv_per_head: bool = False  # a fused q/k/v tensor's rows head by head (GPT-NeoX's); the HF loader reorders them
+    # (ModelConfig, the checkpoint's tensors) -> the tensors the decoder takes, at HF load: scales folded in (Falcon-H1)
+    adjust_weights: Callable[[Any, dict[str, Any]], dict[str, Any]] | None = None
     # prefixes the checkpoint's names carry instead of ours ("model.", "lm_head."), e.g. a multimodal
     # checkpoint's "language_model.model."; the HF loader renames by them as it reads
     prefixes: Mapping[str, str] = field(default_factory=dict)
@@ -203,7 +205,7 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "glm4_moe_lite", "lfm2", "lfm2_moe", "qwen_vl", "dots1", "nemotron", "hunyuan_moe",
             "minimax_m2", "gpt2", "opt", "gpt_neox", "flex_olmo", "vaultgemma", "cwm", "olmo", "apertus", "phimoe",
             "bamba", "qwen3_next", "qwen3_5", "nemotron_h",
-            "mamba2"]
+            "mamba2", "falcon_h1"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)

@@ -12,12 +12,12 @@ def mamba2_config(d: dict, layers: list[bool]) -> dict:
     if not any(layers):
         return {}
     expand = first_of(d, "mamba_expand", "expand", default=2)
-    inner = int(expand * d["hidden_size"])
+    inner = int(first_of(d, "mamba_d_ssm", default=expand * d["hidden_size"]))  # (Falcon-H1 sets its own)
     heads = int(first_of(d, "mamba_n_heads", "mamba_num_heads", "num_heads"))
     head_dim = first_of(d, "mamba_d_head", "mamba_head_dim", "head_dim", default="auto")
     head_dim = inner // heads if head_dim in (None, "auto") else int(head_dim)
     if heads * head_dim != inner:
-        raise ValueError(f"{heads} Mamba heads of {head_dim} do not make the inner size {inner} (expand x hidden)")
+        raise ValueError(f"{heads} Mamba heads of {head_dim} do not make the inner size {inner}")
     limit = d.get("time_step_limit") or (0.0, float("inf"))
     return {"mamba_layers": layers, "mamba_heads": heads, "mamba_head_dim": head_dim,
             "mamba_groups": int(first_of(d, "mamba_n_groups", "n_groups", default=1)),
