@@ -24,17 +24,19 @@ class LayerAttention:
     """A layer's own attention options (None: the default): the softmax scale (default head_dim ** -0.5),
     a sliding window (the query's key and the window - 1 before it), a soft cap on the scores
     (cap * tanh(score / cap)), sinks: one logit per query head that joins the softmax's denominator and
-    attends no value (gpt-oss), a [heads] tensor."""
+    attends no value (gpt-oss), a [heads] tensor; ALiBi's slopes, a [heads] tensor: each score plus its head's slope
+    times the key's distance behind the query (Bloom, MPT)."""
 
     scale: float | None = None
     window: int | None = None
     softcap: float | None = None
     sinks: torch.Tensor | None = None
+    alibi: torch.Tensor | None = None
 
     @property
     def masked(self) -> bool:
         """Whether the layer needs the general path (``kvserve.attention.general``)."""
-        return self.window is not None or self.softcap is not None or self.sinks is not None
+        return self.window is not None or self.softcap is not None or self.sinks is not None or self.alibi is not None
 
 
 @dataclass
@@ -78,6 +80,8 @@ def attend_general(pool: KVPool, q: torch.Tensor, layer_kv: LayerKV, meta: Any, 
         q_pos = torch.arange(ctx.start, ctx.start + qs.shape[0], device=q.device)[:, None]
         k_pos = torch.arange(ctx.first, ctx.first + k.shape[0], device=q.device)[None, :]
         allowed = k_pos <= q_pos
+        if spec.alibi is not None:  # slope x (key - query), 0 on the query's own key, more negative the further back
+            scores = scores + spec.alibi.float()[:, None, None] * (k_pos - q_pos)[None]
         if spec.window is not None:
             allowed &= k_pos > q_pos - spec.window
         scores = scores.masked_fill(~allowed, float("-inf"))

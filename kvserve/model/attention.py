@@ -1,6 +1,7 @@
 """A decoder layer's attention, with the options architectures differ by: biases, q/k norms (per head or
 over the whole projection), clamps on q/k/v, rotary or none, the softmax scale, a sliding window, a soft cap
-on the scores, sinks (a learned logit per head in the softmax's denominator), a sigmoid gate on the output. q, k and v come from one GEMM;
+on the scores, sinks (a learned logit per head in the softmax's denominator), a sigmoid gate on the output, ALiBi's
+biases. q, k and v come from one GEMM;
 the attention backend attends (``AttentionBackend.attend_layer``)."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from torch import nn
 
 from kvserve.attention import AttentionBackend, AttentionMetadata
 from kvserve.attention.backend import LayerAttention
-from kvserve.model.config import ModelConfig
+from kvserve.model.config import ModelConfig, alibi_slopes
 from kvserve.model.layers import HeadLayerNorm, RMSNorm, runs_amx
 from kvserve.model.rotary import RotaryStep
 
@@ -45,9 +46,11 @@ class Attention(nn.Module):
         # the sinks are a parameter (loaded after the spec is built): the step's spec takes them (forward)
         self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if cfg.attn_sinks else None
         self.spec = LayerAttention(cfg.attn_scale, cfg.window(layer), cfg.attn_logit_softcap)
+        # ALiBi's slopes: the spec takes them as a tensor at the first step (the model is built on the meta device)
+        self.alibi = alibi_slopes(self.num_heads, cfg.alibi_bias_max, cfg.alibi_mpt) if cfg.alibi else None
         # what the bf16 path below handles
         self.plain = (cfg.qk_norm is None and not self.spec.masked and self.sinks is None and self.clip is None
-                      and self.position_scale is None and not self.output_gate)
+                      and self.position_scale is None and not self.output_gate and self.alibi is None)
 
     def _head_norms(self, q: torch.Tensor, k: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
         """q and k [t, heads, head_dim] normed per head (a head's reshape of the GEMM's output is a strided view:
@@ -97,6 +100,8 @@ class Attention(nn.Module):
             q = q * scale.to(q.dtype)[:, None, None]
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
         spec = self.spec if self.sinks is None else dataclasses.replace(self.spec, sinks=self.sinks)
+        if self.alibi is not None and spec.alibi is None:
+            self.spec = spec = dataclasses.replace(spec, alibi=torch.tensor(self.alibi, device=q.device))
         o = attn.attend_layer(q, k, v, kv_cache, meta, spec, rows)
         if not o.shape[0]:  # no row attends (a step that samples nothing): the K/V writes were all
             return x.new_empty(0, self.hidden_size)

@@ -151,6 +151,11 @@ class ModelConfig:
     mamba_out_bias: bool | None = None
     # Falcon-H1: each Mamba-2 layer attends too, side by side over the same norm, the two outputs summed
     parallel_attention: bool = False
+    # ALiBi (Bloom, MPT): no rotary; each head's scores biased by its slope times the key's distance (alibi_slopes)
+    alibi: bool = False
+    alibi_bias_max: float = 8.0
+    alibi_mpt: bool = False  # MPT's slopes where the heads are not a power of two (alibi_slopes)
+    embed_norm: bool = False  # a norm (of norm_type) right after the embeddings (Bloom's word_embeddings_layernorm)
     # scales an architecture folds into its weights at load (Architecture.adjust_weights: Falcon-H1's muP multipliers)
     weight_multipliers: dict[str, Any] | None = None
     mamba_inner: int = 0  # (Mamba-2: mamba_heads x mamba_head_dim where not given)
@@ -344,6 +349,7 @@ class ModelConfig:
                   (self.conv_layers is not None and any(self.conv_layers), "short convolutions"),
                   (self.mamba_layers is not None and any(self.mamba_layers), "Mamba layers"),
                   (self.parallel_attention, "attention beside Mamba"),
+                  (self.alibi, "ALiBi"), (self.embed_norm, "a norm on the embeddings"),
                   (self.delta_layers is not None and any(self.delta_layers), "gated delta nets"),
                   (self.attn_output_gate, "gated attention"),
                   (self.router_scoring == "sparsemixer", "the sparsemixer router"),
@@ -389,6 +395,20 @@ class ModelConfig:
         )
         common.update(spec.config(d))
         return cls(**common)
+
+
+def alibi_slopes(heads: int, bias_max: float = 8.0, mpt: bool = False) -> list[float]:
+    """ALiBi's slope per head: for n heads (n a power of two) 2^(-bias_max k / n), k = 1..n. Otherwise the ALiBi paper's
+    and Bloom's rule: those of the power of two below n, then every other one of twice that many; MPT's: those of the
+    power of two above n, the odd k first, then the even ones, the first n."""
+    def of(n: int) -> list[float]:
+        return [2 ** (-bias_max * k / n) for k in range(1, n + 1)]
+
+    if mpt:
+        above = of(2 ** math.ceil(math.log2(heads)))
+        return (above[1::2] + above[0::2])[:heads] if len(above) != heads else above
+    below = 2 ** math.floor(math.log2(heads))
+    return of(below) + of(2 * below)[0::2][: heads - below]
 
 
 def yarn_mscale(scale: float, m: float = 1.0) -> float:

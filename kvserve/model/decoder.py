@@ -156,6 +156,8 @@ class CausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.embed_positions = nn.Embedding(cfg.max_position_embeddings + cfg.position_offset, cfg.hidden_size) \
             if cfg.learned_positions else None
+        self.embed_norm = make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias, cfg.norm_affine) \
+            if cfg.embed_norm else None
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias, cfg.norm_affine)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size,
@@ -241,6 +243,8 @@ class CausalLM(nn.Module):
             h = h * torch.tensor(self.config.embed_scale, dtype=h.dtype)
         if self.embed_positions is not None:
             h = h + self.embed_positions(positions + self.config.position_offset).to(h.dtype)
+        if self.embed_norm is not None:
+            h = self.embed_norm(h)
         # a step with adapter rows runs the Python layers: the native stack has no LoRA
         lora_rows = self.lora is not None and self.lora.step is not None
         if self.native_stack is not None and not lora_rows and \

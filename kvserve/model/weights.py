@@ -28,6 +28,9 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
     if cfg.learned_positions:
         rows = cfg.max_position_embeddings + cfg.position_offset
         out["embed_positions.weight"] = [("model.embed_positions.weight", (rows, h))]
+    if cfg.embed_norm:
+        for suffix in ("weight", "bias") if cfg.norm_type == "layer" and cfg.norm_bias else ("weight",):
+            out[f"embed_norm.{suffix}"] = [(f"model.embed_norm.{suffix}", (h,))]
 
     def linear(dst: str, prefix: str, parts: list[tuple[str, int]], fused: str | None, cols: int, bias: bool) -> None:
         """``dst``.weight (and .bias) from the stacked tensor ``fused`` when the checkpoint has one, else

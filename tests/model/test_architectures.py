@@ -111,6 +111,12 @@ CASES: dict[str, tuple[str, dict]] = {
                                                          mamba_rms_norm=False)),
     "FalconH1ForCausalLM:gated": ("FalconH1Config", dict(MAMBA, num_hidden_layers=2, mamba_d_ssm=128,
                                                          mamba_rms_norm=True, mamba_norm_before_gate=False)),
+    # ALiBi over 6 heads (not a power of two: the slopes' second series), an embedding LayerNorm
+    "BloomForCausalLM": ("BloomConfig", dict(num_attention_heads=6, hidden_size=48, num_hidden_layers=2)),
+    # MPT's slopes over 6 heads, q/k/v clamped (transformers builds the slopes with alibi_bias_max 8 whatever the
+    # config says; kvserve reads it, as MosaicML's code does: 8 here)
+    "MptForCausalLM": ("MptConfig", dict(num_attention_heads=6, hidden_size=48, num_hidden_layers=2,
+                                         attn_config={"alibi": True, "clip_qkv": 0.6})),
     # Mamba-1 blocks (a state per channel); Falcon Mamba's with dt, B and C normed
     "MambaForCausalLM": ("MambaConfig", dict(state_size=8, intermediate_size=96, time_step_rank=6, num_hidden_layers=3,
                                              use_bias=True)),
@@ -431,7 +437,8 @@ def test_greedy_equals_transformers(name, torch_path, tmp_path_factory, monkeypa
     sinks = any(getattr(layer.self_attn, "sinks", None) is not None for layer in runner.model.layers)
     # flash_prefill (AMX bf16 prompts) takes windows and caps but no sinks: those steps' sink layers go to the torch path
     flash_steps = sinks and runner.attention.prefill_dtype == torch.bfloat16 and ops.flash_prefill_available()
-    if (sinks or any(spec.masked for spec in specs)) and not flash_steps:
+    alibi = any(spec.alibi is not None for spec in specs)  # (the kernels take no ALiBi: the torch path always)
+    if (sinks or any(spec.masked for spec in specs)) and not flash_steps and not alibi:
         # windows, soft caps and sinks: in the paged backend's kernels where it runs, else the torch fallback
         assert (general[0] == 0) == isinstance(runner.attention, PagedBackend), general
     if not torch_path and load_kernels():
@@ -580,6 +587,7 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("Qwen3NextForCausalLM", False, "partial rotary, gated delta nets, gated attention"),
     ("NemotronHForCausalLM", False, "a non-gated MLP, relu2, Mamba layers"),
     ("FalconH1ForCausalLM", False, "Mamba layers, attention beside Mamba"),
+    ("BloomForCausalLM", False, "LayerNorms, a non-gated MLP, ALiBi, a norm on the embeddings"),
     ("OPTForCausalLM", False, "LayerNorms, a non-gated MLP, relu"),
     ("Exaone4ForCausalLM", True, None), ("Olmo3ForCausalLM", True, None),
     ("ArceeForCausalLM", False, "a non-gated MLP, relu2"), ("HeliumForCausalLM", True, None),
