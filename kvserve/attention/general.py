@@ -25,18 +25,21 @@ class LayerAttention:
     a sliding window (the query's key and the window - 1 before it), a soft cap on the scores
     (cap * tanh(score / cap)), sinks: one logit per query head that joins the softmax's denominator and
     attends no value (gpt-oss), a [heads] tensor; ALiBi's slopes, a [heads] tensor: each score plus its head's slope
-    times the key's distance behind the query (Bloom, MPT)."""
+    times the key's distance behind the query (Bloom, MPT); a chunk: the query attends only the keys of its chunk
+    (Llama 4)."""
 
     scale: float | None = None
     window: int | None = None
     softcap: float | None = None
     sinks: torch.Tensor | None = None
     alibi: torch.Tensor | None = None
+    chunk: int | None = None  # Llama 4's chunked attention: keys in the query's chunk of this many positions only
 
     @property
     def masked(self) -> bool:
         """Whether the layer needs the general path (``kvserve.attention.general``)."""
-        return self.window is not None or self.softcap is not None or self.sinks is not None or self.alibi is not None
+        return (self.window is not None or self.softcap is not None or self.sinks is not None or self.alibi is not None
+                or self.chunk is not None)
 
 
 @dataclass
@@ -84,6 +87,8 @@ def attend_general(pool: KVPool, q: torch.Tensor, layer_kv: LayerKV, meta: Any, 
             scores = scores + spec.alibi.float()[:, None, None] * (k_pos - q_pos)[None]
         if spec.window is not None:
             allowed &= k_pos > q_pos - spec.window
+        if spec.chunk is not None:
+            allowed &= k_pos // spec.chunk == q_pos // spec.chunk
         scores = scores.masked_fill(~allowed, float("-inf"))
         if spec.sinks is None:
             probs = torch.softmax(scores, dim=-1)

@@ -31,10 +31,14 @@ class Attention(nn.Module):
         self.split = (q_size, *((q_size,) if self.output_gate else ()), kv_size, kv_size)
         self.qkv = nn.Linear(cfg.hidden_size, sum(self.split), bias=cfg.attention_bias)
         self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
-        self.qk_norm = cfg.qk_norm
+        self.qk_norm = cfg.qk_norm if cfg.has_qk_norm(layer) else None
         self.norm_after_rope = cfg.qk_norm_after_rope
         self.layer_norms = cfg.qk_norm_type == "layer"
-        if self.layer_norms:
+        self.unweighted = cfg.qk_norm_type == "unweighted"
+        self.eps = cfg.rms_norm_eps
+        if self.qk_norm is None or self.unweighted:
+            pass
+        elif self.layer_norms:
             self.q_norm = HeadLayerNorm(self.num_heads, d, cfg.rms_norm_eps, cfg.qk_norm_per_head, cfg.qk_norm_bias)
             self.k_norm = HeadLayerNorm(self.num_kv_heads, d, cfg.rms_norm_eps, cfg.qk_norm_per_head, cfg.qk_norm_bias)
         elif cfg.qk_norm is not None:
@@ -45,7 +49,9 @@ class Attention(nn.Module):
         self.position_scale = cfg.query_position_scale
         # the sinks are a parameter (loaded after the spec is built): the step's spec takes them (forward)
         self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if cfg.attn_sinks else None
-        self.spec = LayerAttention(cfg.attn_scale, cfg.window(layer), cfg.attn_logit_softcap)
+        self.spec = LayerAttention(cfg.attn_scale, cfg.window(layer), cfg.attn_logit_softcap, chunk=cfg.chunk(layer))
+        self.scale_nope = cfg.query_scale_nope  # the position scale on the layers without rotary (Llama 4)
+        self.scale_offset = cfg.query_scale_offset
         # ALiBi's slopes: the spec takes them as a tensor at the first step (the model is built on the meta device)
         self.alibi = alibi_slopes(self.num_heads, cfg.alibi_bias_max, cfg.alibi_mpt) if cfg.alibi else None
         # what the bf16 path below handles
@@ -55,6 +61,10 @@ class Attention(nn.Module):
     def _head_norms(self, q: torch.Tensor, k: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
         """q and k [t, heads, head_dim] normed per head (a head's reshape of the GEMM's output is a strided view:
         made contiguous)."""
+        if self.unweighted:
+            def norm(x):
+                return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps).to(x.dtype)
+            return norm(q), norm(k)
         if self.layer_norms:
             return self.q_norm(q), self.k_norm(k)
         q = self.q_norm(q.reshape(-1, self.head_dim).contiguous()).view(t, self.num_heads, self.head_dim)
@@ -92,11 +102,12 @@ class Attention(nn.Module):
             q, k = self._head_norms(q, k, t)
         if rope is not None:
             q, k = rope.apply(q, k)
-        if self.norm_after_rope:
+        if self.norm_after_rope and self.qk_norm is not None:
             q, k = self._head_norms(q, k, t)
-        if self.position_scale is not None and rope is not None:
+        if self.position_scale is not None and (rope is None) == self.scale_nope:
             beta, length = self.position_scale
-            scale = 1 + beta * torch.log1p(torch.div(rope.positions[:t], length, rounding_mode="floor").float())
+            positions = rope.positions[:t] if rope is not None else step_positions(meta, q.device)
+            scale = 1 + beta * torch.log1p(torch.div(positions + self.scale_offset, length, rounding_mode="floor").float())
             q = q * scale.to(q.dtype)[:, None, None]
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
         spec = self.spec if self.sinks is None else dataclasses.replace(self.spec, sinks=self.sinks)
@@ -109,3 +120,12 @@ class Attention(nn.Module):
         if self.output_gate:
             o = o * torch.sigmoid(gate if rows is None else gate[rows])
         return self.o_proj(o, out_dtype=torch.bfloat16) if bf16 else self.o_proj(o)
+
+
+def step_positions(meta: AttentionMetadata, device: torch.device) -> torch.Tensor:
+    """Every row's position in the step [T] (for a layer without rotary, whose step has none); once a step."""
+    memo = getattr(meta, "positions", None)
+    if memo is None:
+        memo = torch.cat([torch.arange(s.start, s.end, device=device) for s in meta.seqs])
+        meta.positions = memo  # type: ignore[attr-defined]
+    return memo

@@ -51,9 +51,10 @@ class ModelConfig:
     qk_norm_after_rope: bool = False  # the per-head q/k norms on the rotated q and k (Hunyuan), not before rotary
     # per-head q/k norms that are LayerNorms ("layer": Cohere's use_qk_norm, StableLM's and Phi's qk_layernorm), with
     # a weight for each head ([heads, head_dim]: Cohere, StableLM) or one they share, and with a bias (Phi)
-    qk_norm_type: str = "rms"
+    qk_norm_type: str = "rms"  # (or "unweighted": an RMSNorm without a weight, Llama 4's)
     qk_norm_per_head: bool = False
     qk_norm_bias: bool = False
+    qk_norm_layers: list[bool] | None = None  # the layers with q/k norms (Llama 4: its rotary ones); None: all
     # where the norms sit: "pre" (Llama), "sandwich" (Gemma 2/3: also on each sublayer's output),
     # "post" (OLMo 2: only on each sublayer's output), "parallel" (StableLM's use_parallel_residual: one norm,
     # attention and the MLP both read it and both outputs join the residual), "parallel_two" (GPT-NeoX's: the same
@@ -69,6 +70,14 @@ class ModelConfig:
     # queries scaled by 1 + beta * log(1 + floor(position / length)) after rotary (Ministral 3's llama_4_scaling_beta,
     # length its original context): (beta, length), None: unscaled
     query_position_scale: tuple[float, int] | None = None
+    # Llama 4's attention temperature: the same with position + 1, on the layers without rotary (Ministral 3: with it)
+    query_scale_offset: int = 0
+    query_scale_nope: bool = False
+    # Llama 4's chunked attention: the layers layer_types names "chunked_attention" attend within their chunk of
+    # attention_chunk tokens (key and query in the same chunk)
+    attention_chunk: int | None = None
+    # Llama 4's experts: each scales its input by the router's weight (rather than its output)
+    moe_scale_inputs: bool = False
     final_logit_softcap: float | None = None
     logit_scale: float = 1.0  # logits multiplied by this (Granite: 1 / logits_scaling)
     lm_head_bias: bool = False  # the LM head has a bias (Phi-2); untied only
@@ -182,7 +191,7 @@ class ModelConfig:
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
         for name in ("layer_types", "rope_layers", "moe_layers", "conv_layers", "mamba_layers", "delta_layers",
-                     "layer_parts"):
+                     "layer_parts", "qk_norm_layers"):
             per_layer = getattr(self, name)
             if per_layer is not None and len(per_layer) != self.num_hidden_layers:
                 raise ValueError(f"{name} has {len(per_layer)} entries for {self.num_hidden_layers} layers")
@@ -235,6 +244,15 @@ class ModelConfig:
         if self.layer_types is None or self.layer_types[layer] == SLIDING:
             return self.sliding_window
         return None
+
+    def chunk(self, layer: int) -> int | None:
+        """The chunk ``layer`` attends within (Llama 4's chunked attention), or None."""
+        if self.attention_chunk is None or self.layer_types is None or self.layer_types[layer] != "chunked_attention":
+            return None
+        return self.attention_chunk
+
+    def has_qk_norm(self, layer: int) -> bool:
+        return self.qk_norm is not None and (self.qk_norm_layers is None or self.qk_norm_layers[layer])
 
     def kv_window(self) -> int | None:
         """The window when every layer has one (the KV manager may then free the blocks behind it);
@@ -343,13 +361,16 @@ class ModelConfig:
                   (self.partial_rotary_factor != 1, "partial rotary"),
                   (self.clip_qkv is not None, "q/k/v clamps"),
                   (self.qk_norm_after_rope, "q/k norms after rotary"),
-                  (self.qk_norm_type != "rms", "q/k LayerNorms"),
+                  (self.qk_norm_type == "layer", "q/k LayerNorms"),
+                  (self.qk_norm_type == "unweighted", "q/k norms without weights"),
                   (self.query_position_scale is not None, "queries scaled by position"),
                   (bool(self.kv_lora_rank), "latent attention"),
                   (self.conv_layers is not None and any(self.conv_layers), "short convolutions"),
                   (self.mamba_layers is not None and any(self.mamba_layers), "Mamba layers"),
                   (self.parallel_attention, "attention beside Mamba"),
                   (self.alibi, "ALiBi"), (self.embed_norm, "a norm on the embeddings"),
+                  (self.attention_chunk is not None, "chunked attention"),
+                  (self.moe_scale_inputs, "experts scaling their inputs"),
                   (self.delta_layers is not None and any(self.delta_layers), "gated delta nets"),
                   (self.attn_output_gate, "gated attention"),
                   (self.router_scoring == "sparsemixer", "the sparsemixer router"),

@@ -122,9 +122,11 @@ class MoE(nn.Module):
                  shared_intermediate: int = 0, router_bias: bool = False, expert_bias: bool = False,
                  swiglu: tuple[float, float | None] | None = None, shared_gated: bool = True,
                  selection_bias: bool = False, scoring: str = "softmax", routed_scale: float = 1.0,
-                 groups: tuple[int, int, str] | None = None, jitter: float = 0.01, gated: bool = True):
+                 groups: tuple[int, int, str] | None = None, jitter: float = 0.01, gated: bool = True,
+                 scale_inputs: bool = False):
         super().__init__()
         self.scoring, self.routed_scale, self.jitter = scoring, routed_scale, jitter
+        self.scale_inputs = scale_inputs  # Llama 4: an expert's input times its weight, not its output
         self.groups = groups  # (groups, groups used, "max" or "top2"): ModelConfig.expert_group_choice
         self.router = nn.Linear(hidden, experts, bias=router_bias)
         self.selection_bias = nn.Parameter(torch.zeros(1, experts)) if selection_bias else None
@@ -212,7 +214,8 @@ class MoE(nn.Module):
         for e, n in enumerate(counts):
             if n:
                 rows = tokens[start : start + n]
-                out.index_add_(0, rows, self.experts[e](x[rows]) * slot_weights[start : start + n, None])
+                w = slot_weights[start : start + n, None]
+                out.index_add_(0, rows, self.experts[e](x[rows] * w) if self.scale_inputs else self.experts[e](x[rows]) * w)
                 start += n
         if self.shared is not None:
             out += self._shared_forward(x)

@@ -37,6 +37,8 @@ def moe_blocker(moe: "MoE") -> str | None:
     act = moe.experts[0]
     if not act.gated:
         return "experts without a gate"
+    if moe.scale_inputs:
+        return "experts scaling their inputs"
     if act.swiglu is None and act.act_name not in NATIVE_ACTIVATIONS:
         return f"the activation {act.act_name}"
     return None

@@ -52,7 +52,7 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
         if not cfg.has_mixer(i):
             pass
         elif cfg.is_mamba(i) and cfg.parallel_attention:
-            attention(out, arch, cfg, dst + "self_attn.attn.", p, linear)
+            attention(out, arch, cfg, dst + "self_attn.attn.", p, linear, i)
             mamba(out, arch, cfg, dst + "self_attn.mamba.", p, linear)
         elif cfg.is_mamba(i):
             mamba(out, arch, cfg, dst + "self_attn.", p, linear)
@@ -63,7 +63,7 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
         elif cfg.kv_lora_rank:
             latent_attention(out, arch, cfg, dst + "self_attn.", p, linear)
         else:
-            attention(out, arch, cfg, dst + "self_attn.", p, linear)
+            attention(out, arch, cfg, dst + "self_attn.", p, linear, i)
         if not cfg.has_mlp(i):
             continue
         if not cfg.is_moe(i):
@@ -99,7 +99,7 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
 
 
 def attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,
-              linear: Any) -> None:
+              linear: Any, layer: int) -> None:
     """Attention's weights (``kvserve.model.attention``): q/k/v in one GEMM, o_proj, the q/k norms (per head or over
     the whole projection; LayerNorms: ``head_norms``) and the sinks."""
     h, d = cfg.hidden_size, int(cfg.head_dim or 0)
@@ -108,9 +108,11 @@ def attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig
     linear(dst + "qkv", prefix, [("q_proj", gated * q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)],
            arch.weight_name("qkv_proj"), h, cfg.attention_bias)
     linear(dst + "o_proj", prefix, [("o_proj", h)], None, q_rows, cfg.o_proj_bias)
-    if cfg.qk_norm_type == "layer":
+    if not cfg.has_qk_norm(layer) or cfg.qk_norm_type == "unweighted":
+        pass
+    elif cfg.qk_norm_type == "layer":
         head_norms(out, arch, cfg, dst, prefix)
-    elif cfg.qk_norm is not None:
+    else:
         full = cfg.qk_norm == "full"
         for role, rows in (("q_norm", q_rows), ("k_norm", kv_rows)):
             out[f"{dst}{role}.weight"] = [(f"{prefix}{arch.weight_name(role)}.weight", (rows if full else d,))]

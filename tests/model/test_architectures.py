@@ -117,6 +117,17 @@ CASES: dict[str, tuple[str, dict]] = {
     # config says; kvserve reads it, as MosaicML's code does: 8 here)
     "MptForCausalLM": ("MptConfig", dict(num_attention_heads=6, hidden_size=48, num_hidden_layers=2,
                                          attn_config={"alibi": True, "clip_qkv": 0.6})),
+    # chunks of 4 on the rotary layers, every other layer without rotary (scaled queries: a floor_scale of 4 so that
+    # the scale moves within the prompts), experts every other layer, a dense MLP of its own size
+    "Llama4ForCausalLM": ("Llama4TextConfig", dict(num_hidden_layers=4, no_rope_layer_interval=2, attention_chunk_size=4,
+                                                   floor_scale=4, attn_scale=0.3, interleave_moe_layer_step=2,
+                                                   num_local_experts=4, num_experts_per_tok=1, intermediate_size=32,
+                                                   intermediate_size_mlp=80)),
+    # no experts (every layer dense: int8 through its attention options, which the random top-1 router hides)
+    "Llama4ForCausalLM:dense": ("Llama4TextConfig", dict(num_hidden_layers=4, no_rope_layer_interval=2,
+                                                         attention_chunk_size=4, floor_scale=4, attn_scale=0.3,
+                                                         interleave_moe_layer_step=8, num_local_experts=4,
+                                                         intermediate_size=32, intermediate_size_mlp=80)),
     # Mamba-1 blocks (a state per channel); Falcon Mamba's with dt, B and C normed
     "MambaForCausalLM": ("MambaConfig", dict(state_size=8, intermediate_size=96, time_step_rank=6, num_hidden_layers=3,
                                              use_bias=True)),
@@ -138,6 +149,7 @@ CASES: dict[str, tuple[str, dict]] = {
     "Qwen2_5_VLForConditionalGeneration": ("Qwen2_5_VLConfig", {}),
     "Qwen3VLForConditionalGeneration": ("Qwen3VLConfig", {}),
     "Qwen3VLMoeForConditionalGeneration": ("Qwen3VLMoeConfig", {}),
+    "Llama4ForConditionalGeneration": ("Llama4Config", {}),
     "Qwen3_5ForConditionalGeneration": ("Qwen3_5Config", {}),
     "Qwen3_5MoeForConditionalGeneration": ("Qwen3_5MoeConfig", {}),
     # the window on the layers layer_types names
@@ -304,10 +316,16 @@ QWEN3_5_TEXT = dict(CASES["Qwen3_5ForCausalLM"][1], rope_parameters={
 QWEN3_5 = dict(vision_config=QWEN_VISION, text_config=QWEN3_5_TEXT)
 QWEN3_5_MOE = dict(vision_config=QWEN_VISION, text_config=dict(CASES["Qwen3_5MoeForCausalLM"][1],
                                                                rope_parameters=QWEN3_5_TEXT["rope_parameters"]))
+# Llama 4's text model beside a one-layer vision tower
+LLAMA4_MM = dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                    image_size=28, patch_size=14, vision_output_dim=64, projector_input_dim=64,
+                                    projector_output_dim=64),
+                 text_config=dict(CASES["Llama4ForCausalLM"][1]))
 MULTIMODAL = {"Gemma3ForConditionalGeneration": GEMMA3_MM, "Mistral3ForConditionalGeneration": MISTRAL3_MM,
               "Qwen2VLForConditionalGeneration": QWEN2_VL, "Qwen2_5_VLForConditionalGeneration": QWEN2_5_VL,
               "Qwen3VLForConditionalGeneration": QWEN3_VL, "Qwen3VLMoeForConditionalGeneration": QWEN3_VL_MOE,
-              "Qwen3_5ForConditionalGeneration": QWEN3_5, "Qwen3_5MoeForConditionalGeneration": QWEN3_5_MOE}
+              "Qwen3_5ForConditionalGeneration": QWEN3_5, "Qwen3_5MoeForConditionalGeneration": QWEN3_5_MOE,
+              "Llama4ForConditionalGeneration": LLAMA4_MM}
 PROMPT_LENS = [1, 5, 9, 17, 30]
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
@@ -437,8 +455,9 @@ def test_greedy_equals_transformers(name, torch_path, tmp_path_factory, monkeypa
     sinks = any(getattr(layer.self_attn, "sinks", None) is not None for layer in runner.model.layers)
     # flash_prefill (AMX bf16 prompts) takes windows and caps but no sinks: those steps' sink layers go to the torch path
     flash_steps = sinks and runner.attention.prefill_dtype == torch.bfloat16 and ops.flash_prefill_available()
-    alibi = any(spec.alibi is not None for spec in specs)  # (the kernels take no ALiBi: the torch path always)
-    if (sinks or any(spec.masked for spec in specs)) and not flash_steps and not alibi:
+    # (the kernels take no ALiBi and no chunked attention: the torch path always)
+    general_only = any(spec.alibi is not None or spec.chunk is not None for spec in specs)
+    if (sinks or any(spec.masked for spec in specs)) and not flash_steps and not general_only:
         # windows, soft caps and sinks: in the paged backend's kernels where it runs, else the torch fallback
         assert (general[0] == 0) == isinstance(runner.attention, PagedBackend), general
     if not torch_path and load_kernels():
@@ -487,6 +506,9 @@ NOT_CLOSE = {"Glm4MoeForCausalLM:scaled": "x2.5 amplifies int8's flips among the
                                       "sigmoids (int8 through latent attention: the other DeepSeek cases)",
              "PhimoeForCausalLM": "the sparsemixer's 2% threshold (which logits share a pick's softmax) moves under "
                                   "int8 on this random router, a step change in the weights",
+             **dict.fromkeys(["Llama4ForCausalLM", "Llama4ForConditionalGeneration"],
+                             "int8 flips the random router's top-1 choice (its weight scales the expert's input); "
+                             "int8 through Llama 4's attention: Llama4ForCausalLM:dense"),
              **dict.fromkeys(["Qwen3NextForCausalLM", "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration"],
                              "the random delta nets move most under int8 (0.43 of the 0.5 bound for the dense Qwen3.5; "
                              "0.16 with their in_proj dense), enough to flip this random router's choices (int8 "
@@ -588,6 +610,8 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("NemotronHForCausalLM", False, "a non-gated MLP, relu2, Mamba layers"),
     ("FalconH1ForCausalLM", False, "Mamba layers, attention beside Mamba"),
     ("BloomForCausalLM", False, "LayerNorms, a non-gated MLP, ALiBi, a norm on the embeddings"),
+    ("Llama4ForCausalLM", False, "q/k norms after rotary, q/k norms without weights, queries scaled by position, "
+                                 "chunked attention, experts scaling their inputs"),
     ("OPTForCausalLM", False, "LayerNorms, a non-gated MLP, relu"),
     ("Exaone4ForCausalLM", True, None), ("Olmo3ForCausalLM", True, None),
     ("ArceeForCausalLM", False, "a non-gated MLP, relu2"), ("HeliumForCausalLM", True, None),
