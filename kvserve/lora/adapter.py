@@ -22,7 +22,8 @@ from kvserve.errors import InvalidArgumentError
 from kvserve.lora.registry import ADAPTER_CONFIG, ADAPTER_WEIGHTS, LoRARef, check_adapter_folder
 from kvserve.model.architectures import get_architecture
 from kvserve.model.config import ModelConfig
-from kvserve.model.weights import deinterleave_rotary, linear_sources, weight_sources
+from kvserve.model.weight_layout import deinterleave_rotary
+from kvserve.model.weights import linear_sources, weight_sources
 
 PEFT_PREFIX = "base_model.model."
 

@@ -14,7 +14,8 @@ from kvserve.model.config import ModelConfig
 from kvserve.model.layers import LayerNorm, NarrowEmbedding, RMSNorm, cpu_packing_supported
 from kvserve.model.quant import QuantWeight
 from kvserve.model.quant_linear import QuantEmbedding, QuantLinear, quantized_modules
-from kvserve.model.weights import deinterleave_rotary, linear_sources, unstack_experts, weight_sources
+from kvserve.model.weight_layout import deinterleave_rotary, unstack_experts
+from kvserve.model.weights import linear_sources, weight_sources
 
 if TYPE_CHECKING:
     from kvserve.model.decoder import CausalLM

@@ -7,13 +7,14 @@ the attention backend attends (``AttentionBackend.attend_layer``)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 from torch import nn
 
 from kvserve.attention import AttentionBackend, AttentionMetadata
 from kvserve.attention.backend import LayerAttention
-from kvserve.model.config import ModelConfig, alibi_slopes
+from kvserve.model.config import ModelConfig
 from kvserve.model.layers import HeadLayerNorm, RMSNorm, runs_amx
 from kvserve.model.rotary import RotaryStep
 
@@ -26,7 +27,7 @@ class Attention(nn.Module):
         self.head_dim = d = int(cfg.head_dim or 0)
         self.hidden_size = cfg.hidden_size
         q_size, kv_size = self.num_heads * d, self.num_kv_heads * d
-        # gated attention: a gate for each of q's values, after q's (weights.standard_layout puts them there)
+        # gated attention: a gate for each of q's values, after q's (weight_layout.standard_layout puts them there)
         self.output_gate = cfg.attn_output_gate
         self.split = (q_size, *((q_size,) if self.output_gate else ()), kv_size, kv_size)
         self.qkv = nn.Linear(cfg.hidden_size, sum(self.split), bias=cfg.attention_bias)
@@ -129,3 +130,17 @@ def step_positions(meta: AttentionMetadata, device: torch.device) -> torch.Tenso
         memo = torch.cat([torch.arange(s.start, s.end, device=device) for s in meta.seqs])
         meta.positions = memo  # type: ignore[attr-defined]
     return memo
+
+
+def alibi_slopes(heads: int, bias_max: float = 8.0, mpt: bool = False) -> list[float]:
+    """ALiBi's slope per head: for n heads (n a power of two) 2^(-bias_max k / n), k = 1..n. Otherwise the ALiBi paper's
+    and Bloom's rule: those of the power of two below n, then every other one of twice that many; MPT's: those of the
+    power of two above n, the odd k first, then the even ones, the first n."""
+    def of(n: int) -> list[float]:
+        return [2 ** (-bias_max * k / n) for k in range(1, n + 1)]
+
+    if mpt:
+        above = of(2 ** math.ceil(math.log2(heads)))
+        return (above[1::2] + above[0::2])[:heads] if len(above) != heads else above
+    below = 2 ** math.floor(math.log2(heads))
+    return of(below) + of(2 * below)[0::2][: heads - below]

@@ -92,7 +92,7 @@ class ModelConfig:
     rope_local_theta: float | None = None  # sliding layers' own RoPE base, unscaled (Gemma 3)
     partial_rotary_factor: float = 1.0  # the share of each head's dims that rotate (Phi-4-mini)
     # rotary on pairs of adjacent dims (2i, 2i+1; GLM-4) instead of halves (i, i + dim/2): q's and k's rows are
-    # reordered at load (``weights.deinterleave_rotary``), so that every rotary path takes it as it is
+    # reordered at load (``weight_layout.deinterleave_rotary``), so that every rotary path takes it as it is
     rope_interleaved: bool = False
     rope_layers: list[bool] | None = None  # per layer: whether q/k rotate; None: every layer (SmolLM3 skips some)
     attn_sinks: bool = False  # a learned logit per head in each softmax's denominator (gpt-oss)
@@ -347,36 +347,6 @@ class ModelConfig:
                 "parallel": ("input_layernorm",),
                 "parallel_two": ("input_layernorm", "post_attention_layernorm")}.get(self.norm_layout, NORM_ROLES)
 
-    def native_stack_blocker(self) -> str | None:
-        """None when the native decode stack runs every layer's options: Llama's layers with per-head or
-        whole-projection q/k norms, any norm layout (pre, sandwich, post) and offset, a SiLU or GELU-tanh
-        gated MLP, biases, a softmax scale, a window, a soft cap and sinks, residual scales, layers without rotary
-        or with their own (Gemma 3's local base), mixtures of experts (with router and expert biases, a shared
-        expert, gpt-oss's clamped SwiGLU in the experts); else the options it lacks, for the start-up log. (An MoE
-        model's experts must also be packed quantized: ``build_native_stack`` checks the weights.)"""
-        dense_swiglu = self.swiglu is not None and not all(self.is_moe(i) for i in range(self.num_hidden_layers))
-        checks = [(self.norm_type != "rms", "LayerNorms"), (not self.gated_mlp, "a non-gated MLP"),
-                  (self.norm_layout.startswith("parallel"), "a parallel residual"),
-                  (self.hidden_act not in NATIVE_ACTIVATIONS, self.hidden_act),
-                  (self.partial_rotary_factor != 1, "partial rotary"),
-                  (self.clip_qkv is not None, "q/k/v clamps"),
-                  (self.qk_norm_after_rope, "q/k norms after rotary"),
-                  (self.qk_norm_type == "layer", "q/k LayerNorms"),
-                  (self.qk_norm_type == "unweighted", "q/k norms without weights"),
-                  (self.query_position_scale is not None, "queries scaled by position"),
-                  (bool(self.kv_lora_rank), "latent attention"),
-                  (self.conv_layers is not None and any(self.conv_layers), "short convolutions"),
-                  (self.mamba_layers is not None and any(self.mamba_layers), "Mamba layers"),
-                  (self.parallel_attention, "attention beside Mamba"),
-                  (self.alibi, "ALiBi"), (self.embed_norm, "a norm on the embeddings"),
-                  (self.attention_chunk is not None, "chunked attention"),
-                  (self.moe_scale_inputs, "experts scaling their inputs"),
-                  (self.delta_layers is not None and any(self.delta_layers), "gated delta nets"),
-                  (self.attn_output_gate, "gated attention"),
-                  (self.router_scoring == "sparsemixer", "the sparsemixer router"),
-                  (dense_swiglu, "a clamped SwiGLU")]
-        return ", ".join(why for bad, why in checks if bad) or None
-
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], strict: bool = True) -> "ModelConfig":
         """Build from a parsed Hugging Face config.json: the common fields, then the architecture's own
@@ -416,20 +386,6 @@ class ModelConfig:
         )
         common.update(spec.config(d))
         return cls(**common)
-
-
-def alibi_slopes(heads: int, bias_max: float = 8.0, mpt: bool = False) -> list[float]:
-    """ALiBi's slope per head: for n heads (n a power of two) 2^(-bias_max k / n), k = 1..n. Otherwise the ALiBi paper's
-    and Bloom's rule: those of the power of two below n, then every other one of twice that many; MPT's: those of the
-    power of two above n, the odd k first, then the even ones, the first n."""
-    def of(n: int) -> list[float]:
-        return [2 ** (-bias_max * k / n) for k in range(1, n + 1)]
-
-    if mpt:
-        above = of(2 ** math.ceil(math.log2(heads)))
-        return (above[1::2] + above[0::2])[:heads] if len(above) != heads else above
-    below = 2 ** math.floor(math.log2(heads))
-    return of(below) + of(2 * below)[0::2][: heads - below]
 
 
 def yarn_mscale(scale: float, m: float = 1.0) -> float:

@@ -20,7 +20,7 @@ from kvserve.model.latent_attention import LatentAttention
 from kvserve.model.mamba import AttentionBesideMamba, Mamba1, Mamba2
 from kvserve.model.layers import PackedLinear, RMSNorm, make_norm, pack_linears, padded_rows, runs_amx
 from kvserve.model.mlp import GatedMLP, MoE
-from kvserve.model.native_stack import build_native_stack, run_native_stack
+from kvserve.model.native_stack import build_native_stack, native_stack_blocker, run_native_stack
 from kvserve.model.quant import QuantWeight
 from kvserve.model.recurrent import RecurrentMixer
 from kvserve.model.quant_linear import AMX_MIN_ROWS, QuantEmbedding, QuantLinear
@@ -214,7 +214,7 @@ class CausalLM(nn.Module):
                 m.native = on
         self.native_stack = None
         if on:
-            why = self.config.native_stack_blocker()
+            why = native_stack_blocker(self.config)
             if why is None:
                 self.native_stack = build_native_stack(self)
             else:

@@ -7,7 +7,7 @@ architecture's Hugging Face checkpoints use (its metadata goes through the same 
 config.json). What llama.cpp's converter changes is undone, so a GGUF file gives the same layout as a
 Hugging Face folder: the rotary reordering of q/k rows (its Llama lineage: "llama", "granite", "smollm3"), the experts stacked one tensor a
 layer (split per expert, quantized ones too; gate and up fused or not; stacked again as gpt-oss's
-checkpoints hold them: ``weights.stack_experts``; a shared expert's gate and up likewise where they are one tensor), the norms stored with Gemma's + 1. The tokenizer is the one transformers builds from the GGUF metadata.
+checkpoints hold them: ``weight_layout.stack_experts``; a shared expert's gate and up likewise where they are one tensor), the norms stored with Gemma's + 1. The tokenizer is the one transformers builds from the GGUF metadata.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from kvserve.model.checkpoint import LoadedModel
 from kvserve.model.config import ModelConfig
 from kvserve.model.gguf_names import GGUF_FUSED_GATE_UP, gguf_to_hf_name
 from kvserve.model.quant import QuantWeight, from_gguf_blocks
-from kvserve.model.weights import join_latent_kv, stack_experts, stack_shared_gate_up
+from kvserve.model.weight_layout import join_latent_kv, stack_experts, stack_shared_gate_up
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,8 @@ from kvserve.model.architectures import UnsupportedArchitecture, get_architectur
 from kvserve.model.checkpoint import LoadedModel
 from kvserve.model.config import ModelConfig
 from kvserve.model.mxfp4 import dequantize_mxfp4, mxfp4_experts_q8_0
-from kvserve.model.weights import expected_weight_shapes, standard_layout
+from kvserve.model.weight_layout import standard_layout
+from kvserve.model.weights import expected_weight_shapes
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 The native ``DecodeStack`` (kvserve/kernels/csrc/model/decode_stack.h; ``ops.decode_stack``) holds every layer's
 weights and runs the same kernels the Python layers call (norms, quantized linears, rotary, paged
 attention, the gated MLP's activation) back to back, so a decode step pays Python's per-op cost once, not
-~12 times per layer. Each layer carries its spec, the options ``ModelConfig.native_stack_blocker`` lets
+~12 times per layer. Each layer carries its spec, the options ``native_stack_blocker`` lets
 through: norms before, after (OLMo 2) or around (Gemma) each sublayer, q/k norms per head or over the
 projection, a sliding window, soft cap or sinks, biases, rotary by the model's tables, the local layers' (Gemma 3)
 or none (SmolLM3), a mixture of experts (the ``MoEBlock`` its ``MoE`` runs: kvserve.model.moe_native), and for the model an activation (SiLU, GELU-tanh), a residual scale (Granite) and a
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kvserve.kernels import ops
-from kvserve.model.config import NATIVE_ACTIVATIONS
+from kvserve.model.config import NATIVE_ACTIVATIONS, ModelConfig
 from kvserve.model.layers import padded_rows
 from kvserve.model.mlp import MoE
 from kvserve.model.moe_native import moe_blocker
@@ -38,9 +38,40 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+
+def native_stack_blocker(cfg: ModelConfig) -> str | None:
+    """None when the native decode stack runs every layer's options: Llama's layers with per-head or
+    whole-projection q/k norms, any norm layout (pre, sandwich, post) and offset, a SiLU or GELU-tanh
+    gated MLP, biases, a softmax scale, a window, a soft cap and sinks, residual scales, layers without rotary
+    or with their own (Gemma 3's local base), mixtures of experts (with router and expert biases, a shared
+    expert, gpt-oss's clamped SwiGLU in the experts); else the options it lacks, for the start-up log. (An MoE
+    model's experts must also be packed quantized: ``build_native_stack`` checks the weights.)"""
+    dense_swiglu = cfg.swiglu is not None and not all(cfg.is_moe(i) for i in range(cfg.num_hidden_layers))
+    checks = [(cfg.norm_type != "rms", "LayerNorms"), (not cfg.gated_mlp, "a non-gated MLP"),
+              (cfg.norm_layout.startswith("parallel"), "a parallel residual"),
+              (cfg.hidden_act not in NATIVE_ACTIVATIONS, cfg.hidden_act),
+              (cfg.partial_rotary_factor != 1, "partial rotary"),
+              (cfg.clip_qkv is not None, "q/k/v clamps"),
+              (cfg.qk_norm_after_rope, "q/k norms after rotary"),
+              (cfg.qk_norm_type == "layer", "q/k LayerNorms"),
+              (cfg.qk_norm_type == "unweighted", "q/k norms without weights"),
+              (cfg.query_position_scale is not None, "queries scaled by position"),
+              (bool(cfg.kv_lora_rank), "latent attention"),
+              (cfg.conv_layers is not None and any(cfg.conv_layers), "short convolutions"),
+              (cfg.mamba_layers is not None and any(cfg.mamba_layers), "Mamba layers"),
+              (cfg.parallel_attention, "attention beside Mamba"),
+              (cfg.alibi, "ALiBi"), (cfg.embed_norm, "a norm on the embeddings"),
+              (cfg.attention_chunk is not None, "chunked attention"),
+              (cfg.moe_scale_inputs, "experts scaling their inputs"),
+              (cfg.delta_layers is not None and any(cfg.delta_layers), "gated delta nets"),
+              (cfg.attn_output_gate, "gated attention"),
+              (cfg.router_scoring == "sparsemixer", "the sparsemixer router"),
+              (dense_swiglu, "a clamped SwiGLU")]
+    return ", ".join(why for bad, why in checks if bad) or None
+
 def build_native_stack(model: "CausalLM") -> Any | None:
     """A DecodeStack over ``model``'s layers, or None when some layer cannot run natively (the model's
-    options are ``ModelConfig.native_stack_blocker``'s to check; here, how its weights are held)."""
+    options are ``native_stack_blocker``'s to check; here, how its weights are held)."""
     cfg = model.config
     if not model.native or model.norm.weight.dtype != torch.float32:
         return None

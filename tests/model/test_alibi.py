@@ -1,10 +1,10 @@
-"""ALiBi's slopes (kvserve.model.config.alibi_slopes) are Bloom's and MPT's, for head counts that are powers of two and
+"""ALiBi's slopes (kvserve.model.attention.alibi_slopes) are Bloom's and MPT's, for head counts that are powers of two and
 not; and the general attention path biases each head's scores by them."""
 
 import pytest
 import torch
 
-from kvserve.model.config import alibi_slopes
+from kvserve.model.attention import alibi_slopes
 
 
 @pytest.mark.parametrize("heads", [4, 6, 8, 12, 20, 32])

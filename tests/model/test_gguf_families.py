@@ -596,7 +596,7 @@ def test_gguf_gpt_oss_mxfp4_experts_kept_as_q8_0(tmp_path_factory):
     gguf-py dequantizes, bit for bit, in 8.5 bits a weight; they run on the q8_0 GEMM, within the logprob
     closeness of the dequantized file."""
     from kvserve.model.quant import QuantExperts
-    from kvserve.model.weights import unstack_experts
+    from kvserve.model.weight_layout import unstack_experts
 
     _, _, path = gguf_case("gpt-oss", tmp_path_factory)
     types = {t.name: t.tensor_type for t in gguf.GGUFReader(path).tensors}

@@ -18,7 +18,7 @@ from kvserve.kernels import load_kernels
 from kvserve.model.loader import load_model
 from kvserve.model.mxfp4 import dequantize_mxfp4, mxfp4_experts_q8_0
 from kvserve.model.quant import QuantExperts, from_mxfp4
-from kvserve.model.weights import unstack_experts
+from kvserve.model.weight_layout import unstack_experts
 from test_architectures import COMMON, GREEDY, assert_logprobs_close, hf_model, make_llm, prompts, word_tokenizer
 
 

@@ -35,7 +35,7 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     "q_a_proj": "self_attn.q_a_proj", "q_a_norm": "self_attn.q_a_layernorm", "q_b_proj": "self_attn.q_b_proj",
     "kv_a_proj": "self_attn.kv_a_proj_with_mqa", "kv_a_norm": "self_attn.kv_a_layernorm",
     "kv_b_proj": "self_attn.kv_b_proj",
-    # kv_b_proj as GGUF files split it (per head: k's part transposed, v's): joined at load (weights.join_latent_kv)
+    # kv_b_proj as GGUF files split it (per head: k's part transposed, v's): joined at load (weight_layout.join_latent_kv)
     "k_b_proj": "self_attn.k_b_proj", "v_b_proj": "self_attn.v_b_proj",
     # a short convolution (ModelConfig.conv_layers): its input and output projections, its depthwise kernel
     "conv_in_proj": "conv.in_proj", "conv_out_proj": "conv.out_proj", "conv_kernel": "conv.conv",
@@ -45,7 +45,7 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     "mamba_dt_bias": "mamba.dt_bias", "mamba_A_log": "mamba.A_log", "mamba_D": "mamba.D",
     "mamba_norm": "mamba.norm.weight", "mamba_x_proj": "mamba.x_proj", "mamba_dt_proj": "mamba.dt_proj",  # (Mamba-1's)
     # a gated delta net (ModelConfig.delta_layers): q/k/v, z, b and a apart (Qwen3.5's), or q/k/v/z and b/a stacked a key
-    # head's group at a time (Qwen3-Next's: weights.standard_layout reorders them); the convolution, dt's bias, A's log,
+    # head's group at a time (Qwen3-Next's: weight_layout.standard_layout reorders them); the convolution, dt's bias, A's log,
     # the gated norm's weight, out_proj
     "delta_qkv": "linear_attn.in_proj_qkv", "delta_z": "linear_attn.in_proj_z", "delta_b": "linear_attn.in_proj_b",
     "delta_a": "linear_attn.in_proj_a", "delta_qkvz": None, "delta_ba": None, "delta_conv": "linear_attn.conv1d",
@@ -74,7 +74,7 @@ class StackedExperts:
     against a linear's weight, as gpt-oss stores them; not ``transposed``: [experts, 2 * inter, hidden]
     and [experts, hidden, inter], as Granite MoE does), their biases ``<name>_bias``; ``interleaved``:
     gate and up alternate instead of gate's half then up's. The loaders hand them on as stored;
-    ``kvserve.model.weights.unstack_experts`` cuts them into each expert's linears."""
+    ``kvserve.model.weight_layout.unstack_experts`` cuts them into each expert's linears."""
 
     gate_up: str = "mlp.experts.gate_up_proj"
     down: str = "mlp.experts.down_proj"

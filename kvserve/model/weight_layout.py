@@ -1,0 +1,226 @@
+"""How a checkpoint's tensors become what ``kvserve.model.weights.weight_sources`` names, at load: rows reordered
+(interleaved rotary pairs, GPT-NeoX's heads, gated attention's gates, Qwen3-Next's grouped delta-net projections),
+Conv1D weights transposed, an architecture's own scales folded in (``standard_layout``); stacked experts cut into each
+expert's linears and back (``unstack_experts``, ``stack_experts``); GGUF's split tensors joined. Torch-free at import:
+each works through the tensors' own methods.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvserve.model.architectures import get_architecture
+from kvserve.model.config import ModelConfig
+from kvserve.model.weights import UNSTACKED, linear_sources
+
+
+def deinterleave_rotary(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
+    """``weights`` with q's and k's rows (and biases) of every head reordered, where ``cfg.rope_interleaved``, so that
+    the dims rotating together as pairs (2i, 2i+1) sit at i and i + rotary_dim / 2, as rotate-half rotates them.
+    Scores are unchanged (q and k reordered alike; v and o untouched); as given otherwise."""
+    if not cfg.rope_interleaved or cfg.kv_lora_rank:  # latent attention reorders its rotary dims as it runs
+        return weights
+    import torch
+
+    arch = get_architecture(cfg.architecture)
+    if arch.weight_name("qkv_proj") is not None:
+        raise ValueError(f"{cfg.architecture}: interleaved rotary over a stacked qkv tensor is not supported")
+    d, rd = int(cfg.head_dim or 0), cfg.rotary_dim
+    per_head = [*range(0, rd, 2), *range(1, rd, 2), *range(rd, d)]
+    out = dict(weights)
+    for i in range(cfg.num_hidden_layers):
+        for role, heads in (("q_proj", cfg.num_attention_heads), ("k_proj", cfg.num_key_value_heads)):
+            order = torch.tensor([h * d + j for h in range(heads) for j in per_head])
+            for suffix in ("weight", "bias"):
+                name = f"model.layers.{i}.{arch.weight_name(role)}.{suffix}"
+                if name in out:  # a GGUF file's weight kept quantized (``QuantWeight``) takes its rows so
+                    out[name] = out[name].rows(order) if hasattr(out[name], "rows") else out[name][order]
+    return out
+
+
+def standard_layout(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's linears as the other architectures store them: GPT-2's Conv1D weights ([in, out]:
+    ``Architecture.transposed_linears``) transposed, GPT-NeoX's fused q/k/v rows (head by head, q, k and v of each:
+    ``Architecture.qkv_per_head``) reordered to q's, then k's, then v's (biases too); gated attention's q_proj (each
+    head's q then its gate) as every head's q, then every gate; Qwen3-Next's grouped delta-net projections
+    (``ungroup_delta``); first what the architecture's own ``adjust_weights`` does (Falcon-H1's multipliers folded
+    in); as given otherwise."""
+    arch = get_architecture(cfg.architecture)
+    if arch.adjust_weights is not None:
+        weights = arch.adjust_weights(cfg, dict(weights))
+    if not (arch.transposed_linears or arch.qkv_per_head or cfg.attn_output_gate or arch.weight_name("delta_qkvz")):
+        return weights
+    out = dict(weights)
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        if cfg.attn_output_gate and not cfg.is_recurrent(i):  # q_proj: each head's q, then its gate: q's first
+            for suffix in ("weight", "bias"):
+                if (name := f"{p}{arch.weight_name('q_proj')}.{suffix}") in out:
+                    w = out[name]
+                    out[name] = w.reshape(cfg.num_attention_heads, 2, -1, *w.shape[1:]).transpose(0, 1).reshape(w.shape)
+        if cfg.is_delta(i) and arch.weight_name("delta_qkvz"):
+            out.update(ungroup_delta(cfg, out, p + str(arch.weight_name("delta_qkvz")) + ".weight",
+                                     p + str(arch.weight_name("delta_ba")) + ".weight"))
+    if arch.transposed_linears:
+        for names in linear_sources(cfg).values():
+            for name in names:
+                if name in out and out[name].dim() == 2:
+                    out[name] = out[name].t()
+    if arch.qkv_per_head:
+        heads, d = cfg.num_attention_heads, int(cfg.head_dim or 0)
+        for i in range(cfg.num_hidden_layers):
+            for suffix in ("weight", "bias"):
+                name = f"model.layers.{i}.{arch.weight_name('qkv_proj')}.{suffix}"
+                if name in out:
+                    w = out[name]
+                    out[name] = w.reshape(heads, 3, d, *w.shape[1:]).transpose(0, 1).reshape(w.shape)
+    return out
+
+
+def ungroup_delta(cfg: ModelConfig, weights: dict[str, Any], qkvz: str, ba: str) -> dict[str, Any]:
+    """Qwen3-Next's stacked projections of a gated delta net, whose rows come a key head's group at a time (its q, k,
+    v and z; its b and a), as q, k, v, z and b, a each whole (the order ``GatedDeltaNet.in_proj`` splits)."""
+    groups, share = cfg.delta_key_heads, cfg.delta_value_heads // cfg.delta_key_heads
+    kd, vd = cfg.delta_key_dim, share * cfg.delta_value_dim
+    out = {}
+    if qkvz in weights:
+        w = weights[qkvz].reshape(groups, 2 * kd + 2 * vd, -1)
+        out[qkvz] = stack_rows([part.reshape(-1, w.shape[-1]) for part in w.split([kd, kd, vd, vd], dim=1)])
+    if ba in weights:
+        w = weights[ba].reshape(groups, 2 * share, -1)
+        out[ba] = stack_rows([part.reshape(-1, w.shape[-1]) for part in w.split([share, share], dim=1)])
+    return out
+
+
+def stack_rows(parts: list[Any]) -> Any:
+    """The tensors' rows one after another (their own methods: this module imports no torch)."""
+    out = parts[0].new_empty(sum(p.shape[0] for p in parts), *parts[0].shape[1:])
+    first = 0
+    for part in parts:
+        out[first : first + part.shape[0]] = part
+        first += part.shape[0]
+    return out
+
+
+def unstack_experts(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
+    """``weights`` with each layer's stacked expert tensors (``StackedExperts``) cut into every expert's
+    linear weights and biases (views: transposed, gate's and up's rows apart; a ``QuantExperts``' own
+    QuantWeights), under the names ``weight_sources`` gives them; as given for an architecture that stores
+    experts one by one."""
+    stacked = get_architecture(cfg.architecture).stacked_experts
+    if stacked is None:
+        return weights
+    out = dict(weights)
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        if not cfg.is_moe(i) or f"{p}{stacked.gate_up}" not in out:
+            continue
+        gate_up, down = out.pop(f"{p}{stacked.gate_up}"), out.pop(f"{p}{stacked.down}")
+        gate_up_bias, down_bias = out.pop(f"{p}{stacked.gate_up}_bias", None), out.pop(f"{p}{stacked.down}_bias", None)
+        for e in range(cfg.num_experts):
+            name = p + UNSTACKED.format(e=e)
+            gu_bias = None if gate_up_bias is None else gate_up_bias[e]
+            if hasattr(gate_up, "experts"):  # kept quantized (``QuantExperts``): each expert's, gate's rows first
+                gu = gate_up.experts[e]
+            else:
+                gu = stacked.orient(gate_up[e])
+                if stacked.interleaved:  # gate's rows first, then up's, as the fused GEMM stacks them
+                    gu = gu.reshape(-1, 2, gu.shape[1]).transpose(0, 1).reshape(gu.shape)
+            if stacked.interleaved and gu_bias is not None:
+                gu_bias = gu_bias.reshape(-1, 2).t().reshape(-1)
+            out[f"{name}gate_up.weight"] = gu
+            out[f"{name}down.weight"] = down.experts[e] if hasattr(down, "experts") else stacked.orient(down[e])
+            if gu_bias is not None and down_bias is not None:
+                out[f"{name}gate_up.bias"], out[f"{name}down.bias"] = gu_bias, down_bias[e]
+    return out
+
+
+def stack_experts(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of ``unstack_experts``, for a loader that reads each expert's gate, up and down apart (a GGUF
+    file): they and their biases, under the architecture's per-expert names ("expert" + "expert_gate", ...),
+    as the stacked tensors ``StackedExperts`` names, in its layout (dense), or as ``QuantExperts`` where
+    gate, up and down are all quantized (the rest dequantized); as given for an architecture without them."""
+    arch = get_architecture(cfg.architecture)
+    stacked = arch.stacked_experts
+    if stacked is None:
+        return weights
+    import torch
+
+    from kvserve.model.quant import QuantExperts, QuantWeight
+
+    out, roles = dict(weights), ("expert_gate", "expert_up", "expert_down")
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+
+        def name(e: int, role: str, suffix: str) -> str:
+            return f"{p}{str(arch.weight_name('expert')).format(e=e)}{arch.weight_name(role)}.{suffix}"
+
+        if not cfg.is_moe(i) or name(0, "expert_gate", "weight") not in out:
+            continue
+        parts = {(role, suffix): [out.pop(name(e, role, suffix)) for e in range(cfg.num_experts)]
+                 for role in roles for suffix in ("weight", "bias") if name(0, role, suffix) in out}
+        gate, up, down = (parts[(role, "weight")] for role in roles)
+        if all(isinstance(w, QuantWeight) for w in gate + up + down):
+            out[p + stacked.gate_up] = QuantExperts([QuantWeight.cat([g, u]) for g, u in zip(gate, up)], stacked.transposed)
+            out[p + stacked.down] = QuantExperts(down, stacked.transposed)
+        else:
+            gate, up, down = ([w.dequantize() if isinstance(w, QuantWeight) else w for w in ws] for ws in (gate, up, down))
+            out[p + stacked.gate_up] = torch.stack([stacked.orient(_pair(g, u, stacked.interleaved)) for g, u in zip(gate, up)])
+            out[p + stacked.down] = torch.stack([stacked.orient(d) for d in down])
+        if ("expert_gate", "bias") in parts:
+            biases = zip(parts[("expert_gate", "bias")], parts[("expert_up", "bias")])
+            out[f"{p}{stacked.gate_up}_bias"] = torch.stack([_pair(g, u, stacked.interleaved) for g, u in biases])
+            out[f"{p}{stacked.down}_bias"] = torch.stack(parts[("expert_down", "bias")])
+    return out
+
+
+def stack_shared_gate_up(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
+    """The shared expert's gate and up weights, read apart (a GGUF file), as the one tensor (gate's rows, then up's)
+    where the architecture's checkpoints stack them (``shared_gate_up_proj``); as given otherwise."""
+    arch = get_architecture(cfg.architecture)
+    fused = arch.weight_name("shared_gate_up_proj")
+    if fused is None or not cfg.shared_expert_intermediate_size:
+        return weights
+    import torch
+
+    from kvserve.model.quant import QuantWeight
+
+    out = dict(weights)
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}.{arch.weight_name('shared_expert')}"
+        gate, up = (f"{p}{arch.weight_name(role)}.weight" for role in ("shared_gate_proj", "shared_up_proj"))
+        if gate not in out or up not in out:
+            continue
+        parts = [out.pop(gate), out.pop(up)]
+        if all(isinstance(w, QuantWeight) for w in parts):
+            out[f"{p}{fused}.weight"] = QuantWeight.cat(parts)
+        else:
+            out[f"{p}{fused}.weight"] = torch.cat([w.dequantize() if isinstance(w, QuantWeight) else w for w in parts])
+    return out
+
+
+def join_latent_kv(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
+    """kv_b_proj [heads * (nope + v), kv_lora_rank] from the two tensors llama.cpp's converter splits it into (for its
+    absorbed attention): k_b [heads, kv_lora_rank, nope] (each head's k part transposed) and v_b [heads, v,
+    kv_lora_rank], dense; as given where there are none."""
+    if not cfg.kv_lora_rank:
+        return weights
+    import torch
+
+    arch = get_architecture(cfg.architecture)
+    out = dict(weights)
+    for i in range(cfg.num_hidden_layers):
+        k_name, v_name = (f"model.layers.{i}.{arch.weight_name(role)}.weight" for role in ("k_b_proj", "v_b_proj"))
+        if k_name not in out or v_name not in out:
+            continue
+        k_b, v_b = (w.dequantize() if hasattr(w, "dequantize") else w for w in (out.pop(k_name), out.pop(v_name)))
+        kv_b = torch.cat([k_b.transpose(1, 2), v_b], dim=1)
+        out[f"model.layers.{i}.{arch.weight_name('kv_b_proj')}.weight"] = kv_b.reshape(-1, cfg.kv_lora_rank)
+    return out
+
+
+def _pair(gate: Any, up: Any, interleaved: bool) -> Any:
+    """An expert's gate and up rows (or biases) as the stacked tensor holds them: alternating or gate's first."""
+    import torch
+
+    return torch.stack([gate, up], dim=1).reshape(-1, *gate.shape[1:]) if interleaved else torch.cat([gate, up])
