@@ -154,22 +154,23 @@ class ModelConfig:
     # mamba_state_size each, dt through a rank-mamba_dt_rank projection; dt, B and C RMS-normed without weights where
     # mamba_bcdt_norm_eps is set (Falcon Mamba)
     mamba_version: int = 2
+    mamba_inner: int = 0  # (Mamba-2: mamba_heads x mamba_head_dim where not given)
+    mamba_dt_rank: int = 0
+    mamba_bcdt_norm_eps: float | None = None
     # Mamba-2's output: "gated" RMSNorm per group of y * silu(z) (the default), "norm_then_gate" (the norm of y, then
     # times silu(z)), or "none" (y * silu(z): Falcon-H1 without mamba_rms_norm); out_proj's bias where it differs
     mamba_norm: str = "gated"
     mamba_out_bias: bool | None = None
     # Falcon-H1: each Mamba-2 layer attends too, side by side over the same norm, the two outputs summed
     parallel_attention: bool = False
-    # ALiBi (Bloom, MPT): no rotary; each head's scores biased by its slope times the key's distance (alibi_slopes)
-    alibi: bool = False
-    alibi_bias_max: float = 8.0
-    alibi_mpt: bool = False  # MPT's slopes where the heads are not a power of two (alibi_slopes)
-    embed_norm: bool = False  # a norm (of norm_type) right after the embeddings (Bloom's word_embeddings_layernorm)
     # scales an architecture folds into its weights at load (Architecture.adjust_weights: Falcon-H1's muP multipliers)
     weight_multipliers: dict[str, Any] | None = None
-    mamba_inner: int = 0  # (Mamba-2: mamba_heads x mamba_head_dim where not given)
-    mamba_dt_rank: int = 0
-    mamba_bcdt_norm_eps: float | None = None
+    # --- ALiBi (Bloom, MPT): no rotary; each head's scores biased by its slope times the key's distance
+    # (attention.alibi_slopes) ---
+    alibi: bool = False
+    alibi_bias_max: float = 8.0
+    alibi_mpt: bool = False  # MPT's slopes where the heads are not a power of two
+    embed_norm: bool = False  # a norm (of norm_type) right after the embeddings (Bloom's word_embeddings_layernorm)
     # --- gated delta nets (Qwen3-Next, Qwen3.5): per layer, whether its token mixer is linear attention with the gated
     # delta rule, q/k in delta_key_heads heads of delta_key_dim, v in delta_value_heads of delta_value_dim, after a
     # depthwise causal convolution of delta_conv_kernel taps; a recurrent state per sequence (kvserve.model.gated_delta)

@@ -22,7 +22,7 @@ from kvserve.kv.manager import KVTransfer, window_tokens
 from kvserve.model.config import ModelConfig
 from kvserve.model.decoder import CausalLM
 from kvserve.runner.inputs import build_inputs
-from kvserve.runner.kv_budget import default_kv_budget
+from kvserve.runner.kv_budget import default_kv_budget, free_memory_cap
 from kvserve.runner.kv_budget import describe as describe_budget
 from kvserve.runner.kv_calibration import calibrate_kv_scales
 from kvserve.runner.weight_update import ModelSource, give_back_memory, load_replacement
@@ -97,13 +97,17 @@ class TorchRunner:
                  num_kv_blocks, block_size, num_kv_blocks * layout.block_bytes / (1 << 30), layout.dtype,
                  layout.bytes_per_token, kv_name, why)
         self.kv_pool = pool_cls(layout, num_kv_blocks, self.device)
-        # a recurrent state for each sequence that may run at once (the KV manager hands out the slots)
-        self.num_state_slots = max_num_seqs if cfg.has_recurrent_state else 0
-        if self.num_state_slots:
+        # a recurrent state for each sequence that may run at once (the KV manager hands out the slots), as many as
+        # --max-num-seqs where memory allows (the KV cache's own cap), else fewer: the scheduler then runs fewer at once
+        self.num_state_slots = 0
+        if cfg.has_recurrent_state:
+            per_slot = self.model.state_bytes(dtype)
+            cap, reason = free_memory_cap(self.device)
+            self.num_state_slots = max(1, min(max_num_seqs, cap // per_slot))
             self.model.allocate_states(self.num_state_slots, dtype, self.device)
-            log.info("recurrent state: %d slots (--max-num-seqs) of %.2f MiB (%.2f GiB)", self.num_state_slots,
-                     self.model.state_bytes(dtype) / (1 << 20),
-                     self.num_state_slots * self.model.state_bytes(dtype) / (1 << 30))
+            capped = f"; --max-num-seqs {max_num_seqs} capped at {reason}" if self.num_state_slots < max_num_seqs else ""
+            log.info("recurrent state: %d slots of %.2f MiB (%.2f GiB)%s", self.num_state_slots, per_slot / (1 << 20),
+                     self.num_state_slots * per_slot / (1 << 30), capped)
         calibrate_kv_scales(self.model, self.kv_pool, dtype)  # an 8-bit pool's scales, before any token
         self.attention = backend_cls(self.kv_pool, dtype)
         self.deterministic = deterministic

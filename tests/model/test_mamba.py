@@ -146,3 +146,21 @@ def test_a_model_without_attention_sizes_its_blocks_by_position(tmp_path_factory
     assert llm.engine.runner.kv_pool.block_bytes == 0
     assert llm.engine.runner.num_kv_blocks * llm.engine.runner.block_size >= 4 * llm.engine.max_model_len
     assert [o.token_ids for o in llm.generate(prompts(), GREEDY)] == expected("Mamba2ForCausalLM", tmp_path_factory)
+
+
+def test_state_slots_are_capped_by_memory(tmp_path_factory, monkeypatch, caplog):
+    """Where --max-num-seqs states would not fit the memory cap, fewer slots: the log says so, and requests beyond
+    them wait for a slot (every prompt still answered as transformers does)."""
+    import logging
+
+    import kvserve.runner.torch_runner as runner
+    from test_architectures import expected
+
+    _, folder = checkpoint(CASE, tmp_path_factory)
+    per_slot = make_llm(folder).engine.runner.model.state_bytes(torch.float32)
+    monkeypatch.setattr(runner, "free_memory_cap", lambda device: (3 * per_slot, "a test's cap"))
+    with caplog.at_level(logging.INFO):
+        llm = make_llm(folder, max_num_seqs=8)
+    assert llm.engine.kv.state_slots == 3
+    assert "--max-num-seqs 8 capped at a test's cap" in caplog.text
+    assert [o.token_ids for o in llm.generate(prompts(), GREEDY)] == expected(CASE, tmp_path_factory)
