@@ -157,6 +157,7 @@ class ModelConfig:
     mamba_inner: int = 0  # (Mamba-2: mamba_heads x mamba_head_dim where not given)
     mamba_dt_rank: int = 0
     mamba_bcdt_norm_eps: float | None = None
+    mamba_bcdt_norm_weights: bool = False  # those norms with weights (Jamba's dt_layernorm, b_layernorm, c_layernorm)
     # Mamba-2's output: "gated" RMSNorm per group of y * silu(z) (the default), "norm_then_gate" (the norm of y, then
     # times silu(z)), or "none" (y * silu(z): Falcon-H1 without mamba_rms_norm); out_proj's bias where it differs
     mamba_norm: str = "gated"

@@ -123,8 +123,9 @@ def ssd_block(xdt: torch.Tensor, decay: torch.Tensor, b: torch.Tensor, c: torch.
 
 
 class Mamba1(RecurrentMixer):
-    """A Mamba-1 layer (Mamba, Falcon Mamba): in_proj to x and the gate z; the depthwise causal convolution over x with
-    SiLU; x_proj to dt's low-rank part, B and C (each RMS-normed without a weight in Falcon Mamba), dt = softplus(dt_proj
+    """A Mamba-1 layer (Mamba, Falcon Mamba, Jamba): in_proj to x and the gate z; the depthwise causal convolution over x
+    with SiLU; x_proj to dt's low-rank part, B and C (each RMS-normed: Falcon Mamba without a weight, Jamba with), dt =
+    softplus(dt_proj
     (...)); per channel a state of ``mamba_state_size``: h = exp(dt A) h + dt x B, y = h C + D x; y * silu(z); out_proj.
     Every token in turn (the decay differs per channel and state: no block form here)."""
 
@@ -137,6 +138,10 @@ class Mamba1(RecurrentMixer):
         self.A_log = nn.Parameter(torch.zeros(self.inner, self.state_size))
         self.D = nn.Parameter(torch.ones(self.inner))
         self.norm_eps = cfg.mamba_bcdt_norm_eps
+        # Jamba's norms of dt, B and C have weights
+        self.bcdt_weights = nn.ParameterList(nn.Parameter(torch.ones(n)) for n in (self.rank, self.state_size,
+                                                                                   self.state_size)) \
+            if cfg.mamba_bcdt_norm_weights else None
         self.out_proj = nn.Linear(self.inner, cfg.hidden_size, bias=cfg.mamba_proj_bias)
 
     def forward(self, x, rope: RotaryStep | None, attn: AttentionBackend, meta: AttentionMetadata,
@@ -153,6 +158,8 @@ class Mamba1(RecurrentMixer):
         dt, b, c = self.x_proj(u).split([self.rank, self.state_size, self.state_size], dim=-1)
         if self.norm_eps is not None:
             dt, b, c = (unweighted_rms_norm(v, self.norm_eps) for v in (dt, b, c))
+            if self.bcdt_weights is not None:
+                dt, b, c = (w * v for w, v in zip(self.bcdt_weights, (dt, b, c)))
         dt = F.softplus(self.dt_proj(dt).float())  # [S, L, inner]
         a = -torch.exp(self.A_log.float())  # [inner, state]
         uf, b, c = u.float(), b.float(), c.float()

@@ -188,6 +188,9 @@ def mamba1(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, d
         out[f"{dst}conv_bias"] = [(f"{prefix}{conv}.bias", (inner,))]
     out[dst + "A_log"] = [(f"{prefix}{arch.weight_name('mamba_A_log')}", (inner, n))]
     out[dst + "D"] = [(f"{prefix}{arch.weight_name('mamba_D')}", (inner,))]
+    if cfg.mamba_bcdt_norm_weights:  # Jamba's norms of dt, B and C
+        for j, (role, rows) in enumerate((("mamba_dt_norm", rank), ("mamba_b_norm", n), ("mamba_c_norm", n))):
+            out[f"{dst}bcdt_weights.{j}"] = [(f"{prefix}{arch.weight_name(role)}.weight", (rows,))]
 
 
 def gated_delta(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,

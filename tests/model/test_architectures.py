@@ -128,6 +128,12 @@ CASES: dict[str, tuple[str, dict]] = {
                                                          attention_chunk_size=4, floor_scale=4, attn_scale=0.3,
                                                          interleave_moe_layer_step=8, num_local_experts=4,
                                                          intermediate_size=32, intermediate_size_mlp=80)),
+    # Mamba-1 layers with weighted norms of dt, B and C, attention without positions every 4th layer from the 2nd,
+    # experts every other layer (of 64: at 32 int8 moved this random model's logprobs by 0.7)
+    "JambaForCausalLM": ("JambaConfig", dict(num_hidden_layers=4, attn_layer_period=4, attn_layer_offset=1,
+                                             expert_layer_period=2, expert_layer_offset=1, num_experts=4,
+                                             num_experts_per_tok=2, intermediate_size=64, mamba_d_state=8,
+                                             mamba_dt_rank=6, use_mamba_kernels=False)),
     # Mamba-1 blocks (a state per channel); Falcon Mamba's with dt, B and C normed
     "MambaForCausalLM": ("MambaConfig", dict(state_size=8, intermediate_size=96, time_step_rank=6, num_hidden_layers=3,
                                              use_bias=True)),
@@ -637,10 +643,12 @@ def test_the_start_up_log_names_what_keeps_a_model_off_the_native_stack(case, st
         assert "decode steps run the Python layers" not in caplog.text
 
 
-@pytest.mark.parametrize("case", ["MistralForCausalLM", "GptOssForCausalLM"])
+@pytest.mark.parametrize("case", ["MistralForCausalLM", "GptOssForCausalLM", "Qwen3_5ForCausalLM",
+                                  "GraniteMoeHybridForCausalLM:mamba", "MambaForCausalLM", "BloomForCausalLM"])
 def test_a_bfloat16_model_attends_windows_and_sinks(case, tmp_path_factory):
-    """A bf16 model (a bf16 KV pool) through the general attention path (windows, sinks): it runs, and its
-    first greedy token of each prompt is float32 transformers' (later ones may drift with bf16 rounding)."""
+    """A bf16 model (a bf16 KV pool) through the general attention path (windows, sinks, ALiBi) and the recurrent
+    layers (their convolution states bf16, their recurrent states float32): it runs, and its first greedy token of
+    each prompt is float32 transformers' (later ones may drift with bf16 rounding)."""
     _, folder = checkpoint(case, tmp_path_factory)
     loaded = load_model(folder)
     loaded.config.eos_token_ids = []

@@ -44,6 +44,7 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     "mamba_in_proj": "mamba.in_proj", "mamba_out_proj": "mamba.out_proj", "mamba_conv": "mamba.conv1d",
     "mamba_dt_bias": "mamba.dt_bias", "mamba_A_log": "mamba.A_log", "mamba_D": "mamba.D",
     "mamba_norm": "mamba.norm.weight", "mamba_x_proj": "mamba.x_proj", "mamba_dt_proj": "mamba.dt_proj",  # (Mamba-1's)
+    "mamba_dt_norm": "mamba.dt_layernorm", "mamba_b_norm": "mamba.b_layernorm", "mamba_c_norm": "mamba.c_layernorm",
     # a gated delta net (ModelConfig.delta_layers): q/k/v, z, b and a apart (Qwen3.5's), or q/k/v/z and b/a stacked a key
     # head's group at a time (Qwen3-Next's: weight_layout.standard_layout reorders them); the convolution, dt's bias, A's log,
     # the gated norm's weight, out_proj
@@ -205,7 +206,7 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "glm4_moe_lite", "lfm2", "lfm2_moe", "qwen_vl", "dots1", "nemotron", "hunyuan_moe",
             "minimax_m2", "gpt2", "opt", "gpt_neox", "flex_olmo", "vaultgemma", "cwm", "olmo", "apertus", "phimoe",
             "bamba", "qwen3_next", "qwen3_5", "nemotron_h",
-            "mamba2", "falcon_h1", "bloom", "mpt", "llama4"]
+            "mamba2", "falcon_h1", "bloom", "mpt", "llama4", "jamba"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)
