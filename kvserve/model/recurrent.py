@@ -63,36 +63,29 @@ class RecurrentMixer(nn.Module):
         ``recurrence`` (with its rows of each of ``extras``), from its slot's states, which it leaves updated. Groups of
         one row a sequence (decodes) take ``step`` instead, which updates the slots' states in place."""
         y = conv_in.new_empty(conv_in.shape[0], width)
-        device = conv_in.device
-        for idx, seqs in groups_by_length(meta.seqs, device):
-            slots = [s.state_slot for s in seqs]
-            if any(s.start > 0 and (slot < 0 or self.states is None) for s, slot in zip(seqs, slots)):
-                raise RuntimeError("a recurrent layer continues a sequence without a state slot")
-            fresh = [s.start == 0 for s in seqs]
-            keep = [i for i, slot in enumerate(slots) if slot >= 0] if self.states is not None else []
-            at, which = torch.tensor([slots[i] for i in keep], device=device), torch.tensor(keep, device=device)
-            conv_prev = conv_in.new_zeros(len(seqs), self.taps - 1, self.channels)
-            carried = [i for i in keep if not fresh[i]]
-            if carried and self.states is not None:
-                conv_prev[carried] = self.states.conv[[slots[i] for i in carried]].to(conv_in.dtype)
-            u, conv_next = self.convolve(conv_in[idx], conv_prev)
-            rows = [e[idx] for e in extras]
-            if idx.shape[1] == 1 and len(keep) == len(seqs):  # every sequence a decode row with its slot
+        for g in step_groups(meta, conv_in.device, self.states is not None):
+            conv_prev = conv_in.new_zeros(g.size, self.taps - 1, self.channels)
+            if g.carried:
                 assert self.states is not None
-                out = self.step(u, *rows, states=self.states.recurrent, slots=at,
-                                fresh=torch.tensor(fresh, device=device))
+                conv_prev[g.carried] = self.states.conv[g.carried_slots].to(conv_in.dtype)
+            u, conv_next = self.convolve(conv_in[g.rows], conv_prev)
+            rows = [e[g.rows] for e in extras]
+            if g.decode:  # every sequence a decode row with its slot
+                assert self.states is not None
+                out = self.step(u, *rows, states=self.states.recurrent, slots=g.slots, fresh=g.fresh)
             else:
-                state = torch.zeros(len(seqs), *self.state_shape, device=device)
-                if carried and self.states is not None:
-                    state[carried] = self.states.recurrent[[slots[i] for i in carried]]
-                out, state = self.recurrence(u, *rows, state)
-                if keep:
+                state = torch.zeros(g.size, *self.state_shape, device=conv_in.device)
+                if g.carried:
                     assert self.states is not None
-                    self.states.recurrent[at] = state[which]
-            if keep:
+                    state[g.carried] = self.states.recurrent[g.carried_slots]
+                out, state = self.recurrence(u, *rows, state)
+                if g.kept.numel():
+                    assert self.states is not None
+                    self.states.recurrent[g.slots] = state[g.kept]
+            if g.kept.numel():
                 assert self.states is not None
-                self.states.conv[at] = conv_next[which].to(self.states.conv.dtype)
-            y[idx.flatten()] = out.flatten(0, 1).to(y.dtype)
+                self.states.conv[g.slots] = conv_next[g.kept].to(self.states.conv.dtype)
+            y[g.flat] = out.flatten(0, 1).to(y.dtype)
         return y
 
     def recurrence(self, u: torch.Tensor, *rows_and_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,14 +112,46 @@ class RecurrentMixer(nn.Module):
         return F.silu(out), window[:, window.shape[1] - (self.taps - 1):]
 
 
-def groups_by_length(seqs: Sequence[SeqRows], device: torch.device) -> list[tuple[torch.Tensor, list[SeqRows]]]:
-    """The step's sequences grouped by their row count (decodes together), each group's row indices [S, L]."""
-    groups: dict[int, tuple[list[list[int]], list[SeqRows]]] = {}
+@dataclass
+class Group:
+    """Sequences of one step with the same row count, as every recurrent layer of the step takes them."""
+
+    rows: torch.Tensor  # [S, L] their rows in the step
+    flat: torch.Tensor  # the same, flattened
+    size: int
+    kept: torch.Tensor  # which of them hold a slot (indices into the group)
+    slots: torch.Tensor  # those slots
+    fresh: torch.Tensor  # bool [S]: starting at position 0 (their states from zeros)
+    carried: list[int]  # which continue a state (they hold a slot and do not start)
+    carried_slots: torch.Tensor
+    decode: bool  # one row each, every one with a slot: the group takes ``step``
+
+
+def step_groups(meta: AttentionMetadata, device: torch.device, has_states: bool) -> list[Group]:
+    """The step's sequences grouped by row count (decodes together); worked out once a step, for every layer."""
+    memo = getattr(meta, "recurrent_groups", None)
+    if memo is not None:
+        return memo
+    by_length: dict[int, tuple[list[list[int]], list[SeqRows]]] = {}
     first = 0
-    for seq in seqs:
+    for seq in meta.seqs:
         n = len(seq.tokens)
-        rows, members = groups.setdefault(n, ([], []))
+        rows, members = by_length.setdefault(n, ([], []))
         rows.append(list(range(first, first + n)))
         members.append(seq)
         first += n
-    return [(torch.tensor(rows, device=device), members) for rows, members in groups.values()]
+    groups = []
+    for length, (rows, seqs) in by_length.items():
+        if any(s.start > 0 and (s.state_slot < 0 or not has_states) for s in seqs):
+            raise RuntimeError("a recurrent layer continues a sequence without a state slot")
+        kept = [i for i, s in enumerate(seqs) if s.state_slot >= 0] if has_states else []
+        carried = [i for i in kept if seqs[i].start > 0]
+        idx = torch.tensor(rows, device=device)
+        groups.append(Group(
+            rows=idx, flat=idx.flatten(), size=len(seqs), kept=torch.tensor(kept, device=device, dtype=torch.long),
+            slots=torch.tensor([seqs[i].state_slot for i in kept], device=device, dtype=torch.long),
+            fresh=torch.tensor([s.start == 0 for s in seqs], device=device), carried=carried,
+            carried_slots=torch.tensor([seqs[i].state_slot for i in carried], device=device, dtype=torch.long),
+            decode=length == 1 and len(kept) == len(seqs)))
+    meta.recurrent_groups = groups  # type: ignore[attr-defined]
+    return groups
