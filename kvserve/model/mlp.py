@@ -196,6 +196,8 @@ class MoE(nn.Module):
         else:
             probs = torch.sigmoid(logits) if self.scoring == "sigmoid" else torch.softmax(logits, dim=-1)
             choice = probs if self.selection_bias is None else probs + self.selection_bias.float()
+            if self.scoring == "sigmoid" and self.selection_bias is None and self.groups is None:
+                choice = logits  # the same order, without float32's sigmoid tying logits past ~15 (Llama 4's)
             if self.groups is not None:
                 choice = self._in_best_groups(choice)
             chosen = choice.topk(self.top_k, dim=-1).indices

@@ -96,7 +96,7 @@ CASES: dict[str, tuple[str, dict]] = {
         layers_block_type=["mamba", "moe", "attention", "mlp", "mamba", "moe"], num_hidden_layers=6, head_dim=16,
         mamba_num_heads=4, mamba_head_dim=32, n_groups=2, ssm_state_size=8, chunk_size=4, use_bias=True,
         moe_intermediate_size=32, moe_shared_expert_intermediate_size=48, n_routed_experts=8, num_experts_per_tok=2,
-        n_group=2, topk_group=1, routed_scaling_factor=1.5)),
+        n_group=2, topk_group=1, routed_scaling_factor=1.5, n_shared_experts=0)),  # (the shared expert is built anyway)
     # Mamba-2 blocks alone: no attention, no MLP
     "Mamba2ForCausalLM": ("Mamba2Config", dict(num_heads=4, head_dim=32, state_size=8, n_groups=2, chunk_size=4,
                                                num_hidden_layers=3)),
@@ -557,6 +557,23 @@ def test_gemma3_multimodal_checkpoint_answers_as_its_text_model(tmp_path_factory
     assert "not read" in caplog.text
     assert [o.token_ids for o in llm.generate(prompts(), GREEDY)] == [hf_greedy(text, p, GREEDY.max_tokens)
                                                                     for p in prompts()]
+
+
+def test_a_sigmoid_router_picks_by_logit_past_float32_saturation():
+    """Logits of 15 and 14.8 have the same float32 sigmoid: the top-1 expert is still the larger logit's (Llama 4's
+    router, which ranks logits), and it scales that expert's input."""
+    from kvserve.model.mlp import MoE
+
+    moe = MoE(4, 8, 2, 1, False, "silu", scoring="sigmoid", scale_inputs=True)
+    with torch.no_grad():
+        moe.router.weight.copy_(torch.tensor([[14.8, 0, 0, 0], [15.0, 0, 0, 0]]))  # (a tie's topk takes the first)
+        for e, expert in enumerate(moe.experts):
+            expert.gate_up.weight.fill_(1.0)
+            expert.down.weight.fill_(1.0 + e)  # expert 1's output twice expert 0's
+    x = torch.tensor([[1.0, 0, 0, 0]])
+    assert torch.sigmoid(torch.tensor(15.0)) == torch.sigmoid(torch.tensor(14.8))
+    want = moe.experts[1](x * torch.sigmoid(torch.tensor(15.0)))
+    torch.testing.assert_close(moe.loop_forward(x), want)
 
 
 def test_sparsemixer_equals_transformers():

@@ -39,8 +39,9 @@ def nemotron_h_config(d: dict) -> dict:
            "attention_bias": False, "o_proj_bias": False, "mlp_bias": bool(d.get("mlp_bias", False))}
     if "moe" in kinds:
         experts = v3_experts(d, [k == "moe" for k in kinds])
-        experts["shared_expert_intermediate_size"] = (d.get("n_shared_experts") or 0) and first_of(
-            d, "moe_shared_expert_intermediate_size", default=d["moe_intermediate_size"])
+        # one shared expert whatever n_shared_experts says (as transformers builds it)
+        experts["shared_expert_intermediate_size"] = first_of(d, "moe_shared_expert_intermediate_size",
+                                                             default=d["moe_intermediate_size"])
         out.update(experts)
     return out
 
