@@ -28,7 +28,7 @@ from kvserve.model.checkpoint import LoadedModel
 from kvserve.model.config import ModelConfig
 from kvserve.model.gguf_names import GGUF_FUSED_GATE_UP, gguf_to_hf_name
 from kvserve.model.quant import QuantWeight, from_gguf_blocks
-from kvserve.model.weight_layout import join_latent_kv, stack_experts, stack_shared_gate_up
+from kvserve.model.weight_layout import join_latent_kv, stack_dense_gate_up, stack_experts, stack_shared_gate_up
 
 logger = logging.getLogger(__name__)
 
@@ -298,9 +298,14 @@ def load_gguf(path: Path, keep_quantized: bool = False, with_tokenizer: bool = T
             values -= config.norm_offset  # llama.cpp stores Gemma's and Nemotron's norms with the 1 added; we add it
         if name.endswith(".ffn_gate_inp_shexp.weight") and values.ndim == 1:
             values = values[None]  # older converters squeezed the shared expert's gate [1, hidden] to [hidden]
+        if name.endswith((".ssm_a", ".ssm_d", ".ssm_norm.weight")):  # Mamba-2's, stored [heads, 1] / [groups, n]
+            values = values.reshape(-1)
+            if name.endswith(".ssm_a"):  # stored as A = -exp(A_log)
+                values = np.log(-values)
         weights[hf_name] = torch.from_numpy(values)
     del reader, tensors  # drop the file mapping
     weights = join_latent_kv(config, stack_shared_gate_up(config, stack_experts(config, weights)))
+    weights = stack_dense_gate_up(config, weights)
 
     tokenizer = gguf_tokenizer(path, meta.get("tokenizer.chat_template")) if with_tokenizer else None
     return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, name=path.stem)

@@ -35,7 +35,13 @@ _GGUF_LAYER_ROLES = {
     "shortconv.in_proj": "conv_in_proj", "shortconv.conv": "conv_kernel", "shortconv.out_proj": "conv_out_proj",
     "attn_sinks": "sinks",  # a tensor, not a module's: named without the suffix
     "exp_probs_b": "selection_bias",  # the same
+    # a Mamba-2 layer's (llama.cpp's mamba2 and granitehybrid files); A, D, dt's bias and the gated norm are tensors,
+    # not modules' (A and D stored without a suffix, A as -exp(A_log): gguf_loader converts them back)
+    "ssm_in": "mamba_in_proj", "ssm_conv1d": "mamba_conv", "ssm_out": "mamba_out_proj", "ssm_norm": "mamba_norm",
+    "ssm_dt": "mamba_dt_bias", "ssm_a": "mamba_A_log", "ssm_d": "mamba_D",
 }
+# roles that name a tensor (not a module's weight or bias): the GGUF name's suffix is dropped
+_TENSOR_ROLES = ("sinks", "selection_bias", "mamba_norm", "mamba_dt_bias", "mamba_A_log", "mamba_D")
 # every expert of a layer in one tensor [experts, rows, cols] -> the role of each expert's slice
 _GGUF_EXPERT_ROLES = {"ffn_gate_exps": "expert_gate", "ffn_up_exps": "expert_up", "ffn_down_exps": "expert_down"}
 # the converter's --fuse-gate-up-exps: each expert's gate rows, then its up rows, in one tensor
@@ -51,8 +57,8 @@ def gguf_to_hf_name(name: str, arch: Architecture | None = None) -> str | None:
     None if not a tensor kvserve reads."""
     arch = arch or get_architecture("LlamaForCausalLM")
     stem, _, suffix = name.rpartition(".")
-    if suffix not in ("weight", "bias"):
-        return None
+    if suffix not in ("weight", "bias"):  # a tensor stored without a suffix (a Mamba layer's ssm_a, ssm_d)
+        stem, suffix = name, ""
     if stem in arch.gguf_globals:
         return f"{arch.gguf_globals[stem]}.{suffix}"
     if stem in _GGUF_GLOBAL_NAMES:
@@ -66,9 +72,13 @@ def gguf_to_hf_name(name: str, arch: Architecture | None = None) -> str | None:
     if leaf in _GGUF_SHARED_PARTS:
         return f"{layer}{arch.weight_name('shared_expert')}{arch.weight_name(_GGUF_SHARED_PARTS[leaf])}.{suffix}"
     role = arch.gguf_roles.get(leaf, _GGUF_LAYER_ROLES.get(leaf))
-    if role in ("sinks", "selection_bias"):
+    if role == "mamba_dt_bias" and suffix != "bias":  # (Mamba-1's ssm_dt is a linear: not read from GGUF)
+        return None
+    if role in _TENSOR_ROLES:
         hf = arch.weight_name(role)
         return None if hf is None else f"{layer}{hf}"
+    if not suffix:
+        return None
     if role == "up_proj" and arch.weight_name("gate_up_proj") is not None:
         role = "gate_up_proj"  # llama.cpp names a stacked gate + up "ffn_up" (Phi-3): its graph splits it in halves
     hf = None if role is None else arch.weight_name(role)

@@ -199,6 +199,23 @@ def stack_shared_gate_up(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str,
     return out
 
 
+def stack_dense_gate_up(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
+    """A layer's MLP gate and up read apart (a GGUF file's ffn_gate, and its ffn_up under the stacked tensor's name),
+    as the one tensor (gate's rows, then up's) where the architecture's checkpoints stack them (Granite 4.0 H's dense
+    ``shared_mlp.input_linear``); as given otherwise (Phi-3's ffn_up holds both already)."""
+    arch = get_architecture(cfg.architecture)
+    fused = arch.weight_name("gate_up_proj")
+    if fused is None:
+        return weights
+    out = dict(weights)
+    for i in range(cfg.num_hidden_layers):
+        gate, both = f"model.layers.{i}.{arch.weight_name('gate_proj')}.weight", f"model.layers.{i}.{fused}.weight"
+        if gate in out and both in out:
+            parts = [out.pop(gate), out[both]]
+            out[both] = stack_rows([p.dequantize() if hasattr(p, "dequantize") else p for p in parts])
+    return out
+
+
 def join_latent_kv(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
     """kv_b_proj [heads * (nope + v), kv_lora_rank] from the two tensors llama.cpp's converter splits it into (for its
     absorbed attention): k_b [heads, kv_lora_rank, nope] (each head's k part transposed) and v_b [heads, v,

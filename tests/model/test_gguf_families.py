@@ -59,6 +59,10 @@ CASES: dict[str, tuple[str, dict, str]] = {
     "granitemoe": ("GraniteMoeForCausalLM", {}, "granitemoe"),
     # the same file name; a shared expert's tensors (input_linear split into gate and up) and its size in the metadata
     "granitemoe:shared": ("GraniteMoeSharedForCausalLM", {}, "granitemoe"),
+    # Granite 4.0 H: Mamba-2 layers and experts, no rotary; and (":dense") its MLP alone, with rotary (Bamba's form)
+    "granitehybrid": ("GraniteMoeHybridForCausalLM:mamba", {}, "granitehybrid"),
+    "granitehybrid:dense": ("GraniteMoeHybridForCausalLM:mamba", dict(num_local_experts=0, shared_intermediate_size=48,
+                                                                     position_embedding_type="rope"), "granitehybrid"),
     # llama.cpp's graph skips rotary on every 4th layer (no GGUF key): four layers show it
     "smollm3": ("SmolLM3ForCausalLM", dict(no_rope_layer_interval=4), "smollm3"),
     # the converter writes no window for starcoder2 (llama.cpp has none there)
@@ -105,12 +109,12 @@ CASES: dict[str, tuple[str, dict, str]] = {
 }
 # where transformers' GGUF reader has no such architecture, or no stacked experts for it (llama)
 NO_TRANSFORMERS_READER = {"deepseek2", "deepseek2:v3", "lfm2", "lfm2moe", "nemotron", "mistral3", "olmoe", "mixtral", "gemma", "olmo2", "granite", "granitemoe", "granitemoe:shared", "smollm3",
-                          "glm4", "ernie4_5", "ernie4_5:use_bias", "gpt-oss", "cohere2", "command-r", "arcee", "exaone4", "ernie4_5-moe", "phi2", "glm4moe", "olmo2:olmo3", "seed_oss"}
+                          "granitehybrid", "granitehybrid:dense", "glm4", "ernie4_5", "ernie4_5:use_bias", "gpt-oss", "cohere2", "command-r", "arcee", "exaone4", "ernie4_5-moe", "phi2", "glm4moe", "olmo2:olmo3", "seed_oss"}
 GEMMA = {"gemma", "gemma2", "gemma3"}
 PLUS_ONE = GEMMA | {"nemotron"}  # norms that scale by 1 + weight, which the converters store with the 1 added
 # every linear Q8_0; not granite, whose test model's near-flat logits (several tokens within 0.01) Q8_0 reorders
 DENSE_Q8_0 = {"gemma", "olmo2", "smollm3", "starcoder2", "glm4", "ernie4_5:use_bias", "command-r", "cohere2", "exaone4", "phi2"}
-PERMUTED = {"llama", "granite", "granitemoe", "smollm3", "arcee", "mistral3"}  # llama.cpp's LlamaModel lineage reorders q/k rows for GGML's rope
+PERMUTED = {"llama", "granite", "granitemoe", "granitehybrid", "smollm3", "arcee", "mistral3"}  # llama.cpp's LlamaModel lineage reorders q/k rows for GGML's rope
 LOADS_AS = {"mistral": "LlamaForCausalLM"}  # without a window, llama.cpp's Mistral is Llama
 
 
@@ -218,6 +222,16 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
         w.add_head_count_kv(1)
     elif arch in ("lfm2", "lfm2moe"):  # a count per layer, 0 where it does not attend
         w.add_head_count_kv([0 if kind == "conv" else kv_heads for kind in d["layer_types"]])
+    elif arch == "granitehybrid":  # the same, 0 for a Mamba layer; and the GraniteHybridModel converter's ssm keys
+        w.add_head_count_kv([0 if kind in ("mamba", "linear_attention") else kv_heads for kind in d["layer_types"]])
+        w.add_ssm_conv_kernel(d["mamba_d_conv"])
+        w.add_ssm_state_size(d["mamba_d_state"])
+        w.add_ssm_group_count(d["mamba_n_groups"])
+        w.add_ssm_inner_size(d["mamba_n_heads"] * d["mamba_d_head"])
+        w.add_ssm_time_step_rank(d["mamba_n_heads"])
+        w.add_rope_scaling_finetuned(d.get("position_embedding_type") == "rope")
+        if d.get("shared_intermediate_size"):
+            w.add_expert_shared_feed_forward_length(d["shared_intermediate_size"])
     else:
         w.add_head_count_kv(kv_heads)
     if arch in ("starcoder2", "stablelm", "command-r", "cohere2", "phi2", "nemotron"):  # LayerNorms: their own eps key
@@ -226,7 +240,7 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
         w.add_layer_norm_rms_eps(d.get("rms_norm_eps") or d["norm_eps"])
     if arch not in ("gemma", "gemma2"):  # these converters write no rope base (llama.cpp's default: 10000)
         w.add_rope_freq_base(full["rope_theta"])
-    if arch not in ("phi3", "granite", "granitemoe", "deepseek2"):  # the Granite converter drops head_dim
+    if arch not in ("phi3", "granite", "granitemoe", "granitehybrid", "deepseek2"):  # the Granite converter drops head_dim
         w.add_key_length(d["head_dim"])
         w.add_value_length(d["head_dim"])
     if experts:
@@ -241,7 +255,7 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
         w.add_rope_dimension_count(d["head_dim"])
     if arch == "granitemoe" and d.get("shared_intermediate_size"):
         w.add_expert_shared_feed_forward_length(d["shared_intermediate_size"])
-    if arch in ("granite", "granitemoe"):
+    if arch in ("granite", "granitemoe", "granitehybrid"):
         w.add_attention_scale(d["attention_multiplier"])
         w.add_embedding_scale(d["embedding_multiplier"])
         w.add_residual_scale(d["residual_multiplier"])
@@ -321,6 +335,8 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
             if d.get("shared_intermediate_size"):
                 gate, up = state.pop(f"model.layers.{i}.shared_mlp.input_linear.weight").chunk(2, dim=0)
                 state[f"blk.{i}.ffn_gate_shexp.weight"], state[f"blk.{i}.ffn_up_shexp.weight"] = gate, up
+    if arch == "granitehybrid":
+        _granite_hybrid_tensors(state, d, layers, experts)
     if arch == "lfm2moe":  # the converter stacks each layer's experts under llama.cpp's names
         for i in range(layers):
             for w_name, leaf in (("w1", "ffn_gate_exps"), ("w3", "ffn_up_exps"), ("w2", "ffn_down_exps")):
@@ -366,6 +382,32 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def _granite_hybrid_tensors(state: dict[str, torch.Tensor], d: dict, layers: int, experts: int) -> None:
+    """The GraniteHybridModel converter's tensors: experts and the shared MLP as Granite MoE's (or the dense MLP as
+    ffn_gate, ffn_up, ffn_down); the Mamba layers' A as -exp(A_log) and A, D as [heads, 1], the gated norm's weight
+    [groups, inner / groups], the convolution [channels, taps], dt's bias as dt_proj's."""
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        if experts:
+            gate, up = state.pop(f"{p}block_sparse_moe.input_linear.weight").chunk(2, dim=1)
+            state[f"blk.{i}.ffn_gate_exps.weight"], state[f"blk.{i}.ffn_up_exps.weight"] = gate, up
+            gate, up = state.pop(f"{p}shared_mlp.input_linear.weight").chunk(2, dim=0)
+            state[f"blk.{i}.ffn_gate_shexp.weight"], state[f"blk.{i}.ffn_up_shexp.weight"] = gate, up
+            state[f"blk.{i}.ffn_down_shexp.weight"] = state.pop(f"{p}shared_mlp.output_linear.weight")
+        else:
+            gate, up = state.pop(f"{p}shared_mlp.input_linear.weight").chunk(2, dim=0)
+            state[f"blk.{i}.ffn_gate.weight"], state[f"blk.{i}.ffn_up.weight"] = gate, up
+            state[f"blk.{i}.ffn_down.weight"] = state.pop(f"{p}shared_mlp.output_linear.weight")
+        m = f"{p}mamba."
+        if f"{m}A_log" not in state:
+            continue
+        state[f"{m}A_log"] = -torch.exp(state[f"{m}A_log"])[:, None]
+        state[f"{m}D"] = state[f"{m}D"][:, None]
+        state[f"{m}norm.weight"] = state[f"{m}norm.weight"].reshape(d["mamba_n_groups"], -1)
+        state[f"{m}conv1d.weight"] = state[f"{m}conv1d.weight"].squeeze(1)
+        state[f"{m}dt_proj.bias"] = state.pop(f"{m}dt_bias")
 
 
 def _deepseek2_metadata(w: gguf.GGUFWriter, d: dict, rope: dict, whole_kv_b: bool) -> None:
@@ -454,6 +496,9 @@ def test_gguf_loads_the_checkpoint_weights(case, tmp_path_factory, monkeypatch):
         if case in PLUS_ONE and name.endswith("norm.weight"):
             # the model scales by 1 + weight: that sum is the file's, bit for bit
             got, t = got + 1, t + 1
+        if name.endswith(".A_log"):  # the file holds -exp(A_log): its log comes back within float32's rounding
+            torch.testing.assert_close(got, t, rtol=1e-6, atol=1e-7)
+            continue
         assert torch.equal(got, t), name
 
     if case in NO_TRANSFORMERS_READER:

@@ -54,5 +54,23 @@ def granite_moe_hybrid_config(d: dict) -> dict:
     return {**out, "intermediate_size": d["shared_intermediate_size"]}
 
 
+def granite_hybrid_gguf(get: GGUFGet) -> dict:
+    """llama.cpp's "granitehybrid" files (Granite 4.0 H; Bamba's too): the Mamba layers are those without KV heads (a
+    count per layer), the Mamba-2 settings under "ssm.", rotary where "rope.scaling.finetuned" says (Bamba), the dense
+    MLP's size as the shared expert's length."""
+    kv = get("attention.head_count_kv")
+    inner, heads = int(get("ssm.inner_size")), int(get("ssm.time_step_rank"))
+    out = {**granite_gguf(get), "layer_types": ["mamba" if n == 0 else "attention" for n in kv] if isinstance(kv, list)
+           else None, "mamba_n_heads": heads, "mamba_d_head": inner // heads, "mamba_d_ssm": inner,
+           "mamba_d_state": int(get("ssm.state_size")), "mamba_n_groups": int(get("ssm.group_count", 1)),
+           "mamba_d_conv": int(get("ssm.conv_kernel", 4)),
+           "position_embedding_type": "rope" if get("rope.scaling.finetuned") else None}
+    shared = int(get("expert_shared_feed_forward_length", 0))
+    if not int(get("expert_count", 0)):  # the dense models: their MLP is the "shared" one
+        out["shared_intermediate_size"] = shared or int(get("feed_forward_length"))
+    return out
+
+
 register(Architecture("GraniteMoeHybridForCausalLM", granite_moe_hybrid_config, stacked_experts=EXPERTS, weights={
-    **WEIGHTS, "gate_up_proj": "shared_mlp.input_linear", "down_proj": "shared_mlp.output_linear"}))
+    **WEIGHTS, "gate_up_proj": "shared_mlp.input_linear", "down_proj": "shared_mlp.output_linear"},
+    gguf="granitehybrid", gguf_permuted=True, gguf_config=granite_hybrid_gguf))
