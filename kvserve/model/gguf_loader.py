@@ -154,14 +154,14 @@ def _gguf_config(meta: dict[str, Any], tensors: dict[str, Any], source: Path) ->
 
     try:
         hidden = int(get("embedding_length"))
-        heads = int(get("attention.head_count"))
+        heads = int(get("attention.head_count")) or 1  # (0 in llama.cpp's mamba files: no layer attends)
         layers = int(get("block_count"))
         intermediate = int(get("feed_forward_length"))
     except TypeError as e:  # int(None): a required key is absent
         raise ModelLoadError(f"{source}: GGUF metadata lacks a required {arch}.* key") from e
     kv_heads = get("attention.head_count_kv", heads)
     # a list: per layer (LFM2's, 0 where a layer does not attend); the architecture reads which layers from it
-    kv_heads = max(kv_heads) if isinstance(kv_heads, list) else int(kv_heads)
+    kv_heads = (max(kv_heads) if isinstance(kv_heads, list) else int(kv_heads)) or heads
     spec = get_architecture(known[arch])
     head_dim = get("attention.key_length")
     if head_dim is None and spec.gguf_permuted:

@@ -60,6 +60,7 @@ CASES: dict[str, tuple[str, dict, str]] = {
     # the same file name; a shared expert's tensors (input_linear split into gate and up) and its size in the metadata
     "granitemoe:shared": ("GraniteMoeSharedForCausalLM", {}, "granitemoe"),
     # Granite 4.0 H: Mamba-2 layers and experts, no rotary; and (":dense") its MLP alone, with rotary (Bamba's form)
+    "mamba2": ("Mamba2ForCausalLM", {}, "mamba2"),  # Mamba-2 blocks alone: no head count, no MLP
     "granitehybrid": ("GraniteMoeHybridForCausalLM:mamba", {}, "granitehybrid"),
     "granitehybrid:dense": ("GraniteMoeHybridForCausalLM:mamba", dict(num_local_experts=0, shared_intermediate_size=48,
                                                                      position_embedding_type="rope"), "granitehybrid"),
@@ -109,7 +110,7 @@ CASES: dict[str, tuple[str, dict, str]] = {
 }
 # where transformers' GGUF reader has no such architecture, or no stacked experts for it (llama)
 NO_TRANSFORMERS_READER = {"deepseek2", "deepseek2:v3", "lfm2", "lfm2moe", "nemotron", "mistral3", "olmoe", "mixtral", "gemma", "olmo2", "granite", "granitemoe", "granitemoe:shared", "smollm3",
-                          "granitehybrid", "granitehybrid:dense", "glm4", "ernie4_5", "ernie4_5:use_bias", "gpt-oss", "cohere2", "command-r", "arcee", "exaone4", "ernie4_5-moe", "phi2", "glm4moe", "olmo2:olmo3", "seed_oss"}
+                          "granitehybrid", "granitehybrid:dense", "mamba2", "glm4", "ernie4_5", "ernie4_5:use_bias", "gpt-oss", "cohere2", "command-r", "arcee", "exaone4", "ernie4_5-moe", "phi2", "glm4moe", "olmo2:olmo3", "seed_oss"}
 GEMMA = {"gemma", "gemma2", "gemma3"}
 PLUS_ONE = GEMMA | {"nemotron"}  # norms that scale by 1 + weight, which the converters store with the 1 added
 # every linear Q8_0; not granite, whose test model's near-flat logits (several tokens within 0.01) Q8_0 reorders
@@ -193,8 +194,8 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
     d = model.config.to_dict()
     rope = d.get("rope_parameters") or {}
     full = rope.get("full_attention", rope)
-    layers, hidden, heads, kv_heads = (d[k] for k in ("num_hidden_layers", "hidden_size", "num_attention_heads",
-                                                      "num_key_value_heads"))
+    layers, hidden = d["num_hidden_layers"], d["hidden_size"]
+    heads, kv_heads = d.get("num_attention_heads", 0), d.get("num_key_value_heads", 0)  # (none in a Mamba2 model)
     experts = d.get("num_local_experts") or d.get("num_experts") or d.get("moe_num_experts") or \
         d.get("n_routed_experts") or 0
     w = gguf.GGUFWriter(str(path), arch=arch)
@@ -216,12 +217,18 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
         w.add_shortconv_l_cache(d["conv_L_cache"])
         w.add_vocab_size(d["vocab_size"])
     else:
-        w.add_feed_forward_length(d["intermediate_size"])
+        w.add_feed_forward_length(d.get("intermediate_size", 0))
     w.add_head_count(heads)
     if arch == "deepseek2":  # its converter writes latent attention as MQA
         w.add_head_count_kv(1)
     elif arch in ("lfm2", "lfm2moe"):  # a count per layer, 0 where it does not attend
         w.add_head_count_kv([0 if kind == "conv" else kv_heads for kind in d["layer_types"]])
+    elif arch == "mamba2":  # the Mamba2Model converter's: no heads, no MLP, the ssm keys
+        w.add_ssm_conv_kernel(d["conv_kernel"])
+        w.add_ssm_inner_size(d["num_heads"] * d["head_dim"])
+        w.add_ssm_state_size(d["state_size"])
+        w.add_ssm_time_step_rank(d["num_heads"])
+        w.add_ssm_group_count(d["n_groups"])
     elif arch == "granitehybrid":  # the same, 0 for a Mamba layer; and the GraniteHybridModel converter's ssm keys
         w.add_head_count_kv([0 if kind in ("mamba", "linear_attention") else kv_heads for kind in d["layer_types"]])
         w.add_ssm_conv_kernel(d["mamba_d_conv"])
@@ -237,10 +244,10 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
     if arch in ("starcoder2", "stablelm", "command-r", "cohere2", "phi2", "nemotron"):  # LayerNorms: their own eps key
         w.add_layer_norm_eps(d.get("norm_epsilon") or d.get("norm_eps") or d["layer_norm_eps"])
     else:
-        w.add_layer_norm_rms_eps(d.get("rms_norm_eps") or d["norm_eps"])
-    if arch not in ("gemma", "gemma2"):  # these converters write no rope base (llama.cpp's default: 10000)
+        w.add_layer_norm_rms_eps(d.get("rms_norm_eps") or d.get("norm_eps") or d["layer_norm_epsilon"])
+    if arch not in ("gemma", "gemma2", "mamba2"):  # these converters write no rope base (llama.cpp's default: 10000)
         w.add_rope_freq_base(full["rope_theta"])
-    if arch not in ("phi3", "granite", "granitemoe", "granitehybrid", "deepseek2"):  # the Granite converter drops head_dim
+    if arch not in ("phi3", "granite", "granitemoe", "granitehybrid", "deepseek2", "mamba2"):  # Granite's drops head_dim
         w.add_key_length(d["head_dim"])
         w.add_value_length(d["head_dim"])
     if experts:
@@ -337,6 +344,9 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
                 state[f"blk.{i}.ffn_gate_shexp.weight"], state[f"blk.{i}.ffn_up_shexp.weight"] = gate, up
     if arch == "granitehybrid":
         _granite_hybrid_tensors(state, d, layers, experts)
+    if arch == "mamba2":
+        for i in range(layers):
+            _mamba2_tensors(state, f"backbone.layers.{i}.mixer.", d["n_groups"])
     if arch == "lfm2moe":  # the converter stacks each layer's experts under llama.cpp's names
         for i in range(layers):
             for w_name, leaf in (("w1", "ffn_gate_exps"), ("w3", "ffn_up_exps"), ("w2", "ffn_down_exps")):
@@ -387,7 +397,7 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
 def _granite_hybrid_tensors(state: dict[str, torch.Tensor], d: dict, layers: int, experts: int) -> None:
     """The GraniteHybridModel converter's tensors: experts and the shared MLP as Granite MoE's (or the dense MLP as
     ffn_gate, ffn_up, ffn_down); the Mamba layers' A as -exp(A_log) and A, D as [heads, 1], the gated norm's weight
-    [groups, inner / groups], the convolution [channels, taps], dt's bias as dt_proj's."""
+    [groups, inner / groups], the convolution [channels, taps], dt's bias as dt_proj's (``_mamba2_tensors``)."""
     for i in range(layers):
         p = f"model.layers.{i}."
         if experts:
@@ -400,14 +410,18 @@ def _granite_hybrid_tensors(state: dict[str, torch.Tensor], d: dict, layers: int
             gate, up = state.pop(f"{p}shared_mlp.input_linear.weight").chunk(2, dim=0)
             state[f"blk.{i}.ffn_gate.weight"], state[f"blk.{i}.ffn_up.weight"] = gate, up
             state[f"blk.{i}.ffn_down.weight"] = state.pop(f"{p}shared_mlp.output_linear.weight")
-        m = f"{p}mamba."
-        if f"{m}A_log" not in state:
-            continue
-        state[f"{m}A_log"] = -torch.exp(state[f"{m}A_log"])[:, None]
-        state[f"{m}D"] = state[f"{m}D"][:, None]
-        state[f"{m}norm.weight"] = state[f"{m}norm.weight"].reshape(d["mamba_n_groups"], -1)
-        state[f"{m}conv1d.weight"] = state[f"{m}conv1d.weight"].squeeze(1)
-        state[f"{m}dt_proj.bias"] = state.pop(f"{m}dt_bias")
+        _mamba2_tensors(state, f"{p}mamba.", d["mamba_n_groups"])
+
+
+def _mamba2_tensors(state: dict[str, torch.Tensor], m: str, groups: int) -> None:
+    """The Mamba2Model converter's changes to a Mamba-2 layer's tensors (under ``m``), where the layer is one."""
+    if f"{m}A_log" not in state:
+        return
+    state[f"{m}A_log"] = -torch.exp(state[f"{m}A_log"])[:, None]
+    state[f"{m}D"] = state[f"{m}D"][:, None]
+    state[f"{m}norm.weight"] = state[f"{m}norm.weight"].reshape(groups, -1)
+    state[f"{m}conv1d.weight"] = state[f"{m}conv1d.weight"].squeeze(1)
+    state[f"{m}dt_proj.bias"] = state.pop(f"{m}dt_bias")
 
 
 def _deepseek2_metadata(w: gguf.GGUFWriter, d: dict, rope: dict, whole_kv_b: bool) -> None:

@@ -35,8 +35,9 @@ def json_float(v) -> float:
 
 
 def without_attention(d: dict) -> dict:
-    """A config with no attention layer, given one nominal head (the common parse wants a count; nothing attends)."""
-    return {**d, "num_attention_heads": d.get("num_attention_heads") or 1, "head_dim": None}
+    """A config with no attention layer, given one nominal head whatever it says (the common parse wants a count;
+    nothing attends)."""
+    return {**d, "num_attention_heads": 1, "num_key_value_heads": 1, "head_dim": None}
 
 
 def mamba2_model_config(d: dict) -> dict:
@@ -47,7 +48,17 @@ def mamba2_model_config(d: dict) -> dict:
 
 BACKBONE = {"backbone.embeddings.": "model.embed_tokens.", "backbone.norm_f.": "model.norm.", "backbone.": "model.",
             "lm_head.": "lm_head."}
+def mamba2_gguf(get) -> dict:
+    """llama.cpp's "mamba2" files: the Mamba-2 settings under "ssm." (its time step rank the head count)."""
+    inner, heads = int(get("ssm.inner_size")), int(get("ssm.time_step_rank"))
+    return {"num_heads": heads, "mamba_d_head": inner // heads, "mamba_d_ssm": inner,
+            "state_size": int(get("ssm.state_size")),
+            "n_groups": int(get("ssm.group_count", 1)), "conv_kernel": int(get("ssm.conv_kernel", 4)),
+            "layer_norm_epsilon": float(get("attention.layer_norm_rms_epsilon", 1e-5))}
+
+
 register(Architecture("Mamba2ForCausalLM", mamba2_model_config, text_config=without_attention, prefixes=BACKBONE,
+                      gguf="mamba2", gguf_config=mamba2_gguf,
                       weights={"input_layernorm": "norm", "mamba_in_proj": "mixer.in_proj",
                                "mamba_out_proj": "mixer.out_proj", "mamba_conv": "mixer.conv1d",
                                "mamba_dt_bias": "mixer.dt_bias", "mamba_A_log": "mixer.A_log", "mamba_D": "mixer.D",
