@@ -1,12 +1,13 @@
-"""Mamba layers as token mixers. Mamba-2 (Granite 4.0 H, Bamba, Nemotron-H, Mamba-Codestral): in_proj to the gate z, the convolution's input (x, B, C)
-and the step sizes dt; a depthwise causal convolution of ``mamba_conv_kernel`` taps over (x, B, C) with SiLU; the
-selective state space recurrence per head, h = exp(dt * A) * h + dt * x B^T, y = h C + D * x; an RMSNorm per group of
-y * silu(z); out_proj.
+"""Mamba layers as token mixers. Mamba-2 (Granite 4.0 H, Bamba, Nemotron-H, Mamba-Codestral, Falcon-H1): in_proj to
+the gate z, the convolution's input (x, B, C) and the step sizes dt; a depthwise causal convolution of
+``mamba_conv_kernel`` taps over (x, B, C) with SiLU; the selective state space recurrence per head, h = exp(dt * A) * h
++ dt * x B^T, y = h C + D * x; an RMSNorm per group of y * silu(z); out_proj.
 
 The states per sequence (the convolution's last inputs, h [heads, head_dim, state]) are ``kvserve.model.recurrent``'s.
 A prompt chunk runs the recurrence block by block (the state space duality's quadratic form within a block of
-``BLOCK`` tokens, the state carried across blocks); decode rows run one step each, every sequence's at once. Mamba-1
-(Mamba, Falcon Mamba: ``Mamba1``) keeps a state per channel instead of per head.
+``BLOCK`` tokens, the state carried across blocks); decode rows run one step each, every sequence's at once
+(``kernels.ops.ssd_step_``). Mamba-1 (Mamba, Falcon Mamba, Jamba: ``Mamba1``) keeps a state per channel instead of per
+head.
 """
 
 from __future__ import annotations
@@ -107,9 +108,6 @@ def ssd_block(xdt: torch.Tensor, decay: torch.Tensor, b: torch.Tensor, c: torch.
     [S, L, H, N], h [S, H, P, N] the state before the block. y_t = C_t . (sum over j <= t of exp(cum_t - cum_j) xdt_j
     B_j^T + exp(cum_t) h): a masked [L, L] product per head, and the state after the block."""
     cum = decay.cumsum(dim=1)  # [S, L, H]
-    if xdt.shape[1] == 1:  # one token: the recurrence's step itself
-        h = h * cum[:, 0, :, None, None].exp() + xdt[:, 0, :, :, None] * b[:, 0, :, None, :]
-        return torch.einsum("shpn,shn->shp", h, c[:, 0])[:, None], h
     length = xdt.shape[1]
     causal = torch.ones(length, length, dtype=torch.bool, device=xdt.device).tril()
     gaps = (cum[:, :, None, :] - cum[:, None, :, :]).masked_fill(~causal[None, :, :, None], float("-inf")).exp()
@@ -121,13 +119,11 @@ def ssd_block(xdt: torch.Tensor, decay: torch.Tensor, b: torch.Tensor, c: torch.
     return y, h
 
 
-
 class Mamba1(RecurrentMixer):
     """A Mamba-1 layer (Mamba, Falcon Mamba, Jamba): in_proj to x and the gate z; the depthwise causal convolution over x
     with SiLU; x_proj to dt's low-rank part, B and C (each RMS-normed: Falcon Mamba without a weight, Jamba with), dt =
-    softplus(dt_proj
-    (...)); per channel a state of ``mamba_state_size``: h = exp(dt A) h + dt x B, y = h C + D x; y * silu(z); out_proj.
-    Every token in turn (the decay differs per channel and state: no block form here)."""
+    softplus(dt_proj(...)); per channel a state of ``mamba_state_size``: h = exp(dt A) h + dt x B, y = h C + D x;
+    y * silu(z); out_proj. Every token in turn (the decay differs per channel and state: no block form here)."""
 
     def __init__(self, cfg: ModelConfig, layer: int):  # (``layer``: the mixers' one signature)
         self.inner, self.state_size, self.rank = cfg.mamba_inner, cfg.mamba_state_size, cfg.mamba_dt_rank

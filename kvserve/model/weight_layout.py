@@ -181,22 +181,23 @@ def stack_shared_gate_up(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str,
     fused = arch.weight_name("shared_gate_up_proj")
     if fused is None or not cfg.shared_expert_intermediate_size:
         return weights
-    import torch
-
-    from kvserve.model.quant import QuantWeight
-
     out = dict(weights)
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}.{arch.weight_name('shared_expert')}"
         gate, up = (f"{p}{arch.weight_name(role)}.weight" for role in ("shared_gate_proj", "shared_up_proj"))
-        if gate not in out or up not in out:
-            continue
-        parts = [out.pop(gate), out.pop(up)]
-        if all(isinstance(w, QuantWeight) for w in parts):
-            out[f"{p}{fused}.weight"] = QuantWeight.cat(parts)
-        else:
-            out[f"{p}{fused}.weight"] = torch.cat([w.dequantize() if isinstance(w, QuantWeight) else w for w in parts])
+        if gate in out and up in out:
+            out[f"{p}{fused}.weight"] = cat_rows([out.pop(gate), out.pop(up)])
     return out
+
+
+def cat_rows(parts: list[Any]) -> Any:
+    """Weights' rows one after another: one QuantWeight where every part is quantized (a GGUF file's, kept), else
+    dense."""
+    from kvserve.model.quant import QuantWeight
+
+    if all(isinstance(w, QuantWeight) for w in parts):
+        return QuantWeight.cat(parts)
+    return stack_rows([w.dequantize() if isinstance(w, QuantWeight) else w for w in parts])
 
 
 def stack_dense_gate_up(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
@@ -211,8 +212,7 @@ def stack_dense_gate_up(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, 
     for i in range(cfg.num_hidden_layers):
         gate, both = f"model.layers.{i}.{arch.weight_name('gate_proj')}.weight", f"model.layers.{i}.{fused}.weight"
         if gate in out and both in out:
-            parts = [out.pop(gate), out[both]]
-            out[both] = stack_rows([p.dequantize() if hasattr(p, "dequantize") else p for p in parts])
+            out[both] = cat_rows([out.pop(gate), out[both]])
     return out
 
 
