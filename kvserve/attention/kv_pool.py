@@ -64,7 +64,9 @@ class KVPool:
     @classmethod
     def layout_for(cls, cfg: ModelConfig, model_dtype: torch.dtype, block_size: int) -> KVLayout:
         dtype = str(cls.storage_dtype(model_dtype)).removeprefix("torch.")
-        return KVLayout(cfg.kv_cache_layers, cfg.num_key_value_heads, cfg.head_dim, block_size, dtype)
+        shapes = cfg.kv_layer_shapes()
+        return KVLayout(cfg.kv_cache_layers, cfg.num_key_value_heads, cfg.head_dim, block_size, dtype,
+                        None if shapes is None else tuple(shapes))
 
     @property
     def block_bytes(self) -> int:
@@ -84,9 +86,9 @@ class KVPool:
             self.layers = self._allocate()
 
     def _allocate(self) -> list[LayerKV]:
-        shape = ((self.num_blocks + 1) * self.block_size, self.layout.num_kv_heads, self.layout.head_dim)
         layers = []
-        for _ in range(self.layout.num_layers):
+        for i in range(self.layout.num_layers):
+            shape = ((self.num_blocks + 1) * self.block_size, *self.layout.shape(i))
             k, v = (torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(2))
             layers.append(LayerKV(k, v))
         return layers
@@ -112,23 +114,25 @@ class KVPool:
         """K and V at ``slots`` (any shape of slot indices), as ``dtype``; only those slots are read."""
         return layer[0][slots].to(dtype), layer[1][slots].to(dtype)
 
-    # -- offload tiers: a block as bytes, [2 * layers, block_size, kv_heads, head_dim] (K0, V0, K1, ...)
+    # -- offload tiers: a block as bytes, K0 V0 K1 V1 ..., each [block_size, kv_heads, head_dim]
     def _slots(self, block: int) -> slice:
         return slice(block * self.block_size, (block + 1) * self.block_size)
 
     def read_block(self, block: int) -> bytes:
         s = self._slots(block)
-        data = torch.stack([c[s] for kv in self.layers for c in kv]).cpu()
+        data = torch.cat([c[s].reshape(-1) for kv in self.layers for c in kv]).cpu()
         return data.view(torch.uint8).numpy().tobytes()
 
     def write_block(self, block: int, payload: bytes) -> None:
         assert len(payload) == self.layout.block_bytes
         s = self._slots(block)
         data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(self.dtype)
-        data = data.view(2 * len(self.layers), self.block_size, self.layout.num_kv_heads, self.layout.head_dim)
-        for i, (k, v) in enumerate(self.layers):
-            k[s].copy_(data[2 * i])
-            v[s].copy_(data[2 * i + 1])
+        start = 0
+        for k, v in self.layers:
+            for c in (k, v):
+                n = c[s].numel()
+                c[s].copy_(data[start : start + n].view_as(c[s]))
+                start += n
 
     def fingerprint(self, cfg: ModelConfig, weights_sample: bytes, model_dtype: torch.dtype,
                     quantization: str = "") -> bytes:
@@ -137,7 +141,7 @@ class KVPool:
         (a build may release the tensors); ``quantization`` names the quantized layers' formats (empty: all dense)."""
         h = hashlib.blake2b(digest_size=16)
         h.update(json.dumps(asdict(cfg), sort_keys=True, default=str).encode())
-        tag = f"{model_dtype}|{self.block_size}|{self.layout.num_kv_heads}x{self.layout.head_dim}"
+        tag = f"{model_dtype}|{self.block_size}|{self.layout.num_kv_heads}x{self.layout.head_dim}|{self.layout.layer_shapes}"
         if self.dtype != model_dtype:  # "auto" keeps the tag KV stored before pools existed was keyed by
             tag += f"|kv {self.dtype}{self.scales_tag}"
         if quantization:

@@ -136,8 +136,9 @@ class PagedBackend(AttentionBackend):
                                        f"use --attention-backend gather-sdpa (or auto)", param="attention_backend")
         self.scale = pool.layout.head_dim ** -0.5
         layout = pool.layout
-        self._flash_runs = (pool.dtype == torch.bfloat16 and not pool.quantized and layout.head_dim % 32 == 0
-                            and layout.head_dim <= 256 and ops.flash_prefill_available())
+        dims = {layout.shape(i)[1] for i in range(layout.num_layers)} or {layout.head_dim}
+        self._flash_runs = (pool.dtype == torch.bfloat16 and not pool.quantized and not any(d % 32 for d in dims)
+                            and max(dims) <= 256 and ops.flash_prefill_available())
 
     def flash_prefill(self) -> bool:
         """Whether prompt chunks go to ``flash_prefill`` (bf16 prefill over a bf16 cache, head_dim a

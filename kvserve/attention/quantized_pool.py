@@ -42,6 +42,9 @@ class QuantizedKVPool(KVPool):
     per_channel: bool  # a scale per head channel, else per head
 
     def __init__(self, layout, num_blocks: int, device: torch.device):
+        if layout.layer_shapes is not None:
+            raise ValueError("an 8-bit KV cache keeps one shape of scales for every layer; this model's layers cache "
+                             "K/V of different shapes: use --kv-cache-dtype auto")
         L, H, d = layout.num_layers, layout.num_kv_heads, layout.head_dim
         self.granularity = d if self.per_channel else 1  # scales per head: 1, or one per channel
         # the kernel reads [kv_heads, d] per layer; per-head scales are repeated over d

@@ -110,7 +110,9 @@ def _gguf_formats(model_path: str) -> dict[str, str | None]:
 
 
 def kv_layout(cfg: ModelConfig, dtype: str, block_size: int = 16) -> KVLayout:
-    return KVLayout(cfg.kv_cache_layers, cfg.num_key_value_heads, cfg.head_dim or 0, block_size, dtype)
+    shapes = cfg.kv_layer_shapes()
+    return KVLayout(cfg.kv_cache_layers, cfg.num_key_value_heads, cfg.head_dim or 0, block_size, dtype,
+                    None if shapes is None else tuple(shapes))
 
 
 def gemm_rate(shapes: list[LinearShape], m: int, seconds_per_call: dict[str, float]) -> float:

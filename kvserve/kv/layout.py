@@ -37,8 +37,12 @@ class KVLayout:
     head_dim: int
     block_size: int  # tokens per block
     dtype: str  # what K and V are stored as, a key of ELEMENT_BYTES
+    # (K/V heads, head dim) of each layer where layers differ (Gemma 4's global layers); None: num_kv_heads, head_dim
+    layer_shapes: tuple[tuple[int, int], ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.layer_shapes is not None and len(self.layer_shapes) != self.num_layers:
+            raise ValueError(f"{len(self.layer_shapes)} layer shapes for {self.num_layers} layers")
         if self.dtype not in ELEMENT_BYTES:
             raise ValueError(f"unknown KV storage dtype {self.dtype!r}: one of {', '.join(ELEMENT_BYTES)}")
 
@@ -46,9 +50,15 @@ class KVLayout:
     def element_bytes(self) -> int:
         return ELEMENT_BYTES[self.dtype]
 
+    def shape(self, layer: int) -> tuple[int, int]:
+        """(K/V heads, head dim) of ``layer``."""
+        return (self.num_kv_heads, self.head_dim) if self.layer_shapes is None else self.layer_shapes[layer]
+
     @property
     def bytes_per_token(self) -> int:
         """K and V of one token in every layer."""
+        if self.layer_shapes is not None:
+            return 2 * sum(h * d for h, d in self.layer_shapes) * self.element_bytes
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.element_bytes
 
     @property

@@ -46,12 +46,17 @@ def build_model(cls: type["CausalLM"], cfg: ModelConfig, weights: dict[str, Any]
     weights = {k: v.dequantize() if isinstance(v, QuantWeight) else v for k, v in weights.items()
                if not (isinstance(v, QuantWeight) and k in only_quantized)}
     narrow = _narrow_embedding(cfg, weights, quantized, dtype)
+    # the per-layer inputs' table (Gemma 4: layers x 256 values a token) only ever looked up: kept as stored too
+    per_layer = weights.get(PER_LAYER_TABLE) if cfg.per_layer_input_size else None
+    narrow_per_layer = _narrow_table(per_layer, dtype)
     with torch.device("meta"):
         model = cls(cfg)
         for path in quantized:  # no dense storage for these: they are built below
             _set_module(model, path, nn.Identity())
         if narrow is not None:
             _set_module(model, "embed_tokens", nn.Identity())
+        if narrow_per_layer is not None:
+            _set_module(model, "per_layer_embed", nn.Identity())
     # allocated in the final dtype: copying in casts, and no float32 model is held on the way
     model = model.to(dtype).to_empty(device=device)
     load_weights(model, cfg, weights, sources, release if handed is not None else None)
@@ -63,6 +68,10 @@ def build_model(cls: type["CausalLM"], cfg: ModelConfig, weights: dict[str, Any]
         _set_module(model, "embed_tokens", NarrowEmbedding(narrow, dtype))
         if handed is not None:  # no parameter read it, so load_weights did not release it
             release("model.embed_tokens.weight")
+    if narrow_per_layer is not None:
+        _set_module(model, "per_layer_embed", NarrowEmbedding(narrow_per_layer, dtype))
+        if handed is not None:
+            release(PER_LAYER_TABLE)
     while quantized:  # each QuantWeight dropped once its layer holds the packed form
         path, qw = quantized.popitem()
         if path == "embed_tokens":
@@ -148,11 +157,19 @@ def _narrow_embedding(cfg: ModelConfig, weights: dict[str, Any], quantized: dict
     the model's and only lookups read it (the LM head is its own layer: quantized, or untied). A float32
     model of a bf16 checkpoint (the integer kernels' dtype) would otherwise hold a table of 2 GiB at 8B
     for one row a token."""
-    embed = weights.get("model.embed_tokens.weight")
-    if ("embed_tokens" in quantized or _head_reads_embedding(cfg, quantized) or not isinstance(embed, torch.Tensor)
-            or not embed.is_floating_point() or embed.element_size() >= dtype.itemsize):
+    if "embed_tokens" in quantized or _head_reads_embedding(cfg, quantized):
         return None
-    return embed.detach().clone()  # its own memory: the checkpoint's (an mmap) is released
+    return _narrow_table(weights.get("model.embed_tokens.weight"), dtype)
+
+
+PER_LAYER_TABLE = "model.embed_tokens_per_layer.weight"
+
+
+def _narrow_table(table: Any, dtype: torch.dtype) -> torch.Tensor | None:
+    """A copy of a lookup table stored in a float dtype narrower than ``dtype`` (else None: built as the model's)."""
+    if not isinstance(table, torch.Tensor) or not table.is_floating_point() or table.element_size() >= dtype.itemsize:
+        return None
+    return table.detach().clone()  # its own memory: the checkpoint's (an mmap) is released
 
 
 def _set_module(model: nn.Module, path: str, module: nn.Module) -> None:

@@ -23,13 +23,19 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.num_heads = cfg.num_attention_heads
-        self.num_kv_heads = cfg.num_key_value_heads
-        self.head_dim = d = int(cfg.head_dim or 0)
+        self.num_kv_heads = cfg.attn_kv_heads(layer)
+        self.head_dim = d = cfg.attn_head_dim(layer)
         self.hidden_size = cfg.hidden_size
         q_size, kv_size = self.num_heads * d, self.num_kv_heads * d
         # gated attention: a gate for each of q's values, after q's (weight_layout.standard_layout puts them there)
         self.output_gate = cfg.attn_output_gate
-        self.split = (q_size, *((q_size,) if self.output_gate else ()), kv_size, kv_size)
+        # K/V from an earlier layer (q alone projected here), or values that are the keys' projection
+        self.shares_kv, self.k_is_v = cfg.shares_kv(layer), bool(cfg.k_eq_v_layers and cfg.k_eq_v_layers[layer])
+        self.v_norm = cfg.v_norm
+        self.stores_kv = cfg.kv_shared_from is not None and not self.shares_kv and layer in cfg.kv_shared_from[layer + 1:]
+        self.layer, self.source = layer, (cfg.kv_shared_from[layer] if self.shares_kv else layer)
+        kv_parts = () if self.shares_kv else (kv_size,) if self.k_is_v else (kv_size, kv_size)
+        self.split = (q_size, *((q_size,) if self.output_gate else ()), *kv_parts)
         self.qkv = nn.Linear(cfg.hidden_size, sum(self.split), bias=cfg.attention_bias)
         self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
         self.qk_norm = cfg.qk_norm if cfg.has_qk_norm(layer) else None
@@ -46,6 +52,8 @@ class Attention(nn.Module):
             full = cfg.qk_norm == "full"
             self.q_norm = RMSNorm(q_size if full else d, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(kv_size if full else d, cfg.rms_norm_eps)
+        if self.shares_kv and hasattr(self, "k_norm"):  # its keys come normed from the layer that made them
+            del self.k_norm
         self.clip = cfg.clip_qkv
         self.position_scale = cfg.query_position_scale
         # the sinks are a parameter (loaded after the spec is built): the step's spec takes them (forward)
@@ -57,7 +65,8 @@ class Attention(nn.Module):
         self.alibi = alibi_slopes(self.num_heads, cfg.alibi_bias_max, cfg.alibi_mpt) if cfg.alibi else None
         # what the bf16 path below handles
         self.plain = (cfg.qk_norm is None and not self.spec.masked and self.sinks is None and self.clip is None
-                      and self.position_scale is None and not self.output_gate and self.alibi is None)
+                      and self.position_scale is None and not self.output_gate and self.alibi is None
+                      and len(self.split) == 3 and not self.v_norm)
 
     def _head_norms(self, q: torch.Tensor, k: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
         """q and k [t, heads, head_dim] normed per head (a head's reshape of the GEMM's output is a strided view:
@@ -90,6 +99,8 @@ class Attention(nn.Module):
         ``rope`` None: a layer whose q and k do not rotate (SmolLM3's NoPE layers)."""
         t = x.shape[0] if tokens is None else tokens
         qkv = (self.qkv(x, out_dtype=torch.bfloat16) if bf16 else self.qkv(x))[:t]
+        if self.shares_kv or self.k_is_v:
+            return self._gemma4_forward(qkv, rope, attn, meta, kv_cache, rows, t)
         if self.output_gate:
             q, gate, k, v = qkv.split(self.split, dim=-1)
         else:
@@ -111,6 +122,10 @@ class Attention(nn.Module):
             scale = 1 + beta * torch.log1p(torch.div(positions + self.scale_offset, length, rounding_mode="floor").float())
             q = q * scale.to(q.dtype)[:, None, None]
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
+        if self.v_norm:
+            v = rms_unweighted(v, self.eps)
+        if self.stores_kv:
+            shared_kv(meta)[self.layer] = (k, v)
         spec = self.spec if self.sinks is None else dataclasses.replace(self.spec, sinks=self.sinks)
         if self.alibi is not None and spec.alibi is None:
             self.spec = spec = dataclasses.replace(spec, alibi=torch.tensor(self.alibi, device=q.device))
@@ -121,6 +136,46 @@ class Attention(nn.Module):
         if self.output_gate:
             o = o * torch.sigmoid(gate if rows is None else gate[rows])
         return self.o_proj(o, out_dtype=torch.bfloat16) if bf16 else self.o_proj(o)
+
+
+    def _gemma4_forward(self, qkv: torch.Tensor, rope: RotaryStep | None, attn: AttentionBackend,
+                        meta: AttentionMetadata, kv_cache: tuple[torch.Tensor, torch.Tensor], rows: torch.Tensor | None,
+                        t: int) -> torch.Tensor:
+        """A layer that attends over an earlier layer's K/V of this step (``shares_kv``: it writes the same values to
+        the same slots again), or whose values are its keys' projection before their norm and rotary (``k_is_v``)."""
+        q = qkv[:, : self.num_heads * self.head_dim].reshape(t, self.num_heads, self.head_dim)
+        if self.shares_kv:
+            q = self.q_norm(q.reshape(-1, self.head_dim).contiguous()).view_as(q) if self.qk_norm else q
+            k, v = shared_kv(meta)[self.source]
+            if rope is not None:
+                q = rope.apply_q(q)
+        else:
+            k = qkv[:, self.num_heads * self.head_dim:].reshape(t, self.num_kv_heads, self.head_dim)
+            v = rms_unweighted(k, self.eps) if self.v_norm else k.clone()
+            if self.qk_norm == "head":
+                q, k = self._head_norms(q, k, t)
+            if rope is not None:
+                q, k = rope.apply(q, k)
+            if self.stores_kv:
+                shared_kv(meta)[self.layer] = (k, v)
+        o = attn.attend_layer(q, k, v, kv_cache, meta, self.spec, rows)
+        if not o.shape[0]:
+            return qkv.new_empty(0, self.hidden_size)
+        return self.o_proj(o.reshape(o.shape[0], -1))
+
+
+def rms_unweighted(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x RMS-normed over its last dim, without a weight (in float32, as the checkpoints' norms compute)."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def shared_kv(meta: AttentionMetadata) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """This step's K/V of the layers later layers attend over (``ModelConfig.kv_shared_from``), by layer."""
+    memo = getattr(meta, "shared_kv", None)
+    if memo is None:
+        memo = meta.shared_kv = {}  # type: ignore[attr-defined]
+    return memo
 
 
 def step_positions(meta: AttentionMetadata, device: torch.device) -> torch.Tensor:

@@ -12,7 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-FULL, SLIDING = "full_attention", "sliding_attention"  # HF's layer_types values
+from kvserve.model.layer_plan import FULL, SLIDING, LayerPlan  # noqa: F401 (FULL, SLIDING: the layer types' names)
+
 # the gated MLPs' activations with a fused native kernel (kernel's name), which the native decode stack runs
 NATIVE_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
 # a layer's norms in the sandwich layout: every one (the other layouts have some of them: ModelConfig.norm_roles)
@@ -20,7 +21,7 @@ NORM_ROLES = ("input_layernorm", "post_attention_layernorm", "attn_out_norm", "m
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(LayerPlan):
     """Architecture hyper-parameters, named as in a Hugging Face ``config.json`` where it has a name."""
 
     vocab_size: int
@@ -186,6 +187,24 @@ class ModelConfig:
     # --- layers of one sublayer (Nemotron-H's blocks, Mamba2's): per layer "mixer" (its token mixer alone), "mlp" (its
     # MLP or experts alone) or "both"; None: every layer has both. Pre-norm layout only ---
     layer_parts: list[str] | None = None
+    # --- Gemma 4's layers. Attention shapes per layer (its global layers: wider heads, fewer K/V heads), None: head_dim
+    # and num_key_value_heads everywhere; values RMS-normed per head without a weight; layers whose values are their
+    # keys' projection (no v_proj); layers that attend over an earlier layer's K/V (kv_shared_from: that layer, or
+    # itself), projecting only q ---
+    layer_head_dims: list[int] | None = None
+    layer_kv_heads: list[int] | None = None
+    v_norm: bool = False
+    k_eq_v_layers: list[bool] | None = None
+    kv_shared_from: list[int] | None = None
+    layer_intermediate_sizes: list[int] | None = None  # per layer, the dense MLP's width; None: intermediate_size
+    # per-layer inputs: a table of per_layer_input_size values per layer for each token (of per_layer_vocab_size ids),
+    # mixed with a projection of the embeddings; each layer ends with a gated residual branch that reads its own
+    per_layer_input_size: int = 0
+    per_layer_vocab_size: int = 0
+    layer_scalars: bool = False  # each layer's output multiplied by a learned scalar
+    # experts beside the dense MLP, each branch normed on its own; the router reads the residual stream RMS-normed
+    # (without a weight: the router's scales are folded into it at load)
+    moe_beside_mlp: bool = False
 
     def __post_init__(self) -> None:
         if self.head_dim is None:
@@ -193,7 +212,8 @@ class ModelConfig:
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
         for name in ("layer_types", "rope_layers", "moe_layers", "conv_layers", "mamba_layers", "delta_layers",
-                     "layer_parts", "qk_norm_layers"):
+                     "layer_parts", "qk_norm_layers", "layer_head_dims", "layer_kv_heads", "k_eq_v_layers",
+                     "kv_shared_from", "layer_intermediate_sizes"):
             per_layer = getattr(self, name)
             if per_layer is not None and len(per_layer) != self.num_hidden_layers:
                 raise ValueError(f"{name} has {len(per_layer)} entries for {self.num_hidden_layers} layers")
@@ -239,86 +259,6 @@ class ModelConfig:
             return None
         return self.expert_groups, self.expert_groups_used, self.group_scoring
 
-    def window(self, layer: int) -> int | None:
-        """The sliding window of ``layer``, or None where it attends the whole context."""
-        if self.sliding_window is None:
-            return None
-        if self.layer_types is None or self.layer_types[layer] == SLIDING:
-            return self.sliding_window
-        return None
-
-    def chunk(self, layer: int) -> int | None:
-        """The chunk ``layer`` attends within (Llama 4's chunked attention), or None."""
-        if self.attention_chunk is None or self.layer_types is None or self.layer_types[layer] != "chunked_attention":
-            return None
-        return self.attention_chunk
-
-    def has_qk_norm(self, layer: int) -> bool:
-        return self.qk_norm is not None and (self.qk_norm_layers is None or self.qk_norm_layers[layer])
-
-    def kv_window(self) -> int | None:
-        """The window when every layer has one (the KV manager may then free the blocks behind it);
-        None when any layer attends the whole context (Gemma's global layers keep every block)."""
-        if self.sliding_window is None:
-            return None
-        windows = {self.window(i) for i in range(self.num_hidden_layers)}
-        return self.sliding_window if windows == {self.sliding_window} else None
-
-    def is_conv(self, layer: int) -> bool:
-        """Whether ``layer``'s token mixer is a short convolution (``kvserve.model.short_conv``)."""
-        return self.conv_layers is not None and self.conv_layers[layer]
-
-    def is_mamba(self, layer: int) -> bool:
-        """Whether ``layer``'s token mixer is a Mamba-2 selective state space (``kvserve.model.mamba``)."""
-        return self.mamba_layers is not None and self.mamba_layers[layer]
-
-    def has_mixer(self, layer: int) -> bool:
-        """Whether ``layer`` has a token mixer (attention, a convolution, a recurrence); not an MLP-only block."""
-        return self.layer_parts is None or self.layer_parts[layer] != "mlp"
-
-    def has_mlp(self, layer: int) -> bool:
-        """Whether ``layer`` has an MLP or experts; not a mixer-only block."""
-        return self.layer_parts is None or self.layer_parts[layer] != "mixer"
-
-    def layer_norm_roles(self, layer: int) -> tuple[str, ...]:
-        """The norms ``layer`` has: ``norm_roles``, less the one before a sublayer it lacks."""
-        if self.layer_parts is None or self.layer_parts[layer] == "both":
-            return self.norm_roles
-        return ("input_layernorm",) if self.layer_parts[layer] == "mixer" else ("post_attention_layernorm",)
-
-    def is_delta(self, layer: int) -> bool:
-        """Whether ``layer``'s token mixer is a gated delta net (``kvserve.model.gated_delta``)."""
-        return self.delta_layers is not None and self.delta_layers[layer]
-
-    def is_recurrent(self, layer: int) -> bool:
-        """Whether ``layer`` keeps a state per sequence (the whole sequence summed up in a fixed size) instead of KV."""
-        return self.is_mamba(layer) or self.is_delta(layer)
-
-    @property
-    def has_recurrent_state(self) -> bool:
-        return any(self.is_recurrent(i) for i in range(self.num_hidden_layers))
-
-    def cache_layers(self, layer: int) -> int:
-        """How many of the KV pool's layers ``layer`` takes: 1 (its K and V), none for a recurrent layer (its state is
-        per sequence), or for a short convolution as many as hold its input (hidden_size values a token) in their
-        K's and V's widths."""
-        if not self.has_mixer(layer) or (self.is_recurrent(layer) and not self.parallel_attention):
-            return 0
-        if not self.is_conv(layer):
-            return 1
-        return -(-self.hidden_size // (2 * self.num_key_value_heads * int(self.head_dim or 0)))
-
-    @property
-    def kv_cache_layers(self) -> int:
-        """The KV pool's layers (``KVLayout.num_layers``): one an attention layer, a short convolution's own count."""
-        return sum(self.cache_layers(i) for i in range(self.num_hidden_layers))
-
-    def is_moe(self, layer: int) -> bool:
-        return bool(self.num_experts) and (self.moe_layers is None or self.moe_layers[layer]) and self.has_mlp(layer)
-
-    def rotates(self, layer: int) -> bool:
-        """Whether ``layer``'s q and k take rotary embeddings."""
-        return not self.learned_positions and (self.rope_layers is None or self.rope_layers[layer])
 
     @property
     def swiglu(self) -> tuple[float, float | None] | None:

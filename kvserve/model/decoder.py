@@ -13,138 +13,17 @@ import torch
 from torch import nn
 
 from kvserve.attention import AttentionBackend, AttentionMetadata
-from kvserve.model.attention import Attention
 from kvserve.model.config import ModelConfig
-from kvserve.model.gated_delta import GatedDeltaNet
-from kvserve.model.latent_attention import LatentAttention
-from kvserve.model.mamba import AttentionBesideMamba, Mamba1, Mamba2
-from kvserve.model.layers import PackedLinear, RMSNorm, make_norm, pack_linears, padded_rows, runs_amx
+from kvserve.model.decoder_layer import DecoderLayer
+from kvserve.model.layers import PackedLinear, RMSNorm, make_norm, pack_linears, padded_rows
 from kvserve.model.mlp import GatedMLP, MoE
 from kvserve.model.native_stack import build_native_stack, native_stack_blocker, run_native_stack
 from kvserve.model.quant import QuantWeight
 from kvserve.model.recurrent import RecurrentMixer
 from kvserve.model.quant_linear import AMX_MIN_ROWS, QuantEmbedding, QuantLinear
 from kvserve.model.rotary import Rotary, RotaryStep
-from kvserve.model.short_conv import ShortConv
 
 log = logging.getLogger(__name__)
-
-
-class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int):
-        super().__init__()
-        self.layout = cfg.norm_layout
-        # before attention and before the MLP ("pre"; "parallel": the first only), on their outputs ("post"), or both
-        for role in cfg.layer_norm_roles(layer):
-            setattr(self, role, make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias,
-                                          cfg.norm_affine))
-        # the layer's token mixer: attention, latent attention, a short convolution, a Mamba-2 layer or a gated delta net
-        self.self_attn: Attention | LatentAttention | ShortConv | Mamba1 | Mamba2 | AttentionBesideMamba | GatedDeltaNet | None
-        if not cfg.has_mixer(layer):  # an MLP-only block
-            self.self_attn = None
-        elif cfg.is_mamba(layer) and cfg.parallel_attention:
-            self.self_attn = AttentionBesideMamba(cfg, layer, Attention(cfg, layer))
-        elif cfg.is_mamba(layer):
-            self.self_attn = Mamba2(cfg, layer) if cfg.mamba_version == 2 else Mamba1(cfg, layer)
-        elif cfg.is_delta(layer):
-            self.self_attn = GatedDeltaNet(cfg, layer)
-        elif cfg.is_conv(layer):
-            self.self_attn = ShortConv(cfg, layer)
-        else:
-            self.self_attn = LatentAttention(cfg, layer) if cfg.kv_lora_rank else Attention(cfg, layer)
-        self.mlp: GatedMLP | MoE | None
-        if not cfg.has_mlp(layer):  # a mixer-only block
-            self.mlp = None
-        elif cfg.is_moe(layer):
-            self.mlp = MoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_tok,
-                           cfg.norm_topk_prob, cfg.hidden_act, cfg.shared_expert_intermediate_size, cfg.router_bias,
-                           cfg.expert_bias, cfg.swiglu, cfg.shared_expert_gated, cfg.selection_bias,
-                           cfg.router_scoring, cfg.routed_scale, cfg.expert_group_choice, cfg.router_jitter,
-                           cfg.gated_mlp, cfg.moe_scale_inputs)
-        else:
-            self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, cfg.mlp_bias, cfg.swiglu,
-                                cfg.gated_mlp)
-        self.residual_scale = cfg.residual_scale
-        # the bf16 hand-offs between the norms and the AMX GEMMs: Llama's layout and plain attention only
-        self.one_part = self.self_attn is None or self.mlp is None
-        self.fast = self.layout == "pre" and not self.one_part and self.self_attn.plain and cfg.residual_scale == 1
-        # and into the MLP, whose down projection then writes bf16: not where it adds a bias (added in float32
-        # instead, as the native decode stack adds it)
-        self.fast_mlp = self.fast and not cfg.mlp_bias
-
-    def forward(self, h, delta, rope, attn, meta, kv_cache,
-                rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Adds ``delta`` (the previous layer's MLP output, or None) to the residual stream ``h`` in
-        place, then this layer's attention output; returns the stream and this layer's MLP output, for
-        the next layer's norm (or the final one) to add in the same pass as its own.
-
-        ``rows`` (the last layer, when the caller reads only the rows it samples): every row's K/V is
-        written, but attention, the MLP and the returned stream are those rows' only.
-
-        On an AMX step the norms write bf16 (what the GEMMs read) and the GEMMs' bf16 outputs go
-        into the float32 residual as they are: no conversion passes between them."""
-        t = h.shape[0]
-        if self.one_part:
-            return self._one_part_forward(h, delta, rope, attn, meta, kv_cache, rows)
-        if self.layout.startswith("parallel"):
-            return self._parallel_forward(h, delta, rope, attn, meta, kv_cache, rows)
-        bf16_attn = self.fast and self.self_attn.runs_bf16(h, attn, meta, kv_cache)
-        if self.layout == "post":
-            x = h if delta is None else h.add_(delta)
-        else:  # the norms write the bf16 GEMMs' inputs already padded to the rows oneDNN gets (padded_rows)
-            x = self.input_layernorm.add_forward(h, delta, *((torch.bfloat16, padded_rows(t)) if bf16_attn else ()))
-        x = self.self_attn(x, rope, attn, meta, kv_cache, bf16_attn, rows, t)
-        if rows is not None:
-            h = h[rows]
-            if not rows.numel():
-                return h, None
-        x = self._out(x, "attn_out_norm")
-        if self.layout == "post":
-            x = h.add_(x)
-        else:
-            bf16_mlp = self.fast_mlp and isinstance(self.mlp, GatedMLP) and self.mlp.runs_amx(h)
-            x = self.post_attention_layernorm.add_forward(h, x, *((torch.bfloat16, padded_rows(h.shape[0])) if bf16_mlp
-                                                                  else ()))
-        return h, self._out(self.mlp(x)[: h.shape[0]], "mlp_out_norm")
-
-    def _one_part_forward(self, h, delta, rope, attn, meta, kv_cache,
-                          rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """A block of one sublayer, the mixer or the MLP, after its norm: its output is the delta the next norm adds."""
-        if self.self_attn is not None:
-            x = self.self_attn(self.input_layernorm.add_forward(h, delta), rope, attn, meta, kv_cache, False, rows,
-                               h.shape[0])
-        else:
-            assert self.mlp is not None
-            x = self.post_attention_layernorm.add_forward(h, delta)
-            x = x if rows is None else x[rows]
-            x = self.mlp(x) if x.shape[0] else x
-        if rows is not None:
-            h = h[rows]
-            if not rows.numel():
-                return h, None
-        return h, self._out(x, "")
-
-    def _parallel_forward(self, h, delta, rope, attn, meta, kv_cache,
-                          rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Attention and the MLP over the same input, normed once ("parallel") or by a norm each ("parallel_two"):
-        attention's output joins the stream here, the MLP's is the delta (the sum in the checkpoints' order: residual
-        + attention, then + MLP)."""
-        t = h.shape[0]
-        x = self.input_layernorm.add_forward(h, delta)
-        mlp_in = self.post_attention_layernorm(h) if self.layout == "parallel_two" else x
-        a = self.self_attn(x, rope, attn, meta, kv_cache, False, rows, t)
-        if rows is not None:
-            h, mlp_in = h[rows], mlp_in[rows]
-            if not rows.numel():
-                return h, None
-        h.add_(self._out(a, ""))
-        return h, self._out(self.mlp(mlp_in)[: h.shape[0]], "")
-
-    def _out(self, x: torch.Tensor, norm: str) -> torch.Tensor:
-        """A sublayer's output as the residual stream takes it: normed (sandwich and post layouts), scaled."""
-        if self.layout in ("post", "sandwich"):
-            x = getattr(self, norm)(x)
-        return x * self.residual_scale if self.residual_scale != 1 else x
 
 
 class CausalLM(nn.Module):
@@ -163,7 +42,10 @@ class CausalLM(nn.Module):
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size,
                                                                       bias=cfg.lm_head_bias)
         head_dim = int(cfg.head_dim or 0)
-        self.rotary = Rotary(cfg.rotary_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling, head_dim)
+        # the global layers' heads, where they differ from the sliding layers' (Gemma 4)
+        full_dim = next((cfg.attn_head_dim(i) for i in range(cfg.num_hidden_layers) if cfg.window(i) is None), head_dim)
+        self.rotary = Rotary(cfg.rotary_dim * full_dim // max(head_dim, 1), cfg.max_position_embeddings, cfg.rope_theta,
+                             cfg.rope_scaling, full_dim)
         # Gemma 3's sliding layers rotate with their own base, unscaled
         self.local_rotary = None if cfg.rope_local_theta is None else Rotary(
             cfg.rotary_dim, cfg.max_position_embeddings, cfg.rope_local_theta, None, head_dim)
@@ -175,8 +57,16 @@ class CausalLM(nn.Module):
         first = 0
         for i in range(len(self.layers)):
             n = cfg.cache_layers(i)
+            if cfg.shares_kv(i):  # it reads the K/V the earlier layer writes
+                self.cache_of.append(self.cache_of[cfg.kv_shared_from[i]])  # type: ignore[index]
+                continue
             self.cache_of.append(first if n == 1 and not cfg.is_conv(i) else slice(first, first + n))
             first += n
+        if cfg.per_layer_input_size:  # per-layer inputs: a table a token, and a projection of the embeddings
+            width = cfg.num_hidden_layers * cfg.per_layer_input_size
+            self.per_layer_embed = nn.Embedding(cfg.per_layer_vocab_size, width)
+            self.per_layer_model_proj = nn.Linear(cfg.hidden_size, width, bias=False)
+            self.per_layer_proj_norm = RMSNorm(cfg.per_layer_input_size, cfg.rms_norm_eps)
         self.native = False
         self.native_stack: Any | None = None  # every layer in one native call (kvserve.model.native_stack)
         self.lora: Any | None = None  # a kvserve.lora.layers.LoRAContext once adapters are enabled
@@ -256,11 +146,23 @@ class CausalLM(nn.Module):
             local = self.local_rotary.for_step(positions, h.dtype, self.native)
         delta = None
         last = len(self.layers) - 1
+        per_layer = self.per_layer_inputs(input_ids, h) if self.config.per_layer_input_size else None
         for i, layer in enumerate(self.layers):
             kv = kv_caches[self.cache_of[i]]
             step = local if self.uses_local[i] and local is not None else rope if self.rotates[i] else None
-            h, delta = layer(h, delta, step, attn, meta, kv, keep_rows if i == last else None)
+            h, delta = layer(h, delta, step, attn, meta, kv, keep_rows if i == last else None,
+                             None if per_layer is None else per_layer[:, i])
         return self.norm.add_forward(h, delta)
+
+    def per_layer_inputs(self, input_ids: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """[T, layers, per_layer_input_size]: each token's own rows of the per-layer table (scaled by the square root
+        of their width) and the normed projection of its embedding, averaged in the RMS sense (sum / sqrt(2))."""
+        cfg = self.config
+        layers, width = cfg.num_hidden_layers, cfg.per_layer_input_size
+        own = self.per_layer_embed(input_ids).to(h.dtype) * torch.tensor(width ** 0.5, dtype=h.dtype)
+        proj = self.per_layer_model_proj(h) * (cfg.hidden_size ** -0.5)
+        proj = self.per_layer_proj_norm(proj.reshape(-1, width)).view(-1, layers, width)
+        return (proj + own.view(-1, layers, width)) * (2.0 ** -0.5)
 
     @property
     def transforms_logits(self) -> bool:

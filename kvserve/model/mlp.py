@@ -159,11 +159,12 @@ class MoE(nn.Module):
         return getattr(self.experts[0].gate_up, "amx", None) is not None and \
             rows * self.top_k >= AMX_MIN_ROWS * len(self.experts)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.native_block is not None and x.dtype == torch.float32 and x.dim() == 2 and \
+    def forward(self, x: torch.Tensor, route: torch.Tensor | None = None) -> torch.Tensor:
+        """``route``: what the router reads where it is not ``x`` (Gemma 4's experts: the stream normed otherwise)."""
+        if route is None and self.native_block is not None and x.dtype == torch.float32 and x.dim() == 2 and \
                 not self.loop_takes(x.shape[0]):
             return self._native_forward(x)
-        return self.loop_forward(x)
+        return self.loop_forward(x, route)
 
     def _native_forward(self, x: torch.Tensor) -> torch.Tensor:
         shared = self.shared
@@ -188,9 +189,9 @@ class MoE(nn.Module):
         keep = torch.zeros_like(score, dtype=torch.bool).scatter_(1, score.topk(used, dim=-1).indices, True)
         return per_group.masked_fill(~keep[..., None], float("-inf")).view_as(choice)
 
-    def loop_forward(self, x: torch.Tensor) -> torch.Tensor:
+    def loop_forward(self, x: torch.Tensor, route: torch.Tensor | None = None) -> torch.Tensor:
         """The Python loop: route, then each expert over its rows, added back in ascending expert id."""
-        logits = self.router(x).float()
+        logits = self.router(x if route is None else route).float()
         if self.scoring == "sparsemixer":
             weights, chosen = sparsemixer(logits, self.jitter)
         else:

@@ -66,7 +66,12 @@ def native_stack_blocker(cfg: ModelConfig) -> str | None:
               (cfg.delta_layers is not None and any(cfg.delta_layers), "gated delta nets"),
               (cfg.attn_output_gate, "gated attention"),
               (cfg.router_scoring == "sparsemixer", "the sparsemixer router"),
-              (dense_swiglu, "a clamped SwiGLU")]
+              (dense_swiglu, "a clamped SwiGLU"),
+              (cfg.layer_head_dims is not None or cfg.layer_kv_heads is not None, "attention shapes per layer"),
+              (cfg.v_norm or bool(cfg.k_eq_v_layers) or cfg.kv_shared_from is not None,
+               "normed values, values from keys or K/V shared between layers"),
+              (cfg.moe_beside_mlp or bool(cfg.per_layer_input_size) or cfg.layer_scalars,
+               "experts beside the MLP, per-layer inputs or layer scalars")]
     return ", ".join(why for bad, why in checks if bad) or None
 
 def build_native_stack(model: "CausalLM") -> Any | None:

@@ -18,7 +18,7 @@ from kvserve.kernels import ops
 from kvserve.kernels.ops import apply_rotary  # the torch rotation (the native rotary_'s fallback too)
 from kvserve.model.config import yarn_mscale
 
-ROPE_TYPES = ("linear", "llama3", "yarn", "longrope", "su", "dynamic")
+ROPE_TYPES = ("linear", "llama3", "yarn", "longrope", "su", "dynamic", "proportional")
 
 
 def rope_inv_freq(dim: int, theta: float, scaling: dict[str, Any] | None,
@@ -34,6 +34,10 @@ def rope_inv_freq(dim: int, theta: float, scaling: dict[str, Any] | None,
     factor = float(scaling.get("factor") or 1.0)
     original = int(scaling.get("original_max_position_embeddings") or max_positions or 8192)
     if kind == "linear":
+        return inv_freq / factor, 1.0, None, 0
+    if kind == "proportional":  # (Gemma 4's global layers) only the first share of the pairs turn, at their usual rate
+        turning = int(float(scaling.get("partial_rotary_factor", 1.0)) * dim // 2)
+        inv_freq[turning:] = 0.0
         return inv_freq / factor, 1.0, None, 0
     if kind == "llama3":
         return _llama3(inv_freq, factor, scaling), 1.0, None, 0
@@ -157,3 +161,13 @@ class RotaryStep:
             return (torch.cat([apply_rotary(q[..., :d], self.cos, self.sin), q[..., d:]], -1),
                     torch.cat([apply_rotary(k[..., :d], self.cos, self.sin), k[..., d:]], -1))
         return apply_rotary(q, self.cos, self.sin), apply_rotary(k, self.cos, self.sin)
+
+    def apply_q(self, q: torch.Tensor) -> torch.Tensor:
+        """q alone (a layer that attends over keys another layer rotated)."""
+        cos, sin = self.cos, self.sin
+        if self.native:  # the whole tables: gathered at the step's positions
+            at = self.positions[: q.shape[0]]
+            cos, sin = cos[at].unsqueeze(1).to(q.dtype), sin[at].unsqueeze(1).to(q.dtype)
+        if self.dim is not None:
+            return torch.cat([apply_rotary(q[..., : self.dim], cos, sin), q[..., self.dim:]], -1)
+        return apply_rotary(q, cos, sin)

@@ -66,29 +66,21 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
             attention(out, arch, cfg, dst + "self_attn.", p, linear, i)
         if not cfg.has_mlp(i):
             continue
-        if not cfg.is_moe(i):
-            mlp(out, arch, dst + "mlp.", p, "", cfg.intermediate_size, h, cfg.mlp_bias, cfg.gated_mlp)
+        if not cfg.is_moe(i) or cfg.moe_beside_mlp:
+            mlp(out, arch, dst + "mlp.", p, "", cfg.mlp_size(i), h, cfg.mlp_bias, cfg.gated_mlp)
             if cfg.hidden_act == "xielu":  # the activation's own parameters
                 for name, shape in (("alpha_p", (1,)), ("alpha_n", (1,)), ("beta", ()), ("eps", ())):
                     out[f"{dst}mlp.act.{name}"] = [(f"{p}{arch.weight_name('act_fn')}.{name}", shape)]
-            continue
-        out[f"{dst}mlp.router.weight"] = [(f"{p}{arch.weight_name('router')}.weight", (cfg.num_experts, h))]
-        if cfg.router_bias:
-            out[f"{dst}mlp.router.bias"] = [(f"{p}{arch.weight_name('router')}.bias", (cfg.num_experts,))]
-        if cfg.selection_bias:
-            out[f"{dst}mlp.selection_bias"] = [(f"{p}{arch.weight_name('selection_bias')}", (1, cfg.num_experts))]
-        for e in range(cfg.num_experts):
-            if arch.stacked_experts is not None:  # the names unstack_experts gives each expert's cut
-                mlp(out, arch, f"{dst}mlp.experts.{e}.", f"{p}{UNSTACKED.format(e=e)}", "unstacked_",
-                    cfg.moe_intermediate_size, h, cfg.expert_bias, cfg.gated_mlp)
-                continue
-            mlp(out, arch, f"{dst}mlp.experts.{e}.", p + str(arch.weight_name("expert")).format(e=e), "expert_",
-                cfg.moe_intermediate_size, h, cfg.expert_bias, cfg.gated_mlp)
-        if cfg.shared_expert_intermediate_size:
-            mlp(out, arch, dst + "mlp.shared.", p + str(arch.weight_name("shared_expert")), "shared_",
-                cfg.shared_expert_intermediate_size, h, False, cfg.gated_mlp)
-            if cfg.shared_expert_gated:
-                out[f"{dst}mlp.shared_gate.weight"] = [(f"{p}{arch.weight_name('shared_expert_gate')}.weight", (1, h))]
+        if cfg.is_moe(i):
+            experts(out, arch, cfg, dst + ("moe." if cfg.moe_beside_mlp else "mlp."), p)
+        layer_extras(out, arch, cfg, dst, p, norm_suffixes)
+    if cfg.per_layer_input_size:
+        width = cfg.num_hidden_layers * cfg.per_layer_input_size
+        for ours, theirs, shape in (("per_layer_embed.weight", "embed_tokens_per_layer", (cfg.per_layer_vocab_size, width)),
+                                    ("per_layer_model_proj.weight", "per_layer_model_projection", (width, h)),
+                                    ("per_layer_proj_norm.weight", "per_layer_projection_norm",
+                                     (cfg.per_layer_input_size,))):
+            out[ours] = [(f"model.{theirs}.weight", shape)]
     for suffix in norm_suffixes:
         out[f"norm.{suffix}"] = [(f"model.norm.{suffix}", (h,))]
     if not cfg.tie_word_embeddings:
@@ -98,15 +90,57 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
     return out
 
 
+def experts(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, p: str) -> None:
+    """A layer's experts (``kvserve.model.mlp.MoE`` at ``dst``): the router, each expert, the shared expert."""
+    h = cfg.hidden_size
+    out[f"{dst}router.weight"] = [(f"{p}{arch.weight_name('router')}.weight", (cfg.num_experts, h))]
+    if cfg.router_bias:
+        out[f"{dst}router.bias"] = [(f"{p}{arch.weight_name('router')}.bias", (cfg.num_experts,))]
+    if cfg.selection_bias:
+        out[f"{dst}selection_bias"] = [(f"{p}{arch.weight_name('selection_bias')}", (1, cfg.num_experts))]
+    for e in range(cfg.num_experts):
+        if arch.stacked_experts is not None:  # the names unstack_experts gives each expert's cut
+            mlp(out, arch, f"{dst}experts.{e}.", f"{p}{UNSTACKED.format(e=e)}", "unstacked_",
+                cfg.moe_intermediate_size, h, cfg.expert_bias, cfg.gated_mlp)
+            continue
+        mlp(out, arch, f"{dst}experts.{e}.", p + str(arch.weight_name("expert")).format(e=e), "expert_",
+            cfg.moe_intermediate_size, h, cfg.expert_bias, cfg.gated_mlp)
+    if cfg.shared_expert_intermediate_size:
+        mlp(out, arch, dst + "shared.", p + str(arch.weight_name("shared_expert")), "shared_",
+            cfg.shared_expert_intermediate_size, h, False, cfg.gated_mlp)
+        if cfg.shared_expert_gated:
+            out[f"{dst}shared_gate.weight"] = [(f"{p}{arch.weight_name('shared_expert_gate')}.weight", (1, h))]
+
+
+def layer_extras(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, p: str,
+                        norm_suffixes: tuple[str, ...]) -> None:
+    """The norms around experts beside the dense MLP, the per-layer input's branch, the layer's scalar."""
+    h = cfg.hidden_size
+    norms = ["moe_mlp_out_norm", "moe_in_norm", "moe_out_norm"] if cfg.moe_beside_mlp else []
+    if cfg.per_layer_input_size:
+        norms.append("per_layer_norm")
+        for ours, role, shape in (("per_layer_gate", "per_layer_gate", (cfg.per_layer_input_size, h)),
+                                  ("per_layer_proj", "per_layer_proj", (h, cfg.per_layer_input_size))):
+            out[f"{dst}{ours}.weight"] = [(f"{p}{arch.weight_name(role)}.weight", shape)]
+    for role in norms:
+        for suffix in norm_suffixes:
+            out[f"{dst}{role}.{suffix}"] = [(f"{p}{arch.weight_name(role)}.{suffix}", (h,))]
+    if cfg.layer_scalars:
+        out[f"{dst}layer_scalar"] = [(f"{p}{arch.weight_name('layer_scalar')}", (1,))]
+
+
 def attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,
               linear: Any, layer: int) -> None:
     """Attention's weights (``kvserve.model.attention``): q/k/v in one GEMM, o_proj, the q/k norms (per head or over
     the whole projection; LayerNorms: ``head_norms``) and the sinks."""
-    h, d = cfg.hidden_size, int(cfg.head_dim or 0)
-    q_rows, kv_rows = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+    h, d = cfg.hidden_size, cfg.attn_head_dim(layer)
+    q_rows, kv_rows = cfg.num_attention_heads * d, cfg.attn_kv_heads(layer) * d
     gated = 2 if cfg.attn_output_gate else 1  # q_proj's rows: q's, then the output gate's (standard_layout)
-    linear(dst + "qkv", prefix, [("q_proj", gated * q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)],
-           arch.weight_name("qkv_proj"), h, cfg.attention_bias)
+    # (a layer attending over another's K/V projects q alone; one whose values are its keys, no v)
+    shares, k_is_v = cfg.shares_kv(layer), bool(cfg.k_eq_v_layers and cfg.k_eq_v_layers[layer])
+    kv_parts = [] if shares else [("k_proj", kv_rows)] if k_is_v else [("k_proj", kv_rows), ("v_proj", kv_rows)]
+    linear(dst + "qkv", prefix, [("q_proj", gated * q_rows), *kv_parts], arch.weight_name("qkv_proj"), h,
+           cfg.attention_bias)
     linear(dst + "o_proj", prefix, [("o_proj", h)], None, q_rows, cfg.o_proj_bias)
     if not cfg.has_qk_norm(layer) or cfg.qk_norm_type == "unweighted":
         pass
@@ -114,7 +148,7 @@ def attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig
         head_norms(out, arch, cfg, dst, prefix)
     else:
         full = cfg.qk_norm == "full"
-        for role, rows in (("q_norm", q_rows), ("k_norm", kv_rows)):
+        for role, rows in (("q_norm", q_rows), ("k_norm", kv_rows))[: 1 if shares else 2]:
             out[f"{dst}{role}.weight"] = [(f"{prefix}{arch.weight_name(role)}.weight", (rows if full else d,))]
     if cfg.attn_sinks:
         out[f"{dst}sinks"] = [(f"{prefix}{arch.weight_name('sinks')}", (cfg.num_attention_heads,))]
@@ -256,7 +290,12 @@ def mlp(out: dict[str, list[Source]], arch: Architecture, dst: str, prefix: str,
 def expected_weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every checkpoint tensor the engine reads, with its shape (experts stored stacked: the stacked tensors)."""
     out = {name: shape for sources in weight_sources(cfg).values() for name, shape in sources}
-    stacked = get_architecture(cfg.architecture).stacked_experts
+    arch = get_architecture(cfg.architecture)
+    for i in range(cfg.num_hidden_layers):  # scales the architecture folds into the router and experts at load
+        for role, shape in (("router_input_scale", (cfg.hidden_size,)), ("expert_output_scale", (cfg.num_experts,))):
+            if cfg.is_moe(i) and (name := arch.weight_name(role)):
+                out[f"model.layers.{i}.{name}"] = shape
+    stacked = arch.stacked_experts
     if stacked is None:
         return out
     h, e, inter = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size

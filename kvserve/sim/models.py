@@ -40,6 +40,8 @@ class ModelSpec:
     attn_params: int = 0  # a layer's attention weights where not q/k/v/o of these heads (latent attention); 0: those
     dense_layers: int = 0  # of an MoE model, the layers with the dense MLP (DeepSeek's first, Qwen2-MoE's mlp_only)
     cache_layers: int = 0  # the KV pool's layers where not one a layer (ModelConfig.kv_cache_layers: LFM2); 0: layers
+    # (K/V heads, head dim) of each pool layer where they differ (ModelConfig.kv_layer_shapes: Gemma 4)
+    cache_shapes: tuple[tuple[int, int], ...] | None = None
 
     @property
     def attn_params_per_layer(self) -> int:
@@ -75,7 +77,7 @@ class ModelSpec:
 
     def kv_layout(self, kv_precision: str, block_size: int = 16) -> KVLayout:
         return KVLayout(self.cache_layers or self.layers, self.kv_heads, self.head_dim, block_size,
-                        KV_DTYPES[kv_precision])
+                        KV_DTYPES[kv_precision], self.cache_shapes)
 
     def kv_bytes_per_token(self, kv_precision: str) -> float:
         return float(self.kv_layout(kv_precision).bytes_per_token)
@@ -107,7 +109,8 @@ class ModelSpec:
                    max_context=d.get("max_position_embeddings", 131072), sliding_window=cfg.kv_window(),
                    attn_params=cfg.attention_params() if cfg.kv_lora_rank else 0,
                    dense_layers=sum(not cfg.is_moe(i) for i in range(cfg.num_hidden_layers)) if cfg.num_experts else 0,
-                   cache_layers=cfg.kv_cache_layers)
+                   cache_layers=cfg.kv_cache_layers,
+                   cache_shapes=None if (shapes := cfg.kv_layer_shapes()) is None else tuple(shapes))
 
 
 def _llama(name, hidden, layers, heads, kv, inter, vocab, tied=False, ctx=131072):

@@ -33,6 +33,8 @@ LATENT = dict(num_key_value_heads=4, head_dim=8, q_lora_rank=24, kv_lora_rank=16
 LATENT_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "mscale": 0.8,
                "mscale_all_dim": 0.8, "rope_theta": 10000.0, "beta_fast": 32, "beta_slow": 1}
 
+GEMMA4_TYPES = ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention"]
+
 # case -> (transformers config class, its arguments beyond COMMON); a case is a registered name, or
 # "name:variant" for more of its options (another shape of the same architecture)
 CASES: dict[str, tuple[str, dict]] = {
@@ -54,6 +56,18 @@ CASES: dict[str, tuple[str, dict]] = {
                                                    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                                                    tie_word_embeddings=True,
                                                    rope_scaling={"rope_type": "linear", "factor": 2.0})),
+    # Gemma 4: global layers with wider heads and one K/V head, values from keys, the last two layers on earlier
+    # layers' K/V (one of them a double-wide MLP), per-layer inputs
+    "Gemma4ForCausalLM": ("Gemma4TextConfig", dict(sliding_window=WINDOW, num_hidden_layers=5, layer_types=GEMMA4_TYPES,
+                                                   global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,
+                                                   num_kv_shared_layers=2, hidden_size_per_layer_input=8,
+                                                   vocab_size_per_layer_input=97, use_double_wide_mlp=True,
+                                                   final_logit_softcapping=30.0, tie_word_embeddings=True)),
+    # experts beside the dense MLP; no per-layer inputs, no sharing
+    "Gemma4ForCausalLM:moe": ("Gemma4TextConfig", dict(sliding_window=WINDOW, num_hidden_layers=3,
+                                                       layer_types=GEMMA4_TYPES[2:], global_head_dim=24,
+                                                       hidden_size_per_layer_input=0, enable_moe_block=True,
+                                                       num_experts=4, top_k_experts=2, moe_intermediate_size=32)),
     "Phi3ForCausalLM": ("Phi3Config", dict(partial_rotary_factor=0.5, original_max_position_embeddings=64,
                                            rope_scaling={"type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.5],
                                                          "long_factor": [2.0, 3.0, 4.0, 5.0]})),
@@ -156,6 +170,7 @@ CASES: dict[str, tuple[str, dict]] = {
     "Qwen3VLForConditionalGeneration": ("Qwen3VLConfig", {}),
     "Qwen3VLMoeForConditionalGeneration": ("Qwen3VLMoeConfig", {}),
     "Llama4ForConditionalGeneration": ("Llama4Config", {}),
+    "Gemma4ForConditionalGeneration": ("Gemma4Config", {}),
     "Qwen3_5ForConditionalGeneration": ("Qwen3_5Config", {}),
     "Qwen3_5MoeForConditionalGeneration": ("Qwen3_5MoeConfig", {}),
     # the window on the layers layer_types names
@@ -327,7 +342,9 @@ LLAMA4_MM = dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hi
                                     image_size=28, patch_size=14, vision_output_dim=64, projector_input_dim=64,
                                     projector_output_dim=64),
                  text_config=dict(CASES["Llama4ForCausalLM"][1]))
-MULTIMODAL = {"Gemma3ForConditionalGeneration": GEMMA3_MM, "Mistral3ForConditionalGeneration": MISTRAL3_MM,
+# Gemma 4's text model (the towers left out: its config makes none by default)
+GEMMA4_MM = dict(text_config=dict(CASES["Gemma4ForCausalLM"][1]))
+MULTIMODAL = {"Gemma3ForConditionalGeneration": GEMMA3_MM, "Gemma4ForConditionalGeneration": GEMMA4_MM, "Mistral3ForConditionalGeneration": MISTRAL3_MM,
               "Qwen2VLForConditionalGeneration": QWEN2_VL, "Qwen2_5_VLForConditionalGeneration": QWEN2_5_VL,
               "Qwen3VLForConditionalGeneration": QWEN3_VL, "Qwen3VLMoeForConditionalGeneration": QWEN3_VL_MOE,
               "Qwen3_5ForConditionalGeneration": QWEN3_5, "Qwen3_5MoeForConditionalGeneration": QWEN3_5_MOE,
@@ -641,7 +658,9 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("SeedOssForCausalLM", True, None), ("Ernie4_5_MoeForCausalLM", True, None),
     ("Ernie4_5ForCausalLM", True, None), ("SmolLM3ForCausalLM", True, None), ("GemmaForCausalLM", True, None),
     ("Gemma2ForCausalLM", True, None), ("Gemma3ForCausalLM", True, None), ("Olmo2ForCausalLM", True, None), ("GraniteForCausalLM", True, None),
-    ("GraniteMoeForCausalLM", True, None), ("GraniteMoeSharedForCausalLM", True, None)])
+    ("GraniteMoeForCausalLM", True, None), ("GraniteMoeSharedForCausalLM", True, None),
+    ("Gemma4ForCausalLM", False, "attention shapes per layer, normed values, values from keys or K/V shared between "
+     "layers, experts beside the MLP, per-layer inputs or layer scalars")])
 def test_the_start_up_log_names_what_keeps_a_model_off_the_native_stack(case, stack, why, tmp_path_factory, caplog):
     """int8 (what the native decode stack runs over): every option it lacks is named in the start-up log and the
     layers run in Python; models whose options it runs (ERNIE's interleaved rotary reordered at load, SmolLM3's

@@ -65,6 +65,15 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     # the shared expert's gate and up already stacked (Granite MoE Shared); a GGUF file's apart are stacked at load
     "shared_gate_up_proj": None,
     "shared_expert_gate": "mlp.shared_expert_gate",
+    # experts beside the dense MLP (ModelConfig.moe_beside_mlp): the norms on the MLP's output, the experts' input and
+    # their output; a per-layer input's branch (its gate, its projection back, its norm); the layer's output scale
+    "moe_mlp_out_norm": "post_feedforward_layernorm_1", "moe_in_norm": "pre_feedforward_layernorm_2",
+    "moe_out_norm": "post_feedforward_layernorm_2", "per_layer_gate": "per_layer_input_gate",
+    "per_layer_proj": "per_layer_projection", "per_layer_norm": "post_per_layer_input_norm",
+    "layer_scalar": "layer_scalar",
+    # tensors [hidden] and [experts] scaling the router's input and each expert's output, which the architecture's
+    # adjust_weights folds into the router's and the experts' weights
+    "router_input_scale": None, "expert_output_scale": None,
 }
 
 
@@ -206,7 +215,7 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "glm4_moe_lite", "lfm2", "lfm2_moe", "qwen_vl", "dots1", "nemotron", "hunyuan_moe",
             "minimax_m2", "gpt2", "opt", "gpt_neox", "flex_olmo", "vaultgemma", "cwm", "olmo", "apertus", "phimoe",
             "bamba", "qwen3_next", "qwen3_5", "nemotron_h",
-            "mamba2", "falcon_h1", "bloom", "mpt", "llama4", "jamba"]
+            "mamba2", "falcon_h1", "bloom", "mpt", "llama4", "jamba", "gemma4"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)

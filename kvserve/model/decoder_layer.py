@@ -1,0 +1,177 @@
+"""DecoderLayer: one layer of the decoder (``kvserve.model.decoder``): its token mixer (attention, latent attention, a
+short convolution, a Mamba or delta-net layer) and its MLP or experts, with their norms in the architecture's layout,
+and what some close a layer with (experts beside the MLP, a per-layer input's branch, a scalar)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kvserve.model.attention import Attention, rms_unweighted
+from kvserve.model.config import ModelConfig
+from kvserve.model.gated_delta import GatedDeltaNet
+from kvserve.model.latent_attention import LatentAttention
+from kvserve.model.layers import RMSNorm, make_norm, padded_rows
+from kvserve.model.mamba import AttentionBesideMamba, Mamba1, Mamba2
+from kvserve.model.mlp import GatedMLP, MoE, activation
+from kvserve.model.short_conv import ShortConv
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.layout = cfg.norm_layout
+        # before attention and before the MLP ("pre"; "parallel": the first only), on their outputs ("post"), or both
+        for role in cfg.layer_norm_roles(layer):
+            setattr(self, role, make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias,
+                                          cfg.norm_affine))
+        # the layer's token mixer: attention, latent attention, a short convolution, a Mamba-2 layer or a gated delta net
+        self.self_attn: Attention | LatentAttention | ShortConv | Mamba1 | Mamba2 | AttentionBesideMamba | GatedDeltaNet | None
+        if not cfg.has_mixer(layer):  # an MLP-only block
+            self.self_attn = None
+        elif cfg.is_mamba(layer) and cfg.parallel_attention:
+            self.self_attn = AttentionBesideMamba(cfg, layer, Attention(cfg, layer))
+        elif cfg.is_mamba(layer):
+            self.self_attn = Mamba2(cfg, layer) if cfg.mamba_version == 2 else Mamba1(cfg, layer)
+        elif cfg.is_delta(layer):
+            self.self_attn = GatedDeltaNet(cfg, layer)
+        elif cfg.is_conv(layer):
+            self.self_attn = ShortConv(cfg, layer)
+        else:
+            self.self_attn = LatentAttention(cfg, layer) if cfg.kv_lora_rank else Attention(cfg, layer)
+        self.mlp: GatedMLP | MoE | None = None  # (None: a mixer-only block)
+        self.moe: MoE | None = None  # experts beside the dense MLP (ModelConfig.moe_beside_mlp)
+        if cfg.is_moe(layer):
+            self.mlp = MoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_tok,
+                           cfg.norm_topk_prob, cfg.hidden_act, cfg.shared_expert_intermediate_size, cfg.router_bias,
+                           cfg.expert_bias, cfg.swiglu, cfg.shared_expert_gated, cfg.selection_bias,
+                           cfg.router_scoring, cfg.routed_scale, cfg.expert_group_choice, cfg.router_jitter,
+                           cfg.gated_mlp, cfg.moe_scale_inputs)
+        if cfg.has_mlp(layer) and (not cfg.is_moe(layer) or cfg.moe_beside_mlp):
+            self.moe = self.mlp if cfg.moe_beside_mlp else None  # type: ignore[assignment]
+            self.mlp = GatedMLP(cfg.hidden_size, cfg.mlp_size(layer), cfg.hidden_act, cfg.mlp_bias, cfg.swiglu,
+                                cfg.gated_mlp)
+        # what closes the layer after its MLP (Gemma 4): a per-layer input's gated branch, a scalar on its output
+        self.extras = cfg.moe_beside_mlp or bool(cfg.per_layer_input_size) or cfg.layer_scalars
+        if self.extras:
+            if self.layout != "sandwich":
+                raise ValueError("experts beside the MLP, per-layer inputs and layer scalars take the sandwich layout")
+            self.eps = cfg.rms_norm_eps
+            extra_norms = ["moe_mlp_out_norm", "moe_in_norm", "moe_out_norm"] if self.moe is not None else []
+            if cfg.per_layer_input_size:
+                extra_norms.append("per_layer_norm")
+                self.per_layer_gate = nn.Linear(cfg.hidden_size, cfg.per_layer_input_size, bias=False)
+                self.per_layer_proj = nn.Linear(cfg.per_layer_input_size, cfg.hidden_size, bias=False)
+                self.per_layer_act = activation(cfg.hidden_act)
+            for role in extra_norms:
+                setattr(self, role, RMSNorm(cfg.hidden_size, cfg.rms_norm_eps))
+            self.layer_scalar = nn.Parameter(torch.ones(1)) if cfg.layer_scalars else None
+        self.residual_scale = cfg.residual_scale
+        # the bf16 hand-offs between the norms and the AMX GEMMs: Llama's layout and plain attention only
+        self.one_part = self.self_attn is None or self.mlp is None
+        self.fast = self.layout == "pre" and not self.one_part and self.self_attn.plain and cfg.residual_scale == 1
+        # and into the MLP, whose down projection then writes bf16: not where it adds a bias (added in float32
+        # instead, as the native decode stack adds it)
+        self.fast_mlp = self.fast and not cfg.mlp_bias
+
+    def forward(self, h, delta, rope, attn, meta, kv_cache, rows: torch.Tensor | None = None,
+                per_layer: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Adds ``delta`` (the previous layer's MLP output, or None) to the residual stream ``h`` in
+        place, then this layer's attention output; returns the stream and this layer's MLP output, for
+        the next layer's norm (or the final one) to add in the same pass as its own.
+
+        ``rows`` (the last layer, when the caller reads only the rows it samples): every row's K/V is
+        written, but attention, the MLP and the returned stream are those rows' only.
+        ``per_layer``: this layer's per-layer input [T, per_layer_input_size] (ModelConfig.per_layer_input_size).
+
+        On an AMX step the norms write bf16 (what the GEMMs read) and the GEMMs' bf16 outputs go
+        into the float32 residual as they are: no conversion passes between them."""
+        t = h.shape[0]
+        if self.extras:
+            return self._closed_forward(h, delta, rope, attn, meta, kv_cache, rows, per_layer)
+        if self.one_part:
+            return self._one_part_forward(h, delta, rope, attn, meta, kv_cache, rows)
+        if self.layout.startswith("parallel"):
+            return self._parallel_forward(h, delta, rope, attn, meta, kv_cache, rows)
+        bf16_attn = self.fast and self.self_attn.runs_bf16(h, attn, meta, kv_cache)
+        if self.layout == "post":
+            x = h if delta is None else h.add_(delta)
+        else:  # the norms write the bf16 GEMMs' inputs already padded to the rows oneDNN gets (padded_rows)
+            x = self.input_layernorm.add_forward(h, delta, *((torch.bfloat16, padded_rows(t)) if bf16_attn else ()))
+        x = self.self_attn(x, rope, attn, meta, kv_cache, bf16_attn, rows, t)
+        if rows is not None:
+            h = h[rows]
+            if not rows.numel():
+                return h, None
+        x = self._out(x, "attn_out_norm")
+        if self.layout == "post":
+            x = h.add_(x)
+        else:
+            bf16_mlp = self.fast_mlp and isinstance(self.mlp, GatedMLP) and self.mlp.runs_amx(h)
+            x = self.post_attention_layernorm.add_forward(h, x, *((torch.bfloat16, padded_rows(h.shape[0])) if bf16_mlp
+                                                                  else ()))
+        return h, self._out(self.mlp(x)[: h.shape[0]], "mlp_out_norm")
+
+    def _closed_forward(self, h, delta, rope, attn, meta, kv_cache, rows: torch.Tensor | None,
+                        per_layer: torch.Tensor | None) -> tuple[torch.Tensor, None]:
+        """The sandwich layout with what follows the MLP: experts beside it (the router reading the stream before the
+        MLP's norm), the per-layer input's branch, the scalar. The whole output joins the stream here (no delta)."""
+        if delta is not None:
+            h.add_(delta)
+        a = self.self_attn(self.input_layernorm(h), rope, attn, meta, kv_cache, False, rows, h.shape[0])
+        if rows is not None:
+            h = h[rows]
+            per_layer = None if per_layer is None else per_layer[rows]
+            if not rows.numel():
+                return h, None
+        h.add_(self.attn_out_norm(a))
+        m = self.mlp(self.post_attention_layernorm(h))
+        if self.moe is not None:
+            route = rms_unweighted(h, self.eps)
+            m = self.moe_mlp_out_norm(m) + self.moe_out_norm(self.moe(self.moe_in_norm(h), route))
+        h.add_(self.mlp_out_norm(m))
+        if per_layer is not None:
+            branch = self.per_layer_act(self.per_layer_gate(h)) * per_layer
+            h.add_(self.per_layer_norm(self.per_layer_proj(branch)))
+        if self.layer_scalar is not None:
+            h.mul_(self.layer_scalar)
+        return h, None
+
+    def _one_part_forward(self, h, delta, rope, attn, meta, kv_cache,
+                          rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A block of one sublayer, the mixer or the MLP, after its norm: its output is the delta the next norm adds."""
+        if self.self_attn is not None:
+            x = self.self_attn(self.input_layernorm.add_forward(h, delta), rope, attn, meta, kv_cache, False, rows,
+                               h.shape[0])
+        else:
+            assert self.mlp is not None
+            x = self.post_attention_layernorm.add_forward(h, delta)
+            x = x if rows is None else x[rows]
+            x = self.mlp(x) if x.shape[0] else x
+        if rows is not None:
+            h = h[rows]
+            if not rows.numel():
+                return h, None
+        return h, self._out(x, "")
+
+    def _parallel_forward(self, h, delta, rope, attn, meta, kv_cache,
+                          rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attention and the MLP over the same input, normed once ("parallel") or by a norm each ("parallel_two"):
+        attention's output joins the stream here, the MLP's is the delta (the sum in the checkpoints' order: residual
+        + attention, then + MLP)."""
+        t = h.shape[0]
+        x = self.input_layernorm.add_forward(h, delta)
+        mlp_in = self.post_attention_layernorm(h) if self.layout == "parallel_two" else x
+        a = self.self_attn(x, rope, attn, meta, kv_cache, False, rows, t)
+        if rows is not None:
+            h, mlp_in = h[rows], mlp_in[rows]
+            if not rows.numel():
+                return h, None
+        h.add_(self._out(a, ""))
+        return h, self._out(self.mlp(mlp_in)[: h.shape[0]], "")
+
+    def _out(self, x: torch.Tensor, norm: str) -> torch.Tensor:
+        """A sublayer's output as the residual stream takes it: normed (sandwich and post layouts), scaled."""
+        if self.layout in ("post", "sandwich"):
+            x = getattr(self, norm)(x)
+        return x * self.residual_scale if self.residual_scale != 1 else x

@@ -1,0 +1,114 @@
+"""LayerPlan: what each layer of a ``ModelConfig`` is (its token mixer, its window, its share of the KV pool, its
+attention's shape), asked of the config's per-layer fields. Torch-free, as the config is."""
+
+from __future__ import annotations
+
+FULL, SLIDING = "full_attention", "sliding_attention"  # HF's layer_types values
+
+
+class LayerPlan:
+    """Per-layer questions, answered from ``ModelConfig``'s fields (the dataclass inherits them)."""
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of ``layer``, or None where it attends the whole context."""
+        if self.sliding_window is None:
+            return None
+        if self.layer_types is None or self.layer_types[layer] == SLIDING:
+            return self.sliding_window
+        return None
+
+    def chunk(self, layer: int) -> int | None:
+        """The chunk ``layer`` attends within (Llama 4's chunked attention), or None."""
+        if self.attention_chunk is None or self.layer_types is None or self.layer_types[layer] != "chunked_attention":
+            return None
+        return self.attention_chunk
+
+    def has_qk_norm(self, layer: int) -> bool:
+        return self.qk_norm is not None and (self.qk_norm_layers is None or self.qk_norm_layers[layer])
+
+    def kv_window(self) -> int | None:
+        """The window when every layer has one (the KV manager may then free the blocks behind it);
+        None when any layer attends the whole context (Gemma's global layers keep every block)."""
+        if self.sliding_window is None:
+            return None
+        windows = {self.window(i) for i in range(self.num_hidden_layers)}
+        return self.sliding_window if windows == {self.sliding_window} else None
+
+    def is_conv(self, layer: int) -> bool:
+        """Whether ``layer``'s token mixer is a short convolution (``kvserve.model.short_conv``)."""
+        return self.conv_layers is not None and self.conv_layers[layer]
+
+    def is_mamba(self, layer: int) -> bool:
+        """Whether ``layer``'s token mixer is a Mamba-2 selective state space (``kvserve.model.mamba``)."""
+        return self.mamba_layers is not None and self.mamba_layers[layer]
+
+    def has_mixer(self, layer: int) -> bool:
+        """Whether ``layer`` has a token mixer (attention, a convolution, a recurrence); not an MLP-only block."""
+        return self.layer_parts is None or self.layer_parts[layer] != "mlp"
+
+    def has_mlp(self, layer: int) -> bool:
+        """Whether ``layer`` has an MLP or experts; not a mixer-only block."""
+        return self.layer_parts is None or self.layer_parts[layer] != "mixer"
+
+    def layer_norm_roles(self, layer: int) -> tuple[str, ...]:
+        """The norms ``layer`` has: ``norm_roles``, less the one before a sublayer it lacks."""
+        if self.layer_parts is None or self.layer_parts[layer] == "both":
+            return self.norm_roles
+        return ("input_layernorm",) if self.layer_parts[layer] == "mixer" else ("post_attention_layernorm",)
+
+    def is_delta(self, layer: int) -> bool:
+        """Whether ``layer``'s token mixer is a gated delta net (``kvserve.model.gated_delta``)."""
+        return self.delta_layers is not None and self.delta_layers[layer]
+
+    def is_recurrent(self, layer: int) -> bool:
+        """Whether ``layer`` keeps a state per sequence (the whole sequence summed up in a fixed size) instead of KV."""
+        return self.is_mamba(layer) or self.is_delta(layer)
+
+    @property
+    def has_recurrent_state(self) -> bool:
+        return any(self.is_recurrent(i) for i in range(self.num_hidden_layers))
+
+    def cache_layers(self, layer: int) -> int:
+        """How many of the KV pool's layers ``layer`` takes: 1 (its K and V), none for a recurrent layer (its state is
+        per sequence), or for a short convolution as many as hold its input (hidden_size values a token) in their
+        K's and V's widths."""
+        if not self.has_mixer(layer) or (self.is_recurrent(layer) and not self.parallel_attention) or \
+                self.shares_kv(layer):
+            return 0
+        if not self.is_conv(layer):
+            return 1
+        return -(-self.hidden_size // (2 * self.num_key_value_heads * int(self.head_dim or 0)))
+
+    def attn_head_dim(self, layer: int) -> int:
+        return int(self.head_dim or 0) if self.layer_head_dims is None else self.layer_head_dims[layer]
+
+    def attn_kv_heads(self, layer: int) -> int:
+        return self.num_key_value_heads if self.layer_kv_heads is None else self.layer_kv_heads[layer]
+
+    def mlp_size(self, layer: int) -> int:
+        return self.intermediate_size if self.layer_intermediate_sizes is None else self.layer_intermediate_sizes[layer]
+
+    def shares_kv(self, layer: int) -> bool:
+        """Whether ``layer`` attends over an earlier layer's K/V (``kv_shared_from``) instead of its own."""
+        return self.kv_shared_from is not None and self.kv_shared_from[layer] != layer
+
+    def kv_layer_shapes(self) -> list[tuple[int, int]] | None:
+        """(K/V heads, head dim) of each KV pool layer where they differ between layers; None where they are all
+        (num_key_value_heads, head_dim)."""
+        if self.layer_head_dims is None and self.layer_kv_heads is None:
+            return None
+        shapes = [(self.attn_kv_heads(i), self.attn_head_dim(i)) for i in range(self.num_hidden_layers)
+                  for _ in range(self.cache_layers(i))]
+        return None if set(shapes) <= {(self.num_key_value_heads, int(self.head_dim or 0))} else shapes
+
+    @property
+    def kv_cache_layers(self) -> int:
+        """The KV pool's layers (``KVLayout.num_layers``): one an attention layer, a short convolution's own count."""
+        return sum(self.cache_layers(i) for i in range(self.num_hidden_layers))
+
+    def is_moe(self, layer: int) -> bool:
+        return bool(self.num_experts) and (self.moe_layers is None or self.moe_layers[layer]) and self.has_mlp(layer)
+
+    def rotates(self, layer: int) -> bool:
+        """Whether ``layer``'s q and k take rotary embeddings."""
+        return not self.learned_positions and (self.rope_layers is None or self.rope_layers[layer])

@@ -1,0 +1,63 @@
+"""Gemma 4's parts beyond the shared-case tests (tests/model/test_architectures.py): a KV pool whose layers differ in
+shape, layers that take no pool layer of their own, the per-layer inputs' table kept as stored."""
+
+import pytest
+import torch
+
+from kvserve.attention.kv_pool import KVPool
+from kvserve.kv.layout import KVLayout
+from kvserve.model.config import ModelConfig
+from test_architectures import GREEDY, checkpoint, hf_model, make_llm, prompts, word_tokenizer
+
+CASE = "Gemma4ForCausalLM"  # 5 layers: sliding, global, sliding, then a sliding and a global on earlier layers' K/V
+
+
+def test_the_pool_holds_each_layers_shape_and_no_layer_for_those_that_share(tmp_path_factory):
+    _, folder = checkpoint(CASE, tmp_path_factory)
+    llm = make_llm(folder)
+    cfg: ModelConfig = llm.engine.runner.model.config
+    assert cfg.kv_cache_layers == 3  # the two last layers read layers 2 (sliding) and 1 (global)
+    assert cfg.kv_layer_shapes() == [(2, 16), (1, 32), (2, 16)]
+    pool = llm.engine.runner.attention.pool
+    assert [tuple(k.shape[1:]) for k, _ in pool.layers] == [(2, 16), (1, 32), (2, 16)]
+    assert pool.layout.bytes_per_token == 2 * (32 + 32 + 32) * 4
+    model = llm.engine.runner.model
+    assert model.cache_of[3] == model.cache_of[2] and model.cache_of[4] == model.cache_of[1]
+
+
+def test_a_block_of_layers_of_different_shapes_goes_out_and_back():
+    """The offload tiers' payload: every layer's K and V of a block, whatever each layer's shape."""
+    layout = KVLayout(3, 2, 16, 4, "float32", ((2, 16), (1, 32), (2, 16)))
+    pool = KVPool(layout, 4, torch.device("cpu"))
+    for k, v in pool.layers:
+        k.normal_(), v.normal_()
+    payload = pool.read_block(2)
+    assert len(payload) == layout.block_bytes
+    other = KVPool(layout, 4, torch.device("cpu"))
+    other.write_block(1, payload)
+    for (k, v), (k2, v2) in zip(pool.layers, other.layers):
+        assert torch.equal(k[8:12], k2[4:8]) and torch.equal(v[8:12], v2[4:8])
+
+
+def test_an_8bit_kv_cache_is_refused_in_one_line(tmp_path_factory):
+    _, folder = checkpoint(CASE, tmp_path_factory)
+    with pytest.raises(ValueError, match="8-bit KV cache keeps one shape"):
+        make_llm(folder, kv_cache_dtype="int8")
+
+
+def test_a_bf16_checkpoint_keeps_its_per_layer_table_as_stored(tmp_path):
+    """A float32 model over a bf16 checkpoint looks up the per-layer table in bf16 (layers x its width a token: the
+    bulk of Gemma 4 E2B's weights) and answers as transformers does over the same weights in float32."""
+    from kvserve.model.layers import NarrowEmbedding
+
+    model = hf_model(CASE).to(torch.bfloat16)
+    model.save_pretrained(tmp_path)
+    word_tokenizer(97).save_pretrained(tmp_path)
+    llm = make_llm(tmp_path)
+    table = llm.engine.runner.model.per_layer_embed
+    assert isinstance(table, NarrowEmbedding) and table.weight.dtype == torch.bfloat16
+    from conftest import hf_greedy
+
+    reference = model.float()
+    want = [hf_greedy(reference, p, GREEDY.max_tokens) for p in prompts()]
+    assert [o.token_ids for o in llm.generate(prompts(), GREEDY)] == want
