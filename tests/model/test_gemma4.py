@@ -61,3 +61,14 @@ def test_a_bf16_checkpoint_keeps_its_per_layer_table_as_stored(tmp_path):
     reference = model.float()
     want = [hf_greedy(reference, p, GREEDY.max_tokens) for p in prompts()]
     assert [o.token_ids for o in llm.generate(prompts(), GREEDY)] == want
+
+
+def test_the_simulator_sizes_the_same_kv_per_token(tmp_path_factory):
+    """The planner reads the config as the engine does: K/V a token over the pool's layers, each at its own shape."""
+    import json
+
+    from kvserve.sim.models import ModelSpec
+
+    _, folder = checkpoint(CASE, tmp_path_factory)
+    spec = ModelSpec.from_hf_config(json.loads((folder / "config.json").read_text()))
+    assert spec.kv_layout("fp32").bytes_per_token == 2 * (32 + 32 + 32) * 4
