@@ -205,6 +205,11 @@ class ModelConfig(LayerPlan):
     # experts beside the dense MLP, each branch normed on its own; the router reads the residual stream RMS-normed
     # (without a weight: the router's scales are folded into it at load)
     moe_beside_mlp: bool = False
+    # the recurrent layers' norm layout where it is not norm_layout (OLMo Hybrid: pre-norm delta nets among post-norm
+    # attention layers)
+    recurrent_norm_layout: str | None = None
+    delta_beta_scale: float = 1.0  # the delta rule's write strength times this (OLMo Hybrid's 2: negative eigenvalues)
+    delta_norm_eps: float | None = None  # the delta nets' gated norm's epsilon; None: rms_norm_eps
 
     def __post_init__(self) -> None:
         if self.head_dim is None:
@@ -285,9 +290,7 @@ class ModelConfig(LayerPlan):
     @property
     def norm_roles(self) -> tuple[str, ...]:
         """The norms each layer has (``LLAMA_WEIGHTS`` roles), by ``norm_layout``."""
-        return {"pre": ("input_layernorm", "post_attention_layernorm"), "post": ("attn_out_norm", "mlp_out_norm"),
-                "parallel": ("input_layernorm",),
-                "parallel_two": ("input_layernorm", "post_attention_layernorm")}.get(self.norm_layout, NORM_ROLES)
+        return roles_of_layout(self.norm_layout)
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], strict: bool = True) -> "ModelConfig":
@@ -328,6 +331,13 @@ class ModelConfig(LayerPlan):
         )
         common.update(spec.config(d))
         return cls(**common)
+
+
+def roles_of_layout(layout: str) -> tuple[str, ...]:
+    """The norms (``LLAMA_WEIGHTS`` roles) a layer of ``layout`` has."""
+    return {"pre": ("input_layernorm", "post_attention_layernorm"), "post": ("attn_out_norm", "mlp_out_norm"),
+            "parallel": ("input_layernorm",),
+            "parallel_two": ("input_layernorm", "post_attention_layernorm")}.get(layout, NORM_ROLES)
 
 
 def yarn_mscale(scale: float, m: float = 1.0) -> float:

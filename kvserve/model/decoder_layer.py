@@ -20,7 +20,7 @@ from kvserve.model.short_conv import ShortConv
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
-        self.layout = cfg.norm_layout
+        self.layout = cfg.layout(layer)
         # before attention and before the MLP ("pre"; "parallel": the first only), on their outputs ("post"), or both
         for role in cfg.layer_norm_roles(layer):
             setattr(self, role, make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias,

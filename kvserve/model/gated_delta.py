@@ -5,7 +5,7 @@ gate z and per value head b and a; a depthwise causal convolution over (q, k, v)
 
     S = exp(g) S;  S = S + k (beta (v - S^T k))^T;  o = S^T q,
 
-with the decay g = -exp(A_log) softplus(a + dt_bias) and the write strength beta = sigmoid(b); an RMSNorm per head of
+with the decay g = -exp(A_log) softplus(a + dt_bias) and the write strength beta = sigmoid(b) (times 2 where the model allows negative eigenvalues); an RMSNorm per head of
 o, times silu(z); out_proj. The states per sequence (the convolution's last inputs, S) are
 ``kvserve.model.recurrent``'s. A prompt chunk runs block by block (``delta_block``: the tokens' writes from one
 triangular solve, the state carried across blocks); decode rows run the rule's step, every sequence's at once.
@@ -39,7 +39,8 @@ class GatedDeltaNet(RecurrentMixer):
         self.dt_bias = nn.Parameter(torch.ones(self.value_heads))
         self.A_log = nn.Parameter(torch.zeros(self.value_heads))
         self.norm_weight = nn.Parameter(torch.ones(self.value_dim))
-        self.eps = cfg.rms_norm_eps
+        self.eps = cfg.rms_norm_eps if cfg.delta_norm_eps is None else cfg.delta_norm_eps
+        self.beta_scale = cfg.delta_beta_scale
         self.out_proj = nn.Linear(self.values, cfg.hidden_size, bias=False)
 
     def forward(self, x, rope: RotaryStep | None, attn: AttentionBackend, meta: AttentionMetadata,
@@ -62,7 +63,7 @@ class GatedDeltaNet(RecurrentMixer):
         k = l2norm(k.view(s, length, self.key_heads, self.key_dim)).repeat_interleave(share, dim=2)
         log_decay = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         return (q * self.key_dim ** -0.5, k, v.view(s, length, self.value_heads, self.value_dim),
-                torch.sigmoid(b.float()), log_decay)
+                torch.sigmoid(b.float()) * self.beta_scale, log_decay)
 
     def step(self, u: torch.Tensor, b: torch.Tensor, a: torch.Tensor, *, states: torch.Tensor, slots: torch.Tensor,
              fresh: torch.Tensor) -> torch.Tensor:

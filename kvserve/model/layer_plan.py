@@ -50,10 +50,18 @@ class LayerPlan:
         """Whether ``layer`` has an MLP or experts; not a mixer-only block."""
         return self.layer_parts is None or self.layer_parts[layer] != "mixer"
 
+    def layout(self, layer: int) -> str:
+        """``layer``'s norm layout (``norm_layout``; ``recurrent_norm_layout`` on a recurrent layer where set)."""
+        if self.recurrent_norm_layout is not None and self.is_recurrent(layer):
+            return self.recurrent_norm_layout
+        return self.norm_layout
+
     def layer_norm_roles(self, layer: int) -> tuple[str, ...]:
-        """The norms ``layer`` has: ``norm_roles``, less the one before a sublayer it lacks."""
+        """The norms ``layer`` has: its layout's, less the one before a sublayer it lacks."""
+        from kvserve.model.config import roles_of_layout
+
         if self.layer_parts is None or self.layer_parts[layer] == "both":
-            return self.norm_roles
+            return roles_of_layout(self.layout(layer))
         return ("input_layernorm",) if self.layer_parts[layer] == "mixer" else ("post_attention_layernorm",)
 
     def is_delta(self, layer: int) -> bool:

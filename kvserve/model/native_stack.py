@@ -65,6 +65,7 @@ def native_stack_blocker(cfg: ModelConfig) -> str | None:
               (cfg.moe_scale_inputs, "experts scaling their inputs"),
               (cfg.delta_layers is not None and any(cfg.delta_layers), "gated delta nets"),
               (cfg.attn_output_gate, "gated attention"),
+              (cfg.recurrent_norm_layout is not None, "norm layouts per layer"),
               (cfg.router_scoring == "sparsemixer", "the sparsemixer router"),
               (dense_swiglu, "a clamped SwiGLU"),
               (cfg.layer_head_dims is not None or cfg.layer_kv_heads is not None, "attention shapes per layer"),

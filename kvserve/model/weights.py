@@ -233,12 +233,21 @@ def gated_delta(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConf
     the depthwise kernel [channels, taps], dt's bias, A's log, the gated norm's weight [value_dim], out_proj."""
     h, heads = cfg.hidden_size, cfg.delta_value_heads
     keys, values = cfg.delta_key_heads * cfg.delta_key_dim, heads * cfg.delta_value_dim
-    parts = [("delta_qkvz", 2 * keys + 2 * values), ("delta_ba", 2 * heads)] if arch.weight_name("delta_qkvz") else \
-        [("delta_qkv", 2 * keys + values), ("delta_z", values), ("delta_b", heads), ("delta_a", heads)]
+    apart = [("delta_z", values), ("delta_b", heads), ("delta_a", heads)]
+    if arch.weight_name("delta_qkvz"):
+        parts = [("delta_qkvz", 2 * keys + 2 * values), ("delta_ba", 2 * heads)]
+    elif arch.weight_name("delta_q"):  # q, k and v each their own tensor (OLMo Hybrid's)
+        parts = [("delta_q", keys), ("delta_k", keys), ("delta_v", values), *apart]
+    else:
+        parts = [("delta_qkv", 2 * keys + values), *apart]
     linear(dst + "in_proj", prefix, parts, None, h, False)
     linear(dst + "out_proj", prefix, [("delta_out_proj", h)], None, values, False)
-    out[f"{dst}kernel"] = [(f"{prefix}{arch.weight_name('delta_conv')}.weight", (2 * keys + values,
-                                                                              cfg.delta_conv_kernel))]
+    taps = cfg.delta_conv_kernel
+    if arch.weight_name("delta_q_conv"):  # the convolution's q, k and v channels apart too
+        out[f"{dst}kernel"] = [(f"{prefix}{arch.weight_name(role)}.weight", (rows, taps)) for role, rows in
+                               (("delta_q_conv", keys), ("delta_k_conv", keys), ("delta_v_conv", values))]
+    else:
+        out[f"{dst}kernel"] = [(f"{prefix}{arch.weight_name('delta_conv')}.weight", (2 * keys + values, taps))]
     for ours, role, rows in (("dt_bias", "delta_dt_bias", heads), ("A_log", "delta_A_log", heads),
                              ("norm_weight", "delta_norm", cfg.delta_value_dim)):
         out[dst + ours] = [(f"{prefix}{arch.weight_name(role)}", (rows,))]

@@ -68,6 +68,16 @@ CASES: dict[str, tuple[str, dict]] = {
                                                        layer_types=GEMMA4_TYPES[2:], global_head_dim=24,
                                                        hidden_size_per_layer_input=0, enable_moe_block=True,
                                                        num_experts=4, top_k_experts=2, moe_intermediate_size=32)),
+    # three delta nets (pre-norm) then attention (post-norm); key heads as many as value heads (transformers repeats none)
+    "OlmoHybridForCausalLM": ("OlmoHybridConfig", dict(num_hidden_layers=4, linear_num_key_heads=4, linear_num_value_heads=4,
+                                                       linear_key_head_dim=16, linear_value_head_dim=8)),
+    # no rotary (the released checkpoints'), and the write strength not doubled
+    "OlmoHybridForCausalLM:nope": ("OlmoHybridConfig", dict(num_hidden_layers=3, linear_num_key_heads=2,
+                                                            linear_num_value_heads=2, linear_key_head_dim=16,
+                                                            linear_value_head_dim=32, linear_allow_neg_eigval=False,
+                                                            rope_parameters={"rope_type": "default", "rope_theta": None},
+                                                            layer_types=["linear_attention", "full_attention",
+                                                                         "linear_attention"])),
     "Phi3ForCausalLM": ("Phi3Config", dict(partial_rotary_factor=0.5, original_max_position_embeddings=64,
                                            rope_scaling={"type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.5],
                                                          "long_factor": [2.0, 3.0, 4.0, 5.0]})),

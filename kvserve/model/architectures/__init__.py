@@ -49,7 +49,10 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     # head's group at a time (Qwen3-Next's: weight_layout.standard_layout reorders them); the convolution, dt's bias, A's log,
     # the gated norm's weight, out_proj
     "delta_qkv": "linear_attn.in_proj_qkv", "delta_z": "linear_attn.in_proj_z", "delta_b": "linear_attn.in_proj_b",
-    "delta_a": "linear_attn.in_proj_a", "delta_qkvz": None, "delta_ba": None, "delta_conv": "linear_attn.conv1d",
+    "delta_a": "linear_attn.in_proj_a", "delta_qkvz": None, "delta_ba": None,
+    "delta_q": None, "delta_k": None, "delta_v": None,  # q, k and v apart (OLMo Hybrid), their convolutions too
+    "delta_q_conv": None, "delta_k_conv": None, "delta_v_conv": None,
+    "delta_conv": "linear_attn.conv1d",
     "delta_dt_bias": "linear_attn.dt_bias", "delta_A_log": "linear_attn.A_log", "delta_norm": "linear_attn.norm.weight",
     "delta_out_proj": "linear_attn.out_proj",
     "sinks": "self_attn.sinks",  # one logit per head (a tensor, not a module: no .weight)
@@ -215,7 +218,7 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "glm4_moe_lite", "lfm2", "lfm2_moe", "qwen_vl", "dots1", "nemotron", "hunyuan_moe",
             "minimax_m2", "gpt2", "opt", "gpt_neox", "flex_olmo", "vaultgemma", "cwm", "olmo", "apertus", "phimoe",
             "bamba", "qwen3_next", "qwen3_5", "nemotron_h",
-            "mamba2", "falcon_h1", "bloom", "mpt", "llama4", "jamba", "gemma4"]
+            "mamba2", "falcon_h1", "bloom", "mpt", "llama4", "jamba", "gemma4", "olmo_hybrid"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)
