@@ -12,12 +12,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvserve.model.layer_plan import FULL, SLIDING, LayerPlan  # noqa: F401 (FULL, SLIDING: the layer types' names)
+# (FULL, SLIDING: the layer types' names; NORM_ROLES: a sandwich layer's norms)
+from kvserve.model.layer_plan import FULL, NORM_ROLES, SLIDING, LayerPlan, roles_of_layout  # noqa: F401
 
 # the gated MLPs' activations with a fused native kernel (kernel's name), which the native decode stack runs
 NATIVE_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
-# a layer's norms in the sandwich layout: every one (the other layouts have some of them: ModelConfig.norm_roles)
-NORM_ROLES = ("input_layernorm", "post_attention_layernorm", "attn_out_norm", "mlp_out_norm")
 
 
 @dataclass
@@ -331,13 +330,6 @@ class ModelConfig(LayerPlan):
         )
         common.update(spec.config(d))
         return cls(**common)
-
-
-def roles_of_layout(layout: str) -> tuple[str, ...]:
-    """The norms (``LLAMA_WEIGHTS`` roles) a layer of ``layout`` has."""
-    return {"pre": ("input_layernorm", "post_attention_layernorm"), "post": ("attn_out_norm", "mlp_out_norm"),
-            "parallel": ("input_layernorm",),
-            "parallel_two": ("input_layernorm", "post_attention_layernorm")}.get(layout, NORM_ROLES)
 
 
 def yarn_mscale(scale: float, m: float = 1.0) -> float:

@@ -4,6 +4,15 @@ attention's shape), asked of the config's per-layer fields. Torch-free, as the c
 from __future__ import annotations
 
 FULL, SLIDING = "full_attention", "sliding_attention"  # HF's layer_types values
+# a layer's norms in the sandwich layout: every one (the other layouts have some of them: roles_of_layout)
+NORM_ROLES = ("input_layernorm", "post_attention_layernorm", "attn_out_norm", "mlp_out_norm")
+
+
+def roles_of_layout(layout: str) -> tuple[str, ...]:
+    """The norms (``LLAMA_WEIGHTS`` roles) a layer of ``layout`` has."""
+    return {"pre": ("input_layernorm", "post_attention_layernorm"), "post": ("attn_out_norm", "mlp_out_norm"),
+            "parallel": ("input_layernorm",),
+            "parallel_two": ("input_layernorm", "post_attention_layernorm")}.get(layout, NORM_ROLES)
 
 
 class LayerPlan:
@@ -58,8 +67,6 @@ class LayerPlan:
 
     def layer_norm_roles(self, layer: int) -> tuple[str, ...]:
         """The norms ``layer`` has: its layout's, less the one before a sublayer it lacks."""
-        from kvserve.model.config import roles_of_layout
-
         if self.layer_parts is None or self.layer_parts[layer] == "both":
             return roles_of_layout(self.layout(layer))
         return ("input_layernorm",) if self.layer_parts[layer] == "mixer" else ("post_attention_layernorm",)
