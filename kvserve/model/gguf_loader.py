@@ -28,7 +28,8 @@ from kvserve.model.checkpoint import LoadedModel
 from kvserve.model.config import ModelConfig
 from kvserve.model.gguf_names import GGUF_FUSED_GATE_UP, gguf_to_hf_name
 from kvserve.model.quant import QuantWeight, from_gguf_blocks
-from kvserve.model.weight_layout import join_latent_kv, stack_dense_gate_up, stack_experts, stack_shared_gate_up
+from kvserve.model.weight_layout import (gates_after_q, join_latent_kv, stack_dense_gate_up, stack_experts,
+                                         stack_shared_gate_up, untile_value_heads)
 
 logger = logging.getLogger(__name__)
 
@@ -294,8 +295,10 @@ def load_gguf(path: Path, keep_quantized: bool = False, with_tokenizer: bool = T
         values = dequantize_gguf_tensor(tensor)
         if heads is not None:
             values = unpermute_rotary_rows(values, heads)
-        if config.norm_offset and name.endswith("norm.weight"):
-            values -= config.norm_offset  # llama.cpp stores Gemma's and Nemotron's norms with the 1 added; we add it
+        if config.norm_offset and name.endswith("norm.weight") and not name.endswith(".ssm_norm.weight"):
+            # llama.cpp stores Gemma's, Nemotron's and Qwen3.5's norms with the 1 added (not the delta nets' gated
+            # norm: it scales by its weight); we add it
+            values -= config.norm_offset
         if name.endswith(".ffn_gate_inp_shexp.weight") and values.ndim == 1:
             values = values[None]  # older converters squeezed the shared expert's gate [1, hidden] to [hidden]
         if name.endswith((".ssm_a", ".ssm_d", ".ssm_norm.weight")):  # Mamba-2's, stored [heads, 1] / [groups, n]
@@ -305,7 +308,11 @@ def load_gguf(path: Path, keep_quantized: bool = False, with_tokenizer: bool = T
         weights[hf_name] = torch.from_numpy(values)
     del reader, tensors  # drop the file mapping
     weights = join_latent_kv(config, stack_shared_gate_up(config, stack_experts(config, weights)))
-    weights = stack_dense_gate_up(config, weights)
+    weights = untile_value_heads(config, stack_dense_gate_up(config, weights))
+    if config.attn_output_gate:  # llama.cpp keeps gated attention's q_proj as the checkpoints store it
+        for i in range(config.num_hidden_layers):
+            if not config.is_recurrent(i):
+                gates_after_q(config, weights, f"model.layers.{i}.{arch.weight_name('q_proj')}")
 
     tokenizer = gguf_tokenizer(path, meta.get("tokenizer.chat_template")) if with_tokenizer else None
     return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, name=path.stem)

@@ -54,6 +54,12 @@ class QuantWeight:
         """The weight of the selected rows (a gather or a permutation: blocks never cross rows)."""
         return QuantWeight(self.kind, self.qs[index], self.d[index], None if self.m is None else self.m[index])
 
+    def column_blocks(self, order: torch.Tensor) -> "QuantWeight":
+        """The weight with its blocks of 32 columns in ``order`` (block ``order[j]`` becomes block j, in every row)."""
+        n, blocks = self.d.shape
+        qs = self.qs.reshape(n, blocks, -1)[:, order].reshape(self.qs.shape)
+        return QuantWeight(self.kind, qs, self.d[:, order], None if self.m is None else self.m[:, order])
+
     def to(self, device: torch.device | str) -> "QuantWeight":
         return QuantWeight(self.kind, self.qs.to(device), self.d.to(device),
                            None if self.m is None else self.m.to(device))

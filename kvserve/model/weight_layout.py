@@ -38,6 +38,59 @@ def deinterleave_rotary(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, 
     return out
 
 
+def gates_after_q(cfg: ModelConfig, weights: dict[str, Any], q_proj: str) -> None:
+    """Gated attention's q_proj (each head's q, then its gate) as every head's q, then every gate, in ``weights``."""
+    for suffix in ("weight", "bias"):
+        if (name := f"{q_proj}.{suffix}") in weights:
+            w = weights[name]
+            if hasattr(w, "rows"):  # a kept quantized weight: the same order of rows
+                import torch
+
+                order = torch.arange(w.shape[0]).view(cfg.num_attention_heads, 2, -1).transpose(0, 1).reshape(-1)
+                weights[name] = w.rows(order)
+            else:
+                weights[name] = w.reshape(cfg.num_attention_heads, 2, -1, *w.shape[1:]).transpose(0, 1).reshape(w.shape)
+
+
+def untile_value_heads(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
+    """The delta nets' value heads in the checkpoints' order, from llama.cpp's: where there are more value heads than
+    key heads its converter tiles them (value head j of every key head, for j = 0, 1, ...) instead of grouping them by
+    key head; the rows of v, z, b, a, A, dt's bias and the convolution's v channels, and out_proj's columns (kept
+    quantized weights permute their rows, and out_proj's blocks where a head is whole blocks; else it is dequantized)."""
+    import torch
+
+    kh, vh = cfg.delta_key_heads, cfg.delta_value_heads
+    if not kh or kh == vh:
+        return weights
+    arch, out = get_architecture(cfg.architecture), dict(weights)
+    per, keys, vdim = vh // kh, 2 * cfg.delta_key_heads * cfg.delta_key_dim, cfg.delta_value_dim
+
+    def grouped(head: int, first: int = 0) -> torch.Tensor:
+        """Where each grouped row (or column) is in the tiled order, after ``first`` rows left in place."""
+        tiled = torch.arange(vh * head).view(per, kh, head).transpose(0, 1).reshape(-1)
+        return torch.cat([torch.arange(first), first + tiled])
+
+    def rows(x: Any, order: torch.Tensor) -> Any:
+        return x.rows(order) if hasattr(x, "rows") else x[order]
+
+    for i in range(cfg.num_hidden_layers):
+        if not cfg.is_delta(i):
+            continue
+        p = f"model.layers.{i}."
+        name = lambda role, suffix=".weight": f"{p}{arch.weight_name(role)}{suffix}"  # noqa: E731
+        for role, head, first in (("delta_qkv", vdim, keys), ("delta_conv", vdim, keys), ("delta_z", vdim, 0),
+                                  ("delta_b", 1, 0), ("delta_a", 1, 0)):
+            out[name(role)] = rows(out[name(role)], grouped(head, first))
+        for role in ("delta_A_log", "delta_dt_bias"):
+            out[name(role, "")] = out[name(role, "")][grouped(1)]
+        o = out[name("delta_out_proj")]
+        if hasattr(o, "column_blocks") and vdim % 32 == 0:  # a kept quantized weight: its heads are whole blocks
+            out[name("delta_out_proj")] = o.column_blocks(grouped(vdim // 32))
+        else:
+            out[name("delta_out_proj")] = (o.dequantize() if hasattr(o, "dequantize") else o)[:, grouped(vdim)]
+    return out
+
+
 def standard_layout(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint's linears as the other architectures store them: GPT-2's Conv1D weights ([in, out]:
     ``Architecture.transposed_linears``) transposed, GPT-NeoX's fused q/k/v rows (head by head, q, k and v of each:
@@ -53,11 +106,8 @@ def standard_layout(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]
     out = dict(weights)
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
-        if cfg.attn_output_gate and not cfg.is_recurrent(i):  # q_proj: each head's q, then its gate: q's first
-            for suffix in ("weight", "bias"):
-                if (name := f"{p}{arch.weight_name('q_proj')}.{suffix}") in out:
-                    w = out[name]
-                    out[name] = w.reshape(cfg.num_attention_heads, 2, -1, *w.shape[1:]).transpose(0, 1).reshape(w.shape)
+        if cfg.attn_output_gate and not cfg.is_recurrent(i):
+            gates_after_q(cfg, out, f"{p}{arch.weight_name('q_proj')}")
         if cfg.is_delta(i) and arch.weight_name("delta_qkvz"):
             out.update(ungroup_delta(cfg, out, p + str(arch.weight_name("delta_qkvz")) + ".weight",
                                      p + str(arch.weight_name("delta_ba")) + ".weight"))

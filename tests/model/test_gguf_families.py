@@ -31,6 +31,7 @@ from kvserve.llm import LLM
 from kvserve.model.architectures import get_architecture
 from kvserve.model.loader import load_model, load_model_config
 from kvserve.model.quant import QuantExperts, QuantWeight
+from kvserve.model.weight_layout import standard_layout
 from test_architectures import CASES as ARCH_CASES
 from test_architectures import COMMON, GREEDY, assert_logprobs_close, hf_model, prompts
 from test_mxfp4 import mxfp4_experts
@@ -64,6 +65,12 @@ CASES: dict[str, tuple[str, dict, str]] = {
     "granitehybrid": ("GraniteMoeHybridForCausalLM:mamba", {}, "granitehybrid"),
     "granitehybrid:dense": ("GraniteMoeHybridForCausalLM:mamba", dict(num_local_experts=0, shared_intermediate_size=48,
                                                                      position_embedding_type="rope"), "granitehybrid"),
+    # Qwen3.5: gated delta nets (more value heads than key heads: the converter tiles them) and gated attention; the
+    # MoE model's experts and gated shared expert; llama.cpp knows the layers only by full_attention_interval (the
+    # test cases' layer_types alternate)
+    # (value heads of 32: whole Q8_0 blocks, which out_proj's columns permute as they are)
+    "qwen35": ("Qwen3_5ForCausalLM", dict(full_attention_interval=2, linear_value_head_dim=32), "qwen35"),
+    "qwen35moe": ("Qwen3_5MoeForCausalLM", dict(full_attention_interval=2), "qwen35moe"),
     # llama.cpp's graph skips rotary on every 4th layer (no GGUF key): four layers show it
     "smollm3": ("SmolLM3ForCausalLM", dict(no_rope_layer_interval=4), "smollm3"),
     # the converter writes no window for starcoder2 (llama.cpp has none there)
@@ -110,9 +117,11 @@ CASES: dict[str, tuple[str, dict, str]] = {
 }
 # where transformers' GGUF reader has no such architecture, or no stacked experts for it (llama)
 NO_TRANSFORMERS_READER = {"deepseek2", "deepseek2:v3", "lfm2", "lfm2moe", "nemotron", "mistral3", "olmoe", "mixtral", "gemma", "olmo2", "granite", "granitemoe", "granitemoe:shared", "smollm3",
-                          "granitehybrid", "granitehybrid:dense", "mamba2", "glm4", "ernie4_5", "ernie4_5:use_bias", "gpt-oss", "cohere2", "command-r", "arcee", "exaone4", "ernie4_5-moe", "phi2", "glm4moe", "olmo2:olmo3", "seed_oss"}
+                          "granitehybrid", "granitehybrid:dense", "mamba2", "glm4", "ernie4_5", "ernie4_5:use_bias", "gpt-oss", "cohere2", "command-r", "arcee", "exaone4", "ernie4_5-moe", "phi2", "glm4moe", "olmo2:olmo3", "seed_oss",
+                          "qwen35", "qwen35moe"}
 GEMMA = {"gemma", "gemma2", "gemma3"}
-PLUS_ONE = GEMMA | {"nemotron"}  # norms that scale by 1 + weight, which the converters store with the 1 added
+# norms that scale by 1 + weight, which the converters store with the 1 added (not Qwen3.5's gated delta-net norm)
+PLUS_ONE = GEMMA | {"nemotron", "qwen35", "qwen35moe"}
 # every linear Q8_0; not granite, whose test model's near-flat logits (several tokens within 0.01) Q8_0 reorders
 DENSE_Q8_0 = {"gemma", "olmo2", "smollm3", "starcoder2", "glm4", "ernie4_5:use_bias", "command-r", "cohere2", "exaone4", "phi2"}
 PERMUTED = {"llama", "granite", "granitemoe", "granitehybrid", "smollm3", "arcee", "mistral3"}  # llama.cpp's LlamaModel lineage reorders q/k rows for GGML's rope
@@ -253,7 +262,16 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
     if experts:
         w.add_expert_count(experts)
         w.add_expert_used_count(d.get("num_experts_per_tok") or d["moe_k"])
-    if arch in ("qwen2moe", "qwen3moe"):
+    if arch in ("qwen35", "qwen35moe"):  # the Qwen3NextModel converter's keys, and Qwen3.5's rotary sections
+        w.add_ssm_conv_kernel(d["linear_conv_kernel_dim"])
+        w.add_ssm_state_size(d["linear_key_head_dim"])
+        w.add_ssm_group_count(d["linear_num_key_heads"])
+        w.add_ssm_time_step_rank(d["linear_num_value_heads"])
+        w.add_ssm_inner_size(d["linear_value_head_dim"] * d["linear_num_value_heads"])
+        w.add_full_attention_interval(d.get("full_attention_interval", 4))
+        w.add_rope_dimension_count(int(d["head_dim"] * full.get("partial_rotary_factor", 0.25)))
+        w.add_rope_dimension_sections(full.get("mrope_section", [11, 11, 10]) + [0])
+    if arch in ("qwen2moe", "qwen3moe", "qwen35moe"):
         w.add_expert_feed_forward_length(d["moe_intermediate_size"])
         if d.get("shared_expert_intermediate_size"):
             w.add_expert_shared_feed_forward_length(d["shared_expert_intermediate_size"])
@@ -347,6 +365,10 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
     if arch == "mamba2":
         for i in range(layers):
             _mamba2_tensors(state, f"backbone.layers.{i}.mixer.", d["n_groups"])
+    if arch in ("qwen35", "qwen35moe"):
+        for i in range(layers):
+            if f"model.layers.{i}.linear_attn.A_log" in state:
+                _qwen35_delta_tensors(state, f"model.layers.{i}.linear_attn.", d)
     if arch == "lfm2moe":  # the converter stacks each layer's experts under llama.cpp's names
         for i in range(layers):
             for w_name, leaf in (("w1", "ffn_gate_exps"), ("w3", "ffn_up_exps"), ("w2", "ffn_down_exps")):
@@ -367,7 +389,7 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
     for name, t in state.items():
         if d["tie_word_embeddings"] and name == "lm_head.weight":
             continue  # tied; the converter skips it
-        if (arch.startswith("gemma") or arch == "nemotron") and name.endswith("norm.weight"):
+        if arch in PLUS_ONE and name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
             t = t + 1
         if arch in ("lfm2", "lfm2moe") and name.endswith("conv.conv.weight"):
             t = t.squeeze(1)  # the converter's: llama.cpp's conv op takes [channels, taps]
@@ -382,7 +404,7 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
         data = t.float().numpy()
         if expert_type is not None and gguf_name.rpartition(".")[0].endswith("_exps"):
             w.add_tensor(gguf_name, gguf.quants.quantize(data, expert_type), raw_dtype=expert_type)
-        elif linear_type is not None and data.ndim == 2:
+        elif linear_type is not None and data.ndim == 2 and data.shape[1] % 32 == 0:  # (not a convolution's taps)
             w.add_tensor(gguf_name, gguf.quants.quantize(data, linear_type), raw_dtype=linear_type)
         else:
             w.add_tensor(gguf_name, data)
@@ -411,6 +433,36 @@ def _granite_hybrid_tensors(state: dict[str, torch.Tensor], d: dict, layers: int
             state[f"blk.{i}.ffn_gate.weight"], state[f"blk.{i}.ffn_up.weight"] = gate, up
             state[f"blk.{i}.ffn_down.weight"] = state.pop(f"{p}shared_mlp.output_linear.weight")
         _mamba2_tensors(state, f"{p}mamba.", d["mamba_n_groups"])
+
+
+def _qwen35_delta_tensors(state: dict[str, torch.Tensor], m: str, d: dict) -> None:
+    """The Qwen3NextModel converter's delta-net tensors (Qwen3.5's through its V-reordering subclass): A as -exp(A_log),
+    dt's bias as dt_proj's, the convolution [channels, taps]; where value heads outnumber key heads, the value heads
+    tiled (j-th of every key head, j = 0, 1, ...) in v's rows, z, b, a, A, dt's bias, the convolution's v channels and
+    out_proj's columns."""
+    kh, vh, kd, vd = (d[k] for k in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                                     "linear_value_head_dim"))
+
+    def tile(x: torch.Tensor, dim: int, head: int) -> torch.Tensor:
+        shape = list(x.shape)
+        grouped = x.reshape(*shape[:dim], kh, vh // kh, head, *shape[dim + 1:])
+        return grouped.transpose(dim, dim + 1).reshape(shape)
+
+    conv = state.pop(m + "conv1d.weight").squeeze(1)
+    if kh != vh:
+        keys = 2 * kh * kd
+        qkv = state[m + "in_proj_qkv.weight"]
+        state[m + "in_proj_qkv.weight"] = torch.cat([qkv[:keys], tile(qkv[keys:], 0, vd)])
+        conv = torch.cat([conv[:keys], tile(conv[keys:], 0, vd)])
+        state[m + "in_proj_z.weight"] = tile(state[m + "in_proj_z.weight"], 0, vd)
+        for leaf in ("in_proj_b.weight", "in_proj_a.weight"):
+            state[m + leaf] = tile(state[m + leaf], 0, 1)
+        for leaf in ("A_log", "dt_bias"):
+            state[m + leaf] = tile(state[m + leaf][:, None], 0, 1)[:, 0]
+        state[m + "out_proj.weight"] = tile(state[m + "out_proj.weight"], 1, vd)
+    state[m + "conv1d.weight"] = conv
+    state[m + "A_log"] = -torch.exp(state[m + "A_log"].float())
+    state[m + "dt_proj.bias"] = state.pop(m + "dt_bias")
 
 
 def _mamba2_tensors(state: dict[str, torch.Tensor], m: str, groups: int) -> None:
@@ -491,6 +543,8 @@ def test_gguf_loads_the_checkpoint_weights(case, tmp_path_factory, monkeypatch):
     original = {arch.checkpoint_name(n): t for n, t in load_file(folder / "model.safetensors").items()}
     if model.config.tie_word_embeddings:
         original.pop("lm_head.weight", None)
+    if loaded.config.attn_output_gate:  # both loaders put gated attention's gates after q's rows
+        original = standard_layout(loaded.config, original)
     # the metadata means what the checkpoint's config.json does (the eos ids come from the tokenizer)
     gguf_config, hf_config = asdict(loaded.config), asdict(load_model_config(folder))
     for key in ("architecture", "eos_token_ids", "rope_scaling"):
@@ -616,7 +670,7 @@ def test_gguf_q8_0_linears_stay_quantized_and_close(case, tmp_path_factory):
     _, _, dense_path = gguf_case(case, tmp_path_factory)
     _, _, path = gguf_case(case, tmp_path_factory, linear_type=QT.Q8_0)
     loaded = load_model(path, keep_quantized=True)
-    linears = [n for n, w in load_model(dense_path).weights.items() if w.dim() == 2]
+    linears = [n for n, w in load_model(dense_path).weights.items() if w.dim() == 2 and w.shape[1] % 32 == 0]
     assert linears and all(isinstance(loaded.weights[n], QuantWeight) for n in linears)
 
     quant_llm = _llm(path, quantization="auto")
@@ -624,6 +678,21 @@ def test_gguf_q8_0_linears_stay_quantized_and_close(case, tmp_path_factory):
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=3)
     dense = _llm(dense_path).generate(prompts(), params)
     assert_logprobs_close(dense, quant_llm.generate(prompts(), params), case)
+
+
+def test_gguf_qwen35_q8_0_weights_stay_quantized_in_the_checkpoints_order(tmp_path_factory):
+    """Qwen3.5's Q8_0 linears load quantized with the value heads regrouped (rows permuted; out_proj's columns a whole
+    block a head) and gated attention's q rows reordered, each within Q8_0's error of the float32 file's weight. (Not
+    the greedy closeness of DENSE_Q8_0: the random delta nets' decay and write strength turn Q8_0's error in a and b
+    into logprob moves near 1.)"""
+    _, _, dense_path = gguf_case("qwen35", tmp_path_factory)
+    _, _, path = gguf_case("qwen35", tmp_path_factory, linear_type=QT.Q8_0)
+    dense, kept = load_model(dense_path).weights, load_model(path, keep_quantized=True).weights
+    quantized = [n for n, w in kept.items() if isinstance(w, QuantWeight)]
+    assert "model.layers.0.linear_attn.out_proj.weight" in quantized and "model.layers.1.self_attn.q_proj.weight" in quantized
+    for name in quantized:
+        scale = dense[name].abs().max()
+        assert (kept[name].dequantize() - dense[name]).abs().max() <= scale / 127, name
 
 
 def test_gguf_unsupported_expert_type_is_named(tmp_path_factory):
