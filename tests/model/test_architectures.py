@@ -292,6 +292,11 @@ CASES: dict[str, tuple[str, dict]] = {
                                                             max_window_layers=1, num_hidden_layers=3)),
     "SmolLM3ForCausalLM:sliding_window": ("SmolLM3Config", dict(num_hidden_layers=3, no_rope_layer_interval=3,
                                                                 use_sliding_window=True, sliding_window=WINDOW)),
+    # Llama's attention with q/k/v biases; GLM-4.5's sigmoid experts (chosen with a bias from the best 2 of 4 groups,
+    # renormalised, scaled) in every layer beside an ungated shared expert
+    "SolarOpenForCausalLM": ("SolarOpenConfig", dict(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                                                     n_shared_experts=1, n_group=4, topk_group=2, attention_bias=True,
+                                                     routed_scaling_factor=1.5)),
 }
 # Gemma3ForConditionalGeneration's text model, beside a one-layer vision tower the engine does not read
 GEMMA3_MM = dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
