@@ -297,6 +297,17 @@ CASES: dict[str, tuple[str, dict]] = {
     "SolarOpenForCausalLM": ("SolarOpenConfig", dict(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
                                                      n_shared_experts=1, n_group=4, topk_group=2, attention_bias=True,
                                                      routed_scaling_factor=1.5)),
+    # Cohere 2's layers (LayerNorms) with a dense first layer (rotating, of its own size) and then softmax experts
+    # averaged with a shared expert; (":rms,sigmoid") RMSNorms, sigmoid experts not renormalised, the shared expert summed
+    # (experts of 64: at 32 int8 moved this random model's logprobs by 0.87)
+    "Cohere2MoeForCausalLM": ("Cohere2MoeConfig", dict(num_hidden_layers=4, num_experts=4, num_experts_per_tok=2,
+                                                       intermediate_size=32, num_shared_experts=1, first_k_dense_replace=1,
+                                                       prefix_dense_intermediate_size=48, sliding_window=WINDOW,
+                                                       logit_scale=0.5)),
+    "Cohere2MoeForCausalLM:rms,sigmoid": ("Cohere2MoeConfig", dict(
+        num_hidden_layers=4, num_experts=4, num_experts_per_tok=2, intermediate_size=64, num_shared_experts=2,
+        shared_expert_combination_strategy="sum", expert_selection_fn="sigmoid", norm_topk_prob=False,
+        rms_norm_eps=1e-6, sliding_window=WINDOW, sliding_window_pattern=2, logit_scale=0.5)),
 }
 # Gemma3ForConditionalGeneration's text model, beside a one-layer vision tower the engine does not read
 GEMMA3_MM = dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
