@@ -53,7 +53,8 @@ def standard_layout(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]
     out = dict(weights)
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
-        if cfg.attn_output_gate and not cfg.is_recurrent(i):  # q_proj: each head's q, then its gate: q's first
+        # q_proj: each head's q, then its gate: q's first (a gate of its own projection is stacked behind q as it is)
+        if cfg.attn_output_gate and not cfg.is_recurrent(i) and not arch.weight_name("attn_gate_proj"):
             for suffix in ("weight", "bias"):
                 if (name := f"{p}{arch.weight_name('q_proj')}.{suffix}") in out:
                     w = out[name]

@@ -105,7 +105,10 @@ def attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig
     h, d = cfg.hidden_size, int(cfg.head_dim or 0)
     q_rows, kv_rows = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
     gated = 2 if cfg.attn_output_gate else 1  # q_proj's rows: q's, then the output gate's (standard_layout)
-    linear(dst + "qkv", prefix, [("q_proj", gated * q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)],
+    q_parts = [("q_proj", gated * q_rows)]
+    if cfg.attn_output_gate and arch.weight_name("attn_gate_proj"):  # the gate a tensor of its own: behind q's rows
+        q_parts = [("q_proj", q_rows), ("attn_gate_proj", q_rows)]
+    linear(dst + "qkv", prefix, [*q_parts, ("k_proj", kv_rows), ("v_proj", kv_rows)],
            arch.weight_name("qkv_proj"), h, cfg.attention_bias)
     linear(dst + "o_proj", prefix, [("o_proj", h)], None, q_rows, cfg.o_proj_bias)
     if not cfg.has_qk_norm(layer) or cfg.qk_norm_type == "unweighted":

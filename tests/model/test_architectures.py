@@ -308,6 +308,13 @@ CASES: dict[str, tuple[str, dict]] = {
         num_hidden_layers=4, num_experts=4, num_experts_per_tok=2, intermediate_size=64, num_shared_experts=2,
         shared_expert_combination_strategy="sum", expert_selection_fn="sigmoid", norm_topk_prob=False,
         rms_norm_eps=1e-6, sliding_window=WINDOW, sliding_window_pattern=2, logit_scale=0.5)),
+    # sandwich norms, per-head q/k norms, rotary on the windowed layers only, an output gate of its own projection; a
+    # dense first layer, then sigmoid experts chosen with a bias, renormalised, scaled, beside a shared expert; muP
+    # (experts of 64: at 32 int8 moved this random model's logprobs by 0.62)
+    "AfmoeForCausalLM": ("AfmoeConfig", dict(num_hidden_layers=4, global_attn_every_n_layers=2, sliding_window=WINDOW,
+                                             num_dense_layers=1, num_experts=4, num_experts_per_tok=2,
+                                             moe_intermediate_size=64, num_shared_experts=1, route_scale=1.5,
+                                             mup_enabled=True)),
 }
 # Gemma3ForConditionalGeneration's text model, beside a one-layer vision tower the engine does not read
 GEMMA3_MM = dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
