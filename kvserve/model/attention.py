@@ -22,14 +22,16 @@ from kvserve.model.rotary import RotaryStep
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
-        self.num_heads = cfg.num_attention_heads
+        self.num_heads = cfg.attention_heads(layer)
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = d = int(cfg.head_dim or 0)
         self.hidden_size = cfg.hidden_size
         q_size, kv_size = self.num_heads * d, self.num_kv_heads * d
-        # gated attention: a gate for each of q's values, after q's (weight_layout.standard_layout puts them there)
+        # gated attention: a gate for each of q's values (or each head), after q's (weight_layout.standard_layout puts
+        # them there)
         self.output_gate = cfg.attn_output_gate
-        self.split = (q_size, *((q_size,) if self.output_gate else ()), kv_size, kv_size)
+        self.gate_softplus, self.gate_per_head = cfg.attn_output_gate_fn == "softplus", cfg.attn_output_gate_per_head
+        self.split = (q_size, *((cfg.attn_gate_width(layer),) if self.output_gate else ()), kv_size, kv_size)
         self.qkv = nn.Linear(cfg.hidden_size, sum(self.split), bias=cfg.attention_bias)
         self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
         self.qk_norm = cfg.qk_norm if cfg.has_qk_norm(layer) else None
@@ -119,8 +121,17 @@ class Attention(nn.Module):
             return x.new_empty(0, self.hidden_size)
         o = o.reshape(o.shape[0], -1)
         if self.output_gate:
-            o = o * torch.sigmoid(gate if rows is None else gate[rows])
+            o = self._gated(o, gate if rows is None else gate[rows])
         return self.o_proj(o, out_dtype=torch.bfloat16) if bf16 else self.o_proj(o)
+
+
+    def _gated(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """Attention's output [rows, heads x head_dim] times its gate: sigmoid, or softplus (in float32, as Laguna's
+        reference computes it), one value each of o's or one a head."""
+        g = torch.nn.functional.softplus(gate.float()).to(o.dtype) if self.gate_softplus else torch.sigmoid(gate)
+        if self.gate_per_head:
+            return (o.view(o.shape[0], self.num_heads, self.head_dim) * g[..., None]).view(o.shape)
+        return o * g
 
 
 def step_positions(meta: AttentionMetadata, device: torch.device) -> torch.Tensor:

@@ -60,7 +60,7 @@ class DecoderLayer(nn.Module):
                            cfg.norm_topk_prob, cfg.hidden_act, cfg.shared_expert_intermediate_size, cfg.router_bias,
                            cfg.expert_bias, cfg.swiglu, cfg.shared_expert_gated, cfg.selection_bias,
                            cfg.router_scoring, cfg.routed_scale, cfg.expert_group_choice, cfg.router_jitter,
-                           cfg.gated_mlp, cfg.moe_scale_inputs)
+                           cfg.gated_mlp, cfg.moe_scale_inputs, cfg.router_logit_softcap)
         else:
             self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, cfg.mlp_bias, cfg.swiglu,
                                 cfg.gated_mlp)
@@ -166,7 +166,7 @@ class CausalLM(nn.Module):
         self.rotary = Rotary(cfg.rotary_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling, head_dim)
         # Gemma 3's sliding layers rotate with their own base, unscaled
         self.local_rotary = None if cfg.rope_local_theta is None else Rotary(
-            cfg.rotary_dim, cfg.max_position_embeddings, cfg.rope_local_theta, None, head_dim)
+            cfg.local_rotary_dim, cfg.max_position_embeddings, cfg.rope_local_theta, None, head_dim)
         self.uses_local = [cfg.rope_local_theta is not None and cfg.window(i) is not None for i in range(len(self.layers))]
         self.rotates = [cfg.rotates(i) for i in range(len(self.layers))]  # SmolLM3's NoPE layers: False
         # each layer's pool layers (kv_caches' entries): its own one, a short convolution's several, a Mamba layer's

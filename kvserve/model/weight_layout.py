@@ -58,7 +58,7 @@ def standard_layout(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]
             for suffix in ("weight", "bias"):
                 if (name := f"{p}{arch.weight_name('q_proj')}.{suffix}") in out:
                     w = out[name]
-                    out[name] = w.reshape(cfg.num_attention_heads, 2, -1, *w.shape[1:]).transpose(0, 1).reshape(w.shape)
+                    out[name] = w.reshape(cfg.attention_heads(i), 2, -1, *w.shape[1:]).transpose(0, 1).reshape(w.shape)
         if cfg.is_delta(i) and arch.weight_name("delta_qkvz"):
             out.update(ungroup_delta(cfg, out, p + str(arch.weight_name("delta_qkvz")) + ".weight",
                                      p + str(arch.weight_name("delta_ba")) + ".weight"))

@@ -315,6 +315,21 @@ CASES: dict[str, tuple[str, dict]] = {
                                              num_dense_layers=1, num_experts=4, num_experts_per_tok=2,
                                              moe_intermediate_size=64, num_shared_experts=1, route_scale=1.5,
                                              mup_enabled=True)),
+    # query heads by layer (4, 8, 2: GQA ratios of 2, 4, 1), windowed layers with their own rotary base over whole
+    # heads, full layers rotating half of each head; a softplus gate a head; a dense first layer, then sigmoid experts
+    # over soft-capped logits chosen with a bias, renormalised, scaled, beside a shared expert
+    "LagunaForCausalLM": ("LagunaConfig", dict(
+        num_hidden_layers=3, num_attention_heads_per_layer=[4, 8, 2], sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"], num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, shared_expert_intermediate_size=48, moe_routed_scaling_factor=1.5,
+        moe_router_logit_softcapping=2.0,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0,
+                                               "partial_rotary_factor": 1.0}})),
+    # a softplus gate a value, every layer's heads the same, no cap
+    "LagunaForCausalLM:per_element": ("LagunaConfig", dict(num_hidden_layers=2, gating="per-element", num_experts=4,
+                                                           num_experts_per_tok=2, moe_intermediate_size=32,
+                                                           shared_expert_intermediate_size=48)),
 }
 # Gemma3ForConditionalGeneration's text model, beside a one-layer vision tower the engine does not read
 GEMMA3_MM = dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
