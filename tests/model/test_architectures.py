@@ -330,6 +330,12 @@ CASES: dict[str, tuple[str, dict]] = {
     "LagunaForCausalLM:per_element": ("LagunaConfig", dict(num_hidden_layers=2, gating="per-element", num_experts=4,
                                                            num_experts_per_tok=2, moe_intermediate_size=32,
                                                            shared_expert_intermediate_size=48)),
+    # Qwen3-MoE's layers, windowed ones with their own rotary base, a dense layer of its own size
+    "MellumForCausalLM": ("MellumConfig", dict(
+        num_hidden_layers=3, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        mlp_layer_types=["dense", "sparse", "sparse"], intermediate_size=64, **MOE,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
 }
 # Gemma3ForConditionalGeneration's text model, beside a one-layer vision tower the engine does not read
 GEMMA3_MM = dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
