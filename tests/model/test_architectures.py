@@ -326,16 +326,20 @@ CASES: dict[str, tuple[str, dict]] = {
         rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0,
                                                "partial_rotary_factor": 1.0}})),
-    # a softplus gate a value, every layer's heads the same, no cap
+    # a softplus gate a value, every layer's heads the same, no cap (the experts in the native MoE block)
     "LagunaForCausalLM:per_element": ("LagunaConfig", dict(num_hidden_layers=2, gating="per-element", num_experts=4,
                                                            num_experts_per_tok=2, moe_intermediate_size=32,
-                                                           shared_expert_intermediate_size=48)),
+                                                           shared_expert_intermediate_size=64)),
     # Qwen3-MoE's layers, windowed ones with their own rotary base, a dense layer of its own size
     "MellumForCausalLM": ("MellumConfig", dict(
         num_hidden_layers=3, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
         mlp_layer_types=["dense", "sparse", "sparse"], intermediate_size=64, **MOE,
         rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 500000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
+    # sinks, per-head q/k norms, rotary on the windowed layers only (the full ones without positions); sigmoid experts
+    # renormalised beside an ungated shared expert, the first two layers dense
+    "FlintForCausalLM": ("FlintConfig", dict(num_hidden_layers=5, sliding_window=WINDOW, shared_expert_intermediate_size=64,
+                                             attention_bias=True, **MOE)),
 }
 # Gemma3ForConditionalGeneration's text model, beside a one-layer vision tower the engine does not read
 GEMMA3_MM = dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
