@@ -340,6 +340,10 @@ CASES: dict[str, tuple[str, dict]] = {
     # renormalised beside an ungated shared expert, the first two layers dense
     "FlintForCausalLM": ("FlintConfig", dict(num_hidden_layers=5, sliding_window=WINDOW, shared_expert_intermediate_size=64,
                                              attention_bias=True, **MOE)),
+    # per-head q/k norms, q/k/v/o biases; a dense first layer, then sigmoid experts chosen with a bias, renormalised,
+    # scaled, beside an ungated shared expert
+    "HYV3ForCausalLM": ("HYV3Config", dict(num_hidden_layers=3, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                           num_shared_experts=1, router_scaling_factor=2.0, attention_bias=True)),
 }
 # Gemma3ForConditionalGeneration's text model, beside a one-layer vision tower the engine does not read
 GEMMA3_MM = dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
