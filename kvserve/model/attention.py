@@ -31,7 +31,8 @@ class Attention(nn.Module):
         # them there)
         self.output_gate = cfg.attn_output_gate
         self.gate_softplus, self.gate_per_head = cfg.attn_output_gate_fn == "softplus", cfg.attn_output_gate_per_head
-        self.split = (q_size, *((cfg.attn_gate_width(layer),) if self.output_gate else ()), kv_size, kv_size)
+        gate_size = self.num_heads if self.gate_per_head else q_size
+        self.split = (q_size, *((gate_size,) if self.output_gate else ()), kv_size, kv_size)
         self.qkv = nn.Linear(cfg.hidden_size, sum(self.split), bias=cfg.attention_bias)
         self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
         self.qk_norm = cfg.qk_norm if cfg.has_qk_norm(layer) else None

@@ -90,9 +90,7 @@ class ModelConfig:
     sliding_window: int | None = None  # keys a sliding layer attends: the query's own and the window - 1 before
     layer_types: list[str] | None = None  # per layer FULL or SLIDING; None: every layer FULL (or all SLIDING with a window)
     rope_local_theta: float | None = None  # sliding layers' own RoPE base, unscaled (Gemma 3)
-    # the share of each head's dims that rotate in the sliding layers, where it differs from partial_rotary_factor's
-    # (Laguna's per-layer-type rope_parameters); with rope_local_theta
-    rope_local_partial_rotary_factor: float | None = None
+    rope_local_partial_rotary_factor: float | None = None  # the sliding layers' own share of rotating dims (Laguna)
     partial_rotary_factor: float = 1.0  # the share of each head's dims that rotate (Phi-4-mini)
     # rotary on pairs of adjacent dims (2i, 2i+1; GLM-4) instead of halves (i, i + dim/2): q's and k's rows are
     # reordered at load (``weight_layout.deinterleave_rotary``), so that every rotary path takes it as it is
@@ -187,12 +185,9 @@ class ModelConfig:
     delta_conv_kernel: int = 4
     # gated attention (Qwen3-Next): q_proj also gives a gate per head's dim, and sigmoid(gate) scales attention's output
     attn_output_gate: bool = False
-    # the gate's function: "sigmoid", or "softplus" (Laguna's); per head: one gate a head, over all its dims
-    attn_output_gate_fn: str = "sigmoid"
-    attn_output_gate_per_head: bool = False
-    # the query heads of each layer where they differ by layer (Laguna's num_attention_heads_per_layer; every layer
-    # has num_key_value_heads KV heads); None: num_attention_heads in every layer
-    attention_heads_per_layer: list[int] | None = None
+    attn_output_gate_fn: str = "sigmoid"  # the gate's function: "sigmoid", or "softplus" (Laguna's)
+    attn_output_gate_per_head: bool = False  # one gate a head, over all its dims (Laguna's), not one a value
+    attention_heads_per_layer: list[int] | None = None  # query heads by layer (Laguna's; the KV heads: every layer's)
     # --- layers of one sublayer (Nemotron-H's blocks, Mamba2's): per layer "mixer" (its token mixer alone), "mlp" (its
     # MLP or experts alone) or "both"; None: every layer has both. Pre-norm layout only ---
     layer_parts: list[str] | None = None
@@ -202,10 +197,6 @@ class ModelConfig:
             self.head_dim = self.hidden_size // self.num_attention_heads
         if any(h % self.num_key_value_heads for h in (self.num_attention_heads, *(self.attention_heads_per_layer or ()))):
             raise ValueError("num_attention_heads (every layer's) must be a multiple of num_key_value_heads")
-        if self.attn_output_gate_fn not in ("sigmoid", "softplus"):
-            raise ValueError(f"attention output gate {self.attn_output_gate_fn!r} is not sigmoid or softplus")
-        if self.rope_local_partial_rotary_factor is not None and self.rope_local_theta is None:
-            raise ValueError("rope_local_partial_rotary_factor is the sliding layers' own rotary: with rope_local_theta")
         for name in ("layer_types", "rope_layers", "moe_layers", "conv_layers", "mamba_layers", "delta_layers",
                      "layer_parts", "qk_norm_layers", "attention_heads_per_layer"):
             per_layer = getattr(self, name)
@@ -268,14 +259,7 @@ class ModelConfig:
         return self.attention_chunk
 
     def attention_heads(self, layer: int) -> int:
-        """The query heads of ``layer``."""
-        per_layer = self.attention_heads_per_layer
-        return self.num_attention_heads if per_layer is None else per_layer[layer]
-
-    def attn_gate_width(self, layer: int) -> int:
-        """The output gate's values a token in ``layer`` (gated attention): one a head, or one each of q's."""
-        heads = self.attention_heads(layer)
-        return heads if self.attn_output_gate_per_head else heads * int(self.head_dim or 0)
+        return self.num_attention_heads if self.attention_heads_per_layer is None else self.attention_heads_per_layer[layer]
 
     def has_qk_norm(self, layer: int) -> bool:
         return self.qk_norm is not None and (self.qk_norm_layers is None or self.qk_norm_layers[layer])
@@ -365,12 +349,6 @@ class ModelConfig:
         if self.kv_lora_rank:  # latent attention: the rotary key's dims
             return self.qk_rope_head_dim
         return int(int(self.head_dim or 0) * self.partial_rotary_factor)
-
-    @property
-    def local_rotary_dim(self) -> int:
-        """The rotating dims of the sliding layers' own rotary (``rope_local_theta``)."""
-        share = self.rope_local_partial_rotary_factor
-        return self.rotary_dim if share is None else int(int(self.head_dim or 0) * share)
 
     @property
     def norm_roles(self) -> tuple[str, ...]:

@@ -67,7 +67,8 @@ def native_stack_blocker(cfg: ModelConfig) -> str | None:
               (cfg.attn_output_gate, "gated attention"),
               (any(h != cfg.num_attention_heads for h in cfg.attention_heads_per_layer or ()),
                "query heads varying by layer"),
-              (cfg.local_rotary_dim != cfg.rotary_dim, "partial rotary on the sliding layers"),
+              (cfg.rope_local_partial_rotary_factor not in (None, cfg.partial_rotary_factor),
+               "partial rotary on the sliding layers"),
               (cfg.router_scoring == "sparsemixer", "the sparsemixer router"),
               (dense_swiglu, "a clamped SwiGLU")]
     return ", ".join(why for bad, why in checks if bad) or None

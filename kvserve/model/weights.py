@@ -107,7 +107,7 @@ def attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig
     gated = 2 if cfg.attn_output_gate else 1  # q_proj's rows: q's, then the output gate's (standard_layout)
     q_parts = [("q_proj", gated * q_rows)]
     if cfg.attn_output_gate and arch.weight_name("attn_gate_proj"):  # the gate a tensor of its own: behind q's rows
-        q_parts = [("q_proj", q_rows), ("attn_gate_proj", cfg.attn_gate_width(layer))]
+        q_parts = [("q_proj", q_rows), ("attn_gate_proj", q_rows // d if cfg.attn_output_gate_per_head else q_rows)]
     linear(dst + "qkv", prefix, [*q_parts, ("k_proj", kv_rows), ("v_proj", kv_rows)],
            arch.weight_name("qkv_proj"), h, cfg.attention_bias)
     linear(dst + "o_proj", prefix, [("o_proj", h)], None, q_rows, cfg.o_proj_bias)
