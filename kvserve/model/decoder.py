@@ -20,6 +20,7 @@ from kvserve.model.latent_attention import LatentAttention
 from kvserve.model.mamba import AttentionBesideMamba, Mamba1, Mamba2
 from kvserve.model.layers import PackedLinear, RMSNorm, make_norm, pack_linears, padded_rows, runs_amx
 from kvserve.model.mlp import GatedMLP, MoE
+from kvserve.model.moe_native import moe_blocker
 from kvserve.model.native_stack import build_native_stack, native_stack_blocker, run_native_stack
 from kvserve.model.quant import QuantWeight
 from kvserve.model.recurrent import RecurrentMixer
@@ -222,6 +223,11 @@ class CausalLM(nn.Module):
             else:
                 log.info("%s: decode steps run the Python layers (the native decode stack does not run every "
                          "option; this model has %s)", self.config.architecture, why)
+                # (where the stack runs, build_native_stack says why an MoE layer's experts cannot)
+                moe = next((m for m in self.modules() if isinstance(m, MoE) and m.native_block is None), None)
+                if moe is not None:
+                    log.info("%s: the experts run the Python loop of experts (%s)", self.config.architecture,
+                             moe_blocker(moe))
 
     @torch.inference_mode()
     def forward(

@@ -321,7 +321,7 @@ CASES: dict[str, tuple[str, dict]] = {
     "LagunaForCausalLM": ("LagunaConfig", dict(
         num_hidden_layers=3, num_attention_heads_per_layer=[4, 8, 2], sliding_window=WINDOW,
         layer_types=["sliding_attention", "full_attention", "sliding_attention"], num_experts=4, num_experts_per_tok=2,
-        moe_intermediate_size=32, shared_expert_intermediate_size=48, moe_routed_scaling_factor=1.5,
+        moe_intermediate_size=32, shared_expert_intermediate_size=64, moe_routed_scaling_factor=1.5,
         moe_router_logit_softcapping=2.0,
         rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0,
