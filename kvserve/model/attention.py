@@ -22,20 +22,23 @@ from kvserve.model.rotary import RotaryStep
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
-        self.num_heads = cfg.num_attention_heads
+        self.num_heads = cfg.attention_heads(layer)
         self.num_kv_heads = cfg.attn_kv_heads(layer)
         self.head_dim = d = cfg.attn_head_dim(layer)
         self.hidden_size = cfg.hidden_size
         q_size, kv_size = self.num_heads * d, self.num_kv_heads * d
-        # gated attention: a gate for each of q's values, after q's (weight_layout.standard_layout puts them there)
+        # gated attention: a gate for each of q's values (or each head), after q's (weight_layout.standard_layout puts
+        # them there)
         self.output_gate = cfg.attn_output_gate
+        self.gate_softplus, self.gate_per_head = cfg.attn_output_gate_fn == "softplus", cfg.attn_output_gate_per_head
+        gate_size = self.num_heads if self.gate_per_head else q_size
         # K/V from an earlier layer (q alone projected here), or values that are the keys' projection
         self.shares_kv, self.k_is_v = cfg.shares_kv(layer), bool(cfg.k_eq_v_layers and cfg.k_eq_v_layers[layer])
         self.v_norm = cfg.v_norm
         self.stores_kv = cfg.kv_shared_from is not None and not self.shares_kv and layer in cfg.kv_shared_from[layer + 1:]
         self.layer, self.source = layer, (cfg.kv_shared_from[layer] if self.shares_kv else layer)
         kv_parts = () if self.shares_kv else (kv_size,) if self.k_is_v else (kv_size, kv_size)
-        self.split = (q_size, *((q_size,) if self.output_gate else ()), *kv_parts)
+        self.split = (q_size, *((gate_size,) if self.output_gate else ()), *kv_parts)
         self.qkv = nn.Linear(cfg.hidden_size, sum(self.split), bias=cfg.attention_bias)
         self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
         self.qk_norm = cfg.qk_norm if cfg.has_qk_norm(layer) else None
@@ -134,10 +137,17 @@ class Attention(nn.Module):
             return x.new_empty(0, self.hidden_size)
         o = o.reshape(o.shape[0], -1)
         if self.output_gate:
-            o = o * torch.sigmoid(gate if rows is None else gate[rows])
+            o = self._gated(o, gate if rows is None else gate[rows])
         return self.o_proj(o, out_dtype=torch.bfloat16) if bf16 else self.o_proj(o)
 
 
+    def _gated(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """Attention's output [rows, heads x head_dim] times its gate: sigmoid, or softplus (in float32, as Laguna's
+        reference computes it), one value each of o's or one a head."""
+        g = torch.nn.functional.softplus(gate.float()).to(o.dtype) if self.gate_softplus else torch.sigmoid(gate)
+        if self.gate_per_head:
+            return (o.view(o.shape[0], self.num_heads, self.head_dim) * g[..., None]).view(o.shape)
+        return o * g
     def _gemma4_forward(self, qkv: torch.Tensor, rope: RotaryStep | None, attn: AttentionBackend,
                         meta: AttentionMetadata, kv_cache: tuple[torch.Tensor, torch.Tensor], rows: torch.Tensor | None,
                         t: int) -> torch.Tensor:

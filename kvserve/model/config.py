@@ -90,6 +90,7 @@ class ModelConfig(LayerPlan):
     sliding_window: int | None = None  # keys a sliding layer attends: the query's own and the window - 1 before
     layer_types: list[str] | None = None  # per layer FULL or SLIDING; None: every layer FULL (or all SLIDING with a window)
     rope_local_theta: float | None = None  # sliding layers' own RoPE base, unscaled (Gemma 3)
+    rope_local_partial_rotary_factor: float | None = None  # the sliding layers' own share of rotating dims (Laguna)
     partial_rotary_factor: float = 1.0  # the share of each head's dims that rotate (Phi-4-mini)
     # rotary on pairs of adjacent dims (2i, 2i+1; GLM-4) instead of halves (i, i + dim/2): q's and k's rows are
     # reordered at load (``weight_layout.deinterleave_rotary``), so that every rotary path takes it as it is
@@ -117,6 +118,7 @@ class ModelConfig(LayerPlan):
     # picks, each weighted by a softmax over the logits near it (within 2 x router_jitter, relatively)
     router_scoring: str = "softmax"
     router_jitter: float = 0.01
+    router_logit_softcap: float | None = None  # the router's logits as cap * tanh(logits / cap) before scoring (Laguna)
     routed_scale: float = 1.0  # the routed experts' weights multiplied by this (routed_scaling_factor)
     expert_bias: bool = False  # each expert's linears have biases (gpt-oss)
     # expert groups (DeepSeek): a row's experts come from its best ``expert_groups_used`` of ``expert_groups`` equal
@@ -183,6 +185,9 @@ class ModelConfig(LayerPlan):
     delta_conv_kernel: int = 4
     # gated attention (Qwen3-Next): q_proj also gives a gate per head's dim, and sigmoid(gate) scales attention's output
     attn_output_gate: bool = False
+    attn_output_gate_fn: str = "sigmoid"  # the gate's function: "sigmoid", or "softplus" (Laguna's)
+    attn_output_gate_per_head: bool = False  # one gate a head, over all its dims (Laguna's), not one a value
+    attention_heads_per_layer: list[int] | None = None  # query heads by layer (Laguna's; the KV heads: every layer's)
     # --- layers of one sublayer (Nemotron-H's blocks, Mamba2's): per layer "mixer" (its token mixer alone), "mlp" (its
     # MLP or experts alone) or "both"; None: every layer has both. Pre-norm layout only ---
     layer_parts: list[str] | None = None
@@ -213,11 +218,11 @@ class ModelConfig(LayerPlan):
     def __post_init__(self) -> None:
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        if any(h % self.num_key_value_heads for h in (self.num_attention_heads, *(self.attention_heads_per_layer or ()))):
+            raise ValueError("num_attention_heads (every layer's) must be a multiple of num_key_value_heads")
         for name in ("layer_types", "rope_layers", "moe_layers", "conv_layers", "mamba_layers", "delta_layers",
                      "layer_parts", "qk_norm_layers", "layer_head_dims", "layer_kv_heads", "k_eq_v_layers",
-                     "kv_shared_from", "layer_intermediate_sizes"):
+                     "kv_shared_from", "layer_intermediate_sizes", "attention_heads_per_layer"):
             per_layer = getattr(self, name)
             if per_layer is not None and len(per_layer) != self.num_hidden_layers:
                 raise ValueError(f"{name} has {len(per_layer)} entries for {self.num_hidden_layers} layers")

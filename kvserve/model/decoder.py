@@ -17,6 +17,7 @@ from kvserve.model.config import ModelConfig
 from kvserve.model.decoder_layer import DecoderLayer
 from kvserve.model.layers import PackedLinear, RMSNorm, make_norm, pack_linears, padded_rows
 from kvserve.model.mlp import GatedMLP, MoE
+from kvserve.model.moe_native import moe_blocker
 from kvserve.model.native_stack import build_native_stack, native_stack_blocker, run_native_stack
 from kvserve.model.quant import QuantWeight
 from kvserve.model.recurrent import RecurrentMixer
@@ -46,9 +47,11 @@ class CausalLM(nn.Module):
         full_dim = next((cfg.attn_head_dim(i) for i in range(cfg.num_hidden_layers) if cfg.window(i) is None), head_dim)
         self.rotary = Rotary(cfg.rotary_dim * full_dim // max(head_dim, 1), cfg.max_position_embeddings, cfg.rope_theta,
                              cfg.rope_scaling, full_dim)
-        # Gemma 3's sliding layers rotate with their own base, unscaled
+        # Gemma 3's sliding layers rotate with their own base, unscaled (Laguna's: over their own share of each head)
+        local_share = cfg.rope_local_partial_rotary_factor
         self.local_rotary = None if cfg.rope_local_theta is None else Rotary(
-            cfg.rotary_dim, cfg.max_position_embeddings, cfg.rope_local_theta, None, head_dim)
+            cfg.rotary_dim if local_share is None else int(head_dim * local_share), cfg.max_position_embeddings,
+            cfg.rope_local_theta, None, head_dim)
         self.uses_local = [cfg.rope_local_theta is not None and cfg.window(i) is not None for i in range(len(self.layers))]
         self.rotates = [cfg.rotates(i) for i in range(len(self.layers))]  # SmolLM3's NoPE layers: False
         # each layer's pool layers (kv_caches' entries): its own one, a short convolution's several, a Mamba layer's
@@ -110,6 +113,11 @@ class CausalLM(nn.Module):
             else:
                 log.info("%s: decode steps run the Python layers (the native decode stack does not run every "
                          "option; this model has %s)", self.config.architecture, why)
+                # (where the stack runs, build_native_stack says why an MoE layer's experts cannot)
+                moe = next((m for m in self.modules() if isinstance(m, MoE) and m.native_block is None), None)
+                if moe is not None:
+                    log.info("%s: the experts run the Python loop of experts (%s)", self.config.architecture,
+                             moe_blocker(moe))
 
     @torch.inference_mode()
     def forward(

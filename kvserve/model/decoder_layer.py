@@ -46,7 +46,7 @@ class DecoderLayer(nn.Module):
                            cfg.norm_topk_prob, cfg.hidden_act, cfg.shared_expert_intermediate_size, cfg.router_bias,
                            cfg.expert_bias, cfg.swiglu, cfg.shared_expert_gated, cfg.selection_bias,
                            cfg.router_scoring, cfg.routed_scale, cfg.expert_group_choice, cfg.router_jitter,
-                           cfg.gated_mlp, cfg.moe_scale_inputs)
+                           cfg.gated_mlp, cfg.moe_scale_inputs, cfg.router_logit_softcap)
         if cfg.has_mlp(layer) and (not cfg.is_moe(layer) or cfg.moe_beside_mlp):
             self.moe = self.mlp if cfg.moe_beside_mlp else None  # type: ignore[assignment]
             self.mlp = GatedMLP(cfg.hidden_size, cfg.mlp_size(layer), cfg.hidden_act, cfg.mlp_bias, cfg.swiglu,

@@ -32,6 +32,9 @@ class LayerPlan:
             return None
         return self.attention_chunk
 
+    def attention_heads(self, layer: int) -> int:
+        return self.num_attention_heads if self.attention_heads_per_layer is None else self.attention_heads_per_layer[layer]
+
     def has_qk_norm(self, layer: int) -> bool:
         return self.qk_norm is not None and (self.qk_norm_layers is None or self.qk_norm_layers[layer])
 

@@ -123,8 +123,9 @@ class MoE(nn.Module):
                  swiglu: tuple[float, float | None] | None = None, shared_gated: bool = True,
                  selection_bias: bool = False, scoring: str = "softmax", routed_scale: float = 1.0,
                  groups: tuple[int, int, str] | None = None, jitter: float = 0.01, gated: bool = True,
-                 scale_inputs: bool = False):
+                 scale_inputs: bool = False, logit_softcap: float | None = None):
         super().__init__()
+        self.logit_softcap = logit_softcap  # the router's logits capped before scoring (Laguna's)
         self.scoring, self.routed_scale, self.jitter = scoring, routed_scale, jitter
         self.scale_inputs = scale_inputs  # Llama 4: an expert's input times its weight, not its output
         self.groups = groups  # (groups, groups used, "max" or "top2"): ModelConfig.expert_group_choice
@@ -192,6 +193,8 @@ class MoE(nn.Module):
     def loop_forward(self, x: torch.Tensor, route: torch.Tensor | None = None) -> torch.Tensor:
         """The Python loop: route, then each expert over its rows, added back in ascending expert id."""
         logits = self.router(x if route is None else route).float()
+        if self.logit_softcap is not None:
+            logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
         if self.scoring == "sparsemixer":
             weights, chosen = sparsemixer(logits, self.jitter)
         else:

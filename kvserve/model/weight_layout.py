@@ -38,18 +38,20 @@ def deinterleave_rotary(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, 
     return out
 
 
-def gates_after_q(cfg: ModelConfig, weights: dict[str, Any], q_proj: str) -> None:
-    """Gated attention's q_proj (each head's q, then its gate) as every head's q, then every gate, in ``weights``."""
+def gates_after_q(cfg: ModelConfig, weights: dict[str, Any], q_proj: str, heads: int | None = None) -> None:
+    """Gated attention's q_proj (each head's q, then its gate) as every head's q, then every gate, in ``weights``
+    (``heads``: the layer's query heads; None: num_attention_heads)."""
+    heads = heads or cfg.num_attention_heads
     for suffix in ("weight", "bias"):
         if (name := f"{q_proj}.{suffix}") in weights:
             w = weights[name]
             if hasattr(w, "rows"):  # a kept quantized weight: the same order of rows
                 import torch
 
-                order = torch.arange(w.shape[0]).view(cfg.num_attention_heads, 2, -1).transpose(0, 1).reshape(-1)
+                order = torch.arange(w.shape[0]).view(heads, 2, -1).transpose(0, 1).reshape(-1)
                 weights[name] = w.rows(order)
             else:
-                weights[name] = w.reshape(cfg.num_attention_heads, 2, -1, *w.shape[1:]).transpose(0, 1).reshape(w.shape)
+                weights[name] = w.reshape(heads, 2, -1, *w.shape[1:]).transpose(0, 1).reshape(w.shape)
 
 
 def untile_value_heads(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
@@ -106,8 +108,9 @@ def standard_layout(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]
     out = dict(weights)
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
-        if cfg.attn_output_gate and not cfg.is_recurrent(i):
-            gates_after_q(cfg, out, f"{p}{arch.weight_name('q_proj')}")
+        # q_proj: each head's q, then its gate: q's first (a gate of its own projection is stacked behind q as it is)
+        if cfg.attn_output_gate and not cfg.is_recurrent(i) and not arch.weight_name("attn_gate_proj"):
+            gates_after_q(cfg, out, f"{p}{arch.weight_name('q_proj')}", cfg.attention_heads(i))
         if cfg.is_delta(i) and arch.weight_name("delta_qkvz"):
             out.update(ungroup_delta(cfg, out, p + str(arch.weight_name("delta_qkvz")) + ".weight",
                                      p + str(arch.weight_name("delta_ba")) + ".weight"))

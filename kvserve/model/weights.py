@@ -134,32 +134,35 @@ def attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig
     """Attention's weights (``kvserve.model.attention``): q/k/v in one GEMM, o_proj, the q/k norms (per head or over
     the whole projection; LayerNorms: ``head_norms``) and the sinks."""
     h, d = cfg.hidden_size, cfg.attn_head_dim(layer)
-    q_rows, kv_rows = cfg.num_attention_heads * d, cfg.attn_kv_heads(layer) * d
+    q_rows, kv_rows = cfg.attention_heads(layer) * d, cfg.attn_kv_heads(layer) * d
     gated = 2 if cfg.attn_output_gate else 1  # q_proj's rows: q's, then the output gate's (standard_layout)
+    q_parts = [("q_proj", gated * q_rows)]
+    if cfg.attn_output_gate and arch.weight_name("attn_gate_proj"):  # the gate a tensor of its own: behind q's rows
+        q_parts = [("q_proj", q_rows), ("attn_gate_proj", q_rows // d if cfg.attn_output_gate_per_head else q_rows)]
     # (a layer attending over another's K/V projects q alone; one whose values are its keys, no v)
     shares, k_is_v = cfg.shares_kv(layer), bool(cfg.k_eq_v_layers and cfg.k_eq_v_layers[layer])
     kv_parts = [] if shares else [("k_proj", kv_rows)] if k_is_v else [("k_proj", kv_rows), ("v_proj", kv_rows)]
-    linear(dst + "qkv", prefix, [("q_proj", gated * q_rows), *kv_parts], arch.weight_name("qkv_proj"), h,
-           cfg.attention_bias)
+    linear(dst + "qkv", prefix, [*q_parts, *kv_parts], arch.weight_name("qkv_proj"), h, cfg.attention_bias)
     linear(dst + "o_proj", prefix, [("o_proj", h)], None, q_rows, cfg.o_proj_bias)
     if not cfg.has_qk_norm(layer) or cfg.qk_norm_type == "unweighted":
         pass
     elif cfg.qk_norm_type == "layer":
-        head_norms(out, arch, cfg, dst, prefix)
+        head_norms(out, arch, cfg, dst, prefix, layer)
     else:
         full = cfg.qk_norm == "full"
         for role, rows in (("q_norm", q_rows), ("k_norm", kv_rows))[: 1 if shares else 2]:
             out[f"{dst}{role}.weight"] = [(f"{prefix}{arch.weight_name(role)}.weight", (rows if full else d,))]
     if cfg.attn_sinks:
-        out[f"{dst}sinks"] = [(f"{prefix}{arch.weight_name('sinks')}", (cfg.num_attention_heads,))]
+        out[f"{dst}sinks"] = [(f"{prefix}{arch.weight_name('sinks')}", (cfg.attention_heads(layer),))]
 
 
-def head_norms(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str) -> None:
+def head_norms(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,
+               layer: int) -> None:
     """Per-head q/k LayerNorms (``layers.HeadLayerNorm``): a weight [heads, head_dim] in one tensor, or in one a head
     where the architecture's name has "{h}" (StableLM's), or one [head_dim] the heads share; a bias alike."""
     d = int(cfg.head_dim or 0)
     suffixes = ("weight", "bias") if cfg.qk_norm_bias else ("weight",)
-    for role, heads in (("q_norm", cfg.num_attention_heads), ("k_norm", cfg.num_key_value_heads)):
+    for role, heads in (("q_norm", cfg.attention_heads(layer)), ("k_norm", cfg.num_key_value_heads)):
         name = str(arch.weight_name(role))
         for suffix in suffixes:
             if not cfg.qk_norm_per_head:

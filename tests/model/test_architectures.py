@@ -317,6 +317,58 @@ CASES: dict[str, tuple[str, dict]] = {
                                                             max_window_layers=1, num_hidden_layers=3)),
     "SmolLM3ForCausalLM:sliding_window": ("SmolLM3Config", dict(num_hidden_layers=3, no_rope_layer_interval=3,
                                                                 use_sliding_window=True, sliding_window=WINDOW)),
+    # Llama's attention with q/k/v biases; GLM-4.5's sigmoid experts (chosen with a bias from the best 2 of 4 groups,
+    # renormalised, scaled) in every layer beside an ungated shared expert
+    "SolarOpenForCausalLM": ("SolarOpenConfig", dict(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                                                     n_shared_experts=1, n_group=4, topk_group=2, attention_bias=True,
+                                                     routed_scaling_factor=1.5)),
+    # Cohere 2's layers (LayerNorms) with a dense first layer (rotating, of its own size) and then softmax experts
+    # averaged with a shared expert; (":rms,sigmoid") RMSNorms, sigmoid experts not renormalised, the shared expert summed
+    # (experts of 64: at 32 int8 moved this random model's logprobs by 0.87)
+    "Cohere2MoeForCausalLM": ("Cohere2MoeConfig", dict(num_hidden_layers=4, num_experts=4, num_experts_per_tok=2,
+                                                       intermediate_size=32, num_shared_experts=1, first_k_dense_replace=1,
+                                                       prefix_dense_intermediate_size=48, sliding_window=WINDOW,
+                                                       logit_scale=0.5)),
+    "Cohere2MoeForCausalLM:rms,sigmoid": ("Cohere2MoeConfig", dict(
+        num_hidden_layers=4, num_experts=4, num_experts_per_tok=2, intermediate_size=64, num_shared_experts=2,
+        shared_expert_combination_strategy="sum", expert_selection_fn="sigmoid", norm_topk_prob=False,
+        rms_norm_eps=1e-6, sliding_window=WINDOW, sliding_window_pattern=2, logit_scale=0.5)),
+    # sandwich norms, per-head q/k norms, rotary on the windowed layers only, an output gate of its own projection; a
+    # dense first layer, then sigmoid experts chosen with a bias, renormalised, scaled, beside a shared expert; muP
+    # (experts of 64: at 32 int8 moved this random model's logprobs by 0.62)
+    "AfmoeForCausalLM": ("AfmoeConfig", dict(num_hidden_layers=4, global_attn_every_n_layers=2, sliding_window=WINDOW,
+                                             num_dense_layers=1, num_experts=4, num_experts_per_tok=2,
+                                             moe_intermediate_size=64, num_shared_experts=1, route_scale=1.5,
+                                             mup_enabled=True)),
+    # query heads by layer (4, 8, 2: GQA ratios of 2, 4, 1), windowed layers with their own rotary base over whole
+    # heads, full layers rotating half of each head; a softplus gate a head; a dense first layer, then sigmoid experts
+    # over soft-capped logits chosen with a bias, renormalised, scaled, beside a shared expert
+    "LagunaForCausalLM": ("LagunaConfig", dict(
+        num_hidden_layers=3, num_attention_heads_per_layer=[4, 8, 2], sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"], num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, shared_expert_intermediate_size=64, moe_routed_scaling_factor=1.5,
+        moe_router_logit_softcapping=2.0,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0,
+                                               "partial_rotary_factor": 1.0}})),
+    # a softplus gate a value, every layer's heads the same, no cap (the experts in the native MoE block)
+    "LagunaForCausalLM:per_element": ("LagunaConfig", dict(num_hidden_layers=2, gating="per-element", num_experts=4,
+                                                           num_experts_per_tok=2, moe_intermediate_size=32,
+                                                           shared_expert_intermediate_size=64)),
+    # Qwen3-MoE's layers, windowed ones with their own rotary base, a dense layer of its own size
+    "MellumForCausalLM": ("MellumConfig", dict(
+        num_hidden_layers=3, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        mlp_layer_types=["dense", "sparse", "sparse"], intermediate_size=64, **MOE,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
+    # sinks, per-head q/k norms, rotary on the windowed layers only (the full ones without positions); sigmoid experts
+    # renormalised beside an ungated shared expert, the first two layers dense
+    "FlintForCausalLM": ("FlintConfig", dict(num_hidden_layers=5, sliding_window=WINDOW, shared_expert_intermediate_size=64,
+                                             attention_bias=True, **MOE)),
+    # per-head q/k norms, q/k/v/o biases; a dense first layer, then sigmoid experts chosen with a bias, renormalised,
+    # scaled, beside an ungated shared expert
+    "HYV3ForCausalLM": ("HYV3Config", dict(num_hidden_layers=3, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                           num_shared_experts=1, router_scaling_factor=2.0, attention_bias=True)),
 }
 # Gemma3ForConditionalGeneration's text model, beside a one-layer vision tower the engine does not read
 GEMMA3_MM = dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,

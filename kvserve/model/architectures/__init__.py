@@ -56,6 +56,9 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     "delta_dt_bias": "linear_attn.dt_bias", "delta_A_log": "linear_attn.A_log", "delta_norm": "linear_attn.norm.weight",
     "delta_out_proj": "linear_attn.out_proj",
     "sinks": "self_attn.sinks",  # one logit per head (a tensor, not a module: no .weight)
+    # gated attention's output gate as a projection of its own (AFMoE's); None: its rows inside q_proj, each head's
+    # after that head's q (Qwen3-Next's)
+    "attn_gate_proj": None,
     "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj", "down_proj": "mlp.down_proj",
     "gate_up_proj": None,  # gate and up already stacked (Phi-3)
     "act_fn": "mlp.act_fn",  # an activation with parameters of its own (xIELU: alpha_p, alpha_n, beta, eps)
@@ -218,7 +221,8 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "glm4_moe_lite", "lfm2", "lfm2_moe", "qwen_vl", "dots1", "nemotron", "hunyuan_moe",
             "minimax_m2", "gpt2", "opt", "gpt_neox", "flex_olmo", "vaultgemma", "cwm", "olmo", "apertus", "phimoe",
             "bamba", "qwen3_next", "qwen3_5", "nemotron_h",
-            "mamba2", "falcon_h1", "bloom", "mpt", "llama4", "jamba", "gemma4", "olmo_hybrid"]
+            "mamba2", "falcon_h1", "bloom", "mpt", "llama4", "jamba", "gemma4", "olmo_hybrid", "solar_open", "cohere2_moe",
+            "afmoe", "laguna", "mellum", "flint", "hy_v3"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)
