@@ -90,6 +90,10 @@ class ModelConfig:
     sliding_window: int | None = None  # keys a sliding layer attends: the query's own and the window - 1 before
     layer_types: list[str] | None = None  # per layer FULL or SLIDING; None: every layer FULL (or all SLIDING with a window)
     rope_local_theta: float | None = None  # sliding layers' own RoPE base, unscaled (Gemma 3)
+    # the layers that rotate by rope_local_theta where not the sliding ones (GraniteSWA's per-layer bases); None: the
+    # sliding ones
+    rope_local_layers: list[bool] | None = None
+    rope_local_scaled: bool = False  # the local base scaled as the global one is (GraniteSWA's share rope_parameters)
     partial_rotary_factor: float = 1.0  # the share of each head's dims that rotate (Phi-4-mini)
     # rotary on pairs of adjacent dims (2i, 2i+1; GLM-4) instead of halves (i, i + dim/2): q's and k's rows are
     # reordered at load (``weight_layout.deinterleave_rotary``), so that every rotary path takes it as it is
@@ -192,7 +196,7 @@ class ModelConfig:
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
-        for name in ("layer_types", "rope_layers", "moe_layers", "conv_layers", "mamba_layers", "delta_layers",
+        for name in ("layer_types", "rope_layers", "rope_local_layers", "moe_layers", "conv_layers", "mamba_layers", "delta_layers",
                      "layer_parts", "qk_norm_layers"):
             per_layer = getattr(self, name)
             if per_layer is not None and len(per_layer) != self.num_hidden_layers:
@@ -252,6 +256,12 @@ class ModelConfig:
         if self.attention_chunk is None or self.layer_types is None or self.layer_types[layer] != "chunked_attention":
             return None
         return self.attention_chunk
+
+    def rotates_local(self, layer: int) -> bool:
+        """Whether ``layer`` rotates by ``rope_local_theta`` (its own base) rather than ``rope_theta``."""
+        if self.rope_local_theta is None:
+            return False
+        return self.rope_local_layers[layer] if self.rope_local_layers is not None else self.window(layer) is not None
 
     def has_qk_norm(self, layer: int) -> bool:
         return self.qk_norm is not None and (self.qk_norm_layers is None or self.qk_norm_layers[layer])

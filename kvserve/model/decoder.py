@@ -164,10 +164,11 @@ class CausalLM(nn.Module):
                                                                       bias=cfg.lm_head_bias)
         head_dim = int(cfg.head_dim or 0)
         self.rotary = Rotary(cfg.rotary_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling, head_dim)
-        # Gemma 3's sliding layers rotate with their own base, unscaled
+        # Gemma 3's sliding layers rotate with their own base, unscaled (GraniteSWA's chosen layers: scaled alike)
         self.local_rotary = None if cfg.rope_local_theta is None else Rotary(
-            cfg.rotary_dim, cfg.max_position_embeddings, cfg.rope_local_theta, None, head_dim)
-        self.uses_local = [cfg.rope_local_theta is not None and cfg.window(i) is not None for i in range(len(self.layers))]
+            cfg.rotary_dim, cfg.max_position_embeddings, cfg.rope_local_theta,
+            cfg.rope_scaling if cfg.rope_local_scaled else None, head_dim)
+        self.uses_local = [cfg.rotates_local(i) for i in range(len(self.layers))]
         self.rotates = [cfg.rotates(i) for i in range(len(self.layers))]  # SmolLM3's NoPE layers: False
         # each layer's pool layers (kv_caches' entries): its own one, a short convolution's several, a Mamba layer's
         # none

@@ -62,6 +62,23 @@ CASES: dict[str, tuple[str, dict]] = {
     "OlmoeForCausalLM": ("OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2, intermediate_size=32)),
     "GraniteForCausalLM": ("GraniteConfig", dict(embedding_multiplier=3.0, residual_multiplier=0.5,
                                                  attention_multiplier=0.3, logits_scaling=2.0, attention_bias=True)),
+    # Granite's multipliers, sinks, a window on two layers of three; (":bases") a RoPE base per layer, one layer NoPE
+    "GraniteSWAForCausalLM": ("GraniteSWAConfig", dict(
+        num_hidden_layers=3, sliding_window=WINDOW, layer_types=["full_attention", "sliding_attention",
+                                                                 "sliding_attention"],
+        embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.3, logits_scaling=2.0)),
+    "GraniteSWAForCausalLM:bases": ("GraniteSWAConfig", dict(
+        num_hidden_layers=4, sliding_window=WINDOW, layer_rope_theta=[0, 10000.0, 500.0, 10000.0], num_key_value_heads=1,
+        rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}, attention_multiplier=0.25)),
+    # and Granite MoE's experts (no shared expert); (":shared") with one
+    "GraniteMoeSWAForCausalLM": ("GraniteMoeSWAConfig", dict(
+        num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention"], embedding_multiplier=3.0, residual_multiplier=0.5,
+        attention_multiplier=0.3, logits_scaling=2.0)),
+    "GraniteMoeSWAForCausalLM:shared": ("GraniteMoeSWAConfig", dict(
+        num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, shared_intermediate_size=48,
+        num_hidden_layers=4, sliding_window=WINDOW, layer_rope_theta=[10000.0, 0, 10000.0, 0],
+        attention_multiplier=0.25)),
     # experts stacked as linear weights (gate's rows then up's), with Granite's multipliers
     "GraniteMoeForCausalLM": ("GraniteMoeConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
                                                        embedding_multiplier=3.0, residual_multiplier=0.5,
