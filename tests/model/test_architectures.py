@@ -79,6 +79,12 @@ CASES: dict[str, tuple[str, dict]] = {
         num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, shared_intermediate_size=48,
         num_hidden_layers=4, sliding_window=WINDOW, layer_rope_theta=[10000.0, 0, 10000.0, 0],
         attention_multiplier=0.25)),
+    # Granite's multipliers (logits multiplied), a norm on each sublayer's output; (":pre") without them, the default
+    # attention scale
+    "HyperCLOVAXForCausalLM": ("HyperCLOVAXConfig", dict(embedding_multiplier=3.0, residual_multiplier=0.5,
+                                                         attention_multiplier=0.3, logits_scaling=0.5)),
+    "HyperCLOVAXForCausalLM:pre": ("HyperCLOVAXConfig", dict(use_post_norm=False, residual_multiplier=0.5,
+                                                             head_dim=32, num_key_value_heads=1)),
     # experts stacked as linear weights (gate's rows then up's), with Granite's multipliers
     "GraniteMoeForCausalLM": ("GraniteMoeConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
                                                        embedding_multiplier=3.0, residual_multiplier=0.5,
@@ -274,6 +280,10 @@ CASES: dict[str, tuple[str, dict]] = {
                                                          routed_scaling_factor=1.0)),
     # LayerNorms scaling by 1 + weight, with biases; a non-gated relu2 MLP; partial rotary; biases on the linears
     "NemotronForCausalLM": ("NemotronConfig", dict(partial_rotary_factor=0.5, attention_bias=True, mlp_bias=True)),
+    # LayerNorms with biases, a non-gated relu2 MLP, biases on every linear; (":gelu") no biases, GELU
+    "Jais2ForCausalLM": ("Jais2Config", {}),
+    "Jais2ForCausalLM:gelu": ("Jais2Config", dict(attention_bias=False, mlp_bias=False, hidden_act="gelu",
+                                                  num_key_value_heads=1)),
     "HeliumForCausalLM": ("HeliumConfig", dict(attention_bias=True, mlp_bias=True)),  # no bias on o_proj
     # per-head q/k LayerNorms: Command R+'s (a weight per head, no bias), StableLM 2 12B's (a module per head), Phi's
     # (one LayerNorm with a bias for all of q's heads, another for k's)
