@@ -63,7 +63,7 @@ class ModelConfig:
     norm_offset: float = 0.0  # Gemma's norms scale by (1 + weight)
     norm_type: str = "rms"  # the layers' and the final norm: "rms" or "layer" (LayerNorm: Starcoder2)
     norm_bias: bool = True  # a "layer" norm has a bias (Cohere's have none)
-    norm_affine: bool = True  # False: "layer" norms with neither weight nor bias (OLMo 1)
+    norm_affine: bool = True  # False: norms with neither weight nor bias (OLMo 1's LayerNorms, NanoChat's RMSNorms)
     gated_mlp: bool = True  # False: the MLPs (and experts) are down(act(up(x))) (Starcoder2, Nemotron-H)
     attn_scale: float | None = None  # softmax scale; None: head_dim ** -0.5
     attn_logit_softcap: float | None = None  # Gemma 2: cap * tanh(scores / cap)

@@ -28,8 +28,11 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
     if cfg.learned_positions:
         rows = cfg.max_position_embeddings + cfg.position_offset
         out["embed_positions.weight"] = [("model.embed_positions.weight", (rows, h))]
+    norm_suffixes = ("weight", "bias") if cfg.norm_type == "layer" and cfg.norm_bias else ("weight",)
+    if not cfg.norm_affine:
+        norm_suffixes = ()
     if cfg.embed_norm:
-        for suffix in ("weight", "bias") if cfg.norm_type == "layer" and cfg.norm_bias else ("weight",):
+        for suffix in norm_suffixes:
             out[f"embed_norm.{suffix}"] = [(f"model.embed_norm.{suffix}", (h,))]
 
     def linear(dst: str, prefix: str, parts: list[tuple[str, int]], fused: str | None, cols: int, bias: bool) -> None:
@@ -39,9 +42,6 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
         for suffix, shape in (("weight", lambda r: (r, cols)), ("bias", lambda r: (r,)))[: 2 if bias else 1]:
             out[f"{dst}.{suffix}"] = [(f"{prefix}{name}.{suffix}", shape(r)) for name, r in names]
 
-    norm_suffixes = ("weight", "bias") if cfg.norm_type == "layer" and cfg.norm_bias else ("weight",)
-    if not cfg.norm_affine:
-        norm_suffixes = ()
     for i in range(cfg.num_hidden_layers):
         p, dst = f"model.layers.{i}.", f"layers.{i}."
         for role in cfg.layer_norm_roles(i):

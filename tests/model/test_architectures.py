@@ -284,6 +284,10 @@ CASES: dict[str, tuple[str, dict]] = {
     "Jais2ForCausalLM": ("Jais2Config", {}),
     "Jais2ForCausalLM:gelu": ("Jais2Config", dict(attention_bias=False, mlp_bias=False, hidden_act="gelu",
                                                   num_key_value_heads=1)),
+    # RMSNorms without weights (one on the embeddings), q/k normed after a rotary turning the other way, a non-gated
+    # relu2 MLP, capped logits; (":gqa") two query heads a KV head, wider heads, tied embeddings
+    "NanoChatForCausalLM": ("NanoChatConfig", dict(final_logit_softcapping=3.0, num_key_value_heads=4)),
+    "NanoChatForCausalLM:gqa": ("NanoChatConfig", dict(head_dim=32, num_key_value_heads=2, tie_word_embeddings=True)),
     "HeliumForCausalLM": ("HeliumConfig", dict(attention_bias=True, mlp_bias=True)),  # no bias on o_proj
     # per-head q/k LayerNorms: Command R+'s (a weight per head, no bias), StableLM 2 12B's (a module per head), Phi's
     # (one LayerNorm with a bias for all of q's heads, another for k's)
