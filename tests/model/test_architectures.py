@@ -288,6 +288,11 @@ CASES: dict[str, tuple[str, dict]] = {
     # relu2 MLP, capped logits; (":gqa") two query heads a KV head, wider heads, tied embeddings
     "NanoChatForCausalLM": ("NanoChatConfig", dict(final_logit_softcapping=3.0, num_key_value_heads=4)),
     "NanoChatForCausalLM:gqa": ("NanoChatConfig", dict(head_dim=32, num_key_value_heads=2, tie_word_embeddings=True)),
+    # q/k/v head by head, q/k LayerNorms with biases shared by the heads, half of each head rotating, LayerNorms, relu2;
+    # (":no_qk_norm") without the q/k norms, a quarter rotating
+    "PersimmonForCausalLM": ("PersimmonConfig", {}),
+    "PersimmonForCausalLM:no_qk_norm": ("PersimmonConfig", dict(qk_layernorm=False, partial_rotary_factor=0.25,
+                                                                hidden_size=96, num_attention_heads=3, head_dim=32)),
     "HeliumForCausalLM": ("HeliumConfig", dict(attention_bias=True, mlp_bias=True)),  # no bias on o_proj
     # per-head q/k LayerNorms: Command R+'s (a weight per head, no bias), StableLM 2 12B's (a module per head), Phi's
     # (one LayerNorm with a bias for all of q's heads, another for k's)
