@@ -54,7 +54,8 @@ class Attention(nn.Module):
         self.scale_nope = cfg.query_scale_nope  # the position scale on the layers without rotary (Llama 4)
         self.scale_offset = cfg.query_scale_offset
         # ALiBi's slopes: the spec takes them as a tensor at the first step (the model is built on the meta device)
-        self.alibi = alibi_slopes(self.num_heads, cfg.alibi_bias_max, cfg.alibi_mpt) if cfg.alibi else None
+        self.alibi = [s * cfg.alibi_scale for s in alibi_slopes(self.num_heads, cfg.alibi_bias_max, cfg.alibi_mpt)] \
+            if cfg.alibi else None
         # what the bf16 path below handles
         self.plain = (cfg.qk_norm is None and not self.spec.masked and self.sinks is None and self.clip is None
                       and self.position_scale is None and not self.output_gate and self.alibi is None)

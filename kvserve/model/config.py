@@ -175,6 +175,7 @@ class ModelConfig:
     alibi: bool = False
     alibi_bias_max: float = 8.0
     alibi_mpt: bool = False  # MPT's slopes where the heads are not a power of two
+    alibi_scale: float = 1.0  # the slopes multiplied by this (Falcon's biases are divided by sqrt(head_dim))
     embed_norm: bool = False  # a norm (of norm_type) right after the embeddings (Bloom's word_embeddings_layernorm)
     # --- gated delta nets (Qwen3-Next, Qwen3.5): per layer, whether its token mixer is linear attention with the gated
     # delta rule, q/k in delta_key_heads heads of delta_key_dim, v in delta_value_heads of delta_value_dim, after a

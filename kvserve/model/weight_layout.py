@@ -41,7 +41,7 @@ def deinterleave_rotary(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, 
 def standard_layout(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint's linears as the other architectures store them: GPT-2's Conv1D weights ([in, out]:
     ``Architecture.transposed_linears``) transposed, GPT-NeoX's fused q/k/v rows (head by head, q, k and v of each:
-    ``Architecture.qkv_per_head``) reordered to q's, then k's, then v's (biases too); gated attention's q_proj (each
+    ``Architecture.qkv_per_head``; Falcon's a KV head's group at a time: ``ungroup_qkv``) reordered to q's, then k's, then v's (biases too); gated attention's q_proj (each
     head's q then its gate) as every head's q, then every gate; Qwen3-Next's grouped delta-net projections
     (``ungroup_delta``); first what the architecture's own ``adjust_weights`` does (Falcon-H1's multipliers folded
     in); as given otherwise."""
@@ -67,14 +67,21 @@ def standard_layout(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]
                 if name in out and out[name].dim() == 2:
                     out[name] = out[name].t()
     if arch.qkv_per_head:
-        heads, d = cfg.num_attention_heads, int(cfg.head_dim or 0)
         for i in range(cfg.num_hidden_layers):
             for suffix in ("weight", "bias"):
                 name = f"model.layers.{i}.{arch.weight_name('qkv_proj')}.{suffix}"
                 if name in out:
-                    w = out[name]
-                    out[name] = w.reshape(heads, 3, d, *w.shape[1:]).transpose(0, 1).reshape(w.shape)
+                    out[name] = ungroup_qkv(cfg, out[name])
     return out
+
+
+def ungroup_qkv(cfg: ModelConfig, w: Any) -> Any:
+    """A fused q/k/v tensor stored a KV head's group at a time (its queries, then its key, then its value: GPT-NeoX's
+    head by head where every head has its K/V, Falcon's groups otherwise) as every q row, then k's, then v's."""
+    kv, d = cfg.num_key_value_heads, int(cfg.head_dim or 0)
+    share = cfg.num_attention_heads // kv
+    groups = w.reshape(kv, share + 2, d, *w.shape[1:])
+    return stack_rows([part.reshape(-1, *w.shape[1:]) for part in groups.split([share, 1, 1], dim=1)])
 
 
 def ungroup_delta(cfg: ModelConfig, weights: dict[str, Any], qkvz: str, ba: str) -> dict[str, Any]:

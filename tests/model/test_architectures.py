@@ -23,6 +23,7 @@ COMMON = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_la
               num_key_value_heads=2, head_dim=16, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
               pad_token_id=0, tie_word_embeddings=False)
 WINDOW = 6  # shorter than most prompts below
+OMIT = "<omit>"  # a COMMON key a config class does not take (Falcon's head_dim is a property)
 DELTA = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8,
              linear_conv_kernel_dim=4, head_dim=16, layer_types=["linear_attention", "full_attention"] * 2)
 MAMBA = dict(mamba_n_heads=4, mamba_d_head=32, mamba_d_state=8, mamba_n_groups=2, mamba_d_conv=4, mamba_chunk_size=4)
@@ -157,6 +158,16 @@ CASES: dict[str, tuple[str, dict]] = {
                                              expert_layer_period=2, expert_layer_offset=1, num_experts=4,
                                              num_experts_per_tok=2, intermediate_size=64, mamba_d_state=8,
                                              mamba_dt_rank=6, use_mamba_kernels=False)),
+    # Falcon's new decoder: 2 KV heads (q/k/v a group at a time), attention and the MLP over a norm each; (":one_norm")
+    # over one, a KV head each, biases; the old decoder: (":multi_query") one KV head, side by side over one norm, rotary;
+    # (":alibi") every head its own K/V, ALiBi (6 heads: the slopes' second series), one after the other, biases
+    "FalconForCausalLM": ("FalconConfig", dict(new_decoder_architecture=True, num_kv_heads=2, ffn_hidden_size=96,
+                                               head_dim=OMIT)),
+    "FalconForCausalLM:one_norm": ("FalconConfig", dict(new_decoder_architecture=True, num_kv_heads=4, head_dim=OMIT,
+                                                        num_ln_in_parallel_attn=1, bias=True, tie_word_embeddings=True)),
+    "FalconForCausalLM:multi_query": ("FalconConfig", dict(multi_query=True, parallel_attn=True, head_dim=OMIT)),
+    "FalconForCausalLM:alibi": ("FalconConfig", dict(multi_query=False, parallel_attn=False, alibi=True, bias=True,
+                                                     num_attention_heads=6, hidden_size=48, head_dim=OMIT)),
     # Mamba-1 blocks (a state per channel); Falcon Mamba's with dt, B and C normed
     "MambaForCausalLM": ("MambaConfig", dict(state_size=8, intermediate_size=96, time_step_rank=6, num_hidden_layers=3,
                                              use_bias=True)),
@@ -400,7 +411,8 @@ def hf_model(case: str, **overrides):
         cfg = getattr(transformers, config_class)(**{**parts, "text_config": text},
                                                   tie_word_embeddings=text["tie_word_embeddings"])
     else:
-        cfg = getattr(transformers, config_class)(**{**COMMON, **extra, **overrides})
+        cfg = getattr(transformers, config_class)(**{k: v for k, v in {**COMMON, **extra, **overrides}.items()
+                                                     if v != OMIT})
     cfg.architectures = [name]
     torch.manual_seed(0)
     model = getattr(transformers, name)(cfg)

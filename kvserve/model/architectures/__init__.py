@@ -118,20 +118,30 @@ class Architecture:
     text_config: Callable[[dict[str, Any]], dict[str, Any]] = lambda d: d
     stacked_experts: StackedExperts | None = None  # experts in 3-D tensors; None: one set of linears each
     transposed_linears: bool = False  # linear weights stored [in, out] (GPT-2's Conv1D); the HF loader transposes them
-    qkv_per_head: bool = False  # a fused q/k/v tensor's rows head by head (GPT-NeoX's); the HF loader reorders them
+    # a fused q/k/v tensor's rows head by head (GPT-NeoX's), or a KV head's group at a time (its queries, key, value:
+    # Falcon's); the HF loader reorders them
+    qkv_per_head: bool = False
     # (ModelConfig, the checkpoint's tensors) -> the tensors the decoder takes, at HF load: scales folded in (Falcon-H1)
     adjust_weights: Callable[[Any, dict[str, Any]], dict[str, Any]] | None = None
     # prefixes the checkpoint's names carry instead of ours ("model.", "lm_head."), e.g. a multimodal
     # checkpoint's "language_model.model."; the HF loader renames by them as it reads
     prefixes: Mapping[str, str] = field(default_factory=dict)
+    # parts of a checkpoint's names replaced as read (after ``prefixes``), where one architecture names a weight two ways
+    # by its config (Falcon's norms: "ln_attn" where the new decoder has two, else "input_layernorm")
+    renames: Mapping[str, str] = field(default_factory=dict)
 
     def checkpoint_name(self, name: str) -> str | None:
-        """Our name for a checkpoint tensor ``name``: renamed by ``prefixes``; None for a tensor outside
-        them (a vision tower) where the architecture has any."""
-        if not self.prefixes:
-            return name
-        return next((ours + name[len(theirs):] for theirs, ours in self.prefixes.items() if name.startswith(theirs)),
-                    None)
+        """Our name for a checkpoint tensor ``name``: renamed by ``prefixes`` and ``renames``; None for a tensor
+        outside the prefixes (a vision tower) where the architecture has any."""
+        if self.prefixes:
+            found = next((ours + name[len(theirs):] for theirs, ours in self.prefixes.items()
+                          if name.startswith(theirs)), None)
+            if found is None:
+                return None
+            name = found
+        for theirs, ours in self.renames.items():
+            name = name.replace(theirs, ours)
+        return name
 
     def weight_name(self, role: str) -> str | None:
         return self.weights[role] if role in self.weights else LLAMA_WEIGHTS[role]
@@ -207,7 +217,7 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "minimax_m2", "gpt2", "opt", "gpt_neox", "flex_olmo", "vaultgemma", "cwm", "olmo", "apertus", "phimoe",
             "bamba", "qwen3_next", "qwen3_5", "nemotron_h",
             "mamba2", "falcon_h1", "bloom", "mpt", "llama4", "jamba", "granite_swa",
-            "hyperclovax", "jais2", "nanochat", "persimmon"]
+            "hyperclovax", "jais2", "nanochat", "persimmon", "falcon"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)
