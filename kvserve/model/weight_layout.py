@@ -124,19 +124,28 @@ def unstack_experts(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]
             continue
         gate_up, down = out.pop(f"{p}{stacked.gate_up}"), out.pop(f"{p}{stacked.down}")
         gate_up_bias, down_bias = out.pop(f"{p}{stacked.gate_up}_bias", None), out.pop(f"{p}{stacked.down}_bias", None)
-        for e in range(cfg.num_experts):
+        up = up_bias = None
+        if stacked.up:  # up's apart (DBRX): each expert's gate rows, then its up rows
+            up, up_bias = out.pop(f"{p}{stacked.up}"), out.pop(f"{p}{stacked.up}_bias", None)
+        n = cfg.num_experts
+        for e in range(n):
             name = p + UNSTACKED.format(e=e)
             gu_bias = None if gate_up_bias is None else gate_up_bias[e]
             if hasattr(gate_up, "experts"):  # kept quantized (``QuantExperts``): each expert's, gate's rows first
                 gu = gate_up.experts[e]
             else:
-                gu = stacked.orient(gate_up[e])
+                gu = stacked.orient(stacked.expert(gate_up, e, n))
+                if up is not None:
+                    gu = cat_rows([gu, stacked.orient(stacked.expert(up, e, n))])
                 if stacked.interleaved:  # gate's rows first, then up's, as the fused GEMM stacks them
                     gu = gu.reshape(-1, 2, gu.shape[1]).transpose(0, 1).reshape(gu.shape)
+            if up_bias is not None and gu_bias is not None:
+                gu_bias = cat_rows([gu_bias, up_bias[e]])
             if stacked.interleaved and gu_bias is not None:
                 gu_bias = gu_bias.reshape(-1, 2).t().reshape(-1)
             out[f"{name}gate_up.weight"] = gu
-            out[f"{name}down.weight"] = down.experts[e] if hasattr(down, "experts") else stacked.orient(down[e])
+            out[f"{name}down.weight"] = down.experts[e] if hasattr(down, "experts") else \
+                stacked.orient(stacked.expert(down, e, n), down=True)
             if gu_bias is not None and down_bias is not None:
                 out[f"{name}gate_up.bias"], out[f"{name}down.bias"] = gu_bias, down_bias[e]
     return out
@@ -151,6 +160,8 @@ def stack_experts(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
     stacked = arch.stacked_experts
     if stacked is None:
         return weights
+    if stacked.up or stacked.flat or stacked.down_transposed is not None:
+        raise ValueError(f"{cfg.architecture}: experts from a GGUF file into this stacked layout are not supported")
     import torch
 
     from kvserve.model.quant import QuantExperts, QuantWeight

@@ -266,10 +266,13 @@ def expected_weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             continue
         for name in [n for n in out if n.startswith(p + UNSTACKED_ROOT)]:
             del out[name]
-        out[f"{p}{stacked.gate_up}"] = stacked.stored_shape(e, 2 * inter, h)
-        out[f"{p}{stacked.down}"] = stacked.stored_shape(e, h, inter)
+        gate_up = inter if stacked.up else 2 * inter  # gate's alone where up's are apart
+        for name in (stacked.gate_up, stacked.up) if stacked.up else (stacked.gate_up,):
+            out[f"{p}{name}"] = stacked.stored_shape(e, gate_up, h)
+            if cfg.expert_bias:
+                out[f"{p}{name}_bias"] = (e, gate_up)
+        out[f"{p}{stacked.down}"] = stacked.stored_shape(e, h, inter, down=True)
         if cfg.expert_bias:
-            out[f"{p}{stacked.gate_up}_bias"] = (e, 2 * inter)
             out[f"{p}{stacked.down}_bias"] = (e, h)
     return out
 

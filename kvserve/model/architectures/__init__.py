@@ -81,15 +81,28 @@ class StackedExperts:
     down: str = "mlp.experts.down_proj"
     interleaved: bool = True
     transposed: bool = True
+    # up's matrices in a tensor of their own (DBRX's ``v1``): ``gate_up`` then holds gate's alone
+    up: str | None = None
+    down_transposed: bool | None = None  # down's orientation where it differs from gate's and up's (DBRX's ``w2``)
+    # each tensor 2-D, the experts' matrices one after another along its rows (DBRX's [experts * inter, hidden])
+    flat: bool = False
 
-    def orient(self, matrix: Any) -> Any:
+    def orient(self, matrix: Any, down: bool = False) -> Any:
         """An expert's stored matrix as a linear's weight [out, in], or a linear's weight as stored (the same
-        transpose both ways, where the layout is ``transposed``)."""
-        return matrix.t() if self.transposed else matrix
+        transpose both ways, where the layout is ``transposed``; ``down``'s by ``down_transposed`` where set)."""
+        return matrix.t() if self._transposed(down) else matrix
 
-    def stored_shape(self, experts: int, out: int, k: int) -> tuple[int, int, int]:
-        """The stacked tensor's shape for ``experts`` linears of ``out`` x ``k``."""
-        return (experts, k, out) if self.transposed else (experts, out, k)
+    def stored_shape(self, experts: int, out: int, k: int, down: bool = False) -> tuple[int, ...]:
+        """The stacked tensor's shape for ``experts`` linears of ``out`` x ``k`` (``down``: the down projections')."""
+        shape = (experts, k, out) if self._transposed(down) else (experts, out, k)
+        return (shape[0] * shape[1], shape[2]) if self.flat else shape
+
+    def expert(self, tensor: Any, e: int, experts: int) -> Any:
+        """Expert ``e``'s matrix (or bias) of a stacked tensor, as stored."""
+        return tensor.reshape(experts, -1, tensor.shape[-1])[e] if self.flat else tensor[e]
+
+    def _transposed(self, down: bool) -> bool:
+        return self.down_transposed if down and self.down_transposed is not None else self.transposed
 
 
 @dataclass(frozen=True)
@@ -217,7 +230,7 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "minimax_m2", "gpt2", "opt", "gpt_neox", "flex_olmo", "vaultgemma", "cwm", "olmo", "apertus", "phimoe",
             "bamba", "qwen3_next", "qwen3_5", "nemotron_h",
             "mamba2", "falcon_h1", "bloom", "mpt", "llama4", "jamba", "granite_swa",
-            "hyperclovax", "jais2", "nanochat", "persimmon", "falcon"]
+            "hyperclovax", "jais2", "nanochat", "persimmon", "falcon", "dbrx"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)
