@@ -188,6 +188,10 @@ class ModelConfig:
     delta_conv_kernel: int = 4
     # gated attention (Qwen3-Next): q_proj also gives a gate per head's dim, and sigmoid(gate) scales attention's output
     attn_output_gate: bool = False
+    # an RMSNorm over attention's output before o_proj, and one over act(gate) * up before the dense MLP's down projection
+    # (BitNet's attn_sub_norm and ffn_sub_norm)
+    attn_sub_norm: bool = False
+    mlp_sub_norm: bool = False
     # --- layers of one sublayer (Nemotron-H's blocks, Mamba2's): per layer "mixer" (its token mixer alone), "mlp" (its
     # MLP or experts alone) or "both"; None: every layer has both. Pre-norm layout only ---
     layer_parts: list[str] | None = None
@@ -208,6 +212,8 @@ class ModelConfig:
             raise ValueError(f"mamba_norm {self.mamba_norm!r} is not one of gated, norm_then_gate, none")
         if self.layer_parts is not None and (set(self.layer_parts) - {"mixer", "mlp", "both"} or self.norm_layout != "pre"):
             raise ValueError("layer_parts are 'mixer', 'mlp' or 'both', in the pre-norm layout")
+        if self.mlp_sub_norm and (self.num_experts or not self.gated_mlp or self.swiglu_limit is not None):
+            raise ValueError("mlp_sub_norm is a dense gated MLP's (no experts, no clamped SwiGLU)")
         if self.lm_head_bias and self.tie_word_embeddings:
             raise ValueError("an LM head with a bias must be its own weight (tie_word_embeddings false)")
         if (self.qk_norm_after_rope or self.qk_norm_type != "rms") and self.qk_norm != "head":

@@ -63,14 +63,14 @@ class DecoderLayer(nn.Module):
                            cfg.gated_mlp, cfg.moe_scale_inputs)
         else:
             self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, cfg.mlp_bias, cfg.swiglu,
-                                cfg.gated_mlp)
+                                cfg.gated_mlp, cfg.rms_norm_eps if cfg.mlp_sub_norm else None)
         self.residual_scale = cfg.residual_scale
         # the bf16 hand-offs between the norms and the AMX GEMMs: Llama's layout and plain attention only
         self.one_part = self.self_attn is None or self.mlp is None
         self.fast = self.layout == "pre" and not self.one_part and self.self_attn.plain and cfg.residual_scale == 1
         # and into the MLP, whose down projection then writes bf16: not where it adds a bias (added in float32
         # instead, as the native decode stack adds it)
-        self.fast_mlp = self.fast and not cfg.mlp_bias
+        self.fast_mlp = self.fast and not cfg.mlp_bias and not cfg.mlp_sub_norm
 
     def forward(self, h, delta, rope, attn, meta, kv_cache,
                 rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:

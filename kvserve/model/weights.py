@@ -68,6 +68,9 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
             continue
         if not cfg.is_moe(i):
             mlp(out, arch, dst + "mlp.", p, "", cfg.intermediate_size, h, cfg.mlp_bias, cfg.gated_mlp)
+            if cfg.mlp_sub_norm:
+                out[f"{dst}mlp.sub_norm.weight"] = [(f"{p}{arch.weight_name('mlp_sub_norm')}.weight",
+                                                     (cfg.intermediate_size,))]
             if cfg.hidden_act == "xielu":  # the activation's own parameters
                 for name, shape in (("alpha_p", (1,)), ("alpha_n", (1,)), ("beta", ()), ("eps", ())):
                     out[f"{dst}mlp.act.{name}"] = [(f"{p}{arch.weight_name('act_fn')}.{name}", shape)]
@@ -118,6 +121,8 @@ def attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig
             out[f"{dst}{role}.weight"] = [(f"{prefix}{arch.weight_name(role)}.weight", (rows if full else d,))]
     if cfg.attn_sinks:
         out[f"{dst}sinks"] = [(f"{prefix}{arch.weight_name('sinks')}", (cfg.num_attention_heads,))]
+    if cfg.attn_sub_norm:
+        out[f"{dst}sub_norm.weight"] = [(f"{prefix}{arch.weight_name('attn_sub_norm')}.weight", (q_rows,))]
 
 
 def head_norms(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str) -> None:

@@ -313,6 +313,10 @@ CASES: dict[str, tuple[str, dict]] = {
     "PersimmonForCausalLM": ("PersimmonConfig", {}),
     "PersimmonForCausalLM:no_qk_norm": ("PersimmonConfig", dict(qk_layernorm=False, partial_rotary_factor=0.25,
                                                                 hidden_size=96, num_attention_heads=3, head_dim=32)),
+    # norms before o_proj and before the MLP's down projection, a relu2-gated MLP; (":silu") SiLU-gated, one KV head,
+    # tied embeddings
+    "BitNetForCausalLM": ("BitNetConfig", {}),
+    "BitNetForCausalLM:silu": ("BitNetConfig", dict(hidden_act="silu", num_key_value_heads=1, tie_word_embeddings=True)),
     "HeliumForCausalLM": ("HeliumConfig", dict(attention_bias=True, mlp_bias=True)),  # no bias on o_proj
     # per-head q/k LayerNorms: Command R+'s (a weight per head, no bias), StableLM 2 12B's (a module per head), Phi's
     # (one LayerNorm with a bias for all of q's heads, another for k's)

@@ -53,6 +53,9 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     "delta_dt_bias": "linear_attn.dt_bias", "delta_A_log": "linear_attn.A_log", "delta_norm": "linear_attn.norm.weight",
     "delta_out_proj": "linear_attn.out_proj",
     "sinks": "self_attn.sinks",  # one logit per head (a tensor, not a module: no .weight)
+    # the norms on attention's output before o_proj and on the MLP's act(gate) * up before down (ModelConfig.attn_sub_norm,
+    # mlp_sub_norm)
+    "attn_sub_norm": "self_attn.attn_sub_norm", "mlp_sub_norm": "mlp.ffn_sub_norm",
     "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj", "down_proj": "mlp.down_proj",
     "gate_up_proj": None,  # gate and up already stacked (Phi-3)
     "act_fn": "mlp.act_fn",  # an activation with parameters of its own (xIELU: alpha_p, alpha_n, beta, eps)
@@ -230,7 +233,7 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "minimax_m2", "gpt2", "opt", "gpt_neox", "flex_olmo", "vaultgemma", "cwm", "olmo", "apertus", "phimoe",
             "bamba", "qwen3_next", "qwen3_5", "nemotron_h",
             "mamba2", "falcon_h1", "bloom", "mpt", "llama4", "jamba", "granite_swa",
-            "hyperclovax", "jais2", "nanochat", "persimmon", "falcon", "dbrx"]
+            "hyperclovax", "jais2", "nanochat", "persimmon", "falcon", "dbrx", "bitnet"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)
