@@ -90,9 +90,7 @@ class ModelConfig:
     sliding_window: int | None = None  # keys a sliding layer attends: the query's own and the window - 1 before
     layer_types: list[str] | None = None  # per layer FULL or SLIDING; None: every layer FULL (or all SLIDING with a window)
     rope_local_theta: float | None = None  # sliding layers' own RoPE base, unscaled (Gemma 3)
-    # the layers that rotate by rope_local_theta where not the sliding ones (GraniteSWA's per-layer bases); None: the
-    # sliding ones
-    rope_local_layers: list[bool] | None = None
+    rope_local_layers: list[bool] | None = None  # the layers rotating by rope_local_theta (GraniteSWA); None: sliding
     rope_local_scaled: bool = False  # the local base scaled as the global one is (GraniteSWA's share rope_parameters)
     partial_rotary_factor: float = 1.0  # the share of each head's dims that rotate (Phi-4-mini)
     # rotary on pairs of adjacent dims (2i, 2i+1; GLM-4) instead of halves (i, i + dim/2): q's and k's rows are
@@ -188,10 +186,8 @@ class ModelConfig:
     delta_conv_kernel: int = 4
     # gated attention (Qwen3-Next): q_proj also gives a gate per head's dim, and sigmoid(gate) scales attention's output
     attn_output_gate: bool = False
-    # an RMSNorm over attention's output before o_proj, and one over act(gate) * up before the dense MLP's down projection
-    # (BitNet's attn_sub_norm and ffn_sub_norm)
-    attn_sub_norm: bool = False
-    mlp_sub_norm: bool = False
+    attn_sub_norm: bool = False  # an RMSNorm over attention's output before o_proj (BitNet's attn_sub_norm)
+    mlp_sub_norm: bool = False  # one over the dense MLP's act(gate) * up before down (BitNet's ffn_sub_norm)
     # --- layers of one sublayer (Nemotron-H's blocks, Mamba2's): per layer "mixer" (its token mixer alone), "mlp" (its
     # MLP or experts alone) or "both"; None: every layer has both. Pre-norm layout only ---
     layer_parts: list[str] | None = None
@@ -201,8 +197,8 @@ class ModelConfig:
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
-        for name in ("layer_types", "rope_layers", "rope_local_layers", "moe_layers", "conv_layers", "mamba_layers", "delta_layers",
-                     "layer_parts", "qk_norm_layers"):
+        for name in ("layer_types", "rope_layers", "rope_local_layers", "moe_layers", "conv_layers", "mamba_layers",
+                     "delta_layers", "layer_parts", "qk_norm_layers"):
             per_layer = getattr(self, name)
             if per_layer is not None and len(per_layer) != self.num_hidden_layers:
                 raise ValueError(f"{name} has {len(per_layer)} entries for {self.num_hidden_layers} layers")
@@ -263,12 +259,6 @@ class ModelConfig:
         if self.attention_chunk is None or self.layer_types is None or self.layer_types[layer] != "chunked_attention":
             return None
         return self.attention_chunk
-
-    def rotates_local(self, layer: int) -> bool:
-        """Whether ``layer`` rotates by ``rope_local_theta`` (its own base) rather than ``rope_theta``."""
-        if self.rope_local_theta is None:
-            return False
-        return self.rope_local_layers[layer] if self.rope_local_layers is not None else self.window(layer) is not None
 
     def has_qk_norm(self, layer: int) -> bool:
         return self.qk_norm is not None and (self.qk_norm_layers is None or self.qk_norm_layers[layer])

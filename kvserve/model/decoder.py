@@ -168,7 +168,9 @@ class CausalLM(nn.Module):
         self.local_rotary = None if cfg.rope_local_theta is None else Rotary(
             cfg.rotary_dim, cfg.max_position_embeddings, cfg.rope_local_theta,
             cfg.rope_scaling if cfg.rope_local_scaled else None, head_dim)
-        self.uses_local = [cfg.rotates_local(i) for i in range(len(self.layers))]
+        self.uses_local = [cfg.rope_local_theta is not None and (
+            cfg.window(i) is not None if cfg.rope_local_layers is None else cfg.rope_local_layers[i])
+            for i in range(len(self.layers))]
         self.rotates = [cfg.rotates(i) for i in range(len(self.layers))]  # SmolLM3's NoPE layers: False
         # each layer's pool layers (kv_caches' entries): its own one, a short convolution's several, a Mamba layer's
         # none

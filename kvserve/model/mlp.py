@@ -60,7 +60,8 @@ class GatedMLP(nn.Module):
     limit) of ``clamped_swiglu`` instead; not ``gated``: up alone, act(up), then down)."""
 
     def __init__(self, hidden: int, intermediate: int, act: str = "silu", bias: bool = False,
-                 swiglu: tuple[float, float | None] | None = None, gated: bool = True, sub_norm_eps: float | None = None):
+                 swiglu: tuple[float, float | None] | None = None, gated: bool = True,
+                 sub_norm_eps: float | None = None):
         super().__init__()
         # ``sub_norm_eps``: an RMSNorm over act(gate) * up before down (BitNet's ffn_sub_norm)
         self.sub_norm = None if sub_norm_eps is None else RMSNorm(intermediate, sub_norm_eps)

@@ -66,7 +66,8 @@ def native_stack_blocker(cfg: ModelConfig) -> str | None:
               (cfg.delta_layers is not None and any(cfg.delta_layers), "gated delta nets"),
               (cfg.attn_output_gate, "gated attention"),
               (cfg.router_scoring == "sparsemixer", "the sparsemixer router"),
-              (cfg.attn_sub_norm, "a norm before o_proj"), (cfg.mlp_sub_norm, "a norm before the MLP's down projection"),
+              (cfg.attn_sub_norm, "a norm before o_proj"),
+              (cfg.mlp_sub_norm, "a norm before the MLP's down projection"),
               (dense_swiglu, "a clamped SwiGLU")]
     return ", ".join(why for bad, why in checks if bad) or None
 

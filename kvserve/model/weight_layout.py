@@ -41,8 +41,9 @@ def deinterleave_rotary(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, 
 def standard_layout(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint's linears as the other architectures store them: GPT-2's Conv1D weights ([in, out]:
     ``Architecture.transposed_linears``) transposed, GPT-NeoX's fused q/k/v rows (head by head, q, k and v of each:
-    ``Architecture.qkv_per_head``; Falcon's a KV head's group at a time: ``ungroup_qkv``) reordered to q's, then k's, then v's (biases too); gated attention's q_proj (each
-    head's q then its gate) as every head's q, then every gate; Qwen3-Next's grouped delta-net projections
+    ``Architecture.qkv_per_head``; Falcon's a KV head's group at a time: ``ungroup_qkv``) reordered to q's, then k's,
+    then v's (biases too); gated attention's q_proj (each head's q then its gate) as every head's q, then every gate;
+    Qwen3-Next's grouped delta-net projections
     (``ungroup_delta``); first what the architecture's own ``adjust_weights`` does (Falcon-H1's multipliers folded
     in); as given otherwise."""
     arch = get_architecture(cfg.architecture)

@@ -69,8 +69,9 @@ CASES: dict[str, tuple[str, dict]] = {
                                                                  "sliding_attention"],
         embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.3, logits_scaling=2.0)),
     "GraniteSWAForCausalLM:bases": ("GraniteSWAConfig", dict(
-        num_hidden_layers=4, sliding_window=WINDOW, layer_rope_theta=[0, 10000.0, 500.0, 10000.0], num_key_value_heads=1,
-        rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}, attention_multiplier=0.25)),
+        num_hidden_layers=4, sliding_window=WINDOW, layer_rope_theta=[0, 10000.0, 500.0, 10000.0],
+        num_key_value_heads=1, rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+        attention_multiplier=0.25)),
     # and Granite MoE's experts (no shared expert); (":shared") with one
     "GraniteMoeSWAForCausalLM": ("GraniteMoeSWAConfig", dict(
         num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, sliding_window=WINDOW,
@@ -158,13 +159,15 @@ CASES: dict[str, tuple[str, dict]] = {
                                              expert_layer_period=2, expert_layer_offset=1, num_experts=4,
                                              num_experts_per_tok=2, intermediate_size=64, mamba_d_state=8,
                                              mamba_dt_rank=6, use_mamba_kernels=False)),
-    # Falcon's new decoder: 2 KV heads (q/k/v a group at a time), attention and the MLP over a norm each; (":one_norm")
-    # over one, a KV head each, biases; the old decoder: (":multi_query") one KV head, side by side over one norm, rotary;
-    # (":alibi") every head its own K/V, ALiBi (6 heads: the slopes' second series), one after the other, biases
+    # Falcon's new decoder: 2 KV heads (q/k/v a group at a time), attention and the MLP over a norm each;
+    # (":one_norm") over one, a KV head each, biases; the old decoder: (":multi_query") one KV head, side by side over
+    # one norm, rotary; (":alibi") every head its own K/V, ALiBi (6 heads: the slopes' second series), one after the
+    # other, biases
     "FalconForCausalLM": ("FalconConfig", dict(new_decoder_architecture=True, num_kv_heads=2, ffn_hidden_size=96,
                                                head_dim=OMIT)),
     "FalconForCausalLM:one_norm": ("FalconConfig", dict(new_decoder_architecture=True, num_kv_heads=4, head_dim=OMIT,
-                                                        num_ln_in_parallel_attn=1, bias=True, tie_word_embeddings=True)),
+                                                        num_ln_in_parallel_attn=1, bias=True,
+                                                        tie_word_embeddings=True)),
     "FalconForCausalLM:multi_query": ("FalconConfig", dict(multi_query=True, parallel_attn=True, head_dim=OMIT)),
     "FalconForCausalLM:alibi": ("FalconConfig", dict(multi_query=False, parallel_attn=False, alibi=True, bias=True,
                                                      num_attention_heads=6, hidden_size=48, head_dim=OMIT)),
@@ -316,7 +319,8 @@ CASES: dict[str, tuple[str, dict]] = {
     # norms before o_proj and before the MLP's down projection, a relu2-gated MLP; (":silu") SiLU-gated, one KV head,
     # tied embeddings
     "BitNetForCausalLM": ("BitNetConfig", {}),
-    "BitNetForCausalLM:silu": ("BitNetConfig", dict(hidden_act="silu", num_key_value_heads=1, tie_word_embeddings=True)),
+    "BitNetForCausalLM:silu": ("BitNetConfig", dict(hidden_act="silu", num_key_value_heads=1,
+                                                    tie_word_embeddings=True)),
     "HeliumForCausalLM": ("HeliumConfig", dict(attention_bias=True, mlp_bias=True)),  # no bias on o_proj
     # per-head q/k LayerNorms: Command R+'s (a weight per head, no bias), StableLM 2 12B's (a module per head), Phi's
     # (one LayerNorm with a bias for all of q's heads, another for k's)

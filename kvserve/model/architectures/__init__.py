@@ -53,8 +53,8 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     "delta_dt_bias": "linear_attn.dt_bias", "delta_A_log": "linear_attn.A_log", "delta_norm": "linear_attn.norm.weight",
     "delta_out_proj": "linear_attn.out_proj",
     "sinks": "self_attn.sinks",  # one logit per head (a tensor, not a module: no .weight)
-    # the norms on attention's output before o_proj and on the MLP's act(gate) * up before down (ModelConfig.attn_sub_norm,
-    # mlp_sub_norm)
+    # the norms on attention's output before o_proj and on the MLP's act(gate) * up before down
+    # (ModelConfig.attn_sub_norm, mlp_sub_norm)
     "attn_sub_norm": "self_attn.attn_sub_norm", "mlp_sub_norm": "mlp.ffn_sub_norm",
     "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj", "down_proj": "mlp.down_proj",
     "gate_up_proj": None,  # gate and up already stacked (Phi-3)
@@ -142,8 +142,8 @@ class Architecture:
     # prefixes the checkpoint's names carry instead of ours ("model.", "lm_head."), e.g. a multimodal
     # checkpoint's "language_model.model."; the HF loader renames by them as it reads
     prefixes: Mapping[str, str] = field(default_factory=dict)
-    # parts of a checkpoint's names replaced as read (after ``prefixes``), where one architecture names a weight two ways
-    # by its config (Falcon's norms: "ln_attn" where the new decoder has two, else "input_layernorm")
+    # parts of a checkpoint's names replaced as read (after ``prefixes``), where one architecture names a weight two
+    # ways by its config (Falcon's norms: "ln_attn" where the new decoder has two, else "input_layernorm")
     renames: Mapping[str, str] = field(default_factory=dict)
 
     def checkpoint_name(self, name: str) -> str | None:

@@ -3,7 +3,8 @@ every fourth layer from the first attends globally), a learned sink logit per he
 eager path's ``sigmoid(lse - sink)`` output scale is the same softmax with one more logit), and a RoPE base per layer
 (``layer_rope_theta``; 0: no rotary). Two distinct bases at most: the global one, and a second as the local rotary
 (``rope_local_layers``, scaled as the global one is). Granite MoE SWA: the same attention in Granite MoE Shared's
-layers (its shared expert off where ``shared_intermediate_size`` is 0), its experts stored as transformers 5 names them."""
+layers (its shared expert off where ``shared_intermediate_size`` is 0), its experts stored as transformers 5 names
+them."""
 
 from kvserve.model.architectures import Architecture, StackedExperts, register
 from kvserve.model.architectures.granite import granite_config
