@@ -11,7 +11,7 @@ from torch import nn
 
 from kvserve.model.checkpoint import ReleasableWeights
 from kvserve.model.config import ModelConfig
-from kvserve.model.layers import LayerNorm, NarrowEmbedding, RMSNorm, cpu_packing_supported
+from kvserve.model.layers import LayerNorm, NarrowEmbedding, RMSNorm, cpu_packing_supported, unit_weights
 from kvserve.model.quant import QuantWeight
 from kvserve.model.quant_linear import QuantEmbedding, QuantLinear, quantized_modules
 from kvserve.model.weight_layout import deinterleave_rotary, unstack_experts
@@ -60,6 +60,7 @@ def build_model(cls: type["CausalLM"], cfg: ModelConfig, weights: dict[str, Any]
     # allocated in the final dtype: copying in casts, and no float32 model is held on the way
     model = model.to(dtype).to_empty(device=device)
     load_weights(model, cfg, weights, sources, release if handed is not None else None)
+    unit_weights(model)
     model = model.eval()
     model.rotary.to(device)
     if model.local_rotary is not None:

@@ -59,17 +59,20 @@ class Attention(nn.Module):
             del self.k_norm
         self.clip = cfg.clip_qkv
         self.position_scale = cfg.query_position_scale
+        # BitNet's norm of the heads' output before o_proj
+        self.sub_norm = RMSNorm(q_size, cfg.rms_norm_eps) if cfg.attn_sub_norm else None
         # the sinks are a parameter (loaded after the spec is built): the step's spec takes them (forward)
         self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if cfg.attn_sinks else None
         self.spec = LayerAttention(cfg.attn_scale, cfg.window(layer), cfg.attn_logit_softcap, chunk=cfg.chunk(layer))
         self.scale_nope = cfg.query_scale_nope  # the position scale on the layers without rotary (Llama 4)
         self.scale_offset = cfg.query_scale_offset
         # ALiBi's slopes: the spec takes them as a tensor at the first step (the model is built on the meta device)
-        self.alibi = alibi_slopes(self.num_heads, cfg.alibi_bias_max, cfg.alibi_mpt) if cfg.alibi else None
+        self.alibi = [s * cfg.alibi_scale for s in alibi_slopes(self.num_heads, cfg.alibi_bias_max, cfg.alibi_mpt)] \
+            if cfg.alibi else None
         # what the bf16 path below handles
         self.plain = (cfg.qk_norm is None and not self.spec.masked and self.sinks is None and self.clip is None
                       and self.position_scale is None and not self.output_gate and self.alibi is None
-                      and len(self.split) == 3 and not self.v_norm)
+                      and len(self.split) == 3 and not self.v_norm and self.sub_norm is None)
 
     def _head_norms(self, q: torch.Tensor, k: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
         """q and k [t, heads, head_dim] normed per head (a head's reshape of the GEMM's output is a strided view:
@@ -138,6 +141,8 @@ class Attention(nn.Module):
         o = o.reshape(o.shape[0], -1)
         if self.output_gate:
             o = self._gated(o, gate if rows is None else gate[rows])
+        if self.sub_norm is not None:
+            o = self.sub_norm(o.contiguous())
         return self.o_proj(o, out_dtype=torch.bfloat16) if bf16 else self.o_proj(o)
 
 

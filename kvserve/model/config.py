@@ -63,7 +63,7 @@ class ModelConfig(LayerPlan):
     norm_offset: float = 0.0  # Gemma's norms scale by (1 + weight)
     norm_type: str = "rms"  # the layers' and the final norm: "rms" or "layer" (LayerNorm: Starcoder2)
     norm_bias: bool = True  # a "layer" norm has a bias (Cohere's have none)
-    norm_affine: bool = True  # False: "layer" norms with neither weight nor bias (OLMo 1)
+    norm_affine: bool = True  # False: norms with neither weight nor bias (OLMo 1's LayerNorms, NanoChat's RMSNorms)
     gated_mlp: bool = True  # False: the MLPs (and experts) are down(act(up(x))) (Starcoder2, Nemotron-H)
     attn_scale: float | None = None  # softmax scale; None: head_dim ** -0.5
     attn_logit_softcap: float | None = None  # Gemma 2: cap * tanh(scores / cap)
@@ -91,6 +91,8 @@ class ModelConfig(LayerPlan):
     layer_types: list[str] | None = None  # per layer FULL or SLIDING; None: every layer FULL (or all SLIDING with a window)
     rope_local_theta: float | None = None  # sliding layers' own RoPE base, unscaled (Gemma 3)
     rope_local_partial_rotary_factor: float | None = None  # the sliding layers' own share of rotating dims (Laguna)
+    rope_local_layers: list[bool] | None = None  # the layers rotating by rope_local_theta (GraniteSWA); None: sliding
+    rope_local_scaled: bool = False  # the local base scaled as the global one is (GraniteSWA's share rope_parameters)
     partial_rotary_factor: float = 1.0  # the share of each head's dims that rotate (Phi-4-mini)
     # rotary on pairs of adjacent dims (2i, 2i+1; GLM-4) instead of halves (i, i + dim/2): q's and k's rows are
     # reordered at load (``weight_layout.deinterleave_rotary``), so that every rotary path takes it as it is
@@ -173,6 +175,7 @@ class ModelConfig(LayerPlan):
     alibi: bool = False
     alibi_bias_max: float = 8.0
     alibi_mpt: bool = False  # MPT's slopes where the heads are not a power of two
+    alibi_scale: float = 1.0  # the slopes multiplied by this (Falcon's biases are divided by sqrt(head_dim))
     embed_norm: bool = False  # a norm (of norm_type) right after the embeddings (Bloom's word_embeddings_layernorm)
     # --- gated delta nets (Qwen3-Next, Qwen3.5): per layer, whether its token mixer is linear attention with the gated
     # delta rule, q/k in delta_key_heads heads of delta_key_dim, v in delta_value_heads of delta_value_dim, after a
@@ -188,6 +191,8 @@ class ModelConfig(LayerPlan):
     attn_output_gate_fn: str = "sigmoid"  # the gate's function: "sigmoid", or "softplus" (Laguna's)
     attn_output_gate_per_head: bool = False  # one gate a head, over all its dims (Laguna's), not one a value
     attention_heads_per_layer: list[int] | None = None  # query heads by layer (Laguna's; the KV heads: every layer's)
+    attn_sub_norm: bool = False  # an RMSNorm over attention's output before o_proj (BitNet's attn_sub_norm)
+    mlp_sub_norm: bool = False  # one over the dense MLP's act(gate) * up before down (BitNet's ffn_sub_norm)
     # --- layers of one sublayer (Nemotron-H's blocks, Mamba2's): per layer "mixer" (its token mixer alone), "mlp" (its
     # MLP or experts alone) or "both"; None: every layer has both. Pre-norm layout only ---
     layer_parts: list[str] | None = None
@@ -220,9 +225,9 @@ class ModelConfig(LayerPlan):
             self.head_dim = self.hidden_size // self.num_attention_heads
         if any(h % self.num_key_value_heads for h in (self.num_attention_heads, *(self.attention_heads_per_layer or ()))):
             raise ValueError("num_attention_heads (every layer's) must be a multiple of num_key_value_heads")
-        for name in ("layer_types", "rope_layers", "moe_layers", "conv_layers", "mamba_layers", "delta_layers",
-                     "layer_parts", "qk_norm_layers", "layer_head_dims", "layer_kv_heads", "k_eq_v_layers",
-                     "kv_shared_from", "layer_intermediate_sizes", "attention_heads_per_layer"):
+        for name in ("layer_types", "rope_layers", "rope_local_layers", "moe_layers", "conv_layers", "mamba_layers",
+                     "delta_layers", "layer_parts", "qk_norm_layers", "layer_head_dims", "layer_kv_heads",
+                     "k_eq_v_layers", "kv_shared_from", "layer_intermediate_sizes", "attention_heads_per_layer"):
             per_layer = getattr(self, name)
             if per_layer is not None and len(per_layer) != self.num_hidden_layers:
                 raise ValueError(f"{name} has {len(per_layer)} entries for {self.num_hidden_layers} layers")
@@ -232,6 +237,8 @@ class ModelConfig(LayerPlan):
             raise ValueError(f"mamba_norm {self.mamba_norm!r} is not one of gated, norm_then_gate, none")
         if self.layer_parts is not None and (set(self.layer_parts) - {"mixer", "mlp", "both"} or self.norm_layout != "pre"):
             raise ValueError("layer_parts are 'mixer', 'mlp' or 'both', in the pre-norm layout")
+        if self.mlp_sub_norm and (self.num_experts or not self.gated_mlp or self.swiglu_limit is not None):
+            raise ValueError("mlp_sub_norm is a dense gated MLP's (no experts, no clamped SwiGLU)")
         if self.lm_head_bias and self.tie_word_embeddings:
             raise ValueError("an LM head with a bias must be its own weight (tie_word_embeddings false)")
         if (self.qk_norm_after_rope or self.qk_norm_type != "rms") and self.qk_norm != "head":

@@ -47,12 +47,15 @@ class CausalLM(nn.Module):
         full_dim = next((cfg.attn_head_dim(i) for i in range(cfg.num_hidden_layers) if cfg.window(i) is None), head_dim)
         self.rotary = Rotary(cfg.rotary_dim * full_dim // max(head_dim, 1), cfg.max_position_embeddings, cfg.rope_theta,
                              cfg.rope_scaling, full_dim)
-        # Gemma 3's sliding layers rotate with their own base, unscaled (Laguna's: over their own share of each head)
+        # Gemma 3's sliding layers rotate with their own base, unscaled (Laguna's: over their own share of each head;
+        # GraniteSWA's chosen layers: scaled as the global ones)
         local_share = cfg.rope_local_partial_rotary_factor
         self.local_rotary = None if cfg.rope_local_theta is None else Rotary(
             cfg.rotary_dim if local_share is None else int(head_dim * local_share), cfg.max_position_embeddings,
-            cfg.rope_local_theta, None, head_dim)
-        self.uses_local = [cfg.rope_local_theta is not None and cfg.window(i) is not None for i in range(len(self.layers))]
+            cfg.rope_local_theta, cfg.rope_scaling if cfg.rope_local_scaled else None, head_dim)
+        self.uses_local = [cfg.rope_local_theta is not None and (
+            cfg.window(i) is not None if cfg.rope_local_layers is None else cfg.rope_local_layers[i])
+            for i in range(len(self.layers))]
         self.rotates = [cfg.rotates(i) for i in range(len(self.layers))]  # SmolLM3's NoPE layers: False
         # each layer's pool layers (kv_caches' entries): its own one, a short convolution's several, a Mamba layer's
         # none

@@ -50,7 +50,7 @@ class DecoderLayer(nn.Module):
         if cfg.has_mlp(layer) and (not cfg.is_moe(layer) or cfg.moe_beside_mlp):
             self.moe = self.mlp if cfg.moe_beside_mlp else None  # type: ignore[assignment]
             self.mlp = GatedMLP(cfg.hidden_size, cfg.mlp_size(layer), cfg.hidden_act, cfg.mlp_bias, cfg.swiglu,
-                                cfg.gated_mlp)
+                                cfg.gated_mlp, cfg.rms_norm_eps if cfg.mlp_sub_norm else None)
         # what closes the layer after its MLP (Gemma 4): a per-layer input's gated branch, a scalar on its output
         self.extras = cfg.moe_beside_mlp or bool(cfg.per_layer_input_size) or cfg.layer_scalars
         if self.extras:
@@ -72,7 +72,7 @@ class DecoderLayer(nn.Module):
         self.fast = self.layout == "pre" and not self.one_part and self.self_attn.plain and cfg.residual_scale == 1
         # and into the MLP, whose down projection then writes bf16: not where it adds a bias (added in float32
         # instead, as the native decode stack adds it)
-        self.fast_mlp = self.fast and not cfg.mlp_bias
+        self.fast_mlp = self.fast and not cfg.mlp_bias and not cfg.mlp_sub_norm
 
     def forward(self, h, delta, rope, attn, meta, kv_cache, rows: torch.Tensor | None = None,
                 per_layer: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:

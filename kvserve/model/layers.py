@@ -10,9 +10,15 @@ from kvserve.kernels import ops
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, affine: bool = True):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+        # not ``affine`` (NanoChat's norms have no weight): a buffer of ones no checkpoint fills, so that every kernel
+        # taking a weight runs it unchanged (``unit_weights`` sets it once the model leaves the meta device)
+        self.affine = affine
+        if affine:
+            self.weight = nn.Parameter(torch.ones(dim))
+        else:
+            self.register_buffer("weight", torch.ones(dim), persistent=False)
         self.eps = eps
         self.native = False  # True: the fused kernels of kvserve.kernels (CPU, set by the model)
 
@@ -77,7 +83,15 @@ def make_norm(kind: str, dim: int, eps: float, bias: bool = True, affine: bool =
     ``affine``: with neither weight nor bias)."""
     if kind not in ("rms", "layer"):
         raise ValueError(f"norm type {kind!r} is not supported (rms, layer)")
-    return RMSNorm(dim, eps) if kind == "rms" else LayerNorm(dim, eps, bias, affine)
+    return RMSNorm(dim, eps, affine) if kind == "rms" else LayerNorm(dim, eps, bias, affine)
+
+
+def unit_weights(model: nn.Module) -> None:
+    """The weights of RMSNorms without one set to ones (after ``to_empty``, which leaves their buffers unset)."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, RMSNorm) and not m.affine:
+                m.weight.fill_(1.0)
 
 
 class PackedLinear(nn.Module):

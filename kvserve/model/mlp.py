@@ -12,7 +12,7 @@ from torch import nn
 
 from kvserve.kernels import ops
 from kvserve.model.config import NATIVE_ACTIVATIONS
-from kvserve.model.layers import runs_amx
+from kvserve.model.layers import RMSNorm, runs_amx
 from kvserve.model.moe_native import native_moe_block
 from kvserve.model.quant_linear import AMX_MIN_ROWS, QuantLinear
 
@@ -60,8 +60,11 @@ class GatedMLP(nn.Module):
     limit) of ``clamped_swiglu`` instead; not ``gated``: up alone, act(up), then down)."""
 
     def __init__(self, hidden: int, intermediate: int, act: str = "silu", bias: bool = False,
-                 swiglu: tuple[float, float | None] | None = None, gated: bool = True):
+                 swiglu: tuple[float, float | None] | None = None, gated: bool = True,
+                 sub_norm_eps: float | None = None):
         super().__init__()
+        # ``sub_norm_eps``: an RMSNorm over act(gate) * up before down (BitNet's ffn_sub_norm)
+        self.sub_norm = None if sub_norm_eps is None else RMSNorm(intermediate, sub_norm_eps)
         self.gated = gated  # False: gate_up is up alone, and the MLP down(act(up(x))) (Starcoder2)
         self.gate_up = nn.Linear(hidden, (2 if gated else 1) * intermediate, bias=bias)
         self.down = nn.Linear(intermediate, hidden, bias=bias)
@@ -77,7 +80,8 @@ class GatedMLP(nn.Module):
     def runs_amx(self, x: torch.Tensor) -> bool:
         """Whether ``x`` runs both GEMMs on their AMX copies with the activation between them in bf16 (a
         weight kept dense, e.g. one whose inputs are not a whole number of quantized blocks: never)."""
-        return self.native and runs_amx(self.gate_up, x) and getattr(self.down, "amx", None) is not None
+        return self.native and self.sub_norm is None and runs_amx(self.gate_up, x) and \
+            getattr(self.down, "amx", None) is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.runs_amx(x):
@@ -89,10 +93,13 @@ class GatedMLP(nn.Module):
         if not self.gated:
             return self.down(self.act(gu))
         if self.native:
-            return self.down(self.gated_mul(gu))
+            return self.down(self._sub_norm(self.gated_mul(gu)))
         if self.swiglu is not None:
             return self.down(clamped_swiglu(gu[..., : self.intermediate], gu[..., self.intermediate :], *self.swiglu))
-        return self.down(self.act(gu[..., : self.intermediate]) * gu[..., self.intermediate :])
+        return self.down(self._sub_norm(self.act(gu[..., : self.intermediate]) * gu[..., self.intermediate :]))
+
+    def _sub_norm(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.sub_norm is None else self.sub_norm(x)
 
 
 def sparsemixer(logits: torch.Tensor, jitter: float) -> tuple[torch.Tensor, torch.Tensor]:

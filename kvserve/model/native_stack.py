@@ -71,6 +71,8 @@ def native_stack_blocker(cfg: ModelConfig) -> str | None:
               (cfg.rope_local_partial_rotary_factor not in (None, cfg.partial_rotary_factor),
                "partial rotary on the sliding layers"),
               (cfg.router_scoring == "sparsemixer", "the sparsemixer router"),
+              (cfg.attn_sub_norm, "a norm before o_proj"),
+              (cfg.mlp_sub_norm, "a norm before the MLP's down projection"),
               (dense_swiglu, "a clamped SwiGLU"),
               (cfg.layer_head_dims is not None or cfg.layer_kv_heads is not None, "attention shapes per layer"),
               (cfg.v_norm or bool(cfg.k_eq_v_layers) or cfg.kv_shared_from is not None,

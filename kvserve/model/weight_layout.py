@@ -96,8 +96,9 @@ def untile_value_heads(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, A
 def standard_layout(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint's linears as the other architectures store them: GPT-2's Conv1D weights ([in, out]:
     ``Architecture.transposed_linears``) transposed, GPT-NeoX's fused q/k/v rows (head by head, q, k and v of each:
-    ``Architecture.qkv_per_head``) reordered to q's, then k's, then v's (biases too); gated attention's q_proj (each
-    head's q then its gate) as every head's q, then every gate; Qwen3-Next's grouped delta-net projections
+    ``Architecture.qkv_per_head``; Falcon's a KV head's group at a time: ``ungroup_qkv``) reordered to q's, then k's,
+    then v's (biases too); gated attention's q_proj (each head's q then its gate) as every head's q, then every gate;
+    Qwen3-Next's grouped delta-net projections
     (``ungroup_delta``); first what the architecture's own ``adjust_weights`` does (Falcon-H1's multipliers folded
     in); as given otherwise."""
     arch = get_architecture(cfg.architecture)
@@ -120,14 +121,21 @@ def standard_layout(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]
                 if name in out and out[name].dim() == 2:
                     out[name] = out[name].t()
     if arch.qkv_per_head:
-        heads, d = cfg.num_attention_heads, int(cfg.head_dim or 0)
         for i in range(cfg.num_hidden_layers):
             for suffix in ("weight", "bias"):
                 name = f"model.layers.{i}.{arch.weight_name('qkv_proj')}.{suffix}"
                 if name in out:
-                    w = out[name]
-                    out[name] = w.reshape(heads, 3, d, *w.shape[1:]).transpose(0, 1).reshape(w.shape)
+                    out[name] = ungroup_qkv(cfg, out[name])
     return out
+
+
+def ungroup_qkv(cfg: ModelConfig, w: Any) -> Any:
+    """A fused q/k/v tensor stored a KV head's group at a time (its queries, then its key, then its value: GPT-NeoX's
+    head by head where every head has its K/V, Falcon's groups otherwise) as every q row, then k's, then v's."""
+    kv, d = cfg.num_key_value_heads, int(cfg.head_dim or 0)
+    share = cfg.num_attention_heads // kv
+    groups = w.reshape(kv, share + 2, d, *w.shape[1:])
+    return stack_rows([part.reshape(-1, *w.shape[1:]) for part in groups.split([share, 1, 1], dim=1)])
 
 
 def ungroup_delta(cfg: ModelConfig, weights: dict[str, Any], qkvz: str, ba: str) -> dict[str, Any]:
@@ -170,19 +178,28 @@ def unstack_experts(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]
             continue
         gate_up, down = out.pop(f"{p}{stacked.gate_up}"), out.pop(f"{p}{stacked.down}")
         gate_up_bias, down_bias = out.pop(f"{p}{stacked.gate_up}_bias", None), out.pop(f"{p}{stacked.down}_bias", None)
-        for e in range(cfg.num_experts):
+        up = up_bias = None
+        if stacked.up:  # up's apart (DBRX): each expert's gate rows, then its up rows
+            up, up_bias = out.pop(f"{p}{stacked.up}"), out.pop(f"{p}{stacked.up}_bias", None)
+        n = cfg.num_experts
+        for e in range(n):
             name = p + UNSTACKED.format(e=e)
             gu_bias = None if gate_up_bias is None else gate_up_bias[e]
             if hasattr(gate_up, "experts"):  # kept quantized (``QuantExperts``): each expert's, gate's rows first
                 gu = gate_up.experts[e]
             else:
-                gu = stacked.orient(gate_up[e])
+                gu = stacked.orient(stacked.expert(gate_up, e, n))
+                if up is not None:
+                    gu = cat_rows([gu, stacked.orient(stacked.expert(up, e, n))])
                 if stacked.interleaved:  # gate's rows first, then up's, as the fused GEMM stacks them
                     gu = gu.reshape(-1, 2, gu.shape[1]).transpose(0, 1).reshape(gu.shape)
+            if up_bias is not None and gu_bias is not None:
+                gu_bias = cat_rows([gu_bias, up_bias[e]])
             if stacked.interleaved and gu_bias is not None:
                 gu_bias = gu_bias.reshape(-1, 2).t().reshape(-1)
             out[f"{name}gate_up.weight"] = gu
-            out[f"{name}down.weight"] = down.experts[e] if hasattr(down, "experts") else stacked.orient(down[e])
+            out[f"{name}down.weight"] = down.experts[e] if hasattr(down, "experts") else \
+                stacked.orient(stacked.expert(down, e, n), down=True)
             if gu_bias is not None and down_bias is not None:
                 out[f"{name}gate_up.bias"], out[f"{name}down.bias"] = gu_bias, down_bias[e]
     return out
@@ -197,6 +214,8 @@ def stack_experts(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
     stacked = arch.stacked_experts
     if stacked is None:
         return weights
+    if stacked.up or stacked.flat or stacked.down_transposed is not None:
+        raise ValueError(f"{cfg.architecture}: experts from a GGUF file into this stacked layout are not supported")
     import torch
 
     from kvserve.model.quant import QuantExperts, QuantWeight

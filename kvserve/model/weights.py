@@ -28,8 +28,11 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
     if cfg.learned_positions:
         rows = cfg.max_position_embeddings + cfg.position_offset
         out["embed_positions.weight"] = [("model.embed_positions.weight", (rows, h))]
+    norm_suffixes = ("weight", "bias") if cfg.norm_type == "layer" and cfg.norm_bias else ("weight",)
+    if not cfg.norm_affine:
+        norm_suffixes = ()
     if cfg.embed_norm:
-        for suffix in ("weight", "bias") if cfg.norm_type == "layer" and cfg.norm_bias else ("weight",):
+        for suffix in norm_suffixes:
             out[f"embed_norm.{suffix}"] = [(f"model.embed_norm.{suffix}", (h,))]
 
     def linear(dst: str, prefix: str, parts: list[tuple[str, int]], fused: str | None, cols: int, bias: bool) -> None:
@@ -39,9 +42,6 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
         for suffix, shape in (("weight", lambda r: (r, cols)), ("bias", lambda r: (r,)))[: 2 if bias else 1]:
             out[f"{dst}.{suffix}"] = [(f"{prefix}{name}.{suffix}", shape(r)) for name, r in names]
 
-    norm_suffixes = ("weight", "bias") if cfg.norm_type == "layer" and cfg.norm_bias else ("weight",)
-    if not cfg.norm_affine:
-        norm_suffixes = ()
     for i in range(cfg.num_hidden_layers):
         p, dst = f"model.layers.{i}.", f"layers.{i}."
         for role in cfg.layer_norm_roles(i):
@@ -68,6 +68,9 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
             continue
         if not cfg.is_moe(i) or cfg.moe_beside_mlp:
             mlp(out, arch, dst + "mlp.", p, "", cfg.mlp_size(i), h, cfg.mlp_bias, cfg.gated_mlp)
+            if cfg.mlp_sub_norm:
+                out[f"{dst}mlp.sub_norm.weight"] = [(f"{p}{arch.weight_name('mlp_sub_norm')}.weight",
+                                                     (cfg.mlp_size(i),))]
             if cfg.hidden_act == "xielu":  # the activation's own parameters
                 for name, shape in (("alpha_p", (1,)), ("alpha_n", (1,)), ("beta", ()), ("eps", ())):
                     out[f"{dst}mlp.act.{name}"] = [(f"{p}{arch.weight_name('act_fn')}.{name}", shape)]
@@ -154,6 +157,8 @@ def attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig
             out[f"{dst}{role}.weight"] = [(f"{prefix}{arch.weight_name(role)}.weight", (rows if full else d,))]
     if cfg.attn_sinks:
         out[f"{dst}sinks"] = [(f"{prefix}{arch.weight_name('sinks')}", (cfg.attention_heads(layer),))]
+    if cfg.attn_sub_norm:
+        out[f"{dst}sub_norm.weight"] = [(f"{prefix}{arch.weight_name('attn_sub_norm')}.weight", (q_rows,))]
 
 
 def head_norms(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,
@@ -317,10 +322,13 @@ def expected_weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             continue
         for name in [n for n in out if n.startswith(p + UNSTACKED_ROOT)]:
             del out[name]
-        out[f"{p}{stacked.gate_up}"] = stacked.stored_shape(e, 2 * inter, h)
-        out[f"{p}{stacked.down}"] = stacked.stored_shape(e, h, inter)
+        gate_up = inter if stacked.up else 2 * inter  # gate's alone where up's are apart
+        for name in (stacked.gate_up, stacked.up) if stacked.up else (stacked.gate_up,):
+            out[f"{p}{name}"] = stacked.stored_shape(e, gate_up, h)
+            if cfg.expert_bias:
+                out[f"{p}{name}_bias"] = (e, gate_up)
+        out[f"{p}{stacked.down}"] = stacked.stored_shape(e, h, inter, down=True)
         if cfg.expert_bias:
-            out[f"{p}{stacked.gate_up}_bias"] = (e, 2 * inter)
             out[f"{p}{stacked.down}_bias"] = (e, h)
     return out
 

@@ -59,6 +59,9 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     # gated attention's output gate as a projection of its own (AFMoE's); None: its rows inside q_proj, each head's
     # after that head's q (Qwen3-Next's)
     "attn_gate_proj": None,
+    # the norms on attention's output before o_proj and on the MLP's act(gate) * up before down
+    # (ModelConfig.attn_sub_norm, mlp_sub_norm)
+    "attn_sub_norm": "self_attn.attn_sub_norm", "mlp_sub_norm": "mlp.ffn_sub_norm",
     "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj", "down_proj": "mlp.down_proj",
     "gate_up_proj": None,  # gate and up already stacked (Phi-3)
     "act_fn": "mlp.act_fn",  # an activation with parameters of its own (xIELU: alpha_p, alpha_n, beta, eps)
@@ -96,15 +99,28 @@ class StackedExperts:
     down: str = "mlp.experts.down_proj"
     interleaved: bool = True
     transposed: bool = True
+    # up's matrices in a tensor of their own (DBRX's ``v1``): ``gate_up`` then holds gate's alone
+    up: str | None = None
+    down_transposed: bool | None = None  # down's orientation where it differs from gate's and up's (DBRX's ``w2``)
+    # each tensor 2-D, the experts' matrices one after another along its rows (DBRX's [experts * inter, hidden])
+    flat: bool = False
 
-    def orient(self, matrix: Any) -> Any:
+    def orient(self, matrix: Any, down: bool = False) -> Any:
         """An expert's stored matrix as a linear's weight [out, in], or a linear's weight as stored (the same
-        transpose both ways, where the layout is ``transposed``)."""
-        return matrix.t() if self.transposed else matrix
+        transpose both ways, where the layout is ``transposed``; ``down``'s by ``down_transposed`` where set)."""
+        return matrix.t() if self._transposed(down) else matrix
 
-    def stored_shape(self, experts: int, out: int, k: int) -> tuple[int, int, int]:
-        """The stacked tensor's shape for ``experts`` linears of ``out`` x ``k``."""
-        return (experts, k, out) if self.transposed else (experts, out, k)
+    def stored_shape(self, experts: int, out: int, k: int, down: bool = False) -> tuple[int, ...]:
+        """The stacked tensor's shape for ``experts`` linears of ``out`` x ``k`` (``down``: the down projections')."""
+        shape = (experts, k, out) if self._transposed(down) else (experts, out, k)
+        return (shape[0] * shape[1], shape[2]) if self.flat else shape
+
+    def expert(self, tensor: Any, e: int, experts: int) -> Any:
+        """Expert ``e``'s matrix (or bias) of a stacked tensor, as stored."""
+        return tensor.reshape(experts, -1, tensor.shape[-1])[e] if self.flat else tensor[e]
+
+    def _transposed(self, down: bool) -> bool:
+        return self.down_transposed if down and self.down_transposed is not None else self.transposed
 
 
 @dataclass(frozen=True)
@@ -133,20 +149,30 @@ class Architecture:
     text_config: Callable[[dict[str, Any]], dict[str, Any]] = lambda d: d
     stacked_experts: StackedExperts | None = None  # experts in 3-D tensors; None: one set of linears each
     transposed_linears: bool = False  # linear weights stored [in, out] (GPT-2's Conv1D); the HF loader transposes them
-    qkv_per_head: bool = False  # a fused q/k/v tensor's rows head by head (GPT-NeoX's); the HF loader reorders them
+    # a fused q/k/v tensor's rows head by head (GPT-NeoX's), or a KV head's group at a time (its queries, key, value:
+    # Falcon's); the HF loader reorders them
+    qkv_per_head: bool = False
     # (ModelConfig, the checkpoint's tensors) -> the tensors the decoder takes, at HF load: scales folded in (Falcon-H1)
     adjust_weights: Callable[[Any, dict[str, Any]], dict[str, Any]] | None = None
     # prefixes the checkpoint's names carry instead of ours ("model.", "lm_head."), e.g. a multimodal
     # checkpoint's "language_model.model."; the HF loader renames by them as it reads
     prefixes: Mapping[str, str] = field(default_factory=dict)
+    # parts of a checkpoint's names replaced as read (after ``prefixes``), where one architecture names a weight two
+    # ways by its config (Falcon's norms: "ln_attn" where the new decoder has two, else "input_layernorm")
+    renames: Mapping[str, str] = field(default_factory=dict)
 
     def checkpoint_name(self, name: str) -> str | None:
-        """Our name for a checkpoint tensor ``name``: renamed by ``prefixes``; None for a tensor outside
-        them (a vision tower) where the architecture has any."""
-        if not self.prefixes:
-            return name
-        return next((ours + name[len(theirs):] for theirs, ours in self.prefixes.items() if name.startswith(theirs)),
-                    None)
+        """Our name for a checkpoint tensor ``name``: renamed by ``prefixes`` and ``renames``; None for a tensor
+        outside the prefixes (a vision tower) where the architecture has any."""
+        if self.prefixes:
+            found = next((ours + name[len(theirs):] for theirs, ours in self.prefixes.items()
+                          if name.startswith(theirs)), None)
+            if found is None:
+                return None
+            name = found
+        for theirs, ours in self.renames.items():
+            name = name.replace(theirs, ours)
+        return name
 
     def weight_name(self, role: str) -> str | None:
         return self.weights[role] if role in self.weights else LLAMA_WEIGHTS[role]
@@ -222,7 +248,8 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "minimax_m2", "gpt2", "opt", "gpt_neox", "flex_olmo", "vaultgemma", "cwm", "olmo", "apertus", "phimoe",
             "bamba", "qwen3_next", "qwen3_5", "nemotron_h",
             "mamba2", "falcon_h1", "bloom", "mpt", "llama4", "jamba", "gemma4", "olmo_hybrid", "solar_open", "cohere2_moe",
-            "afmoe", "laguna", "mellum", "flint", "hy_v3"]
+            "afmoe", "laguna", "mellum", "flint", "hy_v3", "granite_swa", "hyperclovax", "jais2", "nanochat", "persimmon",
+            "falcon", "dbrx", "bitnet"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)
