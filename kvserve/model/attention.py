@@ -162,6 +162,9 @@ class Attention(nn.Module):
         if self.shares_kv:
             q = self.q_norm(q.reshape(-1, self.head_dim).contiguous()).view_as(q) if self.qk_norm else q
             k, v = shared_kv(meta)[self.source]
+            if rows is not None and q.shape[0] != k.shape[0]:  # the stream holds the rows that sample only: q at
+                # their rows among the step's (the others are never read), for rotary's positions and the backend
+                q = q.new_zeros(k.shape[0], *q.shape[1:]).index_copy_(0, rows, q)
             if rope is not None:
                 q = rope.apply_q(q)
         else:

@@ -68,6 +68,12 @@ class CausalLM(nn.Module):
                 continue
             self.cache_of.append(first if n == 1 and not cfg.is_conv(i) else slice(first, first + n))
             first += n
+        # the first layer of those at the end that write no K/V (they attend over earlier layers'): a prompt chunk's rows
+        # that sample nothing stop there (vLLM's KV-sharing fast prefill; transformers' generate does the same)
+        self.rows_from: int | None = None
+        if cfg.kv_shared_from is not None and all(layer.extras for layer in self.layers):
+            tail = [i for i in range(len(self.layers)) if all(cfg.shares_kv(j) for j in range(i, len(self.layers)))]
+            self.rows_from = tail[0] if tail else None
         if cfg.per_layer_input_size:  # per-layer inputs: a table a token, and a projection of the embeddings
             width = cfg.num_hidden_layers * cfg.per_layer_input_size
             self.per_layer_embed = nn.Embedding(cfg.per_layer_vocab_size, width)
@@ -158,11 +164,15 @@ class CausalLM(nn.Module):
         delta = None
         last = len(self.layers) - 1
         per_layer = self.per_layer_inputs(input_ids, h) if self.config.per_layer_input_size else None
+        # from the first of the layers that only read earlier layers' K/V on, the rows no one samples need nothing
+        cut = last if keep_rows is None or self.rows_from is None else self.rows_from
         for i, layer in enumerate(self.layers):
             kv = kv_caches[self.cache_of[i]]
             step = local if self.uses_local[i] and local is not None else rope if self.rotates[i] else None
-            h, delta = layer(h, delta, step, attn, meta, kv, keep_rows if i == last else None,
-                             None if per_layer is None else per_layer[:, i])
+            h, delta = layer(h, delta, step, attn, meta, kv, keep_rows if i >= cut else None,
+                             None if per_layer is None else per_layer[:, i], reduced=i > cut)
+            if i == cut and per_layer is not None and keep_rows is not None:
+                per_layer = per_layer[keep_rows]
         return self.norm.add_forward(h, delta)
 
     def per_layer_inputs(self, input_ids: torch.Tensor, h: torch.Tensor) -> torch.Tensor:

@@ -75,7 +75,7 @@ class DecoderLayer(nn.Module):
         self.fast_mlp = self.fast and not cfg.mlp_bias and not cfg.mlp_sub_norm
 
     def forward(self, h, delta, rope, attn, meta, kv_cache, rows: torch.Tensor | None = None,
-                per_layer: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                per_layer: torch.Tensor | None = None, reduced: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Adds ``delta`` (the previous layer's MLP output, or None) to the residual stream ``h`` in
         place, then this layer's attention output; returns the stream and this layer's MLP output, for
         the next layer's norm (or the final one) to add in the same pass as its own.
@@ -83,12 +83,14 @@ class DecoderLayer(nn.Module):
         ``rows`` (the last layer, when the caller reads only the rows it samples): every row's K/V is
         written, but attention, the MLP and the returned stream are those rows' only.
         ``per_layer``: this layer's per-layer input [T, per_layer_input_size] (ModelConfig.per_layer_input_size).
+        ``reduced``: ``h`` (and ``per_layer``) hold ``rows``' rows only already (a layer after the one that cut them:
+        ``CausalLM.rows_from``).
 
         On an AMX step the norms write bf16 (what the GEMMs read) and the GEMMs' bf16 outputs go
         into the float32 residual as they are: no conversion passes between them."""
         t = h.shape[0]
         if self.extras:
-            return self._closed_forward(h, delta, rope, attn, meta, kv_cache, rows, per_layer)
+            return self._closed_forward(h, delta, rope, attn, meta, kv_cache, rows, per_layer, reduced)
         if self.one_part:
             return self._one_part_forward(h, delta, rope, attn, meta, kv_cache, rows)
         if self.layout.startswith("parallel"):
@@ -113,15 +115,16 @@ class DecoderLayer(nn.Module):
         return h, self._out(self.mlp(x)[: h.shape[0]], "mlp_out_norm")
 
     def _closed_forward(self, h, delta, rope, attn, meta, kv_cache, rows: torch.Tensor | None,
-                        per_layer: torch.Tensor | None) -> tuple[torch.Tensor, None]:
+                        per_layer: torch.Tensor | None, reduced: bool = False) -> tuple[torch.Tensor, None]:
         """The sandwich layout with what follows the MLP: experts beside it (the router reading the stream before the
         MLP's norm), the per-layer input's branch, the scalar. The whole output joins the stream here (no delta)."""
         if delta is not None:
             h.add_(delta)
         a = self.self_attn(self.input_layernorm(h), rope, attn, meta, kv_cache, False, rows, h.shape[0])
         if rows is not None:
-            h = h[rows]
-            per_layer = None if per_layer is None else per_layer[rows]
+            if not reduced:
+                h = h[rows]
+                per_layer = None if per_layer is None else per_layer[rows]
             if not rows.numel():
                 return h, None
         h.add_(self.attn_out_norm(a))

@@ -72,3 +72,26 @@ def test_the_simulator_sizes_the_same_kv_per_token(tmp_path_factory):
     _, folder = checkpoint(CASE, tmp_path_factory)
     spec = ModelSpec.from_hf_config(json.loads((folder / "config.json").read_text()))
     assert spec.kv_layout("fp32").bytes_per_token == 2 * (32 + 32 + 32) * 4
+
+
+def test_the_layers_that_only_read_kv_run_the_sampled_rows_alone(tmp_path_factory, monkeypatch):
+    """Layers 3 and 4 write no K/V, so a 30-token prompt's step runs them on the one row it samples (and the answer is
+    transformers', the greedy tests' check); layers 0-2 run every row."""
+    from kvserve.model.decoder_layer import DecoderLayer
+
+    _, folder = checkpoint(CASE, tmp_path_factory)
+    llm = make_llm(folder)
+    assert llm.engine.runner.model.rows_from == 3
+    seen: dict[int, list[int]] = {}
+    real = DecoderLayer._closed_forward
+
+    def record(self, h, *args, **kwargs):
+        out = real(self, h, *args, **kwargs)
+        seen.setdefault(id(self), []).append(out[0].shape[0])
+        return out
+
+    monkeypatch.setattr(DecoderLayer, "_closed_forward", record)
+    llm.generate([prompts()[-1]], GREEDY)
+    layers = llm.engine.runner.model.layers
+    first_step = [seen[id(layer)][0] for layer in layers]
+    assert first_step[:3] == [30, 30, 30] and first_step[3:] == [1, 1]
