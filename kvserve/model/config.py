@@ -124,6 +124,12 @@ class ModelConfig:
     expert_groups: int = 1
     expert_groups_used: int = 1
     group_scoring: str = "max"
+    # the selection bias added to the router's logits, not to its scores (Kolibri: topk(logit + bias), the chosen
+    # weighted by their sigmoid), where the two orders differ
+    selection_on_logits: bool = False
+    # an RMSNorm on the MoE block's output (routed and shared experts summed) before the residual add, on the MoE
+    # layers only (A.X-K1's post_mlp_layernorm)
+    moe_out_norm: bool = False
     # --- multi-head latent attention (DeepSeek-V2/V3): k and v expanded per head from a latent of kv_lora_rank
     # (normed) beside one rotary key of qk_rope_head_dim every head shares; q from its own latent of q_lora_rank
     # (0: q's own projection). The cache holds the expanded heads, num_key_value_heads = num_attention_heads, of

@@ -60,7 +60,8 @@ class DecoderLayer(nn.Module):
                            cfg.norm_topk_prob, cfg.hidden_act, cfg.shared_expert_intermediate_size, cfg.router_bias,
                            cfg.expert_bias, cfg.swiglu, cfg.shared_expert_gated, cfg.selection_bias,
                            cfg.router_scoring, cfg.routed_scale, cfg.expert_group_choice, cfg.router_jitter,
-                           cfg.gated_mlp, cfg.moe_scale_inputs)
+                           cfg.gated_mlp, cfg.moe_scale_inputs, cfg.rms_norm_eps if cfg.moe_out_norm else None,
+                           cfg.selection_on_logits)
         else:
             self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, cfg.mlp_bias, cfg.swiglu,
                                 cfg.gated_mlp)

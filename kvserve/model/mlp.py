@@ -12,7 +12,7 @@ from torch import nn
 
 from kvserve.kernels import ops
 from kvserve.model.config import NATIVE_ACTIVATIONS
-from kvserve.model.layers import runs_amx
+from kvserve.model.layers import RMSNorm, runs_amx
 from kvserve.model.moe_native import native_moe_block
 from kvserve.model.quant_linear import AMX_MIN_ROWS, QuantLinear
 
@@ -123,8 +123,11 @@ class MoE(nn.Module):
                  swiglu: tuple[float, float | None] | None = None, shared_gated: bool = True,
                  selection_bias: bool = False, scoring: str = "softmax", routed_scale: float = 1.0,
                  groups: tuple[int, int, str] | None = None, jitter: float = 0.01, gated: bool = True,
-                 scale_inputs: bool = False):
+                 scale_inputs: bool = False, out_norm_eps: float | None = None, bias_on_logits: bool = False):
         super().__init__()
+        # an RMSNorm on the block's output, shared expert included (ModelConfig.moe_out_norm)
+        self.out_norm = None if out_norm_eps is None else RMSNorm(hidden, out_norm_eps)
+        self.bias_on_logits = bias_on_logits  # the selection bias added to the logits (ModelConfig.selection_on_logits)
         self.scoring, self.routed_scale, self.jitter = scoring, routed_scale, jitter
         self.scale_inputs = scale_inputs  # Llama 4: an expert's input times its weight, not its output
         self.groups = groups  # (groups, groups used, "max" or "top2"): ModelConfig.expert_group_choice
@@ -162,8 +165,10 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.native_block is not None and x.dtype == torch.float32 and x.dim() == 2 and \
                 not self.loop_takes(x.shape[0]):
-            return self._native_forward(x)
-        return self.loop_forward(x)
+            out = self._native_forward(x)
+        else:
+            out = self.loop_forward(x)
+        return out if self.out_norm is None else self.out_norm(out)
 
     def _native_forward(self, x: torch.Tensor) -> torch.Tensor:
         shared = self.shared
@@ -195,7 +200,8 @@ class MoE(nn.Module):
             weights, chosen = sparsemixer(logits, self.jitter)
         else:
             probs = torch.sigmoid(logits) if self.scoring == "sigmoid" else torch.softmax(logits, dim=-1)
-            choice = probs if self.selection_bias is None else probs + self.selection_bias.float()
+            choice = probs if self.selection_bias is None else \
+                (logits if self.bias_on_logits else probs) + self.selection_bias.float()
             if self.scoring == "sigmoid" and self.selection_bias is None and self.groups is None:
                 choice = logits  # the same order, without float32's sigmoid tying logits past ~15 (Llama 4's)
             if self.groups is not None:

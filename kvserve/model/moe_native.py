@@ -39,6 +39,8 @@ def moe_blocker(moe: "MoE") -> str | None:
         return "experts without a gate"
     if moe.scale_inputs:
         return "experts scaling their inputs"
+    if moe.bias_on_logits:  # the block adds the selection bias to the scores
+        return "a selection bias on the router's logits"
     if act.swiglu is None and act.act_name not in NATIVE_ACTIVATIONS:
         return f"the activation {act.act_name}"
     return None

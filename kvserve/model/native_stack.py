@@ -66,6 +66,8 @@ def native_stack_blocker(cfg: ModelConfig) -> str | None:
               (cfg.delta_layers is not None and any(cfg.delta_layers), "gated delta nets"),
               (cfg.attn_output_gate, "gated attention"),
               (cfg.router_scoring == "sparsemixer", "the sparsemixer router"),
+              (cfg.moe_out_norm, "a norm on the experts' output"),
+              (cfg.selection_on_logits, "a selection bias on the router's logits"),
               (dense_swiglu, "a clamped SwiGLU")]
     return ", ".join(why for bad, why in checks if bad) or None
 

@@ -77,6 +77,8 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
             out[f"{dst}mlp.router.bias"] = [(f"{p}{arch.weight_name('router')}.bias", (cfg.num_experts,))]
         if cfg.selection_bias:
             out[f"{dst}mlp.selection_bias"] = [(f"{p}{arch.weight_name('selection_bias')}", (1, cfg.num_experts))]
+        if cfg.moe_out_norm:
+            out[f"{dst}mlp.out_norm.weight"] = [(f"{p}{arch.weight_name('moe_out_norm')}.weight", (h,))]
         for e in range(cfg.num_experts):
             if arch.stacked_experts is not None:  # the names unstack_experts gives each expert's cut
                 mlp(out, arch, f"{dst}mlp.experts.{e}.", f"{p}{UNSTACKED.format(e=e)}", "unstacked_",

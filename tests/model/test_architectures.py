@@ -255,6 +255,11 @@ CASES: dict[str, tuple[str, dict]] = {
     "Glm4MoeLiteForCausalLM": ("Glm4MoeLiteConfig", dict(LATENT, n_routed_experts=4, num_experts_per_tok=2,
                                                          moe_intermediate_size=32, n_shared_experts=1,
                                                          routed_scaling_factor=1.0)),
+    # DeepSeek-V3's latent attention and router (2 of 4 groups), the MoE output normed (post_mlp_layernorm), a dense
+    # layer first
+    "AXK1ForCausalLM": ("AXK1Config", dict(LATENT, num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=2,
+                                           moe_intermediate_size=32, n_shared_experts=1, n_group=4, topk_group=2,
+                                           routed_scaling_factor=1.5)),
     # LayerNorms scaling by 1 + weight, with biases; a non-gated relu2 MLP; partial rotary; biases on the linears
     "NemotronForCausalLM": ("NemotronConfig", dict(partial_rotary_factor=0.5, attention_bias=True, mlp_bias=True)),
     "HeliumForCausalLM": ("HeliumConfig", dict(attention_bias=True, mlp_bias=True)),  # no bias on o_proj

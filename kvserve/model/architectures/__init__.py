@@ -58,6 +58,7 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     "act_fn": "mlp.act_fn",  # an activation with parameters of its own (xIELU: alpha_p, alpha_n, beta, eps)
     "router": "mlp.gate",
     "selection_bias": None,  # a tensor [1, experts] (not a module's): the bias that only chooses experts
+    "moe_out_norm": None,  # the norm on an MoE block's output (ModelConfig.moe_out_norm)
     "expert": "mlp.experts.{e}.",  # then expert_gate / expert_up / expert_down
     "expert_gate": "gate_proj", "expert_up": "up_proj", "expert_down": "down_proj",
     "shared_expert": "mlp.shared_expert.",  # then shared_gate_proj / shared_up_proj / shared_down_proj
@@ -206,7 +207,7 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "glm4_moe_lite", "lfm2", "lfm2_moe", "qwen_vl", "dots1", "nemotron", "hunyuan_moe",
             "minimax_m2", "gpt2", "opt", "gpt_neox", "flex_olmo", "vaultgemma", "cwm", "olmo", "apertus", "phimoe",
             "bamba", "qwen3_next", "qwen3_5", "nemotron_h",
-            "mamba2", "falcon_h1", "bloom", "mpt", "llama4", "jamba"]
+            "mamba2", "falcon_h1", "bloom", "mpt", "llama4", "jamba", "axk1"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)
