@@ -260,6 +260,12 @@ CASES: dict[str, tuple[str, dict]] = {
     "AXK1ForCausalLM": ("AXK1Config", dict(LATENT, num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=2,
                                            moe_intermediate_size=32, n_shared_experts=1, n_group=4, topk_group=2,
                                            routed_scaling_factor=1.5)),
+    # rotary halves, experts every other layer from the first (moe_layer_freq), two shared experts, no groups
+    "AXK1ForCausalLM:halves": ("AXK1Config", dict(LATENT, num_hidden_layers=4, n_routed_experts=4, num_experts_per_tok=2,
+                                                  moe_intermediate_size=32, n_shared_experts=2, n_group=1, topk_group=1,
+                                                  rope_interleave=False, first_k_dense_replace=0, moe_layer_freq=2)),
+    # DeepSeek-V3's latent attention in Llama's layers, dense MLPs; YaRN with mscale_all_dim
+    "YoutuForCausalLM": ("YoutuConfig", dict(LATENT, rope_parameters=LATENT_YARN)),
     # LayerNorms scaling by 1 + weight, with biases; a non-gated relu2 MLP; partial rotary; biases on the linears
     "NemotronForCausalLM": ("NemotronConfig", dict(partial_rotary_factor=0.5, attention_bias=True, mlp_bias=True)),
     "HeliumForCausalLM": ("HeliumConfig", dict(attention_bias=True, mlp_bias=True)),  # no bias on o_proj
@@ -646,7 +652,8 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("SeedOssForCausalLM", True, None), ("Ernie4_5_MoeForCausalLM", True, None),
     ("Ernie4_5ForCausalLM", True, None), ("SmolLM3ForCausalLM", True, None), ("GemmaForCausalLM", True, None),
     ("Gemma2ForCausalLM", True, None), ("Gemma3ForCausalLM", True, None), ("Olmo2ForCausalLM", True, None), ("GraniteForCausalLM", True, None),
-    ("GraniteMoeForCausalLM", True, None), ("GraniteMoeSharedForCausalLM", True, None)])
+    ("GraniteMoeForCausalLM", True, None), ("GraniteMoeSharedForCausalLM", True, None),
+    ("AXK1ForCausalLM", False, "latent attention, a norm on the experts' output"),])
 def test_the_start_up_log_names_what_keeps_a_model_off_the_native_stack(case, stack, why, tmp_path_factory, caplog):
     """int8 (what the native decode stack runs over): every option it lacks is named in the start-up log and the
     layers run in Python; models whose options it runs (ERNIE's interleaved rotary reordered at load, SmolLM3's
