@@ -266,6 +266,14 @@ CASES: dict[str, tuple[str, dict]] = {
                                                   rope_interleave=False, first_k_dense_replace=0, moe_layer_freq=2)),
     # DeepSeek-V3's latent attention in Llama's layers, dense MLPs; YaRN with mscale_all_dim
     "YoutuForCausalLM": ("YoutuConfig", dict(LATENT, rope_parameters=LATENT_YARN)),
+    # gated attention (each head's q then its gate), DeepSeek-V3's sigmoid router with its bias, a dense layer first;
+    # (":groups") from 2 of 4 expert groups, scaled
+    "MiniCPM5MoeForCausalLM": ("MiniCPM5MoeConfig", dict(num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=2,
+                                                         moe_intermediate_size=32, n_group=1, topk_group=1,
+                                                         routed_scaling_factor=1.0)),
+    "MiniCPM5MoeForCausalLM:groups": ("MiniCPM5MoeConfig", dict(num_hidden_layers=3, n_routed_experts=8,
+                                                                num_experts_per_tok=2, moe_intermediate_size=32,
+                                                                n_group=4, topk_group=2, routed_scaling_factor=1.5)),
     # LayerNorms scaling by 1 + weight, with biases; a non-gated relu2 MLP; partial rotary; biases on the linears
     "NemotronForCausalLM": ("NemotronConfig", dict(partial_rotary_factor=0.5, attention_bias=True, mlp_bias=True)),
     "HeliumForCausalLM": ("HeliumConfig", dict(attention_bias=True, mlp_bias=True)),  # no bias on o_proj
@@ -521,6 +529,9 @@ def assert_logprobs_close(dense, quant, label: str) -> None:
 NOT_CLOSE = {"Glm4MoeForCausalLM:scaled": "x2.5 amplifies int8's flips among the random router's near-equal sigmoids",
              "DeepseekV3ForCausalLM": "int8 flips the choice of expert groups among the random router's near-equal "
                                       "sigmoids (int8 through latent attention: the other DeepSeek cases)",
+             "MiniCPM5MoeForCausalLM:groups": "int8 flips the choice of expert groups among the random router's "
+                                              "near-equal sigmoids, x1.5 (int8 through its attention and router: "
+                                              "MiniCPM5MoeForCausalLM)",
              "PhimoeForCausalLM": "the sparsemixer's 2% threshold (which logits share a pick's softmax) moves under "
                                   "int8 on this random router, a step change in the weights",
              **dict.fromkeys(["Llama4ForCausalLM", "Llama4ForConditionalGeneration"],
@@ -653,7 +664,8 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("Ernie4_5ForCausalLM", True, None), ("SmolLM3ForCausalLM", True, None), ("GemmaForCausalLM", True, None),
     ("Gemma2ForCausalLM", True, None), ("Gemma3ForCausalLM", True, None), ("Olmo2ForCausalLM", True, None), ("GraniteForCausalLM", True, None),
     ("GraniteMoeForCausalLM", True, None), ("GraniteMoeSharedForCausalLM", True, None),
-    ("AXK1ForCausalLM", False, "latent attention, a norm on the experts' output"),])
+    ("AXK1ForCausalLM", False, "latent attention, a norm on the experts' output"),
+    ("MiniCPM5MoeForCausalLM", False, "gated attention"),])
 def test_the_start_up_log_names_what_keeps_a_model_off_the_native_stack(case, stack, why, tmp_path_factory, caplog):
     """int8 (what the native decode stack runs over): every option it lacks is named in the start-up log and the
     layers run in Python; models whose options it runs (ERNIE's interleaved rotary reordered at load, SmolLM3's
