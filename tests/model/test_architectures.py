@@ -274,6 +274,12 @@ CASES: dict[str, tuple[str, dict]] = {
     "MiniCPM5MoeForCausalLM:groups": ("MiniCPM5MoeConfig", dict(num_hidden_layers=3, n_routed_experts=8,
                                                                 num_experts_per_tok=2, moe_intermediate_size=32,
                                                                 n_group=4, topk_group=2, routed_scaling_factor=1.5)),
+    # latent attention with its rotary dims as halves, v of its own width; MiniCPM's embedding, residual and logit scales
+    "MiniCPM3ForCausalLM": ("MiniCPM3Config", dict(LATENT, scale_emb=3.0, scale_depth=1.4, dim_model_base=32)),
+    # q from its own projection, v at transformers' default width (hidden / heads), longrope (MiniCPM3-4B's)
+    "MiniCPM3ForCausalLM:longrope": ("MiniCPM3Config", dict(LATENT, q_lora_rank=None, v_head_dim=None, rope_scaling={
+        "rope_type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.5], "long_factor": [2.0, 3.0, 4.0, 5.0],
+        "original_max_position_embeddings": 64})),
     # LayerNorms scaling by 1 + weight, with biases; a non-gated relu2 MLP; partial rotary; biases on the linears
     "NemotronForCausalLM": ("NemotronConfig", dict(partial_rotary_factor=0.5, attention_bias=True, mlp_bias=True)),
     "HeliumForCausalLM": ("HeliumConfig", dict(attention_bias=True, mlp_bias=True)),  # no bias on o_proj
