@@ -280,6 +280,12 @@ CASES: dict[str, tuple[str, dict]] = {
     "MiniCPM3ForCausalLM:longrope": ("MiniCPM3Config", dict(LATENT, q_lora_rank=None, v_head_dim=None, rope_scaling={
         "rope_type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.5], "long_factor": [2.0, 3.0, 4.0, 5.0],
         "original_max_position_embeddings": 64})),
+    # EXAONE 4's attention (a window on every other layer, the global ones without rotary) in pre-norm layers over
+    # DeepSeek-V3's router, a dense layer first
+    "ExaoneMoeForCausalLM": ("ExaoneMoeConfig", dict(num_hidden_layers=3, num_experts=8, num_experts_per_tok=2,
+                                                     moe_intermediate_size=32, n_group=4, topk_group=2,
+                                                     routed_scaling_factor=1.5, sliding_window=WINDOW,
+                                                     sliding_window_pattern=2)),
     # LayerNorms scaling by 1 + weight, with biases; a non-gated relu2 MLP; partial rotary; biases on the linears
     "NemotronForCausalLM": ("NemotronConfig", dict(partial_rotary_factor=0.5, attention_bias=True, mlp_bias=True)),
     "HeliumForCausalLM": ("HeliumConfig", dict(attention_bias=True, mlp_bias=True)),  # no bias on o_proj
@@ -671,7 +677,7 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("Gemma2ForCausalLM", True, None), ("Gemma3ForCausalLM", True, None), ("Olmo2ForCausalLM", True, None), ("GraniteForCausalLM", True, None),
     ("GraniteMoeForCausalLM", True, None), ("GraniteMoeSharedForCausalLM", True, None),
     ("AXK1ForCausalLM", False, "latent attention, a norm on the experts' output"),
-    ("MiniCPM5MoeForCausalLM", False, "gated attention"),])
+    ("MiniCPM5MoeForCausalLM", False, "gated attention"), ("ExaoneMoeForCausalLM", True, None),])
 def test_the_start_up_log_names_what_keeps_a_model_off_the_native_stack(case, stack, why, tmp_path_factory, caplog):
     """int8 (what the native decode stack runs over): every option it lacks is named in the start-up log and the
     layers run in Python; models whose options it runs (ERNIE's interleaved rotary reordered at load, SmolLM3's
