@@ -286,6 +286,17 @@ CASES: dict[str, tuple[str, dict]] = {
                                                      moe_intermediate_size=32, n_group=4, topk_group=2,
                                                      routed_scaling_factor=1.5, sliding_window=WINDOW,
                                                      sliding_window_pattern=2)),
+    # sandwich norms, EXAONE 4's attention (windowed rotary layers, a full one without), experts chosen by logit + bias
+    "Kolibri1ForCausalLM": ("Kolibri1Config", dict(num_hidden_layers=3, num_experts=8, num_experts_per_tok=2,
+                                                   moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                                                   sliding_window=WINDOW, norm_topk_prob=True,
+                                                   layer_types=["sliding_attention", "full_attention",
+                                                                "sliding_attention"])),
+    # every layer full (a window set: none rotates), the chosen weights not renormalised, wider heads
+    "Kolibri1ForCausalLM:full": ("Kolibri1Config", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                                        shared_expert_intermediate_size=32, sliding_window=WINDOW,
+                                                        norm_topk_prob=False, layer_types=["full_attention"] * 2,
+                                                        head_dim=32)),
     # LayerNorms scaling by 1 + weight, with biases; a non-gated relu2 MLP; partial rotary; biases on the linears
     "NemotronForCausalLM": ("NemotronConfig", dict(partial_rotary_factor=0.5, attention_bias=True, mlp_bias=True)),
     "HeliumForCausalLM": ("HeliumConfig", dict(attention_bias=True, mlp_bias=True)),  # no bias on o_proj
@@ -677,7 +688,8 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("Gemma2ForCausalLM", True, None), ("Gemma3ForCausalLM", True, None), ("Olmo2ForCausalLM", True, None), ("GraniteForCausalLM", True, None),
     ("GraniteMoeForCausalLM", True, None), ("GraniteMoeSharedForCausalLM", True, None),
     ("AXK1ForCausalLM", False, "latent attention, a norm on the experts' output"),
-    ("MiniCPM5MoeForCausalLM", False, "gated attention"), ("ExaoneMoeForCausalLM", True, None),])
+    ("MiniCPM5MoeForCausalLM", False, "gated attention"), ("ExaoneMoeForCausalLM", True, None),
+    ("Kolibri1ForCausalLM", False, "a selection bias on the router's logits")])
 def test_the_start_up_log_names_what_keeps_a_model_off_the_native_stack(case, stack, why, tmp_path_factory, caplog):
     """int8 (what the native decode stack runs over): every option it lacks is named in the start-up log and the
     layers run in Python; models whose options it runs (ERNIE's interleaved rotary reordered at load, SmolLM3's
