@@ -8,9 +8,10 @@ Torch-free, so that the simulator can use it.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
+
+from kvserve.model.rope_config import rope_settings, yarn_mscale  # noqa: F401  (their users import them from here)
 
 FULL, SLIDING = "full_attention", "sliding_attention"  # HF's layer_types values
 # the gated MLPs' activations with a fused native kernel (kernel's name), which the native decode stack runs
@@ -136,6 +137,14 @@ class ModelConfig:
     # head_dim max(qk_nope_head_dim + qk_rope_head_dim, v_head_dim) (the shorter of k and v zero-padded) ---
     kv_lora_rank: int = 0
     q_lora_rank: int = 0
+    # --- a lightning indexer (DeepSeek-V3.2's sparse attention; 0: none): each query attends its index_topk keys of the
+    # best sum over index_heads of weight * relu(q . k) (index_head_dim, the first qk_rope_head_dim rotated, as pairs where
+    # index_rope_interleaved), its keys in a pool layer of their own; index_layers: those running one (the rest reuse) ---
+    index_topk: int = 0
+    index_heads: int = 0
+    index_head_dim: int = 0
+    index_rope_interleaved: bool = False
+    index_layers: list[bool] | None = None
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
@@ -199,7 +208,7 @@ class ModelConfig:
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
         for name in ("layer_types", "rope_layers", "moe_layers", "conv_layers", "mamba_layers", "delta_layers",
-                     "layer_parts", "qk_norm_layers"):
+                     "layer_parts", "qk_norm_layers", "index_layers"):
             per_layer = getattr(self, name)
             if per_layer is not None and len(per_layer) != self.num_hidden_layers:
                 raise ValueError(f"{name} has {len(per_layer)} entries for {self.num_hidden_layers} layers")
@@ -225,6 +234,16 @@ class ModelConfig:
                                   self.head_dim != max(self.qk_nope_head_dim + self.qk_rope_head_dim, self.v_head_dim)):
             raise ValueError("latent attention caches every head (num_key_value_heads = num_attention_heads) at "
                              "head_dim max(qk_nope_head_dim + qk_rope_head_dim, v_head_dim)")
+        if self.index_topk:
+            self._check_indexer()
+
+    def _check_indexer(self) -> None:
+        if not (self.kv_lora_rank and self.q_lora_rank) or self.index_topk < 1:
+            raise ValueError("a lightning indexer (index_topk) needs latent attention with a q latent (q_lora_rank)")
+        if not self.qk_rope_head_dim <= self.index_head_dim <= self.num_key_value_heads * int(self.head_dim or 0):
+            raise ValueError(f"index_head_dim {self.index_head_dim}: not within the rotary dims and a pool layer's K")
+        if self.index_layers is not None and not self.index_layers[0]:
+            raise ValueError("the first layer must run its indexer (index_layers[0]): later ones reuse its choice")
 
     def _check_expert_groups(self) -> None:
         groups, used, experts = self.expert_groups, self.expert_groups_used, self.num_experts
@@ -311,13 +330,18 @@ class ModelConfig:
         if not self.has_mixer(layer) or (self.is_recurrent(layer) and not self.parallel_attention):
             return 0
         if not self.is_conv(layer):
-            return 1
+            return 1 + self.runs_indexer(layer)  # the indexer's keys in a pool layer of their own
         return -(-self.hidden_size // (2 * self.num_key_value_heads * int(self.head_dim or 0)))
 
     @property
     def kv_cache_layers(self) -> int:
         """The KV pool's layers (``KVLayout.num_layers``): one an attention layer, a short convolution's own count."""
         return sum(self.cache_layers(i) for i in range(self.num_hidden_layers))
+
+    def runs_indexer(self, layer: int) -> bool:
+        """Whether ``layer`` runs a lightning indexer of its own (``index_topk``); the others with one reuse the choice
+        of the last layer that ran it."""
+        return bool(self.index_topk) and (self.index_layers is None or self.index_layers[layer])
 
     def is_moe(self, layer: int) -> bool:
         return bool(self.num_experts) and (self.moe_layers is None or self.moe_layers[layer]) and self.has_mlp(layer)
@@ -394,25 +418,3 @@ class ModelConfig:
         )
         common.update(spec.config(d))
         return cls(**common)
-
-
-def yarn_mscale(scale: float, m: float = 1.0) -> float:
-    """YaRN's magnitude factor for a context ``scale`` times the original (1 at or below it)."""
-    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
-
-def rope_settings(d: dict[str, Any]) -> tuple[float | None, dict[str, Any] | None]:
-    """rope_theta and the scaling dict (None for plain RoPE), from transformers 4's top-level keys or
-    transformers 5's ``rope_parameters``."""
-    rope_theta = d.get("rope_theta")
-    rope_scaling = d.get("rope_scaling")
-    rope_params = d.get("rope_parameters")
-    if isinstance(rope_params, dict):
-        if "full_attention" in rope_params:  # Gemma 3 in transformers 5: per layer type
-            rope_params = rope_params["full_attention"]
-        rope_theta = rope_theta or rope_params.get("rope_theta")
-        if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
-            rope_scaling = dict(rope_params)
-    if rope_scaling is not None and rope_scaling.get("rope_type", rope_scaling.get("type")) == "default":
-        rope_scaling = None
-    return rope_theta, rope_scaling

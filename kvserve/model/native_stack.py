@@ -57,6 +57,7 @@ def native_stack_blocker(cfg: ModelConfig) -> str | None:
               (cfg.qk_norm_type == "unweighted", "q/k norms without weights"),
               (cfg.query_position_scale is not None, "queries scaled by position"),
               (bool(cfg.kv_lora_rank), "latent attention"),
+              (bool(cfg.index_topk), "top-k key selection"),
               (cfg.conv_layers is not None and any(cfg.conv_layers), "short convolutions"),
               (cfg.mamba_layers is not None and any(cfg.mamba_layers), "Mamba layers"),
               (cfg.parallel_attention, "attention beside Mamba"),

@@ -62,6 +62,8 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
             short_conv(out, arch, cfg, dst + "self_attn.", p, linear)
         elif cfg.kv_lora_rank:
             latent_attention(out, arch, cfg, dst + "self_attn.", p, linear)
+            if cfg.runs_indexer(i):
+                indexer(out, arch, cfg, dst + "self_attn.", p)
         else:
             attention(out, arch, cfg, dst + "self_attn.", p, linear, i)
         if not cfg.has_mlp(i):
@@ -229,6 +231,18 @@ def latent_attention(out: dict[str, list[Source]], arch: Architecture, cfg: Mode
     linear(dst + "kv_b", prefix, [("kv_b_proj", heads * (cfg.qk_nope_head_dim + cfg.v_head_dim))], None,
            cfg.kv_lora_rank, False)
     linear(dst + "o_proj", prefix, [("o_proj", h)], None, heads * cfg.v_head_dim, cfg.o_proj_bias)
+
+
+def indexer(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str) -> None:
+    """A lightning indexer's weights (``latent_attention.LatentAttention``): its q (from q's latent), its k and the k's
+    LayerNorm (weight and bias), the head weights; linears kept dense (not in ``LINEARS``: the choice of keys is
+    sensitive to them)."""
+    heads, dim, h = cfg.index_heads, cfg.index_head_dim, cfg.hidden_size
+    for ours, role, shape in (("index_q", "index_q", (heads * dim, cfg.q_lora_rank)), ("index_k", "index_k", (dim, h)),
+                              ("index_weights", "index_weights", (heads, h))):
+        out[f"{dst}{ours}.weight"] = [(f"{prefix}{arch.weight_name(role)}.weight", shape)]
+    for suffix in ("weight", "bias"):
+        out[f"{dst}index_k_norm.{suffix}"] = [(f"{prefix}{arch.weight_name('index_k_norm')}.{suffix}", (dim,))]
 
 
 def mlp(out: dict[str, list[Source]], arch: Architecture, dst: str, prefix: str, kind: str, inter: int, h: int, bias: bool,

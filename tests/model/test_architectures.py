@@ -297,6 +297,20 @@ CASES: dict[str, tuple[str, dict]] = {
                                                         shared_expert_intermediate_size=32, sliding_window=WINDOW,
                                                         norm_topk_prob=False, layer_types=["full_attention"] * 2,
                                                         head_dim=32)),
+    # a lightning indexer in every layer choosing 4 keys a query (the prompts' contexts longer: the general path with
+    # the choice as a mask), its rotary on halves; DeepSeek-V3's router, a dense layer first
+    "DeepseekV32ForCausalLM": ("DeepseekV32Config", dict(LATENT, num_hidden_layers=3, n_routed_experts=4,
+                                                         num_experts_per_tok=2, moe_intermediate_size=32,
+                                                         n_shared_experts=1, n_group=1, topk_group=1,
+                                                         first_k_dense_replace=1, index_topk=4, index_n_heads=4,
+                                                         index_head_dim=16)),
+    # 12 keys a query (the shorter prompts keep every key, the longer ones not, in the same steps), index heads of the
+    # rotary dims alone; expert groups
+    "DeepseekV32ForCausalLM:groups": ("DeepseekV32Config", dict(LATENT, num_hidden_layers=3, n_routed_experts=8,
+                                                                num_experts_per_tok=2, moe_intermediate_size=32,
+                                                                n_shared_experts=1, n_group=4, topk_group=2,
+                                                                first_k_dense_replace=1, index_topk=12,
+                                                                index_n_heads=8, index_head_dim=8)),
     # LayerNorms scaling by 1 + weight, with biases; a non-gated relu2 MLP; partial rotary; biases on the linears
     "NemotronForCausalLM": ("NemotronConfig", dict(partial_rotary_factor=0.5, attention_bias=True, mlp_bias=True)),
     "HeliumForCausalLM": ("HeliumConfig", dict(attention_bias=True, mlp_bias=True)),  # no bias on o_proj
@@ -555,6 +569,9 @@ NOT_CLOSE = {"Glm4MoeForCausalLM:scaled": "x2.5 amplifies int8's flips among the
              "MiniCPM5MoeForCausalLM:groups": "int8 flips the choice of expert groups among the random router's "
                                               "near-equal sigmoids, x1.5 (int8 through its attention and router: "
                                               "MiniCPM5MoeForCausalLM)",
+             "DeepseekV32ForCausalLM:groups": "int8 moves this random router's choices (8 experts in groups) beyond the "
+                                              "bound with the indexer's choice or without it (index_topk 64: every key, "
+                                              "the same); int8 through the indexer: DeepseekV32ForCausalLM",
              "PhimoeForCausalLM": "the sparsemixer's 2% threshold (which logits share a pick's softmax) moves under "
                                   "int8 on this random router, a step change in the weights",
              **dict.fromkeys(["Llama4ForCausalLM", "Llama4ForConditionalGeneration"],
@@ -689,7 +706,8 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("GraniteMoeForCausalLM", True, None), ("GraniteMoeSharedForCausalLM", True, None),
     ("AXK1ForCausalLM", False, "latent attention, a norm on the experts' output"),
     ("MiniCPM5MoeForCausalLM", False, "gated attention"), ("ExaoneMoeForCausalLM", True, None),
-    ("Kolibri1ForCausalLM", False, "a selection bias on the router's logits")])
+    ("Kolibri1ForCausalLM", False, "a selection bias on the router's logits"),
+    ("DeepseekV32ForCausalLM", False, "latent attention, top-k key selection")])
 def test_the_start_up_log_names_what_keeps_a_model_off_the_native_stack(case, stack, why, tmp_path_factory, caplog):
     """int8 (what the native decode stack runs over): every option it lacks is named in the start-up log and the
     layers run in Python; models whose options it runs (ERNIE's interleaved rotary reordered at load, SmolLM3's

@@ -35,6 +35,9 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     "q_a_proj": "self_attn.q_a_proj", "q_a_norm": "self_attn.q_a_layernorm", "q_b_proj": "self_attn.q_b_proj",
     "kv_a_proj": "self_attn.kv_a_proj_with_mqa", "kv_a_norm": "self_attn.kv_a_layernorm",
     "kv_b_proj": "self_attn.kv_b_proj",
+    # a lightning indexer (ModelConfig.index_topk): its q from q's latent, its k and the k's LayerNorm, its head weights
+    "index_q": "self_attn.indexer.wq_b", "index_k": "self_attn.indexer.wk", "index_k_norm": "self_attn.indexer.k_norm",
+    "index_weights": "self_attn.indexer.weights_proj",
     # kv_b_proj as GGUF files split it (per head: k's part transposed, v's): joined at load (weight_layout.join_latent_kv)
     "k_b_proj": "self_attn.k_b_proj", "v_b_proj": "self_attn.v_b_proj",
     # a short convolution (ModelConfig.conv_layers): its input and output projections, its depthwise kernel
@@ -208,7 +211,7 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "minimax_m2", "gpt2", "opt", "gpt_neox", "flex_olmo", "vaultgemma", "cwm", "olmo", "apertus", "phimoe",
             "bamba", "qwen3_next", "qwen3_5", "nemotron_h",
             "mamba2", "falcon_h1", "bloom", "mpt", "llama4", "jamba", "axk1", "youtu",
-            "minicpm5_moe", "minicpm3", "exaone_moe", "kolibri1"]
+            "minicpm5_moe", "minicpm3", "exaone_moe", "kolibri1", "deepseek_v32"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)
