@@ -311,6 +311,20 @@ CASES: dict[str, tuple[str, dict]] = {
                                                                 n_shared_experts=1, n_group=4, topk_group=2,
                                                                 first_k_dense_replace=1, index_topk=12,
                                                                 index_n_heads=8, index_head_dim=8)),
+    # the indexer's rotary on pairs, the second layer reusing the first's choice
+    "GlmMoeDsaForCausalLM": ("GlmMoeDsaConfig", dict(LATENT, num_hidden_layers=3, n_routed_experts=4,
+                                                     num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+                                                     n_group=1, topk_group=1, first_k_dense_replace=1, index_topk=4,
+                                                     index_n_heads=4, index_head_dim=16,
+                                                     indexer_types=["full", "shared", "full"])),
+    # the pattern from index_topk_freq / index_skip_topk_offset (full, shared, full, shared), v wider than q.k, index
+    # heads wider than the rotary dims
+    "GlmMoeDsaForCausalLM:pattern": ("GlmMoeDsaConfig", dict(LATENT, num_hidden_layers=4, n_routed_experts=4,
+                                                             num_experts_per_tok=2, moe_intermediate_size=32,
+                                                             n_shared_experts=1, n_group=1, topk_group=1,
+                                                             first_k_dense_replace=2, index_topk=7, index_n_heads=8,
+                                                             index_head_dim=32, index_topk_freq=2,
+                                                             index_skip_topk_offset=1, v_head_dim=20)),
     # LayerNorms scaling by 1 + weight, with biases; a non-gated relu2 MLP; partial rotary; biases on the linears
     "NemotronForCausalLM": ("NemotronConfig", dict(partial_rotary_factor=0.5, attention_bias=True, mlp_bias=True)),
     "HeliumForCausalLM": ("HeliumConfig", dict(attention_bias=True, mlp_bias=True)),  # no bias on o_proj

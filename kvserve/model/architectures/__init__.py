@@ -211,7 +211,7 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "minimax_m2", "gpt2", "opt", "gpt_neox", "flex_olmo", "vaultgemma", "cwm", "olmo", "apertus", "phimoe",
             "bamba", "qwen3_next", "qwen3_5", "nemotron_h",
             "mamba2", "falcon_h1", "bloom", "mpt", "llama4", "jamba", "axk1", "youtu",
-            "minicpm5_moe", "minicpm3", "exaone_moe", "kolibri1", "deepseek_v32"]
+            "minicpm5_moe", "minicpm3", "exaone_moe", "kolibri1", "deepseek_v32", "glm_moe_dsa"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)
