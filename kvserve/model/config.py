@@ -125,12 +125,12 @@ class ModelConfig:
     expert_groups: int = 1
     expert_groups_used: int = 1
     group_scoring: str = "max"
-    # the selection bias added to the router's logits, not to its scores (Kolibri: topk(logit + bias), the chosen
-    # weighted by their sigmoid), where the two orders differ
+    # the selection bias added to the router's logits, not its scores (Kolibri: topk(logit + bias), sigmoid weights)
     selection_on_logits: bool = False
-    # an RMSNorm on the MoE block's output (routed and shared experts summed) before the residual add, on the MoE
-    # layers only (A.X-K1's post_mlp_layernorm)
-    moe_out_norm: bool = False
+    moe_out_norm: bool = False  # an RMSNorm on the MoE layers' output, shared experts included (A.X-K1)
+    # LongCat-Flash: the even layers' experts beside their MLP, added after the next one's; identity experts return x
+    moe_shortcut: bool = False
+    identity_experts: int = 0
     # --- multi-head latent attention (DeepSeek-V2/V3): k and v expanded per head from a latent of kv_lora_rank
     # (normed) beside one rotary key of qk_rope_head_dim every head shares; q from its own latent of q_lora_rank
     # (0: q's own projection). The cache holds the expanded heads, num_key_value_heads = num_attention_heads, of
@@ -238,12 +238,10 @@ class ModelConfig:
             self._check_indexer()
 
     def _check_indexer(self) -> None:
-        if not (self.kv_lora_rank and self.q_lora_rank) or self.index_topk < 1:
-            raise ValueError("a lightning indexer (index_topk) needs latent attention with a q latent (q_lora_rank)")
+        if not (self.kv_lora_rank and self.q_lora_rank) or (self.index_layers or [True])[0] is False:
+            raise ValueError("a lightning indexer needs a q latent (q_lora_rank) and the first layer to run one")
         if not self.qk_rope_head_dim <= self.index_head_dim <= self.num_key_value_heads * int(self.head_dim or 0):
             raise ValueError(f"index_head_dim {self.index_head_dim}: not within the rotary dims and a pool layer's K")
-        if self.index_layers is not None and not self.index_layers[0]:
-            raise ValueError("the first layer must run its indexer (index_layers[0]): later ones reuse its choice")
 
     def _check_expert_groups(self) -> None:
         groups, used, experts = self.expert_groups, self.expert_groups_used, self.num_experts
@@ -339,12 +337,14 @@ class ModelConfig:
         return sum(self.cache_layers(i) for i in range(self.num_hidden_layers))
 
     def runs_indexer(self, layer: int) -> bool:
-        """Whether ``layer`` runs a lightning indexer of its own (``index_topk``); the others with one reuse the choice
-        of the last layer that ran it."""
+        """Whether ``layer`` runs a lightning indexer of its own (the others reuse the last one's choice)."""
         return bool(self.index_topk) and (self.index_layers is None or self.index_layers[layer])
 
     def is_moe(self, layer: int) -> bool:
         return bool(self.num_experts) and (self.moe_layers is None or self.moe_layers[layer]) and self.has_mlp(layer)
+
+    def has_shortcut_moe(self, layer: int) -> bool:
+        return self.moe_shortcut and layer % 2 == 0 and layer + 1 < self.num_hidden_layers
 
     def rotates(self, layer: int) -> bool:
         """Whether ``layer``'s q and k take rotary embeddings."""

@@ -30,6 +30,15 @@ from kvserve.model.short_conv import ShortConv
 log = logging.getLogger(__name__)
 
 
+def make_moe(cfg: ModelConfig) -> MoE:
+    """The experts ``cfg`` describes (a layer's, or its shortcut's)."""
+    return MoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob,
+               cfg.hidden_act, cfg.shared_expert_intermediate_size, cfg.router_bias, cfg.expert_bias, cfg.swiglu,
+               cfg.shared_expert_gated, cfg.selection_bias, cfg.router_scoring, cfg.routed_scale,
+               cfg.expert_group_choice, cfg.router_jitter, cfg.gated_mlp, cfg.moe_scale_inputs,
+               cfg.rms_norm_eps if cfg.moe_out_norm else None, cfg.selection_on_logits, cfg.identity_experts)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -56,22 +65,21 @@ class DecoderLayer(nn.Module):
         if not cfg.has_mlp(layer):  # a mixer-only block
             self.mlp = None
         elif cfg.is_moe(layer):
-            self.mlp = MoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_tok,
-                           cfg.norm_topk_prob, cfg.hidden_act, cfg.shared_expert_intermediate_size, cfg.router_bias,
-                           cfg.expert_bias, cfg.swiglu, cfg.shared_expert_gated, cfg.selection_bias,
-                           cfg.router_scoring, cfg.routed_scale, cfg.expert_group_choice, cfg.router_jitter,
-                           cfg.gated_mlp, cfg.moe_scale_inputs, cfg.rms_norm_eps if cfg.moe_out_norm else None,
-                           cfg.selection_on_logits)
+            self.mlp = make_moe(cfg)
         else:
             self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, cfg.mlp_bias, cfg.swiglu,
                                 cfg.gated_mlp)
+        # experts beside the MLP on its input, their output added after the next layer's MLP (ModelConfig.moe_shortcut):
+        # kept in ``deferred`` for the model's loop to hand on
+        self.shortcut = make_moe(cfg) if cfg.has_shortcut_moe(layer) else None
+        self.deferred: torch.Tensor | None = None
         self.residual_scale = cfg.residual_scale
         # the bf16 hand-offs between the norms and the AMX GEMMs: Llama's layout and plain attention only
         self.one_part = self.self_attn is None or self.mlp is None
         self.fast = self.layout == "pre" and not self.one_part and self.self_attn.plain and cfg.residual_scale == 1
         # and into the MLP, whose down projection then writes bf16: not where it adds a bias (added in float32
         # instead, as the native decode stack adds it)
-        self.fast_mlp = self.fast and not cfg.mlp_bias
+        self.fast_mlp = self.fast and not cfg.mlp_bias and self.shortcut is None
 
     def forward(self, h, delta, rope, attn, meta, kv_cache,
                 rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -106,6 +114,8 @@ class DecoderLayer(nn.Module):
             bf16_mlp = self.fast_mlp and isinstance(self.mlp, GatedMLP) and self.mlp.runs_amx(h)
             x = self.post_attention_layernorm.add_forward(h, x, *((torch.bfloat16, padded_rows(h.shape[0])) if bf16_mlp
                                                                   else ()))
+        if self.shortcut is not None:
+            self.deferred = self.shortcut(x[: h.shape[0]])
         return h, self._out(self.mlp(x)[: h.shape[0]], "mlp_out_norm")
 
     def _one_part_forward(self, h, delta, rope, attn, meta, kv_cache,
@@ -257,10 +267,14 @@ class CausalLM(nn.Module):
             local = self.local_rotary.for_step(positions, h.dtype, self.native)
         delta = None
         last = len(self.layers) - 1
+        carried: torch.Tensor | None = None  # a shortcut MoE's output, for the next layer's delta
         for i, layer in enumerate(self.layers):
             kv = kv_caches[self.cache_of[i]]
             step = local if self.uses_local[i] and local is not None else rope if self.rotates[i] else None
             h, delta = layer(h, delta, step, attn, meta, kv, keep_rows if i == last else None)
+            if carried is not None and delta is not None:
+                delta = delta + (carried if i != last or keep_rows is None else carried[keep_rows])
+            carried, layer.deferred = layer.deferred, None
         return self.norm.add_forward(h, delta)
 
     @property

@@ -69,6 +69,7 @@ def native_stack_blocker(cfg: ModelConfig) -> str | None:
               (cfg.router_scoring == "sparsemixer", "the sparsemixer router"),
               (cfg.moe_out_norm, "a norm on the experts' output"),
               (cfg.selection_on_logits, "a selection bias on the router's logits"),
+              (cfg.moe_shortcut, "experts added a layer later"), (bool(cfg.identity_experts), "identity experts"),
               (dense_swiglu, "a clamped SwiGLU")]
     return ", ".join(why for bad, why in checks if bad) or None
 

@@ -73,33 +73,55 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
             if cfg.hidden_act == "xielu":  # the activation's own parameters
                 for name, shape in (("alpha_p", (1,)), ("alpha_n", (1,)), ("beta", ()), ("eps", ())):
                     out[f"{dst}mlp.act.{name}"] = [(f"{p}{arch.weight_name('act_fn')}.{name}", shape)]
+            if cfg.has_shortcut_moe(i):
+                experts(out, arch, cfg, dst + "shortcut.", p)
             continue
-        out[f"{dst}mlp.router.weight"] = [(f"{p}{arch.weight_name('router')}.weight", (cfg.num_experts, h))]
-        if cfg.router_bias:
-            out[f"{dst}mlp.router.bias"] = [(f"{p}{arch.weight_name('router')}.bias", (cfg.num_experts,))]
-        if cfg.selection_bias:
-            out[f"{dst}mlp.selection_bias"] = [(f"{p}{arch.weight_name('selection_bias')}", (1, cfg.num_experts))]
-        if cfg.moe_out_norm:
-            out[f"{dst}mlp.out_norm.weight"] = [(f"{p}{arch.weight_name('moe_out_norm')}.weight", (h,))]
-        for e in range(cfg.num_experts):
-            if arch.stacked_experts is not None:  # the names unstack_experts gives each expert's cut
-                mlp(out, arch, f"{dst}mlp.experts.{e}.", f"{p}{UNSTACKED.format(e=e)}", "unstacked_",
-                    cfg.moe_intermediate_size, h, cfg.expert_bias, cfg.gated_mlp)
-                continue
-            mlp(out, arch, f"{dst}mlp.experts.{e}.", p + str(arch.weight_name("expert")).format(e=e), "expert_",
-                cfg.moe_intermediate_size, h, cfg.expert_bias, cfg.gated_mlp)
-        if cfg.shared_expert_intermediate_size:
-            mlp(out, arch, dst + "mlp.shared.", p + str(arch.weight_name("shared_expert")), "shared_",
-                cfg.shared_expert_intermediate_size, h, False, cfg.gated_mlp)
-            if cfg.shared_expert_gated:
-                out[f"{dst}mlp.shared_gate.weight"] = [(f"{p}{arch.weight_name('shared_expert_gate')}.weight", (1, h))]
+        experts(out, arch, cfg, dst + "mlp.", p)
     for suffix in norm_suffixes:
         out[f"norm.{suffix}"] = [(f"model.norm.{suffix}", (h,))]
     if not cfg.tie_word_embeddings:
         out["lm_head.weight"] = [("lm_head.weight", (cfg.vocab_size, h))]
         if cfg.lm_head_bias:
             out["lm_head.bias"] = [("lm_head.bias", (cfg.vocab_size,))]
+    if arch.sublayers > 1:
+        out = {ours: [(in_checkpoint_layer(name, arch.sublayers), shape) for name, shape in names]
+               for ours, names in out.items()}
     return out
+
+
+def in_checkpoint_layer(name: str, sublayers: int) -> str:
+    """Our layer j's tensor ``name`` as a checkpoint with ``sublayers`` of ours a layer names it: in layer
+    j // sublayers, "{s}" in its role's name the sub-layer j % sublayers (LongCat-Flash's "self_attn.1.")."""
+    head, _, rest = name.partition("model.layers.")
+    if not rest:
+        return name
+    j, _, rest = rest.partition(".")
+    return f"{head}model.layers.{int(j) // sublayers}.{rest.replace('{s}', str(int(j) % sublayers))}"
+
+
+def experts(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, p: str) -> None:
+    """An MoE block's weights (``mlp.MoE`` at ``dst``): the router (a row per expert, then per identity expert), the
+    selection bias, the output norm, each expert's gated MLP, the shared expert and its gate."""
+    h, routes = cfg.hidden_size, cfg.num_experts + cfg.identity_experts
+    out[f"{dst}router.weight"] = [(f"{p}{arch.weight_name('router')}.weight", (routes, h))]
+    if cfg.router_bias:
+        out[f"{dst}router.bias"] = [(f"{p}{arch.weight_name('router')}.bias", (routes,))]
+    if cfg.selection_bias:
+        out[f"{dst}selection_bias"] = [(f"{p}{arch.weight_name('selection_bias')}", (1, routes))]
+    if cfg.moe_out_norm:
+        out[f"{dst}out_norm.weight"] = [(f"{p}{arch.weight_name('moe_out_norm')}.weight", (h,))]
+    for e in range(cfg.num_experts):
+        if arch.stacked_experts is not None:  # the names unstack_experts gives each expert's cut
+            mlp(out, arch, f"{dst}experts.{e}.", f"{p}{UNSTACKED.format(e=e)}", "unstacked_",
+                cfg.moe_intermediate_size, h, cfg.expert_bias, cfg.gated_mlp)
+            continue
+        mlp(out, arch, f"{dst}experts.{e}.", p + str(arch.weight_name("expert")).format(e=e), "expert_",
+            cfg.moe_intermediate_size, h, cfg.expert_bias, cfg.gated_mlp)
+    if cfg.shared_expert_intermediate_size:
+        mlp(out, arch, dst + "shared.", p + str(arch.weight_name("shared_expert")), "shared_",
+            cfg.shared_expert_intermediate_size, h, False, cfg.gated_mlp)
+        if cfg.shared_expert_gated:
+            out[f"{dst}shared_gate.weight"] = [(f"{p}{arch.weight_name('shared_expert_gate')}.weight", (1, h))]
 
 
 def attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,

@@ -325,6 +325,17 @@ CASES: dict[str, tuple[str, dict]] = {
                                                              first_k_dense_replace=2, index_topk=7, index_n_heads=8,
                                                              index_head_dim=32, index_topk_freq=2,
                                                              index_skip_topk_offset=1, v_head_dim=20)),
+    # two latent attentions and dense MLPs a checkpoint layer (4 of ours), the first's experts added after the second's
+    # MLP; a softmax router over 4 experts and 2 identity experts, chosen with a bias, scaled; the latents' LoRA scales
+    "LongcatFlashForCausalLM": ("LongcatFlashConfig", dict(LATENT, num_layers=2, ffn_hidden_size=96,
+                                                           n_routed_experts=4, zero_expert_num=2, moe_topk=2,
+                                                           expert_ffn_hidden_size=32, routed_scaling_factor=1.5)),
+    # three checkpoint layers, no identity experts, top-1, YaRN with mscale_all_dim, v wider than q.k
+    "LongcatFlashForCausalLM:yarn": ("LongcatFlashConfig", dict(LATENT, num_layers=3, ffn_hidden_size=96,
+                                                                n_routed_experts=4, zero_expert_num=0, moe_topk=1,
+                                                                expert_ffn_hidden_size=32, routed_scaling_factor=1.0,
+                                                                rope_parameters=LATENT_YARN, v_head_dim=20,
+                                                                q_lora_rank=32)),
     # LayerNorms scaling by 1 + weight, with biases; a non-gated relu2 MLP; partial rotary; biases on the linears
     "NemotronForCausalLM": ("NemotronConfig", dict(partial_rotary_factor=0.5, attention_bias=True, mlp_bias=True)),
     "HeliumForCausalLM": ("HeliumConfig", dict(attention_bias=True, mlp_bias=True)),  # no bias on o_proj
@@ -721,7 +732,8 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("AXK1ForCausalLM", False, "latent attention, a norm on the experts' output"),
     ("MiniCPM5MoeForCausalLM", False, "gated attention"), ("ExaoneMoeForCausalLM", True, None),
     ("Kolibri1ForCausalLM", False, "a selection bias on the router's logits"),
-    ("DeepseekV32ForCausalLM", False, "latent attention, top-k key selection")])
+    ("DeepseekV32ForCausalLM", False, "latent attention, top-k key selection"),
+    ("LongcatFlashForCausalLM", False, "latent attention, experts added a layer later, identity experts")])
 def test_the_start_up_log_names_what_keeps_a_model_off_the_native_stack(case, stack, why, tmp_path_factory, caplog):
     """int8 (what the native decode stack runs over): every option it lacks is named in the start-up log and the
     layers run in Python; models whose options it runs (ERNIE's interleaved rotary reordered at load, SmolLM3's

@@ -125,6 +125,9 @@ class Architecture:
     qkv_per_head: bool = False  # a fused q/k/v tensor's rows head by head (GPT-NeoX's); the HF loader reorders them
     # (ModelConfig, the checkpoint's tensors) -> the tensors the decoder takes, at HF load: scales folded in (Falcon-H1)
     adjust_weights: Callable[[Any, dict[str, Any]], dict[str, Any]] | None = None
+    # our layers a checkpoint layer holds (LongCat-Flash's two attentions and MLPs): our layer j is its layer
+    # j // sublayers, "{s}" in a role's name the sub-layer j % sublayers (``weights.in_checkpoint_layer``)
+    sublayers: int = 1
     # prefixes the checkpoint's names carry instead of ours ("model.", "lm_head."), e.g. a multimodal
     # checkpoint's "language_model.model."; the HF loader renames by them as it reads
     prefixes: Mapping[str, str] = field(default_factory=dict)
@@ -211,7 +214,8 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "minimax_m2", "gpt2", "opt", "gpt_neox", "flex_olmo", "vaultgemma", "cwm", "olmo", "apertus", "phimoe",
             "bamba", "qwen3_next", "qwen3_5", "nemotron_h",
             "mamba2", "falcon_h1", "bloom", "mpt", "llama4", "jamba", "axk1", "youtu",
-            "minicpm5_moe", "minicpm3", "exaone_moe", "kolibri1", "deepseek_v32", "glm_moe_dsa"]
+            "minicpm5_moe", "minicpm3", "exaone_moe", "kolibri1", "deepseek_v32", "glm_moe_dsa",
+            "longcat_flash"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)
