@@ -646,6 +646,21 @@ def test_gemma3_multimodal_checkpoint_answers_as_its_text_model(tmp_path_factory
                                                                     for p in prompts()]
 
 
+def test_an_architecture_s_other_name_loads_as_it(tmp_path_factory, tmp_path):
+    """MiniCPM5-MoE's released config.json names "MiniCPM5MoEForCausalLM" (transformers' config renames it): the same
+    architecture, the same tokens."""
+    import json
+    import shutil
+
+    _, folder = checkpoint("MiniCPM5MoeForCausalLM", tmp_path_factory)
+    for f in folder.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "architectures": ["MiniCPM5MoEForCausalLM"]}))
+    got = [o.token_ids for o in make_llm(tmp_path).generate(prompts(), GREEDY)]
+    assert got == expected("MiniCPM5MoeForCausalLM", tmp_path_factory)
+
+
 def test_a_sigmoid_router_picks_by_logit_past_float32_saturation():
     """Logits of 15 and 14.8 have the same float32 sigmoid: the top-1 expert is still the larger logit's (Llama 4's
     router, which ranks logits), and it scales that expert's input."""

@@ -145,20 +145,25 @@ class Architecture:
 
 
 _ARCHITECTURES: dict[str, Architecture] = {}
+# other names some released config.json files give a registered architecture (transformers' config renames them)
+_ALIASES: dict[str, str] = {}
 
 
 class UnsupportedArchitecture(ValueError):
     """A config.json naming an architecture that is not registered."""
 
 
-def register(arch: Architecture) -> Architecture:
+def register(arch: Architecture, aliases: tuple[str, ...] = ()) -> Architecture:
     _ARCHITECTURES[arch.name] = arch
+    _ALIASES.update(dict.fromkeys(aliases, arch.name))
     return arch
 
 
 def get_architecture(name: str) -> Architecture:
-    """The registered architecture, or ``UnsupportedArchitecture`` naming the supported ones."""
+    """The registered architecture (or the one ``name`` is another name of), or ``UnsupportedArchitecture`` naming the
+    supported ones."""
     _load()
+    name = _ALIASES.get(name, name)
     if name not in _ARCHITECTURES:
         raise UnsupportedArchitecture(f"architecture {name} is not supported (supported: {', '.join(architecture_names())})")
     return _ARCHITECTURES[name]

@@ -18,4 +18,6 @@ def minicpm5_moe_config(d: dict) -> dict:
             "o_proj_bias": bias}
 
 
-register(Architecture("MiniCPM5MoeForCausalLM", minicpm5_moe_config, weights=DEEPSEEK_WEIGHTS))
+# (the released config.json says "MiniCPM5MoEForCausalLM")
+register(Architecture("MiniCPM5MoeForCausalLM", minicpm5_moe_config, weights=DEEPSEEK_WEIGHTS),
+         aliases=("MiniCPM5MoEForCausalLM",))
