@@ -47,8 +47,8 @@ class LayerAttention:
 class TopKKeys:
     """A step's choice of keys by a lightning indexer (DeepSeek Sparse Attention): query i keeps the ``topk`` causal keys
     j with the best score sum_h weights[i, h] * relu(scale * queries[i, h] . key_j) (all of them where it has fewer);
-    the index keys are in the K of their own pool layer (``layer``), the first ``queries.shape[-1]`` values of each
-    slot. Each sequence's choice is computed once and kept, so that layers sharing the choice reuse it. Scores tied
+    the index keys are ``queries.shape[-1]`` values from ``offset`` in each slot's K (``half`` 0) or V (1) row of pool
+    layer ``layer`` (``kvserve.model.index_cache``). Each sequence's choice is computed once and kept, so that layers sharing the choice reuse it. Scores tied
     exactly at the k-th place (relu zeroes all of a key's heads) are broken by ``topk`` as transformers' are, over this
     step's context: a prompt split into other chunks may keep another of the tied keys."""
 
@@ -57,6 +57,8 @@ class TopKKeys:
     layer: LayerKV
     topk: int
     scale: float
+    half: int = 0
+    offset: int = 0
     _kept: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def keep(self, pool: KVPool, index: int, ctx: "_SeqContext", allowed: torch.Tensor) -> torch.Tensor:
@@ -67,8 +69,8 @@ class TopKKeys:
             kept = torch.ones_like(allowed)
         else:
             dim = self.queries.shape[-1]
-            keys, _ = pool.gather(self.layer, ctx.slots, torch.float32)
-            keys = keys.reshape(keys.shape[0], -1)[:, :dim]
+            keys = pool.gather(self.layer, ctx.slots, torch.float32)[self.half]
+            keys = keys.reshape(keys.shape[0], -1)[:, self.offset : self.offset + dim]
             q = self.queries[ctx.rows].float()
             scores = torch.relu(torch.matmul(q, keys.t()) * self.scale)  # [n, heads, C]
             index_scores = torch.matmul(self.weights[ctx.rows].unsqueeze(-2), scores).squeeze(-2)

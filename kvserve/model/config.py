@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvserve.model.index_cache import index_pool_layers
 from kvserve.model.rope_config import rope_settings, yarn_mscale  # noqa: F401  (their users import them from here)
 
 FULL, SLIDING = "full_attention", "sliding_attention"  # HF's layer_types values
@@ -125,8 +126,7 @@ class ModelConfig:
     expert_groups: int = 1
     expert_groups_used: int = 1
     group_scoring: str = "max"
-    # the selection bias added to the router's logits, not its scores (Kolibri: topk(logit + bias), sigmoid weights)
-    selection_on_logits: bool = False
+    selection_on_logits: bool = False  # the selection bias added to the router's logits, not its scores (Kolibri)
     moe_out_norm: bool = False  # an RMSNorm on the MoE layers' output, shared experts included (A.X-K1)
     # LongCat-Flash: the even layers' experts beside their MLP, added after the next one's; identity experts return x
     moe_shortcut: bool = False
@@ -328,13 +328,13 @@ class ModelConfig:
         if not self.has_mixer(layer) or (self.is_recurrent(layer) and not self.parallel_attention):
             return 0
         if not self.is_conv(layer):
-            return 1 + self.runs_indexer(layer)  # the indexer's keys in a pool layer of their own
+            return 1
         return -(-self.hidden_size // (2 * self.num_key_value_heads * int(self.head_dim or 0)))
 
     @property
     def kv_cache_layers(self) -> int:
-        """The KV pool's layers (``KVLayout.num_layers``): one an attention layer, a short convolution's own count."""
-        return sum(self.cache_layers(i) for i in range(self.num_hidden_layers))
+        """The KV pool's layers (``KVLayout.num_layers``): one an attention layer, a convolution's, indexers' keys."""
+        return sum(self.cache_layers(i) for i in range(self.num_hidden_layers)) + index_pool_layers(self)
 
     def runs_indexer(self, layer: int) -> bool:
         """Whether ``layer`` runs a lightning indexer of its own (the others reuse the last one's choice)."""

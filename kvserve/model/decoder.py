@@ -16,6 +16,7 @@ from kvserve.attention import AttentionBackend, AttentionMetadata
 from kvserve.model.attention import Attention
 from kvserve.model.config import ModelConfig
 from kvserve.model.gated_delta import GatedDeltaNet
+from kvserve.model.index_cache import index_slot
 from kvserve.model.latent_attention import LatentAttention
 from kvserve.model.mamba import AttentionBesideMamba, Mamba1, Mamba2
 from kvserve.model.layers import PackedLinear, RMSNorm, make_norm, pack_linears, padded_rows, runs_amx
@@ -188,6 +189,8 @@ class CausalLM(nn.Module):
             n = cfg.cache_layers(i)
             self.cache_of.append(first if n == 1 and not cfg.is_conv(i) else slice(first, first + n))
             first += n
+        # the pool layer holding a layer's indexer keys (kvserve.model.index_cache), handed to it beside its own
+        self.index_pool = [index_slot(cfg, i)[0] if cfg.runs_indexer(i) else None for i in range(len(self.layers))]
         self.native = False
         self.native_stack: Any | None = None  # every layer in one native call (kvserve.model.native_stack)
         self.lora: Any | None = None  # a kvserve.lora.layers.LoRAContext once adapters are enabled
@@ -270,6 +273,8 @@ class CausalLM(nn.Module):
         carried: torch.Tensor | None = None  # a shortcut MoE's output, for the next layer's delta
         for i, layer in enumerate(self.layers):
             kv = kv_caches[self.cache_of[i]]
+            if self.index_pool[i] is not None:
+                kv = [kv, kv_caches[self.index_pool[i]]]
             step = local if self.uses_local[i] and local is not None else rope if self.rotates[i] else None
             h, delta = layer(h, delta, step, attn, meta, kv, keep_rows if i == last else None)
             if carried is not None and delta is not None:

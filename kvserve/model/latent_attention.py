@@ -7,9 +7,10 @@ zero-padded to the cache's head_dim (and k and q where v is the wider), the padd
 the latent itself (vLLM's MLA backends, ~1/10 of these bytes at DeepSeek-V2-Lite's shapes) is not done.
 
 With a lightning indexer (DeepSeek-V3.2, GLM-5: ``ModelConfig.index_topk``) each query attends only its top-k keys by
-the indexer's score: its keys go to a pool layer of their own, and a step where some context is longer than top-k
+the indexer's score: its keys go to the KV pool, and a step where some context is longer than top-k
 attends on the general path with the choice as a mask (``attention.general.TopKKeys``); shorter contexts keep every
-key, so the backends attend them as they are.
+key, so the backends attend them as they are. The index keys are packed into pool layers after the model's own
+(``kvserve.model.index_cache``): this layer's go to their place in each slot's row, the rest of the row kept.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from kvserve.attention.backend import LayerAttention
 from kvserve.attention.general import TopKKeys
 from kvserve.kernels.ops import apply_rotary
 from kvserve.model.config import ModelConfig
+from kvserve.model.index_cache import index_slot
 from kvserve.model.layers import LayerNorm, RMSNorm
 from kvserve.model.rotary import RotaryStep
 
@@ -55,6 +57,7 @@ class LatentAttention(nn.Module):
         if self.own_index:
             self.index_heads, self.index_dim = cfg.index_heads, cfg.index_head_dim
             self.index_pairs = cfg.index_rope_interleaved
+            _, self.index_half, self.index_offset = index_slot(cfg, layer)  # (the model hands it its pool layer)
             self.index_q = nn.Linear(cfg.q_lora_rank, cfg.index_heads * cfg.index_head_dim, bias=False)
             self.index_k = nn.Linear(cfg.hidden_size, cfg.index_head_dim, bias=False)
             self.index_k_norm = LayerNorm(cfg.index_head_dim, 1e-6)  # (the reference's eps, whatever rms_norm_eps)
@@ -125,15 +128,15 @@ class LatentAttention(nn.Module):
             t = x.shape[0]
             queries = self._rotate(self.index_q(q_latent).view(t, self.index_heads, self.index_dim), rope)
             keys = self._rotate(self.index_k_norm(self.index_k(x)).view(t, 1, self.index_dim), rope)
-            k_cache = index_cache[0]
-            row = keys.new_zeros(t, k_cache.shape[-2] * k_cache.shape[-1])
-            row[:, : self.index_dim] = keys.reshape(t, -1)
-            row = row.view(t, k_cache.shape[-2], k_cache.shape[-1])
-            attn.pool.store(index_cache, meta.slot_mapping, row, torch.zeros_like(row))
+            # the slots' rows as stored (other layers' keys in them), this layer's part replaced
+            rows_kv = list(attn.pool.gather(index_cache, meta.slot_mapping, torch.float32))
+            part = rows_kv[self.index_half].reshape(t, -1)
+            part[:, self.index_offset : self.index_offset + self.index_dim] = keys.reshape(t, -1)
+            attn.pool.store(index_cache, meta.slot_mapping, *rows_kv)
             weights = self.index_weights(x).float() * self.index_heads ** -0.5
             # kept on the step's metadata for the layers that reuse this choice
             meta.__dict__["_index_choice"] = TopKKeys(queries, weights, index_cache, self.index_topk,
-                                                      self.index_dim ** -0.5)
+                                                      self.index_dim ** -0.5, self.index_half, self.index_offset)
         if max(s.end for s in meta.seqs) <= self.index_topk:
             return None
         return meta.__dict__["_index_choice"]
