@@ -11,7 +11,7 @@ context costs the window, not its length.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -34,12 +34,51 @@ class LayerAttention:
     sinks: torch.Tensor | None = None
     alibi: torch.Tensor | None = None
     chunk: int | None = None  # Llama 4's chunked attention: keys in the query's chunk of this many positions only
+    key_select: "TopKKeys | None" = None  # each query attends only its top-k keys by an index score (DeepSeek-V3.2)
 
     @property
     def masked(self) -> bool:
         """Whether the layer needs the general path (``kvserve.attention.general``)."""
         return (self.window is not None or self.softcap is not None or self.sinks is not None or self.alibi is not None
-                or self.chunk is not None)
+                or self.chunk is not None or self.key_select is not None)
+
+
+@dataclass
+class TopKKeys:
+    """A step's choice of keys by a lightning indexer (DeepSeek Sparse Attention): query i keeps the ``topk`` causal keys
+    j with the best score sum_h weights[i, h] * relu(scale * queries[i, h] . key_j) (all of them where it has fewer);
+    the index keys are ``queries.shape[-1]`` values from ``offset`` in each slot's K (``half`` 0) or V (1) row of pool
+    layer ``layer`` (``kvserve.model.index_cache``). Each sequence's choice is computed once and kept, so that layers sharing the choice reuse it. Scores tied
+    exactly at the k-th place (relu zeroes all of a key's heads) are broken by ``topk`` as transformers' are, over this
+    step's context: a prompt split into other chunks may keep another of the tied keys."""
+
+    queries: torch.Tensor  # [T, heads, dim], rotated
+    weights: torch.Tensor  # [T, heads], float32
+    layer: LayerKV
+    topk: int
+    scale: float
+    half: int = 0
+    offset: int = 0
+    _kept: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def keep(self, pool: KVPool, index: int, ctx: "_SeqContext", allowed: torch.Tensor) -> torch.Tensor:
+        """[n, C] bool: the keys each of the context's rows attends (``allowed``: its causal ones)."""
+        if index in self._kept:
+            return self._kept[index]
+        if allowed.shape[1] <= self.topk:
+            kept = torch.ones_like(allowed)
+        else:
+            dim = self.queries.shape[-1]
+            keys = pool.gather(self.layer, ctx.slots, torch.float32)[self.half]
+            keys = keys.reshape(keys.shape[0], -1)[:, self.offset : self.offset + dim]
+            q = self.queries[ctx.rows].float()
+            scores = torch.relu(torch.matmul(q, keys.t()) * self.scale)  # [n, heads, C]
+            index_scores = torch.matmul(self.weights[ctx.rows].unsqueeze(-2), scores).squeeze(-2)
+            index_scores = index_scores.masked_fill(~allowed, float("-inf"))
+            best = index_scores.topk(self.topk, dim=-1).indices
+            kept = torch.zeros_like(allowed).scatter_(1, best, True)
+        self._kept[index] = kept
+        return kept
 
 
 @dataclass
@@ -72,7 +111,7 @@ def attend_general(pool: KVPool, q: torch.Tensor, layer_kv: LayerKV, meta: Any, 
     out = torch.empty_like(q)
     heads, d = q.shape[1], q.shape[2]
     scale = spec.scale if spec.scale is not None else d**-0.5
-    for ctx in _contexts(pool, meta, spec.window):
+    for i, ctx in enumerate(_contexts(pool, meta, spec.window)):
         qs = q[ctx.rows].float()  # [n, heads, d]
         k, v = pool.gather(layer_kv, ctx.slots, torch.float32)  # [C, kv_heads, d]
         group = heads // k.shape[1]
@@ -89,6 +128,8 @@ def attend_general(pool: KVPool, q: torch.Tensor, layer_kv: LayerKV, meta: Any, 
             allowed &= k_pos > q_pos - spec.window
         if spec.chunk is not None:
             allowed &= k_pos // spec.chunk == q_pos // spec.chunk
+        if spec.key_select is not None:
+            allowed &= spec.key_select.keep(pool, i, ctx, allowed)
         scores = scores.masked_fill(~allowed, float("-inf"))
         if spec.sinks is None:
             probs = torch.softmax(scores, dim=-1)

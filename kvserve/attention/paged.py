@@ -233,10 +233,10 @@ class PagedBackend(AttentionBackend):
                      meta: PagedMetadata, spec: LayerAttention, rows: torch.Tensor | None = None) -> torch.Tensor:
         """As ``AttentionBackend.attend_layer``, but a window, a soft cap or sinks run in the kernels too: every
         row goes to ``flash_prefill`` (its rows, where it runs) or the paged kernel, none to SDPA. Sinks only
-        the paged kernel takes: a step with ``flash_prefill`` rows attends a layer with sinks on the general path; ALiBi
-        and chunked attention always do."""
+        the paged kernel takes: a step with ``flash_prefill`` rows attends a layer with sinks on the general path; ALiBi,
+        chunked attention and top-k key selection always do."""
         if not spec.masked or (spec.sinks is not None and meta.flash_info is not None) or spec.alibi is not None \
-                or spec.chunk is not None:
+                or spec.chunk is not None or spec.key_select is not None:
             return super().attend_layer(q, k, v, layer_kv, meta, spec, rows)
         scale = self.scale if spec.scale is None else spec.scale
         window, softcap = spec.window or 0, spec.softcap or 0.0

@@ -8,12 +8,13 @@ Torch-free, so that the simulator can use it.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
-# (FULL, SLIDING: the layer types' names; NORM_ROLES: a sandwich layer's norms)
+# (FULL, SLIDING: the layer types' names; NORM_ROLES: a sandwich layer's norms; rope_settings, yarn_mscale: their users
+# import them from here)
 from kvserve.model.layer_plan import FULL, NORM_ROLES, SLIDING, LayerPlan, roles_of_layout  # noqa: F401
+from kvserve.model.rope_config import rope_settings, yarn_mscale  # noqa: F401
 
 # the gated MLPs' activations with a fused native kernel (kernel's name), which the native decode stack runs
 NATIVE_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
@@ -128,12 +129,25 @@ class ModelConfig(LayerPlan):
     expert_groups: int = 1
     expert_groups_used: int = 1
     group_scoring: str = "max"
+    selection_on_logits: bool = False  # the selection bias added to the router's logits, not its scores (Kolibri)
+    moe_out_norm: bool = False  # an RMSNorm on the MoE layers' output, shared experts included (A.X-K1)
+    # LongCat-Flash: the even layers' experts beside their MLP, added after the next one's; identity experts return x
+    moe_shortcut: bool = False
+    identity_experts: int = 0
     # --- multi-head latent attention (DeepSeek-V2/V3): k and v expanded per head from a latent of kv_lora_rank
     # (normed) beside one rotary key of qk_rope_head_dim every head shares; q from its own latent of q_lora_rank
     # (0: q's own projection). The cache holds the expanded heads, num_key_value_heads = num_attention_heads, of
     # head_dim max(qk_nope_head_dim + qk_rope_head_dim, v_head_dim) (the shorter of k and v zero-padded) ---
     kv_lora_rank: int = 0
     q_lora_rank: int = 0
+    # --- a lightning indexer (DeepSeek-V3.2's sparse attention; 0: none): each query attends its index_topk keys of the
+    # best sum over index_heads of weight * relu(q . k) (index_head_dim, the first qk_rope_head_dim rotated, as pairs where
+    # index_rope_interleaved), its keys in a pool layer of their own; index_layers: those running one (the rest reuse) ---
+    index_topk: int = 0
+    index_heads: int = 0
+    index_head_dim: int = 0
+    index_rope_interleaved: bool = False
+    index_layers: list[bool] | None = None
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
@@ -227,7 +241,8 @@ class ModelConfig(LayerPlan):
             raise ValueError("num_attention_heads (every layer's) must be a multiple of num_key_value_heads")
         for name in ("layer_types", "rope_layers", "rope_local_layers", "moe_layers", "conv_layers", "mamba_layers",
                      "delta_layers", "layer_parts", "qk_norm_layers", "layer_head_dims", "layer_kv_heads",
-                     "k_eq_v_layers", "kv_shared_from", "layer_intermediate_sizes", "attention_heads_per_layer"):
+                     "k_eq_v_layers", "kv_shared_from", "layer_intermediate_sizes", "attention_heads_per_layer",
+                     "index_layers"):
             per_layer = getattr(self, name)
             if per_layer is not None and len(per_layer) != self.num_hidden_layers:
                 raise ValueError(f"{name} has {len(per_layer)} entries for {self.num_hidden_layers} layers")
@@ -255,6 +270,14 @@ class ModelConfig(LayerPlan):
                                   self.head_dim != max(self.qk_nope_head_dim + self.qk_rope_head_dim, self.v_head_dim)):
             raise ValueError("latent attention caches every head (num_key_value_heads = num_attention_heads) at "
                              "head_dim max(qk_nope_head_dim + qk_rope_head_dim, v_head_dim)")
+        if self.index_topk:
+            self._check_indexer()
+
+    def _check_indexer(self) -> None:
+        if not (self.kv_lora_rank and self.q_lora_rank) or (self.index_layers or [True])[0] is False:
+            raise ValueError("a lightning indexer needs a q latent (q_lora_rank) and the first layer to run one")
+        if not self.qk_rope_head_dim <= self.index_head_dim <= self.num_key_value_heads * int(self.head_dim or 0):
+            raise ValueError(f"index_head_dim {self.index_head_dim}: not within the rotary dims and a pool layer's K")
 
     def _check_expert_groups(self) -> None:
         groups, used, experts = self.expert_groups, self.expert_groups_used, self.num_experts
@@ -342,25 +365,3 @@ class ModelConfig(LayerPlan):
         )
         common.update(spec.config(d))
         return cls(**common)
-
-
-def yarn_mscale(scale: float, m: float = 1.0) -> float:
-    """YaRN's magnitude factor for a context ``scale`` times the original (1 at or below it)."""
-    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
-
-def rope_settings(d: dict[str, Any]) -> tuple[float | None, dict[str, Any] | None]:
-    """rope_theta and the scaling dict (None for plain RoPE), from transformers 4's top-level keys or
-    transformers 5's ``rope_parameters``."""
-    rope_theta = d.get("rope_theta")
-    rope_scaling = d.get("rope_scaling")
-    rope_params = d.get("rope_parameters")
-    if isinstance(rope_params, dict):
-        if "full_attention" in rope_params:  # Gemma 3 in transformers 5: per layer type
-            rope_params = rope_params["full_attention"]
-        rope_theta = rope_theta or rope_params.get("rope_theta")
-        if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
-            rope_scaling = dict(rope_params)
-    if rope_scaling is not None and rope_scaling.get("rope_type", rope_scaling.get("type")) == "default":
-        rope_scaling = None
-    return rope_theta, rope_scaling

@@ -15,6 +15,7 @@ from torch import nn
 from kvserve.attention import AttentionBackend, AttentionMetadata
 from kvserve.model.config import ModelConfig
 from kvserve.model.decoder_layer import DecoderLayer
+from kvserve.model.index_cache import index_slot
 from kvserve.model.layers import PackedLinear, RMSNorm, make_norm, pack_linears, padded_rows
 from kvserve.model.mlp import GatedMLP, MoE
 from kvserve.model.moe_native import moe_blocker
@@ -74,6 +75,8 @@ class CausalLM(nn.Module):
         if cfg.kv_shared_from is not None and all(layer.extras for layer in self.layers):
             tail = [i for i in range(len(self.layers)) if all(cfg.shares_kv(j) for j in range(i, len(self.layers)))]
             self.rows_from = tail[0] if tail else None
+        # the pool layer holding a layer's indexer keys (kvserve.model.index_cache), handed to it beside its own
+        self.index_pool = [index_slot(cfg, i)[0] if cfg.runs_indexer(i) else None for i in range(len(self.layers))]
         if cfg.per_layer_input_size:  # per-layer inputs: a table a token, and a projection of the embeddings
             width = cfg.num_hidden_layers * cfg.per_layer_input_size
             self.per_layer_embed = nn.Embedding(cfg.per_layer_vocab_size, width)
@@ -166,13 +169,19 @@ class CausalLM(nn.Module):
         per_layer = self.per_layer_inputs(input_ids, h) if self.config.per_layer_input_size else None
         # from the first of the layers that only read earlier layers' K/V on, the rows no one samples need nothing
         cut = last if keep_rows is None or self.rows_from is None else self.rows_from
+        carried: torch.Tensor | None = None  # a shortcut MoE's output, for the next layer's delta
         for i, layer in enumerate(self.layers):
             kv = kv_caches[self.cache_of[i]]
+            if self.index_pool[i] is not None:
+                kv = [kv, kv_caches[self.index_pool[i]]]
             step = local if self.uses_local[i] and local is not None else rope if self.rotates[i] else None
             h, delta = layer(h, delta, step, attn, meta, kv, keep_rows if i >= cut else None,
                              None if per_layer is None else per_layer[:, i], reduced=i > cut)
             if i == cut and per_layer is not None and keep_rows is not None:
                 per_layer = per_layer[keep_rows]
+            if carried is not None and delta is not None:  # (cut to the sampled rows where this layer cut h)
+                delta = delta + (carried if i != cut or keep_rows is None else carried[keep_rows])
+            carried, layer.deferred = layer.deferred, None
         return self.norm.add_forward(h, delta)
 
     def per_layer_inputs(self, input_ids: torch.Tensor, h: torch.Tensor) -> torch.Tensor:

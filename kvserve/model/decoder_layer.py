@@ -17,6 +17,16 @@ from kvserve.model.mlp import GatedMLP, MoE, activation
 from kvserve.model.short_conv import ShortConv
 
 
+def make_moe(cfg: ModelConfig) -> MoE:
+    """The experts ``cfg`` describes (a layer's, or its shortcut's)."""
+    return MoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob,
+               cfg.hidden_act, cfg.shared_expert_intermediate_size, cfg.router_bias, cfg.expert_bias, cfg.swiglu,
+               cfg.shared_expert_gated, cfg.selection_bias, cfg.router_scoring, cfg.routed_scale,
+               cfg.expert_group_choice, cfg.router_jitter, cfg.gated_mlp, cfg.moe_scale_inputs,
+               cfg.rms_norm_eps if cfg.moe_out_norm else None, cfg.selection_on_logits, cfg.identity_experts,
+               cfg.router_logit_softcap)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -42,11 +52,7 @@ class DecoderLayer(nn.Module):
         self.mlp: GatedMLP | MoE | None = None  # (None: a mixer-only block)
         self.moe: MoE | None = None  # experts beside the dense MLP (ModelConfig.moe_beside_mlp)
         if cfg.is_moe(layer):
-            self.mlp = MoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_tok,
-                           cfg.norm_topk_prob, cfg.hidden_act, cfg.shared_expert_intermediate_size, cfg.router_bias,
-                           cfg.expert_bias, cfg.swiglu, cfg.shared_expert_gated, cfg.selection_bias,
-                           cfg.router_scoring, cfg.routed_scale, cfg.expert_group_choice, cfg.router_jitter,
-                           cfg.gated_mlp, cfg.moe_scale_inputs, cfg.router_logit_softcap)
+            self.mlp = make_moe(cfg)
         if cfg.has_mlp(layer) and (not cfg.is_moe(layer) or cfg.moe_beside_mlp):
             self.moe = self.mlp if cfg.moe_beside_mlp else None  # type: ignore[assignment]
             self.mlp = GatedMLP(cfg.hidden_size, cfg.mlp_size(layer), cfg.hidden_act, cfg.mlp_bias, cfg.swiglu,
@@ -57,7 +63,7 @@ class DecoderLayer(nn.Module):
             if self.layout != "sandwich":
                 raise ValueError("experts beside the MLP, per-layer inputs and layer scalars take the sandwich layout")
             self.eps = cfg.rms_norm_eps
-            extra_norms = ["moe_mlp_out_norm", "moe_in_norm", "moe_out_norm"] if self.moe is not None else []
+            extra_norms = ["moe_mlp_out_norm", "moe_in_norm", "experts_out_norm"] if self.moe is not None else []
             if cfg.per_layer_input_size:
                 extra_norms.append("per_layer_norm")
                 self.per_layer_gate = nn.Linear(cfg.hidden_size, cfg.per_layer_input_size, bias=False)
@@ -66,13 +72,17 @@ class DecoderLayer(nn.Module):
             for role in extra_norms:
                 setattr(self, role, RMSNorm(cfg.hidden_size, cfg.rms_norm_eps))
             self.layer_scalar = nn.Parameter(torch.ones(1)) if cfg.layer_scalars else None
+        # experts beside the MLP on its input, their output added after the next layer's MLP (ModelConfig.moe_shortcut):
+        # kept in ``deferred`` for the model's loop to hand on
+        self.shortcut = make_moe(cfg) if cfg.has_shortcut_moe(layer) else None
+        self.deferred: torch.Tensor | None = None
         self.residual_scale = cfg.residual_scale
         # the bf16 hand-offs between the norms and the AMX GEMMs: Llama's layout and plain attention only
         self.one_part = self.self_attn is None or self.mlp is None
         self.fast = self.layout == "pre" and not self.one_part and self.self_attn.plain and cfg.residual_scale == 1
         # and into the MLP, whose down projection then writes bf16: not where it adds a bias (added in float32
         # instead, as the native decode stack adds it)
-        self.fast_mlp = self.fast and not cfg.mlp_bias and not cfg.mlp_sub_norm
+        self.fast_mlp = self.fast and not cfg.mlp_bias and not cfg.mlp_sub_norm and self.shortcut is None
 
     def forward(self, h, delta, rope, attn, meta, kv_cache, rows: torch.Tensor | None = None,
                 per_layer: torch.Tensor | None = None, reduced: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -112,6 +122,8 @@ class DecoderLayer(nn.Module):
             bf16_mlp = self.fast_mlp and isinstance(self.mlp, GatedMLP) and self.mlp.runs_amx(h)
             x = self.post_attention_layernorm.add_forward(h, x, *((torch.bfloat16, padded_rows(h.shape[0])) if bf16_mlp
                                                                   else ()))
+        if self.shortcut is not None:
+            self.deferred = self.shortcut(x[: h.shape[0]])
         return h, self._out(self.mlp(x)[: h.shape[0]], "mlp_out_norm")
 
     def _closed_forward(self, h, delta, rope, attn, meta, kv_cache, rows: torch.Tensor | None,
@@ -131,7 +143,7 @@ class DecoderLayer(nn.Module):
         m = self.mlp(self.post_attention_layernorm(h))
         if self.moe is not None:
             route = rms_unweighted(h, self.eps)
-            m = self.moe_mlp_out_norm(m) + self.moe_out_norm(self.moe(self.moe_in_norm(h), route))
+            m = self.moe_mlp_out_norm(m) + self.experts_out_norm(self.moe(self.moe_in_norm(h), route))
         h.add_(self.mlp_out_norm(m))
         if per_layer is not None:
             branch = self.per_layer_act(self.per_layer_gate(h)) * per_layer

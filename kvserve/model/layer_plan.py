@@ -121,11 +121,20 @@ class LayerPlan:
 
     @property
     def kv_cache_layers(self) -> int:
-        """The KV pool's layers (``KVLayout.num_layers``): one an attention layer, a short convolution's own count."""
-        return sum(self.cache_layers(i) for i in range(self.num_hidden_layers))
+        """The KV pool's layers (``KVLayout.num_layers``): one an attention layer, a convolution's, indexers' keys."""
+        from kvserve.model.index_cache import index_pool_layers
+
+        return sum(self.cache_layers(i) for i in range(self.num_hidden_layers)) + index_pool_layers(self)
+
+    def runs_indexer(self, layer: int) -> bool:
+        """Whether ``layer`` runs a lightning indexer of its own (the others reuse the last one's choice)."""
+        return bool(self.index_topk) and (self.index_layers is None or self.index_layers[layer])
 
     def is_moe(self, layer: int) -> bool:
         return bool(self.num_experts) and (self.moe_layers is None or self.moe_layers[layer]) and self.has_mlp(layer)
+
+    def has_shortcut_moe(self, layer: int) -> bool:
+        return self.moe_shortcut and layer % 2 == 0 and layer + 1 < self.num_hidden_layers
 
     def rotates(self, layer: int) -> bool:
         """Whether ``layer``'s q and k take rotary embeddings."""

@@ -130,14 +130,20 @@ class MoE(nn.Module):
                  swiglu: tuple[float, float | None] | None = None, shared_gated: bool = True,
                  selection_bias: bool = False, scoring: str = "softmax", routed_scale: float = 1.0,
                  groups: tuple[int, int, str] | None = None, jitter: float = 0.01, gated: bool = True,
-                 scale_inputs: bool = False, logit_softcap: float | None = None):
+                 scale_inputs: bool = False, out_norm_eps: float | None = None, bias_on_logits: bool = False,
+                 identity_experts: int = 0, logit_softcap: float | None = None):
         super().__init__()
         self.logit_softcap = logit_softcap  # the router's logits capped before scoring (Laguna's)
+        # router choices past the experts that return their input times their weight (LongCat-Flash's zero experts)
+        self.identity_experts = identity_experts
+        # an RMSNorm on the block's output, shared expert included (ModelConfig.moe_out_norm)
+        self.out_norm = None if out_norm_eps is None else RMSNorm(hidden, out_norm_eps)
+        self.bias_on_logits = bias_on_logits  # the selection bias added to the logits (ModelConfig.selection_on_logits)
         self.scoring, self.routed_scale, self.jitter = scoring, routed_scale, jitter
         self.scale_inputs = scale_inputs  # Llama 4: an expert's input times its weight, not its output
         self.groups = groups  # (groups, groups used, "max" or "top2"): ModelConfig.expert_group_choice
-        self.router = nn.Linear(hidden, experts, bias=router_bias)
-        self.selection_bias = nn.Parameter(torch.zeros(1, experts)) if selection_bias else None
+        self.router = nn.Linear(hidden, experts + identity_experts, bias=router_bias)
+        self.selection_bias = nn.Parameter(torch.zeros(1, experts + identity_experts)) if selection_bias else None
         self.experts = nn.ModuleList(GatedMLP(hidden, intermediate, act, expert_bias, swiglu, gated)
                                      for _ in range(experts))
         self.top_k, self.norm_topk = top_k, norm_topk
@@ -171,8 +177,10 @@ class MoE(nn.Module):
         """``route``: what the router reads where it is not ``x`` (Gemma 4's experts: the stream normed otherwise)."""
         if route is None and self.native_block is not None and x.dtype == torch.float32 and x.dim() == 2 and \
                 not self.loop_takes(x.shape[0]):
-            return self._native_forward(x)
-        return self.loop_forward(x, route)
+            out = self._native_forward(x)
+        else:
+            out = self.loop_forward(x, route)
+        return out if self.out_norm is None else self.out_norm(out)
 
     def _native_forward(self, x: torch.Tensor) -> torch.Tensor:
         shared = self.shared
@@ -206,7 +214,8 @@ class MoE(nn.Module):
             weights, chosen = sparsemixer(logits, self.jitter)
         else:
             probs = torch.sigmoid(logits) if self.scoring == "sigmoid" else torch.softmax(logits, dim=-1)
-            choice = probs if self.selection_bias is None else probs + self.selection_bias.float()
+            choice = probs if self.selection_bias is None else \
+                (logits if self.bias_on_logits else probs) + self.selection_bias.float()
             if self.scoring == "sigmoid" and self.selection_bias is None and self.groups is None:
                 choice = logits  # the same order, without float32's sigmoid tying logits past ~15 (Llama 4's)
             if self.groups is not None:
@@ -221,14 +230,18 @@ class MoE(nn.Module):
         out = torch.zeros(x.shape[0], x.shape[1], dtype=x.dtype, device=x.device)
         # tokens grouped by expert: one GEMM per expert the step routed to, none for the others
         order = chosen.flatten().argsort(stable=True)
-        counts = torch.bincount(chosen.flatten(), minlength=len(self.experts)).tolist()
+        counts = torch.bincount(chosen.flatten(), minlength=len(self.experts) + self.identity_experts).tolist()
         tokens, slot_weights = order // self.top_k, weights.flatten()[order]
         start = 0
         for e, n in enumerate(counts):
             if n:
                 rows = tokens[start : start + n]
                 w = slot_weights[start : start + n, None]
-                out.index_add_(0, rows, self.experts[e](x[rows] * w) if self.scale_inputs else self.experts[e](x[rows]) * w)
+                if e >= len(self.experts):  # an identity expert
+                    out.index_add_(0, rows, x[rows] * w)
+                else:
+                    out.index_add_(0, rows, self.experts[e](x[rows] * w) if self.scale_inputs else
+                                   self.experts[e](x[rows]) * w)
                 start += n
         if self.shared is not None:
             out += self._shared_forward(x)

@@ -41,6 +41,10 @@ def moe_blocker(moe: "MoE") -> str | None:
         return "experts scaling their inputs"
     if moe.logit_softcap is not None:
         return "a soft cap on the router's logits"
+    if moe.bias_on_logits:  # the block adds the selection bias to the scores
+        return "a selection bias on the router's logits"
+    if moe.identity_experts:
+        return "identity experts"
     if act.swiglu is None and act.act_name not in NATIVE_ACTIVATIONS:
         return f"the activation {act.act_name}"
     return None

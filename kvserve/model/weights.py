@@ -62,6 +62,8 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
             short_conv(out, arch, cfg, dst + "self_attn.", p, linear)
         elif cfg.kv_lora_rank:
             latent_attention(out, arch, cfg, dst + "self_attn.", p, linear)
+            if cfg.runs_indexer(i):
+                indexer(out, arch, cfg, dst + "self_attn.", p)
         else:
             attention(out, arch, cfg, dst + "self_attn.", p, linear, i)
         if not cfg.has_mlp(i):
@@ -74,6 +76,8 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
             if cfg.hidden_act == "xielu":  # the activation's own parameters
                 for name, shape in (("alpha_p", (1,)), ("alpha_n", (1,)), ("beta", ()), ("eps", ())):
                     out[f"{dst}mlp.act.{name}"] = [(f"{p}{arch.weight_name('act_fn')}.{name}", shape)]
+            if cfg.has_shortcut_moe(i):
+                experts(out, arch, cfg, dst + "shortcut.", p)
         if cfg.is_moe(i):
             experts(out, arch, cfg, dst + ("moe." if cfg.moe_beside_mlp else "mlp."), p)
         layer_extras(out, arch, cfg, dst, p, norm_suffixes)
@@ -90,17 +94,33 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
         out["lm_head.weight"] = [("lm_head.weight", (cfg.vocab_size, h))]
         if cfg.lm_head_bias:
             out["lm_head.bias"] = [("lm_head.bias", (cfg.vocab_size,))]
+    if arch.sublayers > 1:
+        out = {ours: [(in_checkpoint_layer(name, arch.sublayers), shape) for name, shape in names]
+               for ours, names in out.items()}
     return out
 
 
+def in_checkpoint_layer(name: str, sublayers: int) -> str:
+    """Our layer j's tensor ``name`` as a checkpoint with ``sublayers`` of ours a layer names it: in layer
+    j // sublayers, "{s}" in its role's name the sub-layer j % sublayers (LongCat-Flash's "self_attn.1.")."""
+    head, _, rest = name.partition("model.layers.")
+    if not rest:
+        return name
+    j, _, rest = rest.partition(".")
+    return f"{head}model.layers.{int(j) // sublayers}.{rest.replace('{s}', str(int(j) % sublayers))}"
+
+
 def experts(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, p: str) -> None:
-    """A layer's experts (``kvserve.model.mlp.MoE`` at ``dst``): the router, each expert, the shared expert."""
-    h = cfg.hidden_size
-    out[f"{dst}router.weight"] = [(f"{p}{arch.weight_name('router')}.weight", (cfg.num_experts, h))]
+    """An MoE block's weights (``mlp.MoE`` at ``dst``): the router (a row per expert, then per identity expert), the
+    selection bias, the output norm, each expert's gated MLP, the shared expert and its gate."""
+    h, routes = cfg.hidden_size, cfg.num_experts + cfg.identity_experts
+    out[f"{dst}router.weight"] = [(f"{p}{arch.weight_name('router')}.weight", (routes, h))]
     if cfg.router_bias:
-        out[f"{dst}router.bias"] = [(f"{p}{arch.weight_name('router')}.bias", (cfg.num_experts,))]
+        out[f"{dst}router.bias"] = [(f"{p}{arch.weight_name('router')}.bias", (routes,))]
     if cfg.selection_bias:
-        out[f"{dst}selection_bias"] = [(f"{p}{arch.weight_name('selection_bias')}", (1, cfg.num_experts))]
+        out[f"{dst}selection_bias"] = [(f"{p}{arch.weight_name('selection_bias')}", (1, routes))]
+    if cfg.moe_out_norm:
+        out[f"{dst}out_norm.weight"] = [(f"{p}{arch.weight_name('moe_out_norm')}.weight", (h,))]
     for e in range(cfg.num_experts):
         if arch.stacked_experts is not None:  # the names unstack_experts gives each expert's cut
             mlp(out, arch, f"{dst}experts.{e}.", f"{p}{UNSTACKED.format(e=e)}", "unstacked_",
@@ -116,10 +136,10 @@ def experts(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, 
 
 
 def layer_extras(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, p: str,
-                        norm_suffixes: tuple[str, ...]) -> None:
+                 norm_suffixes: tuple[str, ...]) -> None:
     """The norms around experts beside the dense MLP, the per-layer input's branch, the layer's scalar."""
     h = cfg.hidden_size
-    norms = ["moe_mlp_out_norm", "moe_in_norm", "moe_out_norm"] if cfg.moe_beside_mlp else []
+    norms = ["moe_mlp_out_norm", "moe_in_norm", "experts_out_norm"] if cfg.moe_beside_mlp else []
     if cfg.per_layer_input_size:
         norms.append("per_layer_norm")
         for ours, role, shape in (("per_layer_gate", "per_layer_gate", (cfg.per_layer_input_size, h)),
@@ -278,6 +298,18 @@ def latent_attention(out: dict[str, list[Source]], arch: Architecture, cfg: Mode
     linear(dst + "kv_b", prefix, [("kv_b_proj", heads * (cfg.qk_nope_head_dim + cfg.v_head_dim))], None,
            cfg.kv_lora_rank, False)
     linear(dst + "o_proj", prefix, [("o_proj", h)], None, heads * cfg.v_head_dim, cfg.o_proj_bias)
+
+
+def indexer(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str) -> None:
+    """A lightning indexer's weights (``latent_attention.LatentAttention``): its q (from q's latent), its k and the k's
+    LayerNorm (weight and bias), the head weights; linears kept dense (not in ``LINEARS``: the choice of keys is
+    sensitive to them)."""
+    heads, dim, h = cfg.index_heads, cfg.index_head_dim, cfg.hidden_size
+    for ours, role, shape in (("index_q", "index_q", (heads * dim, cfg.q_lora_rank)), ("index_k", "index_k", (dim, h)),
+                              ("index_weights", "index_weights", (heads, h))):
+        out[f"{dst}{ours}.weight"] = [(f"{prefix}{arch.weight_name(role)}.weight", shape)]
+    for suffix in ("weight", "bias"):
+        out[f"{dst}index_k_norm.{suffix}"] = [(f"{prefix}{arch.weight_name('index_k_norm')}.{suffix}", (dim,))]
 
 
 def mlp(out: dict[str, list[Source]], arch: Architecture, dst: str, prefix: str, kind: str, inter: int, h: int, bias: bool,

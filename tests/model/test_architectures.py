@@ -326,6 +326,87 @@ CASES: dict[str, tuple[str, dict]] = {
     "Glm4MoeLiteForCausalLM": ("Glm4MoeLiteConfig", dict(LATENT, n_routed_experts=4, num_experts_per_tok=2,
                                                          moe_intermediate_size=32, n_shared_experts=1,
                                                          routed_scaling_factor=1.0)),
+    # DeepSeek-V3's latent attention and router (2 of 4 groups), the MoE output normed (post_mlp_layernorm), a dense
+    # layer first
+    "AXK1ForCausalLM": ("AXK1Config", dict(LATENT, num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=2,
+                                           moe_intermediate_size=32, n_shared_experts=1, n_group=4, topk_group=2,
+                                           routed_scaling_factor=1.5)),
+    # rotary halves, experts every other layer from the first (moe_layer_freq), two shared experts, no groups
+    "AXK1ForCausalLM:halves": ("AXK1Config", dict(LATENT, num_hidden_layers=4, n_routed_experts=4, num_experts_per_tok=2,
+                                                  moe_intermediate_size=32, n_shared_experts=2, n_group=1, topk_group=1,
+                                                  rope_interleave=False, first_k_dense_replace=0, moe_layer_freq=2)),
+    # DeepSeek-V3's latent attention in Llama's layers, dense MLPs; YaRN with mscale_all_dim
+    "YoutuForCausalLM": ("YoutuConfig", dict(LATENT, rope_parameters=LATENT_YARN)),
+    # gated attention (each head's q then its gate), DeepSeek-V3's sigmoid router with its bias, a dense layer first;
+    # (":groups") from 2 of 4 expert groups, scaled
+    "MiniCPM5MoeForCausalLM": ("MiniCPM5MoeConfig", dict(num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=2,
+                                                         moe_intermediate_size=32, n_group=1, topk_group=1,
+                                                         routed_scaling_factor=1.0)),
+    "MiniCPM5MoeForCausalLM:groups": ("MiniCPM5MoeConfig", dict(num_hidden_layers=3, n_routed_experts=8,
+                                                                num_experts_per_tok=2, moe_intermediate_size=32,
+                                                                n_group=4, topk_group=2, routed_scaling_factor=1.5)),
+    # latent attention with its rotary dims as halves, v of its own width; MiniCPM's embedding, residual and logit scales
+    "MiniCPM3ForCausalLM": ("MiniCPM3Config", dict(LATENT, scale_emb=3.0, scale_depth=1.4, dim_model_base=32)),
+    # q from its own projection, v at transformers' default width (hidden / heads), longrope (MiniCPM3-4B's)
+    "MiniCPM3ForCausalLM:longrope": ("MiniCPM3Config", dict(LATENT, q_lora_rank=None, v_head_dim=None, rope_scaling={
+        "rope_type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.5], "long_factor": [2.0, 3.0, 4.0, 5.0],
+        "original_max_position_embeddings": 64})),
+    # EXAONE 4's attention (a window on every other layer, the global ones without rotary) in pre-norm layers over
+    # DeepSeek-V3's router, a dense layer first
+    "ExaoneMoeForCausalLM": ("ExaoneMoeConfig", dict(num_hidden_layers=3, num_experts=8, num_experts_per_tok=2,
+                                                     moe_intermediate_size=32, n_group=4, topk_group=2,
+                                                     routed_scaling_factor=1.5, sliding_window=WINDOW,
+                                                     sliding_window_pattern=2)),
+    # sandwich norms, EXAONE 4's attention (windowed rotary layers, a full one without), experts chosen by logit + bias
+    "Kolibri1ForCausalLM": ("Kolibri1Config", dict(num_hidden_layers=3, num_experts=8, num_experts_per_tok=2,
+                                                   moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                                                   sliding_window=WINDOW, norm_topk_prob=True,
+                                                   layer_types=["sliding_attention", "full_attention",
+                                                                "sliding_attention"])),
+    # every layer full (a window set: none rotates), the chosen weights not renormalised, wider heads
+    "Kolibri1ForCausalLM:full": ("Kolibri1Config", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                                        shared_expert_intermediate_size=32, sliding_window=WINDOW,
+                                                        norm_topk_prob=False, layer_types=["full_attention"] * 2,
+                                                        head_dim=32)),
+    # a lightning indexer in every layer choosing 4 keys a query (the prompts' contexts longer: the general path with
+    # the choice as a mask), its rotary on halves; DeepSeek-V3's router, a dense layer first
+    "DeepseekV32ForCausalLM": ("DeepseekV32Config", dict(LATENT, num_hidden_layers=3, n_routed_experts=4,
+                                                         num_experts_per_tok=2, moe_intermediate_size=32,
+                                                         n_shared_experts=1, n_group=1, topk_group=1,
+                                                         first_k_dense_replace=1, index_topk=4, index_n_heads=4,
+                                                         index_head_dim=16)),
+    # 12 keys a query (the shorter prompts keep every key, the longer ones not, in the same steps), index heads of the
+    # rotary dims alone; expert groups
+    "DeepseekV32ForCausalLM:groups": ("DeepseekV32Config", dict(LATENT, num_hidden_layers=3, n_routed_experts=8,
+                                                                num_experts_per_tok=2, moe_intermediate_size=32,
+                                                                n_shared_experts=1, n_group=4, topk_group=2,
+                                                                first_k_dense_replace=1, index_topk=12,
+                                                                index_n_heads=8, index_head_dim=8)),
+    # the indexer's rotary on pairs, the second layer reusing the first's choice
+    "GlmMoeDsaForCausalLM": ("GlmMoeDsaConfig", dict(LATENT, num_hidden_layers=3, n_routed_experts=4,
+                                                     num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+                                                     n_group=1, topk_group=1, first_k_dense_replace=1, index_topk=4,
+                                                     index_n_heads=4, index_head_dim=16,
+                                                     indexer_types=["full", "shared", "full"])),
+    # the pattern from index_topk_freq / index_skip_topk_offset (full, shared, full, shared), v wider than q.k, index
+    # heads wider than the rotary dims
+    "GlmMoeDsaForCausalLM:pattern": ("GlmMoeDsaConfig", dict(LATENT, num_hidden_layers=4, n_routed_experts=4,
+                                                             num_experts_per_tok=2, moe_intermediate_size=32,
+                                                             n_shared_experts=1, n_group=1, topk_group=1,
+                                                             first_k_dense_replace=2, index_topk=7, index_n_heads=8,
+                                                             index_head_dim=32, index_topk_freq=2,
+                                                             index_skip_topk_offset=1, v_head_dim=20)),
+    # two latent attentions and dense MLPs a checkpoint layer (4 of ours), the first's experts added after the second's
+    # MLP; a softmax router over 4 experts and 2 identity experts, chosen with a bias, scaled; the latents' LoRA scales
+    "LongcatFlashForCausalLM": ("LongcatFlashConfig", dict(LATENT, num_layers=2, ffn_hidden_size=96,
+                                                           n_routed_experts=4, zero_expert_num=2, moe_topk=2,
+                                                           expert_ffn_hidden_size=32, routed_scaling_factor=1.5)),
+    # three checkpoint layers, no identity experts, top-1, YaRN with mscale_all_dim, v wider than q.k
+    "LongcatFlashForCausalLM:yarn": ("LongcatFlashConfig", dict(LATENT, num_layers=3, ffn_hidden_size=96,
+                                                                n_routed_experts=4, zero_expert_num=0, moe_topk=1,
+                                                                expert_ffn_hidden_size=32, routed_scaling_factor=1.0,
+                                                                rope_parameters=LATENT_YARN, v_head_dim=20,
+                                                                q_lora_rank=32)),
     # LayerNorms scaling by 1 + weight, with biases; a non-gated relu2 MLP; partial rotary; biases on the linears
     "NemotronForCausalLM": ("NemotronConfig", dict(partial_rotary_factor=0.5, attention_bias=True, mlp_bias=True)),
     # LayerNorms with biases, a non-gated relu2 MLP, biases on every linear; (":gelu") no biases, GELU
@@ -658,6 +739,12 @@ NOT_CLOSE = {"Glm4MoeForCausalLM:scaled": "x2.5 amplifies int8's flips among the
              "DbrxForCausalLM:plain": "int8 flips the random router's second expert on a decode row (a 0.4 logit gap), "
                                       "whose weight is not renormalised: 0.52 against the 0.5 bound (int8 through "
                                       "DBRX's layers and flat stacked experts: DbrxForCausalLM)",
+             "MiniCPM5MoeForCausalLM:groups": "int8 flips the choice of expert groups among the random router's "
+                                              "near-equal sigmoids, x1.5 (int8 through its attention and router: "
+                                              "MiniCPM5MoeForCausalLM)",
+             "DeepseekV32ForCausalLM:groups": "int8 moves this random router's choices (8 experts in groups) beyond the "
+                                              "bound with the indexer's choice or without it (index_topk 64: every key, "
+                                              "the same); int8 through the indexer: DeepseekV32ForCausalLM",
              "PhimoeForCausalLM": "the sparsemixer's 2% threshold (which logits share a pick's softmax) moves under "
                                   "int8 on this random router, a step change in the weights",
              **dict.fromkeys(["Llama4ForCausalLM", "Llama4ForConditionalGeneration"],
@@ -705,6 +792,21 @@ def test_gemma3_multimodal_checkpoint_answers_as_its_text_model(tmp_path_factory
     assert "not read" in caplog.text
     assert [o.token_ids for o in llm.generate(prompts(), GREEDY)] == [hf_greedy(text, p, GREEDY.max_tokens)
                                                                     for p in prompts()]
+
+
+def test_an_architecture_s_other_name_loads_as_it(tmp_path_factory, tmp_path):
+    """MiniCPM5-MoE's released config.json names "MiniCPM5MoEForCausalLM" (transformers' config renames it): the same
+    architecture, the same tokens."""
+    import json
+    import shutil
+
+    _, folder = checkpoint("MiniCPM5MoeForCausalLM", tmp_path_factory)
+    for f in folder.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "architectures": ["MiniCPM5MoEForCausalLM"]}))
+    got = [o.token_ids for o in make_llm(tmp_path).generate(prompts(), GREEDY)]
+    assert got == expected("MiniCPM5MoeForCausalLM", tmp_path_factory)
 
 
 def test_a_sigmoid_router_picks_by_logit_past_float32_saturation():
@@ -791,7 +893,12 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("Gemma2ForCausalLM", True, None), ("Gemma3ForCausalLM", True, None), ("Olmo2ForCausalLM", True, None), ("GraniteForCausalLM", True, None),
     ("GraniteMoeForCausalLM", True, None), ("GraniteMoeSharedForCausalLM", True, None),
     ("Gemma4ForCausalLM", False, "attention shapes per layer, normed values, values from keys or K/V shared between "
-     "layers, experts beside the MLP, per-layer inputs or layer scalars")])
+     "layers, experts beside the MLP, per-layer inputs or layer scalars"),
+    ("AXK1ForCausalLM", False, "latent attention, a norm on the experts' output"),
+    ("MiniCPM5MoeForCausalLM", False, "gated attention"), ("ExaoneMoeForCausalLM", True, None),
+    ("Kolibri1ForCausalLM", False, "a selection bias on the router's logits"),
+    ("DeepseekV32ForCausalLM", False, "latent attention, top-k key selection"),
+    ("LongcatFlashForCausalLM", False, "latent attention, experts added a layer later, identity experts")])
 def test_the_start_up_log_names_what_keeps_a_model_off_the_native_stack(case, stack, why, tmp_path_factory, caplog):
     """int8 (what the native decode stack runs over): every option it lacks is named in the start-up log and the
     layers run in Python; models whose options it runs (ERNIE's interleaved rotary reordered at load, SmolLM3's

@@ -35,6 +35,9 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     "q_a_proj": "self_attn.q_a_proj", "q_a_norm": "self_attn.q_a_layernorm", "q_b_proj": "self_attn.q_b_proj",
     "kv_a_proj": "self_attn.kv_a_proj_with_mqa", "kv_a_norm": "self_attn.kv_a_layernorm",
     "kv_b_proj": "self_attn.kv_b_proj",
+    # a lightning indexer (ModelConfig.index_topk): its q from q's latent, its k and the k's LayerNorm, its head weights
+    "index_q": "self_attn.indexer.wq_b", "index_k": "self_attn.indexer.wk", "index_k_norm": "self_attn.indexer.k_norm",
+    "index_weights": "self_attn.indexer.weights_proj",
     # kv_b_proj as GGUF files split it (per head: k's part transposed, v's): joined at load (weight_layout.join_latent_kv)
     "k_b_proj": "self_attn.k_b_proj", "v_b_proj": "self_attn.v_b_proj",
     # a short convolution (ModelConfig.conv_layers): its input and output projections, its depthwise kernel
@@ -67,6 +70,7 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     "act_fn": "mlp.act_fn",  # an activation with parameters of its own (xIELU: alpha_p, alpha_n, beta, eps)
     "router": "mlp.gate",
     "selection_bias": None,  # a tensor [1, experts] (not a module's): the bias that only chooses experts
+    "moe_out_norm": None,  # the norm on an MoE block's output (ModelConfig.moe_out_norm)
     "expert": "mlp.experts.{e}.",  # then expert_gate / expert_up / expert_down
     "expert_gate": "gate_proj", "expert_up": "up_proj", "expert_down": "down_proj",
     "shared_expert": "mlp.shared_expert.",  # then shared_gate_proj / shared_up_proj / shared_down_proj
@@ -77,7 +81,7 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     # experts beside the dense MLP (ModelConfig.moe_beside_mlp): the norms on the MLP's output, the experts' input and
     # their output; a per-layer input's branch (its gate, its projection back, its norm); the layer's output scale
     "moe_mlp_out_norm": "post_feedforward_layernorm_1", "moe_in_norm": "pre_feedforward_layernorm_2",
-    "moe_out_norm": "post_feedforward_layernorm_2", "per_layer_gate": "per_layer_input_gate",
+    "experts_out_norm": "post_feedforward_layernorm_2", "per_layer_gate": "per_layer_input_gate",
     "per_layer_proj": "per_layer_projection", "per_layer_norm": "post_per_layer_input_norm",
     "layer_scalar": "layer_scalar",
     # tensors [hidden] and [experts] scaling the router's input and each expert's output, which the architecture's
@@ -154,6 +158,9 @@ class Architecture:
     qkv_per_head: bool = False
     # (ModelConfig, the checkpoint's tensors) -> the tensors the decoder takes, at HF load: scales folded in (Falcon-H1)
     adjust_weights: Callable[[Any, dict[str, Any]], dict[str, Any]] | None = None
+    # our layers a checkpoint layer holds (LongCat-Flash's two attentions and MLPs): our layer j is its layer
+    # j // sublayers, "{s}" in a role's name the sub-layer j % sublayers (``weights.in_checkpoint_layer``)
+    sublayers: int = 1
     # prefixes the checkpoint's names carry instead of ours ("model.", "lm_head."), e.g. a multimodal
     # checkpoint's "language_model.model."; the HF loader renames by them as it reads
     prefixes: Mapping[str, str] = field(default_factory=dict)
@@ -179,20 +186,25 @@ class Architecture:
 
 
 _ARCHITECTURES: dict[str, Architecture] = {}
+# other names some released config.json files give a registered architecture (transformers' config renames them)
+_ALIASES: dict[str, str] = {}
 
 
 class UnsupportedArchitecture(ValueError):
     """A config.json naming an architecture that is not registered."""
 
 
-def register(arch: Architecture) -> Architecture:
+def register(arch: Architecture, aliases: tuple[str, ...] = ()) -> Architecture:
     _ARCHITECTURES[arch.name] = arch
+    _ALIASES.update(dict.fromkeys(aliases, arch.name))
     return arch
 
 
 def get_architecture(name: str) -> Architecture:
-    """The registered architecture, or ``UnsupportedArchitecture`` naming the supported ones."""
+    """The registered architecture (or the one ``name`` is another name of), or ``UnsupportedArchitecture`` naming the
+    supported ones."""
     _load()
+    name = _ALIASES.get(name, name)
     if name not in _ARCHITECTURES:
         raise UnsupportedArchitecture(f"architecture {name} is not supported (supported: {', '.join(architecture_names())})")
     return _ARCHITECTURES[name]
@@ -249,7 +261,8 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "bamba", "qwen3_next", "qwen3_5", "nemotron_h",
             "mamba2", "falcon_h1", "bloom", "mpt", "llama4", "jamba", "gemma4", "olmo_hybrid", "solar_open", "cohere2_moe",
             "afmoe", "laguna", "mellum", "flint", "hy_v3", "granite_swa", "hyperclovax", "jais2", "nanochat", "persimmon",
-            "falcon", "dbrx", "bitnet"]
+            "falcon", "dbrx", "bitnet", "axk1", "youtu", "minicpm5_moe", "minicpm3", "exaone_moe", "kolibri1",
+            "deepseek_v32", "glm_moe_dsa", "longcat_flash"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)
