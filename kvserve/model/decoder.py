@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from kvserve.attention import AttentionBackend, AttentionMetadata
+from kvserve.model.altup import AltUpStreams
 from kvserve.model.config import ModelConfig
 from kvserve.model.decoder_layer import DecoderLayer
 from kvserve.model.layers import PackedLinear, RMSNorm, make_norm, pack_linears, padded_rows
@@ -73,6 +74,8 @@ class CausalLM(nn.Module):
             self.per_layer_embed = nn.Embedding(cfg.per_layer_vocab_size, width)
             self.per_layer_model_proj = nn.Linear(cfg.hidden_size, width, bias=False)
             self.per_layer_proj_norm = RMSNorm(cfg.per_layer_input_size, cfg.rms_norm_eps)
+        # Gemma 3n's residual streams: made from the embeddings before the layers, folded into one after them
+        self.altup_streams = AltUpStreams(cfg.hidden_size, cfg.altup_streams) if cfg.altup_streams > 1 else None
         self.native = False
         self.native_stack: Any | None = None  # every layer in one native call (kvserve.model.native_stack)
         self.lora: Any | None = None  # a kvserve.lora.layers.LoRAContext once adapters are enabled
@@ -158,11 +161,15 @@ class CausalLM(nn.Module):
         delta = None
         last = len(self.layers) - 1
         per_layer = self.per_layer_inputs(input_ids, h) if self.config.per_layer_input_size else None
+        if self.altup_streams is not None:
+            h = self.altup_streams.spread(h)
         for i, layer in enumerate(self.layers):
             kv = kv_caches[self.cache_of[i]]
             step = local if self.uses_local[i] and local is not None else rope if self.rotates[i] else None
             h, delta = layer(h, delta, step, attn, meta, kv, keep_rows if i == last else None,
                              None if per_layer is None else per_layer[:, i])
+        if self.altup_streams is not None:
+            return self.norm(self.altup_streams.fold(h))
         return self.norm.add_forward(h, delta)
 
     def per_layer_inputs(self, input_ids: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
@@ -170,7 +177,9 @@ class CausalLM(nn.Module):
         of their width) and the normed projection of its embedding, averaged in the RMS sense (sum / sqrt(2))."""
         cfg = self.config
         layers, width = cfg.num_hidden_layers, cfg.per_layer_input_size
-        own = self.per_layer_embed(input_ids).to(h.dtype) * torch.tensor(width ** 0.5, dtype=h.dtype)
+        # (ids past the table, Gemma 3n's multimodal tokens, read its row 0)
+        ids = torch.where(input_ids < cfg.per_layer_vocab_size, input_ids, 0)
+        own = self.per_layer_embed(ids).to(h.dtype) * torch.tensor(width ** 0.5, dtype=h.dtype)
         proj = self.per_layer_model_proj(h) * (cfg.hidden_size ** -0.5)
         proj = self.per_layer_proj_norm(proj.reshape(-1, width)).view(-1, layers, width)
         return (proj + own.view(-1, layers, width)) * (2.0 ** -0.5)
