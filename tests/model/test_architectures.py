@@ -71,6 +71,12 @@ CASES: dict[str, tuple[str, dict]] = {
                                                        layer_types=GEMMA4_TYPES[2:], global_head_dim=24,
                                                        hidden_size_per_layer_input=0, enable_moe_block=True,
                                                        num_experts=4, top_k_experts=2, moe_intermediate_size=32)),
+    # Gemma 4 unified: Gemma 4's case without per-layer inputs (its config has none)
+    "Gemma4UnifiedForCausalLM": ("Gemma4UnifiedTextConfig", dict(sliding_window=WINDOW, num_hidden_layers=5,
+                                                                 layer_types=GEMMA4_TYPES, global_head_dim=32,
+                                                                 num_global_key_value_heads=1, attention_k_eq_v=True,
+                                                                 num_kv_shared_layers=2, use_double_wide_mlp=True,
+                                                                 final_logit_softcapping=30.0, tie_word_embeddings=True)),
     # Gemma 3n: three AltUp streams (the second active), LAuReL, the first layer's MLP gate sparse, the last two layers on
     # earlier layers' K/V, per-layer inputs, MLPs of two widths
     "Gemma3nForCausalLM": ("Gemma3nTextConfig", dict(sliding_window=WINDOW, num_hidden_layers=5, layer_types=GEMMA4_TYPES,
@@ -833,6 +839,8 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("GraniteMoeForCausalLM", True, None), ("GraniteMoeSharedForCausalLM", True, None),
     ("Gemma4ForCausalLM", False, "attention shapes per layer, normed values, values from keys or K/V shared between "
      "layers, experts beside the MLP, per-layer inputs or layer scalars"),
+    ("Gemma4UnifiedForCausalLM", False, "attention shapes per layer, normed values, values from keys or K/V shared "
+     "between layers, experts beside the MLP, per-layer inputs or layer scalars"),
     ("Gemma3nForCausalLM", False, "normed values, values from keys or K/V shared between layers, experts beside the "
      "MLP, per-layer inputs or layer scalars, AltUp streams, LAuReL, activation sparsity")])
 def test_the_start_up_log_names_what_keeps_a_model_off_the_native_stack(case, stack, why, tmp_path_factory, caplog):
