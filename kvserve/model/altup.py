@@ -115,6 +115,7 @@ def altup_layer_forward(layer: Any, streams: torch.Tensor, rope: Any, attn: Any,
     corrected = layer.altup.correct(predictions, out)
     if per_layer is not None:
         first = layer.altup.scaled(corrected[layer.altup.active])
-        branch = layer.per_layer_norm(layer.per_layer_proj(layer.per_layer_act(layer.per_layer_gate(first)) * per_layer))
+        gated = layer.per_layer_act(layer.per_layer_gate(first)) * per_layer
+        branch = layer.per_layer_norm(layer.per_layer_proj(gated))
         corrected[1:] += branch
     return corrected, None

@@ -100,7 +100,8 @@ class GatedMLP(nn.Module):
             return self.down(act, out_dtype=x.dtype)
         gu = self.gate_up(x)
         if self.sparsity:
-            gu = torch.cat((gaussian_topk(gu[..., : self.intermediate], self.sparsity), gu[..., self.intermediate :]), -1)
+            inter = self.intermediate
+            gu = torch.cat((gaussian_topk(gu[..., :inter], self.sparsity), gu[..., inter:]), -1)
         if not self.gated:
             return self.down(self.act(gu))
         if self.native:

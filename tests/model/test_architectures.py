@@ -72,26 +72,23 @@ CASES: dict[str, tuple[str, dict]] = {
                                                        hidden_size_per_layer_input=0, enable_moe_block=True,
                                                        num_experts=4, top_k_experts=2, moe_intermediate_size=32)),
     # Gemma 4 unified: Gemma 4's case without per-layer inputs (its config has none)
-    "Gemma4UnifiedForCausalLM": ("Gemma4UnifiedTextConfig", dict(sliding_window=WINDOW, num_hidden_layers=5,
-                                                                 layer_types=GEMMA4_TYPES, global_head_dim=32,
-                                                                 num_global_key_value_heads=1, attention_k_eq_v=True,
-                                                                 num_kv_shared_layers=2, use_double_wide_mlp=True,
-                                                                 final_logit_softcapping=30.0, tie_word_embeddings=True)),
-    # Gemma 3n: three AltUp streams (the second active), LAuReL, the first layer's MLP gate sparse, the last two layers on
-    # earlier layers' K/V, per-layer inputs, MLPs of two widths
-    "Gemma3nForCausalLM": ("Gemma3nTextConfig", dict(sliding_window=WINDOW, num_hidden_layers=5, layer_types=GEMMA4_TYPES,
-                                                     intermediate_size=[96, 64, 96, 96, 64], num_kv_shared_layers=2,
-                                                     hidden_size_per_layer_input=8, vocab_size_per_layer_input=97,
-                                                     altup_num_inputs=3, altup_active_idx=1, laurel_rank=8,
-                                                     activation_sparsity_pattern=[0.95, 0.0, 0.0, 0.0, 0.0],
-                                                     tie_word_embeddings=True)),
+    "Gemma4UnifiedForCausalLM": ("Gemma4UnifiedTextConfig", dict(
+        sliding_window=WINDOW, num_hidden_layers=5, layer_types=GEMMA4_TYPES, global_head_dim=32,
+        num_global_key_value_heads=1, attention_k_eq_v=True, num_kv_shared_layers=2, use_double_wide_mlp=True,
+        final_logit_softcapping=30.0, tie_word_embeddings=True)),
+    # Gemma 3n: three AltUp streams (the second active), LAuReL, the first layer's MLP gate sparse, the last two layers
+    # on earlier layers' K/V, per-layer inputs, MLPs of two widths
+    "Gemma3nForCausalLM": ("Gemma3nTextConfig", dict(
+        sliding_window=WINDOW, num_hidden_layers=5, layer_types=GEMMA4_TYPES, intermediate_size=[96, 64, 96, 96, 64],
+        num_kv_shared_layers=2, hidden_size_per_layer_input=8, vocab_size_per_layer_input=97, altup_num_inputs=3,
+        altup_active_idx=1, laurel_rank=8, activation_sparsity_pattern=[0.95, 0.0, 0.0, 0.0, 0.0],
+        tie_word_embeddings=True)),
     # the corrected stream feeding the per-layer input's gate unscaled (altup_correct_scale off), four streams, no K/V
     # sharing, no sparse gate, an untied head
-    "Gemma3nForCausalLM:unscaled": ("Gemma3nTextConfig", dict(sliding_window=WINDOW, num_hidden_layers=3,
-                                                              layer_types=GEMMA4_TYPES[2:], num_kv_shared_layers=0,
-                                                              hidden_size_per_layer_input=8, vocab_size_per_layer_input=97,
-                                                              altup_num_inputs=4, altup_correct_scale=False,
-                                                              laurel_rank=4, head_dim=32)),
+    "Gemma3nForCausalLM:unscaled": ("Gemma3nTextConfig", dict(
+        sliding_window=WINDOW, num_hidden_layers=3, layer_types=GEMMA4_TYPES[2:], num_kv_shared_layers=0,
+        hidden_size_per_layer_input=8, vocab_size_per_layer_input=97, altup_num_inputs=4, altup_correct_scale=False,
+        laurel_rank=4, head_dim=32)),
     # three delta nets (pre-norm) then attention (post-norm); key heads as many as value heads (transformers repeats none)
     "OlmoHybridForCausalLM": ("OlmoHybridConfig", dict(num_hidden_layers=4, linear_num_key_heads=4, linear_num_value_heads=4,
                                                        linear_key_head_dim=16, linear_value_head_dim=8)),
@@ -494,12 +491,13 @@ LLAMA4_MM = dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hi
                  text_config=dict(CASES["Llama4ForCausalLM"][1]))
 # Gemma 4's text model (the towers left out: its config makes none by default)
 GEMMA4_MM = dict(text_config=dict(CASES["Gemma4ForCausalLM"][1]))
-# Gemma 3n's text model beside a one-layer audio tower and a stand-in for its timm vision tower (stub_timm_tower), neither
-# read by the engine
+# Gemma 3n's text model beside a one-layer audio tower and a stand-in for its timm vision tower (stub_timm_tower),
+# neither read by the engine
 GEMMA3N_MM = dict(vision_config=dict(hidden_size=32), text_config=dict(CASES["Gemma3nForCausalLM"][1]),
                   audio_config=dict(hidden_size=32, conf_num_hidden_layers=1, conf_num_attention_heads=2,
                                     input_feat_size=16, sscp_conv_channel_size=[8, 8]))
-MULTIMODAL = {"Gemma3ForConditionalGeneration": GEMMA3_MM, "Gemma3nForConditionalGeneration": GEMMA3N_MM, "Gemma4ForConditionalGeneration": GEMMA4_MM, "Mistral3ForConditionalGeneration": MISTRAL3_MM,
+MULTIMODAL = {"Gemma3ForConditionalGeneration": GEMMA3_MM, "Gemma3nForConditionalGeneration": GEMMA3N_MM,
+              "Gemma4ForConditionalGeneration": GEMMA4_MM, "Mistral3ForConditionalGeneration": MISTRAL3_MM,
               "Qwen2VLForConditionalGeneration": QWEN2_VL, "Qwen2_5_VLForConditionalGeneration": QWEN2_5_VL,
               "Qwen3VLForConditionalGeneration": QWEN3_VL, "Qwen3VLMoeForConditionalGeneration": QWEN3_VL_MOE,
               "Qwen3_5ForConditionalGeneration": QWEN3_5, "Qwen3_5MoeForConditionalGeneration": QWEN3_5_MOE,
