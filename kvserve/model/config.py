@@ -233,6 +233,14 @@ class ModelConfig(LayerPlan):
     recurrent_norm_layout: str | None = None
     delta_beta_scale: float = 1.0  # the delta rule's write strength times this (OLMo Hybrid's 2: negative eigenvalues)
     delta_norm_eps: float | None = None  # the delta nets' gated norm's epsilon; None: rms_norm_eps
+    # --- Gemma 3n's layers (kvserve.model.altup): altup_streams residual streams, each layer running on the active one
+    # and correcting them all; a low-rank branch beside attention (LAuReL) of laurel_rank; per layer, the share of the
+    # MLP gate's values cut to 0 (activation sparsity), None: none ---
+    altup_streams: int = 0
+    altup_active: int = 0
+    altup_correct_scale: bool = True
+    laurel_rank: int = 0
+    activation_sparsity: list[float] | None = None
 
     def __post_init__(self) -> None:
         if self.head_dim is None:
@@ -242,7 +250,7 @@ class ModelConfig(LayerPlan):
         for name in ("layer_types", "rope_layers", "rope_local_layers", "moe_layers", "conv_layers", "mamba_layers",
                      "delta_layers", "layer_parts", "qk_norm_layers", "layer_head_dims", "layer_kv_heads",
                      "k_eq_v_layers", "kv_shared_from", "layer_intermediate_sizes", "attention_heads_per_layer",
-                     "index_layers"):
+                     "index_layers", "activation_sparsity"):
             per_layer = getattr(self, name)
             if per_layer is not None and len(per_layer) != self.num_hidden_layers:
                 raise ValueError(f"{name} has {len(per_layer)} entries for {self.num_hidden_layers} layers")
@@ -254,6 +262,10 @@ class ModelConfig(LayerPlan):
             raise ValueError("layer_parts are 'mixer', 'mlp' or 'both', in the pre-norm layout")
         if self.mlp_sub_norm and (self.num_experts or not self.gated_mlp or self.swiglu_limit is not None):
             raise ValueError("mlp_sub_norm is a dense gated MLP's (no experts, no clamped SwiGLU)")
+        if (self.laurel_rank and self.altup_streams < 2) or (self.altup_streams > 1 and self.norm_layout != "sandwich"):
+            raise ValueError("LAuReL's branch is AltUp's layer's (altup_streams 2 or more), in the sandwich layout")
+        if any(self.activation_sparsity or ()) and not self.gated_mlp:
+            raise ValueError("activation sparsity cuts a gated MLP's gate")
         if self.lm_head_bias and self.tie_word_embeddings:
             raise ValueError("an LM head with a bias must be its own weight (tie_word_embeddings false)")
         if (self.qk_norm_after_rope or self.qk_norm_type != "rms") and self.qk_norm != "head":

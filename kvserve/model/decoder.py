@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from kvserve.attention import AttentionBackend, AttentionMetadata
+from kvserve.model.altup import AltUpStreams
 from kvserve.model.config import ModelConfig
 from kvserve.model.decoder_layer import DecoderLayer
 from kvserve.model.index_cache import index_slot
@@ -72,7 +73,7 @@ class CausalLM(nn.Module):
         # the first layer of those at the end that write no K/V (they attend over earlier layers'): a prompt chunk's rows
         # that sample nothing stop there (vLLM's KV-sharing fast prefill; transformers' generate does the same)
         self.rows_from: int | None = None
-        if cfg.kv_shared_from is not None and all(layer.extras for layer in self.layers):
+        if cfg.kv_shared_from is not None and all(layer.extras and layer.altup is None for layer in self.layers):
             tail = [i for i in range(len(self.layers)) if all(cfg.shares_kv(j) for j in range(i, len(self.layers)))]
             self.rows_from = tail[0] if tail else None
         # the pool layer holding a layer's indexer keys (kvserve.model.index_cache), handed to it beside its own
@@ -82,6 +83,8 @@ class CausalLM(nn.Module):
             self.per_layer_embed = nn.Embedding(cfg.per_layer_vocab_size, width)
             self.per_layer_model_proj = nn.Linear(cfg.hidden_size, width, bias=False)
             self.per_layer_proj_norm = RMSNorm(cfg.per_layer_input_size, cfg.rms_norm_eps)
+        # Gemma 3n's residual streams: made from the embeddings before the layers, folded into one after them
+        self.altup_streams = AltUpStreams(cfg.hidden_size, cfg.altup_streams) if cfg.altup_streams > 1 else None
         self.native = False
         self.native_stack: Any | None = None  # every layer in one native call (kvserve.model.native_stack)
         self.lora: Any | None = None  # a kvserve.lora.layers.LoRAContext once adapters are enabled
@@ -167,6 +170,8 @@ class CausalLM(nn.Module):
         delta = None
         last = len(self.layers) - 1
         per_layer = self.per_layer_inputs(input_ids, h) if self.config.per_layer_input_size else None
+        if self.altup_streams is not None:
+            h = self.altup_streams.spread(h)
         # from the first of the layers that only read earlier layers' K/V on, the rows no one samples need nothing
         cut = last if keep_rows is None or self.rows_from is None else self.rows_from
         carried: torch.Tensor | None = None  # a shortcut MoE's output, for the next layer's delta
@@ -182,6 +187,8 @@ class CausalLM(nn.Module):
             if carried is not None and delta is not None:  # (cut to the sampled rows where this layer cut h)
                 delta = delta + (carried if i != cut or keep_rows is None else carried[keep_rows])
             carried, layer.deferred = layer.deferred, None
+        if self.altup_streams is not None:
+            return self.norm(self.altup_streams.fold(h))
         return self.norm.add_forward(h, delta)
 
     def per_layer_inputs(self, input_ids: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
@@ -189,7 +196,9 @@ class CausalLM(nn.Module):
         of their width) and the normed projection of its embedding, averaged in the RMS sense (sum / sqrt(2))."""
         cfg = self.config
         layers, width = cfg.num_hidden_layers, cfg.per_layer_input_size
-        own = self.per_layer_embed(input_ids).to(h.dtype) * torch.tensor(width ** 0.5, dtype=h.dtype)
+        # (ids past the table, Gemma 3n's multimodal tokens, read its row 0)
+        ids = torch.where(input_ids < cfg.per_layer_vocab_size, input_ids, 0)
+        own = self.per_layer_embed(ids).to(h.dtype) * torch.tensor(width ** 0.5, dtype=h.dtype)
         proj = self.per_layer_model_proj(h) * (cfg.hidden_size ** -0.5)
         proj = self.per_layer_proj_norm(proj.reshape(-1, width)).view(-1, layers, width)
         return (proj + own.view(-1, layers, width)) * (2.0 ** -0.5)

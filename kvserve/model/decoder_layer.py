@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kvserve.model.altup import AltUp, Laurel, altup_layer_forward
 from kvserve.model.attention import Attention, rms_unweighted
 from kvserve.model.config import ModelConfig
 from kvserve.model.gated_delta import GatedDeltaNet
@@ -56,7 +57,7 @@ class DecoderLayer(nn.Module):
         if cfg.has_mlp(layer) and (not cfg.is_moe(layer) or cfg.moe_beside_mlp):
             self.moe = self.mlp if cfg.moe_beside_mlp else None  # type: ignore[assignment]
             self.mlp = GatedMLP(cfg.hidden_size, cfg.mlp_size(layer), cfg.hidden_act, cfg.mlp_bias, cfg.swiglu,
-                                cfg.gated_mlp, cfg.rms_norm_eps if cfg.mlp_sub_norm else None)
+                                cfg.gated_mlp, cfg.rms_norm_eps if cfg.mlp_sub_norm else None, cfg.mlp_sparsity(layer))
         # what closes the layer after its MLP (Gemma 4): a per-layer input's gated branch, a scalar on its output
         self.extras = cfg.moe_beside_mlp or bool(cfg.per_layer_input_size) or cfg.layer_scalars
         if self.extras:
@@ -76,6 +77,10 @@ class DecoderLayer(nn.Module):
         # kept in ``deferred`` for the model's loop to hand on
         self.shortcut = make_moe(cfg) if cfg.has_shortcut_moe(layer) else None
         self.deferred: torch.Tensor | None = None
+        # Gemma 3n: the layer runs over several residual streams, with LAuReL's branch beside attention
+        self.altup = None if cfg.altup_streams < 2 else AltUp(cfg.hidden_size, cfg.altup_streams, cfg.altup_active,
+                                                              cfg.rms_norm_eps, cfg.altup_correct_scale)
+        self.laurel = Laurel(cfg.hidden_size, cfg.laurel_rank, cfg.rms_norm_eps) if cfg.laurel_rank else None
         self.residual_scale = cfg.residual_scale
         # the bf16 hand-offs between the norms and the AMX GEMMs: Llama's layout and plain attention only
         self.one_part = self.self_attn is None or self.mlp is None
@@ -99,6 +104,8 @@ class DecoderLayer(nn.Module):
         On an AMX step the norms write bf16 (what the GEMMs read) and the GEMMs' bf16 outputs go
         into the float32 residual as they are: no conversion passes between them."""
         t = h.shape[0]
+        if self.altup is not None:  # (h: the streams [n, T, hidden])
+            return altup_layer_forward(self, h, rope, attn, meta, kv_cache, rows, per_layer)
         if self.extras:
             return self._closed_forward(h, delta, rope, attn, meta, kv_cache, rows, per_layer, reduced)
         if self.one_part:

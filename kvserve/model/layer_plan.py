@@ -106,6 +106,10 @@ class LayerPlan:
     def mlp_size(self, layer: int) -> int:
         return self.intermediate_size if self.layer_intermediate_sizes is None else self.layer_intermediate_sizes[layer]
 
+    def mlp_sparsity(self, layer: int) -> float:
+        """The share of ``layer``'s MLP gate values cut to 0 (``activation_sparsity``; 0: none)."""
+        return 0.0 if self.activation_sparsity is None else float(self.activation_sparsity[layer])
+
     def shares_kv(self, layer: int) -> bool:
         """Whether ``layer`` attends over an earlier layer's K/V (``kv_shared_from``) instead of its own."""
         return self.kv_shared_from is not None and self.kv_shared_from[layer] != layer

@@ -55,14 +55,23 @@ def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: fl
     return (up + 1) * gate * torch.sigmoid(alpha * gate)
 
 
+def gaussian_topk(gate: torch.Tensor, sparsity: float) -> torch.Tensor:
+    """relu(gate - cutoff), the cutoff each row's mean plus its (population) std times the standard normal's
+    ``sparsity`` quantile: about that share of a row's values become 0, were they normally distributed (Gemma 3n)."""
+    quantile = torch.distributions.normal.Normal(0.0, 1.0).icdf(torch.tensor(sparsity, dtype=torch.float32))
+    mean, std = gate.mean(-1, keepdim=True), gate.std(-1, keepdim=True, unbiased=False)
+    return torch.relu(gate - (mean + std * quantile.to(gate.dtype)))
+
+
 class GatedMLP(nn.Module):
     """gate and up projections fused into one GEMM, then act(gate) * up, then down (``swiglu``: (alpha,
     limit) of ``clamped_swiglu`` instead; not ``gated``: up alone, act(up), then down)."""
 
     def __init__(self, hidden: int, intermediate: int, act: str = "silu", bias: bool = False,
                  swiglu: tuple[float, float | None] | None = None, gated: bool = True,
-                 sub_norm_eps: float | None = None):
+                 sub_norm_eps: float | None = None, sparsity: float = 0.0):
         super().__init__()
+        self.sparsity = sparsity  # the gate's share cut to 0 before the activation (gaussian_topk); 0: none
         # ``sub_norm_eps``: an RMSNorm over act(gate) * up before down (BitNet's ffn_sub_norm)
         self.sub_norm = None if sub_norm_eps is None else RMSNorm(intermediate, sub_norm_eps)
         self.gated = gated  # False: gate_up is up alone, and the MLP down(act(up(x))) (Starcoder2)
@@ -80,7 +89,7 @@ class GatedMLP(nn.Module):
     def runs_amx(self, x: torch.Tensor) -> bool:
         """Whether ``x`` runs both GEMMs on their AMX copies with the activation between them in bf16 (a
         weight kept dense, e.g. one whose inputs are not a whole number of quantized blocks: never)."""
-        return self.native and self.sub_norm is None and runs_amx(self.gate_up, x) and \
+        return self.native and self.sub_norm is None and not self.sparsity and runs_amx(self.gate_up, x) and \
             getattr(self.down, "amx", None) is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -90,6 +99,9 @@ class GatedMLP(nn.Module):
             act = self.gated_mul(self.gate_up(x, out_dtype=torch.bfloat16))
             return self.down(act, out_dtype=x.dtype)
         gu = self.gate_up(x)
+        if self.sparsity:
+            inter = self.intermediate
+            gu = torch.cat((gaussian_topk(gu[..., :inter], self.sparsity), gu[..., inter:]), -1)
         if not self.gated:
             return self.down(self.act(gu))
         if self.native:

@@ -81,6 +81,11 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
         if cfg.is_moe(i):
             experts(out, arch, cfg, dst + ("moe." if cfg.moe_beside_mlp else "mlp."), p)
         layer_extras(out, arch, cfg, dst, p, norm_suffixes)
+        altup(out, arch, cfg, dst, p)
+    if cfg.altup_streams > 1:  # the streams' projections from the embeddings and back
+        for j in range(cfg.altup_streams - 1):
+            for ours, theirs in (("expand", "altup_projections"), ("collapse", "altup_unembed_projections")):
+                out[f"altup_streams.{ours}.{j}.weight"] = [(f"model.{theirs}.{j}.weight", (h, h))]
     if cfg.per_layer_input_size:
         width = cfg.num_hidden_layers * cfg.per_layer_input_size
         for ours, theirs, shape in (("per_layer_embed.weight", "embed_tokens_per_layer", (cfg.per_layer_vocab_size, width)),
@@ -150,6 +155,22 @@ def layer_extras(out: dict[str, list[Source]], arch: Architecture, cfg: ModelCon
             out[f"{dst}{role}.{suffix}"] = [(f"{p}{arch.weight_name(role)}.{suffix}", (h,))]
     if cfg.layer_scalars:
         out[f"{dst}layer_scalar"] = [(f"{p}{arch.weight_name('layer_scalar')}", (1,))]
+
+
+def altup(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, p: str) -> None:
+    """A layer's AltUp router and coefficients, and LAuReL's branch (``kvserve.model.altup``)."""
+    h, n, rank = cfg.hidden_size, cfg.altup_streams, cfg.laurel_rank
+    if n > 1:
+        a = f"{p}{arch.weight_name('altup')}."
+        for name, shape in (("router_norm.weight", (h,)), ("modality_router.weight", (n, h)),
+                            ("prediction_coefs.weight", (n * n, n)), ("correction_coefs.weight", (n, n)),
+                            ("correct_output_scale", (h,))):
+            out[f"{dst}altup.{name}"] = [(a + name, shape)]
+    if rank:
+        r = f"{p}{arch.weight_name('laurel')}."
+        for name, shape in (("linear_left.weight", (rank, h)), ("linear_right.weight", (h, rank)),
+                            ("post_laurel_norm.weight", (h,))):
+            out[f"{dst}laurel.{name}"] = [(r + name, shape)]
 
 
 def attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,

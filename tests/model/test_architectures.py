@@ -7,7 +7,9 @@ prompt. The quantized default is held to logprob closeness instead."""
 
 from __future__ import annotations
 
+import contextlib
 import random
+from unittest import mock
 
 import pytest
 import torch
@@ -69,6 +71,24 @@ CASES: dict[str, tuple[str, dict]] = {
                                                        layer_types=GEMMA4_TYPES[2:], global_head_dim=24,
                                                        hidden_size_per_layer_input=0, enable_moe_block=True,
                                                        num_experts=4, top_k_experts=2, moe_intermediate_size=32)),
+    # Gemma 4 unified: Gemma 4's case without per-layer inputs (its config has none)
+    "Gemma4UnifiedForCausalLM": ("Gemma4UnifiedTextConfig", dict(
+        sliding_window=WINDOW, num_hidden_layers=5, layer_types=GEMMA4_TYPES, global_head_dim=32,
+        num_global_key_value_heads=1, attention_k_eq_v=True, num_kv_shared_layers=2, use_double_wide_mlp=True,
+        final_logit_softcapping=30.0, tie_word_embeddings=True)),
+    # Gemma 3n: three AltUp streams (the second active), LAuReL, the first layer's MLP gate sparse, the last two layers
+    # on earlier layers' K/V, per-layer inputs, MLPs of two widths
+    "Gemma3nForCausalLM": ("Gemma3nTextConfig", dict(
+        sliding_window=WINDOW, num_hidden_layers=5, layer_types=GEMMA4_TYPES, intermediate_size=[96, 64, 96, 96, 64],
+        num_kv_shared_layers=2, hidden_size_per_layer_input=8, vocab_size_per_layer_input=97, altup_num_inputs=3,
+        altup_active_idx=1, laurel_rank=8, activation_sparsity_pattern=[0.95, 0.0, 0.0, 0.0, 0.0],
+        tie_word_embeddings=True)),
+    # the corrected stream feeding the per-layer input's gate unscaled (altup_correct_scale off), four streams, no K/V
+    # sharing, no sparse gate, an untied head
+    "Gemma3nForCausalLM:unscaled": ("Gemma3nTextConfig", dict(
+        sliding_window=WINDOW, num_hidden_layers=3, layer_types=GEMMA4_TYPES[2:], num_kv_shared_layers=0,
+        hidden_size_per_layer_input=8, vocab_size_per_layer_input=97, altup_num_inputs=4, altup_correct_scale=False,
+        laurel_rank=4, head_dim=32)),
     # three delta nets (pre-norm) then attention (post-norm); key heads as many as value heads (transformers repeats none)
     "OlmoHybridForCausalLM": ("OlmoHybridConfig", dict(num_hidden_layers=4, linear_num_key_heads=4, linear_num_value_heads=4,
                                                        linear_key_head_dim=16, linear_value_head_dim=8)),
@@ -227,6 +247,7 @@ CASES: dict[str, tuple[str, dict]] = {
     "Qwen3VLMoeForConditionalGeneration": ("Qwen3VLMoeConfig", {}),
     "Llama4ForConditionalGeneration": ("Llama4Config", {}),
     "Gemma4ForConditionalGeneration": ("Gemma4Config", {}),
+    "Gemma3nForConditionalGeneration": ("Gemma3nConfig", {}),  # text only: see GEMMA3N_MM
     "Qwen3_5ForConditionalGeneration": ("Qwen3_5Config", {}),
     "Qwen3_5MoeForConditionalGeneration": ("Qwen3_5MoeConfig", {}),
     # the window on the layers layer_types names
@@ -551,7 +572,13 @@ LLAMA4_MM = dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hi
                  text_config=dict(CASES["Llama4ForCausalLM"][1]))
 # Gemma 4's text model (the towers left out: its config makes none by default)
 GEMMA4_MM = dict(text_config=dict(CASES["Gemma4ForCausalLM"][1]))
-MULTIMODAL = {"Gemma3ForConditionalGeneration": GEMMA3_MM, "Gemma4ForConditionalGeneration": GEMMA4_MM, "Mistral3ForConditionalGeneration": MISTRAL3_MM,
+# Gemma 3n's text model beside a one-layer audio tower and a stand-in for its timm vision tower (stub_timm_tower),
+# neither read by the engine
+GEMMA3N_MM = dict(vision_config=dict(hidden_size=32), text_config=dict(CASES["Gemma3nForCausalLM"][1]),
+                  audio_config=dict(hidden_size=32, conf_num_hidden_layers=1, conf_num_attention_heads=2,
+                                    input_feat_size=16, sscp_conv_channel_size=[8, 8]))
+MULTIMODAL = {"Gemma3ForConditionalGeneration": GEMMA3_MM, "Gemma3nForConditionalGeneration": GEMMA3N_MM,
+              "Gemma4ForConditionalGeneration": GEMMA4_MM, "Mistral3ForConditionalGeneration": MISTRAL3_MM,
               "Qwen2VLForConditionalGeneration": QWEN2_VL, "Qwen2_5_VLForConditionalGeneration": QWEN2_5_VL,
               "Qwen3VLForConditionalGeneration": QWEN3_VL, "Qwen3VLMoeForConditionalGeneration": QWEN3_VL_MOE,
               "Qwen3_5ForConditionalGeneration": QWEN3_5, "Qwen3_5MoeForConditionalGeneration": QWEN3_5_MOE,
@@ -592,7 +619,8 @@ def hf_model(case: str, **overrides):
                                                      if v != OMIT})
     cfg.architectures = [name]
     torch.manual_seed(0)
-    model = getattr(transformers, name)(cfg)
+    with stub_timm_tower():
+        model = getattr(transformers, name)(cfg)
     with torch.no_grad():
         for pname, p in model.named_parameters():
             if p.dim() > 1:
@@ -604,6 +632,23 @@ def hf_model(case: str, **overrides):
             if bname.endswith(("e_score_correction_bias", "expert_bias")):  # (a buffer: the init left it at zero)
                 b.normal_(0, 0.05)
     return model.eval()
+
+
+@contextlib.contextmanager
+def stub_timm_tower():
+    """Gemma 3n's vision tower is a timm model (timm is not installed here): a small linear stands in for it, as the
+    engine reads no vision weights and a text prompt never runs the tower."""
+    from transformers.models.gemma3n import modeling_gemma3n
+
+    real = modeling_gemma3n.AutoModel.from_config
+
+    def from_config(config, *args, **kwargs):
+        if getattr(config, "model_type", None) == "gemma3n_vision":
+            return torch.nn.Linear(2, 2)
+        return real(config, *args, **kwargs)
+
+    with mock.patch.object(modeling_gemma3n.AutoModel, "from_config", from_config):
+        yield
 
 
 _folders: dict[str, tuple] = {}
@@ -898,7 +943,11 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("MiniCPM5MoeForCausalLM", False, "gated attention"), ("ExaoneMoeForCausalLM", True, None),
     ("Kolibri1ForCausalLM", False, "a selection bias on the router's logits"),
     ("DeepseekV32ForCausalLM", False, "latent attention, top-k key selection"),
-    ("LongcatFlashForCausalLM", False, "latent attention, experts added a layer later, identity experts")])
+    ("LongcatFlashForCausalLM", False, "latent attention, experts added a layer later, identity experts"),
+    ("Gemma4UnifiedForCausalLM", False, "attention shapes per layer, normed values, values from keys or K/V shared "
+     "between layers, experts beside the MLP, per-layer inputs or layer scalars"),
+    ("Gemma3nForCausalLM", False, "normed values, values from keys or K/V shared between layers, experts beside the "
+     "MLP, per-layer inputs or layer scalars, AltUp streams, LAuReL, activation sparsity")])
 def test_the_start_up_log_names_what_keeps_a_model_off_the_native_stack(case, stack, why, tmp_path_factory, caplog):
     """int8 (what the native decode stack runs over): every option it lacks is named in the start-up log and the
     layers run in Python; models whose options it runs (ERNIE's interleaved rotary reordered at load, SmolLM3's

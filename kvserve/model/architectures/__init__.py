@@ -87,6 +87,8 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     # tensors [hidden] and [experts] scaling the router's input and each expert's output, which the architecture's
     # adjust_weights folds into the router's and the experts' weights
     "router_input_scale": None, "expert_output_scale": None,
+    # Gemma 3n's AltUp (its router, its coefficients) and LAuReL's branch: the module each layer's parts sit under
+    "altup": "altup", "laurel": "laurel",
 }
 
 
@@ -262,7 +264,7 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "mamba2", "falcon_h1", "bloom", "mpt", "llama4", "jamba", "gemma4", "olmo_hybrid", "solar_open", "cohere2_moe",
             "afmoe", "laguna", "mellum", "flint", "hy_v3", "granite_swa", "hyperclovax", "jais2", "nanochat", "persimmon",
             "falcon", "dbrx", "bitnet", "axk1", "youtu", "minicpm5_moe", "minicpm3", "exaone_moe", "kolibri1",
-            "deepseek_v32", "glm_moe_dsa", "longcat_flash"]
+            "deepseek_v32", "glm_moe_dsa", "longcat_flash", "gemma3n", "gemma4_unified"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)

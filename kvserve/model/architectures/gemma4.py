@@ -15,6 +15,18 @@ from kvserve.model.architectures.gemma3_mm import MULTIMODAL_PREFIXES, text_part
 from kvserve.model.config import FULL, SLIDING
 
 
+def kv_sources(types: list[str], shared: int) -> list[int]:
+    """Each layer's K/V source (``kv_shared_from``): itself, or for the last ``shared`` layers the last layer of their
+    type before them."""
+    layers = len(types)
+    if shared >= layers:
+        raise ValueError(f"num_kv_shared_layers {shared} leaves no layer of the {layers} to compute K/V")
+    first = layers - shared
+    if not {types[i] for i in range(first, layers)} <= set(types[:first]):
+        raise ValueError("a layer type shares K/V that no earlier layer of its type computes")
+    return [i if i < first else max(j for j in range(first) if types[j] == types[i]) for i in range(layers)]
+
+
 def gemma4_config(d: dict) -> dict:
     layers, hidden = d["num_hidden_layers"], d["hidden_size"]
     if d.get("use_bidirectional_attention") == "all":
@@ -29,13 +41,8 @@ def gemma4_config(d: dict) -> dict:
         if k_eq_v and d.get("num_global_key_value_heads") is not None:
             full["num_key_value_heads"] = d["num_global_key_value_heads"]
         overrides = {i: full for i, t in enumerate(types) if t == FULL}
-    shared = int(d.get("num_kv_shared_layers") or 0)
-    if shared >= layers:
-        raise ValueError(f"num_kv_shared_layers {shared} leaves no layer of the {layers} to compute K/V")
-    first_shared = layers - shared
-    # a shared layer reads the last layer of its type before the shared ones
-    source = [i if i < first_shared else max(j for j in range(first_shared) if types[j] == types[i])
-              for i in range(layers)]
+    first_shared = layers - int(d.get("num_kv_shared_layers") or 0)
+    source = kv_sources(types, int(d.get("num_kv_shared_layers") or 0))
     inter = d["intermediate_size"]
     params = d.get("rope_parameters") or {}
     local = (params.get(SLIDING) or {}).get("rope_theta", 10000.0)

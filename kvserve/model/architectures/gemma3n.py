@@ -1,0 +1,51 @@
+"""Gemma 3n (text; the multimodal checkpoints read as their text model, the audio and vision towers not read): Gemma 4's
+attention (q/k norms, values normed without a weight, a softmax scale of 1, the last ``num_kv_shared_layers`` layers on
+earlier layers' K/V) and per-layer inputs, over AltUp's ``altup_num_inputs`` residual streams with LAuReL's low-rank
+branch beside attention (``kvserve.model.altup``), and the first layers' MLP gates cut by a gaussian estimate of their
+``activation_sparsity_pattern`` quantile."""
+
+from typing import Any
+
+from kvserve.model.architectures import Architecture, register
+from kvserve.model.architectures.gemma2 import GEMMA_WEIGHTS
+from kvserve.model.architectures.gemma3_mm import MULTIMODAL_PREFIXES, text_part
+from kvserve.model.architectures.gemma4 import kv_sources
+from kvserve.model.config import FULL, SLIDING
+
+
+def gemma3n_config(d: dict) -> dict:
+    layers, hidden = d["num_hidden_layers"], d["hidden_size"]
+    types = list(d.get("layer_types") or [FULL if (i + 1) % 5 == 0 else SLIDING for i in range(layers)])
+    inter = d["intermediate_size"]
+    sizes = [int(x) for x in inter] if isinstance(inter, (list, tuple)) else [int(inter)] * layers
+    sparsity = d.get("activation_sparsity_pattern")
+    if sparsity is None:  # (transformers' default: the first 10 layers of a deeper model at 0.95)
+        sparse = 10 if layers > 10 else 0
+        sparsity = [0.95] * sparse + [0.0] * (layers - sparse)
+    elif not isinstance(sparsity, (list, tuple)):
+        sparsity = [float(sparsity)] * layers
+    params = d.get("rope_parameters") or {}
+    local = (params.get(SLIDING) or {}).get("rope_theta", d.get("rope_local_base_freq", 10000.0))
+    streams = int(d.get("altup_num_inputs", 4))
+    if not 0 <= int(d.get("altup_active_idx", 0)) < streams:
+        raise ValueError(f"altup_active_idx {d.get('altup_active_idx')} is not one of the {streams} AltUp streams")
+    out: dict[str, Any] = {
+        "norm_layout": "sandwich", "hidden_act": d.get("hidden_activation") or "gelu_pytorch_tanh",
+        "embed_scale": float(hidden) ** 0.5, "tie_word_embeddings": d.get("tie_word_embeddings", True),
+        "head_dim": d.get("head_dim") or 256, "attn_scale": 1.0, "qk_norm": "head", "v_norm": True,
+        "o_proj_bias": bool(d.get("attention_bias", False)), "sliding_window": d.get("sliding_window") or None,
+        "layer_types": types, "final_logit_softcap": d.get("final_logit_softcapping", 30.0),
+        "rope_local_theta": float(local), "rms_norm_eps": d.get("rms_norm_eps", 1e-6),
+        "kv_shared_from": kv_sources(types, int(d.get("num_kv_shared_layers", 15) or 0)),
+        "layer_intermediate_sizes": sizes, "intermediate_size": max(sizes),
+        "per_layer_input_size": int(d.get("hidden_size_per_layer_input", 256) or 0),
+        "per_layer_vocab_size": int(d.get("vocab_size_per_layer_input", 262144)),
+        "altup_streams": streams, "altup_active": int(d.get("altup_active_idx", 0)),
+        "altup_correct_scale": bool(d.get("altup_correct_scale", True)), "laurel_rank": int(d.get("laurel_rank", 64)),
+        "activation_sparsity": [float(x) for x in sparsity]}
+    return out
+
+
+register(Architecture("Gemma3nForCausalLM", gemma3n_config, weights=GEMMA_WEIGHTS))
+register(Architecture("Gemma3nForConditionalGeneration", gemma3n_config, weights=GEMMA_WEIGHTS, text_config=text_part,
+                      prefixes=MULTIMODAL_PREFIXES))
