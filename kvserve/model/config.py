@@ -206,6 +206,9 @@ class ModelConfig(LayerPlan):
     k_eq_v_layers: list[bool] | None = None
     kv_shared_from: list[int] | None = None
     layer_intermediate_sizes: list[int] | None = None  # per layer, the dense MLP's width; None: intermediate_size
+    # the checkpoint's index of each layer, where it holds layers the decoder does not run (Mllama's cross-attention
+    # layers, which a text prompt skips): the HF loader reads the others as ours 0, 1, ...; None: the same indices
+    checkpoint_layers: list[int] | None = None
     # per-layer inputs: a table of per_layer_input_size values per layer for each token (of per_layer_vocab_size ids),
     # mixed with a projection of the embeddings; each layer ends with a gated residual branch that reads its own
     per_layer_input_size: int = 0
@@ -227,7 +230,8 @@ class ModelConfig(LayerPlan):
             raise ValueError("num_attention_heads (every layer's) must be a multiple of num_key_value_heads")
         for name in ("layer_types", "rope_layers", "rope_local_layers", "moe_layers", "conv_layers", "mamba_layers",
                      "delta_layers", "layer_parts", "qk_norm_layers", "layer_head_dims", "layer_kv_heads",
-                     "k_eq_v_layers", "kv_shared_from", "layer_intermediate_sizes", "attention_heads_per_layer"):
+                     "k_eq_v_layers", "kv_shared_from", "layer_intermediate_sizes", "attention_heads_per_layer",
+                     "checkpoint_layers"):
             per_layer = getattr(self, name)
             if per_layer is not None and len(per_layer) != self.num_hidden_layers:
                 raise ValueError(f"{name} has {len(per_layer)} entries for {self.num_hidden_layers} layers")

@@ -12,7 +12,7 @@ the quantized layers' fusing. Torch-free: the simulator parses configs through i
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,9 +161,11 @@ class Architecture:
     # ways by its config (Falcon's norms: "ln_attn" where the new decoder has two, else "input_layernorm")
     renames: Mapping[str, str] = field(default_factory=dict)
 
-    def checkpoint_name(self, name: str) -> str | None:
+    def checkpoint_name(self, name: str, layers: Sequence[int] | None = None) -> str | None:
         """Our name for a checkpoint tensor ``name``: renamed by ``prefixes`` and ``renames``; None for a tensor
-        outside the prefixes (a vision tower) where the architecture has any."""
+        outside the prefixes (a vision tower) where the architecture has any. ``layers``
+        (``ModelConfig.checkpoint_layers``): the checkpoint's index of each of our layers; a layer not among them
+        (one the decoder does not run) gives None."""
         if self.prefixes:
             found = next((ours + name[len(theirs):] for theirs, ours in self.prefixes.items()
                           if name.startswith(theirs)), None)
@@ -172,6 +174,11 @@ class Architecture:
             name = found
         for theirs, ours in self.renames.items():
             name = name.replace(theirs, ours)
+        if layers is not None and name.startswith("model.layers."):
+            index, _, rest = name[len("model.layers."):].partition(".")
+            if not index.isdigit() or int(index) not in layers:
+                return None
+            name = f"model.layers.{list(layers).index(int(index))}.{rest}"
         return name
 
     def weight_name(self, role: str) -> str | None:
@@ -249,7 +256,7 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "bamba", "qwen3_next", "qwen3_5", "nemotron_h",
             "mamba2", "falcon_h1", "bloom", "mpt", "llama4", "jamba", "gemma4", "olmo_hybrid", "solar_open", "cohere2_moe",
             "afmoe", "laguna", "mellum", "flint", "hy_v3", "granite_swa", "hyperclovax", "jais2", "nanochat", "persimmon",
-            "falcon", "dbrx", "bitnet"]
+            "falcon", "dbrx", "bitnet", "mllama"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)
