@@ -438,6 +438,10 @@ CASES: dict[str, tuple[str, dict]] = {
         "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 32})),
     "MllamaForConditionalGeneration": ("MllamaConfig", {}),  # text only: see MLLAMA_MM
+    # experts in every layer (softmax over the top-k logits), stacked [experts, in, out], beside ungated shared experts
+    "AriaTextForCausalLM": ("AriaTextConfig", dict(intermediate_size=32, moe_num_experts=4, moe_topk=2,
+                                                   moe_num_shared_experts=2)),
+    "AriaForConditionalGeneration": ("AriaConfig", {}),  # text only: see ARIA_MM
 }
 # Gemma3ForConditionalGeneration's text model, beside a one-layer vision tower the engine does not read
 GEMMA3_MM = dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
@@ -479,7 +483,11 @@ GEMMA4_MM = dict(text_config=dict(CASES["Gemma4ForCausalLM"][1]))
 MLLAMA_MM = dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_global_layers=1,
                                     attention_heads=2, image_size=28, patch_size=14, vision_output_dim=64),
                  image_token_index=96, text_config=dict(num_hidden_layers=4, cross_attention_layers=[0, 3]))
-MULTIMODAL = {"MllamaForConditionalGeneration": MLLAMA_MM, "Gemma3ForConditionalGeneration": GEMMA3_MM, "Gemma4ForConditionalGeneration": GEMMA4_MM, "Mistral3ForConditionalGeneration": MISTRAL3_MM,
+# Aria's text model beside a one-layer Idefics3 vision tower and its projector
+ARIA_MM = dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                  image_size=28, patch_size=14), projector_patch_to_query_dict={4: 2},
+               image_token_id=96, text_config=dict(CASES["AriaTextForCausalLM"][1], moe_num_shared_experts=1))
+MULTIMODAL = {"AriaForConditionalGeneration": ARIA_MM, "MllamaForConditionalGeneration": MLLAMA_MM, "Gemma3ForConditionalGeneration": GEMMA3_MM, "Gemma4ForConditionalGeneration": GEMMA4_MM, "Mistral3ForConditionalGeneration": MISTRAL3_MM,
               "Qwen2VLForConditionalGeneration": QWEN2_VL, "Qwen2_5_VLForConditionalGeneration": QWEN2_5_VL,
               "Qwen3VLForConditionalGeneration": QWEN3_VL, "Qwen3VLMoeForConditionalGeneration": QWEN3_VL_MOE,
               "Qwen3_5ForConditionalGeneration": QWEN3_5, "Qwen3_5MoeForConditionalGeneration": QWEN3_5_MOE,
@@ -793,7 +801,7 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("Llama4ForCausalLM", False, "q/k norms after rotary, q/k norms without weights, queries scaled by position, "
                                  "chunked attention, experts scaling their inputs"),
     ("OPTForCausalLM", False, "LayerNorms, a non-gated MLP, relu"),
-    ("MllamaForConditionalGeneration", True, None),
+    ("MllamaForConditionalGeneration", True, None), ("AriaTextForCausalLM", True, None),
     ("Exaone4ForCausalLM", True, None), ("Olmo3ForCausalLM", True, None),
     ("ArceeForCausalLM", False, "a non-gated MLP, relu2"), ("HeliumForCausalLM", True, None),
     ("SeedOssForCausalLM", True, None), ("Ernie4_5_MoeForCausalLM", True, None),
