@@ -250,6 +250,12 @@ CASES: dict[str, tuple[str, dict]] = {
     "GPTBigCodeForCausalLM": ("GPTBigCodeConfig", dict(n_embd=64, n_layer=2, n_head=4, n_positions=512)),
     "GPTNeoXForCausalLM": ("GPTNeoXConfig", dict(rotary_pct=0.25)),
     "GPTNeoXForCausalLM:sequential": ("GPTNeoXConfig", dict(rotary_pct=0.5, use_parallel_residual=False)),
+    # GPT-2's layout with q/k/v apart, unscaled scores, global and windowed layers alternating
+    "GPTNeoForCausalLM": ("GPTNeoConfig", dict(num_layers=3, num_heads=4, attention_types=[[["global", "local"], 1],
+                                                                                           [["local"], 1]],
+                                               window_size=WINDOW, max_position_embeddings=512, num_hidden_layers=OMIT,
+                                               num_attention_heads=OMIT, intermediate_size=OMIT, head_dim=OMIT,
+                                               num_key_value_heads=OMIT)),
     "GPTJForCausalLM": ("GPTJConfig", dict(n_embd=64, n_layer=2, n_head=4, n_positions=512, rotary_dim=8)),
     # Mixtral's experts under sigmoids chosen with a bias, whole-projection q/k norms, the legacy rotary_dim
     "MiniMaxM2ForCausalLM": ("MiniMaxM2Config", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
@@ -801,7 +807,8 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("Llama4ForCausalLM", False, "q/k norms after rotary, q/k norms without weights, queries scaled by position, "
                                  "chunked attention, experts scaling their inputs"),
     ("OPTForCausalLM", False, "LayerNorms, a non-gated MLP, relu"),
-    ("MllamaForConditionalGeneration", True, None), ("AriaTextForCausalLM", True, None),
+    ("MllamaForConditionalGeneration", True, None),
+    ("GPTNeoForCausalLM", False, "LayerNorms, a non-gated MLP"), ("AriaTextForCausalLM", True, None),
     ("Exaone4ForCausalLM", True, None), ("Olmo3ForCausalLM", True, None),
     ("ArceeForCausalLM", False, "a non-gated MLP, relu2"), ("HeliumForCausalLM", True, None),
     ("SeedOssForCausalLM", True, None), ("Ernie4_5_MoeForCausalLM", True, None),
