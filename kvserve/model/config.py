@@ -58,8 +58,10 @@ class ModelConfig(LayerPlan):
     # where the norms sit: "pre" (Llama), "sandwich" (Gemma 2/3: also on each sublayer's output),
     # "post" (OLMo 2: only on each sublayer's output), "parallel" (StableLM's use_parallel_residual: one norm,
     # attention and the MLP both read it and both outputs join the residual), "parallel_two" (GPT-NeoX's: the same
-    # with a norm of its own for the MLP)
+    # with a norm of its own for the MLP), "post_add" (the original Transformer's, GPT-1's: the stream itself normed
+    # after each sublayer's add)
     norm_layout: str = "pre"
+    final_norm: bool = True  # a norm after the last layer (GPT-1 has none)
     norm_offset: float = 0.0  # Gemma's norms scale by (1 + weight)
     norm_type: str = "rms"  # the layers' and the final norm: "rms" or "layer" (LayerNorm: Starcoder2)
     norm_bias: bool = True  # a "layer" norm has a bias (Cohere's have none)

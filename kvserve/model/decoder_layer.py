@@ -93,6 +93,8 @@ class DecoderLayer(nn.Module):
             return self._one_part_forward(h, delta, rope, attn, meta, kv_cache, rows)
         if self.layout.startswith("parallel"):
             return self._parallel_forward(h, delta, rope, attn, meta, kv_cache, rows)
+        if self.layout == "post_add":
+            return self._post_add_forward(h, delta, rope, attn, meta, kv_cache, rows)
         bf16_attn = self.fast and self.self_attn.runs_bf16(h, attn, meta, kv_cache)
         if self.layout == "post":
             x = h if delta is None else h.add_(delta)
@@ -169,6 +171,20 @@ class DecoderLayer(nn.Module):
                 return h, None
         h.add_(self._out(a, ""))
         return h, self._out(self.mlp(mlp_in)[: h.shape[0]], "")
+
+    def _post_add_forward(self, h, delta, rope, attn, meta, kv_cache,
+                          rows: torch.Tensor | None) -> tuple[torch.Tensor, None]:
+        """The stream normed after each add (the original Transformer's post-norm): norm(h + attention(h)), then
+        norm(that + MLP(that)); the result is the stream itself, so no delta goes on to the next layer."""
+        if delta is not None:
+            h.add_(delta)
+        a = self.self_attn(h, rope, attn, meta, kv_cache, False, rows, h.shape[0])
+        if rows is not None:
+            h = h[rows]
+            if not rows.numel():
+                return h, None
+        x = self.attn_out_norm(h + self._out(a, ""))
+        return self.mlp_out_norm(x + self._out(self.mlp(x), "")), None
 
     def _out(self, x: torch.Tensor, norm: str) -> torch.Tensor:
         """A sublayer's output as the residual stream takes it: normed (sandwich and post layouts), scaled."""

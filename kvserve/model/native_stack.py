@@ -49,6 +49,7 @@ def native_stack_blocker(cfg: ModelConfig) -> str | None:
     dense_swiglu = cfg.swiglu is not None and not all(cfg.is_moe(i) for i in range(cfg.num_hidden_layers))
     checks = [(cfg.norm_type != "rms", "LayerNorms"), (not cfg.gated_mlp, "a non-gated MLP"),
               (cfg.norm_layout.startswith("parallel"), "a parallel residual"),
+              (cfg.norm_layout == "post_add", "norms after the residual adds"), (not cfg.final_norm, "no final norm"),
               (cfg.hidden_act not in NATIVE_ACTIVATIONS, cfg.hidden_act),
               (cfg.partial_rotary_factor != 1, "partial rotary"),
               (cfg.clip_qkv is not None, "q/k/v clamps"),

@@ -84,7 +84,7 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
                                     ("per_layer_proj_norm.weight", "per_layer_projection_norm",
                                      (cfg.per_layer_input_size,))):
             out[ours] = [(f"model.{theirs}.weight", shape)]
-    for suffix in norm_suffixes:
+    for suffix in norm_suffixes if cfg.final_norm else ():
         out[f"norm.{suffix}"] = [(f"model.norm.{suffix}", (h,))]
     if not cfg.tie_word_embeddings:
         out["lm_head.weight"] = [("lm_head.weight", (cfg.vocab_size, h))]

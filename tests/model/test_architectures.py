@@ -261,6 +261,9 @@ CASES: dict[str, tuple[str, dict]] = {
     # fixed sinusoidal positions (2 rows in), scaled tied embeddings, LayerNorms, biases, a non-gated GELU MLP
     "XGLMForCausalLM": ("XGLMConfig", dict(ffn_dim=96, tie_word_embeddings=True, intermediate_size=OMIT, head_dim=OMIT,
                                            num_key_value_heads=OMIT)),
+    # the stream LayerNormed after each add, no final norm, learned positions, Conv1D weights
+    "OpenAIGPTLMHeadModel": ("OpenAIGPTConfig", dict(n_embd=64, n_layer=2, n_head=4, n_positions=512,
+                                                     tie_word_embeddings=True)),
     "GPTJForCausalLM": ("GPTJConfig", dict(n_embd=64, n_layer=2, n_head=4, n_positions=512, rotary_dim=8)),
     # Mixtral's experts under sigmoids chosen with a bias, whole-projection q/k norms, the legacy rotary_dim
     "MiniMaxM2ForCausalLM": ("MiniMaxM2Config", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
@@ -815,7 +818,8 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("MllamaForConditionalGeneration", True, None),
     ("GPTNeoForCausalLM", False, "LayerNorms, a non-gated MLP"),
     ("CodeGenForCausalLM", False, "LayerNorms, a non-gated MLP, a parallel residual, partial rotary"),
-    ("XGLMForCausalLM", False, "LayerNorms, a non-gated MLP, gelu"), ("AriaTextForCausalLM", True, None),
+    ("XGLMForCausalLM", False, "LayerNorms, a non-gated MLP, gelu"),
+    ("OpenAIGPTLMHeadModel", False, "LayerNorms, a non-gated MLP, norms after the residual adds, no final norm"), ("AriaTextForCausalLM", True, None),
     ("Exaone4ForCausalLM", True, None), ("Olmo3ForCausalLM", True, None),
     ("ArceeForCausalLM", False, "a non-gated MLP, relu2"), ("HeliumForCausalLM", True, None),
     ("SeedOssForCausalLM", True, None), ("Ernie4_5_MoeForCausalLM", True, None),
