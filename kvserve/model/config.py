@@ -115,6 +115,7 @@ class ModelConfig(LayerPlan):
     shared_expert_intermediate_size: int = 0  # a dense expert every token takes (Qwen2-MoE, Granite MoE Shared)
     shared_expert_gated: bool = True  # weighted by sigmoid(gate . x) (Qwen2-MoE); False: added as is (Granite)
     router_bias: bool = False  # the router's linear has a bias (gpt-oss)
+    moe_out_bias: bool = False  # a bias added to the experts' weighted sum (JetMoE's)
     # a bias [1, experts] added to the router's probabilities to choose the experts, not to weight them (ERNIE 4.5
     # MoE's e_score_correction_bias)
     selection_bias: bool = False
@@ -207,6 +208,9 @@ class ModelConfig(LayerPlan):
     v_norm: bool = False
     k_eq_v_layers: list[bool] | None = None
     kv_shared_from: list[int] | None = None
+    # mixture of attention heads (JetMoE): q and o projections routed among this many experts, num_experts_per_tok a
+    # token, each giving a query head per K/V head (kvserve.model.routed_attention); 0: plain attention
+    attention_experts: int = 0
     layer_intermediate_sizes: list[int] | None = None  # per layer, the dense MLP's width; None: intermediate_size
     # the checkpoint's index of each layer, where it holds layers the decoder does not run (Mllama's cross-attention
     # layers, which a text prompt skips): the HF loader reads the others as ours 0, 1, ...; None: the same indices
@@ -237,6 +241,8 @@ class ModelConfig(LayerPlan):
             per_layer = getattr(self, name)
             if per_layer is not None and len(per_layer) != self.num_hidden_layers:
                 raise ValueError(f"{name} has {len(per_layer)} entries for {self.num_hidden_layers} layers")
+        if self.attention_experts and self.num_attention_heads != self.num_key_value_heads * self.num_experts_per_tok:
+            raise ValueError("routed query experts give num_key_value_heads x num_experts_per_tok query heads")
         if not self.mamba_inner:
             self.mamba_inner = self.mamba_heads * self.mamba_head_dim
         if self.mamba_norm not in ("gated", "norm_then_gate", "none"):

@@ -14,6 +14,7 @@ from kvserve.model.latent_attention import LatentAttention
 from kvserve.model.layers import RMSNorm, make_norm, padded_rows
 from kvserve.model.mamba import AttentionBesideMamba, Mamba1, Mamba2
 from kvserve.model.mlp import GatedMLP, MoE, activation
+from kvserve.model.routed_attention import RoutedQueryAttention
 from kvserve.model.short_conv import ShortConv
 
 
@@ -26,7 +27,8 @@ class DecoderLayer(nn.Module):
             setattr(self, role, make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias,
                                           cfg.norm_affine))
         # the layer's token mixer: attention, latent attention, a short convolution, a Mamba-2 layer or a gated delta net
-        self.self_attn: Attention | LatentAttention | ShortConv | Mamba1 | Mamba2 | AttentionBesideMamba | GatedDeltaNet | None
+        self.self_attn: (Attention | LatentAttention | ShortConv | Mamba1 | Mamba2 | AttentionBesideMamba | GatedDeltaNet
+                         | RoutedQueryAttention | None)
         if not cfg.has_mixer(layer):  # an MLP-only block
             self.self_attn = None
         elif cfg.is_mamba(layer) and cfg.parallel_attention:
@@ -37,6 +39,8 @@ class DecoderLayer(nn.Module):
             self.self_attn = GatedDeltaNet(cfg, layer)
         elif cfg.is_conv(layer):
             self.self_attn = ShortConv(cfg, layer)
+        elif cfg.attention_experts:
+            self.self_attn = RoutedQueryAttention(cfg, layer)
         else:
             self.self_attn = LatentAttention(cfg, layer) if cfg.kv_lora_rank else Attention(cfg, layer)
         self.mlp: GatedMLP | MoE | None = None  # (None: a mixer-only block)
@@ -46,7 +50,7 @@ class DecoderLayer(nn.Module):
                            cfg.norm_topk_prob, cfg.hidden_act, cfg.shared_expert_intermediate_size, cfg.router_bias,
                            cfg.expert_bias, cfg.swiglu, cfg.shared_expert_gated, cfg.selection_bias,
                            cfg.router_scoring, cfg.routed_scale, cfg.expert_group_choice, cfg.router_jitter,
-                           cfg.gated_mlp, cfg.moe_scale_inputs, cfg.router_logit_softcap)
+                           cfg.gated_mlp, cfg.moe_scale_inputs, cfg.router_logit_softcap, cfg.moe_out_bias)
         if cfg.has_mlp(layer) and (not cfg.is_moe(layer) or cfg.moe_beside_mlp):
             self.moe = self.mlp if cfg.moe_beside_mlp else None  # type: ignore[assignment]
             self.mlp = GatedMLP(cfg.hidden_size, cfg.mlp_size(layer), cfg.hidden_act, cfg.mlp_bias, cfg.swiglu,

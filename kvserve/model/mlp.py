@@ -130,8 +130,9 @@ class MoE(nn.Module):
                  swiglu: tuple[float, float | None] | None = None, shared_gated: bool = True,
                  selection_bias: bool = False, scoring: str = "softmax", routed_scale: float = 1.0,
                  groups: tuple[int, int, str] | None = None, jitter: float = 0.01, gated: bool = True,
-                 scale_inputs: bool = False, logit_softcap: float | None = None):
+                 scale_inputs: bool = False, logit_softcap: float | None = None, out_bias: bool = False):
         super().__init__()
+        self.out_bias = nn.Parameter(torch.zeros(hidden)) if out_bias else None  # added to the sum (JetMoE's)
         self.logit_softcap = logit_softcap  # the router's logits capped before scoring (Laguna's)
         self.scoring, self.routed_scale, self.jitter = scoring, routed_scale, jitter
         self.scale_inputs = scale_inputs  # Llama 4: an expert's input times its weight, not its output
@@ -171,8 +172,10 @@ class MoE(nn.Module):
         """``route``: what the router reads where it is not ``x`` (Gemma 4's experts: the stream normed otherwise)."""
         if route is None and self.native_block is not None and x.dtype == torch.float32 and x.dim() == 2 and \
                 not self.loop_takes(x.shape[0]):
-            return self._native_forward(x)
-        return self.loop_forward(x, route)
+            out = self._native_forward(x)
+        else:
+            out = self.loop_forward(x, route)
+        return out if self.out_bias is None else out + self.out_bias
 
     def _native_forward(self, x: torch.Tensor) -> torch.Tensor:
         shared = self.shared

@@ -62,6 +62,8 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
             short_conv(out, arch, cfg, dst + "self_attn.", p, linear)
         elif cfg.kv_lora_rank:
             latent_attention(out, arch, cfg, dst + "self_attn.", p, linear)
+        elif cfg.attention_experts:
+            routed_attention(out, arch, cfg, dst + "self_attn.", p)
         else:
             attention(out, arch, cfg, dst + "self_attn.", p, linear, i)
         if not cfg.has_mlp(i):
@@ -99,6 +101,8 @@ def experts(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, 
     out[f"{dst}router.weight"] = [(f"{p}{arch.weight_name('router')}.weight", (cfg.num_experts, h))]
     if cfg.router_bias:
         out[f"{dst}router.bias"] = [(f"{p}{arch.weight_name('router')}.bias", (cfg.num_experts,))]
+    if cfg.moe_out_bias:
+        out[f"{dst}out_bias"] = [(f"{p}{arch.weight_name('moe_out_bias')}", (h,))]
     if cfg.selection_bias:
         out[f"{dst}selection_bias"] = [(f"{p}{arch.weight_name('selection_bias')}", (1, cfg.num_experts))]
     for e in range(cfg.num_experts):
@@ -177,6 +181,16 @@ def head_norms(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfi
             else:
                 parts = [(f"{prefix}{name}.{suffix}", (heads, d))]
             out[f"{dst}{role}.{suffix}"] = parts
+
+
+def routed_attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str) -> None:
+    """Routed query attention's weights (``kvserve.model.routed_attention``): the router, the experts' stacked q and o
+    projections [experts, out, in], the output's bias, the shared k/v projection (k's rows, then v's)."""
+    h, e, width = cfg.hidden_size, cfg.attention_experts, cfg.num_key_value_heads * int(cfg.head_dim or 0)
+    for ours, role, shape in (("router.weight", "attn_router", (e, h)), ("q_experts", "attn_q_experts", (e, width, h)),
+                              ("o_experts", "attn_o_experts", (e, h, width)), ("o_bias", "attn_o_bias", (h,)),
+                              ("kv_proj.weight", "attn_kv_proj", (2 * width, h))):
+        out[dst + ours] = [(f"{prefix}{arch.weight_name(role)}", shape)]
 
 
 def short_conv(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,

@@ -452,6 +452,10 @@ CASES: dict[str, tuple[str, dict]] = {
         "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 32})),
     "MllamaForConditionalGeneration": ("MllamaConfig", {}),  # text only: see MLLAMA_MM
+    # a mixture of attention heads (routed q/o projections over shared K/V heads, a bias) beside stacked experts with a
+    # bias on their sum
+    "JetMoeForCausalLM": ("JetMoeConfig", dict(intermediate_size=32, kv_channels=16, num_local_experts=4,
+                                               num_experts_per_tok=2, num_attention_heads=OMIT, head_dim=OMIT)),
     # experts in every layer (softmax over the top-k logits), stacked [experts, in, out], beside ungated shared experts
     "AriaTextForCausalLM": ("AriaTextConfig", dict(intermediate_size=32, moe_num_experts=4, moe_topk=2,
                                                    moe_num_shared_experts=2)),
@@ -819,7 +823,8 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("GPTNeoForCausalLM", False, "LayerNorms, a non-gated MLP"),
     ("CodeGenForCausalLM", False, "LayerNorms, a non-gated MLP, a parallel residual, partial rotary"),
     ("XGLMForCausalLM", False, "LayerNorms, a non-gated MLP, gelu"),
-    ("OpenAIGPTLMHeadModel", False, "LayerNorms, a non-gated MLP, norms after the residual adds, no final norm"), ("AriaTextForCausalLM", True, None),
+    ("OpenAIGPTLMHeadModel", False, "LayerNorms, a non-gated MLP, norms after the residual adds, no final norm"),
+    ("JetMoeForCausalLM", False, "routed query experts, a bias on the experts' sum"), ("AriaTextForCausalLM", True, None),
     ("Exaone4ForCausalLM", True, None), ("Olmo3ForCausalLM", True, None),
     ("ArceeForCausalLM", False, "a non-gated MLP, relu2"), ("HeliumForCausalLM", True, None),
     ("SeedOssForCausalLM", True, None), ("Ernie4_5_MoeForCausalLM", True, None),

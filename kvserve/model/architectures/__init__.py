@@ -55,6 +55,8 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     "delta_conv": "linear_attn.conv1d",
     "delta_dt_bias": "linear_attn.dt_bias", "delta_A_log": "linear_attn.A_log", "delta_norm": "linear_attn.norm.weight",
     "delta_out_proj": "linear_attn.out_proj",
+    # routed query attention (ModelConfig.attention_experts): tensors, not modules (full names)
+    "attn_router": None, "attn_q_experts": None, "attn_o_experts": None, "attn_o_bias": None, "attn_kv_proj": None,
     "sinks": "self_attn.sinks",  # one logit per head (a tensor, not a module: no .weight)
     # gated attention's output gate as a projection of its own (AFMoE's); None: its rows inside q_proj, each head's
     # after that head's q (Qwen3-Next's)
@@ -66,6 +68,7 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     "gate_up_proj": None,  # gate and up already stacked (Phi-3)
     "act_fn": "mlp.act_fn",  # an activation with parameters of its own (xIELU: alpha_p, alpha_n, beta, eps)
     "router": "mlp.gate",
+    "moe_out_bias": None,  # a tensor [hidden] (not a module's): the bias on the experts' sum
     "selection_bias": None,  # a tensor [1, experts] (not a module's): the bias that only chooses experts
     "expert": "mlp.experts.{e}.",  # then expert_gate / expert_up / expert_down
     "expert_gate": "gate_proj", "expert_up": "up_proj", "expert_down": "down_proj",
@@ -256,7 +259,7 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "bamba", "qwen3_next", "qwen3_5", "nemotron_h",
             "mamba2", "falcon_h1", "bloom", "mpt", "llama4", "jamba", "gemma4", "olmo_hybrid", "solar_open", "cohere2_moe",
             "afmoe", "laguna", "mellum", "flint", "hy_v3", "granite_swa", "hyperclovax", "jais2", "nanochat", "persimmon",
-            "falcon", "dbrx", "bitnet", "mllama", "aria", "gpt_neo", "codegen", "xglm", "openai_gpt"]
+            "falcon", "dbrx", "bitnet", "mllama", "aria", "gpt_neo", "codegen", "xglm", "openai_gpt", "jetmoe"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)
