@@ -872,10 +872,13 @@ def test_a_bfloat16_model_attends_windows_and_sinks(case, tmp_path_factory):
                                      use_bias=True), "use_bias"),
     ("DeepseekV2ForCausalLM", dict(LATENT, q_lora_rank=None, attention_bias=True), "attention_bias"),
     ("DeepseekV2ForCausalLM", dict(LATENT, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                                   topk_method="noaux_tc"), "topk_method")])
+                                   topk_method="noaux_tc"), "topk_method"),
+    ("AriaTextForCausalLM", dict(moe_num_experts=4, moe_topk=2, hidden_act="gelu"), "hidden_act"),
+    ("XGLMForCausalLM", dict(pad_token_id=3), "pad_token_id")])
 def test_an_option_no_path_runs_is_refused_in_one_line(case, config, option, tmp_path):
     """ERNIE MoE's biased shared experts, a q projection without the bias its latent attention has, a router method
-    not built: loading names the option instead of serving without it."""
+    not built, Aria's shared experts of another activation than its SiLU routed ones, XGLM's zeroed row of positions:
+    loading names the option instead of serving without it."""
     import json
 
     import transformers
