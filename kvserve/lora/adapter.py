@@ -143,7 +143,7 @@ def load_adapter(ref: LoRARef, cfg: ModelConfig, max_rank: int, dtype: torch.dty
     deltas: dict[str, list[tuple[_Target, torch.Tensor, torch.Tensor]]] = {}
     rank = 0
     for module, ab in sorted(pairs.items()):
-        ours = arch.checkpoint_name(module + ".weight")
+        ours = arch.checkpoint_name(module + ".weight", cfg.checkpoint_layers)
         target = targets.get(ours.removesuffix(".weight")) if ours else None
         if target is None:
             raise InvalidArgumentError(

@@ -59,8 +59,10 @@ class ModelConfig(LayerPlan):
     # where the norms sit: "pre" (Llama), "sandwich" (Gemma 2/3: also on each sublayer's output),
     # "post" (OLMo 2: only on each sublayer's output), "parallel" (StableLM's use_parallel_residual: one norm,
     # attention and the MLP both read it and both outputs join the residual), "parallel_two" (GPT-NeoX's: the same
-    # with a norm of its own for the MLP)
+    # with a norm of its own for the MLP), "post_add" (the original Transformer's, GPT-1's: the stream itself normed
+    # after each sublayer's add)
     norm_layout: str = "pre"
+    final_norm: bool = True  # a norm after the last layer (GPT-1 has none)
     norm_offset: float = 0.0  # Gemma's norms scale by (1 + weight)
     norm_type: str = "rms"  # the layers' and the final norm: "rms" or "layer" (LayerNorm: Starcoder2)
     norm_bias: bool = True  # a "layer" norm has a bias (Cohere's have none)
@@ -114,6 +116,7 @@ class ModelConfig(LayerPlan):
     shared_expert_intermediate_size: int = 0  # a dense expert every token takes (Qwen2-MoE, Granite MoE Shared)
     shared_expert_gated: bool = True  # weighted by sigmoid(gate . x) (Qwen2-MoE); False: added as is (Granite)
     router_bias: bool = False  # the router's linear has a bias (gpt-oss)
+    moe_out_bias: bool = False  # a bias added to the experts' weighted sum (JetMoE's)
     # a bias [1, experts] added to the router's probabilities to choose the experts, not to weight them (ERNIE 4.5
     # MoE's e_score_correction_bias)
     selection_bias: bool = False
@@ -219,7 +222,13 @@ class ModelConfig(LayerPlan):
     v_norm: bool = False
     k_eq_v_layers: list[bool] | None = None
     kv_shared_from: list[int] | None = None
+    # mixture of attention heads (JetMoE): q and o projections routed among this many experts, num_experts_per_tok a
+    # token, each giving a query head per K/V head (kvserve.model.routed_attention); 0: plain attention
+    attention_experts: int = 0
     layer_intermediate_sizes: list[int] | None = None  # per layer, the dense MLP's width; None: intermediate_size
+    # the checkpoint's index of each layer, where it holds layers the decoder does not run (Mllama's cross-attention
+    # layers, which a text prompt skips): the HF loader reads the others as ours 0, 1, ...; None: the same indices
+    checkpoint_layers: list[int] | None = None
     # per-layer inputs: a table of per_layer_input_size values per layer for each token (of per_layer_vocab_size ids),
     # mixed with a projection of the embeddings; each layer ends with a gated residual branch that reads its own
     per_layer_input_size: int = 0
@@ -250,10 +259,12 @@ class ModelConfig(LayerPlan):
         for name in ("layer_types", "rope_layers", "rope_local_layers", "moe_layers", "conv_layers", "mamba_layers",
                      "delta_layers", "layer_parts", "qk_norm_layers", "layer_head_dims", "layer_kv_heads",
                      "k_eq_v_layers", "kv_shared_from", "layer_intermediate_sizes", "attention_heads_per_layer",
-                     "index_layers", "activation_sparsity"):
+                     "index_layers", "activation_sparsity", "checkpoint_layers"):
             per_layer = getattr(self, name)
             if per_layer is not None and len(per_layer) != self.num_hidden_layers:
                 raise ValueError(f"{name} has {len(per_layer)} entries for {self.num_hidden_layers} layers")
+        if self.attention_experts and self.num_attention_heads != self.num_key_value_heads * self.num_experts_per_tok:
+            raise ValueError("routed query experts give num_key_value_heads x num_experts_per_tok query heads")
         if not self.mamba_inner:
             self.mamba_inner = self.mamba_heads * self.mamba_head_dim
         if self.mamba_norm not in ("gated", "norm_then_gate", "none"):

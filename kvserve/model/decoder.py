@@ -17,7 +17,7 @@ from kvserve.model.altup import AltUpStreams
 from kvserve.model.config import ModelConfig
 from kvserve.model.decoder_layer import DecoderLayer
 from kvserve.model.index_cache import index_slot
-from kvserve.model.layers import PackedLinear, RMSNorm, make_norm, pack_linears, padded_rows
+from kvserve.model.layers import NoNorm, PackedLinear, RMSNorm, make_norm, pack_linears, padded_rows
 from kvserve.model.mlp import GatedMLP, MoE
 from kvserve.model.moe_native import moe_blocker
 from kvserve.model.native_stack import build_native_stack, native_stack_blocker, run_native_stack
@@ -41,7 +41,8 @@ class CausalLM(nn.Module):
         self.embed_norm = make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias, cfg.norm_affine) \
             if cfg.embed_norm else None
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
-        self.norm = make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias, cfg.norm_affine)
+        self.norm = make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias, cfg.norm_affine) \
+            if cfg.final_norm else NoNorm()
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size,
                                                                       bias=cfg.lm_head_bias)
         head_dim = int(cfg.head_dim or 0)

@@ -15,6 +15,7 @@ from kvserve.model.latent_attention import LatentAttention
 from kvserve.model.layers import RMSNorm, make_norm, padded_rows
 from kvserve.model.mamba import AttentionBesideMamba, Mamba1, Mamba2
 from kvserve.model.mlp import GatedMLP, MoE, activation
+from kvserve.model.routed_attention import RoutedQueryAttention
 from kvserve.model.short_conv import ShortConv
 
 
@@ -25,7 +26,7 @@ def make_moe(cfg: ModelConfig) -> MoE:
                cfg.shared_expert_gated, cfg.selection_bias, cfg.router_scoring, cfg.routed_scale,
                cfg.expert_group_choice, cfg.router_jitter, cfg.gated_mlp, cfg.moe_scale_inputs,
                cfg.rms_norm_eps if cfg.moe_out_norm else None, cfg.selection_on_logits, cfg.identity_experts,
-               cfg.router_logit_softcap)
+               cfg.router_logit_softcap, cfg.moe_out_bias)
 
 
 class DecoderLayer(nn.Module):
@@ -37,7 +38,8 @@ class DecoderLayer(nn.Module):
             setattr(self, role, make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias,
                                           cfg.norm_affine))
         # the layer's token mixer: attention, latent attention, a short convolution, a Mamba-2 layer or a gated delta net
-        self.self_attn: Attention | LatentAttention | ShortConv | Mamba1 | Mamba2 | AttentionBesideMamba | GatedDeltaNet | None
+        self.self_attn: (Attention | LatentAttention | ShortConv | Mamba1 | Mamba2 | AttentionBesideMamba | GatedDeltaNet
+                         | RoutedQueryAttention | None)
         if not cfg.has_mixer(layer):  # an MLP-only block
             self.self_attn = None
         elif cfg.is_mamba(layer) and cfg.parallel_attention:
@@ -48,6 +50,8 @@ class DecoderLayer(nn.Module):
             self.self_attn = GatedDeltaNet(cfg, layer)
         elif cfg.is_conv(layer):
             self.self_attn = ShortConv(cfg, layer)
+        elif cfg.attention_experts:
+            self.self_attn = RoutedQueryAttention(cfg, layer)
         else:
             self.self_attn = LatentAttention(cfg, layer) if cfg.kv_lora_rank else Attention(cfg, layer)
         self.mlp: GatedMLP | MoE | None = None  # (None: a mixer-only block)
@@ -112,6 +116,8 @@ class DecoderLayer(nn.Module):
             return self._one_part_forward(h, delta, rope, attn, meta, kv_cache, rows)
         if self.layout.startswith("parallel"):
             return self._parallel_forward(h, delta, rope, attn, meta, kv_cache, rows)
+        if self.layout == "post_add":
+            return self._post_add_forward(h, delta, rope, attn, meta, kv_cache, rows)
         bf16_attn = self.fast and self.self_attn.runs_bf16(h, attn, meta, kv_cache)
         if self.layout == "post":
             x = h if delta is None else h.add_(delta)
@@ -191,6 +197,20 @@ class DecoderLayer(nn.Module):
                 return h, None
         h.add_(self._out(a, ""))
         return h, self._out(self.mlp(mlp_in)[: h.shape[0]], "")
+
+    def _post_add_forward(self, h, delta, rope, attn, meta, kv_cache,
+                          rows: torch.Tensor | None) -> tuple[torch.Tensor, None]:
+        """The stream normed after each add (the original Transformer's post-norm): norm(h + attention(h)), then
+        norm(that + MLP(that)); the result is the stream itself, so no delta goes on to the next layer."""
+        if delta is not None:
+            h.add_(delta)
+        a = self.self_attn(h, rope, attn, meta, kv_cache, False, rows, h.shape[0])
+        if rows is not None:
+            h = h[rows]
+            if not rows.numel():
+                return h, None
+        x = self.attn_out_norm(h + self._out(a, ""))
+        return self.mlp_out_norm(x + self._out(self.mlp(x), "")), None
 
     def _out(self, x: torch.Tensor, norm: str) -> torch.Tensor:
         """A sublayer's output as the residual stream takes it: normed (sandwich and post layouts), scaled."""

@@ -61,13 +61,14 @@ def load_hf_folder(folder: Path, keep_quantized: bool = False, with_tokenizer: b
         raise ModelLoadError(f"{folder}: {method} checkpoints (config.json's quantization_config) are not read; use "
                              "the bf16/fp16 checkpoint or a GGUF file")
     wanted = expected_weight_shapes(config)
-    weights = standard_layout(config, _read_safetensors(folder, wanted, config.architecture, keep_quantized))
+    weights = standard_layout(config, _read_safetensors(folder, wanted, config.architecture, keep_quantized,
+                                                        config.checkpoint_layers))
     tokenizer = hf_folder_tokenizer(folder) if with_tokenizer else None
     return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, name=folder.resolve().name)
 
 
 def _read_safetensors(folder: Path, wanted: dict[str, tuple[int, ...]], architecture: str = "LlamaForCausalLM",
-                      keep_quantized: bool = False) -> dict[str, Any]:
+                      keep_quantized: bool = False, layers: list[int] | None = None) -> dict[str, Any]:
     """Read the wanted tensors, as stored (bf16/fp16/fp32; MXFP4 ones as ``QuantExperts`` with ``keep_quantized``,
     else dequantized to bf16: ``kvserve.model.mxfp4``),
     from one file or an indexed set of shards, named as ours (``Architecture.checkpoint_name``: a multimodal
@@ -95,7 +96,7 @@ def _read_safetensors(folder: Path, wanted: dict[str, tuple[int, ...]], architec
         try:
             with safe_open(str(file), framework="pt") as f:
                 for stored in f.keys():
-                    name = arch.checkpoint_name(stored)
+                    name = arch.checkpoint_name(stored, layers)
                     others += name is None
                     # Extra entries (a tied lm_head, rotary buffers of old checkpoints) are not needed.
                     if name in wanted:
@@ -109,7 +110,8 @@ def _read_safetensors(folder: Path, wanted: dict[str, tuple[int, ...]], architec
             blocks, scales = packed.pop(f"{name}_blocks"), packed.pop(f"{name}_scales")
             weights[name] = _mxfp4(name, blocks, scales, keep_quantized, arch)
     if others:
-        log.info("%s: text only; %d tensors outside the text model (vision tower, projector) not read", folder, others)
+        log.info("%s: text only; %d tensors outside the text model (vision tower, projector, cross-attention "
+                 "layers) not read", folder, others)
     return weights
 
 

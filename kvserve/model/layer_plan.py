@@ -11,6 +11,7 @@ NORM_ROLES = ("input_layernorm", "post_attention_layernorm", "attn_out_norm", "m
 def roles_of_layout(layout: str) -> tuple[str, ...]:
     """The norms (``LLAMA_WEIGHTS`` roles) a layer of ``layout`` has."""
     return {"pre": ("input_layernorm", "post_attention_layernorm"), "post": ("attn_out_norm", "mlp_out_norm"),
+            "post_add": ("attn_out_norm", "mlp_out_norm"),
             "parallel": ("input_layernorm",),
             "parallel_two": ("input_layernorm", "post_attention_layernorm")}.get(layout, NORM_ROLES)
 

@@ -62,6 +62,20 @@ class LayerNorm(nn.Module):
         return self.forward(residual, out_dtype, out_rows)
 
 
+class NoNorm(nn.Module):
+    """The identity with a norm's interface: the final norm of a decoder that has none (GPT-1)."""
+
+    def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None, out_rows: int = 0) -> torch.Tensor:
+        y = x if out_dtype is None else x.to(out_dtype)
+        return y if out_rows <= y.shape[0] else torch.cat([y, y.new_zeros(out_rows - y.shape[0], y.shape[1])])
+
+    def add_forward(self, residual: torch.Tensor, delta: torch.Tensor | None,
+                    out_dtype: torch.dtype | None = None, out_rows: int = 0) -> torch.Tensor:
+        if delta is not None:
+            residual.add_(delta)
+        return self.forward(residual, out_dtype, out_rows)
+
+
 class HeadLayerNorm(nn.Module):
     """LayerNorm over each head's dims of x [tokens, heads, head_dim], in float32, with a weight (and a bias) for
     each head ([heads, head_dim]) or one they share ([head_dim]); torch only."""

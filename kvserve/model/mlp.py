@@ -143,8 +143,9 @@ class MoE(nn.Module):
                  selection_bias: bool = False, scoring: str = "softmax", routed_scale: float = 1.0,
                  groups: tuple[int, int, str] | None = None, jitter: float = 0.01, gated: bool = True,
                  scale_inputs: bool = False, out_norm_eps: float | None = None, bias_on_logits: bool = False,
-                 identity_experts: int = 0, logit_softcap: float | None = None):
+                 identity_experts: int = 0, logit_softcap: float | None = None, out_bias: bool = False):
         super().__init__()
+        self.out_bias = nn.Parameter(torch.zeros(hidden)) if out_bias else None  # added to the sum (JetMoE's)
         self.logit_softcap = logit_softcap  # the router's logits capped before scoring (Laguna's)
         # router choices past the experts that return their input times their weight (LongCat-Flash's zero experts)
         self.identity_experts = identity_experts
@@ -192,6 +193,8 @@ class MoE(nn.Module):
             out = self._native_forward(x)
         else:
             out = self.loop_forward(x, route)
+        if self.out_bias is not None:
+            out = out + self.out_bias
         return out if self.out_norm is None else self.out_norm(out)
 
     def _native_forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -49,6 +49,7 @@ def native_stack_blocker(cfg: ModelConfig) -> str | None:
     dense_swiglu = cfg.swiglu is not None and not all(cfg.is_moe(i) for i in range(cfg.num_hidden_layers))
     checks = [(cfg.norm_type != "rms", "LayerNorms"), (not cfg.gated_mlp, "a non-gated MLP"),
               (cfg.norm_layout.startswith("parallel"), "a parallel residual"),
+              (cfg.norm_layout == "post_add", "norms after the residual adds"), (not cfg.final_norm, "no final norm"),
               (cfg.hidden_act not in NATIVE_ACTIVATIONS, cfg.hidden_act),
               (cfg.partial_rotary_factor != 1, "partial rotary"),
               (cfg.clip_qkv is not None, "q/k/v clamps"),
@@ -56,8 +57,8 @@ def native_stack_blocker(cfg: ModelConfig) -> str | None:
               (cfg.qk_norm_type == "layer", "q/k LayerNorms"),
               (cfg.qk_norm_type == "unweighted", "q/k norms without weights"),
               (cfg.query_position_scale is not None, "queries scaled by position"),
-              (bool(cfg.kv_lora_rank), "latent attention"),
-              (bool(cfg.index_topk), "top-k key selection"),
+              (bool(cfg.kv_lora_rank), "latent attention"), (bool(cfg.attention_experts), "routed query experts"),
+              (bool(cfg.index_topk), "top-k key selection"), (cfg.moe_out_bias, "a bias on the experts' sum"),
               (cfg.conv_layers is not None and any(cfg.conv_layers), "short convolutions"),
               (cfg.mamba_layers is not None and any(cfg.mamba_layers), "Mamba layers"),
               (cfg.parallel_attention, "attention beside Mamba"),

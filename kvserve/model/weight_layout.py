@@ -23,14 +23,19 @@ def deinterleave_rotary(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, 
     import torch
 
     arch = get_architecture(cfg.architecture)
-    if arch.weight_name("qkv_proj") is not None:
-        raise ValueError(f"{cfg.architecture}: interleaved rotary over a stacked qkv tensor is not supported")
     d, rd = int(cfg.head_dim or 0), cfg.rotary_dim
     per_head = [*range(0, rd, 2), *range(1, rd, 2), *range(rd, d)]
     out = dict(weights)
+    q_rows, kv_rows = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+    # q/k/v stacked in one tensor (CodeGen's, once in q, k, v order): q's heads, then k's, reordered; v's rows kept
+    roles = [("qkv_proj", [h * d + j for h in range(cfg.num_attention_heads + cfg.num_key_value_heads)
+                           for j in per_head] + list(range(q_rows + kv_rows, q_rows + 2 * kv_rows)))] \
+        if arch.weight_name("qkv_proj") is not None else \
+        [(role, [h * d + j for h in range(heads) for j in per_head])
+         for role, heads in (("q_proj", cfg.num_attention_heads), ("k_proj", cfg.num_key_value_heads))]
     for i in range(cfg.num_hidden_layers):
-        for role, heads in (("q_proj", cfg.num_attention_heads), ("k_proj", cfg.num_key_value_heads)):
-            order = torch.tensor([h * d + j for h in range(heads) for j in per_head])
+        for role, rows in roles:
+            order = torch.tensor(rows)
             for suffix in ("weight", "bias"):
                 name = f"model.layers.{i}.{arch.weight_name(role)}.{suffix}"
                 if name in out:  # a GGUF file's weight kept quantized (``QuantWeight``) takes its rows so

@@ -64,6 +64,8 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
             latent_attention(out, arch, cfg, dst + "self_attn.", p, linear)
             if cfg.runs_indexer(i):
                 indexer(out, arch, cfg, dst + "self_attn.", p)
+        elif cfg.attention_experts:
+            routed_attention(out, arch, cfg, dst + "self_attn.", p)
         else:
             attention(out, arch, cfg, dst + "self_attn.", p, linear, i)
         if not cfg.has_mlp(i):
@@ -93,7 +95,7 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
                                     ("per_layer_proj_norm.weight", "per_layer_projection_norm",
                                      (cfg.per_layer_input_size,))):
             out[ours] = [(f"model.{theirs}.weight", shape)]
-    for suffix in norm_suffixes:
+    for suffix in norm_suffixes if cfg.final_norm else ():
         out[f"norm.{suffix}"] = [(f"model.norm.{suffix}", (h,))]
     if not cfg.tie_word_embeddings:
         out["lm_head.weight"] = [("lm_head.weight", (cfg.vocab_size, h))]
@@ -122,6 +124,8 @@ def experts(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, 
     out[f"{dst}router.weight"] = [(f"{p}{arch.weight_name('router')}.weight", (routes, h))]
     if cfg.router_bias:
         out[f"{dst}router.bias"] = [(f"{p}{arch.weight_name('router')}.bias", (routes,))]
+    if cfg.moe_out_bias:
+        out[f"{dst}out_bias"] = [(f"{p}{arch.weight_name('moe_out_bias')}", (h,))]
     if cfg.selection_bias:
         out[f"{dst}selection_bias"] = [(f"{p}{arch.weight_name('selection_bias')}", (1, routes))]
     if cfg.moe_out_norm:
@@ -218,6 +222,16 @@ def head_norms(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfi
             else:
                 parts = [(f"{prefix}{name}.{suffix}", (heads, d))]
             out[f"{dst}{role}.{suffix}"] = parts
+
+
+def routed_attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str) -> None:
+    """Routed query attention's weights (``kvserve.model.routed_attention``): the router, the experts' stacked q and o
+    projections [experts, out, in], the output's bias, the shared k/v projection (k's rows, then v's)."""
+    h, e, width = cfg.hidden_size, cfg.attention_experts, cfg.num_key_value_heads * int(cfg.head_dim or 0)
+    for ours, role, shape in (("router.weight", "attn_router", (e, h)), ("q_experts", "attn_q_experts", (e, width, h)),
+                              ("o_experts", "attn_o_experts", (e, h, width)), ("o_bias", "attn_o_bias", (h,)),
+                              ("kv_proj.weight", "attn_kv_proj", (2 * width, h))):
+        out[dst + ours] = [(f"{prefix}{arch.weight_name(role)}", shape)]
 
 
 def short_conv(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,

@@ -271,6 +271,20 @@ CASES: dict[str, tuple[str, dict]] = {
     "GPTBigCodeForCausalLM": ("GPTBigCodeConfig", dict(n_embd=64, n_layer=2, n_head=4, n_positions=512)),
     "GPTNeoXForCausalLM": ("GPTNeoXConfig", dict(rotary_pct=0.25)),
     "GPTNeoXForCausalLM:sequential": ("GPTNeoXConfig", dict(rotary_pct=0.5, use_parallel_residual=False)),
+    # GPT-2's layout with q/k/v apart, unscaled scores, global and windowed layers alternating
+    "GPTNeoForCausalLM": ("GPTNeoConfig", dict(num_layers=3, num_heads=4, attention_types=[[["global", "local"], 1],
+                                                                                           [["local"], 1]],
+                                               window_size=WINDOW, max_position_embeddings=512, num_hidden_layers=OMIT,
+                                               num_attention_heads=OMIT, intermediate_size=OMIT, head_dim=OMIT,
+                                               num_key_value_heads=OMIT)),
+    # GPT-J's layers with q/k/v in one tensor in 4 model-parallel blocks (q, v, k quarters each)
+    "CodeGenForCausalLM": ("CodeGenConfig", dict(n_embd=64, n_layer=2, n_head=4, n_positions=512, rotary_dim=8)),
+    # fixed sinusoidal positions (2 rows in), scaled tied embeddings, LayerNorms, biases, a non-gated GELU MLP
+    "XGLMForCausalLM": ("XGLMConfig", dict(ffn_dim=96, tie_word_embeddings=True, intermediate_size=OMIT, head_dim=OMIT,
+                                           num_key_value_heads=OMIT)),
+    # the stream LayerNormed after each add, no final norm, learned positions, Conv1D weights
+    "OpenAIGPTLMHeadModel": ("OpenAIGPTConfig", dict(n_embd=64, n_layer=2, n_head=4, n_positions=512,
+                                                     tie_word_embeddings=True)),
     "GPTJForCausalLM": ("GPTJConfig", dict(n_embd=64, n_layer=2, n_head=4, n_positions=512, rotary_dim=8)),
     # Mixtral's experts under sigmoids chosen with a bias, whole-projection q/k norms, the legacy rotary_dim
     "MiniMaxM2ForCausalLM": ("MiniMaxM2Config", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
@@ -535,6 +549,19 @@ CASES: dict[str, tuple[str, dict]] = {
     # scaled, beside an ungated shared expert
     "HYV3ForCausalLM": ("HYV3Config", dict(num_hidden_layers=3, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                                            num_shared_experts=1, router_scaling_factor=2.0, attention_bias=True)),
+    # Llama's layers among cross-attention layers, which a text prompt skips; the embedding table 8 rows past the vocab
+    "MllamaForCausalLM": ("MllamaTextConfig", dict(num_hidden_layers=5, cross_attention_layers=[1, 3], rope_parameters={
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32})),
+    "MllamaForConditionalGeneration": ("MllamaConfig", {}),  # text only: see MLLAMA_MM
+    # a mixture of attention heads (routed q/o projections over shared K/V heads, a bias) beside stacked experts with a
+    # bias on their sum
+    "JetMoeForCausalLM": ("JetMoeConfig", dict(intermediate_size=32, kv_channels=16, num_local_experts=4,
+                                               num_experts_per_tok=2, num_attention_heads=OMIT, head_dim=OMIT)),
+    # experts in every layer (softmax over the top-k logits), stacked [experts, in, out], beside ungated shared experts
+    "AriaTextForCausalLM": ("AriaTextConfig", dict(intermediate_size=32, moe_num_experts=4, moe_topk=2,
+                                                   moe_num_shared_experts=2)),
+    "AriaForConditionalGeneration": ("AriaConfig", {}),  # text only: see ARIA_MM
 }
 # Gemma3ForConditionalGeneration's text model, beside a one-layer vision tower the engine does not read
 GEMMA3_MM = dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
@@ -577,8 +604,17 @@ GEMMA4_MM = dict(text_config=dict(CASES["Gemma4ForCausalLM"][1]))
 GEMMA3N_MM = dict(vision_config=dict(hidden_size=32), text_config=dict(CASES["Gemma3nForCausalLM"][1]),
                   audio_config=dict(hidden_size=32, conf_num_hidden_layers=1, conf_num_attention_heads=2,
                                     input_feat_size=16, sscp_conv_channel_size=[8, 8]))
+# Mllama's text model (cross-attention layers first and last) beside a one-layer vision tower
+MLLAMA_MM = dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_global_layers=1,
+                                    attention_heads=2, image_size=28, patch_size=14, vision_output_dim=64),
+                 image_token_index=96, text_config=dict(num_hidden_layers=4, cross_attention_layers=[0, 3]))
+# Aria's text model beside a one-layer Idefics3 vision tower and its projector
+ARIA_MM = dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                  image_size=28, patch_size=14), projector_patch_to_query_dict={4: 2},
+               image_token_id=96, text_config=dict(CASES["AriaTextForCausalLM"][1], moe_num_shared_experts=1))
 MULTIMODAL = {"Gemma3ForConditionalGeneration": GEMMA3_MM, "Gemma3nForConditionalGeneration": GEMMA3N_MM,
               "Gemma4ForConditionalGeneration": GEMMA4_MM, "Mistral3ForConditionalGeneration": MISTRAL3_MM,
+              "AriaForConditionalGeneration": ARIA_MM, "MllamaForConditionalGeneration": MLLAMA_MM,
               "Qwen2VLForConditionalGeneration": QWEN2_VL, "Qwen2_5_VLForConditionalGeneration": QWEN2_5_VL,
               "Qwen3VLForConditionalGeneration": QWEN3_VL, "Qwen3VLMoeForConditionalGeneration": QWEN3_VL_MOE,
               "Qwen3_5ForConditionalGeneration": QWEN3_5, "Qwen3_5MoeForConditionalGeneration": QWEN3_5_MOE,
@@ -931,6 +967,12 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("Llama4ForCausalLM", False, "q/k norms after rotary, q/k norms without weights, queries scaled by position, "
                                  "chunked attention, experts scaling their inputs"),
     ("OPTForCausalLM", False, "LayerNorms, a non-gated MLP, relu"),
+    ("MllamaForConditionalGeneration", True, None),
+    ("GPTNeoForCausalLM", False, "LayerNorms, a non-gated MLP"),
+    ("CodeGenForCausalLM", False, "LayerNorms, a non-gated MLP, a parallel residual, partial rotary"),
+    ("XGLMForCausalLM", False, "LayerNorms, a non-gated MLP, gelu"),
+    ("OpenAIGPTLMHeadModel", False, "LayerNorms, a non-gated MLP, norms after the residual adds, no final norm"),
+    ("JetMoeForCausalLM", False, "routed query experts, a bias on the experts' sum"), ("AriaTextForCausalLM", True, None),
     ("Exaone4ForCausalLM", True, None), ("Olmo3ForCausalLM", True, None),
     ("ArceeForCausalLM", False, "a non-gated MLP, relu2"), ("HeliumForCausalLM", True, None),
     ("SeedOssForCausalLM", True, None), ("Ernie4_5_MoeForCausalLM", True, None),
@@ -987,10 +1029,13 @@ def test_a_bfloat16_model_attends_windows_and_sinks(case, tmp_path_factory):
                                      use_bias=True), "use_bias"),
     ("DeepseekV2ForCausalLM", dict(LATENT, q_lora_rank=None, attention_bias=True), "attention_bias"),
     ("DeepseekV2ForCausalLM", dict(LATENT, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                                   topk_method="noaux_tc"), "topk_method")])
+                                   topk_method="noaux_tc"), "topk_method"),
+    ("AriaTextForCausalLM", dict(moe_num_experts=4, moe_topk=2, hidden_act="gelu"), "hidden_act"),
+    ("XGLMForCausalLM", dict(pad_token_id=3), "pad_token_id")])
 def test_an_option_no_path_runs_is_refused_in_one_line(case, config, option, tmp_path):
     """ERNIE MoE's biased shared experts, a q projection without the bias its latent attention has, a router method
-    not built: loading names the option instead of serving without it."""
+    not built, Aria's shared experts of another activation than its SiLU routed ones, XGLM's zeroed row of positions:
+    loading names the option instead of serving without it."""
     import json
 
     import transformers

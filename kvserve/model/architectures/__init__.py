@@ -12,7 +12,7 @@ the quantized layers' fusing. Torch-free: the simulator parses configs through i
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +58,8 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     "delta_conv": "linear_attn.conv1d",
     "delta_dt_bias": "linear_attn.dt_bias", "delta_A_log": "linear_attn.A_log", "delta_norm": "linear_attn.norm.weight",
     "delta_out_proj": "linear_attn.out_proj",
+    # routed query attention (ModelConfig.attention_experts): tensors, not modules (full names)
+    "attn_router": None, "attn_q_experts": None, "attn_o_experts": None, "attn_o_bias": None, "attn_kv_proj": None,
     "sinks": "self_attn.sinks",  # one logit per head (a tensor, not a module: no .weight)
     # gated attention's output gate as a projection of its own (AFMoE's); None: its rows inside q_proj, each head's
     # after that head's q (Qwen3-Next's)
@@ -69,6 +71,7 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     "gate_up_proj": None,  # gate and up already stacked (Phi-3)
     "act_fn": "mlp.act_fn",  # an activation with parameters of its own (xIELU: alpha_p, alpha_n, beta, eps)
     "router": "mlp.gate",
+    "moe_out_bias": None,  # a tensor [hidden] (not a module's): the bias on the experts' sum
     "selection_bias": None,  # a tensor [1, experts] (not a module's): the bias that only chooses experts
     "moe_out_norm": None,  # the norm on an MoE block's output (ModelConfig.moe_out_norm)
     "expert": "mlp.experts.{e}.",  # then expert_gate / expert_up / expert_down
@@ -170,9 +173,11 @@ class Architecture:
     # ways by its config (Falcon's norms: "ln_attn" where the new decoder has two, else "input_layernorm")
     renames: Mapping[str, str] = field(default_factory=dict)
 
-    def checkpoint_name(self, name: str) -> str | None:
+    def checkpoint_name(self, name: str, layers: Sequence[int] | None = None) -> str | None:
         """Our name for a checkpoint tensor ``name``: renamed by ``prefixes`` and ``renames``; None for a tensor
-        outside the prefixes (a vision tower) where the architecture has any."""
+        outside the prefixes (a vision tower) where the architecture has any. ``layers``
+        (``ModelConfig.checkpoint_layers``): the checkpoint's index of each of our layers; a layer not among them
+        (one the decoder does not run) gives None."""
         if self.prefixes:
             found = next((ours + name[len(theirs):] for theirs, ours in self.prefixes.items()
                           if name.startswith(theirs)), None)
@@ -181,6 +186,11 @@ class Architecture:
             name = found
         for theirs, ours in self.renames.items():
             name = name.replace(theirs, ours)
+        if layers is not None and name.startswith("model.layers."):
+            index, _, rest = name[len("model.layers."):].partition(".")
+            if not index.isdigit() or int(index) not in layers:
+                return None
+            name = f"model.layers.{list(layers).index(int(index))}.{rest}"
         return name
 
     def weight_name(self, role: str) -> str | None:
@@ -264,7 +274,8 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "mamba2", "falcon_h1", "bloom", "mpt", "llama4", "jamba", "gemma4", "olmo_hybrid", "solar_open", "cohere2_moe",
             "afmoe", "laguna", "mellum", "flint", "hy_v3", "granite_swa", "hyperclovax", "jais2", "nanochat", "persimmon",
             "falcon", "dbrx", "bitnet", "axk1", "youtu", "minicpm5_moe", "minicpm3", "exaone_moe", "kolibri1",
-            "deepseek_v32", "glm_moe_dsa", "longcat_flash", "gemma3n", "gemma4_unified"]
+            "deepseek_v32", "glm_moe_dsa", "longcat_flash", "gemma3n", "gemma4_unified", "mllama", "aria", "gpt_neo",
+            "codegen", "xglm", "openai_gpt", "jetmoe"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)
