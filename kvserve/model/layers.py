@@ -37,21 +37,14 @@ class RMSNorm(nn.Module):
         return ops.add_rms_norm(residual, delta, self.weight, self.eps, out_dtype, out_rows, native=self.native)
 
 
-class LayerNorm(nn.Module):
-    """LayerNorm (with a bias, or none), with RMSNorm's interface (``add_forward``, the output dtype and rows);
-    torch only."""
+class _TorchNorm(nn.Module):
+    """RMSNorm's interface (``add_forward``, the output dtype and rows) around a torch-only norm's ``normed``."""
 
-    def __init__(self, dim: int, eps: float, bias: bool = True, affine: bool = True):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim)) if affine else None  # not affine: OLMo 1's, in float32
-        self.bias = nn.Parameter(torch.zeros(dim)) if bias and affine else None
-        self.eps = eps
+    def normed(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
     def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None, out_rows: int = 0) -> torch.Tensor:
-        if self.weight is None:
-            y = torch.nn.functional.layer_norm(x.float(), (x.shape[-1],), None, None, self.eps).to(x.dtype)
-        else:
-            y = torch.nn.functional.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+        y = self.normed(x)
         y = y if out_dtype is None else y.to(out_dtype)
         return y if out_rows <= y.shape[0] else torch.cat([y, y.new_zeros(out_rows - y.shape[0], y.shape[1])])
 
@@ -62,18 +55,26 @@ class LayerNorm(nn.Module):
         return self.forward(residual, out_dtype, out_rows)
 
 
-class NoNorm(nn.Module):
+class LayerNorm(_TorchNorm):
+    """LayerNorm (with a bias, or none); torch only."""
+
+    def __init__(self, dim: int, eps: float, bias: bool = True, affine: bool = True):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim)) if affine else None  # not affine: OLMo 1's, in float32
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias and affine else None
+        self.eps = eps
+
+    def normed(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight is None:
+            return torch.nn.functional.layer_norm(x.float(), (x.shape[-1],), None, None, self.eps).to(x.dtype)
+        return torch.nn.functional.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+
+
+class NoNorm(_TorchNorm):
     """The identity with a norm's interface: the final norm of a decoder that has none (GPT-1)."""
 
-    def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None, out_rows: int = 0) -> torch.Tensor:
-        y = x if out_dtype is None else x.to(out_dtype)
-        return y if out_rows <= y.shape[0] else torch.cat([y, y.new_zeros(out_rows - y.shape[0], y.shape[1])])
-
-    def add_forward(self, residual: torch.Tensor, delta: torch.Tensor | None,
-                    out_dtype: torch.dtype | None = None, out_rows: int = 0) -> torch.Tensor:
-        if delta is not None:
-            residual.add_(delta)
-        return self.forward(residual, out_dtype, out_rows)
+    def normed(self, x: torch.Tensor) -> torch.Tensor:
+        return x
 
 
 class HeadLayerNorm(nn.Module):
