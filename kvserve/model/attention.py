@@ -98,13 +98,16 @@ class Attention(nn.Module):
 
     def forward(self, x, rope: RotaryStep | None, attn: AttentionBackend, meta: AttentionMetadata,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], bf16: bool = False, rows: torch.Tensor | None = None,
-                tokens: int | None = None):
+                tokens: int | None = None, extra_qkv: torch.Tensor | None = None):
         """``bf16`` (see ``runs_bf16``): x is the bf16 input of the qkv GEMM and the output is bf16.
+        ``extra_qkv``: added to the q/k/v projection's rows (a shared block's adapters: ``kvserve.model.shared_block``).
         ``rows``: every row's K/V is written but only these attend: the output is theirs.
         ``tokens``: the step's rows, where x has zero rows past them (the GEMM's padding).
         ``rope`` None: a layer whose q and k do not rotate (SmolLM3's NoPE layers)."""
         t = x.shape[0] if tokens is None else tokens
         qkv = (self.qkv(x, out_dtype=torch.bfloat16) if bf16 else self.qkv(x))[:t]
+        if extra_qkv is not None:
+            qkv = qkv + extra_qkv
         if self.shares_kv or self.k_is_v:
             return self._gemma4_forward(qkv, rope, attn, meta, kv_cache, rows, t)
         if self.output_gate:

@@ -219,6 +219,16 @@ class ModelConfig(LayerPlan):
     recurrent_norm_layout: str | None = None
     delta_beta_scale: float = 1.0  # the delta rule's write strength times this (OLMo Hybrid's 2: negative eigenvalues)
     delta_norm_eps: float | None = None  # the delta nets' gated norm's epsilon; None: rms_norm_eps
+    mamba_norm_eps: float | None = None  # the Mamba-2 gated norm's epsilon where it is not rms_norm_eps (Zamba2's)
+    # --- transformer blocks shared between layers (Zamba; kvserve.model.shared_block): before the mixer of each layer
+    # shared_block_layers names, one of shared_blocks blocks in turn reads [stream, embeddings] (attention over twice
+    # the hidden size, then its MLP, each after a norm, no residual); the layer's own linear adds the result to the
+    # mixer's input. Low-rank adapters of shared_block_adapter_rank per use (0: none) on the MLP's gate/up and, where
+    # shared_block_qkv_adapters, on q, k and v ---
+    shared_block_layers: list[bool] | None = None
+    shared_blocks: int = 1
+    shared_block_adapter_rank: int = 0
+    shared_block_qkv_adapters: bool = False
 
     def __post_init__(self) -> None:
         if self.head_dim is None:
@@ -227,7 +237,8 @@ class ModelConfig(LayerPlan):
             raise ValueError("num_attention_heads (every layer's) must be a multiple of num_key_value_heads")
         for name in ("layer_types", "rope_layers", "rope_local_layers", "moe_layers", "conv_layers", "mamba_layers",
                      "delta_layers", "layer_parts", "qk_norm_layers", "layer_head_dims", "layer_kv_heads",
-                     "k_eq_v_layers", "kv_shared_from", "layer_intermediate_sizes", "attention_heads_per_layer"):
+                     "k_eq_v_layers", "kv_shared_from", "layer_intermediate_sizes", "attention_heads_per_layer",
+                     "shared_block_layers"):
             per_layer = getattr(self, name)
             if per_layer is not None and len(per_layer) != self.num_hidden_layers:
                 raise ValueError(f"{name} has {len(per_layer)} entries for {self.num_hidden_layers} layers")

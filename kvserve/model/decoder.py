@@ -23,6 +23,7 @@ from kvserve.model.quant import QuantWeight
 from kvserve.model.recurrent import RecurrentMixer
 from kvserve.model.quant_linear import AMX_MIN_ROWS, QuantEmbedding, QuantLinear
 from kvserve.model.rotary import Rotary, RotaryStep
+from kvserve.model.shared_block import SharedBlock
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,10 @@ class CausalLM(nn.Module):
         self.embed_norm = make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias, cfg.norm_affine) \
             if cfg.embed_norm else None
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        # transformer blocks the layers of shared_block_layers take in turn (Zamba), each built for its first user
+        users = [i for i in range(cfg.num_hidden_layers) if cfg.has_shared_block(i)]
+        self.shared_blocks = nn.ModuleList(SharedBlock(cfg, users[b]) for b in range(min(cfg.shared_blocks, len(users)))) \
+            if users else None
         self.norm = make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias, cfg.norm_affine)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size,
                                                                       bias=cfg.lm_head_bias)
@@ -158,11 +163,16 @@ class CausalLM(nn.Module):
         delta = None
         last = len(self.layers) - 1
         per_layer = self.per_layer_inputs(input_ids, h) if self.config.per_layer_input_size else None
+        embeds = h.clone() if self.shared_blocks is not None else None  # (the layers add to h in place)
         for i, layer in enumerate(self.layers):
             kv = kv_caches[self.cache_of[i]]
             step = local if self.uses_local[i] and local is not None else rope if self.rotates[i] else None
+            shared = None
+            if layer.shared_use is not None:
+                assert self.shared_blocks is not None and embeds is not None
+                shared = (self.shared_blocks[self.config.shared_block_of(i)], embeds)
             h, delta = layer(h, delta, step, attn, meta, kv, keep_rows if i == last else None,
-                             None if per_layer is None else per_layer[:, i])
+                             None if per_layer is None else per_layer[:, i], shared)
         return self.norm.add_forward(h, delta)
 
     def per_layer_inputs(self, input_ids: torch.Tensor, h: torch.Tensor) -> torch.Tensor:

@@ -78,7 +78,8 @@ def native_stack_blocker(cfg: ModelConfig) -> str | None:
               (cfg.v_norm or bool(cfg.k_eq_v_layers) or cfg.kv_shared_from is not None,
                "normed values, values from keys or K/V shared between layers"),
               (cfg.moe_beside_mlp or bool(cfg.per_layer_input_size) or cfg.layer_scalars,
-               "experts beside the MLP, per-layer inputs or layer scalars")]
+               "experts beside the MLP, per-layer inputs or layer scalars"),
+              (cfg.shared_block_layers is not None and any(cfg.shared_block_layers), "shared transformer blocks")]
     return ", ".join(why for bad, why in checks if bad) or None
 
 def build_native_stack(model: "CausalLM") -> Any | None:

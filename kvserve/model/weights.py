@@ -64,6 +64,8 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
             latent_attention(out, arch, cfg, dst + "self_attn.", p, linear)
         else:
             attention(out, arch, cfg, dst + "self_attn.", p, linear, i)
+        if cfg.has_shared_block(i):
+            shared_block_use(out, arch, cfg, dst + "shared_use.", p, i)
         if not cfg.has_mlp(i):
             continue
         if not cfg.is_moe(i) or cfg.moe_beside_mlp:
@@ -77,6 +79,8 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
         if cfg.is_moe(i):
             experts(out, arch, cfg, dst + ("moe." if cfg.moe_beside_mlp else "mlp."), p)
         layer_extras(out, arch, cfg, dst, p, norm_suffixes)
+    if cfg.shared_block_layers is not None:
+        shared_blocks(out, arch, cfg, linear)
     if cfg.per_layer_input_size:
         width = cfg.num_hidden_layers * cfg.per_layer_input_size
         for ours, theirs, shape in (("per_layer_embed.weight", "embed_tokens_per_layer", (cfg.per_layer_vocab_size, width)),
@@ -91,6 +95,51 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
         if cfg.lm_head_bias:
             out["lm_head.bias"] = [("lm_head.bias", (cfg.vocab_size,))]
     return out
+
+
+def shared_block_prefix(arch: Architecture, cfg: ModelConfig, block: int) -> str:
+    """Where the checkpoint keeps shared block ``block``'s weights: under the first layer that uses it."""
+    first = next(i for i in range(cfg.num_hidden_layers) if cfg.has_shared_block(i) and cfg.shared_block_of(i) == block)
+    return f"model.layers.{first}.{arch.weight_name('shared_block')}"
+
+
+def shared_blocks(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, linear: Any) -> None:
+    """The shared blocks' weights (``kvserve.model.shared_block.SharedBlock``): the norm over [stream, embeddings],
+    attention over that width (o_proj back to the hidden size), the MLP's norm and the gated MLP."""
+    h, d = cfg.hidden_size, int(cfg.head_dim or 0)
+    q_rows, kv_rows = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+    uses = sum(cfg.shared_block_layers or ())
+    for b in range(min(cfg.shared_blocks, uses)):
+        p, dst = shared_block_prefix(arch, cfg, b), f"shared_blocks.{b}."
+        for role, width in (("input_layernorm", 2 * h), ("post_attention_layernorm", h)):
+            out[f"{dst}{role}.weight"] = [(f"{p}{arch.weight_name(role)}.weight", (width,))]
+        linear(dst + "attention.qkv", p, [("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)], None, 2 * h,
+               cfg.attention_bias)
+        linear(dst + "attention.o_proj", p, [("o_proj", h)], None, q_rows, cfg.o_proj_bias)
+        mlp(out, arch, dst + "mlp.", p, "", cfg.intermediate_size, h, cfg.mlp_bias)
+
+
+def shared_block_use(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, p: str,
+                     layer: int) -> None:
+    """A layer's use of a shared block (``SharedBlockUse``): its linear onto the mixer's input, and its adapters (kept
+    in the block's weights, by the use's index)."""
+    h, r, d = cfg.hidden_size, cfg.shared_block_adapter_rank, int(cfg.head_dim or 0)
+    out[f"{dst}out_proj.weight"] = [(f"{p}{arch.weight_name('shared_block_proj')}.weight", (h, h))]
+    if not r:
+        return
+    bp, use = shared_block_prefix(arch, cfg, cfg.shared_block_of(layer)), cfg.shared_block_use(layer)
+
+    def adapter(role: str) -> str:
+        return bp + str(arch.weight_name(role)).format(k=use)
+
+    if cfg.shared_block_qkv_adapters:
+        roles = ("shared_q_adapter", "shared_k_adapter", "shared_v_adapter")
+        out[f"{dst}qkv_down.weight"] = [(f"{adapter(role)}.0.weight", (r, 2 * h)) for role in roles]
+        for ours, role, heads in (("q_up", roles[0], cfg.num_attention_heads), ("k_up", roles[1], cfg.num_key_value_heads),
+                                  ("v_up", roles[2], cfg.num_key_value_heads)):
+            out[f"{dst}{ours}.weight"] = [(f"{adapter(role)}.1.weight", (heads * d, r))]
+    out[f"{dst}gate_up_down.weight"] = [(f"{adapter('shared_gate_up_adapter')}.0.weight", (r, h))]
+    out[f"{dst}gate_up_up.weight"] = [(f"{adapter('shared_gate_up_adapter')}.1.weight", (2 * cfg.intermediate_size, r))]
 
 
 def experts(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, p: str) -> None:
@@ -222,8 +271,9 @@ def mamba1(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, d
     h, inner, n, rank = cfg.hidden_size, cfg.mamba_inner, cfg.mamba_state_size, cfg.mamba_dt_rank
     linear(dst + "in_proj", prefix, [("mamba_in_proj", 2 * inner)], None, h, cfg.mamba_proj_bias)
     linear(dst + "out_proj", prefix, [("mamba_out_proj", h)], None, inner, cfg.mamba_proj_bias)
-    linear(dst + "x_proj", prefix, [("mamba_x_proj", rank + 2 * n)], None, inner, False)
-    linear(dst + "dt_proj", prefix, [("mamba_dt_proj", inner)], None, rank, True)
+    heads = max(1, cfg.mamba_heads)  # (Zamba's heads: x_proj and dt_proj block-diagonal, one block a head)
+    linear(dst + "x_proj", prefix, [("mamba_x_proj", heads * (rank + 2 * n))], None, inner, False)
+    linear(dst + "dt_proj", prefix, [("mamba_dt_proj", inner)], None, heads * rank, True)
     conv = arch.weight_name("mamba_conv")
     out[f"{dst}kernel"] = [(f"{prefix}{conv}.weight", (inner, cfg.mamba_conv_kernel))]
     if cfg.mamba_conv_bias:

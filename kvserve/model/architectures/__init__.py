@@ -83,6 +83,11 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     # tensors [hidden] and [experts] scaling the router's input and each expert's output, which the architecture's
     # adjust_weights folds into the router's and the experts' weights
     "router_input_scale": None, "expert_output_scale": None,
+    # a shared transformer block (ModelConfig.shared_block_layers): its weights under its first user's layer (then the
+    # roles above inside it), that layer's linear onto the mixer's input, and each use's adapters (a "{k}": the use;
+    # then ".0" the down projection, ".1" the up one)
+    "shared_block": None, "shared_block_proj": None, "shared_q_adapter": None, "shared_k_adapter": None,
+    "shared_v_adapter": None, "shared_gate_up_adapter": None,
 }
 
 
@@ -249,7 +254,7 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "bamba", "qwen3_next", "qwen3_5", "nemotron_h",
             "mamba2", "falcon_h1", "bloom", "mpt", "llama4", "jamba", "gemma4", "olmo_hybrid", "solar_open", "cohere2_moe",
             "afmoe", "laguna", "mellum", "flint", "hy_v3", "granite_swa", "hyperclovax", "jais2", "nanochat", "persimmon",
-            "falcon", "dbrx", "bitnet"]
+            "falcon", "dbrx", "bitnet", "zamba2", "zamba"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)
