@@ -445,6 +445,19 @@ CASES: dict[str, tuple[str, dict]] = {
     "Zamba2ForCausalLM:untied": ("Zamba2Config", dict(ZAMBA2, num_key_value_heads=8, num_mem_blocks=2,
                                                       tie_word_embeddings=False, use_shared_attention_adapter=True,
                                                       layers_block_type=["hybrid", "hybrid", "mamba", "hybrid"])),
+    # short convolutions among full (proportional rotary over half of each head) and windowed (their own base) attention,
+    # a sigmoid gate per head, sandwich norms
+    "Lfm3ForCausalLM": ("Lfm3Config", dict(num_hidden_layers=5, sliding_window=WINDOW, conv_L_cache=3,
+                                           layer_types=["conv", "sliding_attention", "full_attention", "conv",
+                                                        "sliding_attention"])),
+    # no gate, no sandwich norms, the default rotary both ways, tied
+    "Lfm3ForCausalLM:plain": ("Lfm3Config", dict(num_hidden_layers=3, use_attention_gate=False, use_sandwich_norm=False,
+                                                 tie_word_embeddings=True, conv_bias=True,
+                                                 rope_parameters={"full_attention": {"rope_type": "default",
+                                                                                     "rope_theta": 10000.0},
+                                                                  "sliding_attention": {"rope_type": "default",
+                                                                                        "rope_theta": 10000.0}},
+                                                 layer_types=["full_attention", "conv", "full_attention"])),
     # Mamba-1 layers of two heads (each its own dt, B and C) and one shared block without positions; grouped K/V heads
     "ZambaForCausalLM": ("ZambaConfig", dict(head_dim=OMIT, num_hidden_layers=4, n_mamba_heads=2, mamba_d_state=8,
                                              layers_block_type=["mamba", "hybrid", "mamba", "hybrid"],
@@ -810,6 +823,7 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("FalconH1ForCausalLM", False, "Mamba layers, attention beside Mamba"),
     ("Zamba2ForCausalLM", False, "gelu, Mamba layers, shared transformer blocks"),
     ("ZambaForCausalLM", False, "gelu, Mamba layers, shared transformer blocks"),
+    ("Lfm3ForCausalLM", False, "short convolutions, gated attention"),
     ("BloomForCausalLM", False, "LayerNorms, a non-gated MLP, ALiBi, a norm on the embeddings"),
     ("Llama4ForCausalLM", False, "q/k norms after rotary, q/k norms without weights, queries scaled by position, "
                                  "chunked attention, experts scaling their inputs"),
