@@ -35,6 +35,13 @@ class LayerPlan:
     def attention_heads(self, layer: int) -> int:
         return self.num_attention_heads if self.attention_heads_per_layer is None else self.attention_heads_per_layer[layer]
 
+    def has_sinks(self, layer: int) -> bool:
+        return self.attn_sinks and (self.sink_layers is None or self.sink_layers[layer])
+
+    def value_dim(self, layer: int) -> int:
+        """The width of ``layer``'s value heads (attention without latents: ``v_head_dim`` where set)."""
+        return self.v_head_dim if self.v_head_dim and not self.kv_lora_rank else self.attn_head_dim(layer)
+
     def has_qk_norm(self, layer: int) -> bool:
         return self.qk_norm is not None and (self.qk_norm_layers is None or self.qk_norm_layers[layer])
 

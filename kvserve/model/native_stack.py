@@ -79,7 +79,9 @@ def native_stack_blocker(cfg: ModelConfig) -> str | None:
                "normed values, values from keys or K/V shared between layers"),
               (cfg.moe_beside_mlp or bool(cfg.per_layer_input_size) or cfg.layer_scalars,
                "experts beside the MLP, per-layer inputs or layer scalars"),
-              (cfg.shared_block_layers is not None and any(cfg.shared_block_layers), "shared transformer blocks")]
+              (cfg.shared_block_layers is not None and any(cfg.shared_block_layers), "shared transformer blocks"),
+              (bool(cfg.v_head_dim) and not cfg.kv_lora_rank and cfg.v_head_dim != cfg.head_dim,
+               "values narrower than keys")]
     return ", ".join(why for bad, why in checks if bad) or None
 
 def build_native_stack(model: "CausalLM") -> Any | None:

@@ -193,9 +193,11 @@ def attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig
         q_parts = [("q_proj", q_rows), ("attn_gate_proj", q_rows // d if cfg.attn_output_gate_per_head else q_rows)]
     # (a layer attending over another's K/V projects q alone; one whose values are its keys, no v)
     shares, k_is_v = cfg.shares_kv(layer), bool(cfg.k_eq_v_layers and cfg.k_eq_v_layers[layer])
-    kv_parts = [] if shares else [("k_proj", kv_rows)] if k_is_v else [("k_proj", kv_rows), ("v_proj", kv_rows)]
+    v_rows = cfg.attn_kv_heads(layer) * cfg.value_dim(layer)
+    kv_parts = [] if shares else [("k_proj", kv_rows)] if k_is_v else [("k_proj", kv_rows), ("v_proj", v_rows)]
     linear(dst + "qkv", prefix, [*q_parts, *kv_parts], arch.weight_name("qkv_proj"), h, cfg.attention_bias)
-    linear(dst + "o_proj", prefix, [("o_proj", h)], None, q_rows, cfg.o_proj_bias)
+    linear(dst + "o_proj", prefix, [("o_proj", h)], None, cfg.attention_heads(layer) * cfg.value_dim(layer),
+           cfg.o_proj_bias)
     if not cfg.has_qk_norm(layer) or cfg.qk_norm_type == "unweighted":
         pass
     elif cfg.qk_norm_type == "layer":
@@ -204,7 +206,7 @@ def attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig
         full = cfg.qk_norm == "full"
         for role, rows in (("q_norm", q_rows), ("k_norm", kv_rows))[: 1 if shares else 2]:
             out[f"{dst}{role}.weight"] = [(f"{prefix}{arch.weight_name(role)}.weight", (rows if full else d,))]
-    if cfg.attn_sinks:
+    if cfg.has_sinks(layer):
         out[f"{dst}sinks"] = [(f"{prefix}{arch.weight_name('sinks')}", (cfg.attention_heads(layer),))]
     if cfg.attn_sub_norm:
         out[f"{dst}sub_norm.weight"] = [(f"{prefix}{arch.weight_name('attn_sub_norm')}.weight", (q_rows,))]

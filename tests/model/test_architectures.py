@@ -458,6 +458,19 @@ CASES: dict[str, tuple[str, dict]] = {
                                                                   "sliding_attention": {"rope_type": "default",
                                                                                         "rope_theta": 10000.0}},
                                                  layer_types=["full_attention", "conv", "full_attention"])),
+    # values narrower than keys, scaled; windowed layers with twice the K/V heads and sinks; a third of each head rotating
+    # by each layer type's base; a dense first layer, then sigmoid experts chosen with a bias from expert groups
+    "MiMoV2FlashForCausalLM": ("MiMoV2FlashConfig", dict(num_hidden_layers=4, head_dim=24, v_head_dim=16, sliding_window=WINDOW,
+                                                         n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                                         n_group=2, topk_group=1, routed_scaling_factor=2.0,
+                                                         layer_types=["full_attention", "sliding_attention",
+                                                                      "sliding_attention", "full_attention"])),
+    # every layer dense (int8 through the attention's options), values as wide as keys and unscaled, one KV head
+    "MiMoV2FlashForCausalLM:dense": ("MiMoV2FlashConfig", dict(num_hidden_layers=3, head_dim=24, v_head_dim=24,
+                                                               num_key_value_heads=1, sliding_window=WINDOW,
+                                                               attention_value_scale=None, mlp_layer_types=["dense"] * 3,
+                                                               layer_types=["sliding_attention", "full_attention",
+                                                                            "sliding_attention"])),
     # Mamba-1 layers of two heads (each its own dt, B and C) and one shared block without positions; grouped K/V heads
     "ZambaForCausalLM": ("ZambaConfig", dict(head_dim=OMIT, num_hidden_layers=4, n_mamba_heads=2, mamba_d_state=8,
                                              layers_block_type=["mamba", "hybrid", "mamba", "hybrid"],
@@ -705,6 +718,9 @@ NOT_CLOSE = {"Glm4MoeForCausalLM:scaled": "x2.5 amplifies int8's flips among the
                              "these random weights make the shared blocks' attention over [stream, embeddings] near "
                              "one-hot (0.88 the mean top probability) and every layer a Mamba layer after it: int8 moves "
                              "logprobs up to ~1.5 (the same cases with every matrix halved stay within 0.3)"),
+             "MiMoV2FlashForCausalLM": "int8 flips this random sigmoid router's choices among near-equal scores (0.72 "
+                                       "with one expert group and no scaling too; int8 through MiMo's attention: "
+                                       "MiMoV2FlashForCausalLM:dense)",
              "ZambaForCausalLM:biases": "the same for Zamba's shared block (narrow heads, near one-hot here): 0.62 "
                                         "against the 0.5 bound; with every matrix halved within 0.01 (int8 through "
                                         "Zamba's layers: ZambaForCausalLM)"}
@@ -824,6 +840,7 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("Zamba2ForCausalLM", False, "gelu, Mamba layers, shared transformer blocks"),
     ("ZambaForCausalLM", False, "gelu, Mamba layers, shared transformer blocks"),
     ("Lfm3ForCausalLM", False, "short convolutions, gated attention"),
+    ("MiMoV2FlashForCausalLM", False, "partial rotary, attention shapes per layer, values narrower than keys"),
     ("BloomForCausalLM", False, "LayerNorms, a non-gated MLP, ALiBi, a norm on the embeddings"),
     ("Llama4ForCausalLM", False, "q/k norms after rotary, q/k norms without weights, queries scaled by position, "
                                  "chunked attention, experts scaling their inputs"),
