@@ -99,7 +99,7 @@ class ModelConfig(LayerPlan):
     rope_interleaved: bool = False
     rope_layers: list[bool] | None = None  # per layer: whether q/k rotate; None: every layer (SmolLM3 skips some)
     attn_sinks: bool = False  # a learned logit per head in each softmax's denominator (gpt-oss)
-    sink_layers: list[bool] | None = None  # the layers with sinks where attn_sinks (MiMo-V2-Flash's windowed); None: all
+    sink_layers: list[bool] | None = None  # the layers with sinks where attn_sinks (MiMo-V2-Flash's windowed): all
     clip_qkv: float | None = None  # q, k and v clamped to +-this after their projections (and norms) (OLMoE)
     # the gated MLPs' SwiGLU clamped as gpt-oss's: g = min(gate, limit),
     # (clamp(up, +-limit) + 1) * g * sigmoid(alpha * g); None: hidden_act's plain gated MLP
@@ -265,7 +265,8 @@ class ModelConfig(LayerPlan):
             raise ValueError(f"num_experts_per_tok must be 1..{self.num_experts}")
         if self.expert_groups_used < self.expert_groups:
             self._check_expert_groups()
-        if not self.kv_lora_rank and self.v_head_dim > max(self.attn_head_dim(i) for i in range(self.num_hidden_layers)):
+        widest = max(self.attn_head_dim(i) for i in range(self.num_hidden_layers))
+        if not self.kv_lora_rank and self.v_head_dim > widest:
             raise ValueError("values wider than keys (v_head_dim > head_dim) are cached only with latent attention")
         if self.kv_lora_rank and (self.num_key_value_heads != self.num_attention_heads or
                                   self.head_dim != max(self.qk_nope_head_dim + self.qk_rope_head_dim, self.v_head_dim)):

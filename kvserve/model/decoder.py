@@ -42,8 +42,8 @@ class CausalLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         # transformer blocks the layers of shared_block_layers take in turn (Zamba), each built for its first user
         users = [i for i in range(cfg.num_hidden_layers) if cfg.has_shared_block(i)]
-        self.shared_blocks = nn.ModuleList(SharedBlock(cfg, users[b]) for b in range(min(cfg.shared_blocks, len(users)))) \
-            if users else None
+        self.shared_blocks = nn.ModuleList(SharedBlock(cfg, users[b])
+                                           for b in range(min(cfg.shared_blocks, len(users)))) if users else None
         self.norm = make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias, cfg.norm_affine)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size,
                                                                       bias=cfg.lm_head_bias)

@@ -143,7 +143,8 @@ class DecoderLayer(nn.Module):
         return h, None
 
     def _one_part_forward(self, h, delta, rope, attn, meta, kv_cache, rows: torch.Tensor | None,
-                          shared: tuple[SharedBlock, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                          shared: tuple[SharedBlock, torch.Tensor] | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """A block of one sublayer, the mixer or the MLP, after its norm: its output is the delta the next norm adds.
         A shared block's output (mapped by this layer's linear) joins the mixer's input, not the stream."""
         if self.shared_use is not None:

@@ -84,7 +84,8 @@ class GatedMLP(nn.Module):
             getattr(self.down, "amx", None) is not None
 
     def forward(self, x: torch.Tensor, extra_gate_up: torch.Tensor | None = None) -> torch.Tensor:
-        """``extra_gate_up``: added to the gate/up projection (a shared block's adapter: ``kvserve.model.shared_block``)."""
+        """``extra_gate_up``: added to the gate/up projection (a shared block's adapter:
+        ``kvserve.model.shared_block``)."""
         if extra_gate_up is None and self.runs_amx(x):
             # an AMX step (QuantLinear.amx): the intermediate stays bf16 from gate_up's GEMM through
             # the activation into down's, instead of two round trips through float32

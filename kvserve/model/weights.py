@@ -135,7 +135,8 @@ def shared_block_use(out: dict[str, list[Source]], arch: Architecture, cfg: Mode
     if cfg.shared_block_qkv_adapters:
         roles = ("shared_q_adapter", "shared_k_adapter", "shared_v_adapter")
         out[f"{dst}qkv_down.weight"] = [(f"{adapter(role)}.0.weight", (r, 2 * h)) for role in roles]
-        for ours, role, heads in (("q_up", roles[0], cfg.num_attention_heads), ("k_up", roles[1], cfg.num_key_value_heads),
+        for ours, role, heads in (("q_up", roles[0], cfg.num_attention_heads),
+                                  ("k_up", roles[1], cfg.num_key_value_heads),
                                   ("v_up", roles[2], cfg.num_key_value_heads)):
             out[f"{dst}{ours}.weight"] = [(f"{adapter(role)}.1.weight", (heads * d, r))]
     out[f"{dst}gate_up_down.weight"] = [(f"{adapter('shared_gate_up_adapter')}.0.weight", (r, h))]

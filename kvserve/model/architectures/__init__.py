@@ -254,7 +254,8 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "bamba", "qwen3_next", "qwen3_5", "nemotron_h",
             "mamba2", "falcon_h1", "bloom", "mpt", "llama4", "jamba", "gemma4", "olmo_hybrid", "solar_open", "cohere2_moe",
             "afmoe", "laguna", "mellum", "flint", "hy_v3", "granite_swa", "hyperclovax", "jais2", "nanochat", "persimmon",
-            "falcon", "dbrx", "bitnet", "zamba2", "zamba", "lfm3", "mimo_v2_flash"]
+            "falcon", "dbrx", "bitnet", "zamba2", "zamba", "lfm3",
+            "mimo_v2_flash"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)

@@ -1,9 +1,10 @@
-"""MiMo-V2-Flash (Xiaomi): attention whose values are narrower than its keys (``v_head_dim`` against ``head_dim``: zero
--padded in the cache) and scaled by ``attention_value_scale`` (folded into v_proj at load); "sliding_attention" layers
-with twice the K/V heads, a window and a learned sink per head (``attention_sink_bias``); each layer type rotating a
-share of each head (``partial_rotary_factor``) by its own ``rope_parameters``; a dense first layer (``mlp_layer_types``),
-then DeepSeek-V3's experts without a shared one (sigmoid scores chosen with ``e_score_correction_bias`` from the best
-``topk_group`` of ``n_group`` groups). The multi-token-prediction layers (``model.mtp.``) are not read."""
+"""MiMo-V2-Flash (Xiaomi): attention whose values are narrower than its keys (``v_head_dim`` against ``head_dim``:
+zero-padded in the cache) and scaled by ``attention_value_scale`` (folded into v_proj at load); "sliding_attention"
+layers with twice the K/V heads, a window and a learned sink per head (``attention_sink_bias``); each layer type
+rotating a share of each head (``partial_rotary_factor``) by its own ``rope_parameters``; a dense first layer
+(``mlp_layer_types``), then DeepSeek-V3's experts without a shared one (sigmoid scores chosen with
+``e_score_correction_bias`` from the best ``topk_group`` of ``n_group`` groups). The multi-token-prediction layers
+(``model.mtp.``) are not read."""
 
 from typing import Any
 

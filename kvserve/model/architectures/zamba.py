@@ -18,7 +18,8 @@ def zamba_config(d: dict) -> dict:
     kinds = d.get("layers_block_type") or d.get("layer_types")
     if kinds is None:  # transformers' default pattern
         period, offset = d.get("attn_layer_period", 6), d.get("attn_layer_offset", 4)
-        kinds = ["mamba", "mamba", "hybrid"] + ["hybrid" if i % period == offset else "mamba" for i in range(layers - 3)]
+        kinds = ["mamba", "mamba", "hybrid"] + ["hybrid" if i % period == offset else "mamba"
+                                                for i in range(layers - 3)]
     if int(d.get("attention_hidden_size") or 2 * hidden) != 2 * hidden:
         raise ValueError("Zamba's attention reads [stream, embeddings]: attention_hidden_size must be 2 x hidden_size")
     if d.get("hidden_mamba_act", "silu") != "silu":
@@ -33,7 +34,8 @@ def zamba_config(d: dict) -> dict:
             "layer_parts": ["mixer"] * layers, "head_dim": head_dim, "attn_scale": (head_dim / 2) ** -0.5,
             "rope_layers": [False] * layers, "attention_bias": False, "o_proj_bias": False, "mlp_bias": False,
             "tie_word_embeddings": d.get("tie_word_embeddings", True),
-            "shared_block_layers": [k == "hybrid" for k in kinds], "shared_blocks": shared_blocks({**d, "num_mem_blocks": 1}, kinds)}
+            "shared_block_layers": [k == "hybrid" for k in kinds],
+            "shared_blocks": shared_blocks({**d, "num_mem_blocks": 1}, kinds)}
 
 
 def per_head_to_flat(cfg: Any, weights: dict[str, Any]) -> dict[str, Any]:

@@ -1,10 +1,12 @@
 """Zamba2 (Zyphra's Zamba2 1.2B/2.7B/7B): every layer a Mamba-2 layer (pre-norm, its gated norm's epsilon fixed at
-1e-5, dt at least ``time_step_min``); before the "hybrid" layers' mixers one of ``num_mem_blocks`` shared transformer
-blocks in turn (``kvserve.model.shared_block``) reads [stream, embeddings], with heads of 2 x hidden / heads dims scaled
-as half that, rotary where ``use_mem_rope``, a gated MLP of ``hidden_act``, and adapters of ``adapter_rank`` per use on
-gate/up (and on q/k/v where ``use_shared_attention_adapter``). The checkpoints keep a hybrid layer's Mamba part under
-``mamba_decoder.``, each block under its first user's ``shared_transformer.`` (the other users' copies are unread;
-untied embeddings untie the blocks too, as transformers builds them: then every use reads its own copy)."""
+1e-5, its convolution with a bias whatever ``use_conv_bias`` says, as transformers builds it; dt at least
+``time_step_min`` on prompts and decode steps alike, where transformers' decode step leaves it unclamped); before the
+"hybrid" layers' mixers one of ``num_mem_blocks`` shared transformer blocks in turn (``kvserve.model.shared_block``)
+reads [stream, embeddings], with heads of 2 x hidden / heads dims scaled as half that, rotary where ``use_mem_rope``, a
+gated MLP of ``hidden_act``, and adapters of ``adapter_rank`` per use on gate/up (and on q/k/v where
+``use_shared_attention_adapter``). The checkpoints keep a hybrid layer's Mamba part under ``mamba_decoder.``, each block
+under its first user's ``shared_transformer.`` (the other users' copies are unread; untied embeddings untie the blocks
+too, as transformers builds them: then every use reads its own copy)."""
 
 from kvserve.model.architectures import Architecture, register
 from kvserve.model.architectures.mamba2 import mamba2_config
@@ -26,7 +28,7 @@ def zamba2_config(d: dict) -> dict:
     mamba = mamba2_config({"mamba_expand": d.get("mamba_expand", 2), "hidden_size": hidden,
                            "mamba_n_heads": d["n_mamba_heads"], "mamba_d_head": d.get("mamba_headdim"),
                            "mamba_n_groups": d.get("mamba_ngroups", 1), "mamba_d_state": d.get("mamba_d_state", 64),
-                           "mamba_d_conv": d.get("mamba_d_conv", 4), "use_conv_bias": d.get("use_conv_bias", True),
+                           "mamba_d_conv": d.get("mamba_d_conv", 4), "use_conv_bias": True,
                            "mamba_proj_bias": d.get("add_bias_linear", False),
                            "time_step_limit": (d.get("time_step_min", 0.001), float("inf"))}, [True] * n)
     rotary = bool(d.get("use_mem_rope", False))
@@ -44,7 +46,8 @@ register(Architecture("Zamba2ForCausalLM", zamba2_config, weights={
     "shared_block": "shared_transformer.", "shared_block_proj": "linear",
     "post_attention_layernorm": "pre_ff_layernorm", "gate_up_proj": "feed_forward.gate_up_proj",
     "down_proj": "feed_forward.down_proj", "shared_q_adapter": "self_attn.linear_q_adapter_list.{k}",
-    "shared_k_adapter": "self_attn.linear_k_adapter_list.{k}", "shared_v_adapter": "self_attn.linear_v_adapter_list.{k}",
+    "shared_k_adapter": "self_attn.linear_k_adapter_list.{k}",
+    "shared_v_adapter": "self_attn.linear_v_adapter_list.{k}",
     "shared_gate_up_adapter": "feed_forward.gate_up_proj_adapter_list.{k}"},
     prefixes={"model.final_layernorm.": "model.norm.", "model.": "model.", "lm_head.": "lm_head."},
     renames={".mamba_decoder.": "."}))
