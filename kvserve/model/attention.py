@@ -37,10 +37,13 @@ class Attention(nn.Module):
         self.v_norm = cfg.v_norm
         self.stores_kv = cfg.kv_shared_from is not None and not self.shares_kv and layer in cfg.kv_shared_from[layer + 1:]
         self.layer, self.source = layer, (cfg.kv_shared_from[layer] if self.shares_kv else layer)
-        kv_parts = () if self.shares_kv else (kv_size,) if self.k_is_v else (kv_size, kv_size)
+        # values narrower than keys (v_head_dim): zero-padded to head_dim for the cache, the padding cut from the output
+        self.v_dim = cfg.value_dim(layer)
+        v_size = self.num_kv_heads * self.v_dim
+        kv_parts = () if self.shares_kv else (kv_size,) if self.k_is_v else (kv_size, v_size)
         self.split = (q_size, *((gate_size,) if self.output_gate else ()), *kv_parts)
         self.qkv = nn.Linear(cfg.hidden_size, sum(self.split), bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.v_dim, cfg.hidden_size, bias=cfg.o_proj_bias)
         self.qk_norm = cfg.qk_norm if cfg.has_qk_norm(layer) else None
         self.norm_after_rope = cfg.qk_norm_after_rope
         self.layer_norms = cfg.qk_norm_type == "layer"
@@ -62,7 +65,7 @@ class Attention(nn.Module):
         # BitNet's norm of the heads' output before o_proj
         self.sub_norm = RMSNorm(q_size, cfg.rms_norm_eps) if cfg.attn_sub_norm else None
         # the sinks are a parameter (loaded after the spec is built): the step's spec takes them (forward)
-        self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if cfg.attn_sinks else None
+        self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if cfg.has_sinks(layer) else None
         self.spec = LayerAttention(cfg.attn_scale, cfg.window(layer), cfg.attn_logit_softcap, chunk=cfg.chunk(layer))
         self.scale_nope = cfg.query_scale_nope  # the position scale on the layers without rotary (Llama 4)
         self.scale_offset = cfg.query_scale_offset
@@ -72,7 +75,7 @@ class Attention(nn.Module):
         # what the bf16 path below handles
         self.plain = (cfg.qk_norm is None and not self.spec.masked and self.sinks is None and self.clip is None
                       and self.position_scale is None and not self.output_gate and self.alibi is None
-                      and len(self.split) == 3 and not self.v_norm and self.sub_norm is None)
+                      and len(self.split) == 3 and not self.v_norm and self.sub_norm is None and self.v_dim == d)
 
     def _head_norms(self, q: torch.Tensor, k: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
         """q and k [t, heads, head_dim] normed per head (a head's reshape of the GEMM's output is a strided view:
@@ -98,13 +101,16 @@ class Attention(nn.Module):
 
     def forward(self, x, rope: RotaryStep | None, attn: AttentionBackend, meta: AttentionMetadata,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], bf16: bool = False, rows: torch.Tensor | None = None,
-                tokens: int | None = None):
+                tokens: int | None = None, extra_qkv: torch.Tensor | None = None):
         """``bf16`` (see ``runs_bf16``): x is the bf16 input of the qkv GEMM and the output is bf16.
+        ``extra_qkv``: added to the q/k/v projection's rows (a shared block's adapters: ``kvserve.model.shared_block``).
         ``rows``: every row's K/V is written but only these attend: the output is theirs.
         ``tokens``: the step's rows, where x has zero rows past them (the GEMM's padding).
         ``rope`` None: a layer whose q and k do not rotate (SmolLM3's NoPE layers)."""
         t = x.shape[0] if tokens is None else tokens
         qkv = (self.qkv(x, out_dtype=torch.bfloat16) if bf16 else self.qkv(x))[:t]
+        if extra_qkv is not None:
+            qkv = qkv + extra_qkv
         if self.shares_kv or self.k_is_v:
             return self._gemma4_forward(qkv, rope, attn, meta, kv_cache, rows, t)
         if self.output_gate:
@@ -127,7 +133,9 @@ class Attention(nn.Module):
             positions = rope.positions[:t] if rope is not None else step_positions(meta, q.device)
             scale = 1 + beta * torch.log1p(torch.div(positions + self.scale_offset, length, rounding_mode="floor").float())
             q = q * scale.to(q.dtype)[:, None, None]
-        v = v.reshape(t, self.num_kv_heads, self.head_dim)
+        v = v.reshape(t, self.num_kv_heads, self.v_dim)
+        if self.v_dim != self.head_dim:
+            v = torch.nn.functional.pad(v, (0, self.head_dim - self.v_dim))
         if self.v_norm:
             v = rms_unweighted(v, self.eps)
         if self.stores_kv:
@@ -138,6 +146,8 @@ class Attention(nn.Module):
         o = attn.attend_layer(q, k, v, kv_cache, meta, spec, rows)
         if not o.shape[0]:  # no row attends (a step that samples nothing): the K/V writes were all
             return x.new_empty(0, self.hidden_size)
+        if self.v_dim != self.head_dim:
+            o = o.reshape(o.shape[0], self.num_heads, self.head_dim)[..., : self.v_dim]
         o = o.reshape(o.shape[0], -1)
         if self.output_gate:
             o = self._gated(o, gate if rows is None else gate[rows])

@@ -102,6 +102,7 @@ class ModelConfig(LayerPlan):
     rope_interleaved: bool = False
     rope_layers: list[bool] | None = None  # per layer: whether q/k rotate; None: every layer (SmolLM3 skips some)
     attn_sinks: bool = False  # a learned logit per head in each softmax's denominator (gpt-oss)
+    sink_layers: list[bool] | None = None  # the layers with sinks where attn_sinks (MiMo-V2-Flash's windowed): all
     clip_qkv: float | None = None  # q, k and v clamped to +-this after their projections (and norms) (OLMoE)
     # the gated MLPs' SwiGLU clamped as gpt-oss's: g = min(gate, limit),
     # (clamp(up, +-limit) + 1) * g * sigmoid(alpha * g); None: hidden_act's plain gated MLP
@@ -153,6 +154,8 @@ class ModelConfig(LayerPlan):
     index_layers: list[bool] | None = None
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
+    # (without latent attention: values of v_head_dim narrower than head_dim, zero-padded in the cache and cut from
+    # attention's output: MiMo-V2-Flash's; 0: head_dim)
     v_head_dim: int = 0
     # --- short convolutions (LFM2): per layer, whether its token mixer is a gated depthwise causal convolution of
     # conv_kernel taps (with a bias where conv_bias) instead of attention; None: every layer attends ---
@@ -250,6 +253,16 @@ class ModelConfig(LayerPlan):
     altup_correct_scale: bool = True
     laurel_rank: int = 0
     activation_sparsity: list[float] | None = None
+    mamba_norm_eps: float | None = None  # the Mamba-2 gated norm's epsilon where it is not rms_norm_eps (Zamba2's)
+    # --- transformer blocks shared between layers (Zamba; kvserve.model.shared_block): before the mixer of each layer
+    # shared_block_layers names, one of shared_blocks blocks in turn reads [stream, embeddings] (attention over twice
+    # the hidden size, then its MLP, each after a norm, no residual); the layer's own linear adds the result to the
+    # mixer's input. Low-rank adapters of shared_block_adapter_rank per use (0: none) on the MLP's gate/up and, where
+    # shared_block_qkv_adapters, on q, k and v ---
+    shared_block_layers: list[bool] | None = None
+    shared_blocks: int = 1
+    shared_block_adapter_rank: int = 0
+    shared_block_qkv_adapters: bool = False
 
     def __post_init__(self) -> None:
         if self.head_dim is None:
@@ -259,7 +272,7 @@ class ModelConfig(LayerPlan):
         for name in ("layer_types", "rope_layers", "rope_local_layers", "moe_layers", "conv_layers", "mamba_layers",
                      "delta_layers", "layer_parts", "qk_norm_layers", "layer_head_dims", "layer_kv_heads",
                      "k_eq_v_layers", "kv_shared_from", "layer_intermediate_sizes", "attention_heads_per_layer",
-                     "index_layers", "activation_sparsity", "checkpoint_layers"):
+                     "index_layers", "activation_sparsity", "checkpoint_layers", "shared_block_layers", "sink_layers"):
             per_layer = getattr(self, name)
             if per_layer is not None and len(per_layer) != self.num_hidden_layers:
                 raise ValueError(f"{name} has {len(per_layer)} entries for {self.num_hidden_layers} layers")
@@ -289,6 +302,9 @@ class ModelConfig(LayerPlan):
             raise ValueError(f"num_experts_per_tok must be 1..{self.num_experts}")
         if self.expert_groups_used < self.expert_groups:
             self._check_expert_groups()
+        widest = max(self.attn_head_dim(i) for i in range(self.num_hidden_layers))
+        if not self.kv_lora_rank and self.v_head_dim > widest:
+            raise ValueError("values wider than keys (v_head_dim > head_dim) are cached only with latent attention")
         if self.kv_lora_rank and (self.num_key_value_heads != self.num_attention_heads or
                                   self.head_dim != max(self.qk_nope_head_dim + self.qk_rope_head_dim, self.v_head_dim)):
             raise ValueError("latent attention caches every head (num_key_value_heads = num_attention_heads) at "

@@ -25,6 +25,7 @@ from kvserve.model.quant import QuantWeight
 from kvserve.model.recurrent import RecurrentMixer
 from kvserve.model.quant_linear import AMX_MIN_ROWS, QuantEmbedding, QuantLinear
 from kvserve.model.rotary import Rotary, RotaryStep
+from kvserve.model.shared_block import SharedBlock
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,10 @@ class CausalLM(nn.Module):
         self.embed_norm = make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias, cfg.norm_affine) \
             if cfg.embed_norm else None
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        # transformer blocks the layers of shared_block_layers take in turn (Zamba), each built for its first user
+        users = [i for i in range(cfg.num_hidden_layers) if cfg.has_shared_block(i)]
+        self.shared_blocks = nn.ModuleList(SharedBlock(cfg, users[b])
+                                           for b in range(min(cfg.shared_blocks, len(users)))) if users else None
         self.norm = make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias, cfg.norm_affine) \
             if cfg.final_norm else NoNorm()
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size,
@@ -171,6 +176,7 @@ class CausalLM(nn.Module):
         delta = None
         last = len(self.layers) - 1
         per_layer = self.per_layer_inputs(input_ids, h) if self.config.per_layer_input_size else None
+        embeds = h.clone() if self.shared_blocks is not None else None  # (the layers add to h in place)
         if self.altup_streams is not None:
             h = self.altup_streams.spread(h)
         # from the first of the layers that only read earlier layers' K/V on, the rows no one samples need nothing
@@ -181,8 +187,12 @@ class CausalLM(nn.Module):
             if self.index_pool[i] is not None:
                 kv = [kv, kv_caches[self.index_pool[i]]]
             step = local if self.uses_local[i] and local is not None else rope if self.rotates[i] else None
+            shared = None
+            if layer.shared_use is not None:
+                assert self.shared_blocks is not None and embeds is not None
+                shared = (self.shared_blocks[self.config.shared_block_of(i)], embeds)
             h, delta = layer(h, delta, step, attn, meta, kv, keep_rows if i >= cut else None,
-                             None if per_layer is None else per_layer[:, i], reduced=i > cut)
+                             None if per_layer is None else per_layer[:, i], shared=shared, reduced=i > cut)
             if i == cut and per_layer is not None and keep_rows is not None:
                 per_layer = per_layer[keep_rows]
             if carried is not None and delta is not None:  # (cut to the sampled rows where this layer cut h)

@@ -16,6 +16,7 @@ from kvserve.model.layers import RMSNorm, make_norm, padded_rows
 from kvserve.model.mamba import AttentionBesideMamba, Mamba1, Mamba2
 from kvserve.model.mlp import GatedMLP, MoE, activation
 from kvserve.model.routed_attention import RoutedQueryAttention
+from kvserve.model.shared_block import SharedBlock, SharedBlockUse
 from kvserve.model.short_conv import ShortConv
 
 
@@ -54,6 +55,8 @@ class DecoderLayer(nn.Module):
             self.self_attn = RoutedQueryAttention(cfg, layer)
         else:
             self.self_attn = LatentAttention(cfg, layer) if cfg.kv_lora_rank else Attention(cfg, layer)
+        # a shared transformer block's use before the mixer (Zamba): this layer's adapters and linear
+        self.shared_use = SharedBlockUse(cfg) if cfg.has_shared_block(layer) else None
         self.mlp: GatedMLP | MoE | None = None  # (None: a mixer-only block)
         self.moe: MoE | None = None  # experts beside the dense MLP (ModelConfig.moe_beside_mlp)
         if cfg.is_moe(layer):
@@ -94,7 +97,8 @@ class DecoderLayer(nn.Module):
         self.fast_mlp = self.fast and not cfg.mlp_bias and not cfg.mlp_sub_norm and self.shortcut is None
 
     def forward(self, h, delta, rope, attn, meta, kv_cache, rows: torch.Tensor | None = None,
-                per_layer: torch.Tensor | None = None, reduced: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                per_layer: torch.Tensor | None = None, shared: tuple[SharedBlock, torch.Tensor] | None = None,
+                reduced: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Adds ``delta`` (the previous layer's MLP output, or None) to the residual stream ``h`` in
         place, then this layer's attention output; returns the stream and this layer's MLP output, for
         the next layer's norm (or the final one) to add in the same pass as its own.
@@ -104,6 +108,7 @@ class DecoderLayer(nn.Module):
         ``per_layer``: this layer's per-layer input [T, per_layer_input_size] (ModelConfig.per_layer_input_size).
         ``reduced``: ``h`` (and ``per_layer``) hold ``rows``' rows only already (a layer after the one that cut them:
         ``CausalLM.rows_from``).
+        ``shared``: the shared block this layer uses and the step's embeddings (ModelConfig.shared_block_layers).
 
         On an AMX step the norms write bf16 (what the GEMMs read) and the GEMMs' bf16 outputs go
         into the float32 residual as they are: no conversion passes between them."""
@@ -113,7 +118,7 @@ class DecoderLayer(nn.Module):
         if self.extras:
             return self._closed_forward(h, delta, rope, attn, meta, kv_cache, rows, per_layer, reduced)
         if self.one_part:
-            return self._one_part_forward(h, delta, rope, attn, meta, kv_cache, rows)
+            return self._one_part_forward(h, delta, rope, attn, meta, kv_cache, rows, shared)
         if self.layout.startswith("parallel"):
             return self._parallel_forward(h, delta, rope, attn, meta, kv_cache, rows)
         if self.layout == "post_add":
@@ -165,10 +170,18 @@ class DecoderLayer(nn.Module):
             h.mul_(self.layer_scalar)
         return h, None
 
-    def _one_part_forward(self, h, delta, rope, attn, meta, kv_cache,
-                          rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """A block of one sublayer, the mixer or the MLP, after its norm: its output is the delta the next norm adds."""
-        if self.self_attn is not None:
+    def _one_part_forward(self, h, delta, rope, attn, meta, kv_cache, rows: torch.Tensor | None,
+                          shared: tuple[SharedBlock, torch.Tensor] | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A block of one sublayer, the mixer or the MLP, after its norm: its output is the delta the next norm adds.
+        A shared block's output (mapped by this layer's linear) joins the mixer's input, not the stream."""
+        if self.shared_use is not None:
+            assert shared is not None and self.self_attn is not None
+            if delta is not None:
+                h.add_(delta)
+            extra = self.shared_use(shared[0], h, shared[1], rope, attn, meta, kv_cache)
+            x = self.self_attn(self.input_layernorm(h + extra), rope, attn, meta, kv_cache, False, rows, h.shape[0])
+        elif self.self_attn is not None:
             x = self.self_attn(self.input_layernorm.add_forward(h, delta), rope, attn, meta, kv_cache, False, rows,
                                h.shape[0])
         else:

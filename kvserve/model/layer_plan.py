@@ -36,6 +36,13 @@ class LayerPlan:
     def attention_heads(self, layer: int) -> int:
         return self.num_attention_heads if self.attention_heads_per_layer is None else self.attention_heads_per_layer[layer]
 
+    def has_sinks(self, layer: int) -> bool:
+        return self.attn_sinks and (self.sink_layers is None or self.sink_layers[layer])
+
+    def value_dim(self, layer: int) -> int:
+        """The width of ``layer``'s value heads (attention without latents: ``v_head_dim`` where set)."""
+        return self.v_head_dim if self.v_head_dim and not self.kv_lora_rank else self.attn_head_dim(layer)
+
     def has_qk_norm(self, layer: int) -> bool:
         return self.qk_norm is not None and (self.qk_norm_layers is None or self.qk_norm_layers[layer])
 
@@ -75,6 +82,18 @@ class LayerPlan:
             return roles_of_layout(self.layout(layer))
         return ("input_layernorm",) if self.layer_parts[layer] == "mixer" else ("post_attention_layernorm",)
 
+    def has_shared_block(self, layer: int) -> bool:
+        """Whether a shared transformer block (``kvserve.model.shared_block``) runs before ``layer``'s mixer."""
+        return self.shared_block_layers is not None and self.shared_block_layers[layer]
+
+    def shared_block_use(self, layer: int) -> int:
+        """Which use of the shared blocks ``layer``'s is (its adapters' index): the shared layers before it."""
+        return sum(self.shared_block_layers[:layer]) if self.shared_block_layers is not None else 0
+
+    def shared_block_of(self, layer: int) -> int:
+        """The shared block ``layer`` runs: the blocks take the uses in turn."""
+        return self.shared_block_use(layer) % self.shared_blocks
+
     def is_delta(self, layer: int) -> bool:
         """Whether ``layer``'s token mixer is a gated delta net (``kvserve.model.gated_delta``)."""
         return self.delta_layers is not None and self.delta_layers[layer]
@@ -91,8 +110,8 @@ class LayerPlan:
         """How many of the KV pool's layers ``layer`` takes: 1 (its K and V), none for a recurrent layer (its state is
         per sequence), or for a short convolution as many as hold its input (hidden_size values a token) in their
         K's and V's widths."""
-        if not self.has_mixer(layer) or (self.is_recurrent(layer) and not self.parallel_attention) or \
-                self.shares_kv(layer):
+        if not self.has_mixer(layer) or self.shares_kv(layer) or \
+                (self.is_recurrent(layer) and not self.parallel_attention and not self.has_shared_block(layer)):
             return 0
         if not self.is_conv(layer):
             return 1

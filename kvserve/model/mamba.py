@@ -41,7 +41,7 @@ class Mamba2(RecurrentMixer):
         self.D = nn.Parameter(torch.ones(self.heads))
         self.norm = cfg.mamba_norm
         self.norm_weight = nn.Parameter(torch.ones(self.inner)) if self.norm != "none" else None
-        self.eps = cfg.rms_norm_eps
+        self.eps = cfg.rms_norm_eps if cfg.mamba_norm_eps is None else cfg.mamba_norm_eps
         self.dt_limit = cfg.mamba_dt_limit
         out_bias = cfg.mamba_proj_bias if cfg.mamba_out_bias is None else cfg.mamba_out_bias
         self.out_proj = nn.Linear(self.inner, cfg.hidden_size, bias=out_bias)
@@ -127,10 +127,12 @@ class Mamba1(RecurrentMixer):
 
     def __init__(self, cfg: ModelConfig, layer: int):  # (``layer``: the mixers' one signature)
         self.inner, self.state_size, self.rank = cfg.mamba_inner, cfg.mamba_state_size, cfg.mamba_dt_rank
+        # Zamba's heads: each head's channels give its own dt, B and C (x_proj and dt_proj block-diagonal)
+        self.heads = max(1, cfg.mamba_heads)
         super().__init__(self.inner, cfg.mamba_conv_kernel, (self.inner, self.state_size), cfg.mamba_conv_bias)
         self.in_proj = nn.Linear(cfg.hidden_size, 2 * self.inner, bias=cfg.mamba_proj_bias)
-        self.x_proj = nn.Linear(self.inner, self.rank + 2 * self.state_size, bias=False)
-        self.dt_proj = nn.Linear(self.rank, self.inner, bias=True)
+        self.x_proj = nn.Linear(self.inner, self.heads * (self.rank + 2 * self.state_size), bias=False)
+        self.dt_proj = nn.Linear(self.heads * self.rank, self.inner, bias=True)
         self.A_log = nn.Parameter(torch.zeros(self.inner, self.state_size))
         self.D = nn.Parameter(torch.ones(self.inner))
         self.norm_eps = cfg.mamba_bcdt_norm_eps
@@ -151,18 +153,22 @@ class Mamba1(RecurrentMixer):
     def recurrence(self, u: torch.Tensor, z: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The selective scan over u [S, L, inner] (after the convolution) from h [S, inner, state], gated by z: y [S,
         L, inner] and the state after the last token (the recurrence in float32)."""
-        dt, b, c = self.x_proj(u).split([self.rank, self.state_size, self.state_size], dim=-1)
+        s, length, heads = u.shape[0], u.shape[1], self.heads
+        proj = self.x_proj(u).view(s, length, heads, -1)
+        dt, b, c = proj.split([self.rank, self.state_size, self.state_size], dim=-1)  # each [S, L, heads, ...]
         if self.norm_eps is not None:
             dt, b, c = (unweighted_rms_norm(v, self.norm_eps) for v in (dt, b, c))
             if self.bcdt_weights is not None:
                 dt, b, c = (w * v for w, v in zip(self.bcdt_weights, (dt, b, c)))
-        dt = F.softplus(self.dt_proj(dt).float())  # [S, L, inner]
+        dt = F.softplus(self.dt_proj(dt.flatten(2)).float())  # [S, L, inner]
         a = -torch.exp(self.A_log.float())  # [inner, state]
         uf, b, c = u.float(), b.float(), c.float()
+        n = self.state_size
         out = []
-        for i in range(u.shape[1]):
-            h = torch.exp(dt[:, i, :, None] * a) * h + (dt[:, i] * uf[:, i])[..., None] * b[:, i, None, :]
-            out.append(torch.einsum("sdn,sn->sd", h, c[:, i]))
+        for i in range(length):
+            write = (dt[:, i] * uf[:, i]).view(s, heads, -1, 1) * b[:, i, :, None, :]  # [S, heads, head dims, state]
+            h = torch.exp(dt[:, i, :, None] * a) * h + write.view(s, self.inner, n)
+            out.append(torch.einsum("shdn,shn->shd", h.view(s, heads, -1, n), c[:, i]).reshape(s, self.inner))
         y = torch.stack(out, dim=1) + uf * self.D.float()
         return y * F.silu(z.float()), h
 

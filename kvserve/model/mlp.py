@@ -92,13 +92,17 @@ class GatedMLP(nn.Module):
         return self.native and self.sub_norm is None and not self.sparsity and runs_amx(self.gate_up, x) and \
             getattr(self.down, "amx", None) is not None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.runs_amx(x):
+    def forward(self, x: torch.Tensor, extra_gate_up: torch.Tensor | None = None) -> torch.Tensor:
+        """``extra_gate_up``: added to the gate/up projection (a shared block's adapter:
+        ``kvserve.model.shared_block``)."""
+        if extra_gate_up is None and self.runs_amx(x):
             # an AMX step (QuantLinear.amx): the intermediate stays bf16 from gate_up's GEMM through
             # the activation into down's, instead of two round trips through float32
             act = self.gated_mul(self.gate_up(x, out_dtype=torch.bfloat16))
             return self.down(act, out_dtype=x.dtype)
         gu = self.gate_up(x)
+        if extra_gate_up is not None:
+            gu = gu + extra_gate_up
         if self.sparsity:
             inter = self.intermediate
             gu = torch.cat((gaussian_topk(gu[..., :inter], self.sparsity), gu[..., inter:]), -1)

@@ -85,7 +85,10 @@ def native_stack_blocker(cfg: ModelConfig) -> str | None:
               (cfg.moe_beside_mlp or bool(cfg.per_layer_input_size) or cfg.layer_scalars,
                "experts beside the MLP, per-layer inputs or layer scalars"),
               (cfg.altup_streams > 1, "AltUp streams"), (bool(cfg.laurel_rank), "LAuReL"),
-              (any(cfg.activation_sparsity or ()), "activation sparsity")]
+              (any(cfg.activation_sparsity or ()), "activation sparsity"),
+              (cfg.shared_block_layers is not None and any(cfg.shared_block_layers), "shared transformer blocks"),
+              (bool(cfg.v_head_dim) and not cfg.kv_lora_rank and cfg.v_head_dim != cfg.head_dim,
+               "values narrower than keys")]
     return ", ".join(why for bad, why in checks if bad) or None
 
 def build_native_stack(model: "CausalLM") -> Any | None:

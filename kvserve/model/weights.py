@@ -13,8 +13,9 @@ from typing import Any
 
 from kvserve.model.architectures import Architecture, get_architecture
 from kvserve.model.config import ModelConfig
+from kvserve.model.weight_parts import (Source, altup, gated_delta, indexer, latent_attention, mamba, mlp,
+                                        routed_attention, shared_block_use, shared_blocks, short_conv)
 
-Source = tuple[str, tuple[int, ...]]  # a checkpoint tensor's name and shape
 # the decoder's linear modules (last part of their path; q_b and kv_b: latent attention's expansions; in_proj and
 # out_proj: a short convolution's or a Mamba layer's)
 LINEARS = ("qkv", "o_proj", "gate_up", "down", "q_b", "kv_b", "in_proj", "out_proj")
@@ -68,6 +69,8 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
             routed_attention(out, arch, cfg, dst + "self_attn.", p)
         else:
             attention(out, arch, cfg, dst + "self_attn.", p, linear, i)
+        if cfg.has_shared_block(i):
+            shared_block_use(out, arch, cfg, dst + "shared_use.", p, i)
         if not cfg.has_mlp(i):
             continue
         if not cfg.is_moe(i) or cfg.moe_beside_mlp:
@@ -88,6 +91,8 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
         for j in range(cfg.altup_streams - 1):
             for ours, theirs in (("expand", "altup_projections"), ("collapse", "altup_unembed_projections")):
                 out[f"altup_streams.{ours}.{j}.weight"] = [(f"model.{theirs}.{j}.weight", (h, h))]
+    if cfg.shared_block_layers is not None:
+        shared_blocks(out, arch, cfg, linear)
     if cfg.per_layer_input_size:
         width = cfg.num_hidden_layers * cfg.per_layer_input_size
         for ours, theirs, shape in (("per_layer_embed.weight", "embed_tokens_per_layer", (cfg.per_layer_vocab_size, width)),
@@ -115,8 +120,6 @@ def in_checkpoint_layer(name: str, sublayers: int) -> str:
         return name
     j, _, rest = rest.partition(".")
     return f"{head}model.layers.{int(j) // sublayers}.{rest.replace('{s}', str(int(j) % sublayers))}"
-
-
 def experts(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, p: str) -> None:
     """An MoE block's weights (``mlp.MoE`` at ``dst``): the router (a row per expert, then per identity expert), the
     selection bias, the output norm, each expert's gated MLP, the shared expert and its gate."""
@@ -161,22 +164,6 @@ def layer_extras(out: dict[str, list[Source]], arch: Architecture, cfg: ModelCon
         out[f"{dst}layer_scalar"] = [(f"{p}{arch.weight_name('layer_scalar')}", (1,))]
 
 
-def altup(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, p: str) -> None:
-    """A layer's AltUp router and coefficients, and LAuReL's branch (``kvserve.model.altup``)."""
-    h, n, rank = cfg.hidden_size, cfg.altup_streams, cfg.laurel_rank
-    if n > 1:
-        a = f"{p}{arch.weight_name('altup')}."
-        for name, shape in (("router_norm.weight", (h,)), ("modality_router.weight", (n, h)),
-                            ("prediction_coefs.weight", (n * n, n)), ("correction_coefs.weight", (n, n)),
-                            ("correct_output_scale", (h,))):
-            out[f"{dst}altup.{name}"] = [(a + name, shape)]
-    if rank:
-        r = f"{p}{arch.weight_name('laurel')}."
-        for name, shape in (("linear_left.weight", (rank, h)), ("linear_right.weight", (h, rank)),
-                            ("post_laurel_norm.weight", (h,))):
-            out[f"{dst}laurel.{name}"] = [(r + name, shape)]
-
-
 def attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,
               linear: Any, layer: int) -> None:
     """Attention's weights (``kvserve.model.attention``): q/k/v in one GEMM, o_proj, the q/k norms (per head or over
@@ -189,9 +176,11 @@ def attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig
         q_parts = [("q_proj", q_rows), ("attn_gate_proj", q_rows // d if cfg.attn_output_gate_per_head else q_rows)]
     # (a layer attending over another's K/V projects q alone; one whose values are its keys, no v)
     shares, k_is_v = cfg.shares_kv(layer), bool(cfg.k_eq_v_layers and cfg.k_eq_v_layers[layer])
-    kv_parts = [] if shares else [("k_proj", kv_rows)] if k_is_v else [("k_proj", kv_rows), ("v_proj", kv_rows)]
+    v_rows = cfg.attn_kv_heads(layer) * cfg.value_dim(layer)
+    kv_parts = [] if shares else [("k_proj", kv_rows)] if k_is_v else [("k_proj", kv_rows), ("v_proj", v_rows)]
     linear(dst + "qkv", prefix, [*q_parts, *kv_parts], arch.weight_name("qkv_proj"), h, cfg.attention_bias)
-    linear(dst + "o_proj", prefix, [("o_proj", h)], None, q_rows, cfg.o_proj_bias)
+    linear(dst + "o_proj", prefix, [("o_proj", h)], None, cfg.attention_heads(layer) * cfg.value_dim(layer),
+           cfg.o_proj_bias)
     if not cfg.has_qk_norm(layer) or cfg.qk_norm_type == "unweighted":
         pass
     elif cfg.qk_norm_type == "layer":
@@ -200,7 +189,7 @@ def attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig
         full = cfg.qk_norm == "full"
         for role, rows in (("q_norm", q_rows), ("k_norm", kv_rows))[: 1 if shares else 2]:
             out[f"{dst}{role}.weight"] = [(f"{prefix}{arch.weight_name(role)}.weight", (rows if full else d,))]
-    if cfg.attn_sinks:
+    if cfg.has_sinks(layer):
         out[f"{dst}sinks"] = [(f"{prefix}{arch.weight_name('sinks')}", (cfg.attention_heads(layer),))]
     if cfg.attn_sub_norm:
         out[f"{dst}sub_norm.weight"] = [(f"{prefix}{arch.weight_name('attn_sub_norm')}.weight", (q_rows,))]
@@ -222,153 +211,6 @@ def head_norms(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfi
             else:
                 parts = [(f"{prefix}{name}.{suffix}", (heads, d))]
             out[f"{dst}{role}.{suffix}"] = parts
-
-
-def routed_attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str) -> None:
-    """Routed query attention's weights (``kvserve.model.routed_attention``): the router, the experts' stacked q and o
-    projections [experts, out, in], the output's bias, the shared k/v projection (k's rows, then v's)."""
-    h, e, width = cfg.hidden_size, cfg.attention_experts, cfg.num_key_value_heads * int(cfg.head_dim or 0)
-    for ours, role, shape in (("router.weight", "attn_router", (e, h)), ("q_experts", "attn_q_experts", (e, width, h)),
-                              ("o_experts", "attn_o_experts", (e, h, width)), ("o_bias", "attn_o_bias", (h,)),
-                              ("kv_proj.weight", "attn_kv_proj", (2 * width, h))):
-        out[dst + ours] = [(f"{prefix}{arch.weight_name(role)}", shape)]
-
-
-def short_conv(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,
-               linear: Any) -> None:
-    """A short convolution's weights (``kvserve.model.short_conv``): in_proj (B, C and x), out_proj, and the
-    depthwise kernel [channels, taps] (stored [channels, 1, taps]: viewed so at the checkpoint check)."""
-    h = cfg.hidden_size
-    linear(dst + "in_proj", prefix, [("conv_in_proj", 3 * h)], None, h, cfg.conv_bias)
-    linear(dst + "out_proj", prefix, [("conv_out_proj", h)], None, h, cfg.conv_bias)
-    kernel = arch.weight_name("conv_kernel")
-    out[f"{dst}kernel"] = [(f"{prefix}{kernel}.weight", (h, cfg.conv_kernel))]
-    if cfg.conv_bias:
-        out[f"{dst}bias"] = [(f"{prefix}{kernel}.bias", (h,))]
-
-
-def mamba(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,
-          linear: Any) -> None:
-    """A Mamba-2 layer's weights (``kvserve.model.mamba``): in_proj (z, x, B, C, dt), the depthwise kernel [channels,
-    taps] (stored [channels, 1, taps]) and its bias, dt's bias, A's log, D, the gated norm's weight, out_proj."""
-    if cfg.mamba_version == 1:
-        return mamba1(out, arch, cfg, dst, prefix, linear)
-    h, inner, heads = cfg.hidden_size, cfg.mamba_inner, cfg.mamba_heads
-    channels = inner + 2 * cfg.mamba_groups * cfg.mamba_state_size
-    linear(dst + "in_proj", prefix, [("mamba_in_proj", inner + channels + heads)], None, h, cfg.mamba_proj_bias)
-    out_bias = cfg.mamba_proj_bias if cfg.mamba_out_bias is None else cfg.mamba_out_bias
-    linear(dst + "out_proj", prefix, [("mamba_out_proj", h)], None, inner, out_bias)
-    conv = arch.weight_name("mamba_conv")
-    out[f"{dst}kernel"] = [(f"{prefix}{conv}.weight", (channels, cfg.mamba_conv_kernel))]
-    if cfg.mamba_conv_bias:
-        out[f"{dst}conv_bias"] = [(f"{prefix}{conv}.bias", (channels,))]
-    params = [("dt_bias", "mamba_dt_bias", heads), ("A_log", "mamba_A_log", heads), ("D", "mamba_D", heads)]
-    if cfg.mamba_norm != "none":
-        params.append(("norm_weight", "mamba_norm", inner))
-    for ours, role, rows in params:
-        name = arch.weight_name(role)
-        out[dst + ours] = [(f"{prefix}{name}", (rows,))]
-
-
-def mamba1(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,
-           linear: Any) -> None:
-    """A Mamba-1 layer's weights (``kvserve.model.mamba.Mamba1``): in_proj (x, z), the depthwise kernel over x and its
-    bias, x_proj (dt's low rank, B, C), dt_proj (with its bias), A's log [inner, state], D, out_proj."""
-    h, inner, n, rank = cfg.hidden_size, cfg.mamba_inner, cfg.mamba_state_size, cfg.mamba_dt_rank
-    linear(dst + "in_proj", prefix, [("mamba_in_proj", 2 * inner)], None, h, cfg.mamba_proj_bias)
-    linear(dst + "out_proj", prefix, [("mamba_out_proj", h)], None, inner, cfg.mamba_proj_bias)
-    linear(dst + "x_proj", prefix, [("mamba_x_proj", rank + 2 * n)], None, inner, False)
-    linear(dst + "dt_proj", prefix, [("mamba_dt_proj", inner)], None, rank, True)
-    conv = arch.weight_name("mamba_conv")
-    out[f"{dst}kernel"] = [(f"{prefix}{conv}.weight", (inner, cfg.mamba_conv_kernel))]
-    if cfg.mamba_conv_bias:
-        out[f"{dst}conv_bias"] = [(f"{prefix}{conv}.bias", (inner,))]
-    out[dst + "A_log"] = [(f"{prefix}{arch.weight_name('mamba_A_log')}", (inner, n))]
-    out[dst + "D"] = [(f"{prefix}{arch.weight_name('mamba_D')}", (inner,))]
-    if cfg.mamba_bcdt_norm_weights:  # Jamba's norms of dt, B and C
-        for j, (role, rows) in enumerate((("mamba_dt_norm", rank), ("mamba_b_norm", n), ("mamba_c_norm", n))):
-            out[f"{dst}bcdt_weights.{j}"] = [(f"{prefix}{arch.weight_name(role)}.weight", (rows,))]
-
-
-def gated_delta(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,
-                linear: Any) -> None:
-    """A gated delta net's weights (``kvserve.model.gated_delta``): in_proj (q, k, v, z, b, a, from four tensors or two),
-    the depthwise kernel [channels, taps], dt's bias, A's log, the gated norm's weight [value_dim], out_proj."""
-    h, heads = cfg.hidden_size, cfg.delta_value_heads
-    keys, values = cfg.delta_key_heads * cfg.delta_key_dim, heads * cfg.delta_value_dim
-    apart = [("delta_z", values), ("delta_b", heads), ("delta_a", heads)]
-    if arch.weight_name("delta_qkvz"):
-        parts = [("delta_qkvz", 2 * keys + 2 * values), ("delta_ba", 2 * heads)]
-    elif arch.weight_name("delta_q"):  # q, k and v each their own tensor (OLMo Hybrid's)
-        parts = [("delta_q", keys), ("delta_k", keys), ("delta_v", values), *apart]
-    else:
-        parts = [("delta_qkv", 2 * keys + values), *apart]
-    linear(dst + "in_proj", prefix, parts, None, h, False)
-    linear(dst + "out_proj", prefix, [("delta_out_proj", h)], None, values, False)
-    taps = cfg.delta_conv_kernel
-    if arch.weight_name("delta_q_conv"):  # the convolution's q, k and v channels apart too
-        out[f"{dst}kernel"] = [(f"{prefix}{arch.weight_name(role)}.weight", (rows, taps)) for role, rows in
-                               (("delta_q_conv", keys), ("delta_k_conv", keys), ("delta_v_conv", values))]
-    else:
-        out[f"{dst}kernel"] = [(f"{prefix}{arch.weight_name('delta_conv')}.weight", (2 * keys + values, taps))]
-    for ours, role, rows in (("dt_bias", "delta_dt_bias", heads), ("A_log", "delta_A_log", heads),
-                             ("norm_weight", "delta_norm", cfg.delta_value_dim)):
-        out[dst + ours] = [(f"{prefix}{arch.weight_name(role)}", (rows,))]
-
-
-def latent_attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,
-                     linear: Any) -> None:
-    """Latent attention's weights (``kvserve.model.latent_attention``): q's latent (or q itself) and k/v's latent with
-    the rotary key stacked into one GEMM on the layer's input (``qkv``), the latents' norms, their expansions (``q_b``,
-    ``kv_b``) and ``o_proj``."""
-    h, heads = cfg.hidden_size, cfg.num_attention_heads
-    qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
-    q_part = ("q_a_proj", cfg.q_lora_rank) if cfg.q_lora_rank else ("q_proj", heads * qk)
-    linear(dst + "qkv", prefix, [q_part, ("kv_a_proj", cfg.kv_lora_rank + cfg.qk_rope_head_dim)], None, h,
-           cfg.attention_bias)
-    if cfg.q_lora_rank:
-        out[f"{dst}q_norm.weight"] = [(f"{prefix}{arch.weight_name('q_a_norm')}.weight", (cfg.q_lora_rank,))]
-        linear(dst + "q_b", prefix, [("q_b_proj", heads * qk)], None, cfg.q_lora_rank, False)
-    out[f"{dst}kv_norm.weight"] = [(f"{prefix}{arch.weight_name('kv_a_norm')}.weight", (cfg.kv_lora_rank,))]
-    linear(dst + "kv_b", prefix, [("kv_b_proj", heads * (cfg.qk_nope_head_dim + cfg.v_head_dim))], None,
-           cfg.kv_lora_rank, False)
-    linear(dst + "o_proj", prefix, [("o_proj", h)], None, heads * cfg.v_head_dim, cfg.o_proj_bias)
-
-
-def indexer(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str) -> None:
-    """A lightning indexer's weights (``latent_attention.LatentAttention``): its q (from q's latent), its k and the k's
-    LayerNorm (weight and bias), the head weights; linears kept dense (not in ``LINEARS``: the choice of keys is
-    sensitive to them)."""
-    heads, dim, h = cfg.index_heads, cfg.index_head_dim, cfg.hidden_size
-    for ours, role, shape in (("index_q", "index_q", (heads * dim, cfg.q_lora_rank)), ("index_k", "index_k", (dim, h)),
-                              ("index_weights", "index_weights", (heads, h))):
-        out[f"{dst}{ours}.weight"] = [(f"{prefix}{arch.weight_name(role)}.weight", shape)]
-    for suffix in ("weight", "bias"):
-        out[f"{dst}index_k_norm.{suffix}"] = [(f"{prefix}{arch.weight_name('index_k_norm')}.{suffix}", (dim,))]
-
-
-def mlp(out: dict[str, list[Source]], arch: Architecture, dst: str, prefix: str, kind: str, inter: int, h: int, bias: bool,
-        gated: bool = True) -> None:
-    """A gated MLP's gate_up and down: the layer's own (``kind`` ""), an expert's or the shared expert's (not
-    ``gated``: up alone in gate_up)."""
-    if kind == "unstacked_":
-        gate, up, down, fused = "", "", "down", "gate_up"
-    elif kind == "expert_":
-        gate, up, down = (str(arch.weight_name(r)) for r in ("expert_gate", "expert_up", "expert_down"))
-        fused = None
-    elif kind == "shared_":
-        gate, up, down = (str(arch.weight_name(r)) for r in ("shared_gate_proj", "shared_up_proj", "shared_down_proj"))
-        fused = arch.weight_name("shared_gate_up_proj")
-    else:
-        gate, up, down = (str(arch.weight_name(r)) for r in ("gate_proj", "up_proj", "down_proj"))
-        fused = arch.weight_name("gate_up_proj")
-    suffixes = ("weight", "bias") if bias else ("weight",)
-    for suffix in suffixes:
-        rows = (lambda r: (r, h)) if suffix == "weight" else (lambda r: (r,))
-        names = [(fused, (2 if gated else 1) * inter)] if fused else [(gate, inter), (up, inter)] if gated \
-            else [(up, inter)]
-        out[f"{dst}gate_up.{suffix}"] = [(f"{prefix}{n}.{suffix}", rows(r)) for n, r in names]
-        out[f"{dst}down.{suffix}"] = [(f"{prefix}{down}.{suffix}", (h, inter) if suffix == "weight" else (h,))]
 
 
 def expected_weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

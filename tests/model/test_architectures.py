@@ -36,6 +36,9 @@ LATENT = dict(num_key_value_heads=4, head_dim=8, q_lora_rank=24, kv_lora_rank=16
 LATENT_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "mscale": 0.8,
                "mscale_all_dim": 0.8, "rope_theta": 10000.0, "beta_fast": 32, "beta_slow": 1}
 
+ZAMBA2 = dict(head_dim=OMIT, num_hidden_layers=4, num_attention_heads=8, adapter_rank=8, n_mamba_heads=4,
+              mamba_ngroups=2,
+              layers_block_type=["mamba", "hybrid", "mamba", "hybrid"], mamba_d_state=8, tie_word_embeddings=True)
 GEMMA4_TYPES = ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention"]
 
 # case -> (transformers config class, its arguments beyond COMMON); a case is a registered name, or
@@ -562,6 +565,56 @@ CASES: dict[str, tuple[str, dict]] = {
     "AriaTextForCausalLM": ("AriaTextConfig", dict(intermediate_size=32, moe_num_experts=4, moe_topk=2,
                                                    moe_num_shared_experts=2)),
     "AriaForConditionalGeneration": ("AriaConfig", {}),  # text only: see ARIA_MM
+    # Mamba-2 layers with two shared blocks taking the hybrid layers in turn, adapters on q/k/v and gate/up, rotary
+    "Zamba2ForCausalLM": ("Zamba2Config", dict(ZAMBA2, num_key_value_heads=8, num_mem_blocks=2,
+                                               use_shared_attention_adapter=True, use_mem_rope=True)),
+    # one block, adapters on gate/up alone, no rotary, grouped K/V heads, biases in the MLP and the Mamba projections
+    "Zamba2ForCausalLM:plain": ("Zamba2Config", dict(ZAMBA2, num_key_value_heads=4, num_mem_blocks=1,
+                                                     add_bias_linear=True,
+                                                     layers_block_type=["hybrid", "mamba", "hybrid", "hybrid"])),
+    # untied embeddings: every use of the blocks its own copy (with its adapters)
+    "Zamba2ForCausalLM:untied": ("Zamba2Config", dict(ZAMBA2, num_key_value_heads=8, num_mem_blocks=2,
+                                                      tie_word_embeddings=False, use_shared_attention_adapter=True,
+                                                      layers_block_type=["hybrid", "hybrid", "mamba", "hybrid"])),
+    # short convolutions among full (proportional rotary over half of each head) and windowed (their own base)
+    # attention, a sigmoid gate per head, sandwich norms
+    "Lfm3ForCausalLM": ("Lfm3Config", dict(num_hidden_layers=5, sliding_window=WINDOW, conv_L_cache=3,
+                                           layer_types=["conv", "sliding_attention", "full_attention", "conv",
+                                                        "sliding_attention"])),
+    # no gate, no sandwich norms, the default rotary both ways, tied
+    "Lfm3ForCausalLM:plain": ("Lfm3Config", dict(num_hidden_layers=3, use_attention_gate=False, use_sandwich_norm=False,
+                                                 tie_word_embeddings=True, conv_bias=True,
+                                                 rope_parameters={"full_attention": {"rope_type": "default",
+                                                                                     "rope_theta": 10000.0},
+                                                                  "sliding_attention": {"rope_type": "default",
+                                                                                        "rope_theta": 10000.0}},
+                                                 layer_types=["full_attention", "conv", "full_attention"])),
+    # values narrower than keys, scaled; windowed layers with twice the K/V heads and sinks; a third of each head
+    # rotating by each layer type's base; a dense first layer, then sigmoid experts chosen with a bias from expert
+    # groups
+    "MiMoV2FlashForCausalLM": ("MiMoV2FlashConfig", dict(num_hidden_layers=4, head_dim=24, v_head_dim=16,
+                                                         sliding_window=WINDOW, n_routed_experts=4,
+                                                         num_experts_per_tok=2, moe_intermediate_size=32,
+                                                         n_group=2, topk_group=1, routed_scaling_factor=2.0,
+                                                         layer_types=["full_attention", "sliding_attention",
+                                                                      "sliding_attention", "full_attention"])),
+    # every layer dense (int8 through the attention's options), values as wide as keys and unscaled, one KV head
+    "MiMoV2FlashForCausalLM:dense": ("MiMoV2FlashConfig", dict(num_hidden_layers=3, head_dim=24, v_head_dim=24,
+                                                               num_key_value_heads=1, sliding_window=WINDOW,
+                                                               attention_value_scale=None,
+                                                               mlp_layer_types=["dense"] * 3,
+                                                               layer_types=["sliding_attention", "full_attention",
+                                                                            "sliding_attention"])),
+    # Mamba-1 layers of two heads (each its own dt, B and C) and one shared block without positions; grouped K/V heads
+    "ZambaForCausalLM": ("ZambaConfig", dict(head_dim=OMIT, num_hidden_layers=4, n_mamba_heads=2, mamba_d_state=8,
+                                             layers_block_type=["mamba", "hybrid", "mamba", "hybrid"],
+                                             tie_word_embeddings=True)),
+    # one head, projection biases, more query heads (narrower); untied embeddings untie the shared block's uses too
+    # (transformers ties them by tie_word_embeddings): each reads its own copy
+    "ZambaForCausalLM:biases": ("ZambaConfig", dict(head_dim=OMIT, num_hidden_layers=3, n_mamba_heads=1,
+                                                    mamba_d_state=8,
+                                                    num_attention_heads=8, mamba_proj_bias=True,
+                                                    layers_block_type=["hybrid", "mamba", "hybrid"])),
 }
 # Gemma3ForConditionalGeneration's text model, beside a one-layer vision tower the engine does not read
 GEMMA3_MM = dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
@@ -834,7 +887,18 @@ NOT_CLOSE = {"Glm4MoeForCausalLM:scaled": "x2.5 amplifies int8's flips among the
              **dict.fromkeys(["Qwen3NextForCausalLM", "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration"],
                              "the random delta nets move most under int8 (0.43 of the 0.5 bound for the dense Qwen3.5; "
                              "0.16 with their in_proj dense), enough to flip this random router's choices (int8 "
-                             "through the delta nets and gated attention: the dense Qwen3.5 cases)")}
+                             "through the delta nets and gated attention: the dense Qwen3.5 cases)"),
+             **dict.fromkeys(["Zamba2ForCausalLM", "Zamba2ForCausalLM:plain", "Zamba2ForCausalLM:untied"],
+                             "these random weights make the shared blocks' attention over [stream, embeddings] near "
+                             "one-hot (0.88 the mean top probability) and every layer a Mamba layer after it: int8 "
+                             "moves "
+                             "logprobs up to ~1.5 (the same cases with every matrix halved stay within 0.3)"),
+             "MiMoV2FlashForCausalLM": "int8 flips this random sigmoid router's choices among near-equal scores (0.72 "
+                                       "with one expert group and no scaling too; int8 through MiMo's attention: "
+                                       "MiMoV2FlashForCausalLM:dense)",
+             "ZambaForCausalLM:biases": "the same for Zamba's shared block (narrow heads, near one-hot here): 0.62 "
+                                        "against the 0.5 bound; with every matrix halved within 0.01 (int8 through "
+                                        "Zamba's layers: ZambaForCausalLM)"}
 
 
 @pytest.mark.parametrize("name", sorted(set(CASES) - set(NOT_CLOSE)))
@@ -963,6 +1027,10 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("Qwen3NextForCausalLM", False, "partial rotary, gated delta nets, gated attention"),
     ("NemotronHForCausalLM", False, "a non-gated MLP, relu2, Mamba layers"),
     ("FalconH1ForCausalLM", False, "Mamba layers, attention beside Mamba"),
+    ("Zamba2ForCausalLM", False, "gelu, Mamba layers, shared transformer blocks"),
+    ("ZambaForCausalLM", False, "gelu, Mamba layers, shared transformer blocks"),
+    ("Lfm3ForCausalLM", False, "short convolutions, gated attention"),
+    ("MiMoV2FlashForCausalLM", False, "partial rotary, attention shapes per layer, values narrower than keys"),
     ("BloomForCausalLM", False, "LayerNorms, a non-gated MLP, ALiBi, a norm on the embeddings"),
     ("Llama4ForCausalLM", False, "q/k norms after rotary, q/k norms without weights, queries scaled by position, "
                                  "chunked attention, experts scaling their inputs"),

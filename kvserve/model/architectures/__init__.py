@@ -92,6 +92,11 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     "router_input_scale": None, "expert_output_scale": None,
     # Gemma 3n's AltUp (its router, its coefficients) and LAuReL's branch: the module each layer's parts sit under
     "altup": "altup", "laurel": "laurel",
+    # a shared transformer block (ModelConfig.shared_block_layers): its weights under its first user's layer (then the
+    # roles above inside it), that layer's linear onto the mixer's input, and each use's adapters (a "{k}": the use;
+    # then ".0" the down projection, ".1" the up one)
+    "shared_block": None, "shared_block_proj": None, "shared_q_adapter": None, "shared_k_adapter": None,
+    "shared_v_adapter": None, "shared_gate_up_adapter": None,
 }
 
 
@@ -275,7 +280,7 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "afmoe", "laguna", "mellum", "flint", "hy_v3", "granite_swa", "hyperclovax", "jais2", "nanochat", "persimmon",
             "falcon", "dbrx", "bitnet", "axk1", "youtu", "minicpm5_moe", "minicpm3", "exaone_moe", "kolibri1",
             "deepseek_v32", "glm_moe_dsa", "longcat_flash", "gemma3n", "gemma4_unified", "mllama", "aria", "gpt_neo",
-            "codegen", "xglm", "openai_gpt", "jetmoe"]
+            "codegen", "xglm", "openai_gpt", "jetmoe", "zamba2", "zamba", "lfm3", "mimo_v2_flash"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)
