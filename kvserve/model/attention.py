@@ -60,6 +60,11 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(kv_size if full else d, cfg.rms_norm_eps)
         if self.shares_kv and hasattr(self, "k_norm"):  # its keys come normed from the layer that made them
             del self.k_norm
+        q_only = (self.qk_norm in (None, "head") and cfg.qk_norm_type == "rms" and not cfg.qk_norm_after_rope
+                  and cfg.clip_qkv is None and cfg.query_position_scale is None)
+        if self.shares_kv and not q_only:
+            raise ValueError("a layer on an earlier layer's K/V runs per-head RMS q norms before rotary only (no "
+                             "whole-projection, LayerNorm or post-rotary q/k norms, q/k/v clamps or position scales)")
         self.clip = cfg.clip_qkv
         self.position_scale = cfg.query_position_scale
         # BitNet's norm of the heads' output before o_proj
@@ -111,12 +116,33 @@ class Attention(nn.Module):
         qkv = (self.qkv(x, out_dtype=torch.bfloat16) if bf16 else self.qkv(x))[:t]
         if extra_qkv is not None:
             qkv = qkv + extra_qkv
-        if self.shares_kv or self.k_is_v:
-            return self._gemma4_forward(qkv, rope, attn, meta, kv_cache, rows, t)
-        if self.output_gate:
-            q, gate, k, v = qkv.split(self.split, dim=-1)
+        q, *parts = qkv.split(self.split, dim=-1)
+        gate = parts.pop(0) if self.output_gate else None
+        if self.shares_kv:
+            q, k, v = self._q_on_shared_kv(q, t, rope, meta, rows)
         else:
-            q, k, v = qkv.split(self.split, dim=-1)
+            q, k, v = self._own_qkv(q, parts, t, rope, meta)
+        spec = self.spec if self.sinks is None else dataclasses.replace(self.spec, sinks=self.sinks)
+        if self.alibi is not None and spec.alibi is None:
+            self.spec = spec = dataclasses.replace(spec, alibi=torch.tensor(self.alibi, device=q.device))
+        o = attn.attend_layer(q, k, v, kv_cache, meta, spec, rows)
+        if not o.shape[0]:  # no row attends (a step that samples nothing): the K/V writes were all
+            return x.new_empty(0, self.hidden_size)
+        if self.v_dim != self.head_dim:
+            o = o.reshape(o.shape[0], self.num_heads, self.head_dim)[..., : self.v_dim]
+        o = o.reshape(o.shape[0], -1)
+        if gate is not None:  # (a layer on shared K/V after the rows were cut has the sampled rows' gates only)
+            o = self._gated(o, gate if rows is None or gate.shape[0] == o.shape[0] else gate[rows])
+        if self.sub_norm is not None:
+            o = self.sub_norm(o.contiguous())
+        return self.o_proj(o, out_dtype=torch.bfloat16) if bf16 else self.o_proj(o)
+
+    def _own_qkv(self, q: torch.Tensor, parts: list[torch.Tensor], t: int, rope: RotaryStep | None,
+                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k [t, heads, head_dim] normed, clamped, rotated and scaled; v padded to head_dim and normed (``k_is_v``:
+        the keys' projection, before their norm and rotary, which may rotate k in place); kept for the layers that read
+        them (``stores_kv``)."""
+        k, v = (parts[0], parts[0].clone()) if self.k_is_v else parts
         if self.qk_norm == "full":
             q, k = self.q_norm(q.contiguous()), self.k_norm(k.contiguous())
         if self.clip is not None:
@@ -140,21 +166,20 @@ class Attention(nn.Module):
             v = rms_unweighted(v, self.eps)
         if self.stores_kv:
             shared_kv(meta)[self.layer] = (k, v)
-        spec = self.spec if self.sinks is None else dataclasses.replace(self.spec, sinks=self.sinks)
-        if self.alibi is not None and spec.alibi is None:
-            self.spec = spec = dataclasses.replace(spec, alibi=torch.tensor(self.alibi, device=q.device))
-        o = attn.attend_layer(q, k, v, kv_cache, meta, spec, rows)
-        if not o.shape[0]:  # no row attends (a step that samples nothing): the K/V writes were all
-            return x.new_empty(0, self.hidden_size)
-        if self.v_dim != self.head_dim:
-            o = o.reshape(o.shape[0], self.num_heads, self.head_dim)[..., : self.v_dim]
-        o = o.reshape(o.shape[0], -1)
-        if self.output_gate:
-            o = self._gated(o, gate if rows is None else gate[rows])
-        if self.sub_norm is not None:
-            o = self.sub_norm(o.contiguous())
-        return self.o_proj(o, out_dtype=torch.bfloat16) if bf16 else self.o_proj(o)
+        return q, k, v
 
+    def _q_on_shared_kv(self, q: torch.Tensor, t: int, rope: RotaryStep | None, meta: AttentionMetadata,
+                        rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [T, heads, head_dim] normed and rotated, over the K/V an earlier layer of this step made (written to the
+        same slots again by the backend); where the stream holds only the rows that sample (``CausalLM.rows_from``), q
+        at their rows among the step's (the others are never read), for rotary's positions and the backend."""
+        k, v = shared_kv(meta)[self.source]
+        q = q.reshape(t, self.num_heads, self.head_dim)
+        if self.qk_norm == "head":
+            q = self.q_norm(q.reshape(-1, self.head_dim).contiguous()).view_as(q)
+        if rows is not None and t != k.shape[0]:
+            q = q.new_zeros(k.shape[0], *q.shape[1:]).index_copy_(0, rows, q)
+        return (q if rope is None else rope.apply_q(q)), k, v
 
     def _gated(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """Attention's output [rows, heads x head_dim] times its gate: sigmoid, or softplus (in float32, as Laguna's
@@ -163,33 +188,6 @@ class Attention(nn.Module):
         if self.gate_per_head:
             return (o.view(o.shape[0], self.num_heads, self.head_dim) * g[..., None]).view(o.shape)
         return o * g
-    def _gemma4_forward(self, qkv: torch.Tensor, rope: RotaryStep | None, attn: AttentionBackend,
-                        meta: AttentionMetadata, kv_cache: tuple[torch.Tensor, torch.Tensor], rows: torch.Tensor | None,
-                        t: int) -> torch.Tensor:
-        """A layer that attends over an earlier layer's K/V of this step (``shares_kv``: it writes the same values to
-        the same slots again), or whose values are its keys' projection before their norm and rotary (``k_is_v``)."""
-        q = qkv[:, : self.num_heads * self.head_dim].reshape(t, self.num_heads, self.head_dim)
-        if self.shares_kv:
-            q = self.q_norm(q.reshape(-1, self.head_dim).contiguous()).view_as(q) if self.qk_norm else q
-            k, v = shared_kv(meta)[self.source]
-            if rows is not None and q.shape[0] != k.shape[0]:  # the stream holds the rows that sample only: q at
-                # their rows among the step's (the others are never read), for rotary's positions and the backend
-                q = q.new_zeros(k.shape[0], *q.shape[1:]).index_copy_(0, rows, q)
-            if rope is not None:
-                q = rope.apply_q(q)
-        else:
-            k = qkv[:, self.num_heads * self.head_dim:].reshape(t, self.num_kv_heads, self.head_dim)
-            v = rms_unweighted(k, self.eps) if self.v_norm else k.clone()
-            if self.qk_norm == "head":
-                q, k = self._head_norms(q, k, t)
-            if rope is not None:
-                q, k = rope.apply(q, k)
-            if self.stores_kv:
-                shared_kv(meta)[self.layer] = (k, v)
-        o = attn.attend_layer(q, k, v, kv_cache, meta, self.spec, rows)
-        if not o.shape[0]:
-            return qkv.new_empty(0, self.hidden_size)
-        return self.o_proj(o.reshape(o.shape[0], -1))
 
 
 def rms_unweighted(x: torch.Tensor, eps: float) -> torch.Tensor:

@@ -148,17 +148,15 @@ class DecoderLayer(nn.Module):
                         per_layer: torch.Tensor | None, reduced: bool = False) -> tuple[torch.Tensor, None]:
         """The sandwich layout with what follows the MLP: experts beside it (the router reading the stream before the
         MLP's norm), the per-layer input's branch, the scalar. The whole output joins the stream here (no delta)."""
-        if delta is not None:
-            h.add_(delta)
-        a = self.self_attn(self.input_layernorm(h), rope, attn, meta, kv_cache, False, rows, h.shape[0])
+        a = self.self_attn(self.input_layernorm.add_forward(h, delta), rope, attn, meta, kv_cache, False, rows,
+                           h.shape[0])
         if rows is not None:
             if not reduced:
                 h = h[rows]
                 per_layer = None if per_layer is None else per_layer[rows]
             if not rows.numel():
                 return h, None
-        h.add_(self.attn_out_norm(a))
-        m = self.mlp(self.post_attention_layernorm(h))
+        m = self.mlp(self.post_attention_layernorm.add_forward(h, self.attn_out_norm(a)))
         if self.moe is not None:
             route = rms_unweighted(h, self.eps)
             m = self.moe_mlp_out_norm(m) + self.experts_out_norm(self.moe(self.moe_in_norm(h), route))

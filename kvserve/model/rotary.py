@@ -156,11 +156,7 @@ class RotaryStep:
         if self.native:
             ops.rotary_(q, k, self.positions, self.cos, self.sin)
             return q, k
-        if self.dim is not None:  # partial rotary: the rest of each head passes through
-            d = self.dim
-            return (torch.cat([apply_rotary(q[..., :d], self.cos, self.sin), q[..., d:]], -1),
-                    torch.cat([apply_rotary(k[..., :d], self.cos, self.sin), k[..., d:]], -1))
-        return apply_rotary(q, self.cos, self.sin), apply_rotary(k, self.cos, self.sin)
+        return self._turn(q, self.cos, self.sin), self._turn(k, self.cos, self.sin)
 
     def apply_q(self, q: torch.Tensor) -> torch.Tensor:
         """q alone (a layer that attends over keys another layer rotated)."""
@@ -168,6 +164,10 @@ class RotaryStep:
         if self.native:  # the whole tables: gathered at the step's positions
             at = self.positions[: q.shape[0]]
             cos, sin = cos[at].unsqueeze(1).to(q.dtype), sin[at].unsqueeze(1).to(q.dtype)
-        if self.dim is not None:
-            return torch.cat([apply_rotary(q[..., : self.dim], cos, sin), q[..., self.dim:]], -1)
-        return apply_rotary(q, cos, sin)
+        return self._turn(q, cos, sin)
+
+    def _turn(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x rotated by the gathered tables (partial rotary: the rest of each head passes through)."""
+        if self.dim is None:
+            return apply_rotary(x, cos, sin)
+        return torch.cat([apply_rotary(x[..., : self.dim], cos, sin), x[..., self.dim:]], -1)

@@ -95,3 +95,18 @@ def test_the_layers_that_only_read_kv_run_the_sampled_rows_alone(tmp_path_factor
     layers = llm.engine.runner.model.layers
     first_step = [seen[id(layer)][0] for layer in layers]
     assert first_step[:3] == [30, 30, 30] and first_step[3:] == [1, 1]
+
+
+def test_a_layer_on_shared_kv_refuses_the_q_options_it_does_not_run(tmp_path_factory):
+    """Its q-only path runs per-head RMS q norms before rotary: a clamp (or a position scale, ...) is refused at build
+    in one line, not skipped."""
+    import dataclasses
+
+    from kvserve.model.attention import Attention
+    from kvserve.model.loader import load_model_config
+
+    _, folder = checkpoint(CASE, tmp_path_factory)
+    cfg = load_model_config(folder)
+    Attention(cfg, 3)  # (as configured: it builds)
+    with pytest.raises(ValueError, match="earlier layer's K/V runs per-head RMS q norms"):
+        Attention(dataclasses.replace(cfg, clip_qkv=0.5), 3)
