@@ -48,9 +48,10 @@ class TopKKeys:
     """A step's choice of keys by a lightning indexer (DeepSeek Sparse Attention): query i keeps the ``topk`` causal keys
     j with the best score sum_h weights[i, h] * relu(scale * queries[i, h] . key_j) (all of them where it has fewer);
     the index keys are ``queries.shape[-1]`` values from ``offset`` in each slot's K (``half`` 0) or V (1) row of pool
-    layer ``layer`` (``kvserve.model.index_cache``). Each sequence's choice is computed once and kept, so that layers sharing the choice reuse it. Scores tied
-    exactly at the k-th place (relu zeroes all of a key's heads) are broken by ``topk`` as transformers' are, over this
-    step's context: a prompt split into other chunks may keep another of the tied keys."""
+    layer ``layer`` (``kvserve.model.index_cache``). Each sequence's choice is computed once and kept, so that layers
+    sharing the choice reuse it. Scores tied exactly at the k-th place (relu zeroes all of a key's heads) are broken by
+    ``topk`` as transformers' are, over this step's context: a prompt split into other chunks may keep another of the
+    tied keys."""
 
     queries: torch.Tensor  # [T, heads, dim], rotated
     weights: torch.Tensor  # [T, heads], float32

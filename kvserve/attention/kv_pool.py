@@ -141,7 +141,8 @@ class KVPool:
         (a build may release the tensors); ``quantization`` names the quantized layers' formats (empty: all dense)."""
         h = hashlib.blake2b(digest_size=16)
         h.update(json.dumps(asdict(cfg), sort_keys=True, default=str).encode())
-        tag = f"{model_dtype}|{self.block_size}|{self.layout.num_kv_heads}x{self.layout.head_dim}|{self.layout.layer_shapes}"
+        layout = self.layout
+        tag = f"{model_dtype}|{self.block_size}|{layout.num_kv_heads}x{layout.head_dim}|{layout.layer_shapes}"
         if self.dtype != model_dtype:  # "auto" keeps the tag KV stored before pools existed was keyed by
             tag += f"|kv {self.dtype}{self.scales_tag}"
         if quantization:

@@ -4,6 +4,7 @@ expert)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import torch
@@ -55,10 +56,16 @@ def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: fl
     return (up + 1) * gate * torch.sigmoid(alpha * gate)
 
 
-def gaussian_topk(gate: torch.Tensor, sparsity: float) -> torch.Tensor:
-    """relu(gate - cutoff), the cutoff each row's mean plus its (population) std times the standard normal's
-    ``sparsity`` quantile: about that share of a row's values become 0, were they normally distributed (Gemma 3n)."""
-    quantile = torch.distributions.normal.Normal(0.0, 1.0).icdf(torch.tensor(sparsity, dtype=torch.float32))
+def normal_quantile(share: float) -> torch.Tensor:
+    """The standard normal's ``share`` quantile (float32, as ``torch.distributions.Normal(0, 1).icdf`` computes it), for
+    ``gaussian_topk``; on the CPU whatever the default device (the model is built on the meta device)."""
+    return torch.erfinv(2 * torch.tensor(share, dtype=torch.float32, device="cpu") - 1) * math.sqrt(2)
+
+
+def gaussian_topk(gate: torch.Tensor, quantile: torch.Tensor) -> torch.Tensor:
+    """relu(gate - cutoff), the cutoff each row's mean plus its (population) std times ``quantile``, the standard
+    normal's quantile of the sparsity (``normal_quantile``): about that share of a row's values become 0, were they
+    normally distributed (Gemma 3n)."""
     mean, std = gate.mean(-1, keepdim=True), gate.std(-1, keepdim=True, unbiased=False)
     return torch.relu(gate - (mean + std * quantile.to(gate.dtype)))
 
@@ -72,6 +79,7 @@ class GatedMLP(nn.Module):
                  sub_norm_eps: float | None = None, sparsity: float = 0.0):
         super().__init__()
         self.sparsity = sparsity  # the gate's share cut to 0 before the activation (gaussian_topk); 0: none
+        self.sparsity_quantile = normal_quantile(sparsity) if sparsity else None  # (once, not every step)
         # ``sub_norm_eps``: an RMSNorm over act(gate) * up before down (BitNet's ffn_sub_norm)
         self.sub_norm = None if sub_norm_eps is None else RMSNorm(intermediate, sub_norm_eps)
         self.gated = gated  # False: gate_up is up alone, and the MLP down(act(up(x))) (Starcoder2)
@@ -105,7 +113,7 @@ class GatedMLP(nn.Module):
             gu = gu + extra_gate_up
         if self.sparsity:
             inter = self.intermediate
-            gu = torch.cat((gaussian_topk(gu[..., :inter], self.sparsity), gu[..., inter:]), -1)
+            gu = torch.cat((gaussian_topk(gu[..., :inter], self.sparsity_quantile), gu[..., inter:]), -1)
         if not self.gated:
             return self.down(self.act(gu))
         if self.native:
