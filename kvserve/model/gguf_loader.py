@@ -13,7 +13,6 @@ checkpoints hold them: ``weight_layout.stack_experts``; a shared expert's gate a
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,73 +26,13 @@ from kvserve.model.architectures import Architecture, get_architecture, gguf_arc
 from kvserve.model.checkpoint import LoadedModel
 from kvserve.model.config import ModelConfig
 from kvserve.model.gguf_names import GGUF_FUSED_GATE_UP, gguf_to_hf_name
+from kvserve.model.gguf_reader import fast_gguf_reader, gguf_metadata
 from kvserve.model.quant import QuantWeight, from_gguf_blocks
 from kvserve.model.weight_layout import (gates_after_q, join_latent_kv, stack_dense_gate_up, stack_experts,
                                          stack_shared_gate_up, untile_value_heads)
 
 logger = logging.getLogger(__name__)
 
-
-
-class _FastGGUFReader(gguf.GGUFReader):
-    """A ``gguf.GGUFReader`` over a plain ndarray view of the file instead of an ``np.memmap``.
-
-    The reader slices its buffer a few hundred thousand times while parsing the tokenizer arrays,
-    and each ``np.memmap`` slice pays a Python-level ``__array_finalize__``; a plain view of the
-    same mapping parses about 2.5x faster. Tensor data stays zero-copy on the mapping.
-    """
-
-    @property  # type: ignore[override]
-    def data(self) -> np.ndarray:
-        return self._plain_data
-
-    @data.setter
-    def data(self, value: np.ndarray) -> None:
-        self._plain_data = value.view(np.ndarray)
-
-    def _get_field_parts(self, orig_offs: int, raw_type: int) -> tuple[int, list[Any], list[int], list[Any]]:
-        """As gguf's, but an array of numbers is one view (``data`` [its index]) and an array of strings is
-        memoryview slices, not one numpy view per element: the tokenizer's arrays (49k entries each for the
-        embedded model) took ~0.8 s of every load to parse. ``contents()`` reads both as before."""
-        vt = gguf.GGUFValueType
-        if vt(raw_type) != vt.ARRAY or self.byte_order != "I" or sys.byteorder != "little":
-            return super()._get_field_parts(orig_offs, raw_type)
-        raw_itype, alen = self._get(orig_offs, np.uint32), self._get(orig_offs + 4, np.uint64)
-        itype, n, offs = vt(raw_itype[0]), int(alen[0]), orig_offs + 12
-        types = [vt.ARRAY, itype] if n else [vt.ARRAY]
-        nptype = self.gguf_scalar_to_np.get(itype)
-        if nptype is not None:
-            values = self._get(offs, nptype, n)
-            return 12 + int(values.nbytes), [raw_itype, alen, values], [2], types
-        if itype != vt.STRING:  # arrays of arrays: gguf's own way
-            return super()._get_field_parts(orig_offs, raw_type)
-        buf = memoryview(self.data)
-        parts: list[Any] = [raw_itype, alen]
-        idxs: list[int] = []
-        for _ in range(n):
-            size = int.from_bytes(buf[offs : offs + 8], "little")
-            parts += (buf[offs : offs + 8], buf[offs + 8 : offs + 8 + size])
-            idxs.append(len(parts) - 1)
-            offs += 8 + size
-        return offs - orig_offs, parts, idxs, types
-
-
-def _fast_gguf_reader(path: Path) -> gguf.GGUFReader:
-    try:
-        return _FastGGUFReader(path)
-    except (OSError, ValueError, KeyError) as e:
-        raise ModelLoadError(f"cannot read GGUF file {path}: {e}") from e
-
-
-def _gguf_metadata(reader: gguf.GGUFReader) -> dict[str, Any]:
-    """Scalar and string metadata by key, arrays as lists; the tokenizer's arrays only as their length (huge)."""
-    meta: dict[str, Any] = {}
-    for key, field in reader.fields.items():
-        if field.types and field.types[0] == gguf.GGUFValueType.ARRAY and key.startswith("tokenizer."):
-            meta[key] = int(field.parts[4][0])  # the key's length, its bytes, its type, the items' type, the count
-        else:
-            meta[key] = field.contents()
-    return meta
 
 
 _QT = gguf.GGMLQuantizationType
@@ -149,15 +88,13 @@ def _gguf_config(meta: dict[str, Any], tensors: dict[str, Any], source: Path) ->
     if arch not in known:
         raise ModelLoadError(f"{source}: GGUF architecture {arch!r} is not supported (only {', '.join(known)})")
 
-    def get(key: str, default: Any = None) -> Any:
-        value = meta.get(f"{arch}.{key}", default)
-        return default if value is None else value
-
+    get = _FileView(meta, arch, tensors)
     try:
         hidden = int(get("embedding_length"))
         heads = int(get("attention.head_count")) or 1  # (0 in llama.cpp's mamba files: no layer attends)
         layers = int(get("block_count"))
-        intermediate = int(get("feed_forward_length"))
+        intermediate = get("feed_forward_length")  # a list: per layer (the architecture reads which from it)
+        intermediate = int(intermediate[0] if isinstance(intermediate, list) else intermediate)
     except TypeError as e:  # int(None): a required key is absent
         raise ModelLoadError(f"{source}: GGUF metadata lacks a required {arch}.* key") from e
     kv_heads = get("attention.head_count_kv", heads)
@@ -202,7 +139,8 @@ def _gguf_config(meta: dict[str, Any], tensors: dict[str, Any], source: Path) ->
                   moe_intermediate_size=int(get("expert_feed_forward_length", intermediate)),
                   shared_expert_intermediate_size=int(get("expert_shared_feed_forward_length", 0)))
     own = spec.gguf_config(get)
-    if isinstance(own.get("rope_scaling"), dict):  # options of the scaling the file names (none: nothing to add to)
+    # options of the scaling the file names (none: nothing to add to), or a scaling of the architecture's own
+    if isinstance(own.get("rope_scaling"), dict) and "rope_type" not in own["rope_scaling"]:
         own["rope_scaling"] = {**hf["rope_scaling"], **own["rope_scaling"]} if hf["rope_scaling"] else None
     hf.update(own)
     try:
@@ -218,6 +156,26 @@ def _gguf_config(meta: dict[str, Any], tensors: dict[str, Any], source: Path) ->
     return config
 
 
+class _FileView:
+    """A GGUF file's metadata and tensors as an architecture's ``gguf_config`` reads them (``GGUFGet``)."""
+
+    def __init__(self, meta: dict[str, Any], arch: str, tensors: dict[str, Any]) -> None:
+        self._meta, self._arch, self._tensors = meta, arch, tensors
+
+    def __call__(self, key: str, default: Any = None) -> Any:
+        value = self._meta.get(f"{self._arch}.{key}", default)
+        return default if value is None else value
+
+    def has(self, name: str) -> bool:
+        return name in self._tensors
+
+    def values(self, name: str) -> list[float]:
+        return dequantize_gguf_tensor(self._tensors[name]).reshape(-1).tolist()
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(int(n) for n in reversed(self._tensors[name].shape.tolist()))  # GGUF lists them fastest-first
+
+
 def _rope_scaling(get: Any, tensors: dict[str, Any], source: Path) -> dict[str, Any] | None:
     """HF's rope_scaling dict from llama.cpp's keys (linear, yarn), or longrope's factor tensors (Phi-3)."""
     original = get("rope.scaling.original_context_length")
@@ -229,9 +187,10 @@ def _rope_scaling(get: Any, tensors: dict[str, Any], source: Path) -> dict[str, 
             scaling["attention_factor"] = float(get("rope.scaling.attn_factor"))
         return scaling
     if "rope_freqs.weight" in tensors:
-        # llama.cpp stores Llama-3.1-style frequency factors as a tensor; transformers' GGUF loader
-        # ignores it too, so positions follow plain RoPE with rope_theta.
-        logger.warning("%s: rope_freqs.weight (Llama 3.1 rope scaling) is ignored", source)
+        # llama.cpp's converter writes Llama 3's scaling as each rotary pair's frequency divisor; ggml's rope divides
+        # by them, and so do we (an architecture whose scaling the factors encode says so in its gguf_config)
+        return {"rope_type": "freq_factors",
+                "freq_factors": dequantize_gguf_tensor(tensors["rope_freqs.weight"]).tolist()}
     scaling_type = get("rope.scaling.type")
     factor = get("rope.scaling.factor") or get("rope.scale_linear")
     if scaling_type in (None, "none") and not (scaling_type is None and factor):
@@ -248,8 +207,8 @@ def _rope_scaling(get: Any, tensors: dict[str, Any], source: Path) -> dict[str, 
 def gguf_config(path: Path) -> ModelConfig:
     """Only the ``ModelConfig`` of a GGUF file (metadata, tensor shapes and longrope's small factor
     tensors; no weight is read)."""
-    reader = _fast_gguf_reader(path)
-    return _gguf_config(_gguf_metadata(reader), {t.name: t for t in reader.tensors}, path)
+    reader = fast_gguf_reader(path)
+    return _gguf_config(gguf_metadata(reader), {t.name: t for t in reader.tensors}, path)
 
 
 def load_gguf(path: Path, keep_quantized: bool = False, with_tokenizer: bool = True) -> LoadedModel:
@@ -259,8 +218,8 @@ def load_gguf(path: Path, keep_quantized: bool = False, with_tokenizer: bool = T
     (and each expert's slice of 3-D ones) come as ``QuantWeight`` (Q4_0 and Q4_K as the equivalent
     Q4_1, MXFP4 as Q8_0), as the file stores them.
     """
-    reader = _fast_gguf_reader(path)
-    meta = _gguf_metadata(reader)
+    reader = fast_gguf_reader(path)
+    meta = gguf_metadata(reader)
     tensors = {t.name: t for t in reader.tensors}
     config = _gguf_config(meta, tensors, path)
 
@@ -314,6 +273,8 @@ def load_gguf(path: Path, keep_quantized: bool = False, with_tokenizer: bool = T
             if not config.is_recurrent(i):
                 gates_after_q(config, weights, f"model.layers.{i}.{arch.weight_name('q_proj')}")
 
+    if arch.adjust_weights is not None:  # the checkpoint's tensors again: what the architecture folds in at load
+        weights = arch.adjust_weights(config, weights)
     tokenizer = gguf_tokenizer(path, meta.get("tokenizer.chat_template")) if with_tokenizer else None
     return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, name=path.stem)
 
@@ -374,7 +335,7 @@ def gguf_tokenizer(path: Path, chat_template: str | None) -> Any:
         raise ModelLoadError(f"cannot build the tokenizer from {path}: {e}") from e
     if not getattr(tokenizer, "chat_template", None):
         if chat_template is None:
-            chat_template = _gguf_metadata(_fast_gguf_reader(path)).get("tokenizer.chat_template")
+            chat_template = gguf_metadata(fast_gguf_reader(path)).get("tokenizer.chat_template")
         if isinstance(chat_template, str):
             tokenizer.chat_template = chat_template
     return tokenizer

@@ -42,7 +42,7 @@ _GGUF_LAYER_ROLES = {
 }
 # roles that name a tensor (not a module's weight or bias): the GGUF name's suffix is dropped
 _TENSOR_ROLES = ("sinks", "selection_bias", "mamba_norm", "mamba_dt_bias", "mamba_A_log", "mamba_D", "delta_norm",
-                 "delta_dt_bias", "delta_A_log")
+                 "delta_dt_bias", "delta_A_log", "layer_scalar", "router_input_scale", "expert_output_scale")
 # every expert of a layer in one tensor [experts, rows, cols] -> the role of each expert's slice
 _GGUF_EXPERT_ROLES = {"ffn_gate_exps": "expert_gate", "ffn_up_exps": "expert_up", "ffn_down_exps": "expert_down"}
 # the converter's --fuse-gate-up-exps: each expert's gate rows, then its up rows, in one tensor

@@ -73,6 +73,11 @@ class QuantWeight:
             w = w + self.m.float().unsqueeze(-1)
         return w.view(n, k).to(dtype)
 
+    def scaled(self, factor: float) -> "QuantWeight":
+        """The weight times ``factor``: each block's scale (and q4_1's minimum) scaled, in their fp16."""
+        m = None if self.m is None else (self.m.float() * factor).half()
+        return QuantWeight(self.kind, self.qs, (self.d.float() * factor).half(), m)
+
     def as_q4_1(self) -> "QuantWeight":
         """A q4_0 weight as q4_1, value for value: d (q - 8) = d q + (-8 d), and -8 d is exact in fp16."""
         assert self.kind == "q4_0"

@@ -18,7 +18,7 @@ from kvserve.kernels import ops
 from kvserve.kernels.ops import apply_rotary  # the torch rotation (the native rotary_'s fallback too)
 from kvserve.model.config import yarn_mscale
 
-ROPE_TYPES = ("linear", "llama3", "yarn", "longrope", "su", "dynamic", "proportional")
+ROPE_TYPES = ("linear", "llama3", "yarn", "longrope", "su", "dynamic", "proportional", "freq_factors")
 
 
 def rope_inv_freq(dim: int, theta: float, scaling: dict[str, Any] | None,
@@ -41,6 +41,11 @@ def rope_inv_freq(dim: int, theta: float, scaling: dict[str, Any] | None,
         return inv_freq / factor, 1.0, None, 0
     if kind == "llama3":
         return _llama3(inv_freq, factor, scaling), 1.0, None, 0
+    if kind == "freq_factors":  # (a GGUF file's rope_freqs: Llama 3's scaling as llama.cpp stores it) a divisor a pair
+        factors = torch.tensor(scaling["freq_factors"], dtype=torch.float32, device="cpu")
+        if factors.numel() != inv_freq.numel():
+            raise ModelLoadError(f"rope_freqs has {factors.numel()} factors for {inv_freq.numel()} rotary pairs")
+        return inv_freq / factors, 1.0, None, 0
     if kind == "yarn":
         if scaling.get("factor") is None and max_positions:
             factor = max_positions / original

@@ -31,6 +31,7 @@ from kvserve.llm import LLM
 from kvserve.model.architectures import get_architecture
 from kvserve.model.loader import load_model, load_model_config
 from kvserve.model.quant import QuantExperts, QuantWeight
+from kvserve.model.rotary import rope_inv_freq
 from kvserve.model.weight_layout import standard_layout
 from test_architectures import CASES as ARCH_CASES
 from test_architectures import COMMON, GREEDY, assert_logprobs_close, hf_model, prompts
@@ -114,16 +115,23 @@ CASES: dict[str, tuple[str, dict, str]] = {
     "mistral3": ("Ministral3ForCausalLM", {}, "mistral3"),
     # and experts (sigmoid, exp_probs_b, renormalised) after a leading dense layer (no scale: the test case's 1.5 off)
     "lfm2moe": ("Lfm2MoeForCausalLM", dict(routed_scaling_factor=1.0, tie_word_embeddings=True), "lfm2moe"),  # tied
+    # Llama 3's rope scaling as the converter writes it: each rotary pair's frequency divisor in rope_freqs
+    "llama": ("LlamaForCausalLM", {}, "llama"),
+    # global layers with wider heads, one K/V head and values from keys (no attn_v), "proportional" RoPE as rope_freqs
+    # factors; K/V shared by the last two layers; per-layer inputs; double-wide MLPs as a per-layer feed_forward_length
+    "gemma4": ("Gemma4ForCausalLM", {}, "gemma4"),
+    # experts beside the dense MLP: gate and up fused as stored, the router's and each expert's scales as ".scale"
+    "gemma4:moe": ("Gemma4ForCausalLM:moe", {}, "gemma4"),
 }
 # where transformers' GGUF reader has no such architecture, or no stacked experts for it (llama)
 NO_TRANSFORMERS_READER = {"deepseek2", "deepseek2:v3", "lfm2", "lfm2moe", "nemotron", "mistral3", "olmoe", "mixtral", "gemma", "olmo2", "granite", "granitemoe", "granitemoe:shared", "smollm3",
                           "granitehybrid", "granitehybrid:dense", "mamba2", "glm4", "ernie4_5", "ernie4_5:use_bias", "gpt-oss", "cohere2", "command-r", "arcee", "exaone4", "ernie4_5-moe", "phi2", "glm4moe", "olmo2:olmo3", "seed_oss",
-                          "qwen35", "qwen35moe"}
+                          "qwen35", "qwen35moe", "gemma4", "gemma4:moe"}
 GEMMA = {"gemma", "gemma2", "gemma3"}
 # norms that scale by 1 + weight, which the converters store with the 1 added (not Qwen3.5's gated delta-net norm)
 PLUS_ONE = GEMMA | {"nemotron", "qwen35", "qwen35moe"}
 # every linear Q8_0; not granite, whose test model's near-flat logits (several tokens within 0.01) Q8_0 reorders
-DENSE_Q8_0 = {"gemma", "olmo2", "smollm3", "starcoder2", "glm4", "ernie4_5:use_bias", "command-r", "cohere2", "exaone4", "phi2"}
+DENSE_Q8_0 = {"gemma", "gemma4", "olmo2", "smollm3", "starcoder2", "glm4", "ernie4_5:use_bias", "command-r", "cohere2", "exaone4", "phi2"}
 PERMUTED = {"llama", "granite", "granitemoe", "granitehybrid", "smollm3", "arcee", "mistral3"}  # llama.cpp's LlamaModel lineage reorders q/k rows for GGML's rope
 LOADS_AS = {"mistral": "LlamaForCausalLM"}  # without a window, llama.cpp's Mistral is Llama
 
@@ -248,6 +256,8 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
         w.add_rope_scaling_finetuned(d.get("position_embedding_type") == "rope")
         if d.get("shared_intermediate_size"):
             w.add_expert_shared_feed_forward_length(d["shared_intermediate_size"])
+    elif arch == "gemma4":
+        _gemma4_metadata(w, d)
     else:
         w.add_head_count_kv(kv_heads)
     if arch in ("starcoder2", "stablelm", "command-r", "cohere2", "phi2", "nemotron"):  # LayerNorms: their own eps key
@@ -256,10 +266,10 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
         w.add_layer_norm_rms_eps(d.get("rms_norm_eps") or d.get("norm_eps") or d["layer_norm_epsilon"])
     if arch not in ("gemma", "gemma2", "mamba2"):  # these converters write no rope base (llama.cpp's default: 10000)
         w.add_rope_freq_base(full["rope_theta"])
-    if arch not in ("phi3", "granite", "granitemoe", "granitehybrid", "deepseek2", "mamba2"):  # Granite's drops head_dim
+    if arch not in ("phi3", "granite", "granitemoe", "granitehybrid", "deepseek2", "mamba2", "gemma4"):  # Granite's drops head_dim
         w.add_key_length(d["head_dim"])
         w.add_value_length(d["head_dim"])
-    if experts:
+    if arch != "gemma4" and experts:
         w.add_expert_count(experts)
         w.add_expert_used_count(d.get("num_experts_per_tok") or d["moe_k"])
     if arch in ("qwen35", "qwen35moe"):  # the Qwen3NextModel converter's keys, and Qwen3.5's rotary sections
@@ -365,6 +375,10 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
     if arch == "mamba2":
         for i in range(layers):
             _mamba2_tensors(state, f"backbone.layers.{i}.mixer.", d["n_groups"])
+    if arch == "gemma4":
+        _gemma4_tensors(state, d, layers)
+    if arch == "llama" and full.get("rope_type") == "llama3":
+        state["rope_freqs.weight"] = _llama3_rope_freqs(full, d["head_dim"])
     if arch in ("qwen35", "qwen35moe"):
         for i in range(layers):
             if f"model.layers.{i}.linear_attn.A_log" in state:
@@ -399,10 +413,11 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
             t = _permute(t, kv_heads)
         name = name.replace("e_score_correction_bias", "e_score_correction.bias")  # as the converters rename them
         name = name.replace(".expert_bias", ".expert_bias.bias")
-        gguf_name = name if name.startswith("blk.") else name_map.get_name(name, try_suffixes=(".weight", ".bias"))
+        gguf_name = name if name.startswith(("blk.", "rope_freqs")) else \
+            name_map.get_name(name, try_suffixes=(".weight", ".bias"))
         assert gguf_name is not None, name
         data = t.float().numpy()
-        if expert_type is not None and gguf_name.rpartition(".")[0].endswith("_exps"):
+        if expert_type is not None and gguf_name.endswith("_exps.weight"):
             w.add_tensor(gguf_name, gguf.quants.quantize(data, expert_type), raw_dtype=expert_type)
         elif linear_type is not None and data.ndim == 2 and data.shape[1] % 32 == 0:  # (not a convolution's taps)
             w.add_tensor(gguf_name, gguf.quants.quantize(data, linear_type), raw_dtype=linear_type)
@@ -414,6 +429,77 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def _llama3_rope_freqs(rope: dict, dim: int) -> torch.Tensor:
+    """The LlamaModel converter's ``rope_freqs`` for Llama 3's scaling: each pair's divisor of its frequency (1 for
+    short wavelengths, the factor for long ones, a blend between)."""
+    freqs = 1.0 / rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    old = rope["original_max_position_embeddings"]
+    out = []
+    for freq in freqs.tolist():
+        wavelen = 2 * np.pi / freq
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return torch.tensor(out, dtype=torch.float32)
+
+
+def _gemma4_metadata(w: gguf.GGUFWriter, d: dict) -> None:
+    """The Gemma4Model converter's keys: the global layers' head size as key_length and the sliding ones' as
+    key_length_swa, K/V heads one a layer, the layers' kinds one bool each, the MLP's width one a layer where the
+    shared layers' are double, the experts' keys; the global layers' rotary pairs in ``rope_freqs`` (written with the
+    tensors)."""
+    types, layers = d["layer_types"], d["num_hidden_layers"]
+    per_layer = {int(k): v for k, v in (d.get("per_layer_config") or {}).items()}
+    dims = [per_layer.get(i, {}).get("head_dim", d["head_dim"]) for i in range(layers)]
+    kv = [per_layer.get(i, {}).get("num_key_value_heads", d["num_key_value_heads"]) for i in range(layers)]
+    full = next(i for i, t in enumerate(types) if t == "full_attention")
+    w.add_head_count_kv(kv)
+    w.add_key_length(dims[full])
+    w.add_value_length(dims[full])
+    w.add_key_length_swa(d["head_dim"])
+    w.add_value_length_swa(d["head_dim"])
+    w.add_sliding_window(d["sliding_window"])
+    w.add_sliding_window_pattern([t == "sliding_attention" for t in types])
+    w.add_rope_freq_base_swa(d["rope_parameters"]["sliding_attention"]["rope_theta"])
+    w.add_rope_dimension_count(dims[full])
+    w.add_rope_dimension_count_swa(d["head_dim"])
+    w.add_shared_kv_layers(d.get("num_kv_shared_layers") or 0)
+    w.add_embedding_length_per_layer_input(d.get("hidden_size_per_layer_input") or 0)
+    if d.get("final_logit_softcapping"):
+        w.add_final_logit_softcapping(d["final_logit_softcapping"])
+    if d.get("use_double_wide_mlp"):
+        first_shared = layers - (d.get("num_kv_shared_layers") or 0)
+        w.add_feed_forward_length([d["intermediate_size"] * (2 if i >= first_shared else 1) for i in range(layers)])
+    if d.get("enable_moe_block"):
+        w.add_expert_count(d["num_experts"])
+        w.add_expert_used_count(d["top_k_experts"])
+        w.add_expert_feed_forward_length(d["moe_intermediate_size"])
+
+
+def _gemma4_tensors(state: dict[str, torch.Tensor], d: dict, layers: int) -> None:
+    """The converter's renames (the layer scalar a ``.weight``; the router's scale and each expert's under the
+    router's and the experts' names, without one; the experts as stored, gate and up fused) and ``rope_freqs``: 1 for
+    each global-layer pair that turns, 1e30 for one that does not ("proportional" RoPE as ggml's factors)."""
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        renames = {"layer_scalar": "layer_scalar.weight", "router.scale": f"blk.{i}.ffn_gate_inp.scale",
+                   "router.per_expert_scale": f"blk.{i}.ffn_down_exps.scale",
+                   "experts.gate_up_proj": f"blk.{i}.ffn_gate_up_exps.weight",
+                   "experts.down_proj": f"blk.{i}.ffn_down_exps.weight"}
+        for theirs, ours in renames.items():
+            if p + theirs in state:
+                state[ours if ours.startswith("blk.") else p + ours] = state.pop(p + theirs)
+    full = d["rope_parameters"]["full_attention"]
+    dim = next(v["head_dim"] for v in (d.get("per_layer_config") or {}).values() if "head_dim" in v)
+    turning = int(dim * full["partial_rotary_factor"] / 2)
+    state["rope_freqs.weight"] = torch.tensor([1.0] * turning + [1e30] * (dim // 2 - turning))
 
 
 def _granite_hybrid_tensors(state: dict[str, torch.Tensor], d: dict, layers: int, experts: int) -> None:
@@ -543,7 +629,8 @@ def test_gguf_loads_the_checkpoint_weights(case, tmp_path_factory, monkeypatch):
     original = {arch.checkpoint_name(n): t for n, t in load_file(folder / "model.safetensors").items()}
     if model.config.tie_word_embeddings:
         original.pop("lm_head.weight", None)
-    if loaded.config.attn_output_gate:  # both loaders put gated attention's gates after q's rows
+    # both loaders put gated attention's gates after q's rows, and fold in what the architecture folds at load
+    if loaded.config.attn_output_gate or arch.adjust_weights is not None:
         original = standard_layout(loaded.config, original)
     # the metadata means what the checkpoint's config.json does (the eos ids come from the tokenizer)
     gguf_config, hf_config = asdict(loaded.config), asdict(load_model_config(folder))
@@ -553,6 +640,12 @@ def test_gguf_loads_the_checkpoint_weights(case, tmp_path_factory, monkeypatch):
         assert gguf_config.pop(key) == pytest.approx(hf_config.pop(key), rel=1e-6), key
     assert gguf_config == hf_config
     hf_scaling = load_model_config(folder).rope_scaling
+    if loaded.config.rope_scaling and loaded.config.rope_scaling["rope_type"] == "freq_factors":
+        # llama.cpp's divisor a rotary pair: the frequencies the checkpoint's scaling gives
+        dim, theta = loaded.config.rotary_dim, loaded.config.rope_theta
+        torch.testing.assert_close(rope_inv_freq(dim, theta, loaded.config.rope_scaling)[0],
+                                   rope_inv_freq(dim, theta, hf_scaling)[0])
+        hf_scaling = None
     for key, value in (hf_scaling or {}).items():
         if key in ("rope_type", "factor", "short_factor", "long_factor", "original_max_position_embeddings"):
             assert loaded.config.rope_scaling[key] == pytest.approx(value), key
@@ -641,7 +734,8 @@ def test_gguf_deepseek2_from_before_the_mla_split_loads_alike(tmp_path_factory):
     assert set(old.weights) == set(new.weights) and all(torch.equal(old.weights[n], w) for n, w in new.weights.items())
 
 
-@pytest.mark.parametrize("case", ["qwen3moe", "mixtral", "granitemoe", "granitemoe:shared", "ernie4_5-moe", "deepseek2"])
+@pytest.mark.parametrize("case", ["qwen3moe", "mixtral", "granitemoe", "granitemoe:shared", "ernie4_5-moe", "deepseek2",
+                                  "gemma4:moe"])
 @pytest.mark.parametrize("expert_type", [QT.Q8_0], ids=lambda t: t.name)
 def test_gguf_quantized_experts_stay_quantized_and_close(case, expert_type, tmp_path_factory):
     """Experts stored quantized load as each expert's QuantWeight and run quantized; the dense greedy
@@ -655,7 +749,8 @@ def test_gguf_quantized_experts_stay_quantized_and_close(case, expert_type, tmp_
     assert experts and all(isinstance(w, QuantWeight) for w in experts)
 
     quant_llm = _llm(path, quantization="auto")
-    mlp = quant_llm.engine.runner.model.layers[-1].mlp  # ERNIE's first layer is dense
+    layer = quant_llm.engine.runner.model.layers[-1]  # ERNIE's first layer is dense
+    mlp = layer.moe or layer.mlp  # (Gemma 4's experts beside its dense MLP)
     assert type(mlp.experts[3].gate_up).__name__ == "QuantLinear"
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=3)
     dense = _llm(dense_path).generate(prompts(), params)

@@ -100,7 +100,7 @@ def embedded():
 def test_the_fast_gguf_reader_reads_every_field_as_gguf_does() -> None:
     """Its arrays are one view (numbers) or memoryview slices (strings), not one numpy view per item: the
     fields' types and contents, and the tensors, equal gguf's own reader's."""
-    from kvserve.model.gguf_loader import _FastGGUFReader, _gguf_metadata
+    from kvserve.model.gguf_reader import _FastGGUFReader, gguf_metadata
 
     path = resolve_model_path(None)
     theirs, ours = gguf.GGUFReader(path), _FastGGUFReader(path)
@@ -108,7 +108,7 @@ def test_the_fast_gguf_reader_reads_every_field_as_gguf_does() -> None:
     for key, field in theirs.fields.items():
         assert ours.fields[key].types == field.types, key
         assert ours.fields[key].contents() == field.contents(), key
-    assert _gguf_metadata(ours)["tokenizer.ggml.tokens"] == len(theirs.fields["tokenizer.ggml.tokens"].data) == 49152
+    assert gguf_metadata(ours)["tokenizer.ggml.tokens"] == len(theirs.fields["tokenizer.ggml.tokens"].data) == 49152
     assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
     assert all(np.array_equal(a.data, b.data) for a, b in zip(ours.tensors, theirs.tensors))
 

@@ -14,10 +14,22 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 
-GGUFGet = Callable[..., Any]  # get(key, default=None): the file's "<llama.cpp arch>.<key>" metadata
+class GGUFGet(Protocol):
+    """A GGUF file as an architecture's ``gguf_config`` reads it: ``get(key, default=None)`` its
+    "<llama.cpp arch>.<key>" metadata, ``get.has(name)`` whether it holds a tensor, ``get.values(name)`` a small
+    tensor's values (the per-pair rotary factors of ``rope_freqs``), ``get.shape(name)`` a tensor's shape (rows first)."""
+
+    def __call__(self, key: str, default: Any = None) -> Any: ...
+
+    def has(self, name: str) -> bool: ...
+
+    def values(self, name: str) -> list[float]: ...
+
+    def shape(self, name: str) -> tuple[int, ...]: ...
+
 
 # Our names for a layer's weights (roles) -> the names Llama's checkpoints give them, under
 # "model.layers.{i}."; an architecture overrides what its checkpoints call otherwise (None: absent).
