@@ -29,7 +29,7 @@ from kvserve.model.gguf_names import GGUF_FUSED_GATE_UP, gguf_to_hf_name
 from kvserve.model.gguf_reader import fast_gguf_reader, gguf_metadata
 from kvserve.model.quant import QuantWeight, from_gguf_blocks
 from kvserve.model.weight_layout import (gates_after_q, join_latent_kv, stack_dense_gate_up, stack_experts,
-                                         stack_shared_gate_up, untile_value_heads)
+                                         stack_shared_gate_up)
 
 logger = logging.getLogger(__name__)
 
@@ -267,7 +267,9 @@ def load_gguf(path: Path, keep_quantized: bool = False, with_tokenizer: bool = T
         weights[hf_name] = torch.from_numpy(values)
     del reader, tensors  # drop the file mapping
     weights = join_latent_kv(config, stack_shared_gate_up(config, stack_experts(config, weights)))
-    weights = untile_value_heads(config, stack_dense_gate_up(config, weights))
+    weights = stack_dense_gate_up(config, weights)
+    if arch.gguf_weights is not None:
+        weights = arch.gguf_weights(config, weights)
     if config.attn_output_gate:  # llama.cpp keeps gated attention's q_proj as the checkpoints store it
         for i in range(config.num_hidden_layers):
             if not config.is_recurrent(i):

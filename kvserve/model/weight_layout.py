@@ -158,6 +158,26 @@ def ungroup_delta(cfg: ModelConfig, weights: dict[str, Any], qkvz: str, ba: str)
     return out
 
 
+def join_delta_gguf(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3-Next's delta-net projections from a GGUF file: llama.cpp's converter splits the grouped q/k/v/z into q, k,
+    v whole (``attn_qkv``, read as ``delta_qkv``) and z (``attn_gate``: ``delta_z``), which stack again as the decoder's
+    ``delta_qkvz``; b and a stay grouped by key head (``ssm_ba``), and come apart as ``ungroup_delta`` does."""
+    arch, out = get_architecture(cfg.architecture), dict(weights)
+    groups, share = cfg.delta_key_heads, cfg.delta_value_heads // cfg.delta_key_heads
+    # where each row of b's then a's whole comes from in the grouped rows (each group: its b's, then its a's)
+    order = [g * 2 * share + j for g in range(groups) for j in range(share)]
+    order += [g * 2 * share + share + j for g in range(groups) for j in range(share)]
+    for i in range(cfg.num_hidden_layers):
+        if not cfg.is_delta(i):
+            continue
+        name = lambda role: f"model.layers.{i}.{arch.weight_name(role)}.weight"  # noqa: E731
+        qkv, z = out.pop(name("delta_qkv")), out.pop(name("delta_z"))
+        out[name("delta_qkvz")] = type(qkv).cat([qkv, z]) if hasattr(qkv, "cat") else stack_rows([qkv, z])
+        ba = out[name("delta_ba")]
+        out[name("delta_ba")] = ba.rows(order) if hasattr(ba, "rows") else ba[order]
+    return out
+
+
 def stack_rows(parts: list[Any]) -> Any:
     """The tensors' rows one after another (their own methods: this module imports no torch)."""
     out = parts[0].new_empty(sum(p.shape[0] for p in parts), *parts[0].shape[1:])

@@ -72,6 +72,9 @@ CASES: dict[str, tuple[str, dict, str]] = {
     # (value heads of 32: whole Q8_0 blocks, which out_proj's columns permute as they are)
     "qwen35": ("Qwen3_5ForCausalLM", dict(full_attention_interval=2, linear_value_head_dim=32), "qwen35"),
     "qwen35moe": ("Qwen3_5MoeForCausalLM", dict(full_attention_interval=2), "qwen35moe"),
+    # Qwen3-Next: in_proj_qkvz split by the converter into q, k, v whole and z; b and a grouped; the value heads as the
+    # checkpoint orders them; experts with a gated shared expert in every layer (llama.cpp's qwen3next has no dense one)
+    "qwen3next": ("Qwen3NextForCausalLM", dict(full_attention_interval=2, mlp_only_layers=[]), "qwen3next"),
     # llama.cpp's graph skips rotary on every 4th layer (no GGUF key): four layers show it
     "smollm3": ("SmolLM3ForCausalLM", dict(no_rope_layer_interval=4), "smollm3"),
     # the converter writes no window for starcoder2 (llama.cpp has none there)
@@ -126,10 +129,10 @@ CASES: dict[str, tuple[str, dict, str]] = {
 # where transformers' GGUF reader has no such architecture, or no stacked experts for it (llama)
 NO_TRANSFORMERS_READER = {"deepseek2", "deepseek2:v3", "lfm2", "lfm2moe", "nemotron", "mistral3", "olmoe", "mixtral", "gemma", "olmo2", "granite", "granitemoe", "granitemoe:shared", "smollm3",
                           "granitehybrid", "granitehybrid:dense", "mamba2", "glm4", "ernie4_5", "ernie4_5:use_bias", "gpt-oss", "cohere2", "command-r", "arcee", "exaone4", "ernie4_5-moe", "phi2", "glm4moe", "olmo2:olmo3", "seed_oss",
-                          "qwen35", "qwen35moe", "gemma4", "gemma4:moe"}
+                          "qwen35", "qwen35moe", "qwen3next", "gemma4", "gemma4:moe"}
 GEMMA = {"gemma", "gemma2", "gemma3"}
 # norms that scale by 1 + weight, which the converters store with the 1 added (not Qwen3.5's gated delta-net norm)
-PLUS_ONE = GEMMA | {"nemotron", "qwen35", "qwen35moe"}
+PLUS_ONE = GEMMA | {"nemotron", "qwen35", "qwen35moe", "qwen3next"}
 # every linear Q8_0; not granite, whose test model's near-flat logits (several tokens within 0.01) Q8_0 reorders
 DENSE_Q8_0 = {"gemma", "gemma4", "olmo2", "smollm3", "starcoder2", "glm4", "ernie4_5:use_bias", "command-r", "cohere2", "exaone4", "phi2"}
 PERMUTED = {"llama", "granite", "granitemoe", "granitehybrid", "smollm3", "arcee", "mistral3"}  # llama.cpp's LlamaModel lineage reorders q/k rows for GGML's rope
@@ -272,7 +275,7 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
     if arch != "gemma4" and experts:
         w.add_expert_count(experts)
         w.add_expert_used_count(d.get("num_experts_per_tok") or d["moe_k"])
-    if arch in ("qwen35", "qwen35moe"):  # the Qwen3NextModel converter's keys, and Qwen3.5's rotary sections
+    if arch in ("qwen35", "qwen35moe", "qwen3next"):  # the Qwen3NextModel converter's keys (and Qwen3.5's sections)
         w.add_ssm_conv_kernel(d["linear_conv_kernel_dim"])
         w.add_ssm_state_size(d["linear_key_head_dim"])
         w.add_ssm_group_count(d["linear_num_key_heads"])
@@ -280,8 +283,9 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
         w.add_ssm_inner_size(d["linear_value_head_dim"] * d["linear_num_value_heads"])
         w.add_full_attention_interval(d.get("full_attention_interval", 4))
         w.add_rope_dimension_count(int(d["head_dim"] * full.get("partial_rotary_factor", 0.25)))
-        w.add_rope_dimension_sections(full.get("mrope_section", [11, 11, 10]) + [0])
-    if arch in ("qwen2moe", "qwen3moe", "qwen35moe"):
+        if arch != "qwen3next":
+            w.add_rope_dimension_sections(full.get("mrope_section", [11, 11, 10]) + [0])
+    if arch in ("qwen2moe", "qwen3moe", "qwen35moe", "qwen3next"):
         w.add_expert_feed_forward_length(d["moe_intermediate_size"])
         if d.get("shared_expert_intermediate_size"):
             w.add_expert_shared_feed_forward_length(d["shared_expert_intermediate_size"])
@@ -379,10 +383,12 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
         _gemma4_tensors(state, d, layers)
     if arch == "llama" and full.get("rope_type") == "llama3":
         state["rope_freqs.weight"] = _llama3_rope_freqs(full, d["head_dim"])
-    if arch in ("qwen35", "qwen35moe"):
+    if arch in ("qwen35", "qwen35moe", "qwen3next"):
         for i in range(layers):
+            if arch == "qwen3next" and f"model.layers.{i}.linear_attn.A_log" in state:
+                _qwen3_next_split_qkvz(state, f"model.layers.{i}.linear_attn.", d, i)
             if f"model.layers.{i}.linear_attn.A_log" in state:
-                _qwen35_delta_tensors(state, f"model.layers.{i}.linear_attn.", d)
+                _qwen35_delta_tensors(state, f"model.layers.{i}.linear_attn.", d, tiled=arch != "qwen3next")
     if arch == "lfm2moe":  # the converter stacks each layer's experts under llama.cpp's names
         for i in range(layers):
             for w_name, leaf in (("w1", "ffn_gate_exps"), ("w3", "ffn_up_exps"), ("w2", "ffn_down_exps")):
@@ -521,7 +527,7 @@ def _granite_hybrid_tensors(state: dict[str, torch.Tensor], d: dict, layers: int
         _mamba2_tensors(state, f"{p}mamba.", d["mamba_n_groups"])
 
 
-def _qwen35_delta_tensors(state: dict[str, torch.Tensor], m: str, d: dict) -> None:
+def _qwen35_delta_tensors(state: dict[str, torch.Tensor], m: str, d: dict, tiled: bool = True) -> None:
     """The Qwen3NextModel converter's delta-net tensors (Qwen3.5's through its V-reordering subclass): A as -exp(A_log),
     dt's bias as dt_proj's, the convolution [channels, taps]; where value heads outnumber key heads, the value heads
     tiled (j-th of every key head, j = 0, 1, ...) in v's rows, z, b, a, A, dt's bias, the convolution's v channels and
@@ -535,7 +541,7 @@ def _qwen35_delta_tensors(state: dict[str, torch.Tensor], m: str, d: dict) -> No
         return grouped.transpose(dim, dim + 1).reshape(shape)
 
     conv = state.pop(m + "conv1d.weight").squeeze(1)
-    if kh != vh:
+    if tiled and kh != vh:
         keys = 2 * kh * kd
         qkv = state[m + "in_proj_qkv.weight"]
         state[m + "in_proj_qkv.weight"] = torch.cat([qkv[:keys], tile(qkv[keys:], 0, vd)])
@@ -549,6 +555,18 @@ def _qwen35_delta_tensors(state: dict[str, torch.Tensor], m: str, d: dict) -> No
     state[m + "conv1d.weight"] = conv
     state[m + "A_log"] = -torch.exp(state[m + "A_log"].float())
     state[m + "dt_proj.bias"] = state.pop(m + "dt_bias")
+
+
+def _qwen3_next_split_qkvz(state: dict[str, torch.Tensor], m: str, d: dict, layer: int) -> None:
+    """The Qwen3NextModel converter's split of in_proj_qkvz (grouped by key head: each group's q, k, v, z) into q, k, v
+    whole (attn_qkv) and z (attn_gate); in_proj_ba stays grouped (ssm_ba)."""
+    kh, vh, kd, vd = (d[k] for k in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                                     "linear_value_head_dim"))
+    w = state.pop(m + "in_proj_qkvz.weight")
+    q, k, v, z = w.reshape(kh, -1, w.shape[-1]).split([kd, kd, vh // kh * vd, vh // kh * vd], dim=1)
+    flat = lambda x: x.reshape(-1, w.shape[-1])  # noqa: E731
+    state[f"blk.{layer}.attn_qkv.weight"] = torch.cat([flat(q), flat(k), flat(v)])
+    state[f"blk.{layer}.attn_gate.weight"] = flat(z)
 
 
 def _mamba2_tensors(state: dict[str, torch.Tensor], m: str, groups: int) -> None:

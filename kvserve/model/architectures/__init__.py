@@ -171,6 +171,9 @@ class Architecture:
     # llama.cpp's names for tensors outside the layers -> ours, where its converter names this architecture's
     # otherwise (LFM2's final norm is "token_embd_norm")
     gguf_globals: Mapping[str, str] = field(default_factory=dict)
+    # (ModelConfig, a GGUF file's tensors under our names) -> the layout the decoder takes, where this architecture's
+    # converter changes more than the loader undoes for every one (Qwen3.5's value heads tiled)
+    gguf_weights: Callable[[Any, dict[str, Any]], dict[str, Any]] | None = None
     # a multimodal config -> the text model's part (its layers, heads, ...)
     text_config: Callable[[dict[str, Any]], dict[str, Any]] = lambda d: d
     stacked_experts: StackedExperts | None = None  # experts in 3-D tensors; None: one set of linears each
