@@ -120,6 +120,10 @@ CASES: dict[str, tuple[str, dict, str]] = {
     "lfm2moe": ("Lfm2MoeForCausalLM", dict(routed_scaling_factor=1.0, tie_word_embeddings=True), "lfm2moe"),  # tied
     # Llama 3's rope scaling as the converter writes it: each rotary pair's frequency divisor in rope_freqs
     "llama": ("LlamaForCausalLM", {}, "llama"),
+    # Llama 4: what llama.cpp's graph fixes (chunks of 8192 on three layers of four, the fourth without rotary, queries
+    # scaled past 8192) set in the checkpoint too; experts every other layer, their input scaled, a shared expert
+    "llama4": ("Llama4ForCausalLM", dict(no_rope_layer_interval=4, attention_chunk_size=8192, floor_scale=8192,
+                                         attn_scale=0.1), "llama4"),
     # global layers with wider heads, one K/V head and values from keys (no attn_v), "proportional" RoPE as rope_freqs
     # factors; K/V shared by the last two layers; per-layer inputs; double-wide MLPs as a per-layer feed_forward_length
     "gemma4": ("Gemma4ForCausalLM", {}, "gemma4"),
@@ -129,7 +133,7 @@ CASES: dict[str, tuple[str, dict, str]] = {
 # where transformers' GGUF reader has no such architecture, or no stacked experts for it (llama)
 NO_TRANSFORMERS_READER = {"deepseek2", "deepseek2:v3", "lfm2", "lfm2moe", "nemotron", "mistral3", "olmoe", "mixtral", "gemma", "olmo2", "granite", "granitemoe", "granitemoe:shared", "smollm3",
                           "granitehybrid", "granitehybrid:dense", "mamba2", "glm4", "ernie4_5", "ernie4_5:use_bias", "gpt-oss", "cohere2", "command-r", "arcee", "exaone4", "ernie4_5-moe", "phi2", "glm4moe", "olmo2:olmo3", "seed_oss",
-                          "qwen35", "qwen35moe", "qwen3next", "gemma4", "gemma4:moe"}
+                          "qwen35", "qwen35moe", "qwen3next", "gemma4", "gemma4:moe", "llama4"}
 GEMMA = {"gemma", "gemma2", "gemma3"}
 # norms that scale by 1 + weight, which the converters store with the 1 added (not Qwen3.5's gated delta-net norm)
 PLUS_ONE = GEMMA | {"nemotron", "qwen35", "qwen35moe", "qwen3next"}
@@ -236,6 +240,12 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
         w.add_feed_forward_length(lfm2_intermediate(d))
         w.add_shortconv_l_cache(d["conv_L_cache"])
         w.add_vocab_size(d["vocab_size"])
+    elif arch == "llama4":  # its converter's: the dense MLP's width as feed_forward_length, the experts' apart
+        w.add_feed_forward_length(d["intermediate_size_mlp"])
+        w.add_expert_feed_forward_length(d["intermediate_size"])
+        w.add_interleave_moe_layer_step(d["interleave_moe_layer_step"])
+        w.add_vocab_size(d["vocab_size"])
+        w.add_rope_dimension_count(d["head_dim"])
     else:
         w.add_feed_forward_length(d.get("intermediate_size", 0))
     w.add_head_count(heads)
@@ -381,6 +391,14 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
             _mamba2_tensors(state, f"backbone.layers.{i}.mixer.", d["n_groups"])
     if arch == "gemma4":
         _gemma4_tensors(state, d, layers)
+    if arch == "llama4":  # the experts as llama.cpp's other MoE files hold them: gate's and up's [experts, inter, hidden]
+        for i in range(layers):
+            p = f"model.layers.{i}.feed_forward.experts."
+            if p + "gate_up_proj" in state:
+                gate, up = state.pop(p + "gate_up_proj").chunk(2, dim=-1)
+                state[f"blk.{i}.ffn_gate_exps.weight"] = gate.transpose(-1, -2)
+                state[f"blk.{i}.ffn_up_exps.weight"] = up.transpose(-1, -2)
+                state[f"blk.{i}.ffn_down_exps.weight"] = state.pop(p + "down_proj").transpose(-1, -2)
     if arch == "llama" and full.get("rope_type") == "llama3":
         state["rope_freqs.weight"] = _llama3_rope_freqs(full, d["head_dim"])
     if arch in ("qwen35", "qwen35moe", "qwen3next"):

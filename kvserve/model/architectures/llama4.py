@@ -6,7 +6,7 @@ after rotary (``use_qk_norm``); the layers without rotary attend the whole conte
 its expert's input (not its output), beside a shared expert; experts stored stacked [experts, hidden, 2 x inter]; the
 dense layers' MLP of ``intermediate_size_mlp``. The multimodal checkpoints are read as their text model."""
 
-from kvserve.model.architectures import Architecture, StackedExperts, register
+from kvserve.model.architectures import Architecture, GGUFGet, StackedExperts, register
 from kvserve.model.architectures.gemma3_mm import text_part
 
 
@@ -34,12 +34,28 @@ def llama4_config(d: dict) -> dict:
     return out
 
 
+def llama4_gguf(get: GGUFGet) -> dict:
+    """What llama.cpp's graph fixes for "llama4" files: chunks of 8192 on three layers of four (the fourth without rotary)
+    with queries scaled past 8192 positions (scale 0.1), unless the file's window is 0 (every layer rotating, whole
+    context: MobileLLM's); q/k norms except with 128 experts (Maverick's config turns them off)."""
+    experts = int(get("expert_count", 0))
+    out = {"intermediate_size_mlp": get("feed_forward_length"), "interleave_moe_layer_step": int(get("interleave_moe_layer_step", 1)),
+           "intermediate_size": int(get("expert_feed_forward_length", get("feed_forward_length"))),
+           "use_qk_norm": experts != 128}
+    if get("attention.sliding_window") == 0:
+        return {**out, "no_rope_layer_interval": int(get("block_count")) + 1, "attention_chunk_size": None,
+                "attn_temperature_tuning": False}
+    return {**out, "no_rope_layer_interval": 4, "attention_chunk_size": 8192, "attn_temperature_tuning": True,
+            "attn_scale": 0.1, "floor_scale": 8192}
+
+
 WEIGHTS = {"gate_proj": "feed_forward.gate_proj", "up_proj": "feed_forward.up_proj",
            "down_proj": "feed_forward.down_proj", "router": "feed_forward.router",
            "shared_expert": "feed_forward.shared_expert."}
 EXPERTS = StackedExperts(gate_up="feed_forward.experts.gate_up_proj", down="feed_forward.experts.down_proj",
                          interleaved=False, transposed=True)
-register(Architecture("Llama4ForCausalLM", llama4_config, weights=WEIGHTS, stacked_experts=EXPERTS))
+register(Architecture("Llama4ForCausalLM", llama4_config, weights=WEIGHTS, stacked_experts=EXPERTS, gguf="llama4",
+                      gguf_config=llama4_gguf))
 register(Architecture("Llama4ForConditionalGeneration", llama4_config, weights=WEIGHTS, stacked_experts=EXPERTS,
                       text_config=text_part,
                       prefixes={"language_model.model.": "model.", "language_model.lm_head.": "lm_head.",
