@@ -120,6 +120,14 @@ CASES: dict[str, tuple[str, dict, str]] = {
     "lfm2moe": ("Lfm2MoeForCausalLM", dict(routed_scaling_factor=1.0, tie_word_embeddings=True), "lfm2moe"),  # tied
     # Llama 3's rope scaling as the converter writes it: each rotary pair's frequency divisor in rope_freqs
     "llama": ("LlamaForCausalLM", {}, "llama"),
+    # Nemotron-H: Mamba-2 blocks, attention without rotary, relu2 MLPs; and (nemotron_h_moe) experts of up and down with
+    # a shared expert, sigmoid scores and a selection bias (one expert group: the file names no count to choose; the
+    # dense width the experts' as no block is dense)
+    "nemotron_h": ("NemotronHForCausalLM", dict(layers_block_type=["mamba", "mlp", "attention", "mlp"], num_hidden_layers=4),
+                   "nemotron_h"),
+    "nemotron_h_moe": ("NemotronHForCausalLM", dict(layers_block_type=["mamba", "moe", "attention", "moe", "mamba", "moe"],
+                                                   n_group=1, topk_group=1, intermediate_size=32),  # (no dense MLP)
+                       "nemotron_h_moe"),
     # Llama 4: what llama.cpp's graph fixes (chunks of 8192 on three layers of four, the fourth without rotary, queries
     # scaled past 8192) set in the checkpoint too; experts every other layer, their input scaled, a shared expert
     "llama4": ("Llama4ForCausalLM", dict(no_rope_layer_interval=4, attention_chunk_size=8192, floor_scale=8192,
@@ -133,7 +141,8 @@ CASES: dict[str, tuple[str, dict, str]] = {
 # where transformers' GGUF reader has no such architecture, or no stacked experts for it (llama)
 NO_TRANSFORMERS_READER = {"deepseek2", "deepseek2:v3", "lfm2", "lfm2moe", "nemotron", "mistral3", "olmoe", "mixtral", "gemma", "olmo2", "granite", "granitemoe", "granitemoe:shared", "smollm3",
                           "granitehybrid", "granitehybrid:dense", "mamba2", "glm4", "ernie4_5", "ernie4_5:use_bias", "gpt-oss", "cohere2", "command-r", "arcee", "exaone4", "ernie4_5-moe", "phi2", "glm4moe", "olmo2:olmo3", "seed_oss",
-                          "qwen35", "qwen35moe", "qwen3next", "gemma4", "gemma4:moe", "llama4"}
+                          "qwen35", "qwen35moe", "qwen3next", "gemma4", "gemma4:moe", "llama4", "nemotron_h",
+                          "nemotron_h_moe"}
 GEMMA = {"gemma", "gemma2", "gemma3"}
 # norms that scale by 1 + weight, which the converters store with the 1 added (not Qwen3.5's gated delta-net norm)
 PLUS_ONE = GEMMA | {"nemotron", "qwen35", "qwen35moe", "qwen3next"}
@@ -218,7 +227,7 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
     d = model.config.to_dict()
     rope = d.get("rope_parameters") or {}
     full = rope.get("full_attention", rope)
-    layers, hidden = d["num_hidden_layers"], d["hidden_size"]
+    layers, hidden = d.get("num_hidden_layers") or len(d["layers_block_type"]), d["hidden_size"]  # (Nemotron-H: no count)
     heads, kv_heads = d.get("num_attention_heads", 0), d.get("num_key_value_heads", 0)  # (none in a Mamba2 model)
     experts = d.get("num_local_experts") or d.get("num_experts") or d.get("moe_num_experts") or \
         d.get("n_routed_experts") or 0
@@ -246,6 +255,8 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
         w.add_interleave_moe_layer_step(d["interleave_moe_layer_step"])
         w.add_vocab_size(d["vocab_size"])
         w.add_rope_dimension_count(d["head_dim"])
+    elif arch in ("nemotron_h", "nemotron_h_moe"):  # per block (with the K/V heads: _nemotron_h_metadata)
+        pass
     else:
         w.add_feed_forward_length(d.get("intermediate_size", 0))
     w.add_head_count(heads)
@@ -271,18 +282,20 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
             w.add_expert_shared_feed_forward_length(d["shared_intermediate_size"])
     elif arch == "gemma4":
         _gemma4_metadata(w, d)
+    elif arch in ("nemotron_h", "nemotron_h_moe"):
+        _nemotron_h_metadata(w, d)
     else:
         w.add_head_count_kv(kv_heads)
     if arch in ("starcoder2", "stablelm", "command-r", "cohere2", "phi2", "nemotron"):  # LayerNorms: their own eps key
         w.add_layer_norm_eps(d.get("norm_epsilon") or d.get("norm_eps") or d["layer_norm_eps"])
     else:
         w.add_layer_norm_rms_eps(d.get("rms_norm_eps") or d.get("norm_eps") or d["layer_norm_epsilon"])
-    if arch not in ("gemma", "gemma2", "mamba2"):  # these converters write no rope base (llama.cpp's default: 10000)
+    if arch not in ("gemma", "gemma2", "mamba2", "nemotron_h", "nemotron_h_moe"):  # these converters write no rope base (llama.cpp's default: 10000)
         w.add_rope_freq_base(full["rope_theta"])
     if arch not in ("phi3", "granite", "granitemoe", "granitehybrid", "deepseek2", "mamba2", "gemma4"):  # Granite's drops head_dim
         w.add_key_length(d["head_dim"])
         w.add_value_length(d["head_dim"])
-    if arch != "gemma4" and experts:
+    if arch not in ("gemma4", "nemotron_h") and experts:
         w.add_expert_count(experts)
         w.add_expert_used_count(d.get("num_experts_per_tok") or d["moe_k"])
     if arch in ("qwen35", "qwen35moe", "qwen3next"):  # the Qwen3NextModel converter's keys (and Qwen3.5's sections)
@@ -391,6 +404,15 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
             _mamba2_tensors(state, f"backbone.layers.{i}.mixer.", d["n_groups"])
     if arch == "gemma4":
         _gemma4_tensors(state, d, layers)
+    if arch in ("nemotron_h", "nemotron_h_moe"):
+        for i, kind in enumerate(d["layers_block_type"]):
+            p = f"backbone.layers.{i}.mixer."
+            if kind in ("mamba", "linear_attention"):
+                _mamba2_tensors(state, p, d["n_groups"])
+            for leaf in ("up_proj", "down_proj"):  # the converter stacks each layer's experts
+                names = [f"{p}experts.{e}.{leaf}.weight" for e in range(experts)]
+                if names[0] in state:
+                    state[f"blk.{i}.ffn_{leaf[:-5]}_exps.weight"] = torch.stack([state.pop(n) for n in names])
     if arch == "llama4":  # the experts as llama.cpp's other MoE files hold them: gate's and up's [experts, inter, hidden]
         for i in range(layers):
             p = f"model.layers.{i}.feed_forward.experts."
@@ -453,6 +475,28 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def _nemotron_h_metadata(w: gguf.GGUFWriter, d: dict) -> None:
+    """The NemotronHModel converter's keys (GraniteHybridModel's lineage): K/V heads and the feed-forward length one a
+    block (0 where the block is not of that kind), the Mamba-2 settings under "ssm.", the experts' keys."""
+    kinds = d["layers_block_type"]
+    moe = any(k == "moe" for k in kinds)
+    w.add_head_count_kv([d["num_key_value_heads"] if k in ("attention", "full_attention") else 0 for k in kinds])
+    width = d["moe_intermediate_size"] if moe else d["intermediate_size"]
+    w.add_feed_forward_length([width if k in ("mlp", "moe") else 0 for k in kinds])
+    w.add_ssm_conv_kernel(d["conv_kernel"])
+    w.add_ssm_state_size(d["ssm_state_size"])
+    w.add_ssm_group_count(d["n_groups"])
+    w.add_ssm_inner_size(d["mamba_num_heads"] * d["mamba_head_dim"])
+    w.add_ssm_time_step_rank(d["mamba_num_heads"])
+    if moe:
+        w.add_expert_feed_forward_length(d["moe_intermediate_size"])
+        w.add_expert_shared_feed_forward_length(d["moe_shared_expert_intermediate_size"])
+        w.add_expert_shared_count(d["n_shared_experts"])
+        w.add_expert_weights_norm(d["norm_topk_prob"])
+        w.add_expert_weights_scale(d["routed_scaling_factor"])
+        w.add_expert_group_count(d["n_group"])
 
 
 def _llama3_rope_freqs(rope: dict, dim: int) -> torch.Tensor:

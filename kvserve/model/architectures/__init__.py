@@ -158,6 +158,7 @@ class Architecture:
     config: Callable[[dict[str, Any]], dict[str, Any]] = lambda d: {}
     weights: Mapping[str, str | None] = field(default_factory=dict)  # overrides of LLAMA_WEIGHTS
     gguf: str | None = None  # llama.cpp's general.architecture, where kvserve reads its GGUF files
+    gguf_also: tuple[str, ...] = ()  # its other llama.cpp names (a MoE model's own: "nemotron_h_moe")
     # llama.cpp's converter reorders q/k rows (and biases) for GGML's rope on adjacent pairs (its
     # LlamaModel lineage: llama, granite, smollm3); the loader undoes it
     gguf_permuted: bool = False
@@ -280,7 +281,7 @@ def architecture_names() -> list[str]:
 def gguf_architectures() -> dict[str, str]:
     """llama.cpp's architecture name -> ours, for the GGUF loader."""
     _load()
-    return {a.gguf: a.name for a in _ARCHITECTURES.values() if a.gguf}
+    return {g: a.name for a in _ARCHITECTURES.values() for g in ((a.gguf, *a.gguf_also) if a.gguf else ())}
 
 
 # one line per architecture module

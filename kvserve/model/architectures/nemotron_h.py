@@ -5,7 +5,7 @@ and a shared expert without a gate). ``layers_block_type`` (or the older ``hybri
 blocks. The checkpoints' names: ``backbone.`` (or ``model.``) ``embeddings``, ``layers.{i}.norm`` and ``.mixer``,
 ``norm_f``."""
 
-from kvserve.model.architectures import Architecture, first_of, register
+from kvserve.model.architectures import Architecture, GGUFGet, first_of, register
 from kvserve.model.architectures.deepseek_v3 import v3_experts
 from kvserve.model.architectures.mamba2 import mamba2_config
 
@@ -46,8 +46,36 @@ def nemotron_h_config(d: dict) -> dict:
     return out
 
 
+def nemotron_h_gguf(get: GGUFGet) -> dict:
+    """llama.cpp's "nemotron_h" and "nemotron_h_moe" files: a block attends where it has K/V heads, is an MLP (experts,
+    in a MoE file) where it has a feed-forward length, else Mamba-2; the Mamba-2 settings under "ssm."; the expert
+    groups all eligible (the file names no count to choose from them)."""
+    layers = int(get("block_count")) - int(get("nextn_predict_layers", 0))
+    kv, ff = get("attention.head_count_kv"), get("feed_forward_length")
+    kv, ff = (x if isinstance(x, list) else [x] * layers for x in (kv, ff))
+    experts = int(get("expert_count", 0))
+    kinds = ["attention" if kv[i] else ("moe" if experts else "mlp") if ff[i] else "mamba" for i in range(layers)]
+    first_mamba = kinds.index("mamba") if "mamba" in kinds else 0
+    inner, heads = int(get("ssm.inner_size")), int(get("ssm.time_step_rank"))
+    out = {"layers_block_type": kinds, "num_hidden_layers": layers, "mamba_num_heads": heads,
+           "mamba_head_dim": inner // heads, "mamba_d_ssm": inner, "n_groups": int(get("ssm.group_count", 1)),
+           "ssm_state_size": int(get("ssm.state_size")), "conv_kernel": int(get("ssm.conv_kernel", 4)),
+           "use_bias": get.has(f"blk.{first_mamba}.ssm_in.bias"),
+           "use_conv_bias": get.has(f"blk.{first_mamba}.ssm_conv1d.bias"), "intermediate_size": max(ff[:layers])}
+    if experts:
+        groups = int(get("expert_group_count", 1))
+        out.update(n_routed_experts=experts, moe_intermediate_size=int(get("expert_feed_forward_length")),
+                   moe_shared_expert_intermediate_size=int(get("expert_shared_feed_forward_length", 0)),
+                   n_group=groups, topk_group=int(get("expert_group_used_count", groups)),
+                   norm_topk_prob=bool(get("expert_weights_norm", True)),
+                   routed_scaling_factor=float(get("expert_weights_scale", 1.0)),
+                   n_shared_experts=int(get("expert_shared_count", 1)))
+    return out
+
+
 register(Architecture(
-    "NemotronHForCausalLM", nemotron_h_config, text_config=with_layer_count,
+    "NemotronHForCausalLM", nemotron_h_config, text_config=with_layer_count, gguf="nemotron_h",
+    gguf_also=("nemotron_h_moe",), gguf_config=nemotron_h_gguf,
     weights={"input_layernorm": "norm", "post_attention_layernorm": "norm",
              "mamba_in_proj": "mixer.in_proj", "mamba_out_proj": "mixer.out_proj", "mamba_conv": "mixer.conv1d",
              "mamba_dt_bias": "mixer.dt_bias", "mamba_A_log": "mixer.A_log", "mamba_D": "mixer.D",
