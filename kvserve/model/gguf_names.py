@@ -78,8 +78,8 @@ def gguf_to_hf_name(name: str, arch: Architecture | None = None) -> str | None:
     if role in _TENSOR_ROLES:
         hf = arch.weight_name(role)
         return None if hf is None else f"{layer}{hf}"
-    if not suffix:
-        return None
+    if not suffix:  # a module's weight named without ".weight" (gguf-py maps "pre_ff_layernorm.weight" whole)
+        suffix = "weight"
     if role == "up_proj" and arch.weight_name("gate_up_proj") is not None:
         role = "gate_up_proj"  # llama.cpp names a stacked gate + up "ffn_up" (Phi-3): its graph splits it in halves
     hf = None if role is None else arch.weight_name(role)

@@ -128,6 +128,9 @@ CASES: dict[str, tuple[str, dict, str]] = {
     "nemotron_h_moe": ("NemotronHForCausalLM", dict(layers_block_type=["mamba", "moe", "attention", "moe", "mamba", "moe"],
                                                    n_group=1, topk_group=1, intermediate_size=32),  # (no dense MLP)
                        "nemotron_h_moe"),
+    # Falcon-H1: attention beside Mamba-2 in every layer; the gated norm over y * silu(z) (llama.cpp's), its multipliers
+    # all 1 (the converter folds them into the weights: test_gguf_falcon_h1_multipliers_are_folded_in)
+    "falcon-h1": ("FalconH1ForCausalLM:gated", {}, "falcon-h1"),
     # Llama 4: what llama.cpp's graph fixes (chunks of 8192 on three layers of four, the fourth without rotary, queries
     # scaled past 8192) set in the checkpoint too; experts every other layer, their input scaled, a shared expert
     "llama4": ("Llama4ForCausalLM", dict(no_rope_layer_interval=4, attention_chunk_size=8192, floor_scale=8192,
@@ -142,7 +145,7 @@ CASES: dict[str, tuple[str, dict, str]] = {
 NO_TRANSFORMERS_READER = {"deepseek2", "deepseek2:v3", "lfm2", "lfm2moe", "nemotron", "mistral3", "olmoe", "mixtral", "gemma", "olmo2", "granite", "granitemoe", "granitemoe:shared", "smollm3",
                           "granitehybrid", "granitehybrid:dense", "mamba2", "glm4", "ernie4_5", "ernie4_5:use_bias", "gpt-oss", "cohere2", "command-r", "arcee", "exaone4", "ernie4_5-moe", "phi2", "glm4moe", "olmo2:olmo3", "seed_oss",
                           "qwen35", "qwen35moe", "qwen3next", "gemma4", "gemma4:moe", "llama4", "nemotron_h",
-                          "nemotron_h_moe"}
+                          "nemotron_h_moe", "falcon-h1"}
 GEMMA = {"gemma", "gemma2", "gemma3"}
 # norms that scale by 1 + weight, which the converters store with the 1 added (not Qwen3.5's gated delta-net norm)
 PLUS_ONE = GEMMA | {"nemotron", "qwen35", "qwen35moe", "qwen3next"}
@@ -264,6 +267,14 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
         w.add_head_count_kv(1)
     elif arch in ("lfm2", "lfm2moe"):  # a count per layer, 0 where it does not attend
         w.add_head_count_kv([0 if kind == "conv" else kv_heads for kind in d["layer_types"]])
+    elif arch == "falcon-h1":  # the Mamba2Model converter's ssm keys, then FalconH1Model's attention keys
+        w.add_ssm_conv_kernel(d["mamba_d_conv"])
+        w.add_ssm_inner_size(d["mamba_d_ssm"])
+        w.add_ssm_state_size(d["mamba_d_state"])
+        w.add_ssm_time_step_rank(d["mamba_n_heads"])
+        w.add_ssm_group_count(d["mamba_n_groups"])
+        w.add_head_count_kv(kv_heads)
+        w.add_vocab_size(d["vocab_size"])
     elif arch == "mamba2":  # the Mamba2Model converter's: no heads, no MLP, the ssm keys
         w.add_ssm_conv_kernel(d["conv_kernel"])
         w.add_ssm_inner_size(d["num_heads"] * d["head_dim"])
@@ -404,6 +415,8 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
             _mamba2_tensors(state, f"backbone.layers.{i}.mixer.", d["n_groups"])
     if arch == "gemma4":
         _gemma4_tensors(state, d, layers)
+    if arch == "falcon-h1":
+        _falcon_h1_tensors(state, d, layers)
     if arch in ("nemotron_h", "nemotron_h_moe"):
         for i, kind in enumerate(d["layers_block_type"]):
             p = f"backbone.layers.{i}.mixer."
@@ -475,6 +488,37 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def _falcon_h1_tensors(state: dict[str, torch.Tensor], d: dict, layers: int) -> None:
+    """The FalconH1Model converter's: each multiplier folded into the tensor it scales (weight or bias alike, as the
+    converter does: every tensor of that module), in_proj's parts (z, x, B, C, dt) each by its own, the embedding and
+    the head by theirs; then the Mamba2Model converter's changes."""
+    one = lambda key: float(d.get(key) if d.get(key) is not None else 1.0)  # noqa: E731
+    gate, down = d.get("mlp_multipliers") or (1.0, 1.0)
+    inner, state_size = d["mamba_d_ssm"], d["mamba_n_groups"] * d["mamba_d_state"]
+    ssm = d.get("ssm_multipliers") or [1.0] * 5
+    for name in list(state):
+        t, leaf = state[name], name.rsplit(".", 2)[-2]
+        factor = {"down_proj": float(down), "gate_proj": float(gate), "q_proj": one("attention_in_multiplier"),
+                  "k_proj": one("attention_in_multiplier") * one("key_multiplier"),
+                  "v_proj": one("attention_in_multiplier"), "o_proj": one("attention_out_multiplier"),
+                  "out_proj": one("ssm_out_multiplier"), "in_proj": one("ssm_in_multiplier")}.get(leaf)
+        if name == "lm_head.weight":
+            factor = one("lm_head_multiplier")
+        elif name == "model.embed_tokens.weight":
+            factor = one("embedding_multiplier")
+        if factor is None:
+            continue
+        t = t * factor
+        if leaf == "in_proj":
+            t = t.clone()
+            bounds = [0, inner, 2 * inner, 2 * inner + state_size, 2 * inner + 2 * state_size, t.shape[0]]
+            for (a, b), f in zip(zip(bounds, bounds[1:]), ssm):
+                t[a:b] *= f
+        state[name] = t
+    for i in range(layers):
+        _mamba2_tensors(state, f"model.layers.{i}.mamba.", d["mamba_n_groups"])
 
 
 def _nemotron_h_metadata(w: gguf.GGUFWriter, d: dict) -> None:
@@ -637,7 +681,8 @@ def _mamba2_tensors(state: dict[str, torch.Tensor], m: str, groups: int) -> None
         return
     state[f"{m}A_log"] = -torch.exp(state[f"{m}A_log"])[:, None]
     state[f"{m}D"] = state[f"{m}D"][:, None]
-    state[f"{m}norm.weight"] = state[f"{m}norm.weight"].reshape(groups, -1)
+    if f"{m}norm.weight" in state:
+        state[f"{m}norm.weight"] = state[f"{m}norm.weight"].reshape(groups, -1)
     state[f"{m}conv1d.weight"] = state[f"{m}conv1d.weight"].squeeze(1)
     state[f"{m}dt_proj.bias"] = state.pop(f"{m}dt_bias")
 
@@ -932,3 +977,17 @@ def test_gguf_biases_are_read_from_every_layer(tmp_path):
     assert (cfg.mlp_bias, cfg.o_proj_bias, cfg.attention_bias) == (True, True, False)
     cfg = _gguf_config(meta, {"blk.0.ffn_gate_exps.weight": None, "blk.1.attn_q.bias": None}, tmp_path / "x.gguf")
     assert (cfg.mlp_bias, cfg.o_proj_bias, cfg.attention_bias) == (False, False, True)
+
+
+def test_gguf_falcon_h1_multipliers_are_folded_in(tmp_path_factory):
+    """A Falcon-H1 file whose converter folded every muP multiplier into the weights (each part of the Mamba in_proj by
+    its own; the embedding and the head too) gives transformers' greedy tokens with none left in its config."""
+    overrides = {k: v for k, v in ARCH_CASES["FalconH1ForCausalLM"][1].items() if "multiplier" in k}
+    model = hf_model("FalconH1ForCausalLM:gated", **overrides)
+    folder = tmp_path_factory.mktemp("gguf-falcon-h1-multipliers")
+    model.save_pretrained(folder)
+    write_like_llama_cpp(model, folder, folder / "m.gguf", "falcon-h1")
+    loaded = load_model(folder / "m.gguf")
+    assert loaded.config.embed_scale == loaded.config.logit_scale == 1.0
+    want = [hf_greedy(model, p, GREEDY.max_tokens) for p in prompts()]
+    assert [o.token_ids for o in _llm(folder / "m.gguf").generate(prompts(), GREEDY)] == want

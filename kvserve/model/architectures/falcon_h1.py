@@ -7,7 +7,7 @@ scale the embeddings and logits (``embed_scale``, ``logit_scale``) and, folded i
 
 from typing import Any
 
-from kvserve.model.architectures import Architecture, register
+from kvserve.model.architectures import Architecture, GGUFGet, register
 from kvserve.model.architectures.mamba2 import mamba2_config
 
 
@@ -61,7 +61,23 @@ def fold_multipliers(cfg: Any, weights: dict[str, Any]) -> dict[str, Any]:
     return weights
 
 
-register(Architecture("FalconH1ForCausalLM", falcon_h1_config, adjust_weights=fold_multipliers, weights={
+def falcon_h1_gguf(get: GGUFGet) -> dict:
+    """llama.cpp's "falcon-h1" files: the converter has folded every multiplier into the weights (the embedding's and
+    the head's too), so none is left to apply; the Mamba-2 settings under "ssm."; the gated norm where the file has
+    one, over y * silu(z) as llama.cpp's graph takes it; the biases the file holds."""
+    inner, heads = int(get("ssm.inner_size")), int(get("ssm.time_step_rank"))
+    return {"mamba_d_ssm": inner, "mamba_n_heads": heads, "mamba_d_head": inner // heads,
+            "mamba_d_state": int(get("ssm.state_size")), "mamba_n_groups": int(get("ssm.group_count", 1)),
+            "mamba_d_conv": int(get("ssm.conv_kernel", 4)), "mamba_rms_norm": get.has("blk.0.ssm_norm.weight"),
+            "mamba_norm_before_gate": False, "mamba_conv_bias": get.has("blk.0.ssm_conv1d.bias"),
+            "mamba_proj_bias": get.has("blk.0.ssm_in.bias"), "projectors_bias": get.has("blk.0.ssm_out.bias"),
+            **dict.fromkeys(("key_multiplier", "attention_in_multiplier", "attention_out_multiplier",
+                             "ssm_in_multiplier", "ssm_out_multiplier", "embedding_multiplier", "lm_head_multiplier"),
+                            1.0), "mlp_multipliers": [1.0, 1.0], "ssm_multipliers": [1.0] * 5}
+
+
+register(Architecture("FalconH1ForCausalLM", falcon_h1_config, adjust_weights=fold_multipliers, gguf="falcon-h1",
+                      gguf_config=falcon_h1_gguf, weights={
     "post_attention_layernorm": "pre_ff_layernorm", "gate_proj": "feed_forward.gate_proj",
     "up_proj": "feed_forward.up_proj", "down_proj": "feed_forward.down_proj"},
     prefixes={"model.final_layernorm.": "model.norm.", "model.": "model.", "lm_head.": "lm_head."}))
