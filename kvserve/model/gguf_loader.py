@@ -260,10 +260,10 @@ def load_gguf(path: Path, keep_quantized: bool = False, with_tokenizer: bool = T
             values -= config.norm_offset
         if name.endswith(".ffn_gate_inp_shexp.weight") and values.ndim == 1:
             values = values[None]  # older converters squeezed the shared expert's gate [1, hidden] to [hidden]
-        if name.endswith((".ssm_a", ".ssm_d", ".ssm_norm.weight")):  # Mamba-2's, stored [heads, 1] / [groups, n]
-            values = values.reshape(-1)
-            if name.endswith(".ssm_a"):  # stored as A = -exp(A_log)
-                values = np.log(-values)
+        if name.endswith(".ssm_norm.weight") or name.endswith((".ssm_a", ".ssm_d")) and values.shape[-1] == 1:
+            values = values.reshape(-1)  # Mamba-2's, stored [groups, n] / [heads, 1] (Mamba-1's A is [inner, state])
+        if name.endswith(".ssm_a"):  # stored as A = -exp(A_log)
+            values = np.log(-values)
         weights[hf_name] = torch.from_numpy(values)
     del reader, tensors  # drop the file mapping
     weights = join_latent_kv(config, stack_shared_gate_up(config, stack_experts(config, weights)))

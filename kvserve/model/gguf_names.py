@@ -73,7 +73,7 @@ def gguf_to_hf_name(name: str, arch: Architecture | None = None) -> str | None:
     if leaf in _GGUF_SHARED_PARTS:
         return f"{layer}{arch.weight_name('shared_expert')}{arch.weight_name(_GGUF_SHARED_PARTS[leaf])}.{suffix}"
     role = arch.gguf_roles.get(leaf, _GGUF_LAYER_ROLES.get(leaf))
-    if role == "mamba_dt_bias" and suffix != "bias":  # (Mamba-1's ssm_dt is a linear: not read from GGUF)
+    if role == "mamba_dt_bias" and suffix != "bias":  # (a Mamba-2 file's ssm_dt is only its bias)
         return None
     if role in _TENSOR_ROLES:
         hf = arch.weight_name(role)

@@ -131,6 +131,10 @@ CASES: dict[str, tuple[str, dict, str]] = {
     # Falcon-H1: attention beside Mamba-2 in every layer; the gated norm over y * silu(z) (llama.cpp's), its multipliers
     # all 1 (the converter folds them into the weights: test_gguf_falcon_h1_multipliers_are_folded_in)
     "falcon-h1": ("FalconH1ForCausalLM:gated", {}, "falcon-h1"),
+    # Mamba-1 (the converter takes only an inner size of twice the width); Falcon Mamba's norms of dt, B and C, which
+    # llama.cpp's graph takes with the layers' eps
+    "mamba": ("MambaForCausalLM", dict(intermediate_size=128), "mamba"),
+    "mamba:falcon": ("FalconMambaForCausalLM", dict(intermediate_size=128, mixer_rms_eps=1e-5), "mamba"),
     # Llama 4: what llama.cpp's graph fixes (chunks of 8192 on three layers of four, the fourth without rotary, queries
     # scaled past 8192) set in the checkpoint too; experts every other layer, their input scaled, a shared expert
     "llama4": ("Llama4ForCausalLM", dict(no_rope_layer_interval=4, attention_chunk_size=8192, floor_scale=8192,
@@ -145,7 +149,7 @@ CASES: dict[str, tuple[str, dict, str]] = {
 NO_TRANSFORMERS_READER = {"deepseek2", "deepseek2:v3", "lfm2", "lfm2moe", "nemotron", "mistral3", "olmoe", "mixtral", "gemma", "olmo2", "granite", "granitemoe", "granitemoe:shared", "smollm3",
                           "granitehybrid", "granitehybrid:dense", "mamba2", "glm4", "ernie4_5", "ernie4_5:use_bias", "gpt-oss", "cohere2", "command-r", "arcee", "exaone4", "ernie4_5-moe", "phi2", "glm4moe", "olmo2:olmo3", "seed_oss",
                           "qwen35", "qwen35moe", "qwen3next", "gemma4", "gemma4:moe", "llama4", "nemotron_h",
-                          "nemotron_h_moe", "falcon-h1"}
+                          "nemotron_h_moe", "falcon-h1", "mamba", "mamba:falcon"}
 GEMMA = {"gemma", "gemma2", "gemma3"}
 # norms that scale by 1 + weight, which the converters store with the 1 added (not Qwen3.5's gated delta-net norm)
 PLUS_ONE = GEMMA | {"nemotron", "qwen35", "qwen35moe", "qwen3next"}
@@ -275,6 +279,12 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
         w.add_ssm_group_count(d["mamba_n_groups"])
         w.add_head_count_kv(kv_heads)
         w.add_vocab_size(d["vocab_size"])
+    elif arch == "mamba":  # the MambaModel converter's: no heads, no MLP, the ssm keys, Falcon Mamba's norms' flag
+        w.add_ssm_conv_kernel(d["conv_kernel"])
+        w.add_ssm_inner_size(d["intermediate_size"])
+        w.add_ssm_state_size(d["state_size"])
+        w.add_ssm_time_step_rank(d["time_step_rank"])
+        w.add_ssm_dt_b_c_rms(d["model_type"] == "falcon_mamba")
     elif arch == "mamba2":  # the Mamba2Model converter's: no heads, no MLP, the ssm keys
         w.add_ssm_conv_kernel(d["conv_kernel"])
         w.add_ssm_inner_size(d["num_heads"] * d["head_dim"])
@@ -301,9 +311,9 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
         w.add_layer_norm_eps(d.get("norm_epsilon") or d.get("norm_eps") or d["layer_norm_eps"])
     else:
         w.add_layer_norm_rms_eps(d.get("rms_norm_eps") or d.get("norm_eps") or d["layer_norm_epsilon"])
-    if arch not in ("gemma", "gemma2", "mamba2", "nemotron_h", "nemotron_h_moe"):  # these converters write no rope base (llama.cpp's default: 10000)
+    if arch not in ("gemma", "gemma2", "mamba", "mamba2", "nemotron_h", "nemotron_h_moe"):  # these converters write no rope base (llama.cpp's default: 10000)
         w.add_rope_freq_base(full["rope_theta"])
-    if arch not in ("phi3", "granite", "granitemoe", "granitehybrid", "deepseek2", "mamba2", "gemma4"):  # Granite's drops head_dim
+    if arch not in ("phi3", "granite", "granitemoe", "granitehybrid", "deepseek2", "mamba", "mamba2", "gemma4"):  # Granite's drops head_dim
         w.add_key_length(d["head_dim"])
         w.add_value_length(d["head_dim"])
     if arch not in ("gemma4", "nemotron_h") and experts:
@@ -417,6 +427,11 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
         _gemma4_tensors(state, d, layers)
     if arch == "falcon-h1":
         _falcon_h1_tensors(state, d, layers)
+    if arch == "mamba":  # A as -exp(A_log) [inner, state], the convolution [channels, taps]
+        for i in range(layers):
+            m = f"backbone.layers.{i}.mixer."
+            state[m + "A_log"] = -torch.exp(state[m + "A_log"])
+            state[m + "conv1d.weight"] = state[m + "conv1d.weight"].squeeze(1)
     if arch in ("nemotron_h", "nemotron_h_moe"):
         for i, kind in enumerate(d["layers_block_type"]):
             p = f"backbone.layers.{i}.mixer."

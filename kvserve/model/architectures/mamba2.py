@@ -78,10 +78,26 @@ def mamba1_model_config(d: dict) -> dict:
             "rms_norm_eps": float(d.get("layer_norm_epsilon", 1e-5)), "intermediate_size": 0}
 
 
+def mamba1_gguf(get) -> dict:
+    """llama.cpp's "mamba" files (Mamba and Falcon Mamba: "ssm.dt_b_c_rms", whose norms take the layers' eps as
+    llama.cpp's graph does); the biases the file holds."""
+    eps = float(get("attention.layer_norm_rms_epsilon", 1e-5))
+    out = {"intermediate_size": int(get("ssm.inner_size")), "state_size": int(get("ssm.state_size")),
+           "time_step_rank": int(get("ssm.time_step_rank")), "conv_kernel": int(get("ssm.conv_kernel", 4)),
+           "layer_norm_epsilon": eps, "use_conv_bias": get.has("blk.0.ssm_conv1d.bias"),
+           "use_bias": get.has("blk.0.ssm_in.bias")}
+    if get("ssm.dt_b_c_rms"):
+        out.update(architectures=["FalconMambaForCausalLM"], mixer_rms_eps=eps)
+    return out
+
+
+# Mamba-1's x_proj, and dt_proj a linear (Mamba-2's ssm_dt is only dt's bias)
+MAMBA1_GGUF_ROLES = {"ssm_x": "mamba_x_proj", "ssm_dt": "mamba_dt_proj"}
 MAMBA1_WEIGHTS = {"input_layernorm": "norm", "mamba_in_proj": "mixer.in_proj", "mamba_out_proj": "mixer.out_proj",
                   "mamba_conv": "mixer.conv1d", "mamba_x_proj": "mixer.x_proj", "mamba_dt_proj": "mixer.dt_proj",
                   "mamba_A_log": "mixer.A_log", "mamba_D": "mixer.D"}
 register(Architecture("MambaForCausalLM", mamba1_model_config, text_config=without_attention, prefixes=BACKBONE,
-                      weights=MAMBA1_WEIGHTS))
+                      weights=MAMBA1_WEIGHTS, gguf="mamba", gguf_config=mamba1_gguf, gguf_roles=MAMBA1_GGUF_ROLES))
 register(Architecture("FalconMambaForCausalLM", lambda d: {**mamba1_model_config(d), "mamba_bcdt_norm_eps": float(
-    d.get("mixer_rms_eps") or 1e-6)}, text_config=without_attention, prefixes=BACKBONE, weights=MAMBA1_WEIGHTS))
+    d.get("mixer_rms_eps") or 1e-6)}, text_config=without_attention, prefixes=BACKBONE, weights=MAMBA1_WEIGHTS,
+    gguf_roles=MAMBA1_GGUF_ROLES))
