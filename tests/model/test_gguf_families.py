@@ -134,6 +134,9 @@ CASES: dict[str, tuple[str, dict, str]] = {
     # Mamba-1 (the converter takes only an inner size of twice the width); Falcon Mamba's norms of dt, B and C, which
     # llama.cpp's graph takes with the layers' eps
     "mamba": ("MambaForCausalLM", dict(intermediate_size=128), "mamba"),
+    # Mamba-1 layers with norms of dt, B and C; attention without positions; experts every other layer; llama.cpp knows
+    # which by their tensors
+    "jamba": ("JambaForCausalLM", {}, "jamba"),
     "mamba:falcon": ("FalconMambaForCausalLM", dict(intermediate_size=128, mixer_rms_eps=1e-5), "mamba"),
     # Llama 4: what llama.cpp's graph fixes (chunks of 8192 on three layers of four, the fourth without rotary, queries
     # scaled past 8192) set in the checkpoint too; experts every other layer, their input scaled, a shared expert
@@ -149,7 +152,7 @@ CASES: dict[str, tuple[str, dict, str]] = {
 NO_TRANSFORMERS_READER = {"deepseek2", "deepseek2:v3", "lfm2", "lfm2moe", "nemotron", "mistral3", "olmoe", "mixtral", "gemma", "olmo2", "granite", "granitemoe", "granitemoe:shared", "smollm3",
                           "granitehybrid", "granitehybrid:dense", "mamba2", "glm4", "ernie4_5", "ernie4_5:use_bias", "gpt-oss", "cohere2", "command-r", "arcee", "exaone4", "ernie4_5-moe", "phi2", "glm4moe", "olmo2:olmo3", "seed_oss",
                           "qwen35", "qwen35moe", "qwen3next", "gemma4", "gemma4:moe", "llama4", "nemotron_h",
-                          "nemotron_h_moe", "falcon-h1", "mamba", "mamba:falcon"}
+                          "nemotron_h_moe", "falcon-h1", "mamba", "mamba:falcon", "jamba"}
 GEMMA = {"gemma", "gemma2", "gemma3"}
 # norms that scale by 1 + weight, which the converters store with the 1 added (not Qwen3.5's gated delta-net norm)
 PLUS_ONE = GEMMA | {"nemotron", "qwen35", "qwen35moe", "qwen3next"}
@@ -169,7 +172,8 @@ def _stack_experts(state: dict[str, torch.Tensor], layers: int, experts: int) ->
     converter maps (``...experts.<w>.weight``), the per-expert ones removed."""
     out = dict(state)
     for i in range(layers):
-        for parent in (f"model.layers.{i}.mlp.experts", f"model.layers.{i}.block_sparse_moe.experts"):
+        for parent in (f"model.layers.{i}.mlp.experts", f"model.layers.{i}.block_sparse_moe.experts",
+                       f"model.layers.{i}.feed_forward.experts"):
             parts = {k.split(".")[-2] for k in state if k.startswith(parent + ".0.")}
             for w in parts:
                 names = [f"{parent}.{e}.{w}.weight" for e in range(experts)]
@@ -279,6 +283,13 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
         w.add_ssm_group_count(d["mamba_n_groups"])
         w.add_head_count_kv(kv_heads)
         w.add_vocab_size(d["vocab_size"])
+    elif arch == "jamba":  # the JambaModel converter's: K/V heads one a layer (0: Mamba), the ssm keys
+        w.add_head_count_kv([kv_heads if i % d["attn_layer_period"] == d["attn_layer_offset"] else 0
+                             for i in range(layers)])
+        w.add_ssm_conv_kernel(d["mamba_d_conv"])
+        w.add_ssm_inner_size(d["mamba_expand"] * hidden)
+        w.add_ssm_state_size(d["mamba_d_state"])
+        w.add_ssm_time_step_rank(d["mamba_dt_rank"])
     elif arch == "mamba":  # the MambaModel converter's: no heads, no MLP, the ssm keys, Falcon Mamba's norms' flag
         w.add_ssm_conv_kernel(d["conv_kernel"])
         w.add_ssm_inner_size(d["intermediate_size"])
@@ -311,9 +322,9 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
         w.add_layer_norm_eps(d.get("norm_epsilon") or d.get("norm_eps") or d["layer_norm_eps"])
     else:
         w.add_layer_norm_rms_eps(d.get("rms_norm_eps") or d.get("norm_eps") or d["layer_norm_epsilon"])
-    if arch not in ("gemma", "gemma2", "mamba", "mamba2", "nemotron_h", "nemotron_h_moe"):  # these converters write no rope base (llama.cpp's default: 10000)
+    if arch not in ("gemma", "gemma2", "mamba", "mamba2", "jamba", "nemotron_h", "nemotron_h_moe"):  # these converters write no rope base (llama.cpp's default: 10000)
         w.add_rope_freq_base(full["rope_theta"])
-    if arch not in ("phi3", "granite", "granitemoe", "granitehybrid", "deepseek2", "mamba", "mamba2", "gemma4"):  # Granite's drops head_dim
+    if arch not in ("phi3", "granite", "granitemoe", "granitehybrid", "deepseek2", "mamba", "mamba2", "jamba", "gemma4"):  # Granite's drops head_dim
         w.add_key_length(d["head_dim"])
         w.add_value_length(d["head_dim"])
     if arch not in ("gemma4", "nemotron_h") and experts:
@@ -427,9 +438,11 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
         _gemma4_tensors(state, d, layers)
     if arch == "falcon-h1":
         _falcon_h1_tensors(state, d, layers)
-    if arch == "mamba":  # A as -exp(A_log) [inner, state], the convolution [channels, taps]
+    if arch in ("mamba", "jamba"):  # A as -exp(A_log) [inner, state], the convolution [channels, taps]
         for i in range(layers):
-            m = f"backbone.layers.{i}.mixer."
+            m = f"backbone.layers.{i}.mixer." if arch == "mamba" else f"model.layers.{i}.mamba."
+            if m + "A_log" not in state:
+                continue
             state[m + "A_log"] = -torch.exp(state[m + "A_log"])
             state[m + "conv1d.weight"] = state[m + "conv1d.weight"].squeeze(1)
     if arch in ("nemotron_h", "nemotron_h_moe"):
