@@ -4,7 +4,7 @@ An architecture's own leaves are its ``Architecture.gguf_roles``."""
 
 from __future__ import annotations
 
-from kvserve.model.architectures import Architecture, get_architecture
+from kvserve.model.architectures import LLAMA_WEIGHTS, Architecture, get_architecture
 
 _GGUF_GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
@@ -82,6 +82,8 @@ def gguf_to_hf_name(name: str, arch: Architecture | None = None) -> str | None:
         suffix = "weight"
     if role == "up_proj" and arch.weight_name("gate_up_proj") is not None:
         role = "gate_up_proj"  # llama.cpp names a stacked gate + up "ffn_up" (Phi-3): its graph splits it in halves
+    if role is not None and role not in LLAMA_WEIGHTS:  # a tensor no role names: the checkpoint's own name
+        return f"{layer}{role}.{suffix}"
     hf = None if role is None else arch.weight_name(role)
     return None if hf is None else f"{layer}{hf}.{suffix}"
 

@@ -138,6 +138,9 @@ CASES: dict[str, tuple[str, dict, str]] = {
     # which by their tensors
     "jamba": ("JambaForCausalLM", {}, "jamba"),
     "mamba:falcon": ("FalconMambaForCausalLM", dict(intermediate_size=128, mixer_rms_eps=1e-5), "mamba"),
+    # Gemma 3n: four AltUp streams (the converter takes no other count), LAuReL, sparse MLP gates on the first layer,
+    # K/V shared by the last two layers, per-layer inputs, MLPs of two widths (one a layer)
+    "gemma3n": ("Gemma3nForCausalLM", dict(altup_num_inputs=4), "gemma3n"),
     # Llama 4: what llama.cpp's graph fixes (chunks of 8192 on three layers of four, the fourth without rotary, queries
     # scaled past 8192) set in the checkpoint too; experts every other layer, their input scaled, a shared expert
     "llama4": ("Llama4ForCausalLM", dict(no_rope_layer_interval=4, attention_chunk_size=8192, floor_scale=8192,
@@ -152,7 +155,7 @@ CASES: dict[str, tuple[str, dict, str]] = {
 NO_TRANSFORMERS_READER = {"deepseek2", "deepseek2:v3", "lfm2", "lfm2moe", "nemotron", "mistral3", "olmoe", "mixtral", "gemma", "olmo2", "granite", "granitemoe", "granitemoe:shared", "smollm3",
                           "granitehybrid", "granitehybrid:dense", "mamba2", "glm4", "ernie4_5", "ernie4_5:use_bias", "gpt-oss", "cohere2", "command-r", "arcee", "exaone4", "ernie4_5-moe", "phi2", "glm4moe", "olmo2:olmo3", "seed_oss",
                           "qwen35", "qwen35moe", "qwen3next", "gemma4", "gemma4:moe", "llama4", "nemotron_h",
-                          "nemotron_h_moe", "falcon-h1", "mamba", "mamba:falcon", "jamba"}
+                          "nemotron_h_moe", "falcon-h1", "mamba", "mamba:falcon", "jamba", "gemma3n"}
 GEMMA = {"gemma", "gemma2", "gemma3"}
 # norms that scale by 1 + weight, which the converters store with the 1 added (not Qwen3.5's gated delta-net norm)
 PLUS_ONE = GEMMA | {"nemotron", "qwen35", "qwen35moe", "qwen3next"}
@@ -172,8 +175,7 @@ def _stack_experts(state: dict[str, torch.Tensor], layers: int, experts: int) ->
     converter maps (``...experts.<w>.weight``), the per-expert ones removed."""
     out = dict(state)
     for i in range(layers):
-        for parent in (f"model.layers.{i}.mlp.experts", f"model.layers.{i}.block_sparse_moe.experts",
-                       f"model.layers.{i}.feed_forward.experts"):
+        for parent in (f"model.layers.{i}.mlp.experts", f"model.layers.{i}.block_sparse_moe.experts"):
             parts = {k.split(".")[-2] for k in state if k.startswith(parent + ".0.")}
             for w in parts:
                 names = [f"{parent}.{e}.{w}.weight" for e in range(experts)]
@@ -314,6 +316,8 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
             w.add_expert_shared_feed_forward_length(d["shared_intermediate_size"])
     elif arch == "gemma4":
         _gemma4_metadata(w, d)
+    elif arch == "gemma3n":
+        _gemma3n_metadata(w, d)
     elif arch in ("nemotron_h", "nemotron_h_moe"):
         _nemotron_h_metadata(w, d)
     else:
@@ -438,6 +442,19 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
         _gemma4_tensors(state, d, layers)
     if arch == "falcon-h1":
         _falcon_h1_tensors(state, d, layers)
+    if arch == "gemma3n":  # AltUp's projections stacked, one tensor each way; the output scale given a ".weight"
+        for name in ("model.altup_projections", "model.altup_unembed_projections"):
+            parts = [state.pop(f"{name}.{j}.weight") for j in range(d["altup_num_inputs"] - 1)]
+            state[f"{name}.weight"] = torch.stack(parts)
+        for i in range(layers):
+            state[f"model.layers.{i}.altup.correct_output_scale.weight"] = \
+                state.pop(f"model.layers.{i}.altup.correct_output_scale")
+    if arch == "jamba":  # the converter stacks each layer's experts under Qwen2-MoE's merged names
+        for i in range(layers):
+            for leaf in ("gate_proj", "up_proj", "down_proj"):
+                names = [f"model.layers.{i}.feed_forward.experts.{e}.{leaf}.weight" for e in range(experts)]
+                if names[0] in state:
+                    state[f"model.layers.{i}.mlp.experts.{leaf}.weight"] = torch.stack([state.pop(n) for n in names])
     if arch in ("mamba", "jamba"):  # A as -exp(A_log) [inner, state], the convolution [channels, taps]
         for i in range(layers):
             m = f"backbone.layers.{i}.mixer." if arch == "mamba" else f"model.layers.{i}.mamba."
@@ -588,6 +605,23 @@ def _llama3_rope_freqs(rope: dict, dim: int) -> torch.Tensor:
             smooth = (old / wavelen - low) / (high - low)
             out.append(1 / ((1 - smooth) / factor + smooth))
     return torch.tensor(out, dtype=torch.float32)
+
+
+def _gemma3n_metadata(w: gguf.GGUFWriter, d: dict) -> None:
+    """The Gemma3NModel converter's keys beyond Gemma 3's: AltUp's, the per-layer inputs' width, the shared K/V layers,
+    each layer's sparsity as the gaussian quantile of its share (-inf for none), the layers' kinds one bool each."""
+    w.add_head_count_kv(d["num_key_value_heads"])
+    w.add_sliding_window(d["sliding_window"])
+    w.add_rope_freq_base_swa(d["rope_parameters"]["sliding_attention"]["rope_theta"])
+    w.add_final_logit_softcapping(d["final_logit_softcapping"])
+    w.add_altup_active_idx(d["altup_active_idx"])
+    w.add_altup_num_inputs(d["altup_num_inputs"])
+    w.add_embedding_length_per_layer_input(d["hidden_size_per_layer_input"])
+    w.add_shared_kv_layers(d["num_kv_shared_layers"])
+    normal = torch.distributions.normal.Normal(0, 1)
+    w.add_activation_sparsity_scale([normal.icdf(torch.tensor(p, dtype=torch.float32)).item()
+                                     for p in d["activation_sparsity_pattern"]])
+    w.add_sliding_window_pattern([t == "sliding_attention" for t in d["layer_types"]])
 
 
 def _gemma4_metadata(w: gguf.GGUFWriter, d: dict) -> None:

@@ -167,7 +167,8 @@ class Architecture:
     # llama.cpp name covers (Mixtral is "llama" with experts)
     gguf_config: Callable[[GGUFGet], dict[str, Any]] = lambda get: {}
     # llama.cpp's names for a layer's tensors -> our roles, where its converter maps this architecture's
-    # otherwise than the loader's table (gpt-oss: "post_attention_norm" is the norm before the MLP)
+    # otherwise than the loader's table (gpt-oss: "post_attention_norm" is the norm before the MLP); or, for a tensor no
+    # role names, its name under the checkpoint's layer (Gemma 3n's AltUp: "altup.modality_router")
     gguf_roles: Mapping[str, str] = field(default_factory=dict)
     # llama.cpp's names for tensors outside the layers -> ours, where its converter names this architecture's
     # otherwise (LFM2's final norm is "token_embd_norm")

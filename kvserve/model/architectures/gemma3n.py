@@ -6,10 +6,12 @@ branch beside attention (``kvserve.model.altup``), and the first layers' MLP gat
 
 from typing import Any
 
-from kvserve.model.architectures import Architecture, register
+import math
+
+from kvserve.model.architectures import Architecture, GGUFGet, register
 from kvserve.model.architectures.gemma2 import GEMMA_WEIGHTS
 from kvserve.model.architectures.gemma3_mm import MULTIMODAL_PREFIXES, text_part
-from kvserve.model.architectures.gemma4 import kv_sources
+from kvserve.model.architectures.gemma4 import GGUF_GLOBALS, GGUF_ROLES, kv_sources
 from kvserve.model.config import FULL, SLIDING
 
 
@@ -46,6 +48,50 @@ def gemma3n_config(d: dict) -> dict:
     return out
 
 
-register(Architecture("Gemma3nForCausalLM", gemma3n_config, weights=GEMMA_WEIGHTS))
+def gemma3n_gguf(get: GGUFGet) -> dict:
+    """llama.cpp's "gemma3n" files: the layers' kinds one bool each, the MLPs' widths one a layer, each layer's
+    sparsity as the gaussian quantile the converter wrote (-inf: none) turned back into its share, the AltUp and
+    LAuReL shapes from their keys and tensors."""
+    layers = int(get("block_count"))
+    sliding = get("attention.sliding_window_pattern") or [True] * layers
+    scales = get("activation_sparsity_scale") or [-math.inf] * layers
+    out: dict[str, Any] = {
+        "layer_types": [SLIDING if s else FULL for s in sliding], "intermediate_size": get("feed_forward_length"),
+        "activation_sparsity_pattern": [0.0 if x == -math.inf else round(0.5 * (1 + math.erf(x / 2 ** 0.5)), 6)
+                                        for x in scales],
+        "altup_num_inputs": int(get("altup.num_inputs", 4)), "altup_active_idx": int(get("altup.active_idx", 0)),
+        "altup_correct_scale": get.has("blk.0.altup_correct_scale.weight"),
+        "hidden_size_per_layer_input": int(get("embedding_length_per_layer_input", 0)),
+        "num_kv_shared_layers": int(get("attention.shared_kv_layers", 0)),
+        "rope_parameters": {SLIDING: {"rope_theta": float(get("rope.freq_base_swa", 10000.0))}},
+        "laurel_rank": get.shape("blk.0.laurel_l.weight")[0] if get.has("blk.0.laurel_l.weight") else 0}
+    if get.has("per_layer_token_embd.weight"):
+        out["vocab_size_per_layer_input"] = get.shape("per_layer_token_embd.weight")[0]
+    return out
+
+
+def gemma3n_gguf_weights(cfg: Any, weights: dict[str, Any]) -> dict[str, Any]:
+    """The converter's stacks of AltUp's projections (into the streams and back) one matrix each again, and its
+    output scale without the ".weight" the converter gave it."""
+    out = dict(weights)
+    for name in ("model.altup_projections", "model.altup_unembed_projections"):
+        stacked = out.pop(f"{name}.weight", None)
+        for j in range(0 if stacked is None else stacked.shape[0]):
+            out[f"{name}.{j}.weight"] = stacked[j]
+    for i in range(cfg.num_hidden_layers):
+        if (scale := out.pop(f"model.layers.{i}.altup.correct_output_scale.weight", None)) is not None:
+            out[f"model.layers.{i}.altup.correct_output_scale"] = scale
+    return out
+
+
+# llama.cpp's names for AltUp's and LAuReL's tensors (the checkpoints' own names under the layer: no role has them)
+GGUF_ALTUP = {"altup_router_norm": "altup.router_norm", "altup_router": "altup.modality_router",
+              "altup_predict_coef": "altup.prediction_coefs", "altup_correct_coef": "altup.correction_coefs",
+              "altup_correct_scale": "altup.correct_output_scale", "laurel_l": "laurel.linear_left",
+              "laurel_r": "laurel.linear_right", "laurel_post_norm": "laurel.post_laurel_norm"}
+register(Architecture("Gemma3nForCausalLM", gemma3n_config, weights=GEMMA_WEIGHTS, gguf="gemma3n",
+                      gguf_config=gemma3n_gguf, gguf_roles={**GGUF_ROLES, **GGUF_ALTUP}, gguf_weights=gemma3n_gguf_weights,
+                      gguf_globals={**GGUF_GLOBALS, "altup_proj": "model.altup_projections",
+                                    "altup_unembd_proj": "model.altup_unembed_projections"}))
 register(Architecture("Gemma3nForConditionalGeneration", gemma3n_config, weights=GEMMA_WEIGHTS, text_config=text_part,
                       prefixes=MULTIMODAL_PREFIXES))
