@@ -206,6 +206,12 @@ class ModelConfig(LayerPlan):
     delta_key_dim: int = 0
     delta_value_dim: int = 0
     delta_conv_kernel: int = 4
+    # --- Griffin's RG-LRU layers (RecurrentGemma; kvserve.model.rglru): per layer, whether its token mixer is the
+    # recurrent block of lru_width channels, gates block-diagonal in lru_blocks, a convolution of lru_conv_kernel taps
+    lru_layers: list[bool] | None = None
+    lru_width: int = 0
+    lru_blocks: int = 1
+    lru_conv_kernel: int = 4
     # gated attention (Qwen3-Next): q_proj also gives a gate per head's dim, and sigmoid(gate) scales attention's output
     attn_output_gate: bool = False
     attn_output_gate_fn: str = "sigmoid"  # the gate's function: "sigmoid", or "softplus" (Laguna's)
@@ -270,7 +276,7 @@ class ModelConfig(LayerPlan):
         if any(h % self.num_key_value_heads for h in (self.num_attention_heads, *(self.attention_heads_per_layer or ()))):
             raise ValueError("num_attention_heads (every layer's) must be a multiple of num_key_value_heads")
         for name in ("layer_types", "rope_layers", "rope_local_layers", "moe_layers", "conv_layers", "mamba_layers",
-                     "delta_layers", "layer_parts", "qk_norm_layers", "layer_head_dims", "layer_kv_heads",
+                     "delta_layers", "lru_layers", "layer_parts", "qk_norm_layers", "layer_head_dims", "layer_kv_heads",
                      "k_eq_v_layers", "kv_shared_from", "layer_intermediate_sizes", "attention_heads_per_layer",
                      "index_layers", "activation_sparsity", "checkpoint_layers", "shared_block_layers", "sink_layers"):
             per_layer = getattr(self, name)

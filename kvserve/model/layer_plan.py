@@ -98,9 +98,13 @@ class LayerPlan:
         """Whether ``layer``'s token mixer is a gated delta net (``kvserve.model.gated_delta``)."""
         return self.delta_layers is not None and self.delta_layers[layer]
 
+    def is_lru(self, layer: int) -> bool:
+        """Whether ``layer``'s token mixer is Griffin's RG-LRU block (``kvserve.model.rglru``)."""
+        return self.lru_layers is not None and self.lru_layers[layer]
+
     def is_recurrent(self, layer: int) -> bool:
         """Whether ``layer`` keeps a state per sequence (the whole sequence summed up in a fixed size) instead of KV."""
-        return self.is_mamba(layer) or self.is_delta(layer)
+        return self.is_mamba(layer) or self.is_delta(layer) or self.is_lru(layer)
 
     @property
     def has_recurrent_state(self) -> bool:

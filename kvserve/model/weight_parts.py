@@ -119,6 +119,25 @@ def gated_delta(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConf
         out[dst + ours] = [(f"{prefix}{arch.weight_name(role)}", (rows,))]
 
 
+def rglru(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,
+          linear: Any) -> None:
+    """Griffin's recurrent block (``kvserve.model.rglru``): in_proj (x, then y), the depthwise kernel [width, taps] and
+    its bias, the gates' block-diagonal weights [blocks, in, out] and biases, the recurrence's parameter, out_proj."""
+    h, w, blocks = cfg.hidden_size, cfg.lru_width, cfg.lru_blocks
+    linear(dst + "in_proj", prefix, [("lru_x", w), ("lru_y", w)], None, h, True)
+    linear(dst + "out_proj", prefix, [("lru_out", h)], None, w, True)
+    conv = arch.weight_name("lru_conv")
+    out[f"{dst}kernel"] = [(f"{prefix}{conv}.weight", (w, cfg.lru_conv_kernel))]
+    out[f"{dst}conv_bias"] = [(f"{prefix}{conv}.bias", (w,))]
+    lru = arch.weight_name("lru")
+    for ours, theirs, shape in (("input_gate", "input_gate_weight", (blocks, w // blocks, w // blocks)),
+                                ("input_gate_bias", "input_gate_bias", (blocks, w // blocks)),
+                                ("recurrent_gate", "recurrent_gate_weight", (blocks, w // blocks, w // blocks)),
+                                ("recurrent_gate_bias", "recurrent_gate_bias", (blocks, w // blocks)),
+                                ("recurrent_param", "recurrent_param", (w,))):
+        out[dst + ours] = [(f"{prefix}{lru}.{theirs}", shape)]
+
+
 def latent_attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,
                      linear: Any) -> None:
     """Latent attention's weights (``kvserve.model.latent_attention``): q's latent (or q itself) and k/v's latent with

@@ -172,6 +172,11 @@ CASES: dict[str, tuple[str, dict]] = {
     # Mamba-2 blocks alone: no attention, no MLP
     "Mamba2ForCausalLM": ("Mamba2Config", dict(num_heads=4, head_dim=32, state_size=8, n_groups=2, chunk_size=4,
                                                num_hidden_layers=3)),
+    # Griffin: RG-LRU blocks and local attention (half of each head rotating), soft-capped logits (lru_width left at
+    # hidden_size: transformers sizes a one-token prompt's convolution state by hidden_size)
+    "RecurrentGemmaForCausalLM": ("RecurrentGemmaConfig", dict(num_hidden_layers=4, conv1d_width=3,
+                                                               attention_window_size=WINDOW, logits_soft_cap=5.0,
+                                                               tie_word_embeddings=True)),
     # attention beside Mamba-2 in every layer, every muP multiplier away from 1; the Mamba output normed before its
     # gate, (":plain") not normed, (":gated") normed after it
     "FalconH1ForCausalLM": ("FalconH1Config", dict(
