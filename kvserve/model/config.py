@@ -212,6 +212,10 @@ class ModelConfig(LayerPlan):
     lru_width: int = 0
     lru_blocks: int = 1
     lru_conv_kernel: int = 4
+    # --- RWKV-4 (kvserve.model.rwkv): per layer "time" (the time mix, its k/v/r of rwkv_attention_size) or "channel"
+    # (the channel mix, of intermediate_size), each a block's half after its own norm; None: no RWKV layers ---
+    rwkv_mix: list[str] | None = None
+    rwkv_attention_size: int = 0
     # gated attention (Qwen3-Next): q_proj also gives a gate per head's dim, and sigmoid(gate) scales attention's output
     attn_output_gate: bool = False
     attn_output_gate_fn: str = "sigmoid"  # the gate's function: "sigmoid", or "softplus" (Laguna's)
@@ -276,7 +280,7 @@ class ModelConfig(LayerPlan):
         if any(h % self.num_key_value_heads for h in (self.num_attention_heads, *(self.attention_heads_per_layer or ()))):
             raise ValueError("num_attention_heads (every layer's) must be a multiple of num_key_value_heads")
         for name in ("layer_types", "rope_layers", "rope_local_layers", "moe_layers", "conv_layers", "mamba_layers",
-                     "delta_layers", "lru_layers", "layer_parts", "qk_norm_layers", "layer_head_dims", "layer_kv_heads",
+                     "delta_layers", "lru_layers", "rwkv_mix", "layer_parts", "qk_norm_layers", "layer_head_dims", "layer_kv_heads",
                      "k_eq_v_layers", "kv_shared_from", "layer_intermediate_sizes", "attention_heads_per_layer",
                      "index_layers", "activation_sparsity", "checkpoint_layers", "shared_block_layers", "sink_layers"):
             per_layer = getattr(self, name)

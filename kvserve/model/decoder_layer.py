@@ -16,6 +16,7 @@ from kvserve.model.layers import RMSNorm, make_norm, padded_rows
 from kvserve.model.mamba import AttentionBesideMamba, Mamba1, Mamba2
 from kvserve.model.mlp import GatedMLP, MoE, activation
 from kvserve.model.rglru import RGLRU
+from kvserve.model.rwkv import RwkvChannelMix, RwkvTimeMix
 from kvserve.model.routed_attention import RoutedQueryAttention
 from kvserve.model.shared_block import SharedBlock, SharedBlockUse
 from kvserve.model.short_conv import ShortConv
@@ -41,7 +42,7 @@ class DecoderLayer(nn.Module):
                                           cfg.norm_affine))
         # the layer's token mixer: attention, latent attention, a short convolution, a Mamba-2 layer or a gated delta net
         self.self_attn: (Attention | LatentAttention | ShortConv | Mamba1 | Mamba2 | AttentionBesideMamba | GatedDeltaNet
-                         | RGLRU | RoutedQueryAttention | None)
+                         | RGLRU | RwkvTimeMix | RwkvChannelMix | RoutedQueryAttention | None)
         if not cfg.has_mixer(layer):  # an MLP-only block
             self.self_attn = None
         elif cfg.is_mamba(layer) and cfg.parallel_attention:
@@ -52,6 +53,8 @@ class DecoderLayer(nn.Module):
             self.self_attn = GatedDeltaNet(cfg, layer)
         elif cfg.is_lru(layer):
             self.self_attn = RGLRU(cfg, layer)
+        elif cfg.is_rwkv(layer):
+            self.self_attn = (RwkvTimeMix if cfg.rwkv_mix[layer] == "time" else RwkvChannelMix)(cfg, layer)  # type: ignore[index]
         elif cfg.is_conv(layer):
             self.self_attn = ShortConv(cfg, layer)
         elif cfg.attention_experts:

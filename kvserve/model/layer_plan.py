@@ -102,9 +102,13 @@ class LayerPlan:
         """Whether ``layer``'s token mixer is Griffin's RG-LRU block (``kvserve.model.rglru``)."""
         return self.lru_layers is not None and self.lru_layers[layer]
 
+    def is_rwkv(self, layer: int) -> bool:
+        """Whether ``layer`` is an RWKV time or channel mix (``kvserve.model.rwkv``)."""
+        return self.rwkv_mix is not None and self.rwkv_mix[layer] in ("time", "channel")
+
     def is_recurrent(self, layer: int) -> bool:
         """Whether ``layer`` keeps a state per sequence (the whole sequence summed up in a fixed size) instead of KV."""
-        return self.is_mamba(layer) or self.is_delta(layer) or self.is_lru(layer)
+        return self.is_mamba(layer) or self.is_delta(layer) or self.is_lru(layer) or self.is_rwkv(layer)
 
     @property
     def has_recurrent_state(self) -> bool:

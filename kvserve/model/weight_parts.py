@@ -138,6 +138,24 @@ def rglru(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, ds
         out[dst + ours] = [(f"{prefix}{lru}.{theirs}", shape)]
 
 
+def rwkv(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str, layer: int) -> None:
+    """An RWKV time or channel mix (``kvserve.model.rwkv``): the token shift's mixes [hidden] (stored [1, 1, hidden]),
+    the key/value/receptance linears (kept dense), out_proj (the time mix's output, the channel mix's value), the time
+    mix's decay and first-token bonus."""
+    h, time = cfg.hidden_size, cfg.rwkv_mix[layer] == "time"  # type: ignore[index]
+    p = prefix + str(arch.weight_name("rwkv_time" if time else "rwkv_channel"))
+    inner = cfg.rwkv_attention_size if time else cfg.intermediate_size
+    parts = ("key", "value", "receptance") if time else ("key", "receptance")
+    for name in parts:
+        out[f"{dst}mix_{name}"] = [(f"{p}.time_mix_{name}", (h,))]
+        rows = h if name == "receptance" and not time else inner
+        out[f"{dst}{name}.weight"] = [(f"{p}.{name}.weight", (rows, h))]
+    out[f"{dst}out_proj.weight"] = [(f"{p}.{'output' if time else 'value'}.weight", (h, inner))]
+    if time:
+        for name in ("time_decay", "time_first"):
+            out[dst + name] = [(f"{p}.{name}", (inner,))]
+
+
 def latent_attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,
                      linear: Any) -> None:
     """Latent attention's weights (``kvserve.model.latent_attention``): q's latent (or q itself) and k/v's latent with

@@ -177,6 +177,11 @@ CASES: dict[str, tuple[str, dict]] = {
     "RecurrentGemmaForCausalLM": ("RecurrentGemmaConfig", dict(num_hidden_layers=4, conv1d_width=3,
                                                                attention_window_size=WINDOW, logits_soft_cap=5.0,
                                                                tie_word_embeddings=True)),
+    # RWKV-4: time and channel mixes, LayerNorms on the embeddings and at the end (attention_hidden_size left at
+    # hidden_size: transformers sizes the state by hidden_size); (":rescaled") transformers' fp16 rescaling after every
+    # block (the stream halved: the same up to the norms' eps)
+    "RwkvForCausalLM": ("RwkvConfig", dict(num_hidden_layers=3)),
+    "RwkvForCausalLM:rescaled": ("RwkvConfig", dict(num_hidden_layers=3, rescale_every=1)),
     # attention beside Mamba-2 in every layer, every muP multiplier away from 1; the Mamba output normed before its
     # gate, (":plain") not normed, (":gated") normed after it
     "FalconH1ForCausalLM": ("FalconH1Config", dict(
