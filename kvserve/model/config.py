@@ -13,7 +13,7 @@ from typing import Any
 
 # (FULL, SLIDING: the layer types' names; NORM_ROLES: a sandwich layer's norms; rope_settings, yarn_mscale: their users
 # import them from here)
-from kvserve.model.layer_plan import FULL, NORM_ROLES, SLIDING, LayerPlan, roles_of_layout  # noqa: F401
+from kvserve.model.layer_plan import FULL, NORM_ROLES, SLIDING, LayerPlan, MLSTMShape, roles_of_layout  # noqa: F401
 from kvserve.model.rope_config import rope_settings, yarn_mscale  # noqa: F401
 
 # the gated MLPs' activations with a fused native kernel (kernel's name), which the native decode stack runs
@@ -216,6 +216,7 @@ class ModelConfig(LayerPlan):
     # (the channel mix, of intermediate_size), each a block's half after its own norm; None: no RWKV layers ---
     rwkv_mix: list[str] | None = None
     rwkv_attention_size: int = 0
+    mlstm: MLSTMShape | None = None  # xLSTM's mLSTM layers (every layer's mixer), their shapes and gates
     # gated attention (Qwen3-Next): q_proj also gives a gate per head's dim, and sigmoid(gate) scales attention's output
     attn_output_gate: bool = False
     attn_output_gate_fn: str = "sigmoid"  # the gate's function: "sigmoid", or "softplus" (Laguna's)

@@ -15,6 +15,7 @@ from kvserve.model.latent_attention import LatentAttention
 from kvserve.model.layers import RMSNorm, make_norm, padded_rows
 from kvserve.model.mamba import AttentionBesideMamba, Mamba1, Mamba2
 from kvserve.model.mlp import GatedMLP, MoE, activation
+from kvserve.model.mlstm import MLSTM
 from kvserve.model.rglru import RGLRU
 from kvserve.model.rwkv import RwkvChannelMix, RwkvTimeMix
 from kvserve.model.routed_attention import RoutedQueryAttention
@@ -42,7 +43,7 @@ class DecoderLayer(nn.Module):
                                           cfg.norm_affine))
         # the layer's token mixer: attention, latent attention, a short convolution, a Mamba-2 layer or a gated delta net
         self.self_attn: (Attention | LatentAttention | ShortConv | Mamba1 | Mamba2 | AttentionBesideMamba | GatedDeltaNet
-                         | RGLRU | RwkvTimeMix | RwkvChannelMix | RoutedQueryAttention | None)
+                         | RGLRU | RwkvTimeMix | RwkvChannelMix | MLSTM | RoutedQueryAttention | None)
         if not cfg.has_mixer(layer):  # an MLP-only block
             self.self_attn = None
         elif cfg.is_mamba(layer) and cfg.parallel_attention:
@@ -53,6 +54,8 @@ class DecoderLayer(nn.Module):
             self.self_attn = GatedDeltaNet(cfg, layer)
         elif cfg.is_lru(layer):
             self.self_attn = RGLRU(cfg, layer)
+        elif cfg.is_mlstm(layer):
+            self.self_attn = MLSTM(cfg, layer)
         elif cfg.is_rwkv(layer):
             self.self_attn = (RwkvTimeMix if cfg.rwkv_mix[layer] == "time" else RwkvChannelMix)(cfg, layer)  # type: ignore[index]
         elif cfg.is_conv(layer):

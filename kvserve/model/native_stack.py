@@ -68,6 +68,7 @@ def native_stack_blocker(cfg: ModelConfig) -> str | None:
               (cfg.delta_layers is not None and any(cfg.delta_layers), "gated delta nets"),
               (cfg.lru_layers is not None and any(cfg.lru_layers), "RG-LRU layers"),
               (cfg.rwkv_mix is not None, "RWKV mixes"),
+              (cfg.mlstm is not None, "mLSTM layers"),
               (cfg.attn_output_gate, "gated attention"),
               (cfg.recurrent_norm_layout is not None, "norm layouts per layer"),
               (any(h != cfg.num_attention_heads for h in cfg.attention_heads_per_layer or ()),

@@ -156,6 +156,19 @@ def rwkv(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst
             out[dst + name] = [(f"{p}.{name}", (inner,))]
 
 
+def mlstm(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,
+          linear: Any) -> None:
+    """An mLSTM layer (``kvserve.model.mlstm``): in_proj (q, k, v, the output gate), the gates (input, forget; with
+    biases), the per-head norm's weight [v], out_proj."""
+    shape, h = cfg.mlstm, cfg.hidden_size
+    assert shape is not None
+    linear(dst + "in_proj", prefix, [("mlstm_q", shape.qk_dim), ("mlstm_k", shape.qk_dim), ("mlstm_v", shape.v_dim),
+                                     ("mlstm_ogate", shape.v_dim)], None, h, False)
+    linear(dst + "gates", prefix, [("mlstm_igate", shape.heads), ("mlstm_fgate", shape.heads)], None, h, True)
+    out[f"{dst}norm_weight"] = [(f"{prefix}{arch.weight_name('mlstm_norm')}.weight", (shape.v_dim,))]
+    linear(dst + "out_proj", prefix, [("mlstm_out", h)], None, shape.v_dim, False)
+
+
 def latent_attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,
                      linear: Any) -> None:
     """Latent attention's weights (``kvserve.model.latent_attention``): q's latent (or q itself) and k/v's latent with

@@ -13,7 +13,7 @@ from typing import Any
 
 from kvserve.model.architectures import Architecture, get_architecture
 from kvserve.model.config import ModelConfig
-from kvserve.model.weight_parts import (Source, altup, gated_delta, indexer, latent_attention, mamba, mlp, rglru,
+from kvserve.model.weight_parts import (Source, altup, gated_delta, indexer, latent_attention, mamba, mlp, mlstm, rglru,
                                         routed_attention, rwkv, shared_block_use, shared_blocks, short_conv)
 
 # the decoder's linear modules (last part of their path; q_b and kv_b: latent attention's expansions; in_proj and
@@ -61,6 +61,8 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
             gated_delta(out, arch, cfg, dst + "self_attn.", p, linear)
         elif cfg.is_lru(i):
             rglru(out, arch, cfg, dst + "self_attn.", p, linear)
+        elif cfg.is_mlstm(i):
+            mlstm(out, arch, cfg, dst + "self_attn.", p, linear)
         elif cfg.is_rwkv(i):
             rwkv(out, arch, cfg, dst + "self_attn.", p, i)
         elif cfg.is_conv(i):

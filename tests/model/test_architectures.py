@@ -182,6 +182,11 @@ CASES: dict[str, tuple[str, dict]] = {
     # block (the stream halved: the same up to the norms' eps)
     "RwkvForCausalLM": ("RwkvConfig", dict(num_hidden_layers=3)),
     "RwkvForCausalLM:rescaled": ("RwkvConfig", dict(num_hidden_layers=3, rescale_every=1)),
+    # xLSTM: mLSTM blocks (capped gates that bite) and a SiLU MLP; prompts past chunk_size run transformers' chunkwise
+    # form, the rest its recurrent steps (hidden 128: transformers' cache rounds the q/k width up to a multiple of 64)
+    "xLSTMForCausalLM": ("xLSTMConfig", dict(hidden_size=128, num_hidden_layers=3, num_heads=4, chunk_size=16,
+                                             gate_soft_cap=2.0,
+                                             ffn_round_up_to_multiple_of=16, output_logit_soft_cap=5.0)),
     # attention beside Mamba-2 in every layer, every muP multiplier away from 1; the Mamba output normed before its
     # gate, (":plain") not normed, (":gated") normed after it
     "FalconH1ForCausalLM": ("FalconH1Config", dict(
