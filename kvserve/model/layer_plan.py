@@ -63,10 +63,12 @@ class LayerPlan:
 
     def kv_window(self) -> int | None:
         """The window when every layer has one (the KV manager may then free the blocks behind it);
-        None when any layer attends the whole context (Gemma's global layers keep every block)."""
+        None when any layer attends the whole context (Gemma's global layers keep every block). Recurrent layers
+        without K/V do not count (Griffin's: its local attention layers alone decide)."""
         if self.sliding_window is None:
             return None
-        windows = {self.window(i) for i in range(self.num_hidden_layers)}
+        windows = {self.window(i) for i in range(self.num_hidden_layers)
+                   if not self.is_recurrent(i) or self.cache_layers(i)}
         return self.sliding_window if windows == {self.sliding_window} else None
 
     def is_conv(self, layer: int) -> bool:
