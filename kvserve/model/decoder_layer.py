@@ -17,8 +17,8 @@ from kvserve.model.mamba import AttentionBesideMamba, Mamba1, Mamba2
 from kvserve.model.mlp import GatedMLP, MoE, activation
 from kvserve.model.mlstm import MLSTM
 from kvserve.model.rglru import RGLRU
-from kvserve.model.rwkv import RwkvChannelMix, RwkvTimeMix
 from kvserve.model.routed_attention import RoutedQueryAttention
+from kvserve.model.rwkv import RwkvChannelMix, RwkvTimeMix
 from kvserve.model.shared_block import SharedBlock, SharedBlockUse
 from kvserve.model.short_conv import ShortConv
 
@@ -57,7 +57,8 @@ class DecoderLayer(nn.Module):
         elif cfg.is_mlstm(layer):
             self.self_attn = MLSTM(cfg, layer)
         elif cfg.is_rwkv(layer):
-            self.self_attn = (RwkvTimeMix if cfg.rwkv_mix[layer] == "time" else RwkvChannelMix)(cfg, layer)  # type: ignore[index]
+            rwkv = RwkvTimeMix if cfg.rwkv_mix[layer] == "time" else RwkvChannelMix  # type: ignore[index]
+            self.self_attn = rwkv(cfg, layer)
         elif cfg.is_conv(layer):
             self.self_attn = ShortConv(cfg, layer)
         elif cfg.attention_experts:

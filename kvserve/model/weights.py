@@ -13,8 +13,8 @@ from typing import Any
 
 from kvserve.model.architectures import Architecture, get_architecture
 from kvserve.model.config import ModelConfig
-from kvserve.model.weight_parts import (Source, altup, gated_delta, indexer, latent_attention, mamba, mlp, mlstm, rglru,
-                                        routed_attention, rwkv, shared_block_use, shared_blocks, short_conv)
+from kvserve.model.weight_parts import (Source, altup, gated_delta, indexer, latent_attention, mamba, mlp, mlstm,
+                                        rglru, routed_attention, rwkv, shared_block_use, shared_blocks, short_conv)
 
 # the decoder's linear modules (last part of their path; q_b and kv_b: latent attention's expansions; in_proj and
 # out_proj: a short convolution's or a Mamba layer's)

@@ -34,7 +34,7 @@ def recurrent_gemma_config(d: dict) -> dict:
             "layer_types": [SLIDING if k == "attention" else "recurrent" for k in kinds],
             "lru_layers": [k == "recurrent" for k in kinds], "lru_width": int(d.get("lru_width") or hidden),
             "lru_blocks": heads, "lru_conv_kernel": int(d.get("conv1d_width", 4)),
-            "final_logit_softcap": d.get("logits_soft_cap"), "rms_norm_eps": float(d.get("rms_norm_eps", 1e-6))}
+            "final_logit_softcap": d.get("logits_soft_cap", 30.0), "rms_norm_eps": float(d.get("rms_norm_eps", 1e-6))}
 
 
 register(Architecture("RecurrentGemmaForCausalLM", recurrent_gemma_config, renames={"model.final_norm.": "model.norm."},

@@ -13,7 +13,8 @@ def rwkv_config(d: dict) -> dict:
     if eps != 1e-5:  # transformers' final norm keeps torch's default whatever the config says
         raise ValueError(f"RWKV with layer_norm_epsilon {eps}: only 1e-5 is supported (ln_out's own)")
     return {"num_hidden_layers": 2 * blocks, "rwkv_mix": ["time", "channel"] * blocks,
-            "layer_parts": ["mixer"] * (2 * blocks), "rwkv_attention_size": int(d.get("attention_hidden_size") or hidden),
+            "layer_parts": ["mixer"] * (2 * blocks),
+            "rwkv_attention_size": int(d.get("attention_hidden_size") or hidden),
             "intermediate_size": int(d.get("intermediate_size") or 4 * hidden), "norm_type": "layer",
             "rms_norm_eps": eps, "embed_norm": True,
             "max_position_embeddings": int(d.get("context_length") or d.get("max_position_embeddings") or 1024)}

@@ -25,13 +25,14 @@ def xlstm_config(d: dict) -> dict:
     if d.get("use_bias"):
         raise ValueError("xLSTM with use_bias is not supported (norms and projections with biases)")
     hidden, heads = d["hidden_size"], int(d.get("num_heads", 8))
-    cap = d.get("gate_soft_cap")
-    return {"mlstm": MLSTMShape(heads, int(hidden * d.get("qk_dim_factor", 0.5)), int(hidden * d.get("v_dim_factor", 1.0)),
-                                None if cap is None else float(cap), float(d.get("eps", 1e-6)),
+    cap = d.get("gate_soft_cap", 15.0)  # (transformers' defaults where a key is absent; null: no cap)
+    qk, v = int(hidden * d.get("qk_dim_factor", 0.5)), int(hidden * d.get("v_dim_factor", 1.0))
+    return {"mlstm": MLSTMShape(heads, qk, v, None if cap is None else float(cap), float(d.get("eps", 1e-6)),
                                 float(d.get("norm_eps", 1e-6))),
             "intermediate_size": round_up(hidden * d.get("ffn_proj_factor", 2.667),
                                           int(d.get("ffn_round_up_to_multiple_of", 64))),
-            "rms_norm_eps": float(d.get("norm_eps", 1e-6)), "final_logit_softcap": d.get("output_logit_soft_cap")}
+            "rms_norm_eps": float(d.get("norm_eps", 1e-6)),
+            "final_logit_softcap": d.get("output_logit_soft_cap", 30.0)}
 
 
 register(Architecture("xLSTMForCausalLM", xlstm_config, text_config=xlstm_text,
