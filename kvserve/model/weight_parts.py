@@ -140,7 +140,7 @@ def rglru(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, ds
 
 def rwkv(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str, layer: int) -> None:
     """An RWKV time or channel mix (``kvserve.model.rwkv``): the token shift's mixes [hidden] (stored [1, 1, hidden]),
-    the key/value/receptance linears (kept dense), out_proj (the time mix's output, the channel mix's value), the time
+    the key/value/receptance linears, out_proj (the time mix's output, the channel mix's value), the time
     mix's decay and first-token bonus."""
     h, time = cfg.hidden_size, cfg.rwkv_mix[layer] == "time"  # type: ignore[index]
     p = prefix + str(arch.weight_name("rwkv_time" if time else "rwkv_channel"))

@@ -17,8 +17,8 @@ from kvserve.model.weight_parts import (Source, altup, gated_delta, indexer, lat
                                         rglru, routed_attention, rwkv, shared_block_use, shared_blocks, short_conv)
 
 # the decoder's linear modules (last part of their path; q_b and kv_b: latent attention's expansions; in_proj and
-# out_proj: a short convolution's or a Mamba layer's)
-LINEARS = ("qkv", "o_proj", "gate_up", "down", "q_b", "kv_b", "in_proj", "out_proj")
+# out_proj: a short convolution's or a Mamba layer's; key, value and receptance: RWKV's)
+LINEARS = ("qkv", "o_proj", "gate_up", "down", "q_b", "kv_b", "in_proj", "out_proj", "key", "value", "receptance")
 
 
 def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
