@@ -13,7 +13,7 @@ from typing import Any
 
 # (FULL, SLIDING: the layer types' names; NORM_ROLES: a sandwich layer's norms; rope_settings, yarn_mscale: their users
 # import them from here)
-from kvserve.model.layer_plan import FULL, NORM_ROLES, SLIDING, LayerPlan, roles_of_layout  # noqa: F401
+from kvserve.model.layer_plan import FULL, NORM_ROLES, SLIDING, LayerPlan, MLSTMShape, roles_of_layout  # noqa: F401
 from kvserve.model.rope_config import rope_settings, yarn_mscale  # noqa: F401
 
 # the gated MLPs' activations with a fused native kernel (kernel's name), which the native decode stack runs
@@ -206,6 +206,17 @@ class ModelConfig(LayerPlan):
     delta_key_dim: int = 0
     delta_value_dim: int = 0
     delta_conv_kernel: int = 4
+    # --- Griffin's RG-LRU layers (RecurrentGemma; kvserve.model.rglru): per layer, whether its token mixer is the
+    # recurrent block of lru_width channels, gates block-diagonal in lru_blocks, a convolution of lru_conv_kernel taps
+    lru_layers: list[bool] | None = None
+    lru_width: int = 0
+    lru_blocks: int = 1
+    lru_conv_kernel: int = 4
+    # --- RWKV-4 (kvserve.model.rwkv): per layer "time" (the time mix, its k/v/r of rwkv_attention_size) or "channel"
+    # (the channel mix, of intermediate_size), each a block's half after its own norm; None: no RWKV layers ---
+    rwkv_mix: list[str] | None = None
+    rwkv_attention_size: int = 0
+    mlstm: MLSTMShape | None = None  # xLSTM's mLSTM layers (every layer's mixer), their shapes and gates
     # gated attention (Qwen3-Next): q_proj also gives a gate per head's dim, and sigmoid(gate) scales attention's output
     attn_output_gate: bool = False
     attn_output_gate_fn: str = "sigmoid"  # the gate's function: "sigmoid", or "softplus" (Laguna's)
@@ -270,7 +281,7 @@ class ModelConfig(LayerPlan):
         if any(h % self.num_key_value_heads for h in (self.num_attention_heads, *(self.attention_heads_per_layer or ()))):
             raise ValueError("num_attention_heads (every layer's) must be a multiple of num_key_value_heads")
         for name in ("layer_types", "rope_layers", "rope_local_layers", "moe_layers", "conv_layers", "mamba_layers",
-                     "delta_layers", "layer_parts", "qk_norm_layers", "layer_head_dims", "layer_kv_heads",
+                     "delta_layers", "lru_layers", "rwkv_mix", "layer_parts", "qk_norm_layers", "layer_head_dims", "layer_kv_heads",
                      "k_eq_v_layers", "kv_shared_from", "layer_intermediate_sizes", "attention_heads_per_layer",
                      "index_layers", "activation_sparsity", "checkpoint_layers", "shared_block_layers", "sink_layers"):
             per_layer = getattr(self, name)

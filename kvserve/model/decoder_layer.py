@@ -15,7 +15,10 @@ from kvserve.model.latent_attention import LatentAttention
 from kvserve.model.layers import RMSNorm, make_norm, padded_rows
 from kvserve.model.mamba import AttentionBesideMamba, Mamba1, Mamba2
 from kvserve.model.mlp import GatedMLP, MoE, activation
+from kvserve.model.mlstm import MLSTM
+from kvserve.model.rglru import RGLRU
 from kvserve.model.routed_attention import RoutedQueryAttention
+from kvserve.model.rwkv import RwkvChannelMix, RwkvTimeMix
 from kvserve.model.shared_block import SharedBlock, SharedBlockUse
 from kvserve.model.short_conv import ShortConv
 
@@ -40,7 +43,7 @@ class DecoderLayer(nn.Module):
                                           cfg.norm_affine))
         # the layer's token mixer: attention, latent attention, a short convolution, a Mamba-2 layer or a gated delta net
         self.self_attn: (Attention | LatentAttention | ShortConv | Mamba1 | Mamba2 | AttentionBesideMamba | GatedDeltaNet
-                         | RoutedQueryAttention | None)
+                         | RGLRU | RwkvTimeMix | RwkvChannelMix | MLSTM | RoutedQueryAttention | None)
         if not cfg.has_mixer(layer):  # an MLP-only block
             self.self_attn = None
         elif cfg.is_mamba(layer) and cfg.parallel_attention:
@@ -49,6 +52,13 @@ class DecoderLayer(nn.Module):
             self.self_attn = Mamba2(cfg, layer) if cfg.mamba_version == 2 else Mamba1(cfg, layer)
         elif cfg.is_delta(layer):
             self.self_attn = GatedDeltaNet(cfg, layer)
+        elif cfg.is_lru(layer):
+            self.self_attn = RGLRU(cfg, layer)
+        elif cfg.is_mlstm(layer):
+            self.self_attn = MLSTM(cfg, layer)
+        elif cfg.is_rwkv(layer):
+            rwkv = RwkvTimeMix if cfg.rwkv_mix[layer] == "time" else RwkvChannelMix  # type: ignore[index]
+            self.self_attn = rwkv(cfg, layer)
         elif cfg.is_conv(layer):
             self.self_attn = ShortConv(cfg, layer)
         elif cfg.attention_experts:

@@ -3,6 +3,8 @@ attention's shape), asked of the config's per-layer fields. Torch-free, as the c
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 FULL, SLIDING = "full_attention", "sliding_attention"  # HF's layer_types values
 # a layer's norms in the sandwich layout: every one (the other layouts have some of them: roles_of_layout)
 NORM_ROLES = ("input_layernorm", "post_attention_layernorm", "attn_out_norm", "mlp_out_norm")
@@ -14,6 +16,19 @@ def roles_of_layout(layout: str) -> tuple[str, ...]:
             "post_add": ("attn_out_norm", "mlp_out_norm"),
             "parallel": ("input_layernorm",),
             "parallel_two": ("input_layernorm", "post_attention_layernorm")}.get(layout, NORM_ROLES)
+
+
+@dataclass(frozen=True)
+class MLSTMShape:
+    """An xLSTM model's mLSTM layers (``kvserve.model.mlstm``): heads, the q/k and v widths (all heads), the input and
+    forget gates' soft cap (None: none), the normalizer's eps, the per-head output LayerNorm's eps."""
+
+    heads: int
+    qk_dim: int
+    v_dim: int
+    gate_cap: float | None
+    eps: float
+    norm_eps: float
 
 
 class LayerPlan:
@@ -48,10 +63,12 @@ class LayerPlan:
 
     def kv_window(self) -> int | None:
         """The window when every layer has one (the KV manager may then free the blocks behind it);
-        None when any layer attends the whole context (Gemma's global layers keep every block)."""
+        None when any layer attends the whole context (Gemma's global layers keep every block). Recurrent layers
+        without K/V do not count (Griffin's: its local attention layers alone decide)."""
         if self.sliding_window is None:
             return None
-        windows = {self.window(i) for i in range(self.num_hidden_layers)}
+        windows = {self.window(i) for i in range(self.num_hidden_layers)
+                   if not self.is_recurrent(i) or self.cache_layers(i)}
         return self.sliding_window if windows == {self.sliding_window} else None
 
     def is_conv(self, layer: int) -> bool:
@@ -98,9 +115,22 @@ class LayerPlan:
         """Whether ``layer``'s token mixer is a gated delta net (``kvserve.model.gated_delta``)."""
         return self.delta_layers is not None and self.delta_layers[layer]
 
+    def is_lru(self, layer: int) -> bool:
+        """Whether ``layer``'s token mixer is Griffin's RG-LRU block (``kvserve.model.rglru``)."""
+        return self.lru_layers is not None and self.lru_layers[layer]
+
+    def is_rwkv(self, layer: int) -> bool:
+        """Whether ``layer`` is an RWKV time or channel mix (``kvserve.model.rwkv``)."""
+        return self.rwkv_mix is not None and self.rwkv_mix[layer] in ("time", "channel")
+
+    def is_mlstm(self, layer: int) -> bool:
+        """Whether ``layer``'s token mixer is an mLSTM (``kvserve.model.mlstm``; every layer of an xLSTM model)."""
+        return self.mlstm is not None and self.has_mixer(layer)
+
     def is_recurrent(self, layer: int) -> bool:
         """Whether ``layer`` keeps a state per sequence (the whole sequence summed up in a fixed size) instead of KV."""
-        return self.is_mamba(layer) or self.is_delta(layer)
+        return (self.is_mamba(layer) or self.is_delta(layer) or self.is_lru(layer) or self.is_rwkv(layer)
+                or self.is_mlstm(layer))
 
     @property
     def has_recurrent_state(self) -> bool:

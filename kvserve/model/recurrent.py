@@ -35,6 +35,7 @@ class RecurrentMixer(nn.Module):
     plain = False  # the decoder's bf16 hand-offs are attention's
     sinks = None
     native = False  # decode steps through the native kernels (set by the model: CausalLM.use_native_ops)
+    conv_silu = True  # SiLU on the convolution's output (Griffin's RG-LRU takes it without)
 
     def __init__(self, channels: int, taps: int, state_shape: tuple[int, ...], conv_bias: bool):
         super().__init__()
@@ -103,13 +104,13 @@ class RecurrentMixer(nn.Module):
         return out
 
     def convolve(self, u: torch.Tensor, prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """u [S, L, channels] after ``prev`` [S, taps - 1, channels]: the convolution's output with SiLU, and the
-        last taps - 1 inputs (the next state)."""
+        """u [S, L, channels] after ``prev`` [S, taps - 1, channels]: the convolution's output (with SiLU where
+        ``conv_silu``), and the last taps - 1 inputs (the next state)."""
         window = torch.cat([prev.to(u.dtype), u], dim=1)  # [S, taps - 1 + L, channels]
         out = (window.unfold(1, self.taps, 1) * self.kernel.to(u.dtype)).sum(-1)  # unfold: [S, L, channels, taps]
         if self.conv_bias is not None:
             out = out + self.conv_bias.to(out.dtype)
-        return F.silu(out), window[:, window.shape[1] - (self.taps - 1):]
+        return F.silu(out) if self.conv_silu else out, window[:, window.shape[1] - (self.taps - 1):]
 
 
 @dataclass

@@ -119,6 +119,56 @@ def gated_delta(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConf
         out[dst + ours] = [(f"{prefix}{arch.weight_name(role)}", (rows,))]
 
 
+def rglru(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,
+          linear: Any) -> None:
+    """Griffin's recurrent block (``kvserve.model.rglru``): in_proj (x, then y), the depthwise kernel [width, taps] and
+    its bias, the gates' block-diagonal weights [blocks, in, out] and biases, the recurrence's parameter, out_proj."""
+    h, w, blocks = cfg.hidden_size, cfg.lru_width, cfg.lru_blocks
+    linear(dst + "in_proj", prefix, [("lru_x", w), ("lru_y", w)], None, h, True)
+    linear(dst + "out_proj", prefix, [("lru_out", h)], None, w, True)
+    conv = arch.weight_name("lru_conv")
+    out[f"{dst}kernel"] = [(f"{prefix}{conv}.weight", (w, cfg.lru_conv_kernel))]
+    out[f"{dst}conv_bias"] = [(f"{prefix}{conv}.bias", (w,))]
+    lru = arch.weight_name("lru")
+    for ours, theirs, shape in (("input_gate", "input_gate_weight", (blocks, w // blocks, w // blocks)),
+                                ("input_gate_bias", "input_gate_bias", (blocks, w // blocks)),
+                                ("recurrent_gate", "recurrent_gate_weight", (blocks, w // blocks, w // blocks)),
+                                ("recurrent_gate_bias", "recurrent_gate_bias", (blocks, w // blocks)),
+                                ("recurrent_param", "recurrent_param", (w,))):
+        out[dst + ours] = [(f"{prefix}{lru}.{theirs}", shape)]
+
+
+def rwkv(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str, layer: int) -> None:
+    """An RWKV time or channel mix (``kvserve.model.rwkv``): the token shift's mixes [hidden] (stored [1, 1, hidden]),
+    the key/value/receptance linears, out_proj (the time mix's output, the channel mix's value), the time
+    mix's decay and first-token bonus."""
+    h, time = cfg.hidden_size, cfg.rwkv_mix[layer] == "time"  # type: ignore[index]
+    p = prefix + str(arch.weight_name("rwkv_time" if time else "rwkv_channel"))
+    inner = cfg.rwkv_attention_size if time else cfg.intermediate_size
+    parts = ("key", "value", "receptance") if time else ("key", "receptance")
+    for name in parts:
+        out[f"{dst}mix_{name}"] = [(f"{p}.time_mix_{name}", (h,))]
+        rows = h if name == "receptance" and not time else inner
+        out[f"{dst}{name}.weight"] = [(f"{p}.{name}.weight", (rows, h))]
+    out[f"{dst}out_proj.weight"] = [(f"{p}.{'output' if time else 'value'}.weight", (h, inner))]
+    if time:
+        for name in ("time_decay", "time_first"):
+            out[dst + name] = [(f"{p}.{name}", (inner,))]
+
+
+def mlstm(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,
+          linear: Any) -> None:
+    """An mLSTM layer (``kvserve.model.mlstm``): in_proj (q, k, v, the output gate), the gates (input, forget; with
+    biases), the per-head norm's weight [v], out_proj."""
+    shape, h = cfg.mlstm, cfg.hidden_size
+    assert shape is not None
+    linear(dst + "in_proj", prefix, [("mlstm_q", shape.qk_dim), ("mlstm_k", shape.qk_dim), ("mlstm_v", shape.v_dim),
+                                     ("mlstm_ogate", shape.v_dim)], None, h, False)
+    linear(dst + "gates", prefix, [("mlstm_igate", shape.heads), ("mlstm_fgate", shape.heads)], None, h, True)
+    out[f"{dst}norm_weight"] = [(f"{prefix}{arch.weight_name('mlstm_norm')}.weight", (shape.v_dim,))]
+    linear(dst + "out_proj", prefix, [("mlstm_out", h)], None, shape.v_dim, False)
+
+
 def latent_attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,
                      linear: Any) -> None:
     """Latent attention's weights (``kvserve.model.latent_attention``): q's latent (or q itself) and k/v's latent with

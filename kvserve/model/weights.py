@@ -13,12 +13,12 @@ from typing import Any
 
 from kvserve.model.architectures import Architecture, get_architecture
 from kvserve.model.config import ModelConfig
-from kvserve.model.weight_parts import (Source, altup, gated_delta, indexer, latent_attention, mamba, mlp,
-                                        routed_attention, shared_block_use, shared_blocks, short_conv)
+from kvserve.model.weight_parts import (Source, altup, gated_delta, indexer, latent_attention, mamba, mlp, mlstm,
+                                        rglru, routed_attention, rwkv, shared_block_use, shared_blocks, short_conv)
 
 # the decoder's linear modules (last part of their path; q_b and kv_b: latent attention's expansions; in_proj and
-# out_proj: a short convolution's or a Mamba layer's)
-LINEARS = ("qkv", "o_proj", "gate_up", "down", "q_b", "kv_b", "in_proj", "out_proj")
+# out_proj: a short convolution's or a Mamba layer's; key, value and receptance: RWKV's)
+LINEARS = ("qkv", "o_proj", "gate_up", "down", "q_b", "kv_b", "in_proj", "out_proj", "key", "value", "receptance")
 
 
 def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
@@ -59,6 +59,12 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
             mamba(out, arch, cfg, dst + "self_attn.", p, linear)
         elif cfg.is_delta(i):
             gated_delta(out, arch, cfg, dst + "self_attn.", p, linear)
+        elif cfg.is_lru(i):
+            rglru(out, arch, cfg, dst + "self_attn.", p, linear)
+        elif cfg.is_mlstm(i):
+            mlstm(out, arch, cfg, dst + "self_attn.", p, linear)
+        elif cfg.is_rwkv(i):
+            rwkv(out, arch, cfg, dst + "self_attn.", p, i)
         elif cfg.is_conv(i):
             short_conv(out, arch, cfg, dst + "self_attn.", p, linear)
         elif cfg.kv_lora_rank:

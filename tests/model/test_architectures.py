@@ -172,6 +172,21 @@ CASES: dict[str, tuple[str, dict]] = {
     # Mamba-2 blocks alone: no attention, no MLP
     "Mamba2ForCausalLM": ("Mamba2Config", dict(num_heads=4, head_dim=32, state_size=8, n_groups=2, chunk_size=4,
                                                num_hidden_layers=3)),
+    # Griffin: RG-LRU blocks and local attention (half of each head rotating), soft-capped logits (lru_width left at
+    # hidden_size: transformers sizes a one-token prompt's convolution state by hidden_size)
+    "RecurrentGemmaForCausalLM": ("RecurrentGemmaConfig", dict(num_hidden_layers=4, conv1d_width=3,
+                                                               attention_window_size=WINDOW, logits_soft_cap=5.0,
+                                                               tie_word_embeddings=True)),
+    # RWKV-4: time and channel mixes, LayerNorms on the embeddings and at the end (attention_hidden_size left at
+    # hidden_size: transformers sizes the state by hidden_size); (":rescaled") transformers' fp16 rescaling after every
+    # block (the stream halved: the same up to the norms' eps)
+    "RwkvForCausalLM": ("RwkvConfig", dict(num_hidden_layers=3)),
+    "RwkvForCausalLM:rescaled": ("RwkvConfig", dict(num_hidden_layers=3, rescale_every=1)),
+    # xLSTM: mLSTM blocks (capped gates that bite) and a SiLU MLP; prompts past chunk_size run transformers' chunkwise
+    # form, the rest its recurrent steps (hidden 128: transformers' cache rounds the q/k width up to a multiple of 64)
+    "xLSTMForCausalLM": ("xLSTMConfig", dict(hidden_size=128, num_hidden_layers=3, num_heads=4, chunk_size=16,
+                                             gate_soft_cap=2.0,
+                                             ffn_round_up_to_multiple_of=16, output_logit_soft_cap=5.0)),
     # attention beside Mamba-2 in every layer, every muP multiplier away from 1; the Mamba output normed before its
     # gate, (":plain") not normed, (":gated") normed after it
     "FalconH1ForCausalLM": ("FalconH1Config", dict(
@@ -1029,6 +1044,9 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("FalconH1ForCausalLM", False, "Mamba layers, attention beside Mamba"),
     ("Zamba2ForCausalLM", False, "gelu, Mamba layers, shared transformer blocks"),
     ("ZambaForCausalLM", False, "gelu, Mamba layers, shared transformer blocks"),
+    ("RecurrentGemmaForCausalLM", False, "partial rotary, RG-LRU layers"),
+    ("RwkvForCausalLM", False, "LayerNorms, a norm on the embeddings, RWKV mixes"),
+    ("xLSTMForCausalLM", False, "mLSTM layers"),
     ("Lfm3ForCausalLM", False, "short convolutions, gated attention"),
     ("MiMoV2FlashForCausalLM", False, "partial rotary, attention shapes per layer, values narrower than keys"),
     ("BloomForCausalLM", False, "LayerNorms, a non-gated MLP, ALiBi, a norm on the embeddings"),

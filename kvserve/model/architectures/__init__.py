@@ -70,6 +70,13 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     "delta_conv": "linear_attn.conv1d",
     "delta_dt_bias": "linear_attn.dt_bias", "delta_A_log": "linear_attn.A_log", "delta_norm": "linear_attn.norm.weight",
     "delta_out_proj": "linear_attn.out_proj",
+    # Griffin's recurrent block (ModelConfig.lru_layers): x's and y's projections, the convolution, the RG-LRU (its
+    # gates' tensors under it), out_proj
+    "lru_x": None, "lru_y": None, "lru_conv": None, "lru": None, "lru_out": None,
+    "rwkv_time": None, "rwkv_channel": None,  # RWKV's time and channel mixes (ModelConfig.rwkv_mix): their modules
+    # an mLSTM layer (ModelConfig.mlstm): q, k, v, the output gate, the input and forget gates, the per-head norm, out
+    "mlstm_q": None, "mlstm_k": None, "mlstm_v": None, "mlstm_ogate": None, "mlstm_igate": None, "mlstm_fgate": None,
+    "mlstm_norm": None, "mlstm_out": None,
     # routed query attention (ModelConfig.attention_experts): tensors, not modules (full names)
     "attn_router": None, "attn_q_experts": None, "attn_o_experts": None, "attn_o_bias": None, "attn_kv_proj": None,
     "sinks": "self_attn.sinks",  # one logit per head (a tensor, not a module: no .weight)
@@ -297,7 +304,8 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "afmoe", "laguna", "mellum", "flint", "hy_v3", "granite_swa", "hyperclovax", "jais2", "nanochat", "persimmon",
             "falcon", "dbrx", "bitnet", "axk1", "youtu", "minicpm5_moe", "minicpm3", "exaone_moe", "kolibri1",
             "deepseek_v32", "glm_moe_dsa", "longcat_flash", "gemma3n", "gemma4_unified", "mllama", "aria", "gpt_neo",
-            "codegen", "xglm", "openai_gpt", "jetmoe", "zamba2", "zamba", "lfm3", "mimo_v2_flash"]
+            "codegen", "xglm", "openai_gpt", "jetmoe", "zamba2", "zamba", "lfm3", "mimo_v2_flash",
+            "recurrent_gemma", "rwkv", "xlstm"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)
