@@ -137,9 +137,9 @@ class LayerPlan:
     def kv_layer_shapes(self) -> list[tuple[int, int]] | None:
         """(K/V heads, head dim) of each KV pool layer where they differ between layers; None where they are all
         (num_key_value_heads, head_dim)."""
-        if self.layer_head_dims is None and self.layer_kv_heads is None:
+        if self.layer_head_dims is None and self.layer_kv_heads is None and not self.diff_attention:
             return None
-        shapes = [(self.attn_kv_heads(i), self.attn_head_dim(i)) for i in range(self.num_hidden_layers)
+        shapes = [(self.attn_kv_heads(i), self.attn_head_dim(i) * (2 if self.diff_attention else 1)) for i in range(self.num_hidden_layers)
                   for _ in range(self.cache_layers(i))]
         return None if set(shapes) <= {(self.num_key_value_heads, int(self.head_dim or 0))} else shapes
 

@@ -191,6 +191,9 @@ def attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig
             out[f"{dst}{role}.weight"] = [(f"{prefix}{arch.weight_name(role)}.weight", (rows if full else d,))]
     if cfg.has_sinks(layer):
         out[f"{dst}sinks"] = [(f"{prefix}{arch.weight_name('sinks')}", (cfg.attention_heads(layer),))]
+    if cfg.diff_attention:  # (lambda_q1, lambda_k1, lambda_q2, lambda_k2)
+        out[f"{dst}diff.lambdas"] = [(f"{prefix}{arch.weight_name('diff_lambda')}{part}", (d,))
+                                     for part in ("q1", "k1", "q2", "k2")]
     if cfg.attn_sub_norm:
         out[f"{dst}sub_norm.weight"] = [(f"{prefix}{arch.weight_name('attn_sub_norm')}.weight", (q_rows,))]
 

@@ -615,6 +615,11 @@ CASES: dict[str, tuple[str, dict]] = {
                                                     mamba_d_state=8,
                                                     num_attention_heads=8, mamba_proj_bias=True,
                                                     layers_block_type=["hybrid", "mamba", "hybrid"])),
+    # differential attention: 4 query heads over 2 K/V heads (the value heads paired across the halves), biases
+    "DiffLlamaForCausalLM": ("DiffLlamaConfig", dict(attention_bias=True)),
+    # GQA of 4 query heads a K/V head, 4 K/V heads (two value pairs), three layers (lambda_init by depth)
+    "DiffLlamaForCausalLM:gqa": ("DiffLlamaConfig", dict(num_attention_heads=16, num_key_value_heads=4, head_dim=8,
+                                                         num_hidden_layers=3)),
 }
 # Gemma3ForConditionalGeneration's text model, beside a one-layer vision tower the engine does not read
 GEMMA3_MM = dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
@@ -1040,7 +1045,8 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("CodeGenForCausalLM", False, "LayerNorms, a non-gated MLP, a parallel residual, partial rotary"),
     ("XGLMForCausalLM", False, "LayerNorms, a non-gated MLP, gelu"),
     ("OpenAIGPTLMHeadModel", False, "LayerNorms, a non-gated MLP, norms after the residual adds, no final norm"),
-    ("JetMoeForCausalLM", False, "routed query experts, a bias on the experts' sum"), ("AriaTextForCausalLM", True, None),
+    ("JetMoeForCausalLM", False, "routed query experts, a bias on the experts' sum"),
+    ("DiffLlamaForCausalLM", False, "differential attention"), ("AriaTextForCausalLM", True, None),
     ("Exaone4ForCausalLM", True, None), ("Olmo3ForCausalLM", True, None),
     ("ArceeForCausalLM", False, "a non-gated MLP, relu2"), ("HeliumForCausalLM", True, None),
     ("SeedOssForCausalLM", True, None), ("Ernie4_5_MoeForCausalLM", True, None),
