@@ -229,6 +229,8 @@ class ModelConfig(LayerPlan):
     # token, each giving a query head per K/V head (kvserve.model.routed_attention); 0: plain attention
     attention_experts: int = 0
     diff_attention: bool = False  # differential attention (DiffLlama's: kvserve.model.diff_attention)
+    key_bias: bool = False  # a bias per key and K/V head from its values (Doge's dynamic mask: model.dynamic_mask)
+    residual_weights: bool = False  # the stream multiplied per channel before each sublayer's add (Doge's)
     layer_intermediate_sizes: list[int] | None = None  # per layer, the dense MLP's width; None: intermediate_size
     # the checkpoint's index of each layer, where it holds layers the decoder does not run (Mllama's cross-attention
     # layers, which a text prompt skips): the HF loader reads the others as ours 0, 1, ...; None: the same indices

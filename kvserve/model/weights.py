@@ -160,6 +160,9 @@ def layer_extras(out: dict[str, list[Source]], arch: Architecture, cfg: ModelCon
     for role in norms:
         for suffix in norm_suffixes:
             out[f"{dst}{role}.{suffix}"] = [(f"{p}{arch.weight_name(role)}.{suffix}", (h,))]
+    if cfg.residual_weights:
+        for role in ("attn_residual", "mlp_residual"):
+            out[f"{dst}{role}"] = [(f"{p}{arch.weight_name(role)}", (h,))]
     if cfg.layer_scalars:
         out[f"{dst}layer_scalar"] = [(f"{p}{arch.weight_name('layer_scalar')}", (1,))]
 
@@ -194,6 +197,9 @@ def attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig
     if cfg.diff_attention:  # (lambda_q1, lambda_k1, lambda_q2, lambda_k2)
         out[f"{dst}diff.lambdas"] = [(f"{prefix}{arch.weight_name('diff_lambda')}{part}", (d,))
                                      for part in ("q1", "k1", "q2", "k2")]
+    if cfg.key_bias:  # (dt_proj over the values, A a tensor)
+        linear(dst + "dyn.dt_proj", prefix, [("dt_proj", cfg.attn_kv_heads(layer))], None, kv_rows, cfg.attention_bias)
+        out[f"{dst}dyn.A"] = [(f"{prefix}{arch.weight_name('dt_A')}", (cfg.attn_kv_heads(layer),))]
     if cfg.attn_sub_norm:
         out[f"{dst}sub_norm.weight"] = [(f"{prefix}{arch.weight_name('attn_sub_norm')}.weight", (q_rows,))]
 

@@ -620,6 +620,11 @@ CASES: dict[str, tuple[str, dict]] = {
     # GQA of 4 query heads a K/V head, 4 K/V heads (two value pairs), three layers (lambda_init by depth)
     "DiffLlamaForCausalLM:gqa": ("DiffLlamaConfig", dict(num_attention_heads=16, num_key_value_heads=4, head_dim=8,
                                                          num_hidden_layers=3)),
+    # dynamic mask attention (a bias per key and K/V head from its values), per-head q/k norms, the stream weighted
+    # per channel before each add; (":window") a window on every layer, biases on q/k/v/o and dt_proj
+    "DogeForCausalLM": ("DogeConfig", dict(head_dim=OMIT)),
+    "DogeForCausalLM:window": ("DogeConfig", dict(head_dim=OMIT, sliding_window=WINDOW, attention_bias=True,
+                                                  num_key_value_heads=4)),
 }
 # Gemma3ForConditionalGeneration's text model, beside a one-layer vision tower the engine does not read
 GEMMA3_MM = dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
@@ -1046,7 +1051,8 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("XGLMForCausalLM", False, "LayerNorms, a non-gated MLP, gelu"),
     ("OpenAIGPTLMHeadModel", False, "LayerNorms, a non-gated MLP, norms after the residual adds, no final norm"),
     ("JetMoeForCausalLM", False, "routed query experts, a bias on the experts' sum"),
-    ("DiffLlamaForCausalLM", False, "differential attention"), ("AriaTextForCausalLM", True, None),
+    ("DiffLlamaForCausalLM", False, "differential attention"),
+    ("DogeForCausalLM", False, "key biases, weighted residuals"), ("AriaTextForCausalLM", True, None),
     ("Exaone4ForCausalLM", True, None), ("Olmo3ForCausalLM", True, None),
     ("ArceeForCausalLM", False, "a non-gated MLP, relu2"), ("HeliumForCausalLM", True, None),
     ("SeedOssForCausalLM", True, None), ("Ernie4_5_MoeForCausalLM", True, None),
@@ -1105,7 +1111,8 @@ def test_a_bfloat16_model_attends_windows_and_sinks(case, tmp_path_factory):
     ("DeepseekV2ForCausalLM", dict(LATENT, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                                    topk_method="noaux_tc"), "topk_method"),
     ("AriaTextForCausalLM", dict(moe_num_experts=4, moe_topk=2, hidden_act="gelu"), "hidden_act"),
-    ("XGLMForCausalLM", dict(pad_token_id=3), "pad_token_id")])
+    ("XGLMForCausalLM", dict(pad_token_id=3), "pad_token_id"),
+    ("DogeForCausalLM", dict(is_moe=True, num_experts=16, num_experts_per_tok=4), "is_moe")])
 def test_an_option_no_path_runs_is_refused_in_one_line(case, config, option, tmp_path):
     """ERNIE MoE's biased shared experts, a q projection without the bias its latent attention has, a router method
     not built, Aria's shared experts of another activation than its SiLU routed ones, XGLM's zeroed row of positions:
