@@ -627,6 +627,10 @@ CASES: dict[str, tuple[str, dict]] = {
                                                   num_key_value_heads=4)),
     # Emu3's text model: Llama's layers (GQA), untied
     "Emu3ForCausalLM": ("Emu3TextConfig", {}),
+    # learned positions (2 rows in), scaled embeddings, LayerNorms, biases, a non-gated GELU MLP; (":untied") its own
+    # output projection, unscaled embeddings
+    "BioGptForCausalLM": ("BioGptConfig", dict(num_key_value_heads=OMIT, head_dim=OMIT, tie_word_embeddings=True)),
+    "BioGptForCausalLM:untied": ("BioGptConfig", dict(num_key_value_heads=OMIT, head_dim=OMIT, scale_embedding=False)),
 }
 # Gemma3ForConditionalGeneration's text model, beside a one-layer vision tower the engine does not read
 GEMMA3_MM = dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
@@ -1054,7 +1058,8 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("OpenAIGPTLMHeadModel", False, "LayerNorms, a non-gated MLP, norms after the residual adds, no final norm"),
     ("JetMoeForCausalLM", False, "routed query experts, a bias on the experts' sum"),
     ("DiffLlamaForCausalLM", False, "differential attention"),
-    ("DogeForCausalLM", False, "key biases, weighted residuals"), ("Emu3ForCausalLM", True, None), ("AriaTextForCausalLM", True, None),
+    ("DogeForCausalLM", False, "key biases, weighted residuals"), ("Emu3ForCausalLM", True, None),
+    ("BioGptForCausalLM", False, "LayerNorms, a non-gated MLP, gelu"), ("AriaTextForCausalLM", True, None),
     ("Exaone4ForCausalLM", True, None), ("Olmo3ForCausalLM", True, None),
     ("ArceeForCausalLM", False, "a non-gated MLP, relu2"), ("HeliumForCausalLM", True, None),
     ("SeedOssForCausalLM", True, None), ("Ernie4_5_MoeForCausalLM", True, None),
