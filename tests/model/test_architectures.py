@@ -631,6 +631,13 @@ CASES: dict[str, tuple[str, dict]] = {
     # output projection, unscaled embeddings
     "BioGptForCausalLM": ("BioGptConfig", dict(num_key_value_heads=OMIT, head_dim=OMIT, tie_word_embeddings=True)),
     "BioGptForCausalLM:untied": ("BioGptConfig", dict(num_key_value_heads=OMIT, head_dim=OMIT, scale_embedding=False)),
+    # GPT-NeoX's q/k/v head by head without biases, half of each head rotating, one layer after the other, the last
+    # layer's attention output bias alone, tied; (":untied") whole heads rotating, three layers, its own LM head
+    "GPTNeoXJapaneseForCausalLM": ("GPTNeoXJapaneseConfig", dict(
+        num_key_value_heads=OMIT, head_dim=OMIT, intermediate_size=OMIT, intermediate_multiple_size=2,
+        tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})),
+    "GPTNeoXJapaneseForCausalLM:untied": ("GPTNeoXJapaneseConfig", dict(
+        num_key_value_heads=OMIT, head_dim=OMIT, intermediate_size=OMIT, num_hidden_layers=3)),
 }
 # Gemma3ForConditionalGeneration's text model, beside a one-layer vision tower the engine does not read
 GEMMA3_MM = dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
@@ -1056,10 +1063,11 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("CodeGenForCausalLM", False, "LayerNorms, a non-gated MLP, a parallel residual, partial rotary"),
     ("XGLMForCausalLM", False, "LayerNorms, a non-gated MLP, gelu"),
     ("OpenAIGPTLMHeadModel", False, "LayerNorms, a non-gated MLP, norms after the residual adds, no final norm"),
-    ("JetMoeForCausalLM", False, "routed query experts, a bias on the experts' sum"),
+    ("JetMoeForCausalLM", False, "routed query experts, a bias on the experts' sum"), ("AriaTextForCausalLM", True, None),
     ("DiffLlamaForCausalLM", False, "differential attention"),
     ("DogeForCausalLM", False, "key biases, weighted residuals"), ("Emu3ForCausalLM", True, None),
-    ("BioGptForCausalLM", False, "LayerNorms, a non-gated MLP, gelu"), ("AriaTextForCausalLM", True, None),
+    ("BioGptForCausalLM", False, "LayerNorms, a non-gated MLP, gelu"),
+    ("GPTNeoXJapaneseForCausalLM", False, "LayerNorms, a non-gated MLP, gelu, partial rotary"),
     ("Exaone4ForCausalLM", True, None), ("Olmo3ForCausalLM", True, None),
     ("ArceeForCausalLM", False, "a non-gated MLP, relu2"), ("HeliumForCausalLM", True, None),
     ("SeedOssForCausalLM", True, None), ("Ernie4_5_MoeForCausalLM", True, None),
@@ -1137,3 +1145,14 @@ def test_an_option_no_path_runs_is_refused_in_one_line(case, config, option, tmp
     with pytest.raises(ModelLoadError, match=f"{option} .* is not supported") as e:
         hf_folder_config(tmp_path)
     assert "\n" not in str(e.value)
+
+
+def test_gpt_neox_japanese_reads_the_last_layer_s_attention_bias(tmp_path_factory):
+    """GPT-NeoX-Japanese's last layer alone has an attention output bias (``dense_bias``): read as o_proj's bias there,
+    zeros before it (its greedy tokens barely feel it on these random weights)."""
+    model, folder = checkpoint("GPTNeoXJapaneseForCausalLM:untied", tmp_path_factory)
+    weights = load_model(folder).weights
+    last = model.config.num_hidden_layers - 1
+    want = model.gpt_neox_japanese.layers[last].attention.dense_bias
+    assert want.abs().sum() > 0 and torch.equal(weights[f"model.layers.{last}.attention.dense.bias"], want.detach())
+    assert all(not weights[f"model.layers.{i}.attention.dense.bias"].any() for i in range(last))
