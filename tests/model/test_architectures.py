@@ -39,6 +39,7 @@ LATENT_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embedd
 ZAMBA2 = dict(head_dim=OMIT, num_hidden_layers=4, num_attention_heads=8, adapter_rank=8, n_mamba_heads=4,
               mamba_ngroups=2,
               layers_block_type=["mamba", "hybrid", "mamba", "hybrid"], mamba_d_state=8, tie_word_embeddings=True)
+CTRL_OMIT = dict.fromkeys(["num_key_value_heads", "head_dim", "intermediate_size"], OMIT)
 GEMMA4_TYPES = ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention"]
 
 # case -> (transformers config class, its arguments beyond COMMON); a case is a registered name, or
@@ -638,6 +639,10 @@ CASES: dict[str, tuple[str, dict]] = {
         tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})),
     "GPTNeoXJapaneseForCausalLM:untied": ("GPTNeoXJapaneseConfig", dict(
         num_key_value_heads=OMIT, head_dim=OMIT, intermediate_size=OMIT, num_hidden_layers=3)),
+    # fixed sinusoidal positions from 0, scaled embeddings, LayerNorms, biases, a non-gated ReLU MLP, the LM head's bias
+    # over the embedding's weights (tied: the checkpoint stores no head); (":untied") a head of its own
+    "CTRLLMHeadModel": ("CTRLConfig", dict(dff=96, tie_word_embeddings=True, **CTRL_OMIT)),
+    "CTRLLMHeadModel:untied": ("CTRLConfig", dict(dff=96, **CTRL_OMIT)),
 }
 # Gemma3ForConditionalGeneration's text model, beside a one-layer vision tower the engine does not read
 GEMMA3_MM = dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
@@ -1068,6 +1073,7 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("DogeForCausalLM", False, "key biases, weighted residuals"), ("Emu3ForCausalLM", True, None),
     ("BioGptForCausalLM", False, "LayerNorms, a non-gated MLP, gelu"),
     ("GPTNeoXJapaneseForCausalLM", False, "LayerNorms, a non-gated MLP, gelu, partial rotary"),
+    ("CTRLLMHeadModel", False, "LayerNorms, a non-gated MLP, relu"),
     ("Exaone4ForCausalLM", True, None), ("Olmo3ForCausalLM", True, None),
     ("ArceeForCausalLM", False, "a non-gated MLP, relu2"), ("HeliumForCausalLM", True, None),
     ("SeedOssForCausalLM", True, None), ("Ernie4_5_MoeForCausalLM", True, None),
@@ -1127,7 +1133,8 @@ def test_a_bfloat16_model_attends_windows_and_sinks(case, tmp_path_factory):
                                    topk_method="noaux_tc"), "topk_method"),
     ("AriaTextForCausalLM", dict(moe_num_experts=4, moe_topk=2, hidden_act="gelu"), "hidden_act"),
     ("XGLMForCausalLM", dict(pad_token_id=3), "pad_token_id"),
-    ("DogeForCausalLM", dict(is_moe=True, num_experts=16, num_experts_per_tok=4), "is_moe")])
+    ("DogeForCausalLM", dict(is_moe=True, num_experts=16, num_experts_per_tok=4), "is_moe"),
+    ("CTRLLMHeadModel", dict(dff=96, layer_norm_epsilon=1e-5), "layer_norm_epsilon")])
 def test_an_option_no_path_runs_is_refused_in_one_line(case, config, option, tmp_path):
     """ERNIE MoE's biased shared experts, a q projection without the bias its latent attention has, a router method
     not built, Aria's shared experts of another activation than its SiLU routed ones, XGLM's zeroed row of positions:
