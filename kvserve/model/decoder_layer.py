@@ -12,7 +12,7 @@ from kvserve.model.attention import Attention, rms_unweighted
 from kvserve.model.config import ModelConfig
 from kvserve.model.gated_delta import GatedDeltaNet
 from kvserve.model.latent_attention import LatentAttention
-from kvserve.model.layers import RMSNorm, make_norm, padded_rows
+from kvserve.model.layers import NoNorm, RMSNorm, make_norm, padded_rows
 from kvserve.model.mamba import AttentionBesideMamba, Mamba1, Mamba2
 from kvserve.model.mlp import GatedMLP, MoE, activation
 from kvserve.model.routed_attention import RoutedQueryAttention
@@ -38,6 +38,8 @@ class DecoderLayer(nn.Module):
         for role in cfg.layer_norm_roles(layer):
             setattr(self, role, make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias,
                                           cfg.norm_affine))
+        if layer == 0 and not cfg.first_input_norm:  # (its input, the embeddings, normed already)
+            self.input_layernorm = NoNorm()
         # the layer's token mixer: attention, latent attention, a short convolution, a Mamba-2 layer or a gated delta net
         self.self_attn: (Attention | LatentAttention | ShortConv | Mamba1 | Mamba2 | AttentionBesideMamba | GatedDeltaNet
                          | RoutedQueryAttention | None)

@@ -79,7 +79,10 @@ class LayerPlan:
     def layer_norm_roles(self, layer: int) -> tuple[str, ...]:
         """The norms ``layer`` has: its layout's, less the one before a sublayer it lacks."""
         if self.layer_parts is None or self.layer_parts[layer] == "both":
-            return roles_of_layout(self.layout(layer))
+            roles = roles_of_layout(self.layout(layer))
+            if layer == 0 and not self.first_input_norm:
+                return tuple(r for r in roles if r != "input_layernorm")
+            return roles
         return ("input_layernorm",) if self.layer_parts[layer] == "mixer" else ("post_attention_layernorm",)
 
     def has_shared_block(self, layer: int) -> bool:

@@ -102,6 +102,12 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
             out[ours] = [(f"model.{theirs}.weight", shape)]
     for suffix in norm_suffixes if cfg.final_norm else ():
         out[f"norm.{suffix}"] = [(f"model.norm.{suffix}", (h,))]
+    if cfg.head_transform is not None:  # (model.prediction_head.NormedHead: the final norm's dense and LayerNorm)
+        out["norm.dense.weight"] = [("model.head_transform.dense.weight", (h, h))]
+        if cfg.head_transform_bias:
+            out["norm.dense.bias"] = [("model.head_transform.dense.bias", (h,))]
+        for suffix in norm_suffixes:
+            out[f"norm.head_norm.{suffix}"] = [(f"model.head_transform.norm.{suffix}", (h,))]
     if not cfg.tie_word_embeddings:
         out["lm_head.weight"] = [("lm_head.weight", (cfg.vocab_size, h))]
         if cfg.lm_head_bias:

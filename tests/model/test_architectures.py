@@ -643,6 +643,19 @@ CASES: dict[str, tuple[str, dict]] = {
     # over the embedding's weights (tied: the checkpoint stores no head); (":untied") a head of its own
     "CTRLLMHeadModel": ("CTRLConfig", dict(dff=96, tie_word_embeddings=True, **CTRL_OMIT)),
     "CTRLLMHeadModel:untied": ("CTRLConfig", dict(dff=96, **CTRL_OMIT)),
+    # LayerNorms without biases on the embeddings and before each sublayer (the first attention reads the normed
+    # embeddings), a global layer then two windowed ones (their own rotary base), a gated GELU MLP (Wi's halves), the
+    # prediction head before the LM head's bias over the embedding's weights (the checkpoint stores no head);
+    # (":biases") biases on every norm and linear, the head's dense layer too, a global layer every other one, its own
+    # LM head
+    "ModernBertDecoderForCausalLM": ("ModernBertDecoderConfig", dict(
+        num_key_value_heads=OMIT, head_dim=OMIT, num_hidden_layers=4, local_attention=2 * WINDOW,
+        tie_word_embeddings=True)),
+    "ModernBertDecoderForCausalLM:biases": ("ModernBertDecoderConfig", dict(
+        num_key_value_heads=OMIT, head_dim=OMIT, num_hidden_layers=3, local_attention=2 * WINDOW, norm_bias=True,
+        attention_bias=True, mlp_bias=True, classifier_bias=True, global_attn_every_n_layers=2,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 160000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 500.0}})),
 }
 # Gemma3ForConditionalGeneration's text model, beside a one-layer vision tower the engine does not read
 GEMMA3_MM = dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
@@ -1074,6 +1087,8 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("BioGptForCausalLM", False, "LayerNorms, a non-gated MLP, gelu"),
     ("GPTNeoXJapaneseForCausalLM", False, "LayerNorms, a non-gated MLP, gelu, partial rotary"),
     ("CTRLLMHeadModel", False, "LayerNorms, a non-gated MLP, relu"),
+    ("ModernBertDecoderForCausalLM", False, "LayerNorms, gelu, a norm on the embeddings, no norm before the first "
+                                            "layer, a transform before the LM head"),
     ("Exaone4ForCausalLM", True, None), ("Olmo3ForCausalLM", True, None),
     ("ArceeForCausalLM", False, "a non-gated MLP, relu2"), ("HeliumForCausalLM", True, None),
     ("SeedOssForCausalLM", True, None), ("Ernie4_5_MoeForCausalLM", True, None),
