@@ -78,7 +78,7 @@ class Attention(nn.Module):
         self.diff = DiffAttention(self.num_heads, self.num_kv_heads, d, layer, cfg.rms_norm_eps) \
             if cfg.diff_attention else None
         scale = cfg.attn_scale if not (cfg.diff_attention or cfg.key_bias) or cfg.attn_scale is not None else d ** -0.5
-        # Doge's key bias, carried as one more key dim (kvserve.model.dynamic_mask)
+        # Doge's key bias, carried as two more key dims (kvserve.model.dynamic_mask)
         self.dyn = DynamicMask(self.num_kv_heads, d, cfg.attention_bias, scale) if cfg.key_bias else None
         self.spec = LayerAttention(scale, cfg.window(layer), cfg.attn_logit_softcap, chunk=cfg.chunk(layer))
         self.scale_nope = cfg.query_scale_nope  # the position scale on the layers without rotary (Llama 4)

@@ -2,8 +2,9 @@
 (softmax(q1 k1) - lambda softmax(q2 k2)) v, for heads paired as transformers pairs them. The two softmaxes share q and
 k and differ in their values: a query head reads its K/V head's keys with the first half of the value heads, and again
 with the second half. The cache holds that as one attention over heads twice as wide: keys (and queries) zero-padded
-to 2 x head_dim, each K/V head's values the pair [v_a | v_b] it reads (j mod KV/2 and the same in the second half), so
-any backend attends it with the scale of the unpadded heads. Heads h and h + H/2 then combine: their difference
+to 2 x head_dim (each rotary half followed by its zeros, so that a wide head's halves still pair rotated dims: what
+the 8-bit cache's calibration measures), each K/V head's values the pair [v_a | v_b] it reads (j mod KV/2 and the same
+in the second half), so any backend attends it with the scale of the unpadded heads. Heads h and h + H/2 then combine: their difference
 (lambda a learned scalar a layer), RMS-normed without a weight and scaled by 1 - lambda_init. Torch only."""
 
 from __future__ import annotations
@@ -33,12 +34,16 @@ class DiffAttention(nn.Module):
 
     def widen(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q [t, H, d], k and v [t, KV, d] -> q and k zero-padded to 2d; K/V head j's values [v_a | v_b] (a = j mod
-        KV/2, b = a + KV/2)."""
-        half, d = self.kv_heads // 2, self.head_dim
+        """q [t, H, d], k and v [t, KV, d] -> q and k zero-padded to 2d (each half then zeros); K/V head j's values
+        [v_a | v_b] (a = j mod KV/2, b = a + KV/2)."""
+        half, h = self.kv_heads // 2, self.head_dim // 2
         pairs = torch.cat([v[:, :half], v[:, half:]], dim=-1).repeat(1, 2, 1)
-        pad = nn.functional.pad
-        return pad(q, (0, d)), pad(k, (0, d)), pairs.contiguous()
+
+        def wide(x: torch.Tensor) -> torch.Tensor:
+            zeros = x.new_zeros(*x.shape[:-1], h)
+            return torch.cat([x[..., :h], zeros, x[..., h:], zeros], dim=-1)
+
+        return wide(q), wide(k), pairs.contiguous()
 
     def combine(self, o: torch.Tensor) -> torch.Tensor:
         """The wide heads' output [rows, H x 2d] -> [rows, H x d]: heads h and h + H/2 differenced, normed, scaled."""

@@ -1,7 +1,8 @@
 """Doge's dynamic mask attention: every key carries a bias of its own per K/V head, exp(A x softplus(dt_proj(v))) from
-its token's values, added to each query's score for it. The cache carries the bias as one more key dim (the bias over
-the softmax scale) against a query dim of 1, and the values one zero dim, so every backend attends it unchanged at
-the unpadded heads' scale; the output's extra dim is cut. Torch only."""
+its token's values, added to each query's score for it. The cache carries the bias as two more key dims (half the
+bias over the softmax scale, after each rotary half, so that the wide head's halves still pair rotated dims: what the
+8-bit cache's calibration measures) against query dims of 1, and the values two zero dims, so every backend attends it
+unchanged at the unpadded heads' scale; the output's extra dims are cut. Torch only."""
 
 from __future__ import annotations
 
@@ -20,13 +21,16 @@ class DynamicMask(nn.Module):
 
     def widen(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q [t, H, d], k and v [t, KV, d] -> each one dim wider: q's 1, k's the key's bias / scale, v's 0."""
-        t = v.shape[0]
+        """q [t, H, d], k and v [t, KV, d] -> each two dims wider: q's 1 after each half, k's half the key's bias /
+        scale after each half, v's zeros at the end."""
+        t, h = v.shape[0], self.head_dim // 2
         dt = self.dt_proj(v.reshape(t, -1).contiguous())
-        bias = torch.exp(self.A * nn.functional.softplus(dt)) * self.inv_scale
-        pad = nn.functional.pad
-        return pad(q, (0, 1), value=1.0), torch.cat([k, bias[..., None].to(k.dtype)], dim=-1), pad(v, (0, 1))
+        bias = (torch.exp(self.A * nn.functional.softplus(dt)) * (self.inv_scale / 2))[..., None].to(k.dtype)
+        ones = q.new_ones(*q.shape[:-1], 1)
+        q = torch.cat([q[..., :h], ones, q[..., h:], ones], dim=-1)
+        k = torch.cat([k[..., :h], bias, k[..., h:], bias], dim=-1)
+        return q, k, nn.functional.pad(v, (0, 2))
 
     def narrow(self, o: torch.Tensor, heads: int) -> torch.Tensor:
-        """Attention's output [rows, H x (d + 1)] without the values' extra dim: [rows, H x d]."""
-        return o.reshape(o.shape[0], heads, self.head_dim + 1)[..., : self.head_dim].reshape(o.shape[0], -1)
+        """Attention's output [rows, H x (d + 2)] without the values' extra dims: [rows, H x d]."""
+        return o.reshape(o.shape[0], heads, self.head_dim + 2)[..., : self.head_dim].reshape(o.shape[0], -1)

@@ -125,8 +125,8 @@ class LayerPlan:
 
     def cache_head_dim(self, layer: int) -> int:
         """The width of ``layer``'s cached K/V heads: its head_dim, twice that for differential attention (the value
-        pairs side by side), and one more for a key bias (Doge's dynamic mask)."""
-        return self.attn_head_dim(layer) * (2 if self.diff_attention else 1) + (1 if self.key_bias else 0)
+        pairs side by side), and two more for a key bias (Doge's dynamic mask)."""
+        return self.attn_head_dim(layer) * (2 if self.diff_attention else 1) + (2 if self.key_bias else 0)
 
     def attn_kv_heads(self, layer: int) -> int:
         return self.num_key_value_heads if self.layer_kv_heads is None else self.layer_kv_heads[layer]

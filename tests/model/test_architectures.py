@@ -1178,3 +1178,27 @@ def test_gpt_neox_japanese_reads_the_last_layer_s_attention_bias(tmp_path_factor
     want = model.gpt_neox_japanese.layers[last].attention.dense_bias
     assert want.abs().sum() > 0 and torch.equal(weights[f"model.layers.{last}.attention.dense.bias"], want.detach())
     assert all(not weights[f"model.layers.{i}.attention.dense.bias"].any() for i in range(last))
+
+
+@pytest.mark.parametrize("case", ["DiffLlamaForCausalLM", "DogeForCausalLM:window"])
+def test_heads_cached_wider_take_an_8bit_cache(case, tmp_path_factory):
+    """Differential attention's and the dynamic mask's heads, cached wider than the model's (one shape every layer):
+    an int8 KV cache holds them, its calibration pairing their rotated dims, and the first greedy tokens stay
+    transformers'."""
+    _, folder = checkpoint(case, tmp_path_factory)
+    llm = make_llm(folder, kv_cache_dtype="int8")
+    assert llm.engine.runner.kv_pool.layout.head_dim == llm.engine.runner.cfg.cache_head_dim(0)
+    got = [o.token_ids for o in llm.generate(prompts(), GREEDY)]
+    assert sum(g[0] == w[0] for g, w in zip(got, expected(case, tmp_path_factory))) >= len(got) - 1
+
+
+def test_doge_s_context_stops_at_its_keep_window():
+    """Past keep_window_size keys transformers keeps each query's top keys by bias, which no path here runs: the
+    model's context is capped there."""
+    import transformers
+
+    from kvserve.model.config import ModelConfig
+
+    d = transformers.DogeConfig(**{**COMMON, "head_dim": None, "keep_window_size": 64}).to_dict()
+    d["architectures"] = ["DogeForCausalLM"]
+    assert ModelConfig.from_hf_dict(d).max_position_embeddings == 64
