@@ -89,8 +89,8 @@ class Attention(nn.Module):
         # what the bf16 path below handles
         self.plain = (cfg.qk_norm is None and not self.spec.masked and self.sinks is None and self.clip is None
                       and self.position_scale is None and not self.output_gate and self.alibi is None
-                      and len(self.split) == 3 and not self.v_norm and self.sub_norm is None and self.v_dim == d and self.diff is None
-                      and self.dyn is None)
+                      and len(self.split) == 3 and not self.v_norm and self.sub_norm is None and self.v_dim == d
+                      and self.diff is None and self.dyn is None)
 
     def _head_norms(self, q: torch.Tensor, k: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
         """q and k [t, heads, head_dim] normed per head (a head's reshape of the GEMM's output is a strided view:

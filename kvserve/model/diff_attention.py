@@ -26,8 +26,9 @@ class DiffAttention(nn.Module):
 
     def __init__(self, heads: int, kv_heads: int, head_dim: int, layer: int, eps: float):
         super().__init__()
-        if heads % 2 or kv_heads % 2:
-            raise ValueError("differential attention pairs heads: num_attention_heads and num_key_value_heads even")
+        if heads % 2 or kv_heads % 2 or head_dim % 2:
+            raise ValueError("differential attention pairs heads: num_attention_heads, num_key_value_heads and head_dim "
+                             "even")
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.lambda_init, self.eps = lambda_init(layer), eps
         self.lambdas = nn.Parameter(torch.zeros(4 * head_dim))

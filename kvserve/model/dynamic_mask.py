@@ -15,6 +15,8 @@ class DynamicMask(nn.Module):
 
     def __init__(self, kv_heads: int, head_dim: int, bias: bool, scale: float):
         super().__init__()
+        if head_dim % 2:
+            raise ValueError("a key bias goes after each rotary half of a head: head_dim even")
         self.head_dim, self.inv_scale = head_dim, 1.0 / scale
         self.dt_proj = nn.Linear(kv_heads * head_dim, kv_heads, bias=bias)
         self.A = nn.Parameter(torch.zeros(kv_heads))
