@@ -18,15 +18,18 @@ def modernbert_decoder_config(d: dict) -> dict:
     every = d.get("global_attn_every_n_layers") or 3
     types = d.get("layer_types") or [SLIDING if i % every else FULL for i in range(layers)]
     params = d.get("rope_parameters") if isinstance(d.get("rope_parameters"), dict) else {}
-    local = params.get("sliding_attention") or {}
+    # each kind's base: transformers 5's rope_parameters, or the older global_/local_rope_theta (its defaults)
+    local, full = params.get("sliding_attention") or {}, params.get("full_attention") or {}
     local_theta = local.get("rope_theta") or d.get("local_rope_theta") or 10000.0
+    theta = full.get("rope_theta") or d.get("global_rope_theta") or d.get("rope_theta") or 160000.0
     tied, bias = bool(d.get("tie_word_embeddings", True)), bool(d.get("decoder_bias", True))
     window = (d.get("local_attention") or 0) // 2
     return {"num_key_value_heads": d["num_attention_heads"], "head_dim": d["hidden_size"] // d["num_attention_heads"],
             "norm_type": "layer", "rms_norm_eps": float(d.get("norm_eps", 1e-5)),
             "norm_bias": bool(d.get("norm_bias", False)), "embed_norm": True, "first_input_norm": False,
-            "layer_types": list(types), "sliding_window": window or None, "rope_local_theta": float(local_theta),
-            "rope_local_scaled": local.get("rope_type", "default") != "default",
+            "layer_types": list(types), "sliding_window": window or None, "rope_theta": float(theta),
+            "rope_local_theta": float(local_theta),
+            "rope_local_scaled": local.get("rope_type", "default") != "default" or bool(d.get("rope_scaling")),
             "head_transform": d.get("classifier_activation") or "gelu",
             "head_transform_bias": bool(d.get("classifier_bias", False)),
             "lm_head_bias": bias, "tie_word_embeddings": tied and not bias}
