@@ -65,8 +65,10 @@ class KVPool:
     def layout_for(cls, cfg: ModelConfig, model_dtype: torch.dtype, block_size: int) -> KVLayout:
         dtype = str(cls.storage_dtype(model_dtype)).removeprefix("torch.")
         shapes = cfg.kv_layer_shapes()
-        return KVLayout(cfg.kv_cache_layers, cfg.num_key_value_heads, cfg.head_dim, block_size, dtype,
-                        None if shapes is None else tuple(shapes))
+        heads, dim = cfg.num_key_value_heads, cfg.head_dim
+        if shapes is not None and len(set(shapes)) == 1:  # one shape, wider than the heads' (DiffLlama's, Doge's)
+            (heads, dim), shapes = shapes[0], None
+        return KVLayout(cfg.kv_cache_layers, heads, dim, block_size, dtype, None if shapes is None else tuple(shapes))
 
     @property
     def block_bytes(self) -> int:

@@ -15,6 +15,8 @@ from torch import nn
 from kvserve.attention import AttentionBackend, AttentionMetadata
 from kvserve.attention.backend import LayerAttention
 from kvserve.model.config import ModelConfig
+from kvserve.model.diff_attention import DiffAttention
+from kvserve.model.dynamic_mask import DynamicMask
 from kvserve.model.layers import HeadLayerNorm, RMSNorm, runs_amx
 from kvserve.model.rotary import RotaryStep
 
@@ -71,7 +73,14 @@ class Attention(nn.Module):
         self.sub_norm = RMSNorm(q_size, cfg.rms_norm_eps) if cfg.attn_sub_norm else None
         # the sinks are a parameter (loaded after the spec is built): the step's spec takes them (forward)
         self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if cfg.has_sinks(layer) else None
-        self.spec = LayerAttention(cfg.attn_scale, cfg.window(layer), cfg.attn_logit_softcap, chunk=cfg.chunk(layer))
+        # differential attention (DiffLlama): heads attended twice as wide (kvserve.model.diff_attention), at the
+        # unpadded heads' scale
+        self.diff = DiffAttention(self.num_heads, self.num_kv_heads, d, layer, cfg.rms_norm_eps) \
+            if cfg.diff_attention else None
+        scale = cfg.attn_scale if not (cfg.diff_attention or cfg.key_bias) or cfg.attn_scale is not None else d ** -0.5
+        # Doge's key bias, carried as two more key dims (kvserve.model.dynamic_mask)
+        self.dyn = DynamicMask(self.num_kv_heads, d, cfg.attention_bias, scale) if cfg.key_bias else None
+        self.spec = LayerAttention(scale, cfg.window(layer), cfg.attn_logit_softcap, chunk=cfg.chunk(layer))
         self.scale_nope = cfg.query_scale_nope  # the position scale on the layers without rotary (Llama 4)
         self.scale_offset = cfg.query_scale_offset
         # ALiBi's slopes: the spec takes them as a tensor at the first step (the model is built on the meta device)
@@ -80,7 +89,8 @@ class Attention(nn.Module):
         # what the bf16 path below handles
         self.plain = (cfg.qk_norm is None and not self.spec.masked and self.sinks is None and self.clip is None
                       and self.position_scale is None and not self.output_gate and self.alibi is None
-                      and len(self.split) == 3 and not self.v_norm and self.sub_norm is None and self.v_dim == d)
+                      and len(self.split) == 3 and not self.v_norm and self.sub_norm is None and self.v_dim == d
+                      and self.diff is None and self.dyn is None)
 
     def _head_norms(self, q: torch.Tensor, k: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
         """q and k [t, heads, head_dim] normed per head (a head's reshape of the GEMM's output is a strided view:
@@ -122,12 +132,20 @@ class Attention(nn.Module):
             q, k, v = self._q_on_shared_kv(q, t, rope, meta, rows)
         else:
             q, k, v = self._own_qkv(q, parts, t, rope, meta)
+        if self.diff is not None:
+            q, k, v = self.diff.widen(q, k, v)
+        if self.dyn is not None:
+            q, k, v = self.dyn.widen(q, k, v)
         spec = self.spec if self.sinks is None else dataclasses.replace(self.spec, sinks=self.sinks)
         if self.alibi is not None and spec.alibi is None:
             self.spec = spec = dataclasses.replace(spec, alibi=torch.tensor(self.alibi, device=q.device))
         o = attn.attend_layer(q, k, v, kv_cache, meta, spec, rows)
         if not o.shape[0]:  # no row attends (a step that samples nothing): the K/V writes were all
             return x.new_empty(0, self.hidden_size)
+        if self.dyn is not None:
+            o = self.dyn.narrow(o, self.num_heads)
+        if self.diff is not None:
+            o = self.diff.combine(o)
         if self.v_dim != self.head_dim:
             o = o.reshape(o.shape[0], self.num_heads, self.head_dim)[..., : self.v_dim]
         o = o.reshape(o.shape[0], -1)

@@ -21,6 +21,7 @@ from kvserve.model.layers import NoNorm, PackedLinear, RMSNorm, make_norm, pack_
 from kvserve.model.mlp import GatedMLP, MoE
 from kvserve.model.moe_native import moe_blocker
 from kvserve.model.native_stack import build_native_stack, native_stack_blocker, run_native_stack
+from kvserve.model.prediction_head import NormedHead
 from kvserve.model.quant import QuantWeight
 from kvserve.model.recurrent import RecurrentMixer
 from kvserve.model.quant_linear import AMX_MIN_ROWS, QuantEmbedding, QuantLinear
@@ -48,6 +49,9 @@ class CausalLM(nn.Module):
                                            for b in range(min(cfg.shared_blocks, len(users)))) if users else None
         self.norm = make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias, cfg.norm_affine) \
             if cfg.final_norm else NoNorm()
+        if cfg.head_transform is not None:  # the final norm with ModernBERT's prediction head after it
+            self.norm = NormedHead(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias, cfg.head_transform,
+                                   cfg.head_transform_bias)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size,
                                                                       bias=cfg.lm_head_bias)
         head_dim = int(cfg.head_dim or 0)

@@ -12,7 +12,7 @@ from kvserve.model.attention import Attention, rms_unweighted
 from kvserve.model.config import ModelConfig
 from kvserve.model.gated_delta import GatedDeltaNet
 from kvserve.model.latent_attention import LatentAttention
-from kvserve.model.layers import RMSNorm, make_norm, padded_rows
+from kvserve.model.layers import NoNorm, RMSNorm, make_norm, padded_rows
 from kvserve.model.mamba import AttentionBesideMamba, Mamba1, Mamba2
 from kvserve.model.mlp import GatedMLP, MoE, activation
 from kvserve.model.mlstm import MLSTM
@@ -41,6 +41,8 @@ class DecoderLayer(nn.Module):
         for role in cfg.layer_norm_roles(layer):
             setattr(self, role, make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias,
                                           cfg.norm_affine))
+        if layer == 0 and not cfg.first_input_norm:  # (its input, the embeddings, normed already)
+            self.input_layernorm = NoNorm()
         # the layer's token mixer: attention, latent attention, a short convolution, a Mamba-2 layer or a gated delta net
         self.self_attn: (Attention | LatentAttention | ShortConv | Mamba1 | Mamba2 | AttentionBesideMamba | GatedDeltaNet
                          | RGLRU | RwkvTimeMix | RwkvChannelMix | MLSTM | RoutedQueryAttention | None)
@@ -99,9 +101,15 @@ class DecoderLayer(nn.Module):
                                                               cfg.rms_norm_eps, cfg.altup_correct_scale)
         self.laurel = Laurel(cfg.hidden_size, cfg.laurel_rank, cfg.rms_norm_eps) if cfg.laurel_rank else None
         self.residual_scale = cfg.residual_scale
+        # the stream weighted per channel before each sublayer's add (Doge's)
+        self.residual_weights = cfg.residual_weights
+        if self.residual_weights:
+            self.attn_residual = nn.Parameter(torch.ones(cfg.hidden_size))
+            self.mlp_residual = nn.Parameter(torch.ones(cfg.hidden_size))
         # the bf16 hand-offs between the norms and the AMX GEMMs: Llama's layout and plain attention only
         self.one_part = self.self_attn is None or self.mlp is None
-        self.fast = self.layout == "pre" and not self.one_part and self.self_attn.plain and cfg.residual_scale == 1
+        self.fast = (self.layout == "pre" and not self.one_part and self.self_attn.plain and cfg.residual_scale == 1
+                     and not self.residual_weights)
         # and into the MLP, whose down projection then writes bf16: not where it adds a bias (added in float32
         # instead, as the native decode stack adds it)
         self.fast_mlp = self.fast and not cfg.mlp_bias and not cfg.mlp_sub_norm and self.shortcut is None
@@ -127,6 +135,8 @@ class DecoderLayer(nn.Module):
             return altup_layer_forward(self, h, rope, attn, meta, kv_cache, rows, per_layer)
         if self.extras:
             return self._closed_forward(h, delta, rope, attn, meta, kv_cache, rows, per_layer, reduced)
+        if self.residual_weights:
+            return self._weighted_forward(h, delta, rope, attn, meta, kv_cache, rows)
         if self.one_part:
             return self._one_part_forward(h, delta, rope, attn, meta, kv_cache, rows, shared)
         if self.layout.startswith("parallel"):
@@ -232,6 +242,20 @@ class DecoderLayer(nn.Module):
                 return h, None
         x = self.attn_out_norm(h + self._out(a, ""))
         return self.mlp_out_norm(x + self._out(self.mlp(x), "")), None
+
+    def _weighted_forward(self, h, delta, rope, attn, meta, kv_cache,
+                          rows: torch.Tensor | None) -> tuple[torch.Tensor, None]:
+        """Llama's pre-norm layer with the stream weighted per channel before each add (attn_residual * h + attention,
+        then mlp_residual * that + MLP): the layer's output is the stream itself, no delta goes on."""
+        if delta is not None:
+            h.add_(delta)
+        a = self.self_attn(self.input_layernorm(h), rope, attn, meta, kv_cache, False, rows, h.shape[0])
+        if rows is not None:
+            h = h[rows]
+            if not rows.numel():
+                return h, None
+        h = h * self.attn_residual + self._out(a, "")
+        return h * self.mlp_residual + self._out(self.mlp(self.post_attention_layernorm(h)), ""), None
 
     def _out(self, x: torch.Tensor, norm: str) -> torch.Tensor:
         """A sublayer's output as the residual stream takes it: normed (sandwich and post layouts), scaled."""

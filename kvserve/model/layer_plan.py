@@ -96,7 +96,10 @@ class LayerPlan:
     def layer_norm_roles(self, layer: int) -> tuple[str, ...]:
         """The norms ``layer`` has: its layout's, less the one before a sublayer it lacks."""
         if self.layer_parts is None or self.layer_parts[layer] == "both":
-            return roles_of_layout(self.layout(layer))
+            roles = roles_of_layout(self.layout(layer))
+            if layer == 0 and not self.first_input_norm:
+                return tuple(r for r in roles if r != "input_layernorm")
+            return roles
         return ("input_layernorm",) if self.layer_parts[layer] == "mixer" else ("post_attention_layernorm",)
 
     def has_shared_block(self, layer: int) -> bool:
@@ -150,6 +153,11 @@ class LayerPlan:
     def attn_head_dim(self, layer: int) -> int:
         return int(self.head_dim or 0) if self.layer_head_dims is None else self.layer_head_dims[layer]
 
+    def cache_head_dim(self, layer: int) -> int:
+        """The width of ``layer``'s cached K/V heads: its head_dim, twice that for differential attention (the value
+        pairs side by side), and two more for a key bias (Doge's dynamic mask)."""
+        return self.attn_head_dim(layer) * (2 if self.diff_attention else 1) + (2 if self.key_bias else 0)
+
     def attn_kv_heads(self, layer: int) -> int:
         return self.num_key_value_heads if self.layer_kv_heads is None else self.layer_kv_heads[layer]
 
@@ -167,9 +175,9 @@ class LayerPlan:
     def kv_layer_shapes(self) -> list[tuple[int, int]] | None:
         """(K/V heads, head dim) of each KV pool layer where they differ between layers; None where they are all
         (num_key_value_heads, head_dim)."""
-        if self.layer_head_dims is None and self.layer_kv_heads is None:
+        if self.layer_head_dims is None and self.layer_kv_heads is None and not (self.diff_attention or self.key_bias):
             return None
-        shapes = [(self.attn_kv_heads(i), self.attn_head_dim(i)) for i in range(self.num_hidden_layers)
+        shapes = [(self.attn_kv_heads(i), self.cache_head_dim(i)) for i in range(self.num_hidden_layers)
                   for _ in range(self.cache_layers(i))]
         return None if set(shapes) <= {(self.num_key_value_heads, int(self.head_dim or 0))} else shapes
 

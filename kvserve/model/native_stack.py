@@ -90,6 +90,10 @@ def native_stack_blocker(cfg: ModelConfig) -> str | None:
               (cfg.altup_streams > 1, "AltUp streams"), (bool(cfg.laurel_rank), "LAuReL"),
               (any(cfg.activation_sparsity or ()), "activation sparsity"),
               (cfg.shared_block_layers is not None and any(cfg.shared_block_layers), "shared transformer blocks"),
+              (cfg.diff_attention, "differential attention"), (cfg.key_bias, "key biases"),
+              (cfg.residual_weights, "weighted residuals"),
+              (not cfg.first_input_norm, "no norm before the first layer"),
+              (cfg.head_transform is not None, "a transform before the LM head"),
               (bool(cfg.v_head_dim) and not cfg.kv_lora_rank and cfg.v_head_dim != cfg.head_dim,
                "values narrower than keys")]
     return ", ".join(why for bad, why in checks if bad) or None

@@ -108,6 +108,12 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
             out[ours] = [(f"model.{theirs}.weight", shape)]
     for suffix in norm_suffixes if cfg.final_norm else ():
         out[f"norm.{suffix}"] = [(f"model.norm.{suffix}", (h,))]
+    if cfg.head_transform is not None:  # (model.prediction_head.NormedHead: the final norm's dense and LayerNorm)
+        out["norm.dense.weight"] = [("model.head_transform.dense.weight", (h, h))]
+        if cfg.head_transform_bias:
+            out["norm.dense.bias"] = [("model.head_transform.dense.bias", (h,))]
+        for suffix in norm_suffixes:
+            out[f"norm.head_norm.{suffix}"] = [(f"model.head_transform.norm.{suffix}", (h,))]
     if not cfg.tie_word_embeddings:
         out["lm_head.weight"] = [("lm_head.weight", (cfg.vocab_size, h))]
         if cfg.lm_head_bias:
@@ -166,6 +172,9 @@ def layer_extras(out: dict[str, list[Source]], arch: Architecture, cfg: ModelCon
     for role in norms:
         for suffix in norm_suffixes:
             out[f"{dst}{role}.{suffix}"] = [(f"{p}{arch.weight_name(role)}.{suffix}", (h,))]
+    if cfg.residual_weights:
+        for role in ("attn_residual", "mlp_residual"):
+            out[f"{dst}{role}"] = [(f"{p}{arch.weight_name(role)}", (h,))]
     if cfg.layer_scalars:
         out[f"{dst}layer_scalar"] = [(f"{p}{arch.weight_name('layer_scalar')}", (1,))]
 
@@ -197,6 +206,12 @@ def attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig
             out[f"{dst}{role}.weight"] = [(f"{prefix}{arch.weight_name(role)}.weight", (rows if full else d,))]
     if cfg.has_sinks(layer):
         out[f"{dst}sinks"] = [(f"{prefix}{arch.weight_name('sinks')}", (cfg.attention_heads(layer),))]
+    if cfg.diff_attention:  # (lambda_q1, lambda_k1, lambda_q2, lambda_k2)
+        out[f"{dst}diff.lambdas"] = [(f"{prefix}{arch.weight_name('diff_lambda')}{part}", (d,))
+                                     for part in ("q1", "k1", "q2", "k2")]
+    if cfg.key_bias:  # (dt_proj over the values, A a tensor)
+        linear(dst + "dyn.dt_proj", prefix, [("dt_proj", cfg.attn_kv_heads(layer))], None, kv_rows, cfg.attention_bias)
+        out[f"{dst}dyn.A"] = [(f"{prefix}{arch.weight_name('dt_A')}", (cfg.attn_kv_heads(layer),))]
     if cfg.attn_sub_norm:
         out[f"{dst}sub_norm.weight"] = [(f"{prefix}{arch.weight_name('attn_sub_norm')}.weight", (q_rows,))]
 

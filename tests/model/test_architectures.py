@@ -39,6 +39,7 @@ LATENT_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embedd
 ZAMBA2 = dict(head_dim=OMIT, num_hidden_layers=4, num_attention_heads=8, adapter_rank=8, n_mamba_heads=4,
               mamba_ngroups=2,
               layers_block_type=["mamba", "hybrid", "mamba", "hybrid"], mamba_d_state=8, tie_word_embeddings=True)
+CTRL_OMIT = dict.fromkeys(["num_key_value_heads", "head_dim", "intermediate_size"], OMIT)
 GEMMA4_TYPES = ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention"]
 
 # case -> (transformers config class, its arguments beyond COMMON); a case is a registered name, or
@@ -630,6 +631,46 @@ CASES: dict[str, tuple[str, dict]] = {
                                                     mamba_d_state=8,
                                                     num_attention_heads=8, mamba_proj_bias=True,
                                                     layers_block_type=["hybrid", "mamba", "hybrid"])),
+    # differential attention: 4 query heads over 2 K/V heads (the value heads paired across the halves), biases
+    "DiffLlamaForCausalLM": ("DiffLlamaConfig", dict(attention_bias=True)),
+    # GQA of 4 query heads a K/V head, 4 K/V heads (two value pairs), three layers (lambda_init by depth)
+    "DiffLlamaForCausalLM:gqa": ("DiffLlamaConfig", dict(num_attention_heads=16, num_key_value_heads=4, head_dim=8,
+                                                         num_hidden_layers=3)),
+    # dynamic mask attention (a bias per key and K/V head from its values), per-head q/k norms, the stream weighted
+    # per channel before each add; (":window") a window on every layer, biases on q/k/v/o and dt_proj
+    "DogeForCausalLM": ("DogeConfig", dict(head_dim=OMIT)),
+    "DogeForCausalLM:window": ("DogeConfig", dict(head_dim=OMIT, sliding_window=WINDOW, attention_bias=True,
+                                                  num_key_value_heads=4)),
+    # Emu3's text model: Llama's layers (GQA), untied
+    "Emu3ForCausalLM": ("Emu3TextConfig", {}),
+    # learned positions (2 rows in), scaled embeddings, LayerNorms, biases, a non-gated GELU MLP; (":untied") its own
+    # output projection, unscaled embeddings
+    "BioGptForCausalLM": ("BioGptConfig", dict(num_key_value_heads=OMIT, head_dim=OMIT, tie_word_embeddings=True)),
+    "BioGptForCausalLM:untied": ("BioGptConfig", dict(num_key_value_heads=OMIT, head_dim=OMIT, scale_embedding=False)),
+    # GPT-NeoX's q/k/v head by head without biases, half of each head rotating, one layer after the other, the last
+    # layer's attention output bias alone, tied; (":untied") whole heads rotating, three layers, its own LM head
+    "GPTNeoXJapaneseForCausalLM": ("GPTNeoXJapaneseConfig", dict(
+        num_key_value_heads=OMIT, head_dim=OMIT, intermediate_size=OMIT, intermediate_multiple_size=2,
+        tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})),
+    "GPTNeoXJapaneseForCausalLM:untied": ("GPTNeoXJapaneseConfig", dict(
+        num_key_value_heads=OMIT, head_dim=OMIT, intermediate_size=OMIT, num_hidden_layers=3)),
+    # fixed sinusoidal positions from 0, scaled embeddings, LayerNorms, biases, a non-gated ReLU MLP, the LM head's bias
+    # over the embedding's weights (tied: the checkpoint stores no head); (":untied") a head of its own
+    "CTRLLMHeadModel": ("CTRLConfig", dict(dff=96, tie_word_embeddings=True, **CTRL_OMIT)),
+    "CTRLLMHeadModel:untied": ("CTRLConfig", dict(dff=96, **CTRL_OMIT)),
+    # LayerNorms without biases on the embeddings and before each sublayer (the first attention reads the normed
+    # embeddings), a global layer then two windowed ones (their own rotary base), a gated GELU MLP (Wi's halves), the
+    # prediction head before the LM head's bias over the embedding's weights (the checkpoint stores no head);
+    # (":biases") biases on every norm and linear, the head's dense layer too, a global layer every other one, its own
+    # LM head
+    "ModernBertDecoderForCausalLM": ("ModernBertDecoderConfig", dict(
+        num_key_value_heads=OMIT, head_dim=OMIT, num_hidden_layers=4, local_attention=2 * WINDOW,
+        tie_word_embeddings=True)),
+    "ModernBertDecoderForCausalLM:biases": ("ModernBertDecoderConfig", dict(
+        num_key_value_heads=OMIT, head_dim=OMIT, num_hidden_layers=3, local_attention=2 * WINDOW, norm_bias=True,
+        attention_bias=True, mlp_bias=True, classifier_bias=True, global_attn_every_n_layers=2,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 160000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 500.0}})),
 }
 # Gemma3ForConditionalGeneration's text model, beside a one-layer vision tower the engine does not read
 GEMMA3_MM = dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
@@ -1059,6 +1100,13 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("XGLMForCausalLM", False, "LayerNorms, a non-gated MLP, gelu"),
     ("OpenAIGPTLMHeadModel", False, "LayerNorms, a non-gated MLP, norms after the residual adds, no final norm"),
     ("JetMoeForCausalLM", False, "routed query experts, a bias on the experts' sum"), ("AriaTextForCausalLM", True, None),
+    ("DiffLlamaForCausalLM", False, "differential attention"),
+    ("DogeForCausalLM", False, "key biases, weighted residuals"), ("Emu3ForCausalLM", True, None),
+    ("BioGptForCausalLM", False, "LayerNorms, a non-gated MLP, gelu"),
+    ("GPTNeoXJapaneseForCausalLM", False, "LayerNorms, a non-gated MLP, gelu, partial rotary"),
+    ("CTRLLMHeadModel", False, "LayerNorms, a non-gated MLP, relu"),
+    ("ModernBertDecoderForCausalLM", False, "LayerNorms, gelu, a norm on the embeddings, no norm before the first "
+                                            "layer, a transform before the LM head"),
     ("Exaone4ForCausalLM", True, None), ("Olmo3ForCausalLM", True, None),
     ("ArceeForCausalLM", False, "a non-gated MLP, relu2"), ("HeliumForCausalLM", True, None),
     ("SeedOssForCausalLM", True, None), ("Ernie4_5_MoeForCausalLM", True, None),
@@ -1117,7 +1165,9 @@ def test_a_bfloat16_model_attends_windows_and_sinks(case, tmp_path_factory):
     ("DeepseekV2ForCausalLM", dict(LATENT, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                                    topk_method="noaux_tc"), "topk_method"),
     ("AriaTextForCausalLM", dict(moe_num_experts=4, moe_topk=2, hidden_act="gelu"), "hidden_act"),
-    ("XGLMForCausalLM", dict(pad_token_id=3), "pad_token_id")])
+    ("XGLMForCausalLM", dict(pad_token_id=3), "pad_token_id"),
+    ("DogeForCausalLM", dict(is_moe=True, num_experts=16, num_experts_per_tok=4), "is_moe"),
+    ("CTRLLMHeadModel", dict(dff=96, layer_norm_epsilon=1e-5), "layer_norm_epsilon")])
 def test_an_option_no_path_runs_is_refused_in_one_line(case, config, option, tmp_path):
     """ERNIE MoE's biased shared experts, a q projection without the bias its latent attention has, a router method
     not built, Aria's shared experts of another activation than its SiLU routed ones, XGLM's zeroed row of positions:
@@ -1135,3 +1185,38 @@ def test_an_option_no_path_runs_is_refused_in_one_line(case, config, option, tmp
     with pytest.raises(ModelLoadError, match=f"{option} .* is not supported") as e:
         hf_folder_config(tmp_path)
     assert "\n" not in str(e.value)
+
+
+def test_gpt_neox_japanese_reads_the_last_layer_s_attention_bias(tmp_path_factory):
+    """GPT-NeoX-Japanese's last layer alone has an attention output bias (``dense_bias``): read as o_proj's bias there,
+    zeros before it (its greedy tokens barely feel it on these random weights)."""
+    model, folder = checkpoint("GPTNeoXJapaneseForCausalLM:untied", tmp_path_factory)
+    weights = load_model(folder).weights
+    last = model.config.num_hidden_layers - 1
+    want = model.gpt_neox_japanese.layers[last].attention.dense_bias
+    assert want.abs().sum() > 0 and torch.equal(weights[f"model.layers.{last}.attention.dense.bias"], want.detach())
+    assert all(not weights[f"model.layers.{i}.attention.dense.bias"].any() for i in range(last))
+
+
+@pytest.mark.parametrize("case", ["DiffLlamaForCausalLM", "DogeForCausalLM:window"])
+def test_heads_cached_wider_take_an_8bit_cache(case, tmp_path_factory):
+    """Differential attention's and the dynamic mask's heads, cached wider than the model's (one shape every layer):
+    an int8 KV cache holds them, its calibration pairing their rotated dims, and the first greedy tokens stay
+    transformers'."""
+    _, folder = checkpoint(case, tmp_path_factory)
+    llm = make_llm(folder, kv_cache_dtype="int8")
+    assert llm.engine.runner.kv_pool.layout.head_dim == llm.engine.runner.cfg.cache_head_dim(0)
+    got = [o.token_ids for o in llm.generate(prompts(), GREEDY)]
+    assert sum(g[0] == w[0] for g, w in zip(got, expected(case, tmp_path_factory))) >= len(got) - 1
+
+
+def test_doge_s_context_stops_at_its_keep_window():
+    """Past keep_window_size keys transformers keeps each query's top keys by bias, which no path here runs: the
+    model's context is capped there."""
+    import transformers
+
+    from kvserve.model.config import ModelConfig
+
+    d = transformers.DogeConfig(**{**COMMON, "head_dim": None, "keep_window_size": 64}).to_dict()
+    d["architectures"] = ["DogeForCausalLM"]
+    assert ModelConfig.from_hf_dict(d).max_position_embeddings == 64

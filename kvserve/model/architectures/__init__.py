@@ -79,6 +79,10 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     "mlstm_norm": None, "mlstm_out": None,
     # routed query attention (ModelConfig.attention_experts): tensors, not modules (full names)
     "attn_router": None, "attn_q_experts": None, "attn_o_experts": None, "attn_o_bias": None, "attn_kv_proj": None,
+    "diff_lambda": "self_attn.lambda_",  # differential attention's lambda vectors (then q1, k1, q2, k2: tensors)
+    "dt_proj": "self_attn.dt_proj", "dt_A": "self_attn.A",  # a key bias's projection and factors (Doge's)
+    # the stream's per-channel weights before attention's add and the MLP's (Doge's: tensors)
+    "attn_residual": "input_residual", "mlp_residual": "post_attention_residual",
     "sinks": "self_attn.sinks",  # one logit per head (a tensor, not a module: no .weight)
     # gated attention's output gate as a projection of its own (AFMoE's); None: its rows inside q_proj, each head's
     # after that head's q (Qwen3-Next's)
@@ -305,7 +309,8 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "falcon", "dbrx", "bitnet", "axk1", "youtu", "minicpm5_moe", "minicpm3", "exaone_moe", "kolibri1",
             "deepseek_v32", "glm_moe_dsa", "longcat_flash", "gemma3n", "gemma4_unified", "mllama", "aria", "gpt_neo",
             "codegen", "xglm", "openai_gpt", "jetmoe", "zamba2", "zamba", "lfm3", "mimo_v2_flash",
-            "recurrent_gemma", "rwkv", "xlstm"]
+            "recurrent_gemma", "rwkv", "xlstm", "diffllama", "doge", "emu3", "biogpt", "gpt_neox_japanese", "ctrl",
+            "modernbert_decoder"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)
