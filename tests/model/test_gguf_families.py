@@ -138,6 +138,10 @@ CASES: dict[str, tuple[str, dict, str]] = {
     # which by their tensors
     "jamba": ("JambaForCausalLM", {}, "jamba"),
     "mamba:falcon": ("FalconMambaForCausalLM", dict(intermediate_size=128, mixer_rms_eps=1e-5), "mamba"),
+    # the text models of Qwen2-VL, Qwen3-VL and Qwen3-VL-MoE (flat; their rotary sections: plain rotary for text)
+    "qwen2vl": ("Qwen2VLForConditionalGeneration", {}, "qwen2vl"),
+    "qwen3vl": ("Qwen3VLForConditionalGeneration", {}, "qwen3vl"),
+    "qwen3vlmoe": ("Qwen3VLMoeForConditionalGeneration", {}, "qwen3vlmoe"),
     # Gemma 3n: four AltUp streams (the converter takes no other count), LAuReL, sparse MLP gates on the first layer,
     # K/V shared by the last two layers, per-layer inputs, MLPs of two widths (one a layer)
     "gemma3n": ("Gemma3nForCausalLM", dict(altup_num_inputs=4), "gemma3n"),
@@ -155,7 +159,8 @@ CASES: dict[str, tuple[str, dict, str]] = {
 NO_TRANSFORMERS_READER = {"deepseek2", "deepseek2:v3", "lfm2", "lfm2moe", "nemotron", "mistral3", "olmoe", "mixtral", "gemma", "olmo2", "granite", "granitemoe", "granitemoe:shared", "smollm3",
                           "granitehybrid", "granitehybrid:dense", "mamba2", "glm4", "ernie4_5", "ernie4_5:use_bias", "gpt-oss", "cohere2", "command-r", "arcee", "exaone4", "ernie4_5-moe", "phi2", "glm4moe", "olmo2:olmo3", "seed_oss",
                           "qwen35", "qwen35moe", "qwen3next", "gemma4", "gemma4:moe", "llama4", "nemotron_h",
-                          "nemotron_h_moe", "falcon-h1", "mamba", "mamba:falcon", "jamba", "gemma3n"}
+                          "nemotron_h_moe", "falcon-h1", "mamba", "mamba:falcon", "jamba", "gemma3n",
+                          "qwen2vl", "qwen3vl", "qwen3vlmoe"}
 GEMMA = {"gemma", "gemma2", "gemma3"}
 # norms that scale by 1 + weight, which the converters store with the 1 added (not Qwen3.5's gated delta-net norm)
 PLUS_ONE = GEMMA | {"nemotron", "qwen35", "qwen35moe", "qwen3next"}
@@ -238,6 +243,8 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
     included, quantized to that type, norms and biases left float32, as llama-quantize writes them; ``whole_kv_b``:
     a deepseek2 file as converters wrote it before splitting kv_b for absorbed attention)."""
     d = model.config.to_dict()
+    if arch in ("qwen2vl", "qwen3vl", "qwen3vlmoe"):  # the text model's keys, flat (the converter writes no vision)
+        d = {**d, **d["text_config"]}
     rope = d.get("rope_parameters") or {}
     full = rope.get("full_attention", rope)
     layers, hidden = d.get("num_hidden_layers") or len(d["layers_block_type"]), d["hidden_size"]  # (Nemotron-H: no count)
@@ -344,7 +351,9 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
         w.add_rope_dimension_count(int(d["head_dim"] * full.get("partial_rotary_factor", 0.25)))
         if arch != "qwen3next":
             w.add_rope_dimension_sections(full.get("mrope_section", [11, 11, 10]) + [0])
-    if arch in ("qwen2moe", "qwen3moe", "qwen35moe", "qwen3next"):
+    if arch in ("qwen2vl", "qwen3vl", "qwen3vlmoe"):  # the rotary sections, four
+        w.add_rope_dimension_sections(list(rope.get("mrope_section") or [])[:4] + [0] * (4 - len(rope.get("mrope_section") or [])))
+    if arch in ("qwen2moe", "qwen3moe", "qwen35moe", "qwen3next", "qwen3vlmoe"):
         w.add_expert_feed_forward_length(d["moe_intermediate_size"])
         if d.get("shared_expert_intermediate_size"):
             w.add_expert_shared_feed_forward_length(d["shared_expert_intermediate_size"])
@@ -438,6 +447,17 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
     if arch == "mamba2":
         for i in range(layers):
             _mamba2_tensors(state, f"backbone.layers.{i}.mixer.", d["n_groups"])
+    if arch in ("qwen2vl", "qwen3vl", "qwen3vlmoe"):  # the text model's tensors under Qwen's names; no vision tower
+        state = {n.replace("model.language_model.", "model."): t for n, t in state.items() if "visual" not in n.split(".")}
+        for i in range(layers):  # (Qwen3-VL-MoE's stacked experts: gate's and up's [experts, inter, hidden])
+            p = f"model.layers.{i}.mlp.experts."
+            if p + "gate_up_proj" in state:  # as published [experts, in, out], or as transformers 5 saves [.., out, in]
+                gate_up, down = state.pop(p + "gate_up_proj"), state.pop(p + "down_proj")
+                if gate_up.shape[-1] != hidden:
+                    gate_up, down = gate_up.transpose(-1, -2), down.transpose(-1, -2)
+                gate, up = gate_up.chunk(2, dim=-2)
+                state[f"blk.{i}.ffn_gate_exps.weight"], state[f"blk.{i}.ffn_up_exps.weight"] = gate, up
+                state[f"blk.{i}.ffn_down_exps.weight"] = down
     if arch == "gemma4":
         _gemma4_tensors(state, d, layers)
     if arch == "falcon-h1":
@@ -813,7 +833,8 @@ def test_gguf_loads_the_checkpoint_weights(case, tmp_path_factory, monkeypatch):
     assert loaded.config.architecture == LOADS_AS.get(case, CASES[case][0].partition(":")[0])
     # the checkpoint's tensors under the names the loaders give them (Phi's final_layernorm is the final norm)
     arch = get_architecture(loaded.config.architecture)
-    original = {arch.checkpoint_name(n): t for n, t in load_file(folder / "model.safetensors").items()}
+    original = {arch.checkpoint_name(n): t for n, t in load_file(folder / "model.safetensors").items()
+                if "visual" not in n.split(".")}  # (a vision tower: not in a text model's file)
     if model.config.tie_word_embeddings:
         original.pop("lm_head.weight", None)
     # both loaders put gated attention's gates after q's rows, and fold in what the architecture folds at load
@@ -839,7 +860,9 @@ def test_gguf_loads_the_checkpoint_weights(case, tmp_path_factory, monkeypatch):
     assert set(loaded.weights) == set(original)
     for name, t in original.items():
         got = loaded.weights[name]
-        if got.shape != t.shape and got.numel() == t.numel():  # viewed in the engine's shape (a [1, experts] bias)
+        if got.dim() == 3 and got.shape != t.shape and got.transpose(-1, -2).shape == t.shape:
+            got = got.transpose(-1, -2)  # stacked experts as published, [in, out]; transformers 5 saves [out, in]
+        elif got.shape != t.shape and got.numel() == t.numel():  # viewed in the engine's shape (a [1, experts] bias)
             got = got.reshape(t.shape)
         if case in PLUS_ONE and name.endswith("norm.weight"):
             # the model scales by 1 + weight: that sum is the file's, bit for bit

@@ -12,8 +12,11 @@ MULTIMODAL_PREFIXES = {"language_model.model.": "model.", "model.language_model.
 
 
 def text_part(d: dict) -> dict:
-    """The text part, with the top-level keys transformers keeps there (tied embeddings, token ids)."""
-    text = dict(d.get("text_config") or {})
+    """The text part, with the top-level keys transformers keeps there (tied embeddings, token ids); a config without
+    a ``text_config`` is flat (Qwen2-VL's as released, a GGUF file's metadata) and is its own text part."""
+    if "text_config" not in d:
+        return d
+    text = dict(d["text_config"] or {})
     for key in ("tie_word_embeddings", "bos_token_id", "eos_token_id"):
         if key in d and key not in text:
             text[key] = d[key]

@@ -24,12 +24,14 @@ def text_rotary(config):
     return parse
 
 
+# llama.cpp's "qwen2vl", "qwen3vl" and "qwen3vlmoe" files hold the text model alone, flat (its rotary sections beside:
+# plain rotary for text); Qwen2.5-VL's are "qwen2vl" too
 register(Architecture("Qwen2VLForConditionalGeneration", text_rotary(qwen2_config), text_config=text_part,
-                      prefixes=VL_PREFIXES))
+                      prefixes=VL_PREFIXES, gguf="qwen2vl"))
 register(Architecture("Qwen2_5_VLForConditionalGeneration", text_rotary(qwen2_config), text_config=text_part,
                       prefixes=VL_PREFIXES))
 register(Architecture("Qwen3VLForConditionalGeneration", text_rotary(qwen3_config), text_config=text_part,
-                      prefixes=VL_PREFIXES))
+                      prefixes=VL_PREFIXES, gguf="qwen3vl"))
 register(Architecture("Qwen3VLMoeForConditionalGeneration",
                       text_rotary(lambda d: {**qwen3_moe_config(d), "norm_topk_prob": True}), text_config=text_part,
-                      prefixes=VL_PREFIXES, stacked_experts=StackedExperts(interleaved=False)))
+                      prefixes=VL_PREFIXES, stacked_experts=StackedExperts(interleaved=False), gguf="qwen3vlmoe"))
