@@ -95,12 +95,14 @@ def mamba1(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, d
 
 def gated_delta(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,
                 linear: Any) -> None:
-    """A gated delta net's weights (``kvserve.model.gated_delta``): in_proj (q, k, v, z, b, a, from four tensors or two),
+    """A gated delta net's weights (``kvserve.model.gated_delta``): in_proj (q, k, v, z, b, a: one tensor, two or four),
     the depthwise kernel [channels, taps], dt's bias, A's log, the gated norm's weight [value_dim], out_proj."""
     h, heads = cfg.hidden_size, cfg.delta_value_heads
     keys, values = cfg.delta_key_heads * cfg.delta_key_dim, heads * cfg.delta_value_dim
     apart = [("delta_z", values), ("delta_b", heads), ("delta_a", heads)]
-    if arch.weight_name("delta_qkvz"):
+    if arch.weight_name("delta_in_proj"):
+        parts = [("delta_in_proj", 2 * keys + 2 * values + 2 * heads)]
+    elif arch.weight_name("delta_qkvz"):
         parts = [("delta_qkvz", 2 * keys + 2 * values), ("delta_ba", 2 * heads)]
     elif arch.weight_name("delta_q"):  # q, k and v each their own tensor (OLMo Hybrid's)
         parts = [("delta_q", keys), ("delta_k", keys), ("delta_v", values), *apart]

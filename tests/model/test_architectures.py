@@ -552,6 +552,13 @@ CASES: dict[str, tuple[str, dict]] = {
     # scaled, beside an ungated shared expert
     "HYV3ForCausalLM": ("HYV3Config", dict(num_hidden_layers=3, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                                            num_shared_experts=1, router_scaling_factor=2.0, attention_bias=True)),
+    # delta nets (the fused in_proj), attention rotating on the windowed layers only; softmax experts beside an
+    # ungated shared expert in every layer
+    "LaraMiniForCausalLM": ("LaraMiniConfig", dict(DELTA, num_hidden_layers=5, sliding_window=WINDOW,
+                                                   intermediate_size=OMIT, shared_expert_intermediate_size=48,
+                                                   layer_types=["linear_attention", "sliding_attention",
+                                                                "linear_attention", "full_attention",
+                                                                "sliding_attention"], **MOE)),
     # Llama's layers among cross-attention layers, which a text prompt skips; the embedding table 8 rows past the vocab
     "MllamaForCausalLM": ("MllamaTextConfig", dict(num_hidden_layers=5, cross_attention_layers=[1, 3], rope_parameters={
         "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -888,6 +895,9 @@ NOT_CLOSE = {"Glm4MoeForCausalLM:scaled": "x2.5 amplifies int8's flips among the
                              "the random delta nets move most under int8 (0.43 of the 0.5 bound for the dense Qwen3.5; "
                              "0.16 with their in_proj dense), enough to flip this random router's choices (int8 "
                              "through the delta nets and gated attention: the dense Qwen3.5 cases)"),
+             "LaraMiniForCausalLM": "the same for Lara's delta nets before a random softmax router in every layer: 0.70 "
+                                    "against the 0.5 bound on the 8th token of the first prompt (int8 through the "
+                                    "delta nets: the dense Qwen3.5 cases)",
              **dict.fromkeys(["Zamba2ForCausalLM", "Zamba2ForCausalLM:plain", "Zamba2ForCausalLM:untied"],
                              "these random weights make the shared blocks' attention over [stream, embeddings] near "
                              "one-hot (0.88 the mean top probability) and every layer a Mamba layer after it: int8 "

@@ -53,6 +53,7 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     # the gated norm's weight, out_proj
     "delta_qkv": "linear_attn.in_proj_qkv", "delta_z": "linear_attn.in_proj_z", "delta_b": "linear_attn.in_proj_b",
     "delta_a": "linear_attn.in_proj_a", "delta_qkvz": None, "delta_ba": None,
+    "delta_in_proj": None,  # q/k/v, z, b and a stacked in that order in one tensor (Lara's)
     "delta_q": None, "delta_k": None, "delta_v": None,  # q, k and v apart (OLMo Hybrid), their convolutions too
     "delta_q_conv": None, "delta_k_conv": None, "delta_v_conv": None,
     "delta_conv": "linear_attn.conv1d",
@@ -280,7 +281,8 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "afmoe", "laguna", "mellum", "flint", "hy_v3", "granite_swa", "hyperclovax", "jais2", "nanochat", "persimmon",
             "falcon", "dbrx", "bitnet", "axk1", "youtu", "minicpm5_moe", "minicpm3", "exaone_moe", "kolibri1",
             "deepseek_v32", "glm_moe_dsa", "longcat_flash", "gemma3n", "gemma4_unified", "mllama", "aria", "gpt_neo",
-            "codegen", "xglm", "openai_gpt", "jetmoe", "zamba2", "zamba", "lfm3", "mimo_v2_flash"]
+            "codegen", "xglm", "openai_gpt", "jetmoe", "zamba2", "zamba", "lfm3", "mimo_v2_flash",
+            "lara_mini"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)
