@@ -35,6 +35,7 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     "q_a_proj": "self_attn.q_a_proj", "q_a_norm": "self_attn.q_a_layernorm", "q_b_proj": "self_attn.q_b_proj",
     "kv_a_proj": "self_attn.kv_a_proj_with_mqa", "kv_a_norm": "self_attn.kv_a_layernorm",
     "kv_b_proj": "self_attn.kv_b_proj",
+    "rope_key_norm": "self_attn.k_rope_only_layernorm",  # the norm on the shared rotary key (latent_rope_key_norm)
     # a lightning indexer (ModelConfig.index_topk): its q from q's latent, its k and the k's LayerNorm, its head weights
     "index_q": "self_attn.indexer.wq_b", "index_k": "self_attn.indexer.wk", "index_k_norm": "self_attn.indexer.k_norm",
     "index_weights": "self_attn.indexer.weights_proj",
@@ -282,7 +283,7 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "falcon", "dbrx", "bitnet", "axk1", "youtu", "minicpm5_moe", "minicpm3", "exaone_moe", "kolibri1",
             "deepseek_v32", "glm_moe_dsa", "longcat_flash", "gemma3n", "gemma4_unified", "mllama", "aria", "gpt_neo",
             "codegen", "xglm", "openai_gpt", "jetmoe", "zamba2", "zamba", "lfm3", "mimo_v2_flash",
-            "lara_mini"]
+            "lara_mini", "dots3_note"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)
