@@ -7,15 +7,17 @@ b, a), name the gated norm ``out_norm`` and stack the experts ([experts, 2 x int
 
 from kvserve.model.architectures import Architecture, StackedExperts, partial_rotary, register
 from kvserve.model.architectures.qwen3_next import gated_delta_config
-from kvserve.model.config import FULL, SLIDING
+from kvserve.model.config import FULL, SLIDING, rope_settings
 
 DELTA = "linear_attention"
 PATTERN = [DELTA, SLIDING, DELTA, FULL, SLIDING]  # the layers' kinds where config.json lists none
 
 
 def lara_mini_config(d: dict) -> dict:
-    if partial_rotary(d, 1.0) != 1.0:
-        raise ValueError("LaraMiniForCausalLM with partial_rotary_factor (its rotary turns whole heads) is not supported")
+    _, scaling = rope_settings(d)
+    # its default rotary turns whole heads whatever partial_rotary_factor says; a scaled one would read the factor
+    if scaling is not None and partial_rotary(d, 1.0) != 1.0:
+        raise ValueError("LaraMiniForCausalLM with a scaled rope over part of each head is not supported")
     if d.get("hidden_act", "silu") != "silu":
         raise ValueError(f"LaraMiniForCausalLM with hidden_act {d['hidden_act']} is not supported")
     kinds = list(d.get("layer_types") or [PATTERN[i % len(PATTERN)] for i in range(d["num_hidden_layers"])])
