@@ -144,6 +144,10 @@ class ModelConfig(LayerPlan):
     # head_dim max(qk_nope_head_dim + qk_rope_head_dim, v_head_dim) (the shorter of k and v zero-padded) ---
     kv_lora_rank: int = 0
     q_lora_rank: int = 0
+    # per layer (q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim) where layers differ (Dots 3's
+    # sliding layers; their heads and cache shapes: attention_heads_per_layer, layer_head_dims, layer_kv_heads)
+    latent_layer_dims: list[tuple[int, int, int, int, int]] | None = None
+    latent_rope_key_norm: bool = False  # an RMSNorm on the shared rotary key before rotary (Dots 3)
     # --- a lightning indexer (DeepSeek-V3.2's sparse attention; 0: none): each query attends its index_topk keys of the
     # best sum over index_heads of weight * relu(q . k) (index_head_dim, the first qk_rope_head_dim rotated, as pairs where
     # index_rope_interleaved), its keys in a pool layer of their own; index_layers: those running one (the rest reuse) ---
@@ -286,15 +290,16 @@ class ModelConfig(LayerPlan):
     def __post_init__(self) -> None:
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
-        if any(h % self.num_key_value_heads for h in (self.num_attention_heads, *(self.attention_heads_per_layer or ()))):
-            raise ValueError("num_attention_heads (every layer's) must be a multiple of num_key_value_heads")
         for name in ("layer_types", "rope_layers", "rope_local_layers", "moe_layers", "conv_layers", "mamba_layers",
                      "delta_layers", "lru_layers", "rwkv_mix", "layer_parts", "qk_norm_layers", "layer_head_dims", "layer_kv_heads",
                      "k_eq_v_layers", "kv_shared_from", "layer_intermediate_sizes", "attention_heads_per_layer",
-                     "index_layers", "activation_sparsity", "checkpoint_layers", "shared_block_layers", "sink_layers"):
+                     "index_layers", "activation_sparsity", "checkpoint_layers", "shared_block_layers", "sink_layers",
+                     "latent_layer_dims"):
             per_layer = getattr(self, name)
             if per_layer is not None and len(per_layer) != self.num_hidden_layers:
                 raise ValueError(f"{name} has {len(per_layer)} entries for {self.num_hidden_layers} layers")
+        if any(self.attention_heads(i) % self.attn_kv_heads(i) for i in range(self.num_hidden_layers)):
+            raise ValueError("num_attention_heads (every layer's) must be a multiple of num_key_value_heads")
         if self.attention_experts and self.num_attention_heads != self.num_key_value_heads * self.num_experts_per_tok:
             raise ValueError("routed query experts give num_key_value_heads x num_experts_per_tok query heads")
         if not self.mamba_inner:

@@ -36,23 +36,30 @@ class LatentAttention(nn.Module):
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
-        self.heads, self.hidden_size = cfg.num_attention_heads, cfg.hidden_size
-        self.nope, self.rope, self.v_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
-        self.head_dim = int(cfg.head_dim or 0)  # the cache's
-        self.latent, self.q_latent = cfg.kv_lora_rank, cfg.q_lora_rank
+        self.heads, self.hidden_size = cfg.attention_heads(layer), cfg.hidden_size
+        q_latent, self.latent, self.nope, self.rope, self.v_dim = cfg.latent_dims(layer)
+        self.head_dim = cfg.attn_head_dim(layer)  # the cache's
+        self.q_latent = q_latent
         qk = self.nope + self.rope
-        q_rows = cfg.q_lora_rank or self.heads * qk
-        self.split = (q_rows, cfg.kv_lora_rank, self.rope)
+        q_rows = q_latent or self.heads * qk
+        self.split = (q_rows, self.latent, self.rope)
         self.qkv = nn.Linear(cfg.hidden_size, sum(self.split), bias=cfg.attention_bias)
-        if cfg.q_lora_rank:
-            self.q_norm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
-            self.q_b = nn.Linear(cfg.q_lora_rank, self.heads * qk, bias=False)
-        self.kv_norm = RMSNorm(cfg.kv_lora_rank, cfg.rms_norm_eps)
-        self.kv_b = nn.Linear(cfg.kv_lora_rank, self.heads * (self.nope + cfg.v_head_dim), bias=False)
-        self.o_proj = nn.Linear(self.heads * cfg.v_head_dim, cfg.hidden_size, bias=cfg.o_proj_bias)
+        if q_latent:
+            self.q_norm = RMSNorm(q_latent, cfg.rms_norm_eps)
+            self.q_b = nn.Linear(q_latent, self.heads * qk, bias=False)
+        self.kv_norm = RMSNorm(self.latent, cfg.rms_norm_eps)
+        self.rope_key_norm = RMSNorm(self.rope, cfg.rms_norm_eps) if cfg.latent_rope_key_norm else None
+        self.kv_b = nn.Linear(self.latent, self.heads * (self.nope + self.v_dim), bias=False)
+        self.o_proj = nn.Linear(self.heads * self.v_dim, cfg.hidden_size, bias=cfg.o_proj_bias)
+        # a sigmoid gate a head on the output (Dots 3's g_proj)
+        if cfg.attn_output_gate and not (cfg.attn_output_gate_per_head and cfg.attn_output_gate_fn == "sigmoid"):
+            raise ValueError("latent attention's output gate is one sigmoid a head")
+        self.gate = nn.Linear(cfg.hidden_size, self.heads, bias=False) if cfg.attn_output_gate else None
         self.interleaved = cfg.rope_interleaved  # the rotary dims in pairs (2i, 2i+1): reordered before rotary
-        self.spec = LayerAttention(cfg.attn_scale, cfg.window(layer), cfg.attn_logit_softcap)
-        self.index_topk = cfg.index_topk  # 0: no indexer
+        # the model's scale (YaRN's factor folded in) moved to this layer's q.k width where layers differ
+        scale = cfg.attn_scale * ((cfg.qk_nope_head_dim + cfg.qk_rope_head_dim) / qk) ** 0.5
+        self.spec = LayerAttention(scale, cfg.window(layer), cfg.attn_logit_softcap)
+        self.index_topk = cfg.index_topk if cfg.indexes(layer) else 0  # 0: no indexer
         self.own_index = cfg.runs_indexer(layer)  # False: the last indexer's choice reused (a step's TopKKeys)
         if self.own_index:
             self.index_heads, self.index_dim = cfg.index_heads, cfg.index_head_dim
@@ -92,6 +99,8 @@ class LatentAttention(nn.Module):
             q = self.q_b(q)
         q = q.reshape(t, self.heads, self.nope + self.rope)
         kv = self.kv_b(self.kv_norm(latent.contiguous())).view(t, self.heads, self.nope + self.v_dim)
+        if self.rope_key_norm is not None:
+            k_pe = self.rope_key_norm(k_pe.contiguous())
         k_nope, v = kv.split((self.nope, self.v_dim), dim=-1)
         q = self._rotary_first(q[..., self.nope:], q[..., : self.nope])
         k = self._rotary_first(k_pe.reshape(t, 1, self.rope).expand(t, self.heads, self.rope), k_nope)
@@ -102,8 +111,10 @@ class LatentAttention(nn.Module):
         o = attn.attend_layer(q, k, v.contiguous(), kv_cache, meta, spec, rows)
         if not o.shape[0]:  # no row attends (a step that samples nothing): the K/V writes were all
             return x.new_empty(0, self.hidden_size)
-        o = o.reshape(o.shape[0], self.heads, -1)[..., : self.v_dim].reshape(o.shape[0], -1)
-        return self.o_proj(o)
+        o = o.reshape(o.shape[0], self.heads, -1)[..., : self.v_dim]
+        if self.gate is not None:
+            o = o * torch.sigmoid(self.gate(x[:t] if rows is None else x[:t][rows])).unsqueeze(-1)
+        return self.o_proj(o.reshape(o.shape[0], -1))
 
     def _rotate(self, x: torch.Tensor, rope: RotaryStep | None) -> torch.Tensor:
         """x [t, heads, dim] with its first rotary dims rotated (as halves; pairs deinterleaved first: q and k alike,

@@ -177,8 +177,11 @@ class LayerPlan:
         (num_key_value_heads, head_dim)."""
         if self.layer_head_dims is None and self.layer_kv_heads is None and not (self.diff_attention or self.key_bias):
             return None
+        from kvserve.model.index_cache import index_pool_layers
+
         shapes = [(self.attn_kv_heads(i), self.cache_head_dim(i)) for i in range(self.num_hidden_layers)
                   for _ in range(self.cache_layers(i))]
+        shapes += [(self.num_key_value_heads, int(self.head_dim or 0))] * index_pool_layers(self)  # (the model's shape)
         return None if set(shapes) <= {(self.num_key_value_heads, int(self.head_dim or 0))} else shapes
 
     @property
@@ -190,7 +193,17 @@ class LayerPlan:
 
     def runs_indexer(self, layer: int) -> bool:
         """Whether ``layer`` runs a lightning indexer of its own (the others reuse the last one's choice)."""
-        return bool(self.index_topk) and (self.index_layers is None or self.index_layers[layer])
+        return self.indexes(layer) and (self.index_layers is None or self.index_layers[layer])
+
+    def indexes(self, layer: int) -> bool:
+        """Whether ``layer`` attends an indexer's choice of keys: a windowed layer attends its window instead (Dots 3)."""
+        return bool(self.index_topk) and self.window(layer) is None
+
+    def latent_dims(self, layer: int) -> tuple[int, int, int, int, int]:
+        """``layer``'s latent attention: (q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim)."""
+        if self.latent_layer_dims is not None:
+            return tuple(self.latent_layer_dims[layer])  # type: ignore[return-value]
+        return self.q_lora_rank, self.kv_lora_rank, self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim
 
     def is_moe(self, layer: int) -> bool:
         return bool(self.num_experts) and (self.moe_layers is None or self.moe_layers[layer]) and self.has_mlp(layer)

@@ -95,12 +95,14 @@ def mamba1(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, d
 
 def gated_delta(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,
                 linear: Any) -> None:
-    """A gated delta net's weights (``kvserve.model.gated_delta``): in_proj (q, k, v, z, b, a, from four tensors or two),
+    """A gated delta net's weights (``kvserve.model.gated_delta``): in_proj (q, k, v, z, b, a: one tensor, two or four),
     the depthwise kernel [channels, taps], dt's bias, A's log, the gated norm's weight [value_dim], out_proj."""
     h, heads = cfg.hidden_size, cfg.delta_value_heads
     keys, values = cfg.delta_key_heads * cfg.delta_key_dim, heads * cfg.delta_value_dim
     apart = [("delta_z", values), ("delta_b", heads), ("delta_a", heads)]
-    if arch.weight_name("delta_qkvz"):
+    if arch.weight_name("delta_in_proj"):
+        parts = [("delta_in_proj", 2 * keys + 2 * values + 2 * heads)]
+    elif arch.weight_name("delta_qkvz"):
         parts = [("delta_qkvz", 2 * keys + 2 * values), ("delta_ba", 2 * heads)]
     elif arch.weight_name("delta_q"):  # q, k and v each their own tensor (OLMo Hybrid's)
         parts = [("delta_q", keys), ("delta_k", keys), ("delta_v", values), *apart]
@@ -170,22 +172,25 @@ def mlstm(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, ds
 
 
 def latent_attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,
-                     linear: Any) -> None:
+                     linear: Any, layer: int) -> None:
     """Latent attention's weights (``kvserve.model.latent_attention``): q's latent (or q itself) and k/v's latent with
-    the rotary key stacked into one GEMM on the layer's input (``qkv``), the latents' norms, their expansions (``q_b``,
-    ``kv_b``) and ``o_proj``."""
-    h, heads = cfg.hidden_size, cfg.num_attention_heads
-    qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
-    q_part = ("q_a_proj", cfg.q_lora_rank) if cfg.q_lora_rank else ("q_proj", heads * qk)
-    linear(dst + "qkv", prefix, [q_part, ("kv_a_proj", cfg.kv_lora_rank + cfg.qk_rope_head_dim)], None, h,
-           cfg.attention_bias)
-    if cfg.q_lora_rank:
-        out[f"{dst}q_norm.weight"] = [(f"{prefix}{arch.weight_name('q_a_norm')}.weight", (cfg.q_lora_rank,))]
-        linear(dst + "q_b", prefix, [("q_b_proj", heads * qk)], None, cfg.q_lora_rank, False)
-    out[f"{dst}kv_norm.weight"] = [(f"{prefix}{arch.weight_name('kv_a_norm')}.weight", (cfg.kv_lora_rank,))]
-    linear(dst + "kv_b", prefix, [("kv_b_proj", heads * (cfg.qk_nope_head_dim + cfg.v_head_dim))], None,
-           cfg.kv_lora_rank, False)
-    linear(dst + "o_proj", prefix, [("o_proj", h)], None, heads * cfg.v_head_dim, cfg.o_proj_bias)
+    the rotary key stacked into one GEMM on the layer's input (``qkv``), the latents' norms (and the rotary key's), their
+    expansions (``q_b``, ``kv_b``), the output's gate a head and ``o_proj``."""
+    h, heads = cfg.hidden_size, cfg.attention_heads(layer)
+    q_lora, kv_lora, nope, rope, v_dim = cfg.latent_dims(layer)
+    qk = nope + rope
+    q_part = ("q_a_proj", q_lora) if q_lora else ("q_proj", heads * qk)
+    linear(dst + "qkv", prefix, [q_part, ("kv_a_proj", kv_lora + rope)], None, h, cfg.attention_bias)
+    if q_lora:
+        out[f"{dst}q_norm.weight"] = [(f"{prefix}{arch.weight_name('q_a_norm')}.weight", (q_lora,))]
+        linear(dst + "q_b", prefix, [("q_b_proj", heads * qk)], None, q_lora, False)
+    out[f"{dst}kv_norm.weight"] = [(f"{prefix}{arch.weight_name('kv_a_norm')}.weight", (kv_lora,))]
+    if cfg.latent_rope_key_norm:
+        out[f"{dst}rope_key_norm.weight"] = [(f"{prefix}{arch.weight_name('rope_key_norm')}.weight", (rope,))]
+    linear(dst + "kv_b", prefix, [("kv_b_proj", heads * (nope + v_dim))], None, kv_lora, False)
+    if cfg.attn_output_gate:
+        linear(dst + "gate", prefix, [("attn_gate_proj", heads)], None, h, False)
+    linear(dst + "o_proj", prefix, [("o_proj", h)], None, heads * v_dim, cfg.o_proj_bias)
 
 
 def indexer(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str) -> None:

@@ -68,7 +68,7 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
         elif cfg.is_conv(i):
             short_conv(out, arch, cfg, dst + "self_attn.", p, linear)
         elif cfg.kv_lora_rank:
-            latent_attention(out, arch, cfg, dst + "self_attn.", p, linear)
+            latent_attention(out, arch, cfg, dst + "self_attn.", p, linear, i)
             if cfg.runs_indexer(i):
                 indexer(out, arch, cfg, dst + "self_attn.", p)
         elif cfg.attention_experts:

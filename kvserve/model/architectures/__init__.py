@@ -47,6 +47,7 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     "q_a_proj": "self_attn.q_a_proj", "q_a_norm": "self_attn.q_a_layernorm", "q_b_proj": "self_attn.q_b_proj",
     "kv_a_proj": "self_attn.kv_a_proj_with_mqa", "kv_a_norm": "self_attn.kv_a_layernorm",
     "kv_b_proj": "self_attn.kv_b_proj",
+    "rope_key_norm": "self_attn.k_rope_only_layernorm",  # the norm on the shared rotary key (latent_rope_key_norm)
     # a lightning indexer (ModelConfig.index_topk): its q from q's latent, its k and the k's LayerNorm, its head weights
     "index_q": "self_attn.indexer.wq_b", "index_k": "self_attn.indexer.wk", "index_k_norm": "self_attn.indexer.k_norm",
     "index_weights": "self_attn.indexer.weights_proj",
@@ -65,6 +66,7 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     # the gated norm's weight, out_proj
     "delta_qkv": "linear_attn.in_proj_qkv", "delta_z": "linear_attn.in_proj_z", "delta_b": "linear_attn.in_proj_b",
     "delta_a": "linear_attn.in_proj_a", "delta_qkvz": None, "delta_ba": None,
+    "delta_in_proj": None,  # q/k/v, z, b and a stacked in that order in one tensor (Lara's)
     "delta_q": None, "delta_k": None, "delta_v": None,  # q, k and v apart (OLMo Hybrid), their convolutions too
     "delta_q_conv": None, "delta_k_conv": None, "delta_v_conv": None,
     "delta_conv": "linear_attn.conv1d",
@@ -310,7 +312,7 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "deepseek_v32", "glm_moe_dsa", "longcat_flash", "gemma3n", "gemma4_unified", "mllama", "aria", "gpt_neo",
             "codegen", "xglm", "openai_gpt", "jetmoe", "zamba2", "zamba", "lfm3", "mimo_v2_flash",
             "recurrent_gemma", "rwkv", "xlstm", "diffllama", "doge", "emu3", "biogpt", "gpt_neox_japanese", "ctrl",
-            "modernbert_decoder"]
+            "modernbert_decoder", "lara_mini", "dots3_note"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)
