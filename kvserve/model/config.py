@@ -206,6 +206,10 @@ class ModelConfig(LayerPlan):
     delta_key_dim: int = 0
     delta_value_dim: int = 0
     delta_conv_kernel: int = 4
+    # Kimi Delta Attention (kvserve.model.kimi_delta): "kimi" decays each key channel on its own, from a projection of
+    # rank delta_gate_rank, and gates the output by a sigmoid of another; "gated": Qwen3-Next's rule
+    delta_rule: str = "gated"
+    delta_gate_rank: int = 0
     # gated attention (Qwen3-Next): q_proj also gives a gate per head's dim, and sigmoid(gate) scales attention's output
     attn_output_gate: bool = False
     attn_output_gate_fn: str = "sigmoid"  # the gate's function: "sigmoid", or "softplus" (Laguna's)

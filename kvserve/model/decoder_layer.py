@@ -11,6 +11,7 @@ from kvserve.model.altup import AltUp, Laurel, altup_layer_forward
 from kvserve.model.attention import Attention, rms_unweighted
 from kvserve.model.config import ModelConfig
 from kvserve.model.gated_delta import GatedDeltaNet
+from kvserve.model.kimi_delta import KimiDeltaAttention
 from kvserve.model.latent_attention import LatentAttention
 from kvserve.model.layers import RMSNorm, make_norm, padded_rows
 from kvserve.model.mamba import AttentionBesideMamba, Mamba1, Mamba2
@@ -40,6 +41,7 @@ class DecoderLayer(nn.Module):
                                           cfg.norm_affine))
         # the layer's token mixer: attention, latent attention, a short convolution, a Mamba-2 layer or a gated delta net
         self.self_attn: (Attention | LatentAttention | ShortConv | Mamba1 | Mamba2 | AttentionBesideMamba | GatedDeltaNet
+                         | KimiDeltaAttention
                          | RoutedQueryAttention | None)
         if not cfg.has_mixer(layer):  # an MLP-only block
             self.self_attn = None
@@ -48,7 +50,7 @@ class DecoderLayer(nn.Module):
         elif cfg.is_mamba(layer):
             self.self_attn = Mamba2(cfg, layer) if cfg.mamba_version == 2 else Mamba1(cfg, layer)
         elif cfg.is_delta(layer):
-            self.self_attn = GatedDeltaNet(cfg, layer)
+            self.self_attn = KimiDeltaAttention(cfg, layer) if cfg.delta_rule == "kimi" else GatedDeltaNet(cfg, layer)
         elif cfg.is_conv(layer):
             self.self_attn = ShortConv(cfg, layer)
         elif cfg.attention_experts:

@@ -97,6 +97,8 @@ def gated_delta(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConf
                 linear: Any) -> None:
     """A gated delta net's weights (``kvserve.model.gated_delta``): in_proj (q, k, v, z, b, a, from four tensors or two),
     the depthwise kernel [channels, taps], dt's bias, A's log, the gated norm's weight [value_dim], out_proj."""
+    if cfg.delta_rule == "kimi":
+        return kimi_delta(out, arch, cfg, dst, prefix, linear)
     h, heads = cfg.hidden_size, cfg.delta_value_heads
     keys, values = cfg.delta_key_heads * cfg.delta_key_dim, heads * cfg.delta_value_dim
     apart = [("delta_z", values), ("delta_b", heads), ("delta_a", heads)]
@@ -116,6 +118,25 @@ def gated_delta(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConf
         out[f"{dst}kernel"] = [(f"{prefix}{arch.weight_name('delta_conv')}.weight", (2 * keys + values, taps))]
     for ours, role, rows in (("dt_bias", "delta_dt_bias", heads), ("A_log", "delta_A_log", heads),
                              ("norm_weight", "delta_norm", cfg.delta_value_dim)):
+        out[dst + ours] = [(f"{prefix}{arch.weight_name(role)}", (rows,))]
+
+
+def kimi_delta(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,
+               linear: Any) -> None:
+    """Kimi delta attention's weights (``kvserve.model.kimi_delta``): in_proj (q, k, v, the forget and output gates'
+    low-rank inputs, b), their expansions (f_b, g_b, kept dense), the q, k and v convolutions' kernels, dt's bias
+    [width], A's log [heads], the gated norm's weight [head_dim], out_proj."""
+    h, heads, dim, rank = cfg.hidden_size, cfg.delta_value_heads, cfg.delta_value_dim, cfg.delta_gate_rank
+    width = heads * dim
+    linear(dst + "in_proj", prefix, [("delta_q", width), ("delta_k", width), ("delta_v", width), ("delta_f_a", rank),
+                                     ("delta_g_a", rank), ("delta_b", heads)], None, h, False)
+    linear(dst + "out_proj", prefix, [("delta_out_proj", h)], None, width, False)
+    for ours, role in (("f_b", "delta_f_b"), ("g_b", "delta_g_b")):
+        out[f"{dst}{ours}.weight"] = [(f"{prefix}{arch.weight_name(role)}.weight", (width, rank))]
+    out[f"{dst}kernel"] = [(f"{prefix}{arch.weight_name(role)}.weight", (width, cfg.delta_conv_kernel))
+                           for role in ("delta_q_conv", "delta_k_conv", "delta_v_conv")]
+    for ours, role, rows in (("dt_bias", "delta_dt_bias", width), ("A_log", "delta_A_log", heads),
+                             ("norm_weight", "delta_norm", dim)):
         out[dst + ours] = [(f"{prefix}{arch.weight_name(role)}", (rows,))]
 
 

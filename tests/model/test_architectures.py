@@ -339,6 +339,13 @@ CASES: dict[str, tuple[str, dict]] = {
     "DeepseekV3ForCausalLM": ("DeepseekV3Config", dict(LATENT, num_hidden_layers=3, n_routed_experts=8,
                                                        num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
                                                        first_k_dense_replace=1, n_group=4, topk_group=2)),
+    # Kimi delta attention around latent attention without rotary (q without a latent); a dense first layer, then
+    # sigmoid experts chosen with a bias from the best of two groups, a shared expert
+    "KimiLinearForCausalLM": ("KimiLinearConfig", dict(LATENT, q_lora_rank=None, num_hidden_layers=3, linear_num_heads=4,
+                                                       linear_head_dim=16, num_local_experts=8, num_experts_per_tok=2,
+                                                       moe_intermediate_size=32, n_group=2, topk_group=1,
+                                                       layer_types=["linear_attention", "full_attention",
+                                                                    "linear_attention"])),
     # the rotary pairs as halves (rope_interleave false), no expert groups
     "DeepseekV3ForCausalLM:halves": ("DeepseekV3Config", dict(LATENT, rope_interleave=False, n_routed_experts=4,
                                                               num_experts_per_tok=2, moe_intermediate_size=32,
@@ -1099,6 +1106,7 @@ def test_a_bfloat16_model_attends_windows_and_sinks(case, tmp_path_factory):
     ("DeepseekV2ForCausalLM", dict(LATENT, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                                    topk_method="noaux_tc"), "topk_method"),
     ("AriaTextForCausalLM", dict(moe_num_experts=4, moe_topk=2, hidden_act="gelu"), "hidden_act"),
+    ("KimiLinearForCausalLM", dict(LATENT, mla_use_nope=False), "mla_use_nope"),
     ("XGLMForCausalLM", dict(pad_token_id=3), "pad_token_id")])
 def test_an_option_no_path_runs_is_refused_in_one_line(case, config, option, tmp_path):
     """ERNIE MoE's biased shared experts, a q projection without the bias its latent attention has, a router method

@@ -56,6 +56,8 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     "delta_q": None, "delta_k": None, "delta_v": None,  # q, k and v apart (OLMo Hybrid), their convolutions too
     "delta_q_conv": None, "delta_k_conv": None, "delta_v_conv": None,
     "delta_conv": "linear_attn.conv1d",
+    # Kimi delta attention's (ModelConfig.delta_rule "kimi"): the forget and output gates' low-rank projections
+    "delta_f_a": None, "delta_f_b": None, "delta_g_a": None, "delta_g_b": None,
     "delta_dt_bias": "linear_attn.dt_bias", "delta_A_log": "linear_attn.A_log", "delta_norm": "linear_attn.norm.weight",
     "delta_out_proj": "linear_attn.out_proj",
     # routed query attention (ModelConfig.attention_experts): tensors, not modules (full names)
@@ -280,7 +282,8 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "afmoe", "laguna", "mellum", "flint", "hy_v3", "granite_swa", "hyperclovax", "jais2", "nanochat", "persimmon",
             "falcon", "dbrx", "bitnet", "axk1", "youtu", "minicpm5_moe", "minicpm3", "exaone_moe", "kolibri1",
             "deepseek_v32", "glm_moe_dsa", "longcat_flash", "gemma3n", "gemma4_unified", "mllama", "aria", "gpt_neo",
-            "codegen", "xglm", "openai_gpt", "jetmoe", "zamba2", "zamba", "lfm3", "mimo_v2_flash"]
+            "codegen", "xglm", "openai_gpt", "jetmoe", "zamba2", "zamba", "lfm3", "mimo_v2_flash",
+            "kimi_linear"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)
