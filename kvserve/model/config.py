@@ -60,8 +60,11 @@ class ModelConfig(LayerPlan):
     # "post" (OLMo 2: only on each sublayer's output), "parallel" (StableLM's use_parallel_residual: one norm,
     # attention and the MLP both read it and both outputs join the residual), "parallel_two" (GPT-NeoX's: the same
     # with a norm of its own for the MLP), "post_add" (the original Transformer's, GPT-1's: the stream itself normed
-    # after each sublayer's add)
+    # after each sublayer's add), "normed_residual" (MiniMax's: each norm's output is the residual its sublayer adds to,
+    # both scaled by sublayer_scales)
     norm_layout: str = "pre"
+    # per layer, the normed_residual layout's (residual, attention's output, residual, the MLP's output) multipliers
+    sublayer_scales: list[tuple[float, float, float, float]] | None = None
     final_norm: bool = True  # a norm after the last layer (GPT-1 has none)
     norm_offset: float = 0.0  # Gemma's norms scale by (1 + weight)
     norm_type: str = "rms"  # the layers' and the final norm: "rms" or "layer" (LayerNorm: Starcoder2)
@@ -208,7 +211,7 @@ class ModelConfig(LayerPlan):
     delta_conv_kernel: int = 4
     # Kimi Delta Attention (kvserve.model.kimi_delta): "kimi" decays each key channel on its own, from a projection of
     # rank delta_gate_rank, and gates the output by a sigmoid of another; "gated": Qwen3-Next's rule
-    delta_rule: str = "gated"
+    delta_rule: str = "gated"  # also "lightning" (kvserve.model.lightning: MiniMax's linear attention, no delta rule)
     delta_gate_rank: int = 0
     # gated attention (Qwen3-Next): q_proj also gives a gate per head's dim, and sigmoid(gate) scales attention's output
     attn_output_gate: bool = False
@@ -276,7 +279,8 @@ class ModelConfig(LayerPlan):
         for name in ("layer_types", "rope_layers", "rope_local_layers", "moe_layers", "conv_layers", "mamba_layers",
                      "delta_layers", "layer_parts", "qk_norm_layers", "layer_head_dims", "layer_kv_heads",
                      "k_eq_v_layers", "kv_shared_from", "layer_intermediate_sizes", "attention_heads_per_layer",
-                     "index_layers", "activation_sparsity", "checkpoint_layers", "shared_block_layers", "sink_layers"):
+                     "index_layers", "activation_sparsity", "checkpoint_layers", "shared_block_layers", "sink_layers",
+                     "sublayer_scales"):
             per_layer = getattr(self, name)
             if per_layer is not None and len(per_layer) != self.num_hidden_layers:
                 raise ValueError(f"{name} has {len(per_layer)} entries for {self.num_hidden_layers} layers")

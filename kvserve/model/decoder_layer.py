@@ -14,6 +14,7 @@ from kvserve.model.gated_delta import GatedDeltaNet
 from kvserve.model.kimi_delta import KimiDeltaAttention
 from kvserve.model.latent_attention import LatentAttention
 from kvserve.model.layers import RMSNorm, make_norm, padded_rows
+from kvserve.model.lightning import LightningAttention
 from kvserve.model.mamba import AttentionBesideMamba, Mamba1, Mamba2
 from kvserve.model.mlp import GatedMLP, MoE, activation
 from kvserve.model.routed_attention import RoutedQueryAttention
@@ -41,7 +42,7 @@ class DecoderLayer(nn.Module):
                                           cfg.norm_affine))
         # the layer's token mixer: attention, latent attention, a short convolution, a Mamba-2 layer or a gated delta net
         self.self_attn: (Attention | LatentAttention | ShortConv | Mamba1 | Mamba2 | AttentionBesideMamba | GatedDeltaNet
-                         | KimiDeltaAttention
+                         | KimiDeltaAttention | LightningAttention
                          | RoutedQueryAttention | None)
         if not cfg.has_mixer(layer):  # an MLP-only block
             self.self_attn = None
@@ -50,7 +51,8 @@ class DecoderLayer(nn.Module):
         elif cfg.is_mamba(layer):
             self.self_attn = Mamba2(cfg, layer) if cfg.mamba_version == 2 else Mamba1(cfg, layer)
         elif cfg.is_delta(layer):
-            self.self_attn = KimiDeltaAttention(cfg, layer) if cfg.delta_rule == "kimi" else GatedDeltaNet(cfg, layer)
+            mixers = {"kimi": KimiDeltaAttention, "lightning": LightningAttention}
+            self.self_attn = mixers.get(cfg.delta_rule, GatedDeltaNet)(cfg, layer)
         elif cfg.is_conv(layer):
             self.self_attn = ShortConv(cfg, layer)
         elif cfg.attention_experts:
@@ -91,6 +93,7 @@ class DecoderLayer(nn.Module):
                                                               cfg.rms_norm_eps, cfg.altup_correct_scale)
         self.laurel = Laurel(cfg.hidden_size, cfg.laurel_rank, cfg.rms_norm_eps) if cfg.laurel_rank else None
         self.residual_scale = cfg.residual_scale
+        self.scales = cfg.sublayer_scales[layer] if cfg.sublayer_scales else (1.0, 1.0, 1.0, 1.0)
         # the bf16 hand-offs between the norms and the AMX GEMMs: Llama's layout and plain attention only
         self.one_part = self.self_attn is None or self.mlp is None
         self.fast = self.layout == "pre" and not self.one_part and self.self_attn.plain and cfg.residual_scale == 1
@@ -125,6 +128,8 @@ class DecoderLayer(nn.Module):
             return self._parallel_forward(h, delta, rope, attn, meta, kv_cache, rows)
         if self.layout == "post_add":
             return self._post_add_forward(h, delta, rope, attn, meta, kv_cache, rows)
+        if self.layout == "normed_residual":
+            return self._normed_residual_forward(h, delta, rope, attn, meta, kv_cache, rows)
         bf16_attn = self.fast and self.self_attn.runs_bf16(h, attn, meta, kv_cache)
         if self.layout == "post":
             x = h if delta is None else h.add_(delta)
@@ -224,6 +229,22 @@ class DecoderLayer(nn.Module):
                 return h, None
         x = self.attn_out_norm(h + self._out(a, ""))
         return self.mlp_out_norm(x + self._out(self.mlp(x), "")), None
+
+    def _normed_residual_forward(self, h, delta, rope, attn, meta, kv_cache,
+                                 rows: torch.Tensor | None) -> tuple[torch.Tensor, None]:
+        """MiniMax's: each norm's output is the residual its sublayer's output joins, x = a n + b sublayer(n) with n
+        the norm of the stream (``sublayer_scales``); the result is the stream itself, so no delta goes on."""
+        res_a, out_a, res_m, out_m = self.scales
+        if delta is not None:
+            h.add_(delta)
+        n = self.input_layernorm(h)
+        a = self.self_attn(n, rope, attn, meta, kv_cache, False, rows, h.shape[0])
+        if rows is not None:
+            n = n[rows]
+            if not rows.numel():
+                return n, None
+        n = self.post_attention_layernorm(n * res_a + a * out_a)
+        return n * res_m + self.mlp(n) * out_m, None
 
     def _out(self, x: torch.Tensor, norm: str) -> torch.Tensor:
         """A sublayer's output as the residual stream takes it: normed (sandwich and post layouts), scaled."""

@@ -12,6 +12,7 @@ def roles_of_layout(layout: str) -> tuple[str, ...]:
     """The norms (``LLAMA_WEIGHTS`` roles) a layer of ``layout`` has."""
     return {"pre": ("input_layernorm", "post_attention_layernorm"), "post": ("attn_out_norm", "mlp_out_norm"),
             "post_add": ("attn_out_norm", "mlp_out_norm"),
+            "normed_residual": ("input_layernorm", "post_attention_layernorm"),
             "parallel": ("input_layernorm",),
             "parallel_two": ("input_layernorm", "post_attention_layernorm")}.get(layout, NORM_ROLES)
 

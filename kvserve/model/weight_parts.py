@@ -99,6 +99,12 @@ def gated_delta(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConf
     the depthwise kernel [channels, taps], dt's bias, A's log, the gated norm's weight [value_dim], out_proj."""
     if cfg.delta_rule == "kimi":
         return kimi_delta(out, arch, cfg, dst, prefix, linear)
+    if cfg.delta_rule == "lightning":  # MiniMax's (kvserve.model.lightning): q/k/v and the output gate, norm, out_proj
+        h, width = cfg.hidden_size, cfg.num_attention_heads * int(cfg.head_dim or 0)
+        linear(dst + "in_proj", prefix, [("delta_qkv", 3 * width), ("delta_z", width)], None, h, False)
+        linear(dst + "out_proj", prefix, [("delta_out_proj", h)], None, width, False)
+        out[dst + "norm.weight"] = [(f"{prefix}{arch.weight_name('delta_norm')}", (width,))]
+        return None
     h, heads = cfg.hidden_size, cfg.delta_value_heads
     keys, values = cfg.delta_key_heads * cfg.delta_key_dim, heads * cfg.delta_value_dim
     apart = [("delta_z", values), ("delta_b", heads), ("delta_a", heads)]

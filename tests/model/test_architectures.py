@@ -290,6 +290,14 @@ CASES: dict[str, tuple[str, dict]] = {
                                                      tie_word_embeddings=True)),
     "GPTJForCausalLM": ("GPTJConfig", dict(n_embd=64, n_layer=2, n_head=4, n_positions=512, rotary_dim=8)),
     # Mixtral's experts under sigmoids chosen with a bias, whole-projection q/k norms, the legacy rotary_dim
+    # lightning attention around softmax attention, each norm's output the residual (scaled: MiniMax-Text-01's alphas
+    # are 3.56); transformers' blocks (block_size) shorter than the prompts
+    "MiniMaxForCausalLM": ("MiniMaxConfig", dict(num_hidden_layers=3, intermediate_size=32, num_local_experts=4,
+                                                 num_experts_per_tok=2, block_size=8, full_attn_alpha_factor=1.5,
+                                                 linear_attn_alpha_factor=2.0, linear_attn_beta_factor=0.8,
+                                                 mlp_alpha_factor=1.2, mlp_beta_factor=0.9,
+                                                 layer_types=["linear_attention", "full_attention",
+                                                              "linear_attention"])),
     "MiniMaxM2ForCausalLM": ("MiniMaxM2Config", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
                                                      rotary_dim=8)),
     # LayerNorms, partial rotary, q/k/v biases; then attention and the MLP side by side over one norm
@@ -903,6 +911,9 @@ NOT_CLOSE = {"Glm4MoeForCausalLM:scaled": "x2.5 amplifies int8's flips among the
              "MiMoV2FlashForCausalLM": "int8 flips this random sigmoid router's choices among near-equal scores (0.72 "
                                        "with one expert group and no scaling too; int8 through MiMo's attention: "
                                        "MiMoV2FlashForCausalLM:dense)",
+             "MiniMaxForCausalLM": "the lightning layers' sums are not normalised (a softmax's are): int8 on these "
+                                   "random 0.2-std weights moves logprobs up to 1.2 and flips the random router; with "
+                                   "every matrix but the router halved, within 0.015 of dense at every step",
              "ZambaForCausalLM:biases": "the same for Zamba's shared block (narrow heads, near one-hot here): 0.62 "
                                         "against the 0.5 bound; with every matrix halved within 0.01 (int8 through "
                                         "Zamba's layers: ZambaForCausalLM)"}
@@ -1032,6 +1043,8 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("Lfm2ForCausalLM", False, "short convolutions"), ("Lfm2MoeForCausalLM", False, "short convolutions"),
     ("GraniteMoeHybridForCausalLM:mamba", False, "Mamba layers"),
     ("Qwen3NextForCausalLM", False, "partial rotary, gated delta nets, gated attention"),
+    ("KimiLinearForCausalLM", False, "latent attention, gated delta nets"),
+    ("MiniMaxForCausalLM", False, "lightning attention, residuals taken after the norms"),
     ("NemotronHForCausalLM", False, "a non-gated MLP, relu2, Mamba layers"),
     ("FalconH1ForCausalLM", False, "Mamba layers, attention beside Mamba"),
     ("Zamba2ForCausalLM", False, "gelu, Mamba layers, shared transformer blocks"),
@@ -1107,6 +1120,7 @@ def test_a_bfloat16_model_attends_windows_and_sinks(case, tmp_path_factory):
                                    topk_method="noaux_tc"), "topk_method"),
     ("AriaTextForCausalLM", dict(moe_num_experts=4, moe_topk=2, hidden_act="gelu"), "hidden_act"),
     ("KimiLinearForCausalLM", dict(LATENT, mla_use_nope=False), "mla_use_nope"),
+    ("MiniMaxForCausalLM", dict(postnorm=False), "postnorm"),
     ("XGLMForCausalLM", dict(pad_token_id=3), "pad_token_id")])
 def test_an_option_no_path_runs_is_refused_in_one_line(case, config, option, tmp_path):
     """ERNIE MoE's biased shared experts, a q projection without the bias its latent attention has, a router method
