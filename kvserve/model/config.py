@@ -213,6 +213,7 @@ class ModelConfig(LayerPlan):
     # rank delta_gate_rank, and gates the output by a sigmoid of another; "gated": Qwen3-Next's rule
     delta_rule: str = "gated"  # also "lightning" (kvserve.model.lightning: MiniMax's linear attention, no delta rule)
     delta_gate_rank: int = 0
+    delta_decay_bound: float | None = None  # Ling 3's bounded ("safe") decay: its log is bound x a sigmoid (kimi_delta)
     # gated attention (Qwen3-Next): q_proj also gives a gate per head's dim, and sigmoid(gate) scales attention's output
     attn_output_gate: bool = False
     attn_output_gate_fn: str = "sigmoid"  # the gate's function: "sigmoid", or "softplus" (Laguna's)

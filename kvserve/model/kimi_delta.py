@@ -7,7 +7,9 @@ k L2-normed per head, q scaled by 1/sqrt(head_dim); heads of q, k and v alike (h
     S = diag(exp(g)) S;  S = S + k (beta (v - S^T k))^T;  o = S^T q,
 
 with g = -exp(A_log) softplus(f_b(f_a(x)) + dt_bias) per channel and beta = sigmoid(b). Then an RMSNorm per head of
-o, times its weight and sigmoid(g_b(g_a(x))), all in float32; o_proj. A prompt chunk runs ``BLOCK`` tokens at a
+o, times its weight and sigmoid(g_b(g_a(x))), all in float32; o_proj. Ling 3 (``delta_gate_rank`` 0) projects f and
+the output gate at full width in one step, and bounds the decay (``delta_decay_bound``: g = bound sigmoid(exp(A_log)
+(f + dt_bias)), its "safe gate"). A prompt chunk runs ``BLOCK`` tokens at a
 time (the decay per channel makes each pair's coupling a sum over channels, kept [L, L, head_dim] per head); decode
 rows take the rule's step.
 """
@@ -33,13 +35,15 @@ class KimiDeltaAttention(RecurrentMixer):
         if (cfg.delta_key_heads, cfg.delta_key_dim) != (self.heads, self.dim):
             raise ValueError("Kimi delta attention has as many key heads as value heads, of one head_dim")
         self.width = self.heads * self.dim
-        self.rank = cfg.delta_gate_rank
+        self.rank = cfg.delta_gate_rank  # 0: f and the output gate projected at full width
+        self.bound = cfg.delta_decay_bound
         super().__init__(3 * self.width, cfg.delta_conv_kernel, (self.heads, self.dim, self.dim), conv_bias=False)
         # q, k, v, the forget gate's and the output gate's low-rank inputs, b: one GEMM
-        self.split = [3 * self.width, self.rank, self.rank, self.heads]
+        gates = self.rank or self.width
+        self.split = [3 * self.width, gates, gates, self.heads]
         self.in_proj = nn.Linear(cfg.hidden_size, sum(self.split), bias=False)
-        self.f_b = nn.Linear(self.rank, self.width, bias=False)
-        self.g_b = nn.Linear(self.rank, self.width, bias=False)
+        self.f_b = nn.Linear(self.rank, self.width, bias=False) if self.rank else None
+        self.g_b = nn.Linear(self.rank, self.width, bias=False) if self.rank else None
         self.dt_bias = nn.Parameter(torch.zeros(self.width))
         self.A_log = nn.Parameter(torch.zeros(self.heads))
         self.norm_weight = nn.Parameter(torch.ones(self.dim))
@@ -52,15 +56,19 @@ class KimiDeltaAttention(RecurrentMixer):
         ``rows``' only."""
         t = x.shape[0] if tokens is None else tokens
         qkv, f, g, b = self.in_proj(x)[:t].split(self.split, -1)
-        log_decay = self._log_decay(self.f_b(f))
-        o = self.run_sequences(meta, qkv, [b, log_decay], self.width)
-        o = self._gated_norm(o, self.g_b(g))
+        if self.f_b is not None and self.g_b is not None:
+            f, g = self.f_b(f), self.g_b(g)
+        o = self.run_sequences(meta, qkv, [b, self._log_decay(f)], self.width)
+        o = self._gated_norm(o, g)
         return self.out_proj(o if rows is None else o[rows])
 
     def _log_decay(self, f: torch.Tensor) -> torch.Tensor:
-        """The decay's log per channel [T, width] (float32): -exp(A_log) softplus(f + dt_bias), each head's A_log."""
+        """The decay's log per channel [T, width] (float32): -exp(A_log) softplus(f + dt_bias), each head's A_log (or,
+        bounded, bound sigmoid(exp(A_log) (f + dt_bias)))."""
         gate = (f.float() + self.dt_bias.float()).view(-1, self.heads, self.dim)
-        return (-self.A_log.float().exp()[:, None] * F.softplus(gate)).view(-1, self.width)
+        rate = self.A_log.float().exp()[:, None]
+        g = -rate * F.softplus(gate) if self.bound is None else self.bound * torch.sigmoid(rate * gate)
+        return g.reshape(-1, self.width)
 
     def _inputs(self, u: torch.Tensor, b: torch.Tensor, log_decay: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """q, k, v, the log decay [S, L, heads, dim] (q, k L2-normed, q scaled) and beta [S, L, heads]; float32."""

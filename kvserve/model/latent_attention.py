@@ -50,6 +50,10 @@ class LatentAttention(nn.Module):
         self.kv_norm = RMSNorm(cfg.kv_lora_rank, cfg.rms_norm_eps)
         self.kv_b = nn.Linear(cfg.kv_lora_rank, self.heads * (self.nope + cfg.v_head_dim), bias=False)
         self.o_proj = nn.Linear(self.heads * cfg.v_head_dim, cfg.hidden_size, bias=cfg.o_proj_bias)
+        # a sigmoid gate per head on the output, from the layer's input (Ling 3's g_proj)
+        if cfg.attn_output_gate and (cfg.attn_output_gate_fn != "sigmoid" or not cfg.attn_output_gate_per_head):
+            raise ValueError("latent attention's output gate is one sigmoid a head")
+        self.gate = nn.Linear(cfg.hidden_size, self.heads, bias=False) if cfg.attn_output_gate else None
         self.interleaved = cfg.rope_interleaved  # the rotary dims in pairs (2i, 2i+1): reordered before rotary
         self.spec = LayerAttention(cfg.attn_scale, cfg.window(layer), cfg.attn_logit_softcap)
         self.index_topk = cfg.index_topk  # 0: no indexer
@@ -102,8 +106,11 @@ class LatentAttention(nn.Module):
         o = attn.attend_layer(q, k, v.contiguous(), kv_cache, meta, spec, rows)
         if not o.shape[0]:  # no row attends (a step that samples nothing): the K/V writes were all
             return x.new_empty(0, self.hidden_size)
-        o = o.reshape(o.shape[0], self.heads, -1)[..., : self.v_dim].reshape(o.shape[0], -1)
-        return self.o_proj(o)
+        o = o.reshape(o.shape[0], self.heads, -1)[..., : self.v_dim]
+        if self.gate is not None:
+            g = self.gate(x[:t] if rows is None else x[:t][rows])
+            o = o * torch.sigmoid(g.float()).to(o.dtype)[..., None]
+        return self.o_proj(o.reshape(o.shape[0], -1))
 
     def _rotate(self, x: torch.Tensor, rope: RotaryStep | None) -> torch.Tensor:
         """x [t, heads, dim] with its first rotary dims rotated (as halves; pairs deinterleaved first: q and k alike,

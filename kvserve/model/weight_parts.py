@@ -134,10 +134,11 @@ def kimi_delta(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfi
     [width], A's log [heads], the gated norm's weight [head_dim], out_proj."""
     h, heads, dim, rank = cfg.hidden_size, cfg.delta_value_heads, cfg.delta_value_dim, cfg.delta_gate_rank
     width = heads * dim
-    linear(dst + "in_proj", prefix, [("delta_q", width), ("delta_k", width), ("delta_v", width), ("delta_f_a", rank),
-                                     ("delta_g_a", rank), ("delta_b", heads)], None, h, False)
+    gates = rank or width  # (rank 0: f and the output gate at full width, no expansions)
+    linear(dst + "in_proj", prefix, [("delta_q", width), ("delta_k", width), ("delta_v", width), ("delta_f_a", gates),
+                                     ("delta_g_a", gates), ("delta_b", heads)], None, h, False)
     linear(dst + "out_proj", prefix, [("delta_out_proj", h)], None, width, False)
-    for ours, role in (("f_b", "delta_f_b"), ("g_b", "delta_g_b")):
+    for ours, role in (("f_b", "delta_f_b"), ("g_b", "delta_g_b")) if rank else ():
         out[f"{dst}{ours}.weight"] = [(f"{prefix}{arch.weight_name(role)}.weight", (width, rank))]
     out[f"{dst}kernel"] = [(f"{prefix}{arch.weight_name(role)}.weight", (width, cfg.delta_conv_kernel))
                            for role in ("delta_q_conv", "delta_k_conv", "delta_v_conv")]
@@ -163,6 +164,8 @@ def latent_attention(out: dict[str, list[Source]], arch: Architecture, cfg: Mode
     linear(dst + "kv_b", prefix, [("kv_b_proj", heads * (cfg.qk_nope_head_dim + cfg.v_head_dim))], None,
            cfg.kv_lora_rank, False)
     linear(dst + "o_proj", prefix, [("o_proj", h)], None, heads * cfg.v_head_dim, cfg.o_proj_bias)
+    if cfg.attn_output_gate:  # one sigmoid gate a head (kept dense: not in LINEARS)
+        out[f"{dst}gate.weight"] = [(f"{prefix}{arch.weight_name('attn_gate_proj')}.weight", (heads, h))]
 
 
 def indexer(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str) -> None:

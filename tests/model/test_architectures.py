@@ -354,6 +354,20 @@ CASES: dict[str, tuple[str, dict]] = {
                                                        moe_intermediate_size=32, n_group=2, topk_group=1,
                                                        layer_types=["linear_attention", "full_attention",
                                                                     "linear_attention"])),
+    # Ling 3: Kimi delta attention with full-width gates and the bounded decay, around latent attention gated per head;
+    # a dense first layer, then DeepSeek-V3's experts
+    "BailingHybridForCausalLM": ("BailingHybridConfig", dict(LATENT, num_hidden_layers=3, num_local_experts=8,
+                                                             num_experts_per_tok=2, moe_intermediate_size=32, n_group=2,
+                                                             topk_group=1, first_k_dense_replace=1,
+                                                             layer_types=["linear_attention", "full_attention",
+                                                                          "linear_attention"])),
+    # the decay unbounded (kda_safe_gate false), q without a latent, groups of experts not limited
+    "BailingHybridForCausalLM:unsafe": ("BailingHybridConfig", dict(LATENT, q_lora_rank=None, num_hidden_layers=3,
+                                                                    num_local_experts=4, num_experts_per_tok=2,
+                                                                    moe_intermediate_size=32, n_group=1, topk_group=1,
+                                                                    first_k_dense_replace=1, kda_safe_gate=False,
+                                                                    layer_types=["linear_attention", "linear_attention",
+                                                                                 "full_attention"])),
     # the rotary pairs as halves (rope_interleave false), no expert groups
     "DeepseekV3ForCausalLM:halves": ("DeepseekV3Config", dict(LATENT, rope_interleave=False, n_routed_experts=4,
                                                               num_experts_per_tok=2, moe_intermediate_size=32,
@@ -914,6 +928,10 @@ NOT_CLOSE = {"Glm4MoeForCausalLM:scaled": "x2.5 amplifies int8's flips among the
              "MiniMaxForCausalLM": "the lightning layers' sums are not normalised (a softmax's are): int8 on these "
                                    "random 0.2-std weights moves logprobs up to 1.2 and flips the random router; with "
                                    "every matrix but the router halved, within 0.015 of dense at every step",
+             "BailingHybridForCausalLM:unsafe": "int8 on the delta nets' full-width forget gate, whose error exp(A_log) "
+                                                "(up to 16 here) multiplies in the unbounded decay's log, drops a dense "
+                                                "token from the top 5; with the delta nets' in_proj and out_proj dense, "
+                                                "within 0.14 (int8 through the bounded gate: BailingHybridForCausalLM)",
              "ZambaForCausalLM:biases": "the same for Zamba's shared block (narrow heads, near one-hot here): 0.62 "
                                         "against the 0.5 bound; with every matrix halved within 0.01 (int8 through "
                                         "Zamba's layers: ZambaForCausalLM)"}
@@ -1045,6 +1063,7 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("Qwen3NextForCausalLM", False, "partial rotary, gated delta nets, gated attention"),
     ("KimiLinearForCausalLM", False, "latent attention, gated delta nets"),
     ("MiniMaxForCausalLM", False, "lightning attention, residuals taken after the norms"),
+    ("BailingHybridForCausalLM", False, "latent attention, gated delta nets, gated attention"),
     ("NemotronHForCausalLM", False, "a non-gated MLP, relu2, Mamba layers"),
     ("FalconH1ForCausalLM", False, "Mamba layers, attention beside Mamba"),
     ("Zamba2ForCausalLM", False, "gelu, Mamba layers, shared transformer blocks"),
@@ -1121,6 +1140,7 @@ def test_a_bfloat16_model_attends_windows_and_sinks(case, tmp_path_factory):
     ("AriaTextForCausalLM", dict(moe_num_experts=4, moe_topk=2, hidden_act="gelu"), "hidden_act"),
     ("KimiLinearForCausalLM", dict(LATENT, mla_use_nope=False), "mla_use_nope"),
     ("MiniMaxForCausalLM", dict(postnorm=False), "postnorm"),
+    ("BailingHybridForCausalLM", dict(LATENT, expert_swiglu_limit_list=[7.0, 7.0]), "expert_swiglu_limit_list"),
     ("XGLMForCausalLM", dict(pad_token_id=3), "pad_token_id")])
 def test_an_option_no_path_runs_is_refused_in_one_line(case, config, option, tmp_path):
     """ERNIE MoE's biased shared experts, a q projection without the bias its latent attention has, a router method
