@@ -289,6 +289,8 @@ class ModelConfig(LayerPlan):
             raise ValueError("routed query experts give num_key_value_heads x num_experts_per_tok query heads")
         if not self.mamba_inner:
             self.mamba_inner = self.mamba_heads * self.mamba_head_dim
+        if self.delta_rule not in ("gated", "kimi", "lightning"):
+            raise ValueError(f"delta_rule {self.delta_rule!r} is not one of gated, kimi, lightning")
         if self.mamba_norm not in ("gated", "norm_then_gate", "none"):
             raise ValueError(f"mamba_norm {self.mamba_norm!r} is not one of gated, norm_then_gate, none")
         if self.layer_parts is not None and (set(self.layer_parts) - {"mixer", "mlp", "both"} or self.norm_layout != "pre"):

@@ -47,3 +47,27 @@ def test_the_rule_equals_transformers(length):
         got = m.step(u, b, log_decay, states=states, slots=torch.tensor([0, 1]), fresh=torch.tensor([False, False]))
         torch.testing.assert_close(got, want.flatten(2), atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(states, want_state, atol=1e-4, rtol=1e-4)
+
+
+def test_the_released_config_layout_reads_as_transformers_reads_it():
+    """Kimi Linear's config.json as released (the layers and delta shapes in ``linear_attn_config``, 1-based; Kimi's
+    expert key names; ``model_max_length``): the same ModelConfig as transformers' parse of it."""
+    import transformers
+
+    released = {"architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear", "vocab_size": 97,
+                "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32, "num_hidden_layers": 4,
+                "num_attention_heads": 4, "num_key_value_heads": 4, "num_experts": 8, "num_experts_per_token": 2,
+                "num_shared_experts": 1, "moe_renormalize": True, "moe_router_activation_func": "sigmoid",
+                "routed_scaling_factor": 2.446, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+                "num_expert_group": 2, "topk_group": 1, "kv_lora_rank": 16, "q_lora_rank": None,
+                "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 12, "mla_use_nope": True,
+                "model_max_length": 2048, "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "bos_token_id": 1,
+                "eos_token_id": 2, "pad_token_id": 0,
+                "linear_attn_config": {"full_attn_layers": [2, 4], "kda_layers": [1, 3], "head_dim": 16,
+                                       "num_heads": 4, "short_conv_kernel_size": 3}}
+    ours = ModelConfig.from_hf_dict(released)
+    theirs = transformers.KimiLinearConfig(**released).to_dict()
+    assert ours == ModelConfig.from_hf_dict({**theirs, "architectures": released["architectures"]})
+    assert ours.delta_layers == [True, False, True, False] and ours.delta_conv_kernel == 3
+    assert (ours.num_experts, ours.num_experts_per_tok, ours.expert_groups, ours.max_position_embeddings) == (8, 2, 2,
+                                                                                                          2048)
