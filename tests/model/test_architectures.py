@@ -1116,6 +1116,7 @@ def test_the_start_up_log_names_what_keeps_a_model_off_the_native_stack(case, st
 
 
 @pytest.mark.parametrize("case", ["MistralForCausalLM", "GptOssForCausalLM", "Qwen3_5ForCausalLM",
+                                  "MiniMaxForCausalLM", "KimiLinearForCausalLM",
                                   "GraniteMoeHybridForCausalLM:mamba", "MambaForCausalLM", "BloomForCausalLM"])
 def test_a_bfloat16_model_attends_windows_and_sinks(case, tmp_path_factory):
     """A bf16 model (a bf16 KV pool) through the general attention path (windows, sinks, ALiBi) and the recurrent

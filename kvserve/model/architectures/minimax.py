@@ -4,7 +4,7 @@ layer's norms feed its residual too (``norm_layout`` "normed_residual"), the res
 weighted by the alpha and beta factors of its kind (full or linear attention, the MLP); Mixtral's experts on every
 layer. The original config.json's names (``layernorm_full_attention_alpha``, ...) are read too."""
 
-from kvserve.model.architectures import Architecture, first_of, register
+from kvserve.model.architectures import Architecture, first_of, partial_rotary, register
 from kvserve.model.architectures.mixtral import MIXTRAL_WEIGHTS
 
 
@@ -27,8 +27,9 @@ def minimax_config(d: dict) -> dict:
     head_dim = d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"]
     if d.get("postnorm") is False:
         raise ValueError(f"{name} with postnorm false (the residual taken before the norms) is not supported")
-    if d.get("rotary_dim") not in (None, head_dim):
-        raise ValueError(f"{name} with rotary_dim {d['rotary_dim']} (not head_dim {head_dim}) is not supported")
+    if d.get("rotary_dim") not in (None, head_dim) or partial_rotary(d, 1.0) != 1:
+        raise ValueError(f"{name} with rotary_dim or partial_rotary_factor short of head_dim {head_dim} is not "
+                         "supported (transformers rotates whole heads)")
     if (d.get("hidden_act") or "silu") != "silu":
         raise ValueError(f"{name} with hidden_act {d['hidden_act']!r} is not supported (silu)")
     kinds = minimax_layer_types(d)
