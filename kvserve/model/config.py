@@ -111,6 +111,9 @@ class ModelConfig(LayerPlan):
     # (clamp(up, +-limit) + 1) * g * sigmoid(alpha * g); None: hidden_act's plain gated MLP
     swiglu_limit: float | None = None
     swiglu_alpha: float = 1.0
+    # per layer, the experts' and the shared expert's SwiGLU clip (GatedMLP.clip: Ling 3's late layers; 0: none)
+    expert_clip_layers: list[float] | None = None
+    shared_expert_clip_layers: list[float] | None = None
     # --- mixture of experts ---
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -281,7 +284,7 @@ class ModelConfig(LayerPlan):
                      "delta_layers", "layer_parts", "qk_norm_layers", "layer_head_dims", "layer_kv_heads",
                      "k_eq_v_layers", "kv_shared_from", "layer_intermediate_sizes", "attention_heads_per_layer",
                      "index_layers", "activation_sparsity", "checkpoint_layers", "shared_block_layers", "sink_layers",
-                     "sublayer_scales"):
+                     "sublayer_scales", "expert_clip_layers", "shared_expert_clip_layers"):
             per_layer = getattr(self, name)
             if per_layer is not None and len(per_layer) != self.num_hidden_layers:
                 raise ValueError(f"{name} has {len(per_layer)} entries for {self.num_hidden_layers} layers")
@@ -347,7 +350,6 @@ class ModelConfig(LayerPlan):
         if self.expert_groups_used >= self.expert_groups:
             return None
         return self.expert_groups, self.expert_groups_used, self.group_scoring
-
 
     @property
     def swiglu(self) -> tuple[float, float | None] | None:

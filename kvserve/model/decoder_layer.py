@@ -22,14 +22,14 @@ from kvserve.model.shared_block import SharedBlock, SharedBlockUse
 from kvserve.model.short_conv import ShortConv
 
 
-def make_moe(cfg: ModelConfig) -> MoE:
-    """The experts ``cfg`` describes (a layer's, or its shortcut's)."""
+def make_moe(cfg: ModelConfig, layer: int | None = None) -> MoE:
+    """The experts ``cfg`` describes (a layer's, or its shortcut's); ``layer``'s SwiGLU clips where set."""
     return MoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob,
                cfg.hidden_act, cfg.shared_expert_intermediate_size, cfg.router_bias, cfg.expert_bias, cfg.swiglu,
                cfg.shared_expert_gated, cfg.selection_bias, cfg.router_scoring, cfg.routed_scale,
                cfg.expert_group_choice, cfg.router_jitter, cfg.gated_mlp, cfg.moe_scale_inputs,
                cfg.rms_norm_eps if cfg.moe_out_norm else None, cfg.selection_on_logits, cfg.identity_experts,
-               cfg.router_logit_softcap, cfg.moe_out_bias)
+               cfg.router_logit_softcap, cfg.moe_out_bias, *cfg.swiglu_clips(layer))
 
 
 class DecoderLayer(nn.Module):
@@ -64,7 +64,7 @@ class DecoderLayer(nn.Module):
         self.mlp: GatedMLP | MoE | None = None  # (None: a mixer-only block)
         self.moe: MoE | None = None  # experts beside the dense MLP (ModelConfig.moe_beside_mlp)
         if cfg.is_moe(layer):
-            self.mlp = make_moe(cfg)
+            self.mlp = make_moe(cfg, layer)
         if cfg.has_mlp(layer) and (not cfg.is_moe(layer) or cfg.moe_beside_mlp):
             self.moe = self.mlp if cfg.moe_beside_mlp else None  # type: ignore[assignment]
             self.mlp = GatedMLP(cfg.hidden_size, cfg.mlp_size(layer), cfg.hidden_act, cfg.mlp_bias, cfg.swiglu,

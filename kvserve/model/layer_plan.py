@@ -95,6 +95,11 @@ class LayerPlan:
         """The shared block ``layer`` runs: the blocks take the uses in turn."""
         return self.shared_block_use(layer) % self.shared_blocks
 
+    def swiglu_clips(self, layer: int | None) -> tuple[float | None, float | None]:
+        """``layer``'s clips of its experts' and its shared expert's SwiGLU (``expert_clip_layers``; None: none)."""
+        return tuple(None if layer is None or not clips or not clips[layer] else float(clips[layer])  # type: ignore
+                     for clips in (self.expert_clip_layers, self.shared_expert_clip_layers))
+
     def is_delta(self, layer: int) -> bool:
         """Whether ``layer``'s token mixer is a gated delta net (``kvserve.model.gated_delta``)."""
         return self.delta_layers is not None and self.delta_layers[layer]

@@ -68,6 +68,8 @@ def native_stack_blocker(cfg: ModelConfig) -> str | None:
               (cfg.delta_layers is not None and any(cfg.delta_layers),
                "lightning attention" if cfg.delta_rule == "lightning" else "gated delta nets"),
               (cfg.norm_layout == "normed_residual", "residuals taken after the norms"),
+              (any(cfg.expert_clip_layers or ()) or any(cfg.shared_expert_clip_layers or ()),
+               "SwiGLU clipped after the activation"),
               (cfg.attn_output_gate, "gated attention"),
               (cfg.recurrent_norm_layout is not None, "norm layouts per layer"),
               (any(h != cfg.num_attention_heads for h in cfg.attention_heads_per_layer or ()),

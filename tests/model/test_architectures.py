@@ -361,6 +361,14 @@ CASES: dict[str, tuple[str, dict]] = {
                                                              topk_group=1, first_k_dense_replace=1,
                                                              layer_types=["linear_attention", "full_attention",
                                                                           "linear_attention"])),
+    # the experts' SwiGLU clipped on the last two layers, the shared expert's on the second (limits that bite here)
+    "BailingHybridForCausalLM:clipped": ("BailingHybridConfig", dict(LATENT, num_hidden_layers=3, num_local_experts=4,
+                                                                     num_experts_per_tok=2, moe_intermediate_size=32,
+                                                                     n_group=1, topk_group=1, first_k_dense_replace=1,
+                                                                     expert_swiglu_limit_list=[0, 0.3, 0.5],
+                                                                     share_expert_swiglu_limit_list=[0, 0.2, 0],
+                                                                     layer_types=["linear_attention", "full_attention",
+                                                                                  "linear_attention"])),
     # the decay unbounded (kda_safe_gate false), q without a latent, groups of experts not limited
     "BailingHybridForCausalLM:unsafe": ("BailingHybridConfig", dict(LATENT, q_lora_rank=None, num_hidden_layers=3,
                                                                     num_local_experts=4, num_experts_per_tok=2,
@@ -1141,7 +1149,6 @@ def test_a_bfloat16_model_attends_windows_and_sinks(case, tmp_path_factory):
     ("AriaTextForCausalLM", dict(moe_num_experts=4, moe_topk=2, hidden_act="gelu"), "hidden_act"),
     ("KimiLinearForCausalLM", dict(LATENT, mla_use_nope=False), "mla_use_nope"),
     ("MiniMaxForCausalLM", dict(postnorm=False), "postnorm"),
-    ("BailingHybridForCausalLM", dict(LATENT, expert_swiglu_limit_list=[7.0, 7.0]), "expert_swiglu_limit_list"),
     ("XGLMForCausalLM", dict(pad_token_id=3), "pad_token_id")])
 def test_an_option_no_path_runs_is_refused_in_one_line(case, config, option, tmp_path):
     """ERNIE MoE's biased shared experts, a q projection without the bias its latent attention has, a router method

@@ -2,7 +2,8 @@
 projected at full width and the decay bounded where ``kda_safe_gate`` (``kda_lower_bound``), on all but every
 ``layer_group_size``-th layer (or as ``layer_types`` says); on those, DeepSeek-V3's latent attention (rotary on
 interleaved pairs) with a sigmoid gate per head on its output (``g_proj``); DeepSeek-V3's experts (sigmoid scores,
-a selection bias, expert groups, a shared expert) after ``first_k_dense_replace`` dense layers. The checkpoints name
+a selection bias, expert groups, a shared expert) after ``first_k_dense_replace`` dense layers, their SwiGLU clipped
+where ``expert_swiglu_limit_list`` (``share_expert_swiglu_limit_list``: the shared expert's) gives a layer a limit. The checkpoints name
 the embeddings ``word_embeddings``, the mixers ``attention`` and their output ``dense``; the multi-token-prediction
 layers after ``num_hidden_layers`` are not read."""
 
@@ -13,10 +14,6 @@ from kvserve.model.architectures.kimi_linear import deepseek_names
 
 
 def bailing_hybrid_config(d: dict) -> dict:
-    name = d["architectures"][0]
-    for key in ("expert_swiglu_limit_list", "share_expert_swiglu_limit_list", "swiglu_limits", "swiglu_limits_shared"):
-        if any(d.get(key) or ()):
-            raise ValueError(f"{name} with {key} (SwiGLU clipped after the activation) is not supported")
     n, every = d["num_hidden_layers"], d.get("layer_group_size") or 6
     kinds = d.get("layer_types") or ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(n)]
     heads = first_of(d, "linear_num_heads", "num_attention_heads")
@@ -27,7 +24,10 @@ def bailing_hybrid_config(d: dict) -> dict:
            "delta_layers": [kind == "linear_attention" for kind in kinds], "delta_rule": "kimi",
            "delta_key_heads": heads, "delta_value_heads": heads, "delta_key_dim": dim, "delta_value_dim": dim,
            "delta_conv_kernel": first_of(d, "short_conv_kernel_size", "linear_conv_kernel_dim", default=4),
-           "delta_decay_bound": float(d.get("kda_lower_bound", -5.0)) if safe else None}
+           "delta_decay_bound": float(d.get("kda_lower_bound", -5.0)) if safe else None,
+           # the experts' SwiGLU clipped per layer (the released files' late layers; the dense layers' never)
+           "expert_clip_layers": first_of(d, "expert_swiglu_limit_list", "swiglu_limits"),
+           "shared_expert_clip_layers": first_of(d, "share_expert_swiglu_limit_list", "swiglu_limits_shared")}
     e = deepseek_names(d)
     if not e.get("n_routed_experts"):
         return out
