@@ -1149,6 +1149,8 @@ def test_a_bfloat16_model_attends_windows_and_sinks(case, tmp_path_factory):
     ("AriaTextForCausalLM", dict(moe_num_experts=4, moe_topk=2, hidden_act="gelu"), "hidden_act"),
     ("KimiLinearForCausalLM", dict(LATENT, mla_use_nope=False), "mla_use_nope"),
     ("MiniMaxForCausalLM", dict(postnorm=False), "postnorm"),
+    ("BailingHybridForCausalLM", dict(LATENT, gated_attention_proj_granularity_type="element_wise"),
+     "gated_attention_proj_granularity_type"),
     ("XGLMForCausalLM", dict(pad_token_id=3), "pad_token_id")])
 def test_an_option_no_path_runs_is_refused_in_one_line(case, config, option, tmp_path):
     """ERNIE MoE's biased shared experts, a q projection without the bias its latent attention has, a router method

@@ -14,6 +14,10 @@ from kvserve.model.architectures.kimi_linear import deepseek_names
 
 
 def bailing_hybrid_config(d: dict) -> dict:
+    granularity = d.get("gated_attention_proj_granularity_type") or "head_wise"
+    if granularity != "head_wise":  # (the released remote code's key; transformers gates each head)
+        raise ValueError(f"{d['architectures'][0]} with gated_attention_proj_granularity_type {granularity!r} is not "
+                         "supported (head_wise)")
     n, every = d["num_hidden_layers"], d.get("layer_group_size") or 6
     kinds = d.get("layer_types") or ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(n)]
     heads = first_of(d, "linear_num_heads", "num_attention_heads")
