@@ -60,8 +60,11 @@ class ModelConfig(LayerPlan):
     # "post" (OLMo 2: only on each sublayer's output), "parallel" (StableLM's use_parallel_residual: one norm,
     # attention and the MLP both read it and both outputs join the residual), "parallel_two" (GPT-NeoX's: the same
     # with a norm of its own for the MLP), "post_add" (the original Transformer's, GPT-1's: the stream itself normed
-    # after each sublayer's add)
+    # after each sublayer's add), "normed_residual" (MiniMax's: each norm's output is the residual its sublayer adds to,
+    # both scaled by sublayer_scales)
     norm_layout: str = "pre"
+    # per layer, the normed_residual layout's (residual, attention's output, residual, the MLP's output) multipliers
+    sublayer_scales: list[tuple[float, float, float, float]] | None = None
     final_norm: bool = True  # a norm after the last layer (GPT-1 has none)
     norm_offset: float = 0.0  # Gemma's norms scale by (1 + weight)
     norm_type: str = "rms"  # the layers' and the final norm: "rms" or "layer" (LayerNorm: Starcoder2)
@@ -108,6 +111,9 @@ class ModelConfig(LayerPlan):
     # (clamp(up, +-limit) + 1) * g * sigmoid(alpha * g); None: hidden_act's plain gated MLP
     swiglu_limit: float | None = None
     swiglu_alpha: float = 1.0
+    # per layer, the experts' and the shared expert's SwiGLU clip (GatedMLP.clip: Ling 3's late layers; 0: none)
+    expert_clip_layers: list[float] | None = None
+    shared_expert_clip_layers: list[float] | None = None
     # --- mixture of experts ---
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -221,6 +227,11 @@ class ModelConfig(LayerPlan):
     rwkv_mix: list[str] | None = None
     rwkv_attention_size: int = 0
     mlstm: MLSTMShape | None = None  # xLSTM's mLSTM layers (every layer's mixer), their shapes and gates
+    # Kimi Delta Attention (kvserve.model.kimi_delta): "kimi" decays each key channel on its own, from a projection of
+    # rank delta_gate_rank, and gates the output by a sigmoid of another; "gated": Qwen3-Next's rule
+    delta_rule: str = "gated"  # also "lightning" (kvserve.model.lightning: MiniMax's linear attention, no delta rule)
+    delta_gate_rank: int = 0
+    delta_decay_bound: float | None = None  # Ling 3's bounded ("safe") decay: its log is bound x a sigmoid (kimi_delta)
     # gated attention (Qwen3-Next): q_proj also gives a gate per head's dim, and sigmoid(gate) scales attention's output
     attn_output_gate: bool = False
     attn_output_gate_fn: str = "sigmoid"  # the gate's function: "sigmoid", or "softplus" (Laguna's)
@@ -294,7 +305,7 @@ class ModelConfig(LayerPlan):
                      "delta_layers", "lru_layers", "rwkv_mix", "layer_parts", "qk_norm_layers", "layer_head_dims", "layer_kv_heads",
                      "k_eq_v_layers", "kv_shared_from", "layer_intermediate_sizes", "attention_heads_per_layer",
                      "index_layers", "activation_sparsity", "checkpoint_layers", "shared_block_layers", "sink_layers",
-                     "latent_layer_dims"):
+                     "latent_layer_dims", "sublayer_scales", "expert_clip_layers", "shared_expert_clip_layers"):
             per_layer = getattr(self, name)
             if per_layer is not None and len(per_layer) != self.num_hidden_layers:
                 raise ValueError(f"{name} has {len(per_layer)} entries for {self.num_hidden_layers} layers")
@@ -304,6 +315,8 @@ class ModelConfig(LayerPlan):
             raise ValueError("routed query experts give num_key_value_heads x num_experts_per_tok query heads")
         if not self.mamba_inner:
             self.mamba_inner = self.mamba_heads * self.mamba_head_dim
+        if self.delta_rule not in ("gated", "kimi", "lightning"):
+            raise ValueError(f"delta_rule {self.delta_rule!r} is not one of gated, kimi, lightning")
         if self.mamba_norm not in ("gated", "norm_then_gate", "none"):
             raise ValueError(f"mamba_norm {self.mamba_norm!r} is not one of gated, norm_then_gate, none")
         if self.layer_parts is not None and (set(self.layer_parts) - {"mixer", "mlp", "both"} or self.norm_layout != "pre"):
@@ -360,7 +373,6 @@ class ModelConfig(LayerPlan):
         if self.expert_groups_used >= self.expert_groups:
             return None
         return self.expert_groups, self.expert_groups_used, self.group_scoring
-
 
     @property
     def swiglu(self) -> tuple[float, float | None] | None:

@@ -11,8 +11,10 @@ from kvserve.model.altup import AltUp, Laurel, altup_layer_forward
 from kvserve.model.attention import Attention, rms_unweighted
 from kvserve.model.config import ModelConfig
 from kvserve.model.gated_delta import GatedDeltaNet
+from kvserve.model.kimi_delta import KimiDeltaAttention
 from kvserve.model.latent_attention import LatentAttention
 from kvserve.model.layers import NoNorm, RMSNorm, make_norm, padded_rows
+from kvserve.model.lightning import LightningAttention
 from kvserve.model.mamba import AttentionBesideMamba, Mamba1, Mamba2
 from kvserve.model.mlp import GatedMLP, MoE, activation
 from kvserve.model.mlstm import MLSTM
@@ -23,14 +25,14 @@ from kvserve.model.shared_block import SharedBlock, SharedBlockUse
 from kvserve.model.short_conv import ShortConv
 
 
-def make_moe(cfg: ModelConfig) -> MoE:
-    """The experts ``cfg`` describes (a layer's, or its shortcut's)."""
+def make_moe(cfg: ModelConfig, layer: int | None = None) -> MoE:
+    """The experts ``cfg`` describes (a layer's, or its shortcut's); ``layer``'s SwiGLU clips where set."""
     return MoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob,
                cfg.hidden_act, cfg.shared_expert_intermediate_size, cfg.router_bias, cfg.expert_bias, cfg.swiglu,
                cfg.shared_expert_gated, cfg.selection_bias, cfg.router_scoring, cfg.routed_scale,
                cfg.expert_group_choice, cfg.router_jitter, cfg.gated_mlp, cfg.moe_scale_inputs,
                cfg.rms_norm_eps if cfg.moe_out_norm else None, cfg.selection_on_logits, cfg.identity_experts,
-               cfg.router_logit_softcap, cfg.moe_out_bias)
+               cfg.router_logit_softcap, cfg.moe_out_bias, *cfg.swiglu_clips(layer))
 
 
 class DecoderLayer(nn.Module):
@@ -45,7 +47,8 @@ class DecoderLayer(nn.Module):
             self.input_layernorm = NoNorm()
         # the layer's token mixer: attention, latent attention, a short convolution, a Mamba-2 layer or a gated delta net
         self.self_attn: (Attention | LatentAttention | ShortConv | Mamba1 | Mamba2 | AttentionBesideMamba | GatedDeltaNet
-                         | RGLRU | RwkvTimeMix | RwkvChannelMix | MLSTM | RoutedQueryAttention | None)
+                         | RGLRU | RwkvTimeMix | RwkvChannelMix | MLSTM | KimiDeltaAttention | LightningAttention
+                         | RoutedQueryAttention | None)
         if not cfg.has_mixer(layer):  # an MLP-only block
             self.self_attn = None
         elif cfg.is_mamba(layer) and cfg.parallel_attention:
@@ -53,7 +56,8 @@ class DecoderLayer(nn.Module):
         elif cfg.is_mamba(layer):
             self.self_attn = Mamba2(cfg, layer) if cfg.mamba_version == 2 else Mamba1(cfg, layer)
         elif cfg.is_delta(layer):
-            self.self_attn = GatedDeltaNet(cfg, layer)
+            mixers = {"kimi": KimiDeltaAttention, "lightning": LightningAttention}
+            self.self_attn = mixers.get(cfg.delta_rule, GatedDeltaNet)(cfg, layer)
         elif cfg.is_lru(layer):
             self.self_attn = RGLRU(cfg, layer)
         elif cfg.is_mlstm(layer):
@@ -72,7 +76,7 @@ class DecoderLayer(nn.Module):
         self.mlp: GatedMLP | MoE | None = None  # (None: a mixer-only block)
         self.moe: MoE | None = None  # experts beside the dense MLP (ModelConfig.moe_beside_mlp)
         if cfg.is_moe(layer):
-            self.mlp = make_moe(cfg)
+            self.mlp = make_moe(cfg, layer)
         if cfg.has_mlp(layer) and (not cfg.is_moe(layer) or cfg.moe_beside_mlp):
             self.moe = self.mlp if cfg.moe_beside_mlp else None  # type: ignore[assignment]
             self.mlp = GatedMLP(cfg.hidden_size, cfg.mlp_size(layer), cfg.hidden_act, cfg.mlp_bias, cfg.swiglu,
@@ -106,6 +110,7 @@ class DecoderLayer(nn.Module):
         if self.residual_weights:
             self.attn_residual = nn.Parameter(torch.ones(cfg.hidden_size))
             self.mlp_residual = nn.Parameter(torch.ones(cfg.hidden_size))
+        self.scales = cfg.sublayer_scales[layer] if cfg.sublayer_scales else (1.0, 1.0, 1.0, 1.0)
         # the bf16 hand-offs between the norms and the AMX GEMMs: Llama's layout and plain attention only
         self.one_part = self.self_attn is None or self.mlp is None
         self.fast = (self.layout == "pre" and not self.one_part and self.self_attn.plain and cfg.residual_scale == 1
@@ -143,6 +148,8 @@ class DecoderLayer(nn.Module):
             return self._parallel_forward(h, delta, rope, attn, meta, kv_cache, rows)
         if self.layout == "post_add":
             return self._post_add_forward(h, delta, rope, attn, meta, kv_cache, rows)
+        if self.layout == "normed_residual":
+            return self._normed_residual_forward(h, delta, rope, attn, meta, kv_cache, rows)
         bf16_attn = self.fast and self.self_attn.runs_bf16(h, attn, meta, kv_cache)
         if self.layout == "post":
             x = h if delta is None else h.add_(delta)
@@ -256,6 +263,21 @@ class DecoderLayer(nn.Module):
                 return h, None
         h = h * self.attn_residual + self._out(a, "")
         return h * self.mlp_residual + self._out(self.mlp(self.post_attention_layernorm(h)), ""), None
+    def _normed_residual_forward(self, h, delta, rope, attn, meta, kv_cache,
+                                 rows: torch.Tensor | None) -> tuple[torch.Tensor, None]:
+        """MiniMax's: each norm's output is the residual its sublayer's output joins, x = a n + b sublayer(n) with n
+        the norm of the stream (``sublayer_scales``); the result is the stream itself, so no delta goes on."""
+        res_a, out_a, res_m, out_m = self.scales
+        if delta is not None:
+            h.add_(delta)
+        n = self.input_layernorm(h)
+        a = self.self_attn(n, rope, attn, meta, kv_cache, False, rows, h.shape[0])
+        if rows is not None:
+            n = n[rows]
+            if not rows.numel():
+                return n, None
+        n = self.post_attention_layernorm(n * res_a + a * out_a)
+        return n * res_m + self.mlp(n) * out_m, None
 
     def _out(self, x: torch.Tensor, norm: str) -> torch.Tensor:
         """A sublayer's output as the residual stream takes it: normed (sandwich and post layouts), scaled."""

@@ -113,7 +113,8 @@ class LatentAttention(nn.Module):
             return x.new_empty(0, self.hidden_size)
         o = o.reshape(o.shape[0], self.heads, -1)[..., : self.v_dim]
         if self.gate is not None:
-            o = o * torch.sigmoid(self.gate(x[:t] if rows is None else x[:t][rows])).unsqueeze(-1)
+            g = self.gate(x[:t] if rows is None else x[:t][rows])
+            o = o * torch.sigmoid(g.float()).to(o.dtype)[..., None]
         return self.o_proj(o.reshape(o.shape[0], -1))
 
     def _rotate(self, x: torch.Tensor, rope: RotaryStep | None) -> torch.Tensor:

@@ -14,6 +14,7 @@ def roles_of_layout(layout: str) -> tuple[str, ...]:
     """The norms (``LLAMA_WEIGHTS`` roles) a layer of ``layout`` has."""
     return {"pre": ("input_layernorm", "post_attention_layernorm"), "post": ("attn_out_norm", "mlp_out_norm"),
             "post_add": ("attn_out_norm", "mlp_out_norm"),
+            "normed_residual": ("input_layernorm", "post_attention_layernorm"),
             "parallel": ("input_layernorm",),
             "parallel_two": ("input_layernorm", "post_attention_layernorm")}.get(layout, NORM_ROLES)
 
@@ -113,6 +114,11 @@ class LayerPlan:
     def shared_block_of(self, layer: int) -> int:
         """The shared block ``layer`` runs: the blocks take the uses in turn."""
         return self.shared_block_use(layer) % self.shared_blocks
+
+    def swiglu_clips(self, layer: int | None) -> tuple[float | None, float | None]:
+        """``layer``'s clips of its experts' and its shared expert's SwiGLU (``expert_clip_layers``; None: none)."""
+        return tuple(None if layer is None or not clips or not clips[layer] else float(clips[layer])  # type: ignore
+                     for clips in (self.expert_clip_layers, self.shared_expert_clip_layers))
 
     def is_delta(self, layer: int) -> bool:
         """Whether ``layer``'s token mixer is a gated delta net (``kvserve.model.gated_delta``)."""

@@ -76,8 +76,9 @@ class GatedMLP(nn.Module):
 
     def __init__(self, hidden: int, intermediate: int, act: str = "silu", bias: bool = False,
                  swiglu: tuple[float, float | None] | None = None, gated: bool = True,
-                 sub_norm_eps: float | None = None, sparsity: float = 0.0):
+                 sub_norm_eps: float | None = None, sparsity: float = 0.0, clip: float | None = None):
         super().__init__()
+        self.clip = clip  # act(gate) clamped above and up both ways at this, before their product (Ling 3's); None: not
         self.sparsity = sparsity  # the gate's share cut to 0 before the activation (gaussian_topk); 0: none
         self.sparsity_quantile = normal_quantile(sparsity) if sparsity else None  # (once, not every step)
         # ``sub_norm_eps``: an RMSNorm over act(gate) * up before down (BitNet's ffn_sub_norm)
@@ -92,7 +93,7 @@ class GatedMLP(nn.Module):
         self.gated_mul: Callable[[torch.Tensor], torch.Tensor] | None = NATIVE_GATED.get(act)
 
     def use_native(self, on: bool) -> None:
-        self.native = on and self.gated_mul is not None and self.swiglu is None and self.gated
+        self.native = on and self.gated_mul is not None and self.swiglu is None and self.gated and self.clip is None
 
     def runs_amx(self, x: torch.Tensor) -> bool:
         """Whether ``x`` runs both GEMMs on their AMX copies with the activation between them in bf16 (a
@@ -120,6 +121,9 @@ class GatedMLP(nn.Module):
             return self.down(self._sub_norm(self.gated_mul(gu)))
         if self.swiglu is not None:
             return self.down(clamped_swiglu(gu[..., : self.intermediate], gu[..., self.intermediate :], *self.swiglu))
+        if self.clip is not None:
+            gate = self.act(gu[..., : self.intermediate]).clamp(max=self.clip)
+            return self.down(gate * gu[..., self.intermediate :].clamp(-self.clip, self.clip))
         return self.down(self._sub_norm(self.act(gu[..., : self.intermediate]) * gu[..., self.intermediate :]))
 
     def _sub_norm(self, x: torch.Tensor) -> torch.Tensor:
@@ -155,7 +159,8 @@ class MoE(nn.Module):
                  selection_bias: bool = False, scoring: str = "softmax", routed_scale: float = 1.0,
                  groups: tuple[int, int, str] | None = None, jitter: float = 0.01, gated: bool = True,
                  scale_inputs: bool = False, out_norm_eps: float | None = None, bias_on_logits: bool = False,
-                 identity_experts: int = 0, logit_softcap: float | None = None, out_bias: bool = False):
+                 identity_experts: int = 0, logit_softcap: float | None = None, out_bias: bool = False,
+                 clip: float | None = None, shared_clip: float | None = None):
         super().__init__()
         self.out_bias = nn.Parameter(torch.zeros(hidden)) if out_bias else None  # added to the sum (JetMoE's)
         self.logit_softcap = logit_softcap  # the router's logits capped before scoring (Laguna's)
@@ -169,10 +174,11 @@ class MoE(nn.Module):
         self.groups = groups  # (groups, groups used, "max" or "top2"): ModelConfig.expert_group_choice
         self.router = nn.Linear(hidden, experts + identity_experts, bias=router_bias)
         self.selection_bias = nn.Parameter(torch.zeros(1, experts + identity_experts)) if selection_bias else None
-        self.experts = nn.ModuleList(GatedMLP(hidden, intermediate, act, expert_bias, swiglu, gated)
+        self.experts = nn.ModuleList(GatedMLP(hidden, intermediate, act, expert_bias, swiglu, gated, clip=clip)
                                      for _ in range(experts))
         self.top_k, self.norm_topk = top_k, norm_topk
-        self.shared = GatedMLP(hidden, shared_intermediate, act, gated=gated) if shared_intermediate else None
+        self.shared = GatedMLP(hidden, shared_intermediate, act, gated=gated, clip=shared_clip) \
+            if shared_intermediate else None
         self.shared_gate = nn.Linear(hidden, 1, bias=False) if shared_intermediate and shared_gated else None
         self.native_block: Any | None = None  # a kvserve.MoEBlock over these weights (use_native)
         # the router's and shared gate's dense weights, kept for the native block where the linears get packed

@@ -45,6 +45,8 @@ def moe_blocker(moe: "MoE") -> str | None:
         return "a selection bias on the router's logits"
     if moe.identity_experts:
         return "identity experts"
+    if any(m.clip is not None for m in mlps):
+        return "SwiGLU clipped after the activation"
     if act.swiglu is None and act.act_name not in NATIVE_ACTIVATIONS:
         return f"the activation {act.act_name}"
     return None

@@ -97,6 +97,14 @@ def gated_delta(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConf
                 linear: Any) -> None:
     """A gated delta net's weights (``kvserve.model.gated_delta``): in_proj (q, k, v, z, b, a: one tensor, two or four),
     the depthwise kernel [channels, taps], dt's bias, A's log, the gated norm's weight [value_dim], out_proj."""
+    if cfg.delta_rule == "kimi":
+        return kimi_delta(out, arch, cfg, dst, prefix, linear)
+    if cfg.delta_rule == "lightning":  # MiniMax's (kvserve.model.lightning): q/k/v and the output gate, norm, out_proj
+        h, width = cfg.hidden_size, cfg.num_attention_heads * int(cfg.head_dim or 0)
+        linear(dst + "in_proj", prefix, [("delta_qkv", 3 * width), ("delta_z", width)], None, h, False)
+        linear(dst + "out_proj", prefix, [("delta_out_proj", h)], None, width, False)
+        out[dst + "norm.weight"] = [(f"{prefix}{arch.weight_name('delta_norm')}", (width,))]
+        return None
     h, heads = cfg.hidden_size, cfg.delta_value_heads
     keys, values = cfg.delta_key_heads * cfg.delta_key_dim, heads * cfg.delta_value_dim
     apart = [("delta_z", values), ("delta_b", heads), ("delta_a", heads)]
@@ -169,6 +177,26 @@ def mlstm(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, ds
     linear(dst + "gates", prefix, [("mlstm_igate", shape.heads), ("mlstm_fgate", shape.heads)], None, h, True)
     out[f"{dst}norm_weight"] = [(f"{prefix}{arch.weight_name('mlstm_norm')}.weight", (shape.v_dim,))]
     linear(dst + "out_proj", prefix, [("mlstm_out", h)], None, shape.v_dim, False)
+
+
+def kimi_delta(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,
+               linear: Any) -> None:
+    """Kimi delta attention's weights (``kvserve.model.kimi_delta``): in_proj (q, k, v, the forget and output gates'
+    low-rank inputs, b), their expansions (f_b, g_b, kept dense), the q, k and v convolutions' kernels, dt's bias
+    [width], A's log [heads], the gated norm's weight [head_dim], out_proj."""
+    h, heads, dim, rank = cfg.hidden_size, cfg.delta_value_heads, cfg.delta_value_dim, cfg.delta_gate_rank
+    width = heads * dim
+    gates = rank or width  # (rank 0: f and the output gate at full width, no expansions)
+    linear(dst + "in_proj", prefix, [("delta_q", width), ("delta_k", width), ("delta_v", width), ("delta_f_a", gates),
+                                     ("delta_g_a", gates), ("delta_b", heads)], None, h, False)
+    linear(dst + "out_proj", prefix, [("delta_out_proj", h)], None, width, False)
+    for ours, role in (("f_b", "delta_f_b"), ("g_b", "delta_g_b")) if rank else ():
+        out[f"{dst}{ours}.weight"] = [(f"{prefix}{arch.weight_name(role)}.weight", (width, rank))]
+    out[f"{dst}kernel"] = [(f"{prefix}{arch.weight_name(role)}.weight", (width, cfg.delta_conv_kernel))
+                           for role in ("delta_q_conv", "delta_k_conv", "delta_v_conv")]
+    for ours, role, rows in (("dt_bias", "delta_dt_bias", width), ("A_log", "delta_A_log", heads),
+                             ("norm_weight", "delta_norm", dim)):
+        out[dst + ours] = [(f"{prefix}{arch.weight_name(role)}", (rows,))]
 
 
 def latent_attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, dst: str, prefix: str,

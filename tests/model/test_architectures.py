@@ -306,6 +306,14 @@ CASES: dict[str, tuple[str, dict]] = {
                                                      tie_word_embeddings=True)),
     "GPTJForCausalLM": ("GPTJConfig", dict(n_embd=64, n_layer=2, n_head=4, n_positions=512, rotary_dim=8)),
     # Mixtral's experts under sigmoids chosen with a bias, whole-projection q/k norms, the legacy rotary_dim
+    # lightning attention around softmax attention, each norm's output the residual (scaled: MiniMax-Text-01's alphas
+    # are 3.56); transformers' blocks (block_size) shorter than the prompts
+    "MiniMaxForCausalLM": ("MiniMaxConfig", dict(num_hidden_layers=3, intermediate_size=32, num_local_experts=4,
+                                                 num_experts_per_tok=2, block_size=8, full_attn_alpha_factor=1.5,
+                                                 linear_attn_alpha_factor=2.0, linear_attn_beta_factor=0.8,
+                                                 mlp_alpha_factor=1.2, mlp_beta_factor=0.9,
+                                                 layer_types=["linear_attention", "full_attention",
+                                                              "linear_attention"])),
     "MiniMaxM2ForCausalLM": ("MiniMaxM2Config", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
                                                      rotary_dim=8)),
     # LayerNorms, partial rotary, q/k/v biases; then attention and the MLP side by side over one norm
@@ -355,6 +363,35 @@ CASES: dict[str, tuple[str, dict]] = {
     "DeepseekV3ForCausalLM": ("DeepseekV3Config", dict(LATENT, num_hidden_layers=3, n_routed_experts=8,
                                                        num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
                                                        first_k_dense_replace=1, n_group=4, topk_group=2)),
+    # Kimi delta attention around latent attention without rotary (q without a latent); a dense first layer, then
+    # sigmoid experts chosen with a bias from the best of two groups, a shared expert
+    "KimiLinearForCausalLM": ("KimiLinearConfig", dict(LATENT, q_lora_rank=None, num_hidden_layers=3, linear_num_heads=4,
+                                                       linear_head_dim=16, num_local_experts=8, num_experts_per_tok=2,
+                                                       moe_intermediate_size=32, n_group=2, topk_group=1,
+                                                       layer_types=["linear_attention", "full_attention",
+                                                                    "linear_attention"])),
+    # Ling 3: Kimi delta attention with full-width gates and the bounded decay, around latent attention gated per head;
+    # a dense first layer, then DeepSeek-V3's experts
+    "BailingHybridForCausalLM": ("BailingHybridConfig", dict(LATENT, num_hidden_layers=3, num_local_experts=8,
+                                                             num_experts_per_tok=2, moe_intermediate_size=32, n_group=2,
+                                                             topk_group=1, first_k_dense_replace=1,
+                                                             layer_types=["linear_attention", "full_attention",
+                                                                          "linear_attention"])),
+    # the experts' SwiGLU clipped on the last two layers, the shared expert's on the second (limits that bite here)
+    "BailingHybridForCausalLM:clipped": ("BailingHybridConfig", dict(LATENT, num_hidden_layers=3, num_local_experts=4,
+                                                                     num_experts_per_tok=2, moe_intermediate_size=32,
+                                                                     n_group=1, topk_group=1, first_k_dense_replace=1,
+                                                                     expert_swiglu_limit_list=[0, 0.3, 0.5],
+                                                                     share_expert_swiglu_limit_list=[0, 0.2, 0],
+                                                                     layer_types=["linear_attention", "full_attention",
+                                                                                  "linear_attention"])),
+    # the decay unbounded (kda_safe_gate false), q without a latent, groups of experts not limited
+    "BailingHybridForCausalLM:unsafe": ("BailingHybridConfig", dict(LATENT, q_lora_rank=None, num_hidden_layers=3,
+                                                                    num_local_experts=4, num_experts_per_tok=2,
+                                                                    moe_intermediate_size=32, n_group=1, topk_group=1,
+                                                                    first_k_dense_replace=1, kda_safe_gate=False,
+                                                                    layer_types=["linear_attention", "linear_attention",
+                                                                                 "full_attention"])),
     # the rotary pairs as halves (rope_interleave false), no expert groups
     "DeepseekV3ForCausalLM:halves": ("DeepseekV3Config", dict(LATENT, rope_interleave=False, n_routed_experts=4,
                                                               num_experts_per_tok=2, moe_intermediate_size=32,
@@ -975,6 +1012,13 @@ NOT_CLOSE = {"Glm4MoeForCausalLM:scaled": "x2.5 amplifies int8's flips among the
              "MiMoV2FlashForCausalLM": "int8 flips this random sigmoid router's choices among near-equal scores (0.72 "
                                        "with one expert group and no scaling too; int8 through MiMo's attention: "
                                        "MiMoV2FlashForCausalLM:dense)",
+             "MiniMaxForCausalLM": "the lightning layers' sums are not normalised (a softmax's are): int8 on these "
+                                   "random 0.2-std weights moves logprobs up to 1.2 and flips the random router; with "
+                                   "every matrix but the router halved, within 0.015 of dense at every step",
+             "BailingHybridForCausalLM:unsafe": "int8 on the delta nets' full-width forget gate, whose error exp(A_log) "
+                                                "(up to 16 here) multiplies in the unbounded decay's log, drops a dense "
+                                                "token from the top 5; with the delta nets' in_proj and out_proj dense, "
+                                                "within 0.14 (int8 through the bounded gate: BailingHybridForCausalLM)",
              "ZambaForCausalLM:biases": "the same for Zamba's shared block (narrow heads, near one-hot here): 0.62 "
                                         "against the 0.5 bound; with every matrix halved within 0.01 (int8 through "
                                         "Zamba's layers: ZambaForCausalLM)"}
@@ -1104,6 +1148,9 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("Lfm2ForCausalLM", False, "short convolutions"), ("Lfm2MoeForCausalLM", False, "short convolutions"),
     ("GraniteMoeHybridForCausalLM:mamba", False, "Mamba layers"),
     ("Qwen3NextForCausalLM", False, "partial rotary, gated delta nets, gated attention"),
+    ("KimiLinearForCausalLM", False, "latent attention, gated delta nets"),
+    ("MiniMaxForCausalLM", False, "lightning attention, residuals taken after the norms"),
+    ("BailingHybridForCausalLM", False, "latent attention, gated delta nets, gated attention"),
     ("NemotronHForCausalLM", False, "a non-gated MLP, relu2, Mamba layers"),
     ("FalconH1ForCausalLM", False, "Mamba layers, attention beside Mamba"),
     ("Zamba2ForCausalLM", False, "gelu, Mamba layers, shared transformer blocks"),
@@ -1166,6 +1213,7 @@ def test_the_start_up_log_names_what_keeps_a_model_off_the_native_stack(case, st
 
 
 @pytest.mark.parametrize("case", ["MistralForCausalLM", "GptOssForCausalLM", "Qwen3_5ForCausalLM",
+                                  "MiniMaxForCausalLM", "KimiLinearForCausalLM",
                                   "GraniteMoeHybridForCausalLM:mamba", "MambaForCausalLM", "BloomForCausalLM"])
 def test_a_bfloat16_model_attends_windows_and_sinks(case, tmp_path_factory):
     """A bf16 model (a bf16 KV pool) through the general attention path (windows, sinks, ALiBi) and the recurrent
@@ -1190,7 +1238,11 @@ def test_a_bfloat16_model_attends_windows_and_sinks(case, tmp_path_factory):
     ("AriaTextForCausalLM", dict(moe_num_experts=4, moe_topk=2, hidden_act="gelu"), "hidden_act"),
     ("XGLMForCausalLM", dict(pad_token_id=3), "pad_token_id"),
     ("DogeForCausalLM", dict(is_moe=True, num_experts=16, num_experts_per_tok=4), "is_moe"),
-    ("CTRLLMHeadModel", dict(dff=96, layer_norm_epsilon=1e-5), "layer_norm_epsilon")])
+    ("CTRLLMHeadModel", dict(dff=96, layer_norm_epsilon=1e-5), "layer_norm_epsilon"),
+    ("KimiLinearForCausalLM", dict(LATENT, mla_use_nope=False), "mla_use_nope"),
+    ("MiniMaxForCausalLM", dict(postnorm=False), "postnorm"),
+    ("BailingHybridForCausalLM", dict(LATENT, gated_attention_proj_granularity_type="element_wise"),
+     "gated_attention_proj_granularity_type")])
 def test_an_option_no_path_runs_is_refused_in_one_line(case, config, option, tmp_path):
     """ERNIE MoE's biased shared experts, a q projection without the bias its latent attention has, a router method
     not built, Aria's shared experts of another activation than its SiLU routed ones, XGLM's zeroed row of positions:

@@ -70,6 +70,8 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     "delta_q": None, "delta_k": None, "delta_v": None,  # q, k and v apart (OLMo Hybrid), their convolutions too
     "delta_q_conv": None, "delta_k_conv": None, "delta_v_conv": None,
     "delta_conv": "linear_attn.conv1d",
+    # Kimi delta attention's (ModelConfig.delta_rule "kimi"): the forget and output gates' low-rank projections
+    "delta_f_a": None, "delta_f_b": None, "delta_g_a": None, "delta_g_b": None,
     "delta_dt_bias": "linear_attn.dt_bias", "delta_A_log": "linear_attn.A_log", "delta_norm": "linear_attn.norm.weight",
     "delta_out_proj": "linear_attn.out_proj",
     # Griffin's recurrent block (ModelConfig.lru_layers): x's and y's projections, the convolution, the RG-LRU (its
@@ -312,7 +314,8 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "deepseek_v32", "glm_moe_dsa", "longcat_flash", "gemma3n", "gemma4_unified", "mllama", "aria", "gpt_neo",
             "codegen", "xglm", "openai_gpt", "jetmoe", "zamba2", "zamba", "lfm3", "mimo_v2_flash",
             "recurrent_gemma", "rwkv", "xlstm", "diffllama", "doge", "emu3", "biogpt", "gpt_neox_japanese", "ctrl",
-            "modernbert_decoder", "lara_mini", "dots3_note"]
+            "modernbert_decoder", "lara_mini", "dots3_note", "kimi_linear", "minimax",
+            "bailing_hybrid"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)
