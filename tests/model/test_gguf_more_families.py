@@ -1,0 +1,157 @@
+"""GGUF files of more of llama.cpp's families (its older, GPT-2-shaped ones first), against transformers.
+
+As test_gguf_families.py: a tiny random checkpoint from test_architectures.py written the way llama.cpp's
+convert_hf_to_gguf.py writes that family (names through gguf-py's own tensor map, only the metadata keys its
+converter writes, its tensor transforms: fused q/k/v reordered to q, k, v, GPT-2's Conv1D weights transposed back);
+kvserve's loader gets the checkpoint's weights back (in the layout the Hugging Face loader gives them), the same
+``ModelConfig`` as from config.json, and greedy tokens equal to transformers'; transformers' own GGUF reader gets the
+original weights back where it reads the family.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+import gguf
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import hf_greedy
+from kvserve.model.architectures import get_architecture
+from kvserve.model.loader import load_model, load_model_config
+from kvserve.model.weight_layout import standard_layout
+from test_architectures import GREEDY, hf_model, prompts
+from test_gguf_families import _add_tokenizer, _llm
+
+# case -> (test_architectures case, overrides of it, llama.cpp's architecture)
+CASES: dict[str, tuple[str, dict, str]] = {
+    # parallel: a norm each for attention and the MLP (the converter's use_parallel_residual key says which form)
+    "gptneox": ("GPTNeoXForCausalLM", {}, "gptneox"),
+    "gptneox:sequential": ("GPTNeoXForCausalLM:sequential", {}, "gptneox"),
+}
+# the ModelConfig fields a case's file sets otherwise than its config.json, on purpose (field -> the file's value)
+CONFIG_DIFFERS: dict[str, dict] = {}
+TRANSFORMERS_READS: set[str] = set()  # the cases transformers' GGUF reader has the architecture of
+
+
+def _gptneox(w: gguf.GGUFWriter, d: dict) -> None:
+    """GPTNeoXModel.set_gguf_parameters: no rope base (llama.cpp's default 10000), the rotating dims, the residual's
+    form."""
+    heads = d["num_attention_heads"]
+    w.add_context_length(d["max_position_embeddings"])
+    w.add_embedding_length(d["hidden_size"])
+    w.add_block_count(d["num_hidden_layers"])
+    w.add_feed_forward_length(d["intermediate_size"])
+    pct = d.get("rotary_pct") or d["rope_parameters"]["partial_rotary_factor"]  # (transformers 5 moved it)
+    w.add_rope_dimension_count(int(pct * (d["hidden_size"] // heads)))
+    w.add_head_count(heads)
+    w.add_parallel_residual(d.get("use_parallel_residual", True))
+    w.add_layer_norm_eps(d["layer_norm_eps"])
+
+
+def _qkv_per_head_to_qkv(state: dict[str, torch.Tensor], d: dict) -> dict[str, torch.Tensor]:
+    """GPTNeoXModel.modify_tensors: the fused q/k/v (head by head: q, k, v of each) as all q's rows, k's, v's."""
+    heads = d["num_attention_heads"]
+    out = {}
+    for name, t in state.items():
+        if ".query_key_value." in name:
+            t = torch.cat(list(t.reshape(heads, 3, -1, *t.shape[1:]).unbind(1))).reshape(t.shape)
+        out[name] = t
+    return out
+
+
+# llama.cpp's architecture -> (its converter's metadata, its tensor transforms)
+WRITERS: dict[str, tuple[Callable, Callable | None]] = {
+    "gptneox": (_gptneox, _qkv_per_head_to_qkv),
+}
+
+
+def write_gguf(model, folder: Path, path: Path, arch: str) -> None:
+    """``folder``'s checkpoint as llama.cpp's converter writes it for ``arch``."""
+    d = model.config.to_dict()
+    metadata, transform = WRITERS[arch]
+    w = gguf.GGUFWriter(str(path), arch=arch)
+    metadata(w, d)
+    _add_tokenizer(w, d["vocab_size"])
+    state = load_file(folder / "model.safetensors")
+    if transform is not None:
+        state = transform(state, d)
+    layers = model.config.num_hidden_layers
+    name_map = gguf.get_tensor_name_map({v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[arch], layers)
+    for name, t in state.items():
+        if model.config.tie_word_embeddings and name == "lm_head.weight":
+            continue  # tied; the converter skips it
+        gguf_name = name if name.startswith(("blk.", "output.")) else \
+            name_map.get_name(name, try_suffixes=(".weight", ".bias"))
+        assert gguf_name is not None, name
+        w.add_tensor(gguf_name, t.float().numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+_files: dict[str, tuple] = {}
+
+
+def gguf_case(case: str, tmp_path_factory) -> tuple:
+    """(transformers model, its checkpoint folder, the GGUF file) for ``case``, built once per session."""
+    if case not in _files:
+        name, overrides, arch = CASES[case]
+        model = hf_model(name, **overrides)
+        folder = tmp_path_factory.mktemp(f"gguf-{case.replace(':', '-')}")
+        model.save_pretrained(folder)
+        path = folder / f"{case.replace(':', '-')}.gguf"
+        write_gguf(model, folder, path, arch)
+        _files[case] = (model, folder, path)
+    return _files[case]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_gguf_loads_the_checkpoint_weights(case, tmp_path_factory, monkeypatch):
+    model, folder, path = gguf_case(case, tmp_path_factory)
+    loaded = load_model(path)
+    hf = load_model_config(folder)
+    assert loaded.config.architecture == hf.architecture
+    arch = get_architecture(hf.architecture)
+    original = {arch.checkpoint_name(n): t for n, t in load_file(folder / "model.safetensors").items()}
+    if model.config.tie_word_embeddings:
+        original.pop("lm_head.weight", None)
+    original = standard_layout(hf, original)  # the converter's layout is the one the HF loader makes
+    gguf_config, hf_config = asdict(loaded.config), asdict(hf)
+    for key, value in CONFIG_DIFFERS.get(case, {}).items():
+        assert gguf_config.pop(key) == value, key
+        hf_config.pop(key)
+    for key in ("eos_token_ids", "rope_scaling"):
+        gguf_config.pop(key), hf_config.pop(key)
+    for key in [k for k, v in hf_config.items() if isinstance(v, float)]:  # float32 in the file: eps, multipliers
+        assert gguf_config.pop(key) == pytest.approx(hf_config.pop(key), rel=1e-6), key
+    assert gguf_config == hf_config
+    assert set(loaded.weights) == set(original)
+    for name, t in original.items():
+        assert torch.equal(loaded.weights[name], t), name
+
+    if case not in TRANSFORMERS_READS:
+        return
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    monkeypatch.setattr(gguf, "get_tensor_name_map", functools.lru_cache(maxsize=None)(gguf.get_tensor_name_map))
+    theirs = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    state = model.state_dict()
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight")
+    assert set(theirs) == set(state)
+    for name, t in state.items():
+        torch.testing.assert_close(theirs[name].reshape(t.shape), t, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_gguf_greedy_equals_transformers(case, tmp_path_factory):
+    model, _, path = gguf_case(case, tmp_path_factory)
+    want = [hf_greedy(model, p, GREEDY.max_tokens) for p in prompts()]
+    got = [o.token_ids for o in _llm(path).generate(prompts(), GREEDY)]
+    assert got == want
