@@ -32,10 +32,13 @@ CASES: dict[str, tuple[str, dict, str]] = {
     # parallel: a norm each for attention and the MLP (the converter's use_parallel_residual key says which form)
     "gptneox": ("GPTNeoXForCausalLM", {}, "gptneox"),
     "gptneox:sequential": ("GPTNeoXForCausalLM:sequential", {}, "gptneox"),
+    # tied as GPT-2 is; the converter writes the embedding again as the output tensor (so the file is untied)
+    "gpt2": ("GPT2LMHeadModel", dict(tie_word_embeddings=True), "gpt2"),
+    "starcoder": ("GPTBigCodeForCausalLM", {}, "starcoder"),  # one KV head
 }
 # the ModelConfig fields a case's file sets otherwise than its config.json, on purpose (field -> the file's value)
-CONFIG_DIFFERS: dict[str, dict] = {}
-TRANSFORMERS_READS: set[str] = set()  # the cases transformers' GGUF reader has the architecture of
+CONFIG_DIFFERS: dict[str, dict] = {"gpt2": {"tie_word_embeddings": False}}
+TRANSFORMERS_READS = {"gpt2"}  # the cases transformers' GGUF reader has the architecture of
 
 
 def _gptneox(w: gguf.GGUFWriter, d: dict) -> None:
@@ -64,9 +67,40 @@ def _qkv_per_head_to_qkv(state: dict[str, torch.Tensor], d: dict) -> dict[str, t
     return out
 
 
+def _gpt2(w: gguf.GGUFWriter, d: dict) -> None:
+    """GPT2Model.set_gguf_parameters: the MLP's size always 4 x n_embd (the test model's n_inner is unset)."""
+    w.add_block_count(d["n_layer"])
+    w.add_context_length(d["n_positions"])  # (n_ctx in the configs the converter was written for)
+    w.add_embedding_length(d["n_embd"])
+    w.add_feed_forward_length(4 * d["n_embd"])
+    w.add_head_count(d["n_head"])
+    w.add_layer_norm_eps(d["layer_norm_epsilon"])
+
+
+def _gpt2_tensors(state: dict[str, torch.Tensor], d: dict) -> dict[str, torch.Tensor]:
+    """GPT2Model.modify_tensors: the Conv1D weights ([in, out]) transposed, the masks dropped, and the embedding
+    written a second time as the output tensor."""
+    out = {}
+    for name, t in state.items():
+        if name.endswith((".attn.bias", ".attn.masked_bias")):
+            continue
+        out[name] = t.t() if name.endswith((".c_attn.weight", ".c_proj.weight", ".c_fc.weight")) else t
+        if name.endswith("wte.weight"):
+            out["output.weight"] = t
+    return out
+
+
+def _starcoder(w: gguf.GGUFWriter, d: dict) -> None:
+    """StarCoderModel.set_gguf_parameters: GPT-2's keys and one KV head."""
+    _gpt2(w, d)
+    w.add_head_count_kv(1)
+
+
 # llama.cpp's architecture -> (its converter's metadata, its tensor transforms)
 WRITERS: dict[str, tuple[Callable, Callable | None]] = {
     "gptneox": (_gptneox, _qkv_per_head_to_qkv),
+    "gpt2": (_gpt2, _gpt2_tensors),
+    "starcoder": (_starcoder, None),
 }
 
 
@@ -122,6 +156,8 @@ def test_gguf_loads_the_checkpoint_weights(case, tmp_path_factory, monkeypatch):
     if model.config.tie_word_embeddings:
         original.pop("lm_head.weight", None)
     original = standard_layout(hf, original)  # the converter's layout is the one the HF loader makes
+    if CONFIG_DIFFERS.get(case, {}).get("tie_word_embeddings") is False:  # the embedding written again as the output
+        original["lm_head.weight"] = original["model.embed_tokens.weight"]
     gguf_config, hf_config = asdict(loaded.config), asdict(hf)
     for key, value in CONFIG_DIFFERS.get(case, {}).items():
         assert gguf_config.pop(key) == value, key
@@ -142,7 +178,7 @@ def test_gguf_loads_the_checkpoint_weights(case, tmp_path_factory, monkeypatch):
     monkeypatch.setattr(gguf, "get_tensor_name_map", functools.lru_cache(maxsize=None)(gguf.get_tensor_name_map))
     theirs = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
     state = model.state_dict()
-    if model.config.tie_word_embeddings:
+    if model.config.tie_word_embeddings and "lm_head.weight" not in theirs:
         state.pop("lm_head.weight")
     assert set(theirs) == set(state)
     for name, t in state.items():
