@@ -195,7 +195,9 @@ def _gguf_config(meta: dict[str, Any], tensors: dict[str, Any], source: Path) ->
           "final_logit_softcapping": get("final_logit_softcapping") or None,
           "rope_local_base_freq": get("rope.freq_base_swa"),
           # llama.cpp's graphs with a parallel form (stablelm) take it where a layer has no norm before the MLP
-          "use_parallel_residual": "blk.0.ffn_norm.weight" not in tensors}
+          "use_parallel_residual": "blk.0.ffn_norm.weight" not in tensors,
+          # Falcon's: llama.cpp's falcon graph norms attention's input with attn_norm_2 where the file has it
+          "num_ln_in_parallel_attn": 2 if "blk.0.attn_norm_2.weight" in tensors else 1}
     experts = int(get("expert_count", 0))
     if experts:
         hf.update(num_experts=experts, num_local_experts=experts, num_experts_per_tok=int(get("expert_used_count", 0)),
@@ -267,8 +269,11 @@ def load_gguf(path: Path, keep_quantized: bool = False, with_tokenizer: bool = T
     # Only llama.cpp's LlamaModel lineage permutes q/k; the others are converted for NEOX-style rope as is.
     permuted = get_architecture(gguf_architectures()[meta["general.architecture"]]).gguf_permuted
     arch = get_architecture(config.architecture)
+    two_norms = "blk.0.attn_norm_2.weight" in tensors
     weights: dict[str, Any] = {}
     for name, tensor in tensors.items():
+        if two_norms:
+            name = _falcon_norm_name(name)
         if f".{GGUF_FUSED_GATE_UP}." in name:
             weights.update(_fused_gate_up(name, tensor, arch, keep_quantized, path))
             continue
@@ -316,6 +321,15 @@ def load_gguf(path: Path, keep_quantized: bool = False, with_tokenizer: bool = T
 
     tokenizer = gguf_tokenizer(path, meta.get("tokenizer.chat_template")) if with_tokenizer else None
     return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, name=path.stem)
+
+
+def _falcon_norm_name(name: str) -> str:
+    """Falcon-40B's norms under the usual names: its converter names attention's norm attn_norm_2 and the MLP's
+    attn_norm (in a file with one norm, attn_norm serves both and keeps its name)."""
+    parts = name.split(".")
+    if len(parts) == 4 and parts[0] == "blk":
+        parts[2] = {"attn_norm": "ffn_norm", "attn_norm_2": "attn_norm"}.get(parts[2], parts[2])
+    return ".".join(parts)
 
 
 def _split_experts(tensor: gguf.ReaderTensor, keep_quantized: bool, path: Path) -> list[Any]:

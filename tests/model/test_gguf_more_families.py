@@ -35,9 +35,17 @@ CASES: dict[str, tuple[str, dict, str]] = {
     # tied as GPT-2 is; the converter writes the embedding again as the output tensor (so the file is untied)
     "gpt2": ("GPT2LMHeadModel", dict(tie_word_embeddings=True), "gpt2"),
     "starcoder": ("GPTBigCodeForCausalLM", {}, "starcoder"),  # one KV head
+    # llama.cpp's falcon graph runs the parallel, rotary forms: the new decoder (two KV heads, a norm each for attention
+    # and the MLP; the converter's MLP size is 4 x hidden), with one norm, and the old multi-query one (no biases: the
+    # converter's q/k/v reshape takes a weight's 4 dimensions only)
+    "falcon": ("FalconForCausalLM", dict(ffn_hidden_size=None), "falcon"),
+    "falcon:one_norm": ("FalconForCausalLM:one_norm", dict(bias=False), "falcon"),
+    "falcon:multi_query": ("FalconForCausalLM:multi_query", {}, "falcon"),
 }
 # the ModelConfig fields a case's file sets otherwise than its config.json, on purpose (field -> the file's value)
-CONFIG_DIFFERS: dict[str, dict] = {"gpt2": {"tie_word_embeddings": False}}
+CONFIG_DIFFERS: dict[str, dict] = {"gpt2": {"tie_word_embeddings": False},
+                                   # the converter writes a context of 2048 whatever the model's
+                                   **{c: {"max_position_embeddings": 2048} for c in CASES if c.startswith("falcon")}}
 TRANSFORMERS_READS = {"gpt2"}  # the cases transformers' GGUF reader has the architecture of
 
 
@@ -96,11 +104,42 @@ def _starcoder(w: gguf.GGUFWriter, d: dict) -> None:
     w.add_head_count_kv(1)
 
 
+def _falcon(w: gguf.GGUFWriter, d: dict) -> None:
+    """FalconModel.set_gguf_parameters: the KV heads from num_kv_heads, else 1 (the old decoder's config.json has no
+    such key: transformers' saved one says every head, which the multi-query model does not have)."""
+    kv = d["num_kv_heads"] if d.get("new_decoder_architecture") else 1
+    w.add_context_length(2048)
+    w.add_tensor_data_layout("jploski")
+    w.add_embedding_length(d["hidden_size"])
+    w.add_feed_forward_length(4 * d["hidden_size"])
+    w.add_block_count(d["num_hidden_layers"])
+    w.add_head_count(d["num_attention_heads"])
+    w.add_head_count_kv(kv)
+    w.add_layer_norm_eps(d["layer_norm_epsilon"])
+
+
+def _falcon_qkv(state: dict[str, torch.Tensor], d: dict) -> dict[str, torch.Tensor]:
+    """FalconModel.modify_tensors: query_key_value's KV-head groups (their queries, key, value) as every q row, then
+    k's, then v's."""
+    heads = d["num_attention_heads"]
+    kv = d["num_kv_heads"] if d.get("new_decoder_architecture") else 1
+    head_dim = d["hidden_size"] // heads
+    out = {}
+    for name, t in state.items():
+        if "query_key_value" in name:
+            qkv = t.view(kv, heads // kv + 2, head_dim, *t.shape[1:])
+            t = torch.cat([qkv[:, :-2].reshape(-1, *t.shape[1:]), qkv[:, -2].reshape(-1, *t.shape[1:]),
+                           qkv[:, -1].reshape(-1, *t.shape[1:])]).reshape(t.shape)
+        out[name] = t
+    return out
+
+
 # llama.cpp's architecture -> (its converter's metadata, its tensor transforms)
 WRITERS: dict[str, tuple[Callable, Callable | None]] = {
     "gptneox": (_gptneox, _qkv_per_head_to_qkv),
     "gpt2": (_gpt2, _gpt2_tensors),
     "starcoder": (_starcoder, None),
+    "falcon": (_falcon, _falcon_qkv),
 }
 
 
