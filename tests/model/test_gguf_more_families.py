@@ -41,12 +41,14 @@ CASES: dict[str, tuple[str, dict, str]] = {
     "falcon": ("FalconForCausalLM", dict(ffn_hidden_size=None), "falcon"),
     "falcon:one_norm": ("FalconForCausalLM:one_norm", dict(bias=False), "falcon"),
     "falcon:multi_query": ("FalconForCausalLM:multi_query", {}, "falcon"),
+    "bloom": ("BloomForCausalLM", dict(tie_word_embeddings=True), "bloom"),  # tied, as BLOOM is
 }
 # the ModelConfig fields a case's file sets otherwise than its config.json, on purpose (field -> the file's value)
 CONFIG_DIFFERS: dict[str, dict] = {"gpt2": {"tie_word_embeddings": False},
                                    # the converter writes a context of 2048 whatever the model's
-                                   **{c: {"max_position_embeddings": 2048} for c in CASES if c.startswith("falcon")}}
-TRANSFORMERS_READS = {"gpt2"}  # the cases transformers' GGUF reader has the architecture of
+                                   **{c: {"max_position_embeddings": 2048} for c in CASES if c.startswith("falcon")},
+                                   "bloom": {"max_position_embeddings": 48}}  # (BLOOM's converter: the hidden size)
+TRANSFORMERS_READS = {"gpt2", "bloom"}  # the cases transformers' GGUF reader has the architecture of
 
 
 def _gptneox(w: gguf.GGUFWriter, d: dict) -> None:
@@ -66,7 +68,7 @@ def _gptneox(w: gguf.GGUFWriter, d: dict) -> None:
 
 def _qkv_per_head_to_qkv(state: dict[str, torch.Tensor], d: dict) -> dict[str, torch.Tensor]:
     """GPTNeoXModel.modify_tensors: the fused q/k/v (head by head: q, k, v of each) as all q's rows, k's, v's."""
-    heads = d["num_attention_heads"]
+    heads = d.get("num_attention_heads") or d["n_head"]
     out = {}
     for name, t in state.items():
         if ".query_key_value." in name:
@@ -134,12 +136,31 @@ def _falcon_qkv(state: dict[str, torch.Tensor], d: dict) -> dict[str, torch.Tens
     return out
 
 
+def _bloom(w: gguf.GGUFWriter, d: dict) -> None:
+    """BloomModel.set_gguf_parameters: the context from seq_length, else the hidden size (sic: BLOOM's config.json has
+    no context length)."""
+    w.add_context_length(d.get("seq_length", d["hidden_size"]))
+    w.add_embedding_length(d["hidden_size"])
+    w.add_feed_forward_length(4 * d["hidden_size"])
+    w.add_block_count(d["n_layer"])
+    w.add_head_count(d["n_head"])
+    w.add_head_count_kv(d["n_head"])
+    w.add_layer_norm_eps(d["layer_norm_epsilon"])
+
+
+def _bloom_tensors(state: dict[str, torch.Tensor], d: dict) -> dict[str, torch.Tensor]:
+    """BloomModel.modify_tensors: the "transformer." prefix dropped (gguf-py maps the embedding norm without it), the
+    fused q/k/v as GPT-NeoX's."""
+    return _qkv_per_head_to_qkv({n.removeprefix("transformer."): t for n, t in state.items()}, d)
+
+
 # llama.cpp's architecture -> (its converter's metadata, its tensor transforms)
 WRITERS: dict[str, tuple[Callable, Callable | None]] = {
     "gptneox": (_gptneox, _qkv_per_head_to_qkv),
     "gpt2": (_gpt2, _gpt2_tensors),
     "starcoder": (_starcoder, None),
     "falcon": (_falcon, _falcon_qkv),
+    "bloom": (_bloom, _bloom_tensors),
 }
 
 
