@@ -42,6 +42,7 @@ CASES: dict[str, tuple[str, dict, str]] = {
     "falcon:one_norm": ("FalconForCausalLM:one_norm", dict(bias=False), "falcon"),
     "falcon:multi_query": ("FalconForCausalLM:multi_query", {}, "falcon"),
     "bloom": ("BloomForCausalLM", dict(tie_word_embeddings=True), "bloom"),  # tied, as BLOOM is
+    "mpt": ("MptForCausalLM", {}, "mpt"),  # ALiBi's bias max and the q/k/v clamp as their keys
 }
 # the ModelConfig fields a case's file sets otherwise than its config.json, on purpose (field -> the file's value)
 CONFIG_DIFFERS: dict[str, dict] = {"gpt2": {"tie_word_embeddings": False},
@@ -154,6 +155,22 @@ def _bloom_tensors(state: dict[str, torch.Tensor], d: dict) -> dict[str, torch.T
     return _qkv_per_head_to_qkv({n.removeprefix("transformer."): t for n, t in state.items()}, d)
 
 
+def _mpt(w: gguf.GGUFWriter, d: dict) -> None:
+    """MPTModel.set_gguf_parameters: the LayerNorms' eps fixed at 1e-5, the clamp and ALiBi's bias max (0: none)."""
+    attn = d["attn_config"]
+    w.add_context_length(d["max_seq_len"])
+    w.add_embedding_length(d["d_model"])
+    w.add_block_count(d["n_layers"])
+    w.add_feed_forward_length(4 * d["d_model"])
+    w.add_head_count(d["n_heads"])
+    if attn.get("kv_n_heads"):
+        w.add_head_count_kv(attn["kv_n_heads"])
+    w.add_layer_norm_eps(1e-5)
+    if attn["clip_qkv"] is not None:
+        w.add_clamp_kqv(attn["clip_qkv"])
+    w.add_max_alibi_bias(attn["alibi_bias_max"] if attn["alibi"] else 0.0)
+
+
 # llama.cpp's architecture -> (its converter's metadata, its tensor transforms)
 WRITERS: dict[str, tuple[Callable, Callable | None]] = {
     "gptneox": (_gptneox, _qkv_per_head_to_qkv),
@@ -161,6 +178,7 @@ WRITERS: dict[str, tuple[Callable, Callable | None]] = {
     "starcoder": (_starcoder, None),
     "falcon": (_falcon, _falcon_qkv),
     "bloom": (_bloom, _bloom_tensors),
+    "mpt": (_mpt, None),
 }
 
 
