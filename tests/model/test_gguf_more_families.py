@@ -25,7 +25,7 @@ from kvserve.model.architectures import get_architecture
 from kvserve.model.loader import load_model, load_model_config
 from kvserve.model.weight_layout import standard_layout
 from test_architectures import GREEDY, hf_model, prompts
-from test_gguf_families import _add_tokenizer, _llm
+from test_gguf_families import _add_tokenizer, _llm, _permute
 
 # case -> (test_architectures case, overrides of it, llama.cpp's architecture)
 CASES: dict[str, tuple[str, dict, str]] = {
@@ -43,6 +43,7 @@ CASES: dict[str, tuple[str, dict, str]] = {
     "falcon:multi_query": ("FalconForCausalLM:multi_query", {}, "falcon"),
     "bloom": ("BloomForCausalLM", dict(tie_word_embeddings=True), "bloom"),  # tied, as BLOOM is
     "mpt": ("MptForCausalLM", {}, "mpt"),  # ALiBi's bias max and the q/k/v clamp as their keys
+    "olmo": ("OlmoForCausalLM", {}, "olmo"),  # norms without weights (no tensors), the clamp; q/k rows permuted
 }
 # the ModelConfig fields a case's file sets otherwise than its config.json, on purpose (field -> the file's value)
 CONFIG_DIFFERS: dict[str, dict] = {"gpt2": {"tie_word_embeddings": False},
@@ -50,6 +51,44 @@ CONFIG_DIFFERS: dict[str, dict] = {"gpt2": {"tie_word_embeddings": False},
                                    **{c: {"max_position_embeddings": 2048} for c in CASES if c.startswith("falcon")},
                                    "bloom": {"max_position_embeddings": 48}}  # (BLOOM's converter: the hidden size)
 TRANSFORMERS_READS = {"gpt2", "bloom"}  # the cases transformers' GGUF reader has the architecture of
+
+
+def _text_model(w: gguf.GGUFWriter, d: dict) -> None:
+    """TextModel.set_gguf_parameters, the keys most converters start from (each where config.json has its key)."""
+    rope = d.get("rope_parameters") or {}
+    w.add_block_count(d["num_hidden_layers"])
+    w.add_context_length(d["max_position_embeddings"])
+    w.add_embedding_length(d["hidden_size"])
+    w.add_feed_forward_length(d["intermediate_size"])
+    w.add_head_count(d["num_attention_heads"])
+    if d.get("num_key_value_heads") is not None:
+        w.add_head_count_kv(d["num_key_value_heads"])
+    if rope.get("rope_theta") is not None:
+        w.add_rope_freq_base(rope["rope_theta"])
+    if d.get("rms_norm_eps") is not None:
+        w.add_layer_norm_rms_eps(d["rms_norm_eps"])
+    experts = d.get("num_local_experts") or d.get("num_experts")
+    if experts:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(d["num_experts_per_tok"])
+    if d.get("head_dim") is not None:
+        w.add_key_length(d["head_dim"])
+        w.add_value_length(d["head_dim"])
+
+
+def _permuted_qk(state: dict[str, torch.Tensor], d: dict) -> dict[str, torch.Tensor]:
+    """LlamaModel.permute on q's and k's weights (not their biases), for GGML's rope on adjacent pairs."""
+    heads, kv_heads = d["num_attention_heads"], d["num_key_value_heads"]
+    return {n: _permute(t, heads) if n.endswith("q_proj.weight") else _permute(t, kv_heads)
+            if n.endswith("k_proj.weight") else t for n, t in state.items()}
+
+
+def _olmo(w: gguf.GGUFWriter, d: dict) -> None:
+    """OlmoModel.set_gguf_parameters: TextModel's, the LayerNorms' eps 1e-5, the clamp."""
+    _text_model(w, d)
+    w.add_layer_norm_eps(1e-5)
+    if d.get("clip_qkv") is not None:
+        w.add_clamp_kqv(d["clip_qkv"])
 
 
 def _gptneox(w: gguf.GGUFWriter, d: dict) -> None:
@@ -179,6 +218,7 @@ WRITERS: dict[str, tuple[Callable, Callable | None]] = {
     "falcon": (_falcon, _falcon_qkv),
     "bloom": (_bloom, _bloom_tensors),
     "mpt": (_mpt, None),
+    "olmo": (_olmo, _permuted_qk),
 }
 
 
