@@ -217,6 +217,7 @@ def _gguf_config(meta: dict[str, Any], tensors: dict[str, Any], source: Path) ->
     config.attention_bias = bool(biased & {"attn_q", "attn_qkv"})
     config.o_proj_bias = "attn_output" in biased
     config.mlp_bias = bool(biased & {"ffn_up", "ffn_down"})
+    config.lm_head_bias = "output.bias" in tensors
     return config
 
 

@@ -11,11 +11,13 @@ original weights back where it reads the family.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
 import gguf
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -24,8 +26,9 @@ from conftest import hf_greedy
 from kvserve.model.architectures import get_architecture
 from kvserve.model.loader import load_model, load_model_config
 from kvserve.model.weight_layout import standard_layout
+from test_architectures import CASES as ARCH_CASES
 from test_architectures import GREEDY, hf_model, prompts
-from test_gguf_families import _add_tokenizer, _llm, _permute
+from test_gguf_families import _add_tokenizer, _llm, _permute, _stack_experts
 
 # case -> (test_architectures case, overrides of it, llama.cpp's architecture)
 CASES: dict[str, tuple[str, dict, str]] = {
@@ -44,6 +47,11 @@ CASES: dict[str, tuple[str, dict, str]] = {
     "bloom": ("BloomForCausalLM", dict(tie_word_embeddings=True), "bloom"),  # tied, as BLOOM is
     "mpt": ("MptForCausalLM", {}, "mpt"),  # ALiBi's bias max and the q/k/v clamp as their keys
     "olmo": ("OlmoForCausalLM", {}, "olmo"),  # norms without weights (no tensors), the clamp; q/k rows permuted
+    # longrope's factors as tensors and the attention factor Phi-3's converter derives (llama.cpp's, in place of
+    # Phi-3.5-MoE's short and long mscale: here both that factor, so transformers' model is the file's)
+    "phimoe": ("PhimoeForCausalLM", dict(rope_scaling={
+        **ARCH_CASES["PhimoeForCausalLM"][1]["rope_scaling"], "short_mscale": math.sqrt(1.5),
+        "long_mscale": math.sqrt(1.5)}), "phimoe"),
 }
 # the ModelConfig fields a case's file sets otherwise than its config.json, on purpose (field -> the file's value)
 CONFIG_DIFFERS: dict[str, dict] = {"gpt2": {"tie_word_embeddings": False},
@@ -210,6 +218,36 @@ def _mpt(w: gguf.GGUFWriter, d: dict) -> None:
     w.add_max_alibi_bias(attn["alibi_bias_max"] if attn["alibi"] else 0.0)
 
 
+def _phimoe(w: gguf.GGUFWriter, d: dict) -> None:
+    """PhiMoeModel's keys (Phi3MiniModel's: the rotating dims, the original context, a window of 0 where none;
+    longrope's attention factor from the two lengths, its factors as tensors) and the expert counts."""
+    rope = d["rope_parameters"]
+    heads, hidden, original = d["num_attention_heads"], d["hidden_size"], rope["original_max_position_embeddings"]
+    w.add_context_length(d["max_position_embeddings"])
+    w.add_rope_scaling_orig_ctx_len(original)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(d["intermediate_size"])
+    w.add_block_count(d["num_hidden_layers"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(d["num_key_value_heads"])
+    w.add_layer_norm_rms_eps(d["rms_norm_eps"])
+    w.add_rope_dimension_count(int(rope.get("partial_rotary_factor", 1.0) * hidden) // heads)
+    w.add_rope_freq_base(rope["rope_theta"])
+    w.add_sliding_window(d.get("sliding_window") or 0)
+    scale = d["max_position_embeddings"] / original
+    w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+    w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], np.float32))
+    w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], np.float32))
+    w.add_expert_used_count(d["num_experts_per_tok"])
+    w.add_expert_count(d["num_local_experts"])
+
+
+def _experts(state: dict[str, torch.Tensor], d: dict) -> dict[str, torch.Tensor]:
+    """Each layer's experts stacked in one tensor per weight, as the MoE converters write them."""
+    experts = d.get("num_local_experts") or d.get("num_experts")
+    return _stack_experts(state, d["num_hidden_layers"], experts)
+
+
 # llama.cpp's architecture -> (its converter's metadata, its tensor transforms)
 WRITERS: dict[str, tuple[Callable, Callable | None]] = {
     "gptneox": (_gptneox, _qkv_per_head_to_qkv),
@@ -219,6 +257,7 @@ WRITERS: dict[str, tuple[Callable, Callable | None]] = {
     "bloom": (_bloom, _bloom_tensors),
     "mpt": (_mpt, None),
     "olmo": (_olmo, _permuted_qk),
+    "phimoe": (_phimoe, _experts),
 }
 
 
@@ -285,6 +324,9 @@ def test_gguf_loads_the_checkpoint_weights(case, tmp_path_factory, monkeypatch):
     for key in [k for k, v in hf_config.items() if isinstance(v, float)]:  # float32 in the file: eps, multipliers
         assert gguf_config.pop(key) == pytest.approx(hf_config.pop(key), rel=1e-6), key
     assert gguf_config == hf_config
+    for key, value in (hf.rope_scaling or {}).items():
+        if key in ("rope_type", "factor", "short_factor", "long_factor", "original_max_position_embeddings"):
+            assert loaded.config.rope_scaling[key] == pytest.approx(value), key
     assert set(loaded.weights) == set(original)
     for name, t in original.items():
         assert torch.equal(loaded.weights[name], t), name
