@@ -26,7 +26,7 @@ from kvserve.errors import ModelLoadError
 from kvserve.model.architectures import Architecture, get_architecture, gguf_architectures
 from kvserve.model.checkpoint import LoadedModel
 from kvserve.model.config import ModelConfig
-from kvserve.model.gguf_names import GGUF_FUSED_GATE_UP, gguf_to_hf_name
+from kvserve.model.gguf_names import GGUF_FUSED_GATE_UP, falcon_norm_name, gguf_to_hf_name
 from kvserve.model.quant import QuantWeight, from_gguf_blocks
 from kvserve.model.weight_layout import (gates_after_q, join_latent_kv, stack_dense_gate_up, stack_experts,
                                          stack_shared_gate_up, untile_value_heads)
@@ -274,7 +274,7 @@ def load_gguf(path: Path, keep_quantized: bool = False, with_tokenizer: bool = T
     weights: dict[str, Any] = {}
     for name, tensor in tensors.items():
         if two_norms:
-            name = _falcon_norm_name(name)
+            name = falcon_norm_name(name)
         if f".{GGUF_FUSED_GATE_UP}." in name:
             weights.update(_fused_gate_up(name, tensor, arch, keep_quantized, path))
             continue
@@ -322,15 +322,6 @@ def load_gguf(path: Path, keep_quantized: bool = False, with_tokenizer: bool = T
 
     tokenizer = gguf_tokenizer(path, meta.get("tokenizer.chat_template")) if with_tokenizer else None
     return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, name=path.stem)
-
-
-def _falcon_norm_name(name: str) -> str:
-    """Falcon-40B's norms under the usual names: its converter names attention's norm attn_norm_2 and the MLP's
-    attn_norm (in a file with one norm, attn_norm serves both and keeps its name)."""
-    parts = name.split(".")
-    if len(parts) == 4 and parts[0] == "blk":
-        parts[2] = {"attn_norm": "ffn_norm", "attn_norm_2": "attn_norm"}.get(parts[2], parts[2])
-    return ".".join(parts)
 
 
 def _split_experts(tensor: gguf.ReaderTensor, keep_quantized: bool, path: Path) -> list[Any]:

@@ -52,12 +52,17 @@ CASES: dict[str, tuple[str, dict, str]] = {
     "phimoe": ("PhimoeForCausalLM", dict(rope_scaling={
         **ARCH_CASES["PhimoeForCausalLM"][1]["rope_scaling"], "short_mscale": math.sqrt(1.5),
         "long_mscale": math.sqrt(1.5)}), "phimoe"),
+    # experts restacked flat from the file's [experts, rows, cols]; renormalised top-k weights (llama.cpp's graph has
+    # no other form: not the ":plain" case)
+    "dbrx": ("DbrxForCausalLM", {}, "dbrx"),
 }
 # the ModelConfig fields a case's file sets otherwise than its config.json, on purpose (field -> the file's value)
 CONFIG_DIFFERS: dict[str, dict] = {"gpt2": {"tie_word_embeddings": False},
                                    # the converter writes a context of 2048 whatever the model's
                                    **{c: {"max_position_embeddings": 2048} for c in CASES if c.startswith("falcon")},
-                                   "bloom": {"max_position_embeddings": 48}}  # (BLOOM's converter: the hidden size)
+                                   "bloom": {"max_position_embeddings": 48},  # (BLOOM's converter: the hidden size)
+                                   # the experts' size (unused: every layer is MoE; the test config's is COMMON's)
+                                   "dbrx": {"intermediate_size": 32}}
 TRANSFORMERS_READS = {"gpt2", "bloom"}  # the cases transformers' GGUF reader has the architecture of
 
 
@@ -248,6 +253,35 @@ def _experts(state: dict[str, torch.Tensor], d: dict) -> dict[str, torch.Tensor]
     return _stack_experts(state, d["num_hidden_layers"], experts)
 
 
+def _dbrx(w: gguf.GGUFWriter, d: dict) -> None:
+    """DbrxModel.set_gguf_parameters: the nested configs' keys, the LayerNorms' eps fixed at 1e-5."""
+    attn, ffn = d["attn_config"], d["ffn_config"]
+    w.add_block_count(d["n_layers"])
+    w.add_context_length(d["max_seq_len"])
+    w.add_embedding_length(d["d_model"])
+    w.add_feed_forward_length(ffn["ffn_hidden_size"])
+    w.add_head_count(d["n_heads"])
+    w.add_head_count_kv(attn["kv_n_heads"])
+    w.add_rope_freq_base(attn["rope_theta"])
+    w.add_clamp_kqv(attn["clip_qkv"])
+    w.add_expert_count(ffn["moe_num_experts"])
+    w.add_expert_used_count(ffn["moe_top_k"])
+    w.add_layer_norm_eps(1e-5)
+
+
+def _dbrx_experts(state: dict[str, torch.Tensor], d: dict) -> dict[str, torch.Tensor]:
+    """DbrxModel.modify_tensors: each flat expert tensor [experts * ff, d_model] viewed [experts, ff, d_model] (down's
+    transposed to [experts, d_model, ff]) and named with a ".weight"."""
+    experts, ff = d["ffn_config"]["moe_num_experts"], d["ffn_config"]["ffn_hidden_size"]
+    out = {}
+    for name, t in state.items():
+        if name.rpartition(".")[2] in ("w1", "v1", "w2") and ".experts." in name:
+            t = t.view(experts, ff, -1)
+            name, t = name + ".weight", t.transpose(1, 2) if name.endswith("w2") else t
+        out[name] = t
+    return out
+
+
 # llama.cpp's architecture -> (its converter's metadata, its tensor transforms)
 WRITERS: dict[str, tuple[Callable, Callable | None]] = {
     "gptneox": (_gptneox, _qkv_per_head_to_qkv),
@@ -258,6 +292,7 @@ WRITERS: dict[str, tuple[Callable, Callable | None]] = {
     "mpt": (_mpt, None),
     "olmo": (_olmo, _permuted_qk),
     "phimoe": (_phimoe, _experts),
+    "dbrx": (_dbrx, _dbrx_experts),
 }
 
 
