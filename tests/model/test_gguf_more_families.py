@@ -55,6 +55,9 @@ CASES: dict[str, tuple[str, dict, str]] = {
     # experts restacked flat from the file's [experts, rows, cols]; renormalised top-k weights (llama.cpp's graph has
     # no other form: not the ":plain" case)
     "dbrx": ("DbrxForCausalLM", {}, "dbrx"),
+    # the NTK alpha folded into the rope base by the converter (no scaling left), the context 256K
+    "hunyuan-dense": ("HunYuanDenseV1ForCausalLM", {}, "hunyuan-dense"),
+    "hunyuan-moe": ("HunYuanMoEV1ForCausalLM", {}, "hunyuan-moe"),  # and experts beside one shared MLP
 }
 # the ModelConfig fields a case's file sets otherwise than its config.json, on purpose (field -> the file's value)
 CONFIG_DIFFERS: dict[str, dict] = {"gpt2": {"tie_word_embeddings": False},
@@ -62,7 +65,10 @@ CONFIG_DIFFERS: dict[str, dict] = {"gpt2": {"tie_word_embeddings": False},
                                    **{c: {"max_position_embeddings": 2048} for c in CASES if c.startswith("falcon")},
                                    "bloom": {"max_position_embeddings": 48},  # (BLOOM's converter: the hidden size)
                                    # the experts' size (unused: every layer is MoE; the test config's is COMMON's)
-                                   "dbrx": {"intermediate_size": 32}}
+                                   "dbrx": {"intermediate_size": 32},
+                                   **{c: {"max_position_embeddings": 256 * 1024, "rope_theta": 10000 * 1000 ** (16 / 14)}
+                                      for c in ("hunyuan-dense", "hunyuan-moe")}}
+ROPE_FOLDED = {"hunyuan-dense", "hunyuan-moe"}  # the file's rope base is the scaled one: no scaling dict
 TRANSFORMERS_READS = {"gpt2", "bloom"}  # the cases transformers' GGUF reader has the architecture of
 
 
@@ -83,6 +89,7 @@ def _text_model(w: gguf.GGUFWriter, d: dict) -> None:
     experts = d.get("num_local_experts") or d.get("num_experts")
     if experts:
         w.add_expert_count(experts)
+    if d.get("num_experts_per_tok"):
         w.add_expert_used_count(d["num_experts_per_tok"])
     if d.get("head_dim") is not None:
         w.add_key_length(d["head_dim"])
@@ -282,6 +289,31 @@ def _dbrx_experts(state: dict[str, torch.Tensor], d: dict) -> dict[str, torch.Te
     return out
 
 
+def _hunyuan(w: gguf.GGUFWriter, d: dict) -> None:
+    """HunYuanModel.set_gguf_parameters: TextModel's; a "dynamic" scaling's alpha folded into the base, no scaling, a
+    256K context (its check that the config's is 32K or 256K left out)."""
+    _text_model(w, d)
+    rope = d["rope_parameters"]
+    if rope.get("rope_type") == "dynamic":
+        dim = d["head_dim"]
+        w.add_rope_freq_base(rope["rope_theta"] * rope.get("alpha", 50) ** (dim / (dim - 2)))
+        w.add_rope_scaling_type(gguf.RopeScalingType.NONE)
+        w.add_rope_scaling_factor(1)
+        w.add_rope_scaling_orig_ctx_len(256 * 1024)
+        w.add_context_length(256 * 1024)
+
+
+def _hunyuan_moe(w: gguf.GGUFWriter, d: dict) -> None:
+    """HunYuanMoEModel.set_gguf_parameters: HunYuan's, the experts' counts and sizes (transformers' config has no
+    moe_intermediate_size nor num_shared_expert, which the converter reads: its model sizes every expert by
+    intermediate_size, with one shared MLP)."""
+    _hunyuan(w, d)
+    w.add_expert_shared_feed_forward_length(d["intermediate_size"])
+    w.add_expert_feed_forward_length(d["intermediate_size"])
+    w.add_expert_shared_count(1)
+    w.add_expert_used_count(d["moe_topk"])
+
+
 # llama.cpp's architecture -> (its converter's metadata, its tensor transforms)
 WRITERS: dict[str, tuple[Callable, Callable | None]] = {
     "gptneox": (_gptneox, _qkv_per_head_to_qkv),
@@ -293,6 +325,8 @@ WRITERS: dict[str, tuple[Callable, Callable | None]] = {
     "olmo": (_olmo, _permuted_qk),
     "phimoe": (_phimoe, _experts),
     "dbrx": (_dbrx, _dbrx_experts),
+    "hunyuan-dense": (_hunyuan, None),
+    "hunyuan-moe": (_hunyuan_moe, _experts),
 }
 
 
@@ -352,14 +386,14 @@ def test_gguf_loads_the_checkpoint_weights(case, tmp_path_factory, monkeypatch):
         original["lm_head.weight"] = original["model.embed_tokens.weight"]
     gguf_config, hf_config = asdict(loaded.config), asdict(hf)
     for key, value in CONFIG_DIFFERS.get(case, {}).items():
-        assert gguf_config.pop(key) == value, key
+        assert gguf_config.pop(key) == pytest.approx(value, rel=1e-6), key
         hf_config.pop(key)
     for key in ("eos_token_ids", "rope_scaling"):
         gguf_config.pop(key), hf_config.pop(key)
     for key in [k for k, v in hf_config.items() if isinstance(v, float)]:  # float32 in the file: eps, multipliers
         assert gguf_config.pop(key) == pytest.approx(hf_config.pop(key), rel=1e-6), key
     assert gguf_config == hf_config
-    for key, value in (hf.rope_scaling or {}).items():
+    for key, value in ({} if case in ROPE_FOLDED else hf.rope_scaling or {}).items():
         if key in ("rope_type", "factor", "short_factor", "long_factor", "original_max_position_embeddings"):
             assert loaded.config.rope_scaling[key] == pytest.approx(value), key
     assert set(loaded.weights) == set(original)
