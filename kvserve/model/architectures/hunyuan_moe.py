@@ -20,7 +20,7 @@ def per_layer(d: dict, key: str) -> int:
 
 def hunyuan_moe_config(d: dict) -> dict:
     inter = d["intermediate_size"]
-    if per_layer({"n": d.get("num_shared_expert", 1)}, "n") != 1:
+    if per_layer({"n": d.get("num_shared_expert") or 1}, "n") != 1:
         raise ValueError("HunYuanMoEV1ForCausalLM with other than one shared MLP is not supported")
     return {"qk_norm": "head", "qk_norm_after_rope": True, "num_experts": per_layer(d, "num_experts"),
             "num_experts_per_tok": per_layer(d, "moe_topk"), "moe_intermediate_size": inter, "norm_topk_prob": True,
