@@ -58,6 +58,9 @@ CASES: dict[str, tuple[str, dict, str]] = {
     # the NTK alpha folded into the rope base by the converter (no scaling left), the context 256K
     "hunyuan-dense": ("HunYuanDenseV1ForCausalLM", {}, "hunyuan-dense"),
     "hunyuan-moe": ("HunYuanMoEV1ForCausalLM", {}, "hunyuan-moe"),  # and experts beside one shared MLP
+    # sigmoid scores chosen with exp_probs_b, shared experts, a dense layer first; llama.cpp's dots1 graph has neither
+    # expert groups nor a window (nor does dots.llm1 use them)
+    "dots1": ("Dots1ForCausalLM", dict(n_group=1, topk_group=1, sliding_window=None), "dots1"),
 }
 # the ModelConfig fields a case's file sets otherwise than its config.json, on purpose (field -> the file's value)
 CONFIG_DIFFERS: dict[str, dict] = {"gpt2": {"tie_word_embeddings": False},
@@ -314,6 +317,24 @@ def _hunyuan_moe(w: gguf.GGUFWriter, d: dict) -> None:
     w.add_expert_used_count(d["moe_topk"])
 
 
+def _dots1(w: gguf.GGUFWriter, d: dict) -> None:
+    """Dots1Model.set_gguf_parameters: Qwen2MoeModel's (TextModel's, the experts' size) and DeepSeek-V3's router keys
+    (sigmoid: its only scoring_func)."""
+    _text_model(w, {**d, "num_experts": d["n_routed_experts"]})
+    w.add_expert_feed_forward_length(d["moe_intermediate_size"])
+    w.add_leading_dense_block_count(d["first_k_dense_replace"])
+    w.add_expert_shared_count(d["n_shared_experts"])
+    w.add_expert_weights_scale(d["routed_scaling_factor"])
+    w.add_expert_weights_norm(d["norm_topk_prob"])
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+
+
+def _selection_bias_experts(state: dict[str, torch.Tensor], d: dict) -> dict[str, torch.Tensor]:
+    """The experts stacked, and the router's selection bias named as a bias (as the converters rename it)."""
+    state = {n.replace("e_score_correction_bias", "e_score_correction.bias"): t for n, t in state.items()}
+    return _stack_experts(state, d["num_hidden_layers"], d.get("n_routed_experts") or d.get("num_experts"))
+
+
 # llama.cpp's architecture -> (its converter's metadata, its tensor transforms)
 WRITERS: dict[str, tuple[Callable, Callable | None]] = {
     "gptneox": (_gptneox, _qkv_per_head_to_qkv),
@@ -327,6 +348,7 @@ WRITERS: dict[str, tuple[Callable, Callable | None]] = {
     "dbrx": (_dbrx, _dbrx_experts),
     "hunyuan-dense": (_hunyuan, None),
     "hunyuan-moe": (_hunyuan_moe, _experts),
+    "dots1": (_dots1, _selection_bias_experts),
 }
 
 
@@ -398,7 +420,10 @@ def test_gguf_loads_the_checkpoint_weights(case, tmp_path_factory, monkeypatch):
             assert loaded.config.rope_scaling[key] == pytest.approx(value), key
     assert set(loaded.weights) == set(original)
     for name, t in original.items():
-        assert torch.equal(loaded.weights[name], t), name
+        got = loaded.weights[name]
+        if got.shape != t.shape and got.numel() == t.numel():  # viewed in the engine's shape (a [1, experts] bias)
+            got = got.reshape(t.shape)
+        assert torch.equal(got, t), name
 
     if case not in TRANSFORMERS_READS:
         return
