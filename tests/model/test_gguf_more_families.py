@@ -61,6 +61,8 @@ CASES: dict[str, tuple[str, dict, str]] = {
     # sigmoid scores chosen with exp_probs_b, shared experts, a dense layer first; llama.cpp's dots1 graph has neither
     # expert groups nor a window (nor does dots.llm1 use them)
     "dots1": ("Dots1ForCausalLM", dict(n_group=1, topk_group=1, sliding_window=None), "dots1"),
+    # sigmoid scores chosen with exp_probs_b, whole-projection q/k norms, the rotating dims
+    "minimax-m2": ("MiniMaxM2ForCausalLM", {}, "minimax-m2"),
 }
 # the ModelConfig fields a case's file sets otherwise than its config.json, on purpose (field -> the file's value)
 CONFIG_DIFFERS: dict[str, dict] = {"gpt2": {"tie_word_embeddings": False},
@@ -72,7 +74,7 @@ CONFIG_DIFFERS: dict[str, dict] = {"gpt2": {"tie_word_embeddings": False},
                                    **{c: {"max_position_embeddings": 256 * 1024, "rope_theta": 10000 * 1000 ** (16 / 14)}
                                       for c in ("hunyuan-dense", "hunyuan-moe")}}
 ROPE_FOLDED = {"hunyuan-dense", "hunyuan-moe"}  # the file's rope base is the scaled one: no scaling dict
-TRANSFORMERS_READS = {"gpt2", "bloom"}  # the cases transformers' GGUF reader has the architecture of
+TRANSFORMERS_READS = {"gpt2", "bloom", "minimax-m2"}  # the cases transformers' GGUF reader has the architecture of
 
 
 def _text_model(w: gguf.GGUFWriter, d: dict) -> None:
@@ -332,7 +334,17 @@ def _dots1(w: gguf.GGUFWriter, d: dict) -> None:
 def _selection_bias_experts(state: dict[str, torch.Tensor], d: dict) -> dict[str, torch.Tensor]:
     """The experts stacked, and the router's selection bias named as a bias (as the converters rename it)."""
     state = {n.replace("e_score_correction_bias", "e_score_correction.bias"): t for n, t in state.items()}
-    return _stack_experts(state, d["num_hidden_layers"], d.get("n_routed_experts") or d.get("num_experts"))
+    return _experts(state, {**d, "num_experts": d.get("n_routed_experts")})
+
+
+def _minimax_m2(w: gguf.GGUFWriter, d: dict) -> None:
+    """MiniMaxM2Model.set_gguf_parameters: TextModel's, the scoring function, the experts' size, the rotating dims."""
+    _text_model(w, d)
+    functions = {"sigmoid": gguf.ExpertGatingFuncType.SIGMOID, "softmax": gguf.ExpertGatingFuncType.SOFTMAX}
+    w.add_expert_gating_func(functions[d.get("scoring_func") or "sigmoid"])
+    w.add_expert_feed_forward_length(d["intermediate_size"])
+    rotary = d.get("rotary_dim") or int(d["rope_parameters"]["partial_rotary_factor"] * d["head_dim"])
+    w.add_rope_dimension_count(rotary)
 
 
 # llama.cpp's architecture -> (its converter's metadata, its tensor transforms)
@@ -349,6 +361,7 @@ WRITERS: dict[str, tuple[Callable, Callable | None]] = {
     "hunyuan-dense": (_hunyuan, None),
     "hunyuan-moe": (_hunyuan_moe, _experts),
     "dots1": (_dots1, _selection_bias_experts),
+    "minimax-m2": (_minimax_m2, _selection_bias_experts),
 }
 
 
