@@ -63,6 +63,8 @@ CASES: dict[str, tuple[str, dict, str]] = {
     "dots1": ("Dots1ForCausalLM", dict(n_group=1, topk_group=1, sliding_window=None), "dots1"),
     # sigmoid scores chosen with exp_probs_b, whole-projection q/k norms, the rotating dims
     "minimax-m2": ("MiniMaxM2ForCausalLM", {}, "minimax-m2"),
+    # LayerNorms, a relu2 MLP, biases (the file has no activation key: llama.cpp's graph is relu2's)
+    "jais2": ("Jais2ForCausalLM", {}, "jais2"),
 }
 # the ModelConfig fields a case's file sets otherwise than its config.json, on purpose (field -> the file's value)
 CONFIG_DIFFERS: dict[str, dict] = {"gpt2": {"tie_word_embeddings": False},
@@ -347,6 +349,12 @@ def _minimax_m2(w: gguf.GGUFWriter, d: dict) -> None:
     w.add_rope_dimension_count(rotary)
 
 
+def _layer_norm_text_model(w: gguf.GGUFWriter, d: dict) -> None:
+    """TextModel.set_gguf_parameters of a config with LayerNorms (their eps key)."""
+    _text_model(w, d)
+    w.add_layer_norm_eps(d["layer_norm_eps"])
+
+
 # llama.cpp's architecture -> (its converter's metadata, its tensor transforms)
 WRITERS: dict[str, tuple[Callable, Callable | None]] = {
     "gptneox": (_gptneox, _qkv_per_head_to_qkv),
@@ -362,6 +370,7 @@ WRITERS: dict[str, tuple[Callable, Callable | None]] = {
     "hunyuan-moe": (_hunyuan_moe, _experts),
     "dots1": (_dots1, _selection_bias_experts),
     "minimax-m2": (_minimax_m2, _selection_bias_experts),
+    "jais2": (_layer_norm_text_model, None),
 }
 
 
