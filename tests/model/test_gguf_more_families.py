@@ -65,6 +65,9 @@ CASES: dict[str, tuple[str, dict, str]] = {
     "minimax-m2": ("MiniMaxM2ForCausalLM", {}, "minimax-m2"),
     # LayerNorms, a relu2 MLP, biases (the file has no activation key: llama.cpp's graph is relu2's)
     "jais2": ("Jais2ForCausalLM", {}, "jais2"),
+    # latent attention (kv_b whole), no rope scaling; llama.cpp's graph fixes MiniCPM's multipliers (scale_emb 12,
+    # scale_depth 1.4, dim_model_base 256) and v's width (hidden / heads): the test model takes them
+    "minicpm3": ("MiniCPM3ForCausalLM", dict(scale_emb=12.0, dim_model_base=256, v_head_dim=16), "minicpm3"),
 }
 # the ModelConfig fields a case's file sets otherwise than its config.json, on purpose (field -> the file's value)
 CONFIG_DIFFERS: dict[str, dict] = {"gpt2": {"tie_word_embeddings": False},
@@ -355,6 +358,24 @@ def _layer_norm_text_model(w: gguf.GGUFWriter, d: dict) -> None:
     w.add_layer_norm_eps(d["layer_norm_eps"])
 
 
+def _minicpm3(w: gguf.GGUFWriter, d: dict) -> None:
+    """MiniCPM3Model.set_gguf_parameters: the latent shapes (q's rank where it has one; the key's length, the rotating
+    dims; no value length) (longrope's factors as tensors: not this test model, which has no scaling)."""
+    w.add_context_length(d["max_position_embeddings"])
+    w.add_embedding_length(d["hidden_size"])
+    w.add_block_count(d["num_hidden_layers"])
+    w.add_feed_forward_length(d["intermediate_size"])
+    w.add_head_count(d["num_attention_heads"])
+    w.add_head_count_kv(d["num_key_value_heads"])
+    w.add_layer_norm_rms_eps(d["rms_norm_eps"])
+    w.add_vocab_size(d["vocab_size"])
+    if d.get("q_lora_rank") is not None:
+        w.add_q_lora_rank(d["q_lora_rank"])
+    w.add_kv_lora_rank(d["kv_lora_rank"])
+    w.add_key_length(d["qk_nope_head_dim"] + d["qk_rope_head_dim"])
+    w.add_rope_dimension_count(d["qk_rope_head_dim"])
+
+
 # llama.cpp's architecture -> (its converter's metadata, its tensor transforms)
 WRITERS: dict[str, tuple[Callable, Callable | None]] = {
     "gptneox": (_gptneox, _qkv_per_head_to_qkv),
@@ -371,6 +392,7 @@ WRITERS: dict[str, tuple[Callable, Callable | None]] = {
     "dots1": (_dots1, _selection_bias_experts),
     "minimax-m2": (_minimax_m2, _selection_bias_experts),
     "jais2": (_layer_norm_text_model, None),
+    "minicpm3": (_minicpm3, None),
 }
 
 
