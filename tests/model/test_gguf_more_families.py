@@ -68,6 +68,9 @@ CASES: dict[str, tuple[str, dict, str]] = {
     # latent attention (kv_b whole), no rope scaling; llama.cpp's graph fixes MiniCPM's multipliers (scale_emb 12,
     # scale_depth 1.4, dim_model_base 256) and v's width (hidden / heads): the test model takes them
     "minicpm3": ("MiniCPM3ForCausalLM", dict(scale_emb=12.0, dim_model_base=256, v_head_dim=16), "minicpm3"),
+    # EXAONE 4's window pattern (a bool a layer) over DeepSeek-V3's router keys (groups, exp_probs_b, shared experts,
+    # a dense layer first)
+    "exaone-moe": ("ExaoneMoeForCausalLM", {}, "exaone-moe"),
 }
 # the ModelConfig fields a case's file sets otherwise than its config.json, on purpose (field -> the file's value)
 CONFIG_DIFFERS: dict[str, dict] = {"gpt2": {"tie_word_embeddings": False},
@@ -339,7 +342,7 @@ def _dots1(w: gguf.GGUFWriter, d: dict) -> None:
 def _selection_bias_experts(state: dict[str, torch.Tensor], d: dict) -> dict[str, torch.Tensor]:
     """The experts stacked, and the router's selection bias named as a bias (as the converters rename it)."""
     state = {n.replace("e_score_correction_bias", "e_score_correction.bias"): t for n, t in state.items()}
-    return _experts(state, {**d, "num_experts": d.get("n_routed_experts")})
+    return _experts(state, {**d, "num_experts": d.get("n_routed_experts") or d.get("num_experts")})
 
 
 def _minimax_m2(w: gguf.GGUFWriter, d: dict) -> None:
@@ -376,6 +379,23 @@ def _minicpm3(w: gguf.GGUFWriter, d: dict) -> None:
     w.add_rope_dimension_count(d["qk_rope_head_dim"])
 
 
+def _exaone_moe(w: gguf.GGUFWriter, d: dict) -> None:
+    """The ExaoneMoE converter's keys as we take them to be: TextModel's, EXAONE 4's window and per-layer pattern, the
+    DeepSeek-V3 router's (sigmoid), the MTP layers in the block count."""
+    _text_model(w, {**d, "num_hidden_layers": d["num_hidden_layers"] + (d.get("num_nextn_predict_layers") or 0)})
+    w.add_sliding_window(d["sliding_window"])
+    w.add_sliding_window_pattern([t == "sliding_attention" for t in d["layer_types"]])
+    w.add_expert_feed_forward_length(d["moe_intermediate_size"])
+    w.add_expert_shared_count(d["num_shared_experts"])
+    w.add_leading_dense_block_count(d["mlp_layer_types"].index("sparse"))
+    w.add_expert_weights_scale(d["routed_scaling_factor"])
+    w.add_expert_weights_norm(d["norm_topk_prob"])
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_expert_group_count(d["n_group"])
+    w.add_expert_group_used_count(d["topk_group"])
+    w.add_nextn_predict_layers(d.get("num_nextn_predict_layers") or 0)
+
+
 # llama.cpp's architecture -> (its converter's metadata, its tensor transforms)
 WRITERS: dict[str, tuple[Callable, Callable | None]] = {
     "gptneox": (_gptneox, _qkv_per_head_to_qkv),
@@ -393,6 +413,7 @@ WRITERS: dict[str, tuple[Callable, Callable | None]] = {
     "minimax-m2": (_minimax_m2, _selection_bias_experts),
     "jais2": (_layer_norm_text_model, None),
     "minicpm3": (_minicpm3, None),
+    "exaone-moe": (_exaone_moe, _selection_bias_experts),
 }
 
 
