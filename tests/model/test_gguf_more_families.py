@@ -20,14 +20,17 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from gguf import GGMLQuantizationType as QT
 from safetensors.torch import load_file
 
 from conftest import hf_greedy
+from kvserve import SamplingParams
 from kvserve.model.architectures import get_architecture
 from kvserve.model.loader import load_model, load_model_config
+from kvserve.model.quant import QuantWeight
 from kvserve.model.weight_layout import standard_layout
 from test_architectures import CASES as ARCH_CASES
-from test_architectures import GREEDY, hf_model, prompts
+from test_architectures import GREEDY, assert_logprobs_close, hf_model, prompts
 from test_gguf_families import _add_tokenizer, _llm, _permute, _stack_experts
 
 # case -> (test_architectures case, overrides of it, llama.cpp's architecture)
@@ -417,8 +420,9 @@ WRITERS: dict[str, tuple[Callable, Callable | None]] = {
 }
 
 
-def write_gguf(model, folder: Path, path: Path, arch: str) -> None:
-    """``folder``'s checkpoint as llama.cpp's converter writes it for ``arch``."""
+def write_gguf(model, folder: Path, path: Path, arch: str, linear_type: QT | None = None) -> None:
+    """``folder``'s checkpoint as llama.cpp's converter writes it for ``arch`` (``linear_type``: every 2-D weight,
+    embeddings included, quantized to that type, as llama-quantize writes them)."""
     d = model.config.to_dict()
     metadata, transform = WRITERS[arch]
     w = gguf.GGUFWriter(str(path), arch=arch)
@@ -435,27 +439,32 @@ def write_gguf(model, folder: Path, path: Path, arch: str) -> None:
         gguf_name = name if name.startswith(("blk.", "output.")) else \
             name_map.get_name(name, try_suffixes=(".weight", ".bias"))
         assert gguf_name is not None, name
-        w.add_tensor(gguf_name, t.float().numpy())
+        data = t.float().numpy()
+        if linear_type is not None and data.ndim == 2 and data.shape[1] % 32 == 0:
+            w.add_tensor(gguf_name, gguf.quants.quantize(data, linear_type), raw_dtype=linear_type)
+        else:
+            w.add_tensor(gguf_name, data)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
 
 
-_files: dict[str, tuple] = {}
+_files: dict[tuple, tuple] = {}
 
 
-def gguf_case(case: str, tmp_path_factory) -> tuple:
+def gguf_case(case: str, tmp_path_factory, linear_type: QT | None = None) -> tuple:
     """(transformers model, its checkpoint folder, the GGUF file) for ``case``, built once per session."""
-    if case not in _files:
+    key = (case, linear_type)
+    if key not in _files:
         name, overrides, arch = CASES[case]
         model = hf_model(name, **overrides)
         folder = tmp_path_factory.mktemp(f"gguf-{case.replace(':', '-')}")
         model.save_pretrained(folder)
         path = folder / f"{case.replace(':', '-')}.gguf"
-        write_gguf(model, folder, path, arch)
-        _files[case] = (model, folder, path)
-    return _files[case]
+        write_gguf(model, folder, path, arch, linear_type)
+        _files[key] = (model, folder, path)
+    return _files[key]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -510,3 +519,21 @@ def test_gguf_greedy_equals_transformers(case, tmp_path_factory):
     want = [hf_greedy(model, p, GREEDY.max_tokens) for p in prompts()]
     got = [o.token_ids for o in _llm(path).generate(prompts(), GREEDY)]
     assert got == want
+
+
+# the fused q/k/v families (their converters reorder q/k/v; GPT-2's transposed) and Falcon's renamed norms
+DENSE_Q8_0 = ["gptneox", "gpt2", "falcon", "bloom", "mpt"]
+
+
+@pytest.mark.parametrize("case", DENSE_Q8_0)
+def test_gguf_q8_0_linears_stay_quantized_and_close(case, tmp_path_factory):
+    """A file whose linears and embeddings are all Q8_0: they load as QuantWeights and run quantized, within the
+    logprob closeness of the float32 file."""
+    _, _, dense_path = gguf_case(case, tmp_path_factory)
+    _, _, path = gguf_case(case, tmp_path_factory, linear_type=QT.Q8_0)
+    loaded = load_model(path, keep_quantized=True)
+    linears = [n for n, w in load_model(dense_path).weights.items() if w.dim() == 2 and w.shape[1] % 32 == 0]
+    assert linears and all(isinstance(loaded.weights[n], QuantWeight) for n in linears)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=3)
+    dense = _llm(dense_path).generate(prompts(), params)
+    assert_logprobs_close(dense, _llm(path, quantization="auto").generate(prompts(), params), case)
