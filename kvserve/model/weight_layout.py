@@ -239,8 +239,6 @@ def stack_experts(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
     stacked = arch.stacked_experts
     if stacked is None:
         return weights
-    if stacked.up or stacked.flat or stacked.down_transposed is not None:
-        raise ValueError(f"{cfg.architecture}: experts from a GGUF file into this stacked layout are not supported")
     import torch
 
     from kvserve.model.quant import QuantExperts, QuantWeight
@@ -257,6 +255,19 @@ def stack_experts(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, Any]:
         parts = {(role, suffix): [out.pop(name(e, role, suffix)) for e in range(cfg.num_experts)]
                  for role in roles for suffix in ("weight", "bias") if name(0, role, suffix) in out}
         gate, up, down = (parts[(role, "weight")] for role in roles)
+        if stacked.up or stacked.flat or stacked.down_transposed is not None:  # DBRX's: gate's, up's and down's apart
+            if ("expert_gate", "bias") in parts:
+                raise ValueError(f"{cfg.architecture}: expert biases in this stacked layout are not supported")
+            join = torch.cat if stacked.flat else torch.stack
+            dense = lambda ws: [w.dequantize() if isinstance(w, QuantWeight) else w for w in ws]  # noqa: E731
+            if stacked.up:
+                out[p + stacked.gate_up] = join([stacked.orient(g) for g in dense(gate)])
+                out[p + stacked.up] = join([stacked.orient(u) for u in dense(up)])
+            else:
+                out[p + stacked.gate_up] = join([stacked.orient(_pair(g, u, stacked.interleaved))
+                                                 for g, u in zip(dense(gate), dense(up))])
+            out[p + stacked.down] = join([stacked.orient(d, down=True) for d in dense(down)])
+            continue
         if all(isinstance(w, QuantWeight) for w in gate + up + down):
             out[p + stacked.gate_up] = QuantExperts([QuantWeight.cat([g, u]) for g, u in zip(gate, up)], stacked.transposed)
             out[p + stacked.down] = QuantExperts(down, stacked.transposed)

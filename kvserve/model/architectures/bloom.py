@@ -1,8 +1,9 @@
 """BLOOM (560M-176B, BLOOMZ): ALiBi instead of positions (``ModelConfig.alibi``), a LayerNorm on the embeddings
 (``word_embeddings_layernorm``), LayerNorms with biases, q/k/v in one tensor head by head (``query_key_value``), biases
-on every linear, a non-gated GELU-tanh MLP, tied embeddings; BLOOM's config keys (``n_head``, ``n_layer``)."""
+on every linear, a non-gated GELU-tanh MLP, tied embeddings; BLOOM's config keys (``n_head``, ``n_layer``).
+llama.cpp's "bloom" files: q/k/v as q's rows, then k's, then v's; the embeddings' norm as token_embd_norm."""
 
-from kvserve.model.architectures import Architecture, register
+from kvserve.model.architectures import Architecture, GGUFGet, register
 
 
 def bloom_keys(d: dict) -> dict:
@@ -24,10 +25,15 @@ def bloom_config(d: dict) -> dict:
             "mlp_bias": True}
 
 
+def bloom_gguf(get: GGUFGet) -> dict:
+    return {"layer_norm_epsilon": float(get("attention.layer_norm_epsilon", 1e-5))}
+
+
 register(Architecture("BloomForCausalLM", bloom_config, text_config=bloom_keys, qkv_per_head=True, weights={
     "qkv_proj": "self_attention.query_key_value", "o_proj": "self_attention.dense", "gate_proj": None,
     "up_proj": "mlp.dense_h_to_4h", "down_proj": "mlp.dense_4h_to_h"},
     prefixes={f"{root}{theirs}": ours for root in ("transformer.", "")
               for theirs, ours in (("word_embeddings_layernorm.", "model.embed_norm."),
                                    ("word_embeddings.", "model.embed_tokens."), ("h.", "model.layers."),
-                                   ("ln_f.", "model.norm."))} | {"lm_head.": "lm_head."}))
+                                   ("ln_f.", "model.norm."))} | {"lm_head.": "lm_head."},
+    gguf="bloom", gguf_config=bloom_gguf, gguf_globals={"token_embd_norm": "model.embed_norm"}))

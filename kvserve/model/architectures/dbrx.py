@@ -3,9 +3,11 @@ LayerNorms without biases, and in every layer a mixture of experts: a softmax ov
 weights renormalised to sum to 1 where ``moe_normalize_expert_weights`` is 1 (none where unset), each a SiLU-gated MLP.
 The experts are stored stacked, each tensor [experts * ffn_hidden_size, d_model]: gate's (``w1``) and up's (``v1``)
 rows as a linear's weight, down's (``w2``) transposed (``StackedExperts.up``, ``down_transposed``, ``flat``).
-Its config nests the attention's and the experts' settings (``attn_config``, ``ffn_config``)."""
+Its config nests the attention's and the experts' settings (``attn_config``, ``ffn_config``).
+llama.cpp's "dbrx" files: the experts one [experts, rows, cols] tensor per weight (restacked at load, dequantized),
+norm_2 as attn_output_norm, the clamp as its key; llama.cpp's graph always renormalises the top-k weights."""
 
-from kvserve.model.architectures import Architecture, StackedExperts, register
+from kvserve.model.architectures import Architecture, GGUFGet, StackedExperts, register
 
 
 def dbrx_keys(d: dict) -> dict:
@@ -33,10 +35,17 @@ def dbrx_config(d: dict) -> dict:
             "hidden_act": (ffn.get("ffn_act_fn") or {}).get("name", "silu"), "tie_word_embeddings": False}
 
 
+def dbrx_gguf(get: GGUFGet) -> dict:
+    return {"attn_config": {"kv_n_heads": int(get("attention.head_count_kv", 1)), "clip_qkv": get("attention.clamp_kqv")},
+            "ffn_config": {"ffn_hidden_size": int(get("feed_forward_length")), "moe_num_experts": int(get("expert_count")),
+                           "moe_top_k": int(get("expert_used_count")), "moe_normalize_expert_weights": 1.0}}
+
+
 register(Architecture("DbrxForCausalLM", dbrx_config, text_config=dbrx_keys, weights={
     "input_layernorm": "norm_attn_norm.norm_1", "post_attention_layernorm": "norm_attn_norm.norm_2",
     "qkv_proj": "norm_attn_norm.attn.Wqkv", "o_proj": "norm_attn_norm.attn.out_proj", "router": "ffn.router.layer"},
     stacked_experts=StackedExperts(gate_up="ffn.experts.mlp.w1", up="ffn.experts.mlp.v1", down="ffn.experts.mlp.w2",
                                    interleaved=False, transposed=False, down_transposed=True, flat=True),
     prefixes={"transformer.wte.": "model.embed_tokens.", "transformer.blocks.": "model.layers.",
-              "transformer.norm_f.": "model.norm.", "lm_head.": "lm_head."}))
+              "transformer.norm_f.": "model.norm.", "lm_head.": "lm_head."},
+    gguf="dbrx", gguf_config=dbrx_gguf, gguf_roles={"attn_output_norm": "post_attention_layernorm"}))

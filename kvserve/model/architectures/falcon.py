@@ -9,9 +9,13 @@ divided by sqrt(head_dim): ``alibi_scale``). The decoder's two generations:
 
 ``query_key_value`` holds q/k/v a KV head's group at a time (its queries, its key, its value), which covers all three
 layouts (one group of every query: multi-query; groups of one: head by head); the loader reorders them
-(``qkv_per_head``)."""
+(``qkv_per_head``).
 
-from kvserve.model.architectures import Architecture, first_of, register
+llama.cpp's "falcon" files: q/k/v as every q row, then k's, then v's; its graph always runs attention and the MLP side
+by side with rotary (read as the new decoder: one KV head is Falcon-7B's multi-query), over attn_norm_2 and attn_norm
+where the file has both; the context length 2048 whatever the model's."""
+
+from kvserve.model.architectures import Architecture, GGUFGet, first_of, register
 
 
 def falcon_keys(d: dict) -> dict:
@@ -44,9 +48,15 @@ def falcon_config(d: dict) -> dict:
     return out
 
 
+def falcon_gguf(get: GGUFGet) -> dict:
+    return {"new_decoder_architecture": True, "num_kv_heads": int(get("attention.head_count_kv", 1)),
+            "layer_norm_epsilon": float(get("attention.layer_norm_epsilon", 1e-5))}
+
+
 register(Architecture("FalconForCausalLM", falcon_config, text_config=falcon_keys, qkv_per_head=True, weights={
     "qkv_proj": "self_attention.query_key_value", "o_proj": "self_attention.dense", "gate_proj": None,
     "up_proj": "mlp.dense_h_to_4h", "down_proj": "mlp.dense_4h_to_h"},
     prefixes={"transformer.word_embeddings.": "model.embed_tokens.", "transformer.h.": "model.layers.",
               "transformer.ln_f.": "model.norm.", "lm_head.": "lm_head."},
-    renames={".ln_attn.": ".input_layernorm.", ".ln_mlp.": ".post_attention_layernorm."}))
+    renames={".ln_attn.": ".input_layernorm.", ".ln_mlp.": ".post_attention_layernorm."},
+    gguf="falcon", gguf_config=falcon_gguf))

@@ -2,9 +2,11 @@
 rotary, LayerNorms with biases before each sublayer, q/k/v in one tensor (``c_attn``; one KV head where BigCode's
 ``multi_query``), biases on every linear, a non-gated MLP (``c_fc``, ``c_proj``), tied embeddings. GPT-2's linears
 are Conv1D modules, stored [in, out] (``transposed_linears``). Their config.json keys are GPT-2's own (``n_embd``,
-``n_layer``, ...)."""
+``n_layer``, ...).
+llama.cpp's "gpt2" files: the linears transposed to [out, in] by the converter, the embedding written again as the
+output tensor (so the file loads untied); "starcoder" (GPTBigCode): one KV head, linears as they are."""
 
-from kvserve.model.architectures import Architecture, register
+from kvserve.model.architectures import Architecture, GGUFGet, register
 
 GPT2_WEIGHTS = {"input_layernorm": "ln_1", "post_attention_layernorm": "ln_2", "qkv_proj": "attn.c_attn",
                 "o_proj": "attn.c_proj", "gate_proj": None, "up_proj": "mlp.c_fc", "down_proj": "mlp.c_proj"}
@@ -44,7 +46,17 @@ def gpt_bigcode_config(d: dict) -> dict:
     return out
 
 
+def gpt2_gguf(get: GGUFGet) -> dict:
+    return {"layer_norm_epsilon": float(get("attention.layer_norm_epsilon", 1e-5))}
+
+
 register(Architecture("GPT2LMHeadModel", gpt2_config, weights=GPT2_WEIGHTS, text_config=gpt2_keys,
-                      prefixes=GPT2_PREFIXES, transposed_linears=True))
+                      prefixes=GPT2_PREFIXES, transposed_linears=True, gguf="gpt2", gguf_config=gpt2_gguf,
+                      gguf_globals={"position_embd": "model.embed_positions"}))
+def gpt_bigcode_gguf(get: GGUFGet) -> dict:
+    return {**gpt2_gguf(get), "multi_query": int(get("attention.head_count_kv", 1)) == 1}
+
+
 register(Architecture("GPTBigCodeForCausalLM", gpt_bigcode_config, weights=GPT2_WEIGHTS, text_config=gpt2_keys,
-                      prefixes=GPT2_PREFIXES))
+                      prefixes=GPT2_PREFIXES, gguf="starcoder", gguf_config=gpt_bigcode_gguf,
+                      gguf_globals={"position_embd": "model.embed_positions"}))

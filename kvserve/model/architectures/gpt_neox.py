@@ -2,9 +2,11 @@
 each head (``rotary_pct`` / ``rotary_dim``), attention and a non-gated GELU MLP side by side. GPT-NeoX: a norm each
 for attention and the MLP where ``use_parallel_residual`` (else one after the other), q/k/v in one tensor head by head
 (``qkv_per_head``), biases everywhere, the LM head ``embed_out``. GPT-J: one norm for both, rotary on interleaved
-pairs, no attention biases, an LM head with a bias."""
+pairs, no attention biases, an LM head with a bias.
+llama.cpp's "gptneox" files: q/k/v as q's rows, then k's, then v's (the Hugging Face loader's layout), the residual's
+form as its own key, no rope base (llama.cpp's 10000)."""
 
-from kvserve.model.architectures import Architecture, first_of, partial_rotary, register
+from kvserve.model.architectures import Architecture, GGUFGet, first_of, gguf_rotary_share, partial_rotary, register
 from kvserve.model.architectures.gpt2 import gpt2_keys
 
 
@@ -27,11 +29,17 @@ def gptj_config(d: dict) -> dict:
             "lm_head_bias": True, "tie_word_embeddings": False}
 
 
+def gpt_neox_gguf(get: GGUFGet) -> dict:
+    return {**gguf_rotary_share(get), "layer_norm_eps": float(get("attention.layer_norm_epsilon", 1e-5)),
+            "use_parallel_residual": bool(get("use_parallel_residual", True))}
+
+
 register(Architecture("GPTNeoXForCausalLM", gpt_neox_config, weights={
     "qkv_proj": "attention.query_key_value", "o_proj": "attention.dense", "gate_proj": None,
     "up_proj": "mlp.dense_h_to_4h", "down_proj": "mlp.dense_4h_to_h"}, qkv_per_head=True,
     prefixes={"gpt_neox.embed_in.": "model.embed_tokens.", "gpt_neox.final_layer_norm.": "model.norm.",
-              "gpt_neox.layers.": "model.layers.", "embed_out.": "lm_head."}))
+              "gpt_neox.layers.": "model.layers.", "embed_out.": "lm_head."},
+    gguf="gptneox", gguf_config=gpt_neox_gguf))
 register(Architecture("GPTJForCausalLM", gptj_config,
                       text_config=lambda d: {**gpt2_keys(d), "tie_word_embeddings": False},
                       weights={"input_layernorm": "ln_1", "q_proj": "attn.q_proj", "k_proj": "attn.k_proj",

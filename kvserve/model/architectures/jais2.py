@@ -1,7 +1,8 @@
 """Jais 2: Llama's attention (q/k/v/o biases where ``attention_bias``, the default) with LayerNorms (weights and
-biases) and a non-gated MLP of ``hidden_act`` (relu squared) with biases (``mlp_bias``, the default)."""
+biases) and a non-gated MLP of ``hidden_act`` (relu squared) with biases (``mlp_bias``, the default). llama.cpp's
+"jais2" files: no activation key (its graph's relu2, so kvserve's default), the biases as the tensors say."""
 
-from kvserve.model.architectures import Architecture, register
+from kvserve.model.architectures import Architecture, GGUFGet, register
 
 
 def jais2_config(d: dict) -> dict:
@@ -10,4 +11,9 @@ def jais2_config(d: dict) -> dict:
             "o_proj_bias": bool(d.get("attention_bias", True)), "mlp_bias": bool(d.get("mlp_bias", True))}
 
 
-register(Architecture("Jais2ForCausalLM", jais2_config, weights={"gate_proj": None}))
+def jais2_gguf(get: GGUFGet) -> dict:
+    return {"layer_norm_eps": float(get("attention.layer_norm_epsilon", 1e-5))}
+
+
+register(Architecture("Jais2ForCausalLM", jais2_config, weights={"gate_proj": None}, gguf="jais2",
+                      gguf_config=jais2_gguf))
