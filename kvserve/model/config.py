@@ -14,6 +14,7 @@ from typing import Any
 # (FULL, SLIDING: the layer types' names; NORM_ROLES: a sandwich layer's norms; rope_settings, yarn_mscale: their users
 # import them from here)
 from kvserve.model.layer_plan import FULL, NORM_ROLES, SLIDING, LayerPlan, MLSTMShape, roles_of_layout  # noqa: F401
+from kvserve.model.mixer_options import MixerOptions
 from kvserve.model.rope_config import rope_settings, yarn_mscale  # noqa: F401
 
 # the gated MLPs' activations with a fused native kernel (kernel's name), which the native decode stack runs
@@ -21,8 +22,9 @@ NATIVE_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_ne
 
 
 @dataclass
-class ModelConfig(LayerPlan):
-    """Architecture hyper-parameters, named as in a Hugging Face ``config.json`` where it has a name."""
+class ModelConfig(LayerPlan, MixerOptions):
+    """Architecture hyper-parameters, named as in a Hugging Face ``config.json`` where it has a name (the token mixers'
+    other than attention: ``MixerOptions``)."""
 
     vocab_size: int
     hidden_size: int
@@ -167,35 +169,6 @@ class ModelConfig(LayerPlan):
     # (without latent attention: values of v_head_dim narrower than head_dim, zero-padded in the cache and cut from
     # attention's output: MiMo-V2-Flash's; 0: head_dim)
     v_head_dim: int = 0
-    # --- short convolutions (LFM2): per layer, whether its token mixer is a gated depthwise causal convolution of
-    # conv_kernel taps (with a bias where conv_bias) instead of attention; None: every layer attends ---
-    conv_layers: list[bool] | None = None
-    conv_kernel: int = 0
-    conv_bias: bool = False
-    # --- Mamba-2 layers (Granite 4.0 H, Bamba): per layer, whether its token mixer is a selective state space of
-    # mamba_heads heads of mamba_head_dim, mamba_groups groups of B and C of mamba_state_size, after a depthwise causal
-    # convolution of mamba_conv_kernel taps; a recurrent state per sequence (kvserve.model.mamba) ---
-    mamba_layers: list[bool] | None = None
-    mamba_heads: int = 0
-    mamba_head_dim: int = 0
-    mamba_groups: int = 1
-    mamba_state_size: int = 0
-    mamba_conv_kernel: int = 4
-    mamba_conv_bias: bool = True
-    mamba_proj_bias: bool = False
-    mamba_dt_limit: tuple[float, float] = (0.0, float("inf"))
-    # Mamba-1 (Mamba, Falcon Mamba): mamba_version 1, its selective scan per channel of mamba_inner, a state of
-    # mamba_state_size each, dt through a rank-mamba_dt_rank projection; dt, B and C RMS-normed without weights where
-    # mamba_bcdt_norm_eps is set (Falcon Mamba)
-    mamba_version: int = 2
-    mamba_inner: int = 0  # (Mamba-2: mamba_heads x mamba_head_dim where not given)
-    mamba_dt_rank: int = 0
-    mamba_bcdt_norm_eps: float | None = None
-    mamba_bcdt_norm_weights: bool = False  # those norms with weights (Jamba's dt_layernorm, b_layernorm, c_layernorm)
-    # Mamba-2's output: "gated" RMSNorm per group of y * silu(z) (the default), "norm_then_gate" (the norm of y, then
-    # times silu(z)), or "none" (y * silu(z): Falcon-H1 without mamba_rms_norm); out_proj's bias where it differs
-    mamba_norm: str = "gated"
-    mamba_out_bias: bool | None = None
     # Falcon-H1: each Mamba-2 layer attends too, side by side over the same norm, the two outputs summed
     parallel_attention: bool = False
     # scales an architecture folds into its weights at load (Architecture.adjust_weights: Falcon-H1's muP multipliers)
@@ -207,31 +180,6 @@ class ModelConfig(LayerPlan):
     alibi_mpt: bool = False  # MPT's slopes where the heads are not a power of two
     alibi_scale: float = 1.0  # the slopes multiplied by this (Falcon's biases are divided by sqrt(head_dim))
     embed_norm: bool = False  # a norm (of norm_type) right after the embeddings (Bloom's word_embeddings_layernorm)
-    # --- gated delta nets (Qwen3-Next, Qwen3.5): per layer, whether its token mixer is linear attention with the gated
-    # delta rule, q/k in delta_key_heads heads of delta_key_dim, v in delta_value_heads of delta_value_dim, after a
-    # depthwise causal convolution of delta_conv_kernel taps; a recurrent state per sequence (kvserve.model.gated_delta)
-    delta_layers: list[bool] | None = None
-    delta_key_heads: int = 0
-    delta_value_heads: int = 0
-    delta_key_dim: int = 0
-    delta_value_dim: int = 0
-    delta_conv_kernel: int = 4
-    # --- Griffin's RG-LRU layers (RecurrentGemma; kvserve.model.rglru): per layer, whether its token mixer is the
-    # recurrent block of lru_width channels, gates block-diagonal in lru_blocks, a convolution of lru_conv_kernel taps
-    lru_layers: list[bool] | None = None
-    lru_width: int = 0
-    lru_blocks: int = 1
-    lru_conv_kernel: int = 4
-    # --- RWKV-4 (kvserve.model.rwkv): per layer "time" (the time mix, its k/v/r of rwkv_attention_size) or "channel"
-    # (the channel mix, of intermediate_size), each a block's half after its own norm; None: no RWKV layers ---
-    rwkv_mix: list[str] | None = None
-    rwkv_attention_size: int = 0
-    mlstm: MLSTMShape | None = None  # xLSTM's mLSTM layers (every layer's mixer), their shapes and gates
-    # Kimi Delta Attention (kvserve.model.kimi_delta): "kimi" decays each key channel on its own, from a projection of
-    # rank delta_gate_rank, and gates the output by a sigmoid of another; "gated": Qwen3-Next's rule
-    delta_rule: str = "gated"  # also "lightning" (kvserve.model.lightning: MiniMax's linear attention, no delta rule)
-    delta_gate_rank: int = 0
-    delta_decay_bound: float | None = None  # Ling 3's bounded ("safe") decay: its log is bound x a sigmoid (kimi_delta)
     # gated attention (Qwen3-Next): q_proj also gives a gate per head's dim, and sigmoid(gate) scales attention's output
     attn_output_gate: bool = False
     attn_output_gate_fn: str = "sigmoid"  # the gate's function: "sigmoid", or "softplus" (Laguna's)
