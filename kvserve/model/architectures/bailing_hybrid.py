@@ -8,9 +8,8 @@ the embeddings ``word_embeddings``, the mixers ``attention`` and their output ``
 layers after ``num_hidden_layers`` are not read."""
 
 from kvserve.model.architectures import Architecture, first_of, register
-from kvserve.model.architectures.deepseek_v2 import DEEPSEEK_WEIGHTS, dense_first_layers, latent_attention_config
-from kvserve.model.architectures.deepseek_v3 import v3_experts
-from kvserve.model.architectures.kimi_linear import deepseek_names
+from kvserve.model.architectures.deepseek_v2 import DEEPSEEK_WEIGHTS, latent_attention_config
+from kvserve.model.architectures.kimi_linear import sparse_experts
 
 
 def bailing_hybrid_config(d: dict) -> dict:
@@ -32,14 +31,7 @@ def bailing_hybrid_config(d: dict) -> dict:
            # the experts' SwiGLU clipped per layer (the released files' late layers; the dense layers' never)
            "expert_clip_layers": first_of(d, "expert_swiglu_limit_list", "swiglu_limits"),
            "shared_expert_clip_layers": first_of(d, "share_expert_swiglu_limit_list", "swiglu_limits_shared")}
-    e = deepseek_names(d)
-    if not e.get("n_routed_experts"):
-        return out
-    if d.get("mlp_layer_types"):
-        moe_layers = [kind == "sparse" for kind in d["mlp_layer_types"]]
-    else:
-        moe_layers = dense_first_layers({**e, "first_k_dense_replace": e.get("first_k_dense_replace", 2)})
-    return {**out, **v3_experts(e, moe_layers)}
+    return {**out, **sparse_experts(d, dense_first=2)}
 
 
 register(Architecture(

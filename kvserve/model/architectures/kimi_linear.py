@@ -50,14 +50,20 @@ def kimi_linear_config(d: dict) -> dict:
            "delta_gate_rank": dim,
            "delta_conv_kernel": first_of(linear, "short_conv_kernel_size",
                                          default=d.get("linear_conv_kernel_dim") or 4)}
+    return {**out, **sparse_experts(d, dense_first=1)}
+
+
+def sparse_experts(d: dict, dense_first: int) -> dict:
+    """DeepSeek-V3's experts under Kimi's and Ling's key names, on the layers ``mlp_layer_types`` marks "sparse" (else
+    after the first ``first_k_dense_replace``, ``dense_first`` where unset); none without routed experts."""
     e = deepseek_names(d)
     if not e.get("n_routed_experts"):
-        return out
+        return {}
     if d.get("mlp_layer_types"):
         moe_layers = [kind == "sparse" for kind in d["mlp_layer_types"]]
     else:
-        moe_layers = dense_first_layers({**e, "first_k_dense_replace": e.get("first_k_dense_replace", 1)})
-    return {**out, **v3_experts(e, moe_layers)}
+        moe_layers = dense_first_layers({**e, "first_k_dense_replace": e.get("first_k_dense_replace", dense_first)})
+    return v3_experts(e, moe_layers)
 
 
 # the KDA layers' tensors sit under self_attn, as latent attention's do; transformers saves every MLP under
