@@ -31,6 +31,7 @@ from kvserve.model.architectures import get_architecture
 from kvserve.model.dummy import checkpoint_dtype, dummy_weights
 from kvserve.model.gguf_names import hf_to_gguf_name
 from kvserve.model.loader import load_model_config, resolve_model_path
+from kvserve.model.rotary import rope_inv_freq
 
 GGUF_ARCHS = ("llama", "qwen2", "qwen3")  # llama.cpp architectures whose metadata this script writes in full
 TYPES = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}
@@ -94,6 +95,10 @@ def write(model_dir: Path, qtype: str, out: Path, seed: int) -> None:
     writer.add_key_length(config.head_dim)
     writer.add_value_length(config.head_dim)
     writer.add_rope_freq_base(float(config.rope_theta))
+    scaling = config.rope_scaling or {}
+    if scaling.get("rope_type") == "llama3":  # as llama.cpp's converter: each rotary pair's frequency divisor
+        plain, scaled = (rope_inv_freq(config.rotary_dim, float(config.rope_theta), s)[0] for s in (None, scaling))
+        writer.add_tensor("rope_freqs.weight", (plain / scaled).numpy())
     writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
     writer.add_vocab_size(config.vocab_size)
     writer.add_file_type({"q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}[qtype])

