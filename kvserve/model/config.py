@@ -84,6 +84,9 @@ class ModelConfig(LayerPlan):
     final_logit_softcap: float | None = None
     logit_scale: float = 1.0  # logits multiplied by this (Granite: 1 / logits_scaling)
     lm_head_bias: bool = False  # the LM head has a bias (Phi-2); untied only
+    # the LM head's rows where it is pruned to the vocabulary's first ids (Apertus 1.5's output_vocab_size: the ids past
+    # it are input-only, their logits -inf); 0: vocab_size. Untied only
+    output_vocab_size: int = 0
     # a learned table of absolute positions added to the token embeddings (GPT-2, OPT: position + position_offset),
     # and no rotary
     learned_positions: bool = False
@@ -292,6 +295,8 @@ class ModelConfig(LayerPlan):
             raise ValueError("activation sparsity cuts a gated MLP's gate")
         if self.lm_head_bias and self.tie_word_embeddings:
             raise ValueError("an LM head with a bias must be its own weight (tie_word_embeddings false)")
+        if self.output_vocab_size and (self.tie_word_embeddings or not 0 < self.output_vocab_size <= self.vocab_size):
+            raise ValueError("a pruned LM head (output_vocab_size) is its own weight of 1..vocab_size rows")
         if (self.qk_norm_after_rope or self.qk_norm_type != "rms") and self.qk_norm != "head":
             raise ValueError("q/k norms after rotary, and q/k LayerNorms, are per head (qk_norm 'head')")
         if self.router_scoring not in ("softmax", "sigmoid", "sparsemixer"):

@@ -48,7 +48,8 @@ class CausalLM(nn.Module):
                                            for b in range(min(cfg.shared_blocks, len(users)))) if users else None
         self.norm = make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias, cfg.norm_affine) \
             if cfg.final_norm else NoNorm()
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size,
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size,
+                                                                      cfg.output_vocab_size or cfg.vocab_size,
                                                                       bias=cfg.lm_head_bias)
         head_dim = int(cfg.head_dim or 0)
         # the global layers' heads, where they differ from the sliding layers' (Gemma 4)
@@ -216,10 +217,11 @@ class CausalLM(nn.Module):
 
     @property
     def transforms_logits(self) -> bool:
-        """Whether logits are scaled or capped after the LM head (Granite, Gemma 2), or take its bias (Phi-2): then
-        no head computes them in bf16 or draws the tokens itself."""
+        """Whether logits are scaled or capped after the LM head (Granite, Gemma 2), take its bias (Phi-2) or are
+        padded past a pruned head (Apertus 1.5): then no head computes them in bf16 or draws the tokens itself."""
         cfg = self.config
-        return cfg.logit_scale != 1 or cfg.final_logit_softcap is not None or cfg.lm_head_bias
+        return cfg.logit_scale != 1 or cfg.final_logit_softcap is not None or cfg.lm_head_bias or \
+            bool(cfg.output_vocab_size)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor, keep_bf16: bool = False) -> torch.Tensor:
@@ -241,6 +243,8 @@ class CausalLM(nn.Module):
             out = out * self.config.logit_scale
         if (cap := self.config.final_logit_softcap) is not None:
             out = torch.tanh(out / cap) * cap
+        if out.shape[-1] < self.config.vocab_size:  # a pruned head: the input-only ids are never drawn
+            out = torch.nn.functional.pad(out, (0, self.config.vocab_size - out.shape[-1]), value=float("-inf"))
         return out
 
     def draws_in_head(self, hidden: torch.Tensor) -> bool:

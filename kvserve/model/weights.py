@@ -103,9 +103,10 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
     for suffix in norm_suffixes if cfg.final_norm else ():
         out[f"norm.{suffix}"] = [(f"model.norm.{suffix}", (h,))]
     if not cfg.tie_word_embeddings:
-        out["lm_head.weight"] = [("lm_head.weight", (cfg.vocab_size, h))]
+        rows = cfg.output_vocab_size or cfg.vocab_size
+        out["lm_head.weight"] = [("lm_head.weight", (rows, h))]
         if cfg.lm_head_bias:
-            out["lm_head.bias"] = [("lm_head.bias", (cfg.vocab_size,))]
+            out["lm_head.bias"] = [("lm_head.bias", (rows,))]
     if arch.sublayers > 1:
         out = {ours: [(in_checkpoint_layer(name, arch.sublayers), shape) for name, shape in names]
                for ours, names in out.items()}

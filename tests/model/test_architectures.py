@@ -479,6 +479,8 @@ CASES: dict[str, tuple[str, dict]] = {
     "ArceeForCausalLM": ("ArceeConfig", {}),  # a non-gated MLP with relu squared
     # a non-gated MLP with xIELU, each layer's own parameters (random too, below); per-head q/k norms; llama3 rotary
     "ApertusForCausalLM": ("ApertusConfig", {}),
+    # Apertus's layers, the LM head pruned to the first 80 ids (the prompts' ids past it are input-only)
+    "Apertus1p5TextForCausalLM": ("Apertus1p5TextConfig", dict(output_vocab_size=80)),
     # the sparsemixer router, LayerNorms, biases on the attention and the LM head, a window, longrope
     "PhimoeForCausalLM": ("PhimoeConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
                                                attention_bias=True, lm_head_bias=True, sliding_window=WINDOW,
