@@ -32,6 +32,7 @@ class Attention(nn.Module):
         self.output_gate = cfg.attn_output_gate
         self.gate_softplus, self.gate_per_head = cfg.attn_output_gate_fn == "softplus", cfg.attn_output_gate_per_head
         gate_size = self.num_heads if self.gate_per_head else q_size
+        self.gate_bias = nn.Parameter(torch.zeros(self.num_heads)) if cfg.attn_output_gate_bias else None
         # K/V from an earlier layer (q alone projected here), or values that are the keys' projection
         self.shares_kv, self.k_is_v = cfg.shares_kv(layer), bool(cfg.k_eq_v_layers and cfg.k_eq_v_layers[layer])
         self.v_norm = cfg.v_norm
@@ -74,6 +75,7 @@ class Attention(nn.Module):
         self.spec = LayerAttention(cfg.attn_scale, cfg.window(layer), cfg.attn_logit_softcap, chunk=cfg.chunk(layer))
         self.scale_nope = cfg.query_scale_nope  # the position scale on the layers without rotary (Llama 4)
         self.scale_offset = cfg.query_scale_offset
+        self.scale_power = cfg.query_scale_power
         # ALiBi's slopes: the spec takes them as a tensor at the first step (the model is built on the meta device)
         self.alibi = [s * cfg.alibi_scale for s in alibi_slopes(self.num_heads, cfg.alibi_bias_max, cfg.alibi_mpt)] \
             if cfg.alibi else None
@@ -157,7 +159,11 @@ class Attention(nn.Module):
         if self.position_scale is not None and (rope is None) == self.scale_nope:
             beta, length = self.position_scale
             positions = rope.positions[:t] if rope is not None else step_positions(meta, q.device)
-            scale = 1 + beta * torch.log1p(torch.div(positions + self.scale_offset, length, rounding_mode="floor").float())
+            if self.scale_power:
+                scale = torch.exp(beta * torch.log1p((positions + self.scale_offset).float() / length))
+            else:
+                scale = 1 + beta * torch.log1p(torch.div(positions + self.scale_offset, length,
+                                                         rounding_mode="floor").float())
             q = q * scale.to(q.dtype)[:, None, None]
         v = v.reshape(t, self.num_kv_heads, self.v_dim)
         if self.v_dim != self.head_dim:
@@ -183,7 +189,10 @@ class Attention(nn.Module):
 
     def _gated(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """Attention's output [rows, heads x head_dim] times its gate: sigmoid, or softplus (in float32, as Laguna's
-        reference computes it), one value each of o's or one a head."""
+        reference computes it), one value each of o's or one a head; a head's ``gate_bias`` added to its gates first."""
+        if self.gate_bias is not None:
+            per_head = gate.view(gate.shape[0], self.num_heads, -1) + self.gate_bias[:, None].to(gate.dtype)
+            gate = per_head.view(gate.shape)
         g = torch.nn.functional.softplus(gate.float()).to(o.dtype) if self.gate_softplus else torch.sigmoid(gate)
         if self.gate_per_head:
             return (o.view(o.shape[0], self.num_heads, self.head_dim) * g[..., None]).view(o.shape)

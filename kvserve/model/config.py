@@ -76,6 +76,7 @@ class ModelConfig(LayerPlan):
     # Llama 4's attention temperature: the same with position + 1, on the layers without rotary (Ministral 3: with it)
     query_scale_offset: int = 0
     query_scale_nope: bool = False
+    query_scale_power: bool = False  # the scale exp(beta * log1p((position + offset) / length)) instead (Beam's)
     # Llama 4's chunked attention: the layers layer_types names "chunked_attention" attend within their chunk of
     # attention_chunk tokens (key and query in the same chunk)
     attention_chunk: int | None = None
@@ -84,15 +85,14 @@ class ModelConfig(LayerPlan):
     final_logit_softcap: float | None = None
     logit_scale: float = 1.0  # logits multiplied by this (Granite: 1 / logits_scaling)
     lm_head_bias: bool = False  # the LM head has a bias (Phi-2); untied only
-    # the LM head's rows where it is pruned to the vocabulary's first ids (Apertus 1.5's output_vocab_size: the ids past
-    # it are input-only, their logits -inf); 0: vocab_size. Untied only
-    output_vocab_size: int = 0
+    output_vocab_size: int = 0  # an LM head pruned to the first ids (Apertus 1.5; the rest -inf); 0: vocab_size
     # a learned table of absolute positions added to the token embeddings (GPT-2, OPT: position + position_offset),
     # and no rotary
     learned_positions: bool = False
     position_offset: int = 0
     embed_scale: float = 1.0  # embeddings multiplied by this (Gemma: sqrt(hidden), Granite: embedding_multiplier)
     residual_scale: float = 1.0  # each sublayer's output multiplied by this before the add (Granite)
+    residual_mix: str | None = None  # sandwich adds as a * out + b * stream: "depth" (Beam's a, b by the add's index)
     sliding_window: int | None = None  # keys a sliding layer attends: the query's own and the window - 1 before
     layer_types: list[str] | None = None  # per layer FULL or SLIDING; None: every layer FULL (or all SLIDING with a window)
     rope_local_theta: float | None = None  # sliding layers' own RoPE base, unscaled (Gemma 3)
@@ -213,6 +213,7 @@ class ModelConfig(LayerPlan):
     attn_output_gate: bool = False
     attn_output_gate_fn: str = "sigmoid"  # the gate's function: "sigmoid", or "softplus" (Laguna's)
     attn_output_gate_per_head: bool = False  # one gate a head, over all its dims (Laguna's), not one a value
+    attn_output_gate_bias: bool = False  # a bias a head added to its gates (Beam's gate_bias)
     attention_heads_per_layer: list[int] | None = None  # query heads by layer (Laguna's; the KV heads: every layer's)
     attn_sub_norm: bool = False  # an RMSNorm over attention's output before o_proj (BitNet's attn_sub_norm)
     mlp_sub_norm: bool = False  # one over the dense MLP's act(gate) * up before down (BitNet's ffn_sub_norm)
@@ -293,6 +294,8 @@ class ModelConfig(LayerPlan):
             raise ValueError("LAuReL's branch is AltUp's layer's (altup_streams 2 or more), in the sandwich layout")
         if any(self.activation_sparsity or ()) and not self.gated_mlp:
             raise ValueError("activation sparsity cuts a gated MLP's gate")
+        if self.residual_mix not in (None, "depth") or (self.residual_mix and self.norm_layout != "sandwich"):
+            raise ValueError(f"residual_mix {self.residual_mix!r} is not supported (depth, in the sandwich layout)")
         if self.lm_head_bias and self.tie_word_embeddings:
             raise ValueError("an LM head with a bias must be its own weight (tie_word_embeddings false)")
         if self.output_vocab_size and (self.tie_word_embeddings or not 0 < self.output_vocab_size <= self.vocab_size):

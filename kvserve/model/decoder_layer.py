@@ -4,6 +4,8 @@ and what some close a layer with (experts beside the MLP, a per-layer input's br
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -28,6 +30,11 @@ def make_moe(cfg: ModelConfig) -> MoE:
                cfg.expert_group_choice, cfg.router_jitter, cfg.gated_mlp, cfg.moe_scale_inputs,
                cfg.rms_norm_eps if cfg.moe_out_norm else None, cfg.selection_on_logits, cfg.identity_experts,
                cfg.router_logit_softcap, cfg.moe_out_bias)
+
+
+def depth_mix(n: int) -> tuple[float, float]:
+    """The n-th residual add's (a, b) by depth (Beam's): out / sqrt(n) + stream * sqrt((n - 1) / n)."""
+    return 1 / math.sqrt(n), math.sqrt((n - 1) / n)
 
 
 class DecoderLayer(nn.Module):
@@ -89,12 +96,17 @@ class DecoderLayer(nn.Module):
                                                               cfg.rms_norm_eps, cfg.altup_correct_scale)
         self.laurel = Laurel(cfg.hidden_size, cfg.laurel_rank, cfg.rms_norm_eps) if cfg.laurel_rank else None
         self.residual_scale = cfg.residual_scale
+        # (a, b) of each add, attention's then the MLP's, where the stream takes a * out + b * stream (residual_mix)
+        self.mix = None if cfg.residual_mix is None else [depth_mix(2 * layer + 2), depth_mix(2 * layer + 3)]
         # the bf16 hand-offs between the norms and the AMX GEMMs: Llama's layout and plain attention only
         self.one_part = self.self_attn is None or self.mlp is None
         self.fast = self.layout == "pre" and not self.one_part and self.self_attn.plain and cfg.residual_scale == 1
         # and into the MLP, whose down projection then writes bf16: not where it adds a bias (added in float32
         # instead, as the native decode stack adds it)
         self.fast_mlp = self.fast and not cfg.mlp_bias and not cfg.mlp_sub_norm and self.shortcut is None
+        if self.mix is not None and (self.extras or self.one_part or self.altup is not None
+                                     or self.shortcut is not None):
+            raise ValueError("residual_mix is built for layers of attention then an MLP, with nothing after it")
 
     def forward(self, h, delta, rope, attn, meta, kv_cache, rows: torch.Tensor | None = None,
                 per_layer: torch.Tensor | None = None, shared: tuple[SharedBlock, torch.Tensor] | None = None,
@@ -137,12 +149,21 @@ class DecoderLayer(nn.Module):
         if self.layout == "post":
             x = h.add_(x)
         else:
+            x = self._mixed(h, x, 0)
             bf16_mlp = self.fast_mlp and isinstance(self.mlp, GatedMLP) and self.mlp.runs_amx(h)
             x = self.post_attention_layernorm.add_forward(h, x, *((torch.bfloat16, padded_rows(h.shape[0])) if bf16_mlp
                                                                   else ()))
         if self.shortcut is not None:
             self.deferred = self.shortcut(x[: h.shape[0]])
-        return h, self._out(self.mlp(x)[: h.shape[0]], "mlp_out_norm")
+        return h, self._mixed(h, self._out(self.mlp(x)[: h.shape[0]], "mlp_out_norm"), 1)
+
+    def _mixed(self, h: torch.Tensor, out: torch.Tensor, part: int) -> torch.Tensor:
+        """``out`` as the stream adds it where the layer mixes the two (``mix``): the stream scaled here in place."""
+        if self.mix is None:
+            return out
+        a, b = self.mix[part]
+        h.mul_(b)
+        return out * a
 
     def _closed_forward(self, h, delta, rope, attn, meta, kv_cache, rows: torch.Tensor | None,
                         per_layer: torch.Tensor | None, reduced: bool = False) -> tuple[torch.Tensor, None]:

@@ -190,6 +190,8 @@ def attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig
         full = cfg.qk_norm == "full"
         for role, rows in (("q_norm", q_rows), ("k_norm", kv_rows))[: 1 if shares else 2]:
             out[f"{dst}{role}.weight"] = [(f"{prefix}{arch.weight_name(role)}.weight", (rows if full else d,))]
+    if cfg.attn_output_gate_bias:
+        out[f"{dst}gate_bias"] = [(f"{prefix}{arch.weight_name('attn_gate_bias')}", (cfg.attention_heads(layer),))]
     if cfg.has_sinks(layer):
         out[f"{dst}sinks"] = [(f"{prefix}{arch.weight_name('sinks')}", (cfg.attention_heads(layer),))]
     if cfg.attn_sub_norm:

@@ -406,6 +406,20 @@ CASES: dict[str, tuple[str, dict]] = {
                                                         shared_expert_intermediate_size=32, sliding_window=WINDOW,
                                                         norm_topk_prob=False, layer_types=["full_attention"] * 2,
                                                         head_dim=32)),
+    # sandwich norms mixing the residual by depth, gated attention with a bias a head, windowed rotary layers and a full
+    # one without positions (its queries scaled by position), a dense layer, then grouped sigmoid experts (2 of 4
+    # groups), stacked; logits capped
+    "BeamForCausalLM": ("BeamConfig", dict(num_hidden_layers=3, num_experts=8, num_experts_per_tok=2,
+                                           moe_intermediate_size=32, n_group=4, topk_group=2,
+                                           routed_scaling_factor=1.5, sliding_window=WINDOW,
+                                           layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                                           mlp_layer_types=["dense", "sparse", "sparse"])),
+    # every layer dense (int8 through Beam's attention and residual mix, which the random router hides)
+    "BeamForCausalLM:dense": ("BeamConfig", dict(num_hidden_layers=3, num_experts=8, num_experts_per_tok=2,
+                                                 moe_intermediate_size=32, n_group=4, topk_group=2,
+                                                 sliding_window=WINDOW, mlp_layer_types=["dense"] * 3,
+                                                 layer_types=["sliding_attention", "full_attention",
+                                                              "sliding_attention"])),
     # a lightning indexer in every layer choosing 4 keys a query (the prompts' contexts longer: the general path with
     # the choice as a mask), its rotary on halves; DeepSeek-V3's router, a dense layer first
     "DeepseekV32ForCausalLM": ("DeepseekV32Config", dict(LATENT, num_hidden_layers=3, n_routed_experts=4,
@@ -898,6 +912,9 @@ NOT_CLOSE = {"Glm4MoeForCausalLM:scaled": "x2.5 amplifies int8's flips among the
              "MiMoV2FlashForCausalLM": "int8 flips this random sigmoid router's choices among near-equal scores (0.72 "
                                        "with one expert group and no scaling too; int8 through MiMo's attention: "
                                        "MiMoV2FlashForCausalLM:dense)",
+             "BeamForCausalLM": "int8 flips this random grouped sigmoid router's choices (0.76 against the 0.5 bound; "
+                                "with one expert group and no scaling within it; int8 through Beam's attention and "
+                                "residual mix: BeamForCausalLM:dense)",
              "ZambaForCausalLM:biases": "the same for Zamba's shared block (narrow heads, near one-hot here): 0.62 "
                                         "against the 0.5 bound; with every matrix halved within 0.01 (int8 through "
                                         "Zamba's layers: ZambaForCausalLM)"}
@@ -1054,6 +1071,7 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("AXK1ForCausalLM", False, "latent attention, a norm on the experts' output"),
     ("MiniCPM5MoeForCausalLM", False, "gated attention"), ("ExaoneMoeForCausalLM", True, None),
     ("Kolibri1ForCausalLM", False, "a selection bias on the router's logits"),
+    ("BeamForCausalLM", False, "queries scaled by position, gated attention, residual mixes"),
     ("DeepseekV32ForCausalLM", False, "latent attention, top-k key selection"),
     ("LongcatFlashForCausalLM", False, "latent attention, experts added a layer later, identity experts"),
     ("Gemma4UnifiedForCausalLM", False, "attention shapes per layer, normed values, values from keys or K/V shared "

@@ -64,6 +64,7 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     # gated attention's output gate as a projection of its own (AFMoE's); None: its rows inside q_proj, each head's
     # after that head's q (Qwen3-Next's)
     "attn_gate_proj": None,
+    "attn_gate_bias": None,  # a tensor [heads] (not a module's): added to each head's gates (attn_output_gate_bias)
     # the norms on attention's output before o_proj and on the MLP's act(gate) * up before down
     # (ModelConfig.attn_sub_norm, mlp_sub_norm)
     "attn_sub_norm": "self_attn.attn_sub_norm", "mlp_sub_norm": "mlp.ffn_sub_norm",
@@ -280,7 +281,8 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "afmoe", "laguna", "mellum", "flint", "hy_v3", "granite_swa", "hyperclovax", "jais2", "nanochat", "persimmon",
             "falcon", "dbrx", "bitnet", "axk1", "youtu", "minicpm5_moe", "minicpm3", "exaone_moe", "kolibri1",
             "deepseek_v32", "glm_moe_dsa", "longcat_flash", "gemma3n", "gemma4_unified", "mllama", "aria", "gpt_neo",
-            "codegen", "xglm", "openai_gpt", "jetmoe", "zamba2", "zamba", "lfm3", "mimo_v2_flash"]
+            "codegen", "xglm", "openai_gpt", "jetmoe", "zamba2", "zamba", "lfm3", "mimo_v2_flash",
+            "beam"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)
