@@ -92,7 +92,8 @@ class ModelConfig(LayerPlan):
     position_offset: int = 0
     embed_scale: float = 1.0  # embeddings multiplied by this (Gemma: sqrt(hidden), Granite: embedding_multiplier)
     residual_scale: float = 1.0  # each sublayer's output multiplied by this before the add (Granite)
-    residual_mix: str | None = None  # sandwich adds as a * out + b * stream: "depth" (Beam's a, b by the add's index)
+    # sandwich adds as a * out + b * stream: "depth" (Beam's a, b by the add's index), "gated" (Ergo's, learned per dim)
+    residual_mix: str | None = None
     sliding_window: int | None = None  # keys a sliding layer attends: the query's own and the window - 1 before
     layer_types: list[str] | None = None  # per layer FULL or SLIDING; None: every layer FULL (or all SLIDING with a window)
     rope_local_theta: float | None = None  # sliding layers' own RoPE base, unscaled (Gemma 3)
@@ -138,6 +139,7 @@ class ModelConfig(LayerPlan):
     group_scoring: str = "max"
     selection_on_logits: bool = False  # the selection bias added to the router's logits, not its scores (Kolibri)
     moe_out_norm: bool = False  # an RMSNorm on the MoE layers' output, shared experts included (A.X-K1)
+    expert_out_norm: bool = False  # each expert's output RMS-normed by a weight of its own, the shared one's too (Ergo)
     # LongCat-Flash: the even layers' experts beside their MLP, added after the next one's; identity experts return x
     moe_shortcut: bool = False
     identity_experts: int = 0
@@ -294,8 +296,8 @@ class ModelConfig(LayerPlan):
             raise ValueError("LAuReL's branch is AltUp's layer's (altup_streams 2 or more), in the sandwich layout")
         if any(self.activation_sparsity or ()) and not self.gated_mlp:
             raise ValueError("activation sparsity cuts a gated MLP's gate")
-        if self.residual_mix not in (None, "depth") or (self.residual_mix and self.norm_layout != "sandwich"):
-            raise ValueError(f"residual_mix {self.residual_mix!r} is not supported (depth, in the sandwich layout)")
+        if self.residual_mix not in (None, "depth", "gated") or (self.residual_mix and self.norm_layout != "sandwich"):
+            raise ValueError(f"residual_mix {self.residual_mix!r} is not supported (depth, gated: sandwich layout)")
         if self.lm_head_bias and self.tie_word_embeddings:
             raise ValueError("an LM head with a bias must be its own weight (tie_word_embeddings false)")
         if self.output_vocab_size and (self.tie_word_embeddings or not 0 < self.output_vocab_size <= self.vocab_size):

@@ -29,12 +29,19 @@ def make_moe(cfg: ModelConfig) -> MoE:
                cfg.shared_expert_gated, cfg.selection_bias, cfg.router_scoring, cfg.routed_scale,
                cfg.expert_group_choice, cfg.router_jitter, cfg.gated_mlp, cfg.moe_scale_inputs,
                cfg.rms_norm_eps if cfg.moe_out_norm else None, cfg.selection_on_logits, cfg.identity_experts,
-               cfg.router_logit_softcap, cfg.moe_out_bias)
+               cfg.router_logit_softcap, cfg.moe_out_bias, cfg.rms_norm_eps if cfg.expert_out_norm else None)
 
 
 def depth_mix(n: int) -> tuple[float, float]:
     """The n-th residual add's (a, b) by depth (Beam's): out / sqrt(n) + stream * sqrt((n - 1) / n)."""
     return 1 / math.sqrt(n), math.sqrt((n - 1) / n)
+
+
+def gated_mix(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ergo's residual gate's (a, b) per dim from its weight: a = sigmoid(w), b = sqrt(1 + a) * exp(-softplus(w) / 2)."""
+    w = w.float()
+    a = torch.sigmoid(w)
+    return a, torch.sqrt(1.0 + a) * torch.exp(-0.5 * torch.nn.functional.softplus(w))
 
 
 class DecoderLayer(nn.Module):
@@ -97,14 +104,16 @@ class DecoderLayer(nn.Module):
         self.laurel = Laurel(cfg.hidden_size, cfg.laurel_rank, cfg.rms_norm_eps) if cfg.laurel_rank else None
         self.residual_scale = cfg.residual_scale
         # (a, b) of each add, attention's then the MLP's, where the stream takes a * out + b * stream (residual_mix)
-        self.mix = None if cfg.residual_mix is None else [depth_mix(2 * layer + 2), depth_mix(2 * layer + 3)]
+        self.mix = None if cfg.residual_mix != "depth" else [depth_mix(2 * layer + 2), depth_mix(2 * layer + 3)]
+        # "gated": each add's learned weights (attention's, then the MLP's), mixed by ``gated_mix``
+        self.residual_gates = nn.Parameter(torch.zeros(2 * cfg.hidden_size)) if cfg.residual_mix == "gated" else None
         # the bf16 hand-offs between the norms and the AMX GEMMs: Llama's layout and plain attention only
         self.one_part = self.self_attn is None or self.mlp is None
         self.fast = self.layout == "pre" and not self.one_part and self.self_attn.plain and cfg.residual_scale == 1
         # and into the MLP, whose down projection then writes bf16: not where it adds a bias (added in float32
         # instead, as the native decode stack adds it)
         self.fast_mlp = self.fast and not cfg.mlp_bias and not cfg.mlp_sub_norm and self.shortcut is None
-        if self.mix is not None and (self.extras or self.one_part or self.altup is not None
+        if cfg.residual_mix is not None and (self.extras or self.one_part or self.altup is not None
                                      or self.shortcut is not None):
             raise ValueError("residual_mix is built for layers of attention then an MLP, with nothing after it")
 
@@ -159,9 +168,12 @@ class DecoderLayer(nn.Module):
 
     def _mixed(self, h: torch.Tensor, out: torch.Tensor, part: int) -> torch.Tensor:
         """``out`` as the stream adds it where the layer mixes the two (``mix``): the stream scaled here in place."""
-        if self.mix is None:
+        if self.residual_gates is not None:
+            a, b = gated_mix(self.residual_gates.view(2, -1)[part])
+        elif self.mix is not None:
+            a, b = self.mix[part]
+        else:
             return out
-        a, b = self.mix[part]
         h.mul_(b)
         return out * a
 

@@ -155,8 +155,12 @@ class MoE(nn.Module):
                  selection_bias: bool = False, scoring: str = "softmax", routed_scale: float = 1.0,
                  groups: tuple[int, int, str] | None = None, jitter: float = 0.01, gated: bool = True,
                  scale_inputs: bool = False, out_norm_eps: float | None = None, bias_on_logits: bool = False,
-                 identity_experts: int = 0, logit_softcap: float | None = None, out_bias: bool = False):
+                 identity_experts: int = 0, logit_softcap: float | None = None, out_bias: bool = False,
+                 expert_norm_eps: float | None = None):
         super().__init__()
+        # each expert's output RMS-normed by its own weight (a row each), the shared expert's by a norm of its own (Ergo)
+        self.expert_norm_eps = expert_norm_eps
+        self.expert_norms = None if expert_norm_eps is None else nn.Parameter(torch.ones(experts, hidden))
         self.out_bias = nn.Parameter(torch.zeros(hidden)) if out_bias else None  # added to the sum (JetMoE's)
         self.logit_softcap = logit_softcap  # the router's logits capped before scoring (Laguna's)
         # router choices past the experts that return their input times their weight (LongCat-Flash's zero experts)
@@ -174,6 +178,7 @@ class MoE(nn.Module):
         self.top_k, self.norm_topk = top_k, norm_topk
         self.shared = GatedMLP(hidden, shared_intermediate, act, gated=gated) if shared_intermediate else None
         self.shared_gate = nn.Linear(hidden, 1, bias=False) if shared_intermediate and shared_gated else None
+        self.shared_norm = RMSNorm(hidden, expert_norm_eps) if shared_intermediate and expert_norm_eps else None
         self.native_block: Any | None = None  # a kvserve.MoEBlock over these weights (use_native)
         # the router's and shared gate's dense weights, kept for the native block where the linears get packed
         self.gates: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None = None
@@ -221,7 +226,17 @@ class MoE(nn.Module):
     def _shared_forward(self, x: torch.Tensor) -> torch.Tensor:
         assert self.shared is not None
         y = self.shared(x)
+        if self.shared_norm is not None:
+            y = self.shared_norm(y)
         return y if self.shared_gate is None else torch.sigmoid(self.shared_gate(x)) * y
+
+    def _expert_normed(self, e: int, y: torch.Tensor) -> torch.Tensor:
+        """Expert ``e``'s output, RMS-normed by its row of ``expert_norms`` where the experts have them."""
+        if self.expert_norms is None:
+            return y
+        yf = y.float()
+        normed = yf * torch.rsqrt(yf.pow(2).mean(-1, keepdim=True) + self.expert_norm_eps)
+        return (normed * self.expert_norms[e].float()).to(y.dtype)
 
     def _in_best_groups(self, choice: torch.Tensor) -> torch.Tensor:
         """``choice`` with the experts outside each row's best groups at -inf (as DeepSeek's reference code masks)."""
@@ -268,7 +283,7 @@ class MoE(nn.Module):
                     out.index_add_(0, rows, x[rows] * w)
                 else:
                     out.index_add_(0, rows, self.experts[e](x[rows] * w) if self.scale_inputs else
-                                   self.experts[e](x[rows]) * w)
+                                   self._expert_normed(e, self.experts[e](x[rows])) * w)
                 start += n
         if self.shared is not None:
             out += self._shared_forward(x)

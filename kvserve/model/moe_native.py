@@ -37,6 +37,8 @@ def moe_blocker(moe: "MoE") -> str | None:
     act = moe.experts[0]
     if not act.gated:
         return "experts without a gate"
+    if moe.expert_norms is not None:
+        return "norms on the experts' outputs"
     if moe.scale_inputs:
         return "experts scaling their inputs"
     if moe.logit_softcap is not None:

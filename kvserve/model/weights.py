@@ -132,6 +132,10 @@ def experts(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, 
         out[f"{dst}out_bias"] = [(f"{p}{arch.weight_name('moe_out_bias')}", (h,))]
     if cfg.selection_bias:
         out[f"{dst}selection_bias"] = [(f"{p}{arch.weight_name('selection_bias')}", (1, routes))]
+    if cfg.expert_out_norm:
+        out[f"{dst}expert_norms"] = [(f"{p}{arch.weight_name('expert_out_norms')}", (cfg.num_experts, h))]
+        if cfg.shared_expert_intermediate_size:
+            out[f"{dst}shared_norm.weight"] = [(f"{p}{arch.weight_name('shared_out_norm')}", (h,))]
     if cfg.moe_out_norm:
         out[f"{dst}out_norm.weight"] = [(f"{p}{arch.weight_name('moe_out_norm')}.weight", (h,))]
     for e in range(cfg.num_experts):
@@ -161,6 +165,9 @@ def layer_extras(out: dict[str, list[Source]], arch: Architecture, cfg: ModelCon
     for role in norms:
         for suffix in norm_suffixes:
             out[f"{dst}{role}.{suffix}"] = [(f"{p}{arch.weight_name(role)}.{suffix}", (h,))]
+    if cfg.residual_mix == "gated":
+        out[f"{dst}residual_gates"] = [(f"{p}{arch.weight_name(role)}", (h,))
+                                       for role in ("attn_residual_gate", "mlp_residual_gate")]
     if cfg.layer_scalars:
         out[f"{dst}layer_scalar"] = [(f"{p}{arch.weight_name('layer_scalar')}", (1,))]
 
@@ -234,7 +241,7 @@ def expected_weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             continue
         for name in [n for n in out if n.startswith(p + UNSTACKED_ROOT)]:
             del out[name]
-        gate_up = inter if stacked.up else 2 * inter  # gate's alone where up's are apart
+        gate_up = inter if stacked.up or not cfg.gated_mlp else 2 * inter  # gate's alone where up's are apart
         for name in (stacked.gate_up, stacked.up) if stacked.up else (stacked.gate_up,):
             out[f"{p}{name}"] = stacked.stored_shape(e, gate_up, h)
             if cfg.expert_bias:

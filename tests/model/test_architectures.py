@@ -420,6 +420,14 @@ CASES: dict[str, tuple[str, dict]] = {
                                                  sliding_window=WINDOW, mlp_layer_types=["dense"] * 3,
                                                  layer_types=["sliding_attention", "full_attention",
                                                               "sliding_attention"])),
+    # sandwich norms mixing the residual through learned gates, fused q/k/v, windowed layers rotating adjacent pairs and
+    # a full one without positions (its q and k scaled), a dense relu^2 MLP, then relu^2 experts each normed on its
+    # own, beside a normed shared expert; the training framework's names and layouts
+    "ErgoForCausalLM": ("ErgoConfig", dict(head_dim=OMIT, num_hidden_layers=3, first_dense_intermediate_size=96,
+                                           num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                           shared_intermediate_size=48, moe_routed_scaling_factor=1.5,
+                                           sliding_window=WINDOW, global_attention_every_n_layers=2,
+                                           global_attention_scale=1.5)),
     # a lightning indexer in every layer choosing 4 keys a query (the prompts' contexts longer: the general path with
     # the choice as a mask), its rotary on halves; DeepSeek-V3's router, a dense layer first
     "DeepseekV32ForCausalLM": ("DeepseekV32Config", dict(LATENT, num_hidden_layers=3, n_routed_experts=4,
@@ -1072,6 +1080,7 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("MiniCPM5MoeForCausalLM", False, "gated attention"), ("ExaoneMoeForCausalLM", True, None),
     ("Kolibri1ForCausalLM", False, "a selection bias on the router's logits"),
     ("BeamForCausalLM", False, "queries scaled by position, gated attention, residual mixes"),
+    ("ErgoForCausalLM", False, "a non-gated MLP, relu2, residual mixes, norms on the experts' outputs"),
     ("DeepseekV32ForCausalLM", False, "latent attention, top-k key selection"),
     ("LongcatFlashForCausalLM", False, "latent attention, experts added a layer later, identity experts"),
     ("Gemma4UnifiedForCausalLM", False, "attention shapes per layer, normed values, values from keys or K/V shared "

@@ -75,6 +75,9 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     "moe_out_bias": None,  # a tensor [hidden] (not a module's): the bias on the experts' sum
     "selection_bias": None,  # a tensor [1, experts] (not a module's): the bias that only chooses experts
     "moe_out_norm": None,  # the norm on an MoE block's output (ModelConfig.moe_out_norm)
+    # tensors: the experts' output norms' weights [experts, hidden] and the shared expert's [hidden]
+    # (ModelConfig.expert_out_norm); a residual gate's weights [hidden] of attention's add and the MLP's (residual_mix)
+    "expert_out_norms": None, "shared_out_norm": None, "attn_residual_gate": None, "mlp_residual_gate": None,
     "expert": "mlp.experts.{e}.",  # then expert_gate / expert_up / expert_down
     "expert_gate": "gate_proj", "expert_up": "up_proj", "expert_down": "down_proj",
     "shared_expert": "mlp.shared_expert.",  # then shared_gate_proj / shared_up_proj / shared_down_proj
@@ -282,7 +285,7 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "falcon", "dbrx", "bitnet", "axk1", "youtu", "minicpm5_moe", "minicpm3", "exaone_moe", "kolibri1",
             "deepseek_v32", "glm_moe_dsa", "longcat_flash", "gemma3n", "gemma4_unified", "mllama", "aria", "gpt_neo",
             "codegen", "xglm", "openai_gpt", "jetmoe", "zamba2", "zamba", "lfm3", "mimo_v2_flash",
-            "beam"]
+            "beam", "ergo"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)
