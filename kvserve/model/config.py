@@ -63,6 +63,7 @@ class ModelConfig(LayerPlan):
     # after each sublayer's add)
     norm_layout: str = "pre"
     final_norm: bool = True  # a norm after the last layer (GPT-1 has none)
+    norm_gate_rank: int = 0  # input norms (and MoE layers' MLP norms) gated by sigmoid(low-rank MLP of their output)
     norm_offset: float = 0.0  # Gemma's norms scale by (1 + weight)
     norm_type: str = "rms"  # the layers' and the final norm: "rms" or "layer" (LayerNorm: Starcoder2)
     norm_bias: bool = True  # a "layer" norm has a bias (Cohere's have none)
@@ -149,6 +150,7 @@ class ModelConfig(LayerPlan):
     # head_dim max(qk_nope_head_dim + qk_rope_head_dim, v_head_dim) (the shorter of k and v zero-padded) ---
     kv_lora_rank: int = 0
     q_lora_rank: int = 0
+    latent_q_gate: bool = False  # q_b reads [normed, raw] q latent, giving each head's q then a sigmoid gate (A.X-K2)
     # --- a lightning indexer (DeepSeek-V3.2's sparse attention; 0: none): each query attends its index_topk keys of the
     # best sum over index_heads of weight * relu(q . k) (index_head_dim, the first qk_rope_head_dim rotated, as pairs where
     # index_rope_interleaved), its keys in a pool layer of their own; index_layers: those running one (the rest reuse) ---

@@ -14,7 +14,7 @@ from kvserve.model.attention import Attention, rms_unweighted
 from kvserve.model.config import ModelConfig
 from kvserve.model.gated_delta import GatedDeltaNet
 from kvserve.model.latent_attention import LatentAttention
-from kvserve.model.layers import RMSNorm, make_norm, padded_rows
+from kvserve.model.layers import GatedRMSNorm, RMSNorm, make_norm, padded_rows
 from kvserve.model.mamba import AttentionBesideMamba, Mamba1, Mamba2
 from kvserve.model.mlp import GatedMLP, MoE, activation
 from kvserve.model.routed_attention import RoutedQueryAttention
@@ -50,8 +50,9 @@ class DecoderLayer(nn.Module):
         self.layout = cfg.layout(layer)
         # before attention and before the MLP ("pre"; "parallel": the first only), on their outputs ("post"), or both
         for role in cfg.layer_norm_roles(layer):
-            setattr(self, role, make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias,
-                                          cfg.norm_affine))
+            setattr(self, role, GatedRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_gate_rank)
+                    if cfg.gated_norm(layer, role) else make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps,
+                                                                  cfg.norm_bias, cfg.norm_affine))
         # the layer's token mixer: attention, latent attention, a short convolution, a Mamba-2 layer or a gated delta net
         self.self_attn: (Attention | LatentAttention | ShortConv | Mamba1 | Mamba2 | AttentionBesideMamba | GatedDeltaNet
                          | RoutedQueryAttention | None)

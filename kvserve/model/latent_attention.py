@@ -46,7 +46,10 @@ class LatentAttention(nn.Module):
         self.qkv = nn.Linear(cfg.hidden_size, sum(self.split), bias=cfg.attention_bias)
         if cfg.q_lora_rank:
             self.q_norm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
-            self.q_b = nn.Linear(cfg.q_lora_rank, self.heads * qk, bias=False)
+            # (latent_q_gate: q_b reads [normed, raw] latent and gives each head's q, then its output's gate)
+            self.q_gate = cfg.latent_q_gate
+            gate, cols = (cfg.v_head_dim, 2 * cfg.q_lora_rank) if self.q_gate else (0, cfg.q_lora_rank)
+            self.q_b = nn.Linear(cols, self.heads * (qk + gate), bias=False)
         self.kv_norm = RMSNorm(cfg.kv_lora_rank, cfg.rms_norm_eps)
         self.kv_b = nn.Linear(cfg.kv_lora_rank, self.heads * (self.nope + cfg.v_head_dim), bias=False)
         self.o_proj = nn.Linear(self.heads * cfg.v_head_dim, cfg.hidden_size, bias=cfg.o_proj_bias)
@@ -84,12 +87,15 @@ class LatentAttention(nn.Module):
         spec = self.spec
         if self.index_topk:
             kv_cache, index_cache = (kv_cache[0], kv_cache[1]) if self.own_index else (kv_cache, None)
+        gate = None
         if self.q_latent:
-            q = self.q_norm(q.contiguous())
+            raw, q = q, self.q_norm(q.contiguous())
             if self.index_topk:
                 select = self._choose_keys(x[:t], q, rope, attn, meta, index_cache)
                 spec = spec if select is None else dataclasses.replace(spec, key_select=select)
-            q = self.q_b(q)
+            q = self.q_b(torch.cat([q, raw], -1) if self.q_gate else q)
+            if self.q_gate:
+                q, gate = q.view(t, self.heads, -1).split((self.nope + self.rope, self.v_dim), dim=-1)
         q = q.reshape(t, self.heads, self.nope + self.rope)
         kv = self.kv_b(self.kv_norm(latent.contiguous())).view(t, self.heads, self.nope + self.v_dim)
         k_nope, v = kv.split((self.nope, self.v_dim), dim=-1)
@@ -103,6 +109,8 @@ class LatentAttention(nn.Module):
         if not o.shape[0]:  # no row attends (a step that samples nothing): the K/V writes were all
             return x.new_empty(0, self.hidden_size)
         o = o.reshape(o.shape[0], self.heads, -1)[..., : self.v_dim].reshape(o.shape[0], -1)
+        if gate is not None:
+            o = o * torch.sigmoid(gate.reshape(t, -1) if rows is None else gate.reshape(t, -1)[rows])
         return self.o_proj(o)
 
     def _rotate(self, x: torch.Tensor, rope: RotaryStep | None) -> torch.Tensor:

@@ -37,6 +37,27 @@ class RMSNorm(nn.Module):
         return ops.add_rms_norm(residual, delta, self.weight, self.eps, out_dtype, out_rows, native=self.native)
 
 
+class GatedRMSNorm(RMSNorm):
+    """An RMSNorm whose output y is gated by sigmoid(gate_out(silu(gate_in(y)))), a low-rank MLP of its own (A.X-K2's
+    ``ModelConfig.norm_gate_rank``); float32 out, whatever ``out_dtype``'s hand-off asked (its layers take none)."""
+
+    def __init__(self, dim: int, eps: float, rank: int):
+        super().__init__(dim, eps)
+        self.gate_in, self.gate_out = nn.Linear(dim, rank, bias=False), nn.Linear(rank, dim, bias=False)
+
+    def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None, out_rows: int = 0) -> torch.Tensor:
+        return self._gated(super().forward(x))
+
+    def add_forward(self, residual: torch.Tensor, delta: torch.Tensor | None,
+                    out_dtype: torch.dtype | None = None, out_rows: int = 0) -> torch.Tensor:
+        if delta is None:  # (RMSNorm's would call this forward: gated twice)
+            return self.forward(residual)
+        return self._gated(super().add_forward(residual, delta))
+
+    def _gated(self, y: torch.Tensor) -> torch.Tensor:
+        return y * torch.sigmoid(self.gate_out(torch.nn.functional.silu(self.gate_in(y))).float()).to(y.dtype)
+
+
 class _TorchNorm(nn.Module):
     """RMSNorm's interface (``add_forward``, the output dtype and rows) around a torch-only norm's ``normed``."""
 

@@ -68,7 +68,7 @@ def native_stack_blocker(cfg: ModelConfig) -> str | None:
               (cfg.delta_layers is not None and any(cfg.delta_layers), "gated delta nets"),
               (cfg.attn_output_gate, "gated attention"),
               (cfg.residual_mix is not None, "residual mixes"),
-              (cfg.expert_out_norm, "norms on the experts' outputs"),
+              (cfg.expert_out_norm, "norms on the experts' outputs"), (bool(cfg.norm_gate_rank), "gated norms"),
               (cfg.recurrent_norm_layout is not None, "norm layouts per layer"),
               (any(h != cfg.num_attention_heads for h in cfg.attention_heads_per_layer or ()),
                "query heads varying by layer"),

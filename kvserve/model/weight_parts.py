@@ -131,7 +131,8 @@ def latent_attention(out: dict[str, list[Source]], arch: Architecture, cfg: Mode
            cfg.attention_bias)
     if cfg.q_lora_rank:
         out[f"{dst}q_norm.weight"] = [(f"{prefix}{arch.weight_name('q_a_norm')}.weight", (cfg.q_lora_rank,))]
-        linear(dst + "q_b", prefix, [("q_b_proj", heads * qk)], None, cfg.q_lora_rank, False)
+        gate, cols = (cfg.v_head_dim, 2 * cfg.q_lora_rank) if cfg.latent_q_gate else (0, cfg.q_lora_rank)
+        linear(dst + "q_b", prefix, [("q_b_proj", heads * (qk + gate))], None, cols, False)
     out[f"{dst}kv_norm.weight"] = [(f"{prefix}{arch.weight_name('kv_a_norm')}.weight", (cfg.kv_lora_rank,))]
     linear(dst + "kv_b", prefix, [("kv_b_proj", heads * (cfg.qk_nope_head_dim + cfg.v_head_dim))], None,
            cfg.kv_lora_rank, False)

@@ -50,6 +50,10 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
             if name is not None:
                 for suffix in norm_suffixes:
                     out[f"{dst}{role}.{suffix}"] = [(f"{p}{name}.{suffix}", (h,))]
+                if cfg.gated_norm(i, role):  # its gate's low-rank MLP
+                    r = cfg.norm_gate_rank
+                    for part, shape in (("gate_in", (r, h)), ("gate_out", (h, r))):
+                        out[f"{dst}{role}.{part}.weight"] = [(f"{p}{name}.{part}.weight", shape)]
         if not cfg.has_mixer(i):
             pass
         elif cfg.is_mamba(i) and cfg.parallel_attention:

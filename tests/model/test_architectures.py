@@ -428,6 +428,12 @@ CASES: dict[str, tuple[str, dict]] = {
                                            shared_intermediate_size=48, moe_routed_scaling_factor=1.5,
                                            sliding_window=WINDOW, global_attention_every_n_layers=2,
                                            global_attention_scale=1.5)),
+    # DeepSeek-V3.2's latent attention and indexer (4 keys a query), q and each head's output gate from [normed, raw]
+    # q latent, gated input norms (and MoE layers' MLP norms), a dense layer first, sigmoid experts without groups
+    "AXK2ForCausalLM": ("AXK2Config", dict(LATENT, num_hidden_layers=3, n_routed_experts=4, num_experts_per_tok=2,
+                                           moe_intermediate_size=32, n_shared_experts=1, routed_scaling_factor=1.5,
+                                           mlp_layer_types=["dense", "sparse", "sparse"], index_topk=4,
+                                           index_n_heads=4, index_head_dim=16, gated_norm_rank=8)),
     # a lightning indexer in every layer choosing 4 keys a query (the prompts' contexts longer: the general path with
     # the choice as a mask), its rotary on halves; DeepSeek-V3's router, a dense layer first
     "DeepseekV32ForCausalLM": ("DeepseekV32Config", dict(LATENT, num_hidden_layers=3, n_routed_experts=4,
@@ -1081,6 +1087,7 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("Kolibri1ForCausalLM", False, "a selection bias on the router's logits"),
     ("BeamForCausalLM", False, "queries scaled by position, gated attention, residual mixes"),
     ("ErgoForCausalLM", False, "a non-gated MLP, relu2, residual mixes, norms on the experts' outputs"),
+    ("AXK2ForCausalLM", False, "latent attention, top-k key selection, gated norms"),
     ("DeepseekV32ForCausalLM", False, "latent attention, top-k key selection"),
     ("LongcatFlashForCausalLM", False, "latent attention, experts added a layer later, identity experts"),
     ("Gemma4UnifiedForCausalLM", False, "attention shapes per layer, normed values, values from keys or K/V shared "
