@@ -271,6 +271,8 @@ class ModelConfig(LayerPlan):
     shared_blocks: int = 1
     shared_block_adapter_rank: int = 0
     shared_block_qkv_adapters: bool = False
+    # (layers a stack, high cycles, low cycles) of HRM's two stacks run in cycles (kvserve.model.cycles), unrolled
+    stack_cycles: tuple[int, int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.head_dim is None:

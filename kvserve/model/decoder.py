@@ -15,6 +15,7 @@ from torch import nn
 from kvserve.attention import AttentionBackend, AttentionMetadata
 from kvserve.model.altup import AltUpStreams
 from kvserve.model.config import ModelConfig
+from kvserve.model.cycles import StackCycles
 from kvserve.model.decoder_layer import DecoderLayer
 from kvserve.model.index_cache import index_slot
 from kvserve.model.layers import NoNorm, PackedLinear, RMSNorm, make_norm, pack_linears, padded_rows
@@ -92,6 +93,7 @@ class CausalLM(nn.Module):
             self.per_layer_proj_norm = RMSNorm(cfg.per_layer_input_size, cfg.rms_norm_eps)
         # Gemma 3n's residual streams: made from the embeddings before the layers, folded into one after them
         self.altup_streams = AltUpStreams(cfg.hidden_size, cfg.altup_streams) if cfg.altup_streams > 1 else None
+        self.cycles = StackCycles(cfg) if cfg.stack_cycles is not None else None  # HRM's stacks over two streams
         self.native = False
         self.native_stack: Any | None = None  # every layer in one native call (kvserve.model.native_stack)
         self.lora: Any | None = None  # a kvserve.lora.layers.LoRAContext once adapters are enabled
@@ -183,6 +185,8 @@ class CausalLM(nn.Module):
         # from the first of the layers that only read earlier layers' K/V on, the rows no one samples need nothing
         cut = last if keep_rows is None or self.rows_from is None else self.rows_from
         carried: torch.Tensor | None = None  # a shortcut MoE's output, for the next layer's delta
+        if self.cycles is not None:
+            h, streams = self.cycles.start(h)
         for i, layer in enumerate(self.layers):
             kv = kv_caches[self.cache_of[i]]
             if self.index_pool[i] is not None:
@@ -199,6 +203,8 @@ class CausalLM(nn.Module):
             if carried is not None and delta is not None:  # (cut to the sampled rows where this layer cut h)
                 delta = delta + (carried if i != cut or keep_rows is None else carried[keep_rows])
             carried, layer.deferred = layer.deferred, None
+            if self.cycles is not None:
+                h, delta, streams = self.cycles.after(i, h, delta, streams)
         if self.altup_streams is not None:
             return self.norm(self.altup_streams.fold(h))
         return self.norm.add_forward(h, delta)

@@ -69,6 +69,7 @@ def native_stack_blocker(cfg: ModelConfig) -> str | None:
               (cfg.attn_output_gate, "gated attention"),
               (cfg.residual_mix is not None, "residual mixes"),
               (cfg.expert_out_norm, "norms on the experts' outputs"), (bool(cfg.norm_gate_rank), "gated norms"),
+              (cfg.stack_cycles is not None, "stacks run in cycles"),
               (cfg.recurrent_norm_layout is not None, "norm layouts per layer"),
               (any(h != cfg.num_attention_heads for h in cfg.attention_heads_per_layer or ()),
                "query heads varying by layer"),

@@ -32,6 +32,8 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
     norm_suffixes = ("weight", "bias") if cfg.norm_type == "layer" and cfg.norm_bias else ("weight",)
     if not cfg.norm_affine:
         norm_suffixes = ()
+    if cfg.stack_cycles is not None:
+        out["cycles.low_init"] = [("model.z_L_init", (h,))]
     if cfg.embed_norm:
         for suffix in norm_suffixes:
             out[f"embed_norm.{suffix}"] = [(f"model.embed_norm.{suffix}", (h,))]

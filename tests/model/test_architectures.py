@@ -434,6 +434,8 @@ CASES: dict[str, tuple[str, dict]] = {
                                            moe_intermediate_size=32, n_shared_experts=1, routed_scaling_factor=1.5,
                                            mlp_layer_types=["dense", "sparse", "sparse"], index_topk=4,
                                            index_n_heads=4, index_head_dim=16, gated_norm_rank=8)),
+    # two stacks of 2 layers in cycles (2 high, each after 2 low passes), weightless norms, gated attention
+    "HrmTextForCausalLM": ("HrmTextConfig", dict(num_key_value_heads=OMIT, H_cycles=2, L_cycles=2)),
     # a lightning indexer in every layer choosing 4 keys a query (the prompts' contexts longer: the general path with
     # the choice as a mask), its rotary on halves; DeepSeek-V3's router, a dense layer first
     "DeepseekV32ForCausalLM": ("DeepseekV32Config", dict(LATENT, num_hidden_layers=3, n_routed_experts=4,
@@ -1088,6 +1090,7 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("BeamForCausalLM", False, "queries scaled by position, gated attention, residual mixes"),
     ("ErgoForCausalLM", False, "a non-gated MLP, relu2, residual mixes, norms on the experts' outputs"),
     ("AXK2ForCausalLM", False, "latent attention, top-k key selection, gated norms"),
+    ("HrmTextForCausalLM", False, "no final norm, gated attention, stacks run in cycles"),
     ("DeepseekV32ForCausalLM", False, "latent attention, top-k key selection"),
     ("LongcatFlashForCausalLM", False, "latent attention, experts added a layer later, identity experts"),
     ("Gemma4UnifiedForCausalLM", False, "attention shapes per layer, normed values, values from keys or K/V shared "
