@@ -271,8 +271,7 @@ class ModelConfig(LayerPlan):
     shared_blocks: int = 1
     shared_block_adapter_rank: int = 0
     shared_block_qkv_adapters: bool = False
-    # (layers a stack, high cycles, low cycles) of HRM's two stacks run in cycles (kvserve.model.cycles), unrolled
-    stack_cycles: tuple[int, int, int] | None = None
+    stack_cycles: tuple[int, int, int] | None = None  # HRM's (layers a stack, high, low cycles): kvserve.model.cycles
 
     def __post_init__(self) -> None:
         if self.head_dim is None:
