@@ -15,7 +15,7 @@ from torch import nn
 from kvserve.attention import AttentionBackend, AttentionMetadata
 from kvserve.attention.backend import LayerAttention
 from kvserve.model.config import ModelConfig
-from kvserve.model.layers import HeadLayerNorm, RMSNorm, runs_amx
+from kvserve.model.layers import HeadLayerNorm, RMSNorm, make_norm, runs_amx
 from kvserve.model.rotary import RotaryStep
 
 
@@ -48,7 +48,9 @@ class Attention(nn.Module):
         self.qk_norm = cfg.qk_norm if cfg.has_qk_norm(layer) else None
         self.norm_after_rope = cfg.qk_norm_after_rope
         self.layer_norms = cfg.qk_norm_type == "layer"
-        self.unweighted = cfg.qk_norm_type == "unweighted"
+        self.unweighted = cfg.qk_norm_type in ("unweighted", "l2")
+        self.l2 = cfg.qk_norm_type == "l2"  # over the sum of squares (unit vectors: Dory's), not the mean
+        self.q_scale = nn.Parameter(torch.ones(self.num_heads * d)) if cfg.query_channel_scale else None
         self.eps = cfg.rms_norm_eps
         if self.qk_norm is None or self.unweighted:
             pass
@@ -69,7 +71,8 @@ class Attention(nn.Module):
         self.clip = cfg.clip_qkv
         self.position_scale = cfg.query_position_scale
         # BitNet's norm of the heads' output before o_proj
-        self.sub_norm = RMSNorm(q_size, cfg.rms_norm_eps) if cfg.attn_sub_norm else None
+        self.sub_norm = (make_norm(cfg.norm_type, q_size, cfg.rms_norm_eps, affine=cfg.norm_affine)
+                         if cfg.norm_type == "l2" else RMSNorm(q_size, cfg.rms_norm_eps)) if cfg.attn_sub_norm else None
         # the sinks are a parameter (loaded after the spec is built): the step's spec takes them (forward)
         self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if cfg.has_sinks(layer) else None
         self.spec = LayerAttention(cfg.attn_scale, cfg.window(layer), cfg.attn_logit_softcap, chunk=cfg.chunk(layer))
@@ -89,7 +92,9 @@ class Attention(nn.Module):
         made contiguous)."""
         if self.unweighted:
             def norm(x):
-                return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps).to(x.dtype)
+                squares = x.float().pow(2)
+                return x * torch.rsqrt((squares.sum(-1, keepdim=True) if self.l2 else squares.mean(-1, keepdim=True))
+                                       + self.eps).to(x.dtype)
             return norm(q), norm(k)
         if self.layer_norms:
             return self.q_norm(q), self.k_norm(k)
@@ -165,6 +170,8 @@ class Attention(nn.Module):
                 scale = 1 + beta * torch.log1p(torch.div(positions + self.scale_offset, length,
                                                          rounding_mode="floor").float())
             q = q * scale.to(q.dtype)[:, None, None]
+        if self.q_scale is not None:
+            q = q * self.q_scale.view(self.num_heads, self.head_dim).to(q.dtype)
         v = v.reshape(t, self.num_kv_heads, self.v_dim)
         if self.v_dim != self.head_dim:
             v = torch.nn.functional.pad(v, (0, self.head_dim - self.v_dim))

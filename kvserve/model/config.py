@@ -78,6 +78,7 @@ class ModelConfig(LayerPlan):
     query_scale_offset: int = 0
     query_scale_nope: bool = False
     query_scale_power: bool = False  # the scale exp(beta * log1p((position + offset) / length)) instead (Beam's)
+    query_channel_scale: bool = False  # q times a learned scale per channel after rotary (Dory's, squared at load)
     # Llama 4's chunked attention: the layers layer_types names "chunked_attention" attend within their chunk of
     # attention_chunk tokens (key and query in the same chunk)
     attention_chunk: int | None = None
@@ -93,8 +94,7 @@ class ModelConfig(LayerPlan):
     position_offset: int = 0
     embed_scale: float = 1.0  # embeddings multiplied by this (Gemma: sqrt(hidden), Granite: embedding_multiplier)
     residual_scale: float = 1.0  # each sublayer's output multiplied by this before the add (Granite)
-    # sandwich adds as a * out + b * stream: "depth" (Beam's a, b by the add's index), "gated" (Ergo's, learned per dim)
-    residual_mix: str | None = None
+    residual_mix: str | None = None  # sandwich adds as a*out + b*stream: "depth" (Beam), "gated" (Ergo), "interpolate"
     sliding_window: int | None = None  # keys a sliding layer attends: the query's own and the window - 1 before
     layer_types: list[str] | None = None  # per layer FULL or SLIDING; None: every layer FULL (or all SLIDING with a window)
     rope_local_theta: float | None = None  # sliding layers' own RoPE base, unscaled (Gemma 3)
@@ -272,6 +272,7 @@ class ModelConfig(LayerPlan):
     shared_block_adapter_rank: int = 0
     shared_block_qkv_adapters: bool = False
     stack_cycles: tuple[int, int, int] | None = None  # HRM's (layers a stack, high, low cycles): kvserve.model.cycles
+    recurrent_loops: tuple[int, int, int] | None = None  # Dory's (input layers, looped layers, loops): model.cycles
 
     def __post_init__(self) -> None:
         if self.head_dim is None:
@@ -299,7 +300,7 @@ class ModelConfig(LayerPlan):
             raise ValueError("LAuReL's branch is AltUp's layer's (altup_streams 2 or more), in the sandwich layout")
         if any(self.activation_sparsity or ()) and not self.gated_mlp:
             raise ValueError("activation sparsity cuts a gated MLP's gate")
-        if self.residual_mix not in (None, "depth", "gated") or (self.residual_mix and self.norm_layout != "sandwich"):
+        if self.residual_mix not in (None, "depth", "gated", "interpolate") or (self.residual_mix and self.norm_layout != "sandwich"):
             raise ValueError(f"residual_mix {self.residual_mix!r} is not supported (depth, gated: sandwich layout)")
         if self.lm_head_bias and self.tie_word_embeddings:
             raise ValueError("an LM head with a bias must be its own weight (tie_word_embeddings false)")

@@ -2,7 +2,8 @@
 ``low`` times, each time reading the sum of the two streams, then the high stream through the high stack over that
 sum, ``high`` times over; each pass ends with a weightless RMSNorm, and the last high pass's output is the model's.
 The decoder holds every pass as layers of its own (``ModelConfig.stack_cycles``: the passes unrolled, each with its
-own K/V, the weights of a stack's layers repeated); this module keeps the streams between them."""
+own K/V, the weights of a stack's layers repeated); this module keeps the streams between them. Dory's layers looped
+(``RecurrentLoops``) are unrolled alike."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from torch import nn
 
 from kvserve.model.attention import rms_unweighted
 from kvserve.model.config import ModelConfig
+from kvserve.model.layers import L2Norm
 
 Streams = tuple[torch.Tensor, torch.Tensor]  # (low, high)
 
@@ -44,3 +46,30 @@ class StackCycles(nn.Module):
         else:
             low = out
         return low + high, None, (low, high)
+
+
+class RecurrentLoops(nn.Module):
+    """Dory's looped layers (``ModelConfig.recurrent_loops``: unrolled, each loop's K/V its own): before each loop the
+    stream is L2-normed and added to the normed stream the input layers gave."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        assert cfg.recurrent_loops is not None
+        self.first, self.looped, self.loops = cfg.recurrent_loops
+        self.norm = L2Norm(cfg.rms_norm_eps)
+
+    def start(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.first:
+            return h, None
+        entry = self.norm(h)  # no input layers: the first loop starts from the embeddings
+        return self.norm(h) + entry, entry
+
+    def after(self, layer: int, h: torch.Tensor, delta: torch.Tensor | None,
+              entry: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        end = layer + 1
+        if end < self.first or end >= self.first + self.looped * self.loops or (end - self.first) % self.looped:
+            return h, delta, entry
+        h = h if delta is None else h + delta
+        if end == self.first:
+            entry = self.norm(h)
+        return self.norm(h) + entry, None, entry

@@ -15,7 +15,7 @@ from torch import nn
 from kvserve.attention import AttentionBackend, AttentionMetadata
 from kvserve.model.altup import AltUpStreams
 from kvserve.model.config import ModelConfig
-from kvserve.model.cycles import StackCycles
+from kvserve.model.cycles import RecurrentLoops, StackCycles
 from kvserve.model.decoder_layer import DecoderLayer
 from kvserve.model.index_cache import index_slot
 from kvserve.model.layers import NoNorm, PackedLinear, RMSNorm, make_norm, pack_linears, padded_rows
@@ -93,7 +93,9 @@ class CausalLM(nn.Module):
             self.per_layer_proj_norm = RMSNorm(cfg.per_layer_input_size, cfg.rms_norm_eps)
         # Gemma 3n's residual streams: made from the embeddings before the layers, folded into one after them
         self.altup_streams = AltUpStreams(cfg.hidden_size, cfg.altup_streams) if cfg.altup_streams > 1 else None
-        self.cycles = StackCycles(cfg) if cfg.stack_cycles is not None else None  # HRM's stacks over two streams
+        # HRM's stacks over two streams, Dory's looped layers
+        self.cycles = StackCycles(cfg) if cfg.stack_cycles is not None else \
+            RecurrentLoops(cfg) if cfg.recurrent_loops is not None else None
         self.native = False
         self.native_stack: Any | None = None  # every layer in one native call (kvserve.model.native_stack)
         self.lora: Any | None = None  # a kvserve.lora.layers.LoRAContext once adapters are enabled

@@ -80,6 +80,8 @@ class DecoderLayer(nn.Module):
             self.moe = self.mlp if cfg.moe_beside_mlp else None  # type: ignore[assignment]
             self.mlp = GatedMLP(cfg.hidden_size, cfg.mlp_size(layer), cfg.hidden_act, cfg.mlp_bias, cfg.swiglu,
                                 cfg.gated_mlp, cfg.rms_norm_eps if cfg.mlp_sub_norm else None, cfg.mlp_sparsity(layer))
+            if cfg.mlp_sub_norm and cfg.norm_type == "l2":  # (Dory's: weightless, over the sum of squares)
+                self.mlp.sub_norm = make_norm("l2", cfg.mlp_size(layer), cfg.rms_norm_eps)
         # what closes the layer after its MLP (Gemma 4): a per-layer input's gated branch, a scalar on its output
         self.extras = cfg.moe_beside_mlp or bool(cfg.per_layer_input_size) or cfg.layer_scalars
         if self.extras:
@@ -107,7 +109,9 @@ class DecoderLayer(nn.Module):
         # (a, b) of each add, attention's then the MLP's, where the stream takes a * out + b * stream (residual_mix)
         self.mix = None if cfg.residual_mix != "depth" else [depth_mix(2 * layer + 2), depth_mix(2 * layer + 3)]
         # "gated": each add's learned weights (attention's, then the MLP's), mixed by ``gated_mix``
-        self.residual_gates = nn.Parameter(torch.zeros(2 * cfg.hidden_size)) if cfg.residual_mix == "gated" else None
+        self.residual_gates = nn.Parameter(torch.zeros(2 * cfg.hidden_size)) \
+            if cfg.residual_mix in ("gated", "interpolate") else None
+        self.interpolates = cfg.residual_mix == "interpolate"  # (nGPT's: the stream moves towards each normed output)
         # the bf16 hand-offs between the norms and the AMX GEMMs: Llama's layout and plain attention only
         self.one_part = self.self_attn is None or self.mlp is None
         self.fast = self.layout == "pre" and not self.one_part and self.self_attn.plain and cfg.residual_scale == 1
@@ -137,6 +141,8 @@ class DecoderLayer(nn.Module):
         t = h.shape[0]
         if self.altup is not None:  # (h: the streams [n, T, hidden])
             return altup_layer_forward(self, h, rope, attn, meta, kv_cache, rows, per_layer)
+        if self.interpolates:
+            return self._interpolated_forward(h, delta, rope, attn, meta, kv_cache, rows)
         if self.extras:
             return self._closed_forward(h, delta, rope, attn, meta, kv_cache, rows, per_layer, reduced)
         if self.one_part:
@@ -166,6 +172,20 @@ class DecoderLayer(nn.Module):
         if self.shortcut is not None:
             self.deferred = self.shortcut(x[: h.shape[0]])
         return h, self._mixed(h, self._out(self.mlp(x)[: h.shape[0]], "mlp_out_norm"), 1)
+
+    def _interpolated_forward(self, h, delta, rope, attn, meta, kv_cache,
+                              rows: torch.Tensor | None) -> tuple[torch.Tensor, None]:
+        """nGPT's layer (Dory's): the stream normed, moved towards attention's normed output at a rate per dim
+        (|residual_gates|, folded at load), normed again, then moved towards the MLP's the same way."""
+        x = self.input_layernorm(h if delta is None else h + delta)
+        a = self.self_attn(x, rope, attn, meta, kv_cache, False, rows, x.shape[0])
+        if rows is not None:
+            x = x[rows]
+            if not rows.numel():
+                return x, None
+        rate = self.residual_gates.view(2, -1).float().abs()
+        x = self.post_attention_layernorm(x + rate[0] * (self.attn_out_norm(a) - x))
+        return x + rate[1] * (self.mlp_out_norm(self.mlp(x)) - x), None
 
     def _mixed(self, h: torch.Tensor, out: torch.Tensor, part: int) -> torch.Tensor:
         """``out`` as the stream adds it where the layer mixes the two (``mix``): the stream scaled here in place."""

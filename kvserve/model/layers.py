@@ -91,6 +91,18 @@ class LayerNorm(_TorchNorm):
         return torch.nn.functional.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
 
 
+class L2Norm(_TorchNorm):
+    """x over its L2 norm, without a weight: x * rsqrt(sum(x^2) + eps) (nGPT's unit sphere: Dory's)."""
+
+    def __init__(self, eps: float):
+        super().__init__()
+        self.eps = eps
+
+    def normed(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+
 class NoNorm(_TorchNorm):
     """The identity with a norm's interface: the final norm of a decoder that has none (GPT-1)."""
 
@@ -114,11 +126,13 @@ class HeadLayerNorm(nn.Module):
         return (y if self.bias is None else y + self.bias.float()).to(x.dtype)
 
 
-def make_norm(kind: str, dim: int, eps: float, bias: bool = True, affine: bool = True) -> RMSNorm | LayerNorm:
+def make_norm(kind: str, dim: int, eps: float, bias: bool = True, affine: bool = True) -> RMSNorm | LayerNorm | L2Norm:
     """A decoder's norm of ``kind`` (``ModelConfig.norm_type``): "rms" or "layer" (``bias``: with a bias; not
     ``affine``: with neither weight nor bias)."""
-    if kind not in ("rms", "layer"):
-        raise ValueError(f"norm type {kind!r} is not supported (rms, layer)")
+    if kind not in ("rms", "layer", "l2"):
+        raise ValueError(f"norm type {kind!r} is not supported (rms, layer, l2)")
+    if kind == "l2":
+        return L2Norm(eps)
     return RMSNorm(dim, eps, affine) if kind == "rms" else LayerNorm(dim, eps, bias, affine)
 
 

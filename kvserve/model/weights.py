@@ -81,7 +81,7 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
             continue
         if not cfg.is_moe(i) or cfg.moe_beside_mlp:
             mlp(out, arch, dst + "mlp.", p, "", cfg.mlp_size(i), h, cfg.mlp_bias, cfg.gated_mlp)
-            if cfg.mlp_sub_norm:
+            if cfg.mlp_sub_norm and cfg.norm_affine:
                 out[f"{dst}mlp.sub_norm.weight"] = [(f"{p}{arch.weight_name('mlp_sub_norm')}.weight",
                                                      (cfg.mlp_size(i),))]
             if cfg.hidden_act == "xielu":  # the activation's own parameters
@@ -171,7 +171,7 @@ def layer_extras(out: dict[str, list[Source]], arch: Architecture, cfg: ModelCon
     for role in norms:
         for suffix in norm_suffixes:
             out[f"{dst}{role}.{suffix}"] = [(f"{p}{arch.weight_name(role)}.{suffix}", (h,))]
-    if cfg.residual_mix == "gated":
+    if cfg.residual_mix in ("gated", "interpolate"):
         out[f"{dst}residual_gates"] = [(f"{p}{arch.weight_name(role)}", (h,))
                                        for role in ("attn_residual_gate", "mlp_residual_gate")]
     if cfg.layer_scalars:
@@ -195,7 +195,7 @@ def attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig
     linear(dst + "qkv", prefix, [*q_parts, *kv_parts], arch.weight_name("qkv_proj"), h, cfg.attention_bias)
     linear(dst + "o_proj", prefix, [("o_proj", h)], None, cfg.attention_heads(layer) * cfg.value_dim(layer),
            cfg.o_proj_bias)
-    if not cfg.has_qk_norm(layer) or cfg.qk_norm_type == "unweighted":
+    if not cfg.has_qk_norm(layer) or cfg.qk_norm_type in ("unweighted", "l2"):
         pass
     elif cfg.qk_norm_type == "layer":
         head_norms(out, arch, cfg, dst, prefix, layer)
@@ -207,7 +207,9 @@ def attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig
         out[f"{dst}gate_bias"] = [(f"{prefix}{arch.weight_name('attn_gate_bias')}", (cfg.attention_heads(layer),))]
     if cfg.has_sinks(layer):
         out[f"{dst}sinks"] = [(f"{prefix}{arch.weight_name('sinks')}", (cfg.attention_heads(layer),))]
-    if cfg.attn_sub_norm:
+    if cfg.query_channel_scale:
+        out[f"{dst}q_scale"] = [(f"{prefix}{arch.weight_name('attn_q_scale')}", (q_rows,))]
+    if cfg.attn_sub_norm and cfg.norm_affine:
         out[f"{dst}sub_norm.weight"] = [(f"{prefix}{arch.weight_name('attn_sub_norm')}.weight", (q_rows,))]
 
 
@@ -237,6 +239,7 @@ def expected_weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         for role, shape in (("router_input_scale", (cfg.hidden_size,)), ("expert_output_scale", (cfg.num_experts,))):
             if cfg.is_moe(i) and (name := arch.weight_name(role)):
                 out[f"model.layers.{i}.{name}"] = shape
+    out.update(arch.folded_weights(cfg) if arch.folded_weights is not None else {})
     stacked = arch.stacked_experts
     if stacked is None:
         return out

@@ -436,6 +436,14 @@ CASES: dict[str, tuple[str, dict]] = {
                                            index_n_heads=4, index_head_dim=16, gated_norm_rank=8)),
     # two stacks of 2 layers in cycles (2 high, each after 2 low passes), weightless norms, gated attention
     "HrmTextForCausalLM": ("HrmTextConfig", dict(num_key_value_heads=OMIT, H_cycles=2, L_cycles=2)),
+    # nGPT's layers (L2 norms, interpolated residuals, scaled q and gates), a sliding and a full layer looped twice
+    # between an input and an output layer
+    "DoryForCausalLM": ("DoryConfig", dict(num_hidden_layers=4, n_input_layers=1, n_output_layers=1,
+                                           n_recurrent_loops=2, sliding_window=WINDOW)),
+    # the stored scales' multiplier 1 (1 / initializer_range: the random offsets on them not multiplied by 56)
+    "DoryForCausalLM:unit_scales": ("DoryConfig", dict(num_hidden_layers=4, n_input_layers=1, n_output_layers=1,
+                                                       n_recurrent_loops=2, sliding_window=WINDOW,
+                                                       initializer_range=1.0)),
     # a lightning indexer in every layer choosing 4 keys a query (the prompts' contexts longer: the general path with
     # the choice as a mask), its rotary on halves; DeepSeek-V3's router, a dense layer first
     "DeepseekV32ForCausalLM": ("DeepseekV32Config", dict(LATENT, num_hidden_layers=3, n_routed_experts=4,
@@ -928,6 +936,10 @@ NOT_CLOSE = {"Glm4MoeForCausalLM:scaled": "x2.5 amplifies int8's flips among the
              "MiMoV2FlashForCausalLM": "int8 flips this random sigmoid router's choices among near-equal scores (0.72 "
                                        "with one expert group and no scaling too; int8 through MiMo's attention: "
                                        "MiMoV2FlashForCausalLM:dense)",
+             "DoryForCausalLM": "the random offsets (0.2) on nGPT's stored scales, used times 1 / initializer_range "
+                                "(56) and squared for q and the gates, make this model's logit and gate scales tens "
+                                "to thousands: int8 moves logprobs by 1.6 (with that multiplier 1, "
+                                "DoryForCausalLM:unit_scales, within the bound)",
              "BeamForCausalLM": "int8 flips this random grouped sigmoid router's choices (0.76 against the 0.5 bound; "
                                 "with one expert group and no scaling within it; int8 through Beam's attention and "
                                 "residual mix: BeamForCausalLM:dense)",
@@ -1091,6 +1103,8 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("ErgoForCausalLM", False, "a non-gated MLP, relu2, residual mixes, norms on the experts' outputs"),
     ("AXK2ForCausalLM", False, "latent attention, top-k key selection, gated norms"),
     ("HrmTextForCausalLM", False, "no final norm, gated attention, stacks run in cycles"),
+    ("DoryForCausalLM", False, "L2 norms, gated attention, residual mixes, looped layers, q scaled per channel, a "
+     "norm before o_proj, a norm before the MLP's down projection"),
     ("DeepseekV32ForCausalLM", False, "latent attention, top-k key selection"),
     ("LongcatFlashForCausalLM", False, "latent attention, experts added a layer later, identity experts"),
     ("Gemma4UnifiedForCausalLM", False, "attention shapes per layer, normed values, values from keys or K/V shared "

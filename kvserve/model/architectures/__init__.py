@@ -64,6 +64,7 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     # gated attention's output gate as a projection of its own (AFMoE's); None: its rows inside q_proj, each head's
     # after that head's q (Qwen3-Next's)
     "attn_gate_proj": None,
+    "attn_q_scale": None,  # a tensor [heads x head_dim]: q's scale per channel after rotary (query_channel_scale)
     "attn_gate_bias": None,  # a tensor [heads] (not a module's): added to each head's gates (attn_output_gate_bias)
     # the norms on attention's output before o_proj and on the MLP's act(gate) * up before down
     # (ModelConfig.attn_sub_norm, mlp_sub_norm)
@@ -172,6 +173,8 @@ class Architecture:
     qkv_per_head: bool = False
     # (ModelConfig, the checkpoint's tensors) -> the tensors the decoder takes, at HF load: scales folded in (Falcon-H1)
     adjust_weights: Callable[[Any, dict[str, Any]], dict[str, Any]] | None = None
+    # ModelConfig -> checkpoint tensors (name: shape) no parameter takes, which adjust_weights folds into others (Dory's)
+    folded_weights: Callable[[Any], dict[str, tuple[int, ...]]] | None = None
     # our layers a checkpoint layer holds (LongCat-Flash's two attentions and MLPs): our layer j is its layer
     # j // sublayers, "{s}" in a role's name the sub-layer j % sublayers (``weights.in_checkpoint_layer``)
     sublayers: int = 1
@@ -285,7 +288,7 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "falcon", "dbrx", "bitnet", "axk1", "youtu", "minicpm5_moe", "minicpm3", "exaone_moe", "kolibri1",
             "deepseek_v32", "glm_moe_dsa", "longcat_flash", "gemma3n", "gemma4_unified", "mllama", "aria", "gpt_neo",
             "codegen", "xglm", "openai_gpt", "jetmoe", "zamba2", "zamba", "lfm3", "mimo_v2_flash",
-            "beam", "ergo", "axk2", "hrm_text"]
+            "beam", "ergo", "axk2", "hrm_text", "dory"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)
