@@ -36,6 +36,7 @@ class Attention(nn.Module):
         # K/V from an earlier layer (q alone projected here), or values that are the keys' projection
         self.shares_kv, self.k_is_v = cfg.shares_kv(layer), bool(cfg.k_eq_v_layers and cfg.k_eq_v_layers[layer])
         self.v_norm = cfg.v_norm
+        self.nvfp4 = cfg.kv_nvfp4 and cfg.window(layer) is None
         self.stores_kv = cfg.kv_shared_from is not None and not self.shares_kv and layer in cfg.kv_shared_from[layer + 1:]
         self.layer, self.source = layer, (cfg.kv_shared_from[layer] if self.shares_kv else layer)
         # values narrower than keys (v_head_dim): zero-padded to head_dim for the cache, the padding cut from the output
@@ -177,6 +178,8 @@ class Attention(nn.Module):
             v = torch.nn.functional.pad(v, (0, self.head_dim - self.v_dim))
         if self.v_norm:
             v = rms_unweighted(v, self.eps)
+        if self.nvfp4:  # (before the cache and the layers sharing them: each reads them rounded once)
+            k, v = nvfp4_values(k), nvfp4_values(v)
         if self.stores_kv:
             shared_kv(meta)[self.layer] = (k, v)
         return q, k, v
@@ -210,6 +213,18 @@ def rms_unweighted(x: torch.Tensor, eps: float) -> torch.Tensor:
     """x RMS-normed over its last dim, without a weight (in float32, as the checkpoints' norms compute)."""
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def nvfp4_values(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to NVFP4's values and back: each 16 consecutive values of the last dim share a scale (their largest
+    magnitude / 6, as an E4M3 float within [2^-9, 448]), each an E2M1 multiple of it (steps of 0.5 below 2, 1 below
+    4, 2 up to 6), ties to even."""
+    blocks = x.float().reshape(*x.shape[:-1], -1, 16)
+    scale = (blocks.abs().amax(-1, keepdim=True) / 6).clamp(2 ** -9, 448).to(torch.float8_e4m3fn).float()
+    scaled = blocks / scale
+    size = scaled.abs().clamp(max=6)
+    step = torch.where(size < 2, 0.5, torch.where(size < 4, 1.0, 2.0))
+    return ((torch.round(size / step) * step).copysign(scaled) * scale).reshape(x.shape).to(x.dtype)
 
 
 def shared_kv(meta: AttentionMetadata) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:

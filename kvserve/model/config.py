@@ -231,6 +231,7 @@ class ModelConfig(LayerPlan):
     layer_head_dims: list[int] | None = None
     layer_kv_heads: list[int] | None = None
     v_norm: bool = False
+    kv_nvfp4: bool = False  # the full layers' K and V rounded to NVFP4's values (Kolibri 1.1's sparse layers)
     k_eq_v_layers: list[bool] | None = None
     kv_shared_from: list[int] | None = None
     # mixture of attention heads (JetMoE): q and o projections routed among this many experts, num_experts_per_tok a
@@ -304,8 +305,6 @@ class ModelConfig(LayerPlan):
             raise ValueError(f"residual_mix {self.residual_mix!r} is not supported (depth, gated: sandwich layout)")
         if self.lm_head_bias and self.tie_word_embeddings:
             raise ValueError("an LM head with a bias must be its own weight (tie_word_embeddings false)")
-        if self.output_vocab_size and (self.tie_word_embeddings or not 0 < self.output_vocab_size <= self.vocab_size):
-            raise ValueError("a pruned LM head (output_vocab_size) is its own weight of 1..vocab_size rows")
         if (self.qk_norm_after_rope or self.qk_norm_type != "rms") and self.qk_norm != "head":
             raise ValueError("q/k norms after rotary, and q/k LayerNorms, are per head (qk_norm 'head')")
         if self.router_scoring not in ("softmax", "sigmoid", "sparsemixer"):

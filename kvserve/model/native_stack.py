@@ -70,7 +70,7 @@ def native_stack_blocker(cfg: ModelConfig) -> str | None:
               (cfg.residual_mix is not None, "residual mixes"),
               (cfg.expert_out_norm, "norms on the experts' outputs"), (bool(cfg.norm_gate_rank), "gated norms"),
               (cfg.stack_cycles is not None, "stacks run in cycles"),
-              (cfg.recurrent_loops is not None, "looped layers"), (cfg.query_channel_scale, "q scaled per channel"),
+              (cfg.recurrent_loops is not None, "looped layers"), (cfg.kv_nvfp4, "K/V rounded to NVFP4"), (cfg.query_channel_scale, "q scaled per channel"),
               (cfg.recurrent_norm_layout is not None, "norm layouts per layer"),
               (any(h != cfg.num_attention_heads for h in cfg.attention_heads_per_layer or ()),
                "query heads varying by layer"),

@@ -401,6 +401,15 @@ CASES: dict[str, tuple[str, dict]] = {
                                                    sliding_window=WINDOW, norm_topk_prob=True,
                                                    layer_types=["sliding_attention", "full_attention",
                                                                 "sliding_attention"])),
+    # Kolibri-1's sandwich layers and router over windowed rotary layers and indexed ones without positions (K/V rounded
+    # to NVFP4), the third on the second's K/V; two dense layers first
+    "Kolibri1_1ForCausalLM": ("Kolibri1_1Config", dict(num_hidden_layers=4, num_experts=8, num_experts_per_tok=2,
+                                                       moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                                                       sliding_window=WINDOW, norm_topk_prob=True,
+                                                       layer_types=["sliding_attention", "indexed_attention",
+                                                                    "indexed_attention", "sliding_attention"],
+                                                       kv_source_layers=[0, 1, 1, 3], index_layers=[1],
+                                                       index_num_heads=2, mlp_only_intermediate_size=80)),
     # every layer full (a window set: none rotates), the chosen weights not renormalised, wider heads
     "Kolibri1ForCausalLM:full": ("Kolibri1Config", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                                                         shared_expert_intermediate_size=32, sliding_window=WINDOW,
@@ -1103,6 +1112,8 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("ErgoForCausalLM", False, "a non-gated MLP, relu2, residual mixes, norms on the experts' outputs"),
     ("AXK2ForCausalLM", False, "latent attention, top-k key selection, gated norms"),
     ("HrmTextForCausalLM", False, "no final norm, gated attention, stacks run in cycles"),
+    ("Kolibri1_1ForCausalLM", False, "K/V rounded to NVFP4, a selection bias on the router's logits, normed values, "
+     "values from keys or K/V shared between layers"),
     ("DoryForCausalLM", False, "L2 norms, gated attention, residual mixes, looped layers, q scaled per channel, a "
      "norm before o_proj, a norm before the MLP's down projection"),
     ("DeepseekV32ForCausalLM", False, "latent attention, top-k key selection"),

@@ -8,6 +8,9 @@ from kvserve.model.architectures.apertus import APERTUS_WEIGHTS, apertus_config
 
 def apertus1p5_config(d: dict) -> dict:
     head = d.get("output_vocab_size") or 0
+    if head and (d.get("tie_word_embeddings") or not 0 < head <= d["vocab_size"]):
+        raise ValueError("Apertus1p5TextForCausalLM: a pruned LM head (output_vocab_size) is its own weight of "
+                         "1..vocab_size rows")
     return {**apertus_config(d), "output_vocab_size": 0 if head == d["vocab_size"] else head}
 
 
