@@ -335,9 +335,9 @@ class ModelConfig(LayerPlan):
         groups, used, experts = self.expert_groups, self.expert_groups_used, self.num_experts
         if not experts or experts % groups or used < 1:
             raise ValueError(f"{experts} experts do not split into {groups} expert groups of which {used} are used")
-        if self.group_scoring not in ("max", "top2") or (self.group_scoring == "top2" and experts // groups < 2):
-            raise ValueError(f"group scoring {self.group_scoring!r} is not supported here (max; top2 with 2+ experts "
-                             "a group)")
+        if self.group_scoring not in ("max", "top2", "top2_zero") or \
+                (self.group_scoring != "max" and experts // groups < 2):  # (top2_zero: A.X-K2's, others at 0)
+            raise ValueError(f"group scoring {self.group_scoring!r} is not supported (max; top2, top2_zero: 2+ each)")
         if self.num_experts_per_tok > used * (experts // groups):
             raise ValueError(f"{self.num_experts_per_tok} experts a token cannot come from {used} groups of "
                              f"{experts // groups}")

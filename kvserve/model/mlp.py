@@ -245,7 +245,8 @@ class MoE(nn.Module):
         per_group = choice.view(choice.shape[0], groups, -1)
         score = per_group.amax(-1) if scoring == "max" else per_group.topk(2, dim=-1).values.sum(-1)
         keep = torch.zeros_like(score, dtype=torch.bool).scatter_(1, score.topk(used, dim=-1).indices, True)
-        return per_group.masked_fill(~keep[..., None], float("-inf")).view_as(choice)
+        fill = 0.0 if scoring == "top2_zero" else float("-inf")  # (A.X-K2's: 0, below which a biased score may fall)
+        return per_group.masked_fill(~keep[..., None], fill).view_as(choice)
 
     def loop_forward(self, x: torch.Tensor, route: torch.Tensor | None = None) -> torch.Tensor:
         """The Python loop: route, then each expert over its rows, added back in ascending expert id."""

@@ -443,6 +443,11 @@ CASES: dict[str, tuple[str, dict]] = {
                                            moe_intermediate_size=32, n_shared_experts=1, routed_scaling_factor=1.5,
                                            mlp_layer_types=["dense", "sparse", "sparse"], index_topk=4,
                                            index_n_heads=4, index_head_dim=16, gated_norm_rank=8)),
+    # from the best of 2 expert groups (the others' experts scored 0), 2 shared experts
+    "AXK2ForCausalLM:groups": ("AXK2Config", dict(LATENT, num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=2,
+                                                  moe_intermediate_size=32, n_shared_experts=2, n_group=2, topk_group=1,
+                                                  mlp_layer_types=["dense", "sparse", "sparse"], index_topk=4,
+                                                  index_n_heads=4, index_head_dim=16, gated_norm_rank=8)),
     # two stacks of 2 layers in cycles (2 high, each after 2 low passes), weightless norms, gated attention
     "HrmTextForCausalLM": ("HrmTextConfig", dict(num_key_value_heads=OMIT, H_cycles=2, L_cycles=2)),
     # nGPT's layers (L2 norms, interpolated residuals, scaled q and gates), a sliding and a full layer looped twice
@@ -945,6 +950,9 @@ NOT_CLOSE = {"Glm4MoeForCausalLM:scaled": "x2.5 amplifies int8's flips among the
              "MiMoV2FlashForCausalLM": "int8 flips this random sigmoid router's choices among near-equal scores (0.72 "
                                        "with one expert group and no scaling too; int8 through MiMo's attention: "
                                        "MiMoV2FlashForCausalLM:dense)",
+             "AXK2ForCausalLM:groups": "int8 flips this random grouped router's choices (the greedy token left the "
+                                       "quantized top 5 at a step; AXK2ForCausalLM, the same layers without groups, "
+                                       "stays close)",
              "DoryForCausalLM": "the random offsets (0.2) on nGPT's stored scales, used times 1 / initializer_range "
                                 "(56) and squared for q and the gates, make this model's logit and gate scales tens "
                                 "to thousands: int8 moves logprobs by 1.6 (with that multiplier 1, "
