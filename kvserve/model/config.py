@@ -301,8 +301,6 @@ class ModelConfig(LayerPlan):
             raise ValueError("LAuReL's branch is AltUp's layer's (altup_streams 2 or more), in the sandwich layout")
         if any(self.activation_sparsity or ()) and not self.gated_mlp:
             raise ValueError("activation sparsity cuts a gated MLP's gate")
-        if self.residual_mix not in (None, "depth", "gated", "interpolate") or (self.residual_mix and self.norm_layout != "sandwich"):
-            raise ValueError(f"residual_mix {self.residual_mix!r} is not supported (depth, gated: sandwich layout)")
         if self.lm_head_bias and self.tie_word_embeddings:
             raise ValueError("an LM head with a bias must be its own weight (tie_word_embeddings false)")
         if (self.qk_norm_after_rope or self.qk_norm_type != "rms") and self.qk_norm != "head":

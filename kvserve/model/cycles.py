@@ -33,8 +33,8 @@ class StackCycles(nn.Module):
 
     def after(self, layer: int, h: torch.Tensor, delta: torch.Tensor | None,
               streams: Streams) -> tuple[torch.Tensor, torch.Tensor | None, Streams]:
-        """After ``layer``: where it ends a pass, the pass's normed output into its stream and the next pass's input (the
-        two streams' sum) as the stream the layers go on with; as given otherwise."""
+        """After ``layer``: where it ends a pass, the pass's normed output into its stream and the next pass's input
+        (the two streams' sum) as the stream the layers go on with; as given otherwise."""
         if (layer + 1) % self.per_stack:
             return h, delta, streams
         out = rms_unweighted(h if delta is None else h + delta, self.eps)

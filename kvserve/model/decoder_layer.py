@@ -38,7 +38,8 @@ def depth_mix(n: int) -> tuple[float, float]:
 
 
 def gated_mix(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ergo's residual gate's (a, b) per dim from its weight: a = sigmoid(w), b = sqrt(1 + a) * exp(-softplus(w) / 2)."""
+    """Ergo's residual gate's (a, b) per dim from its weight w: a = sigmoid(w), b = sqrt(1 + a) * exp(-softplus(w) / 2)
+    (in float32)."""
     w = w.float()
     a = torch.sigmoid(w)
     return a, torch.sqrt(1.0 + a) * torch.exp(-0.5 * torch.nn.functional.softplus(w))
@@ -118,9 +119,11 @@ class DecoderLayer(nn.Module):
         # and into the MLP, whose down projection then writes bf16: not where it adds a bias (added in float32
         # instead, as the native decode stack adds it)
         self.fast_mlp = self.fast and not cfg.mlp_bias and not cfg.mlp_sub_norm and self.shortcut is None
-        if cfg.residual_mix is not None and (self.extras or self.one_part or self.altup is not None
-                                     or self.shortcut is not None):
-            raise ValueError("residual_mix is built for layers of attention then an MLP, with nothing after it")
+        if cfg.residual_mix not in (None, "depth", "gated", "interpolate"):
+            raise ValueError(f"residual_mix {cfg.residual_mix!r} is not supported (depth, gated, interpolate)")
+        if cfg.residual_mix is not None and (self.layout != "sandwich" or self.extras or self.one_part
+                                             or self.altup is not None or self.shortcut is not None):
+            raise ValueError("residual_mix is built for sandwich layers of attention then an MLP, nothing after it")
 
     def forward(self, h, delta, rope, attn, meta, kv_cache, rows: torch.Tensor | None = None,
                 per_layer: torch.Tensor | None = None, shared: tuple[SharedBlock, torch.Tensor] | None = None,

@@ -83,7 +83,7 @@ class LayerPlan:
         return ("input_layernorm",) if self.layer_parts[layer] == "mixer" else ("post_attention_layernorm",)
 
     def gated_norm(self, layer: int, role: str) -> bool:
-        """Whether ``layer``'s norm ``role`` is gated (``norm_gate_rank``): the input norm, and an MoE layer's MLP norm."""
+        """Whether ``layer``'s norm ``role`` is gated (``norm_gate_rank``): the input norm, an MoE layer's MLP norm."""
         return bool(self.norm_gate_rank) and (role == "input_layernorm" or
                                               (role == "post_attention_layernorm" and self.is_moe(layer)))
 

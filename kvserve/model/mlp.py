@@ -158,7 +158,7 @@ class MoE(nn.Module):
                  identity_experts: int = 0, logit_softcap: float | None = None, out_bias: bool = False,
                  expert_norm_eps: float | None = None):
         super().__init__()
-        # each expert's output RMS-normed by its own weight (a row each), the shared expert's by a norm of its own (Ergo)
+        # each expert's output RMS-normed by its own weight (a row each), the shared expert's by its own norm (Ergo)
         self.expert_norm_eps = expert_norm_eps
         self.expert_norms = None if expert_norm_eps is None else nn.Parameter(torch.ones(experts, hidden))
         self.out_bias = nn.Parameter(torch.zeros(hidden)) if out_bias else None  # added to the sum (JetMoE's)

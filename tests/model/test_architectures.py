@@ -444,10 +444,11 @@ CASES: dict[str, tuple[str, dict]] = {
                                            mlp_layer_types=["dense", "sparse", "sparse"], index_topk=4,
                                            index_n_heads=4, index_head_dim=16, gated_norm_rank=8)),
     # from the best of 2 expert groups (the others' experts scored 0), 2 shared experts
-    "AXK2ForCausalLM:groups": ("AXK2Config", dict(LATENT, num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=2,
-                                                  moe_intermediate_size=32, n_shared_experts=2, n_group=2, topk_group=1,
-                                                  mlp_layer_types=["dense", "sparse", "sparse"], index_topk=4,
-                                                  index_n_heads=4, index_head_dim=16, gated_norm_rank=8)),
+    "AXK2ForCausalLM:groups": ("AXK2Config", dict(LATENT, num_hidden_layers=3, n_routed_experts=8,
+                                                  num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=2,
+                                                  n_group=2, topk_group=1, index_topk=4, index_n_heads=4,
+                                                  mlp_layer_types=["dense", "sparse", "sparse"], index_head_dim=16,
+                                                  gated_norm_rank=8)),
     # two stacks of 2 layers in cycles (2 high, each after 2 low passes), weightless norms, gated attention
     "HrmTextForCausalLM": ("HrmTextConfig", dict(num_key_value_heads=OMIT, H_cycles=2, L_cycles=2)),
     # nGPT's layers (L2 norms, interpolated residuals, scaled q and gates), a sliding and a full layer looped twice

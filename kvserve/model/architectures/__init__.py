@@ -173,7 +173,8 @@ class Architecture:
     qkv_per_head: bool = False
     # (ModelConfig, the checkpoint's tensors) -> the tensors the decoder takes, at HF load: scales folded in (Falcon-H1)
     adjust_weights: Callable[[Any, dict[str, Any]], dict[str, Any]] | None = None
-    # ModelConfig -> checkpoint tensors (name: shape) no parameter takes, which adjust_weights folds into others (Dory's)
+    # ModelConfig -> checkpoint tensors (name: shape) no parameter takes, which adjust_weights folds into others
+    # (Dory's scales)
     folded_weights: Callable[[Any], dict[str, tuple[int, ...]]] | None = None
     # our layers a checkpoint layer holds (LongCat-Flash's two attentions and MLPs): our layer j is its layer
     # j // sublayers, "{s}" in a role's name the sub-layer j % sublayers (``weights.in_checkpoint_layer``)

@@ -1,5 +1,6 @@
 """A.X-K2 (SK Telecom): DeepSeek-V3.2's latent attention with its lightning indexer, q's expansion reading the normed
-and the raw q latent side by side and giving each head its q and a sigmoid gate on its output (``q_b_proj``, transformers' ``q_gate_proj``:
+and the raw q latent side by side and giving each head its q and a sigmoid gate on its output (``q_b_proj``,
+transformers' ``q_gate_proj``:
 ``ModelConfig.latent_q_gate``); the input norm of every layer and the MLP norm of the MoE layers gated by a low-rank
 MLP of their output (``gated_norm_rank``); DeepSeek-V3's sigmoid router with its bias, dense or sparse layers by
 ``mlp_layer_types``, from the best ``topk_group`` of ``n_group`` expert groups where set (the larger releases: the

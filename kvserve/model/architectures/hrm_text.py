@@ -14,7 +14,8 @@ from kvserve.model.architectures import Architecture, register
 def hrm_config(d: dict) -> dict:
     per_stack, high, low = d["num_layers_per_stack"], d.get("H_cycles", 2), d.get("L_cycles", 3)
     if d["num_hidden_layers"] != per_stack * high * (low + 1):
-        raise ValueError("HrmTextForCausalLM: num_hidden_layers is not num_layers_per_stack x H_cycles x (L_cycles + 1)")
+        raise ValueError("HrmTextForCausalLM: num_hidden_layers is not num_layers_per_stack x H_cycles x "
+                         "(L_cycles + 1)")
     scale = d.get("embedding_scale") or 1.0 / d.get("initializer_range", 0.02)
     return {"norm_affine": False, "final_norm": False, "attn_output_gate": True, "embed_scale": float(scale),
             "stack_cycles": (per_stack, high, low), "checkpoint_layers": source_layers(per_stack, high, low)}
