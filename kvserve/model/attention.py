@@ -17,7 +17,7 @@ from kvserve.attention.backend import LayerAttention
 from kvserve.model.config import ModelConfig
 from kvserve.model.diff_attention import DiffAttention
 from kvserve.model.dynamic_mask import DynamicMask
-from kvserve.model.layers import HeadLayerNorm, RMSNorm, runs_amx
+from kvserve.model.layers import HeadLayerNorm, RMSNorm, make_norm, runs_amx
 from kvserve.model.rotary import RotaryStep
 
 
@@ -34,9 +34,11 @@ class Attention(nn.Module):
         self.output_gate = cfg.attn_output_gate
         self.gate_softplus, self.gate_per_head = cfg.attn_output_gate_fn == "softplus", cfg.attn_output_gate_per_head
         gate_size = self.num_heads if self.gate_per_head else q_size
+        self.gate_bias = nn.Parameter(torch.zeros(self.num_heads)) if cfg.attn_output_gate_bias else None
         # K/V from an earlier layer (q alone projected here), or values that are the keys' projection
         self.shares_kv, self.k_is_v = cfg.shares_kv(layer), bool(cfg.k_eq_v_layers and cfg.k_eq_v_layers[layer])
         self.v_norm = cfg.v_norm
+        self.nvfp4 = cfg.kv_nvfp4 and cfg.window(layer) is None
         self.stores_kv = cfg.kv_shared_from is not None and not self.shares_kv and layer in cfg.kv_shared_from[layer + 1:]
         self.layer, self.source = layer, (cfg.kv_shared_from[layer] if self.shares_kv else layer)
         # values narrower than keys (v_head_dim): zero-padded to head_dim for the cache, the padding cut from the output
@@ -49,7 +51,9 @@ class Attention(nn.Module):
         self.qk_norm = cfg.qk_norm if cfg.has_qk_norm(layer) else None
         self.norm_after_rope = cfg.qk_norm_after_rope
         self.layer_norms = cfg.qk_norm_type == "layer"
-        self.unweighted = cfg.qk_norm_type == "unweighted"
+        self.unweighted = cfg.qk_norm_type in ("unweighted", "l2")
+        self.l2 = cfg.qk_norm_type == "l2"  # over the sum of squares (unit vectors: Dory's), not the mean
+        self.q_scale = nn.Parameter(torch.ones(self.num_heads * d)) if cfg.query_channel_scale else None
         self.eps = cfg.rms_norm_eps
         if self.qk_norm is None or self.unweighted:
             pass
@@ -70,7 +74,8 @@ class Attention(nn.Module):
         self.clip = cfg.clip_qkv
         self.position_scale = cfg.query_position_scale
         # BitNet's norm of the heads' output before o_proj
-        self.sub_norm = RMSNorm(q_size, cfg.rms_norm_eps) if cfg.attn_sub_norm else None
+        self.sub_norm = (make_norm(cfg.norm_type, q_size, cfg.rms_norm_eps, affine=cfg.norm_affine)
+                         if cfg.norm_type == "l2" else RMSNorm(q_size, cfg.rms_norm_eps)) if cfg.attn_sub_norm else None
         # the sinks are a parameter (loaded after the spec is built): the step's spec takes them (forward)
         self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if cfg.has_sinks(layer) else None
         # differential attention (DiffLlama): heads attended twice as wide (kvserve.model.diff_attention), at the
@@ -83,6 +88,7 @@ class Attention(nn.Module):
         self.spec = LayerAttention(scale, cfg.window(layer), cfg.attn_logit_softcap, chunk=cfg.chunk(layer))
         self.scale_nope = cfg.query_scale_nope  # the position scale on the layers without rotary (Llama 4)
         self.scale_offset = cfg.query_scale_offset
+        self.scale_power = cfg.query_scale_power
         # ALiBi's slopes: the spec takes them as a tensor at the first step (the model is built on the meta device)
         self.alibi = [s * cfg.alibi_scale for s in alibi_slopes(self.num_heads, cfg.alibi_bias_max, cfg.alibi_mpt)] \
             if cfg.alibi else None
@@ -97,7 +103,9 @@ class Attention(nn.Module):
         made contiguous)."""
         if self.unweighted:
             def norm(x):
-                return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps).to(x.dtype)
+                squares = x.float().pow(2)
+                return x * torch.rsqrt((squares.sum(-1, keepdim=True) if self.l2 else squares.mean(-1, keepdim=True))
+                                       + self.eps).to(x.dtype)
             return norm(q), norm(k)
         if self.layer_norms:
             return self.q_norm(q), self.k_norm(k)
@@ -175,13 +183,21 @@ class Attention(nn.Module):
         if self.position_scale is not None and (rope is None) == self.scale_nope:
             beta, length = self.position_scale
             positions = rope.positions[:t] if rope is not None else step_positions(meta, q.device)
-            scale = 1 + beta * torch.log1p(torch.div(positions + self.scale_offset, length, rounding_mode="floor").float())
+            if self.scale_power:
+                scale = torch.exp(beta * torch.log1p((positions + self.scale_offset).float() / length))
+            else:
+                scale = 1 + beta * torch.log1p(torch.div(positions + self.scale_offset, length,
+                                                         rounding_mode="floor").float())
             q = q * scale.to(q.dtype)[:, None, None]
+        if self.q_scale is not None:
+            q = q * self.q_scale.view(self.num_heads, self.head_dim).to(q.dtype)
         v = v.reshape(t, self.num_kv_heads, self.v_dim)
         if self.v_dim != self.head_dim:
             v = torch.nn.functional.pad(v, (0, self.head_dim - self.v_dim))
         if self.v_norm:
             v = rms_unweighted(v, self.eps)
+        if self.nvfp4:  # (before the cache and the layers sharing them: each reads them rounded once)
+            k, v = nvfp4_values(k), nvfp4_values(v)
         if self.stores_kv:
             shared_kv(meta)[self.layer] = (k, v)
         return q, k, v
@@ -201,7 +217,10 @@ class Attention(nn.Module):
 
     def _gated(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """Attention's output [rows, heads x head_dim] times its gate: sigmoid, or softplus (in float32, as Laguna's
-        reference computes it), one value each of o's or one a head."""
+        reference computes it), one value each of o's or one a head; a head's ``gate_bias`` added to its gates first."""
+        if self.gate_bias is not None:
+            per_head = gate.view(gate.shape[0], self.num_heads, -1) + self.gate_bias[:, None].to(gate.dtype)
+            gate = per_head.view(gate.shape)
         g = torch.nn.functional.softplus(gate.float()).to(o.dtype) if self.gate_softplus else torch.sigmoid(gate)
         if self.gate_per_head:
             return (o.view(o.shape[0], self.num_heads, self.head_dim) * g[..., None]).view(o.shape)
@@ -212,6 +231,18 @@ def rms_unweighted(x: torch.Tensor, eps: float) -> torch.Tensor:
     """x RMS-normed over its last dim, without a weight (in float32, as the checkpoints' norms compute)."""
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def nvfp4_values(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to NVFP4's values and back: each 16 consecutive values of the last dim share a scale (their largest
+    magnitude / 6, as an E4M3 float within [2^-9, 448]), each an E2M1 multiple of it (steps of 0.5 below 2, 1 below
+    4, 2 up to 6), ties to even."""
+    blocks = x.float().reshape(*x.shape[:-1], -1, 16)
+    scale = (blocks.abs().amax(-1, keepdim=True) / 6).clamp(2 ** -9, 448).to(torch.float8_e4m3fn).float()
+    scaled = blocks / scale
+    size = scaled.abs().clamp(max=6)
+    step = torch.where(size < 2, 0.5, torch.where(size < 4, 1.0, 2.0))
+    return ((torch.round(size / step) * step).copysign(scaled) * scale).reshape(x.shape).to(x.dtype)
 
 
 def shared_kv(meta: AttentionMetadata) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:

@@ -68,6 +68,7 @@ class ModelConfig(LayerPlan, MixerOptions):
     # per layer, the normed_residual layout's (residual, attention's output, residual, the MLP's output) multipliers
     sublayer_scales: list[tuple[float, float, float, float]] | None = None
     final_norm: bool = True  # a norm after the last layer (GPT-1 has none)
+    norm_gate_rank: int = 0  # input norms (and MoE layers' MLP norms) gated by sigmoid(low-rank MLP of their output)
     norm_offset: float = 0.0  # Gemma's norms scale by (1 + weight)
     norm_type: str = "rms"  # the layers' and the final norm: "rms" or "layer" (LayerNorm: Starcoder2)
     norm_bias: bool = True  # a "layer" norm has a bias (Cohere's have none)
@@ -81,6 +82,8 @@ class ModelConfig(LayerPlan, MixerOptions):
     # Llama 4's attention temperature: the same with position + 1, on the layers without rotary (Ministral 3: with it)
     query_scale_offset: int = 0
     query_scale_nope: bool = False
+    query_scale_power: bool = False  # the scale exp(beta * log1p((position + offset) / length)) instead (Beam's)
+    query_channel_scale: bool = False  # q times a learned scale per channel after rotary (Dory's, squared at load)
     # Llama 4's chunked attention: the layers layer_types names "chunked_attention" attend within their chunk of
     # attention_chunk tokens (key and query in the same chunk)
     attention_chunk: int | None = None
@@ -89,12 +92,14 @@ class ModelConfig(LayerPlan, MixerOptions):
     final_logit_softcap: float | None = None
     logit_scale: float = 1.0  # logits multiplied by this (Granite: 1 / logits_scaling)
     lm_head_bias: bool = False  # the LM head has a bias (Phi-2); untied only
+    output_vocab_size: int = 0  # an LM head pruned to the first ids (Apertus 1.5; the rest -inf); 0: vocab_size
     # a learned table of absolute positions added to the token embeddings (GPT-2, OPT: position + position_offset),
     # and no rotary
     learned_positions: bool = False
     position_offset: int = 0
     embed_scale: float = 1.0  # embeddings multiplied by this (Gemma: sqrt(hidden), Granite: embedding_multiplier)
     residual_scale: float = 1.0  # each sublayer's output multiplied by this before the add (Granite)
+    residual_mix: str | None = None  # sandwich adds as a*out + b*stream: "depth" (Beam), "gated" (Ergo), "interpolate"
     sliding_window: int | None = None  # keys a sliding layer attends: the query's own and the window - 1 before
     layer_types: list[str] | None = None  # per layer FULL or SLIDING; None: every layer FULL (or all SLIDING with a window)
     rope_local_theta: float | None = None  # sliding layers' own RoPE base, unscaled (Gemma 3)
@@ -143,6 +148,7 @@ class ModelConfig(LayerPlan, MixerOptions):
     group_scoring: str = "max"
     selection_on_logits: bool = False  # the selection bias added to the router's logits, not its scores (Kolibri)
     moe_out_norm: bool = False  # an RMSNorm on the MoE layers' output, shared experts included (A.X-K1)
+    expert_out_norm: bool = False  # each expert's output RMS-normed by a weight of its own, the shared one's too (Ergo)
     # LongCat-Flash: the even layers' experts beside their MLP, added after the next one's; identity experts return x
     moe_shortcut: bool = False
     identity_experts: int = 0
@@ -156,6 +162,7 @@ class ModelConfig(LayerPlan, MixerOptions):
     # sliding layers; their heads and cache shapes: attention_heads_per_layer, layer_head_dims, layer_kv_heads)
     latent_layer_dims: list[tuple[int, int, int, int, int]] | None = None
     latent_rope_key_norm: bool = False  # an RMSNorm on the shared rotary key before rotary (Dots 3)
+    latent_q_gate: bool = False  # q_b reads [normed, raw] q latent, giving each head's q then a sigmoid gate (A.X-K2)
     # --- a lightning indexer (DeepSeek-V3.2's sparse attention; 0: none): each query attends its index_topk keys of the
     # best sum over index_heads of weight * relu(q . k) (index_head_dim, the first qk_rope_head_dim rotated, as pairs where
     # index_rope_interleaved), its keys in a pool layer of their own; index_layers: those running one (the rest reuse) ---
@@ -184,6 +191,7 @@ class ModelConfig(LayerPlan, MixerOptions):
     attn_output_gate: bool = False
     attn_output_gate_fn: str = "sigmoid"  # the gate's function: "sigmoid", or "softplus" (Laguna's)
     attn_output_gate_per_head: bool = False  # one gate a head, over all its dims (Laguna's), not one a value
+    attn_output_gate_bias: bool = False  # a bias a head added to its gates (Beam's gate_bias)
     attention_heads_per_layer: list[int] | None = None  # query heads by layer (Laguna's; the KV heads: every layer's)
     attn_sub_norm: bool = False  # an RMSNorm over attention's output before o_proj (BitNet's attn_sub_norm)
     mlp_sub_norm: bool = False  # one over the dense MLP's act(gate) * up before down (BitNet's ffn_sub_norm)
@@ -197,6 +205,7 @@ class ModelConfig(LayerPlan, MixerOptions):
     layer_head_dims: list[int] | None = None
     layer_kv_heads: list[int] | None = None
     v_norm: bool = False
+    kv_nvfp4: bool = False  # the full layers' K and V rounded to NVFP4's values (Kolibri 1.1's sparse layers)
     k_eq_v_layers: list[bool] | None = None
     kv_shared_from: list[int] | None = None
     # mixture of attention heads (JetMoE): q and o projections routed among this many experts, num_experts_per_tok a
@@ -245,6 +254,8 @@ class ModelConfig(LayerPlan, MixerOptions):
     shared_blocks: int = 1
     shared_block_adapter_rank: int = 0
     shared_block_qkv_adapters: bool = False
+    stack_cycles: tuple[int, int, int] | None = None  # HRM's (layers a stack, high, low cycles): kvserve.model.cycles
+    recurrent_loops: tuple[int, int, int] | None = None  # Dory's (input layers, looped layers, loops): model.cycles
 
     def __post_init__(self) -> None:
         if self.head_dim is None:
@@ -307,9 +318,9 @@ class ModelConfig(LayerPlan, MixerOptions):
         groups, used, experts = self.expert_groups, self.expert_groups_used, self.num_experts
         if not experts or experts % groups or used < 1:
             raise ValueError(f"{experts} experts do not split into {groups} expert groups of which {used} are used")
-        if self.group_scoring not in ("max", "top2") or (self.group_scoring == "top2" and experts // groups < 2):
-            raise ValueError(f"group scoring {self.group_scoring!r} is not supported here (max; top2 with 2+ experts "
-                             "a group)")
+        if self.group_scoring not in ("max", "top2", "top2_zero") or \
+                (self.group_scoring != "max" and experts // groups < 2):  # (top2_zero: A.X-K2's, others at 0)
+            raise ValueError(f"group scoring {self.group_scoring!r} is not supported (max; top2, top2_zero: 2+ each)")
         if self.num_experts_per_tok > used * (experts // groups):
             raise ValueError(f"{self.num_experts_per_tok} experts a token cannot come from {used} groups of "
                              f"{experts // groups}")

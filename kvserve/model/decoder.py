@@ -15,6 +15,7 @@ from torch import nn
 from kvserve.attention import AttentionBackend, AttentionMetadata
 from kvserve.model.altup import AltUpStreams
 from kvserve.model.config import ModelConfig
+from kvserve.model.cycles import RecurrentLoops, StackCycles
 from kvserve.model.decoder_layer import DecoderLayer
 from kvserve.model.index_cache import index_slot
 from kvserve.model.layers import NoNorm, PackedLinear, RMSNorm, make_norm, pack_linears, padded_rows
@@ -52,7 +53,8 @@ class CausalLM(nn.Module):
         if cfg.head_transform is not None:  # the final norm with ModernBERT's prediction head after it
             self.norm = NormedHead(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias, cfg.head_transform,
                                    cfg.head_transform_bias)
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size,
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size,
+                                                                      cfg.output_vocab_size or cfg.vocab_size,
                                                                       bias=cfg.lm_head_bias)
         head_dim = int(cfg.head_dim or 0)
         # the global layers' heads, where they differ from the sliding layers' (Gemma 4)
@@ -95,6 +97,9 @@ class CausalLM(nn.Module):
             self.per_layer_proj_norm = RMSNorm(cfg.per_layer_input_size, cfg.rms_norm_eps)
         # Gemma 3n's residual streams: made from the embeddings before the layers, folded into one after them
         self.altup_streams = AltUpStreams(cfg.hidden_size, cfg.altup_streams) if cfg.altup_streams > 1 else None
+        # HRM's stacks over two streams, Dory's looped layers
+        self.cycles = StackCycles(cfg) if cfg.stack_cycles is not None else \
+            RecurrentLoops(cfg) if cfg.recurrent_loops is not None else None
         self.native = False
         self.native_stack: Any | None = None  # every layer in one native call (kvserve.model.native_stack)
         self.lora: Any | None = None  # a kvserve.lora.layers.LoRAContext once adapters are enabled
@@ -186,6 +191,8 @@ class CausalLM(nn.Module):
         # from the first of the layers that only read earlier layers' K/V on, the rows no one samples need nothing
         cut = last if keep_rows is None or self.rows_from is None else self.rows_from
         carried: torch.Tensor | None = None  # a shortcut MoE's output, for the next layer's delta
+        if self.cycles is not None:
+            h, streams = self.cycles.start(h)
         for i, layer in enumerate(self.layers):
             kv = kv_caches[self.cache_of[i]]
             if self.index_pool[i] is not None:
@@ -202,6 +209,8 @@ class CausalLM(nn.Module):
             if carried is not None and delta is not None:  # (cut to the sampled rows where this layer cut h)
                 delta = delta + (carried if i != cut or keep_rows is None else carried[keep_rows])
             carried, layer.deferred = layer.deferred, None
+            if self.cycles is not None:
+                h, delta, streams = self.cycles.after(i, h, delta, streams)
         if self.altup_streams is not None:
             return self.norm(self.altup_streams.fold(h))
         return self.norm.add_forward(h, delta)
@@ -220,10 +229,11 @@ class CausalLM(nn.Module):
 
     @property
     def transforms_logits(self) -> bool:
-        """Whether logits are scaled or capped after the LM head (Granite, Gemma 2), or take its bias (Phi-2): then
-        no head computes them in bf16 or draws the tokens itself."""
+        """Whether logits are scaled or capped after the LM head (Granite, Gemma 2), take its bias (Phi-2) or are
+        padded past a pruned head (Apertus 1.5): then no head computes them in bf16 or draws the tokens itself."""
         cfg = self.config
-        return cfg.logit_scale != 1 or cfg.final_logit_softcap is not None or cfg.lm_head_bias
+        return cfg.logit_scale != 1 or cfg.final_logit_softcap is not None or cfg.lm_head_bias or \
+            bool(cfg.output_vocab_size)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor, keep_bf16: bool = False) -> torch.Tensor:
@@ -245,6 +255,8 @@ class CausalLM(nn.Module):
             out = out * self.config.logit_scale
         if (cap := self.config.final_logit_softcap) is not None:
             out = torch.tanh(out / cap) * cap
+        if out.shape[-1] < self.config.vocab_size:  # a pruned head: the input-only ids are never drawn
+            out = torch.nn.functional.pad(out, (0, self.config.vocab_size - out.shape[-1]), value=float("-inf"))
         return out
 
     def draws_in_head(self, hidden: torch.Tensor) -> bool:

@@ -4,6 +4,8 @@ and what some close a layer with (experts beside the MLP, a per-layer input's br
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -13,7 +15,7 @@ from kvserve.model.config import ModelConfig
 from kvserve.model.gated_delta import GatedDeltaNet
 from kvserve.model.kimi_delta import KimiDeltaAttention
 from kvserve.model.latent_attention import LatentAttention
-from kvserve.model.layers import NoNorm, RMSNorm, make_norm, padded_rows
+from kvserve.model.layers import GatedRMSNorm, NoNorm, RMSNorm, make_norm, padded_rows
 from kvserve.model.lightning import LightningAttention
 from kvserve.model.mamba import AttentionBesideMamba, Mamba1, Mamba2
 from kvserve.model.mlp import GatedMLP, MoE, activation
@@ -32,7 +34,21 @@ def make_moe(cfg: ModelConfig, layer: int | None = None) -> MoE:
                cfg.shared_expert_gated, cfg.selection_bias, cfg.router_scoring, cfg.routed_scale,
                cfg.expert_group_choice, cfg.router_jitter, cfg.gated_mlp, cfg.moe_scale_inputs,
                cfg.rms_norm_eps if cfg.moe_out_norm else None, cfg.selection_on_logits, cfg.identity_experts,
-               cfg.router_logit_softcap, cfg.moe_out_bias, *cfg.swiglu_clips(layer))
+               cfg.router_logit_softcap, cfg.moe_out_bias, *cfg.swiglu_clips(layer),
+               cfg.rms_norm_eps if cfg.expert_out_norm else None)
+
+
+def depth_mix(n: int) -> tuple[float, float]:
+    """The n-th residual add's (a, b) by depth (Beam's): out / sqrt(n) + stream * sqrt((n - 1) / n)."""
+    return 1 / math.sqrt(n), math.sqrt((n - 1) / n)
+
+
+def gated_mix(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ergo's residual gate's (a, b) per dim from its weight w: a = sigmoid(w), b = sqrt(1 + a) * exp(-softplus(w) / 2)
+    (in float32)."""
+    w = w.float()
+    a = torch.sigmoid(w)
+    return a, torch.sqrt(1.0 + a) * torch.exp(-0.5 * torch.nn.functional.softplus(w))
 
 
 class DecoderLayer(nn.Module):
@@ -41,8 +57,9 @@ class DecoderLayer(nn.Module):
         self.layout = cfg.layout(layer)
         # before attention and before the MLP ("pre"; "parallel": the first only), on their outputs ("post"), or both
         for role in cfg.layer_norm_roles(layer):
-            setattr(self, role, make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_bias,
-                                          cfg.norm_affine))
+            setattr(self, role, GatedRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_gate_rank)
+                    if cfg.gated_norm(layer, role) else make_norm(cfg.norm_type, cfg.hidden_size, cfg.rms_norm_eps,
+                                                                  cfg.norm_bias, cfg.norm_affine))
         if layer == 0 and not cfg.first_input_norm:  # (its input, the embeddings, normed already)
             self.input_layernorm = NoNorm()
         # the layer's token mixer: attention, latent attention, a short convolution, a Mamba-2 layer or a gated delta net
@@ -81,6 +98,8 @@ class DecoderLayer(nn.Module):
             self.moe = self.mlp if cfg.moe_beside_mlp else None  # type: ignore[assignment]
             self.mlp = GatedMLP(cfg.hidden_size, cfg.mlp_size(layer), cfg.hidden_act, cfg.mlp_bias, cfg.swiglu,
                                 cfg.gated_mlp, cfg.rms_norm_eps if cfg.mlp_sub_norm else None, cfg.mlp_sparsity(layer))
+            if cfg.mlp_sub_norm and cfg.norm_type == "l2":  # (Dory's: weightless, over the sum of squares)
+                self.mlp.sub_norm = make_norm("l2", cfg.mlp_size(layer), cfg.rms_norm_eps)
         # what closes the layer after its MLP (Gemma 4): a per-layer input's gated branch, a scalar on its output
         self.extras = cfg.moe_beside_mlp or bool(cfg.per_layer_input_size) or cfg.layer_scalars
         if self.extras:
@@ -111,6 +130,12 @@ class DecoderLayer(nn.Module):
             self.attn_residual = nn.Parameter(torch.ones(cfg.hidden_size))
             self.mlp_residual = nn.Parameter(torch.ones(cfg.hidden_size))
         self.scales = cfg.sublayer_scales[layer] if cfg.sublayer_scales else (1.0, 1.0, 1.0, 1.0)
+        # (a, b) of each add, attention's then the MLP's, where the stream takes a * out + b * stream (residual_mix)
+        self.mix = None if cfg.residual_mix != "depth" else [depth_mix(2 * layer + 2), depth_mix(2 * layer + 3)]
+        # "gated": each add's learned weights (attention's, then the MLP's), mixed by ``gated_mix``
+        self.residual_gates = nn.Parameter(torch.zeros(2 * cfg.hidden_size)) \
+            if cfg.residual_mix in ("gated", "interpolate") else None
+        self.interpolates = cfg.residual_mix == "interpolate"  # (nGPT's: the stream moves towards each normed output)
         # the bf16 hand-offs between the norms and the AMX GEMMs: Llama's layout and plain attention only
         self.one_part = self.self_attn is None or self.mlp is None
         self.fast = (self.layout == "pre" and not self.one_part and self.self_attn.plain and cfg.residual_scale == 1
@@ -118,6 +143,11 @@ class DecoderLayer(nn.Module):
         # and into the MLP, whose down projection then writes bf16: not where it adds a bias (added in float32
         # instead, as the native decode stack adds it)
         self.fast_mlp = self.fast and not cfg.mlp_bias and not cfg.mlp_sub_norm and self.shortcut is None
+        if cfg.residual_mix not in (None, "depth", "gated", "interpolate"):
+            raise ValueError(f"residual_mix {cfg.residual_mix!r} is not supported (depth, gated, interpolate)")
+        if cfg.residual_mix is not None and (self.layout != "sandwich" or self.extras or self.one_part
+                                             or self.altup is not None or self.shortcut is not None):
+            raise ValueError("residual_mix is built for sandwich layers of attention then an MLP, nothing after it")
 
     def forward(self, h, delta, rope, attn, meta, kv_cache, rows: torch.Tensor | None = None,
                 per_layer: torch.Tensor | None = None, shared: tuple[SharedBlock, torch.Tensor] | None = None,
@@ -138,6 +168,8 @@ class DecoderLayer(nn.Module):
         t = h.shape[0]
         if self.altup is not None:  # (h: the streams [n, T, hidden])
             return altup_layer_forward(self, h, rope, attn, meta, kv_cache, rows, per_layer)
+        if self.interpolates:
+            return self._interpolated_forward(h, delta, rope, attn, meta, kv_cache, rows)
         if self.extras:
             return self._closed_forward(h, delta, rope, attn, meta, kv_cache, rows, per_layer, reduced)
         if self.residual_weights:
@@ -164,12 +196,38 @@ class DecoderLayer(nn.Module):
         if self.layout == "post":
             x = h.add_(x)
         else:
+            x = self._mixed(h, x, 0)
             bf16_mlp = self.fast_mlp and isinstance(self.mlp, GatedMLP) and self.mlp.runs_amx(h)
             x = self.post_attention_layernorm.add_forward(h, x, *((torch.bfloat16, padded_rows(h.shape[0])) if bf16_mlp
                                                                   else ()))
         if self.shortcut is not None:
             self.deferred = self.shortcut(x[: h.shape[0]])
-        return h, self._out(self.mlp(x)[: h.shape[0]], "mlp_out_norm")
+        return h, self._mixed(h, self._out(self.mlp(x)[: h.shape[0]], "mlp_out_norm"), 1)
+
+    def _interpolated_forward(self, h, delta, rope, attn, meta, kv_cache,
+                              rows: torch.Tensor | None) -> tuple[torch.Tensor, None]:
+        """nGPT's layer (Dory's): the stream normed, moved towards attention's normed output at a rate per dim
+        (|residual_gates|, folded at load), normed again, then moved towards the MLP's the same way."""
+        x = self.input_layernorm(h if delta is None else h + delta)
+        a = self.self_attn(x, rope, attn, meta, kv_cache, False, rows, x.shape[0])
+        if rows is not None:
+            x = x[rows]
+            if not rows.numel():
+                return x, None
+        rate = self.residual_gates.view(2, -1).float().abs()
+        x = self.post_attention_layernorm(x + rate[0] * (self.attn_out_norm(a) - x))
+        return x + rate[1] * (self.mlp_out_norm(self.mlp(x)) - x), None
+
+    def _mixed(self, h: torch.Tensor, out: torch.Tensor, part: int) -> torch.Tensor:
+        """``out`` as the stream adds it where the layer mixes the two (``mix``): the stream scaled here in place."""
+        if self.residual_gates is not None:
+            a, b = gated_mix(self.residual_gates.view(2, -1)[part])
+        elif self.mix is not None:
+            a, b = self.mix[part]
+        else:
+            return out
+        h.mul_(b)
+        return out * a
 
     def _closed_forward(self, h, delta, rope, attn, meta, kv_cache, rows: torch.Tensor | None,
                         per_layer: torch.Tensor | None, reduced: bool = False) -> tuple[torch.Tensor, None]:

@@ -44,14 +44,16 @@ class LatentAttention(nn.Module):
         q_rows = q_latent or self.heads * qk
         self.split = (q_rows, self.latent, self.rope)
         self.qkv = nn.Linear(cfg.hidden_size, sum(self.split), bias=cfg.attention_bias)
+        self.q_gate = cfg.latent_q_gate  # q_b reads [normed, raw] q latent, giving each head's q then its gate
         if q_latent:
             self.q_norm = RMSNorm(q_latent, cfg.rms_norm_eps)
-            self.q_b = nn.Linear(q_latent, self.heads * qk, bias=False)
+            gate, cols = (self.v_dim, 2 * q_latent) if self.q_gate else (0, q_latent)
+            self.q_b = nn.Linear(cols, self.heads * (qk + gate), bias=False)
         self.kv_norm = RMSNorm(self.latent, cfg.rms_norm_eps)
         self.rope_key_norm = RMSNorm(self.rope, cfg.rms_norm_eps) if cfg.latent_rope_key_norm else None
         self.kv_b = nn.Linear(self.latent, self.heads * (self.nope + self.v_dim), bias=False)
         self.o_proj = nn.Linear(self.heads * self.v_dim, cfg.hidden_size, bias=cfg.o_proj_bias)
-        # a sigmoid gate a head on the output (Dots 3's g_proj)
+        # a sigmoid gate a head on the output (Dots 3's and Ling 3's g_proj)
         if cfg.attn_output_gate and not (cfg.attn_output_gate_per_head and cfg.attn_output_gate_fn == "sigmoid"):
             raise ValueError("latent attention's output gate is one sigmoid a head")
         self.gate = nn.Linear(cfg.hidden_size, self.heads, bias=False) if cfg.attn_output_gate else None
@@ -91,12 +93,15 @@ class LatentAttention(nn.Module):
         spec = self.spec
         if self.index_topk:
             kv_cache, index_cache = (kv_cache[0], kv_cache[1]) if self.own_index else (kv_cache, None)
+        gate = None
         if self.q_latent:
-            q = self.q_norm(q.contiguous())
+            raw, q = q, self.q_norm(q.contiguous())
             if self.index_topk:
                 select = self._choose_keys(x[:t], q, rope, attn, meta, index_cache)
                 spec = spec if select is None else dataclasses.replace(spec, key_select=select)
-            q = self.q_b(q)
+            q = self.q_b(torch.cat([q, raw], -1) if self.q_gate else q)
+            if self.q_gate:
+                q, gate = q.view(t, self.heads, -1).split((self.nope + self.rope, self.v_dim), dim=-1)
         q = q.reshape(t, self.heads, self.nope + self.rope)
         kv = self.kv_b(self.kv_norm(latent.contiguous())).view(t, self.heads, self.nope + self.v_dim)
         if self.rope_key_norm is not None:
@@ -112,9 +117,11 @@ class LatentAttention(nn.Module):
         if not o.shape[0]:  # no row attends (a step that samples nothing): the K/V writes were all
             return x.new_empty(0, self.hidden_size)
         o = o.reshape(o.shape[0], self.heads, -1)[..., : self.v_dim]
-        if self.gate is not None:
+        if self.gate is not None:  # one sigmoid a head
             g = self.gate(x[:t] if rows is None else x[:t][rows])
             o = o * torch.sigmoid(g.float()).to(o.dtype)[..., None]
+        if gate is not None:  # one a value, from q_b (A.X-K2's)
+            o = o * torch.sigmoid(gate if rows is None else gate[rows])
         return self.o_proj(o.reshape(o.shape[0], -1))
 
     def _rotate(self, x: torch.Tensor, rope: RotaryStep | None) -> torch.Tensor:

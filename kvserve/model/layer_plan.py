@@ -103,6 +103,11 @@ class LayerPlan:
             return roles
         return ("input_layernorm",) if self.layer_parts[layer] == "mixer" else ("post_attention_layernorm",)
 
+    def gated_norm(self, layer: int, role: str) -> bool:
+        """Whether ``layer``'s norm ``role`` is gated (``norm_gate_rank``): the input norm, an MoE layer's MLP norm."""
+        return bool(self.norm_gate_rank) and (role == "input_layernorm" or
+                                              (role == "post_attention_layernorm" and self.is_moe(layer)))
+
     def has_shared_block(self, layer: int) -> bool:
         """Whether a shared transformer block (``kvserve.model.shared_block``) runs before ``layer``'s mixer."""
         return self.shared_block_layers is not None and self.shared_block_layers[layer]

@@ -37,6 +37,27 @@ class RMSNorm(nn.Module):
         return ops.add_rms_norm(residual, delta, self.weight, self.eps, out_dtype, out_rows, native=self.native)
 
 
+class GatedRMSNorm(RMSNorm):
+    """An RMSNorm whose output y is gated by sigmoid(gate_out(silu(gate_in(y)))), a low-rank MLP of its own (A.X-K2's
+    ``ModelConfig.norm_gate_rank``); float32 out, whatever ``out_dtype``'s hand-off asked (its layers take none)."""
+
+    def __init__(self, dim: int, eps: float, rank: int):
+        super().__init__(dim, eps)
+        self.gate_in, self.gate_out = nn.Linear(dim, rank, bias=False), nn.Linear(rank, dim, bias=False)
+
+    def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None, out_rows: int = 0) -> torch.Tensor:
+        return self._gated(super().forward(x))
+
+    def add_forward(self, residual: torch.Tensor, delta: torch.Tensor | None,
+                    out_dtype: torch.dtype | None = None, out_rows: int = 0) -> torch.Tensor:
+        if delta is None:  # (RMSNorm's would call this forward: gated twice)
+            return self.forward(residual)
+        return self._gated(super().add_forward(residual, delta))
+
+    def _gated(self, y: torch.Tensor) -> torch.Tensor:
+        return y * torch.sigmoid(self.gate_out(torch.nn.functional.silu(self.gate_in(y))).float()).to(y.dtype)
+
+
 class _TorchNorm(nn.Module):
     """RMSNorm's interface (``add_forward``, the output dtype and rows) around a torch-only norm's ``normed``."""
 
@@ -70,6 +91,18 @@ class LayerNorm(_TorchNorm):
         return torch.nn.functional.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
 
 
+class L2Norm(_TorchNorm):
+    """x over its L2 norm, without a weight: x * rsqrt(sum(x^2) + eps) (nGPT's unit sphere: Dory's)."""
+
+    def __init__(self, eps: float):
+        super().__init__()
+        self.eps = eps
+
+    def normed(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+
 class NoNorm(_TorchNorm):
     """The identity with a norm's interface: the final norm of a decoder that has none (GPT-1)."""
 
@@ -93,11 +126,13 @@ class HeadLayerNorm(nn.Module):
         return (y if self.bias is None else y + self.bias.float()).to(x.dtype)
 
 
-def make_norm(kind: str, dim: int, eps: float, bias: bool = True, affine: bool = True) -> RMSNorm | LayerNorm:
+def make_norm(kind: str, dim: int, eps: float, bias: bool = True, affine: bool = True) -> RMSNorm | LayerNorm | L2Norm:
     """A decoder's norm of ``kind`` (``ModelConfig.norm_type``): "rms" or "layer" (``bias``: with a bias; not
     ``affine``: with neither weight nor bias)."""
-    if kind not in ("rms", "layer"):
-        raise ValueError(f"norm type {kind!r} is not supported (rms, layer)")
+    if kind not in ("rms", "layer", "l2"):
+        raise ValueError(f"norm type {kind!r} is not supported (rms, layer, l2)")
+    if kind == "l2":
+        return L2Norm(eps)
     return RMSNorm(dim, eps, affine) if kind == "rms" else LayerNorm(dim, eps, bias, affine)
 
 

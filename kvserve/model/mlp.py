@@ -160,8 +160,12 @@ class MoE(nn.Module):
                  groups: tuple[int, int, str] | None = None, jitter: float = 0.01, gated: bool = True,
                  scale_inputs: bool = False, out_norm_eps: float | None = None, bias_on_logits: bool = False,
                  identity_experts: int = 0, logit_softcap: float | None = None, out_bias: bool = False,
-                 clip: float | None = None, shared_clip: float | None = None):
+                 clip: float | None = None, shared_clip: float | None = None,
+                 expert_norm_eps: float | None = None):
         super().__init__()
+        # each expert's output RMS-normed by its own weight (a row each), the shared expert's by its own norm (Ergo)
+        self.expert_norm_eps = expert_norm_eps
+        self.expert_norms = None if expert_norm_eps is None else nn.Parameter(torch.ones(experts, hidden))
         self.out_bias = nn.Parameter(torch.zeros(hidden)) if out_bias else None  # added to the sum (JetMoE's)
         self.logit_softcap = logit_softcap  # the router's logits capped before scoring (Laguna's)
         # router choices past the experts that return their input times their weight (LongCat-Flash's zero experts)
@@ -180,6 +184,7 @@ class MoE(nn.Module):
         self.shared = GatedMLP(hidden, shared_intermediate, act, gated=gated, clip=shared_clip) \
             if shared_intermediate else None
         self.shared_gate = nn.Linear(hidden, 1, bias=False) if shared_intermediate and shared_gated else None
+        self.shared_norm = RMSNorm(hidden, expert_norm_eps) if shared_intermediate and expert_norm_eps else None
         self.native_block: Any | None = None  # a kvserve.MoEBlock over these weights (use_native)
         # the router's and shared gate's dense weights, kept for the native block where the linears get packed
         self.gates: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None = None
@@ -227,7 +232,17 @@ class MoE(nn.Module):
     def _shared_forward(self, x: torch.Tensor) -> torch.Tensor:
         assert self.shared is not None
         y = self.shared(x)
+        if self.shared_norm is not None:
+            y = self.shared_norm(y)
         return y if self.shared_gate is None else torch.sigmoid(self.shared_gate(x)) * y
+
+    def _expert_normed(self, e: int, y: torch.Tensor) -> torch.Tensor:
+        """Expert ``e``'s output, RMS-normed by its row of ``expert_norms`` where the experts have them."""
+        if self.expert_norms is None:
+            return y
+        yf = y.float()
+        normed = yf * torch.rsqrt(yf.pow(2).mean(-1, keepdim=True) + self.expert_norm_eps)
+        return (normed * self.expert_norms[e].float()).to(y.dtype)
 
     def _in_best_groups(self, choice: torch.Tensor) -> torch.Tensor:
         """``choice`` with the experts outside each row's best groups at -inf (as DeepSeek's reference code masks)."""
@@ -236,7 +251,8 @@ class MoE(nn.Module):
         per_group = choice.view(choice.shape[0], groups, -1)
         score = per_group.amax(-1) if scoring == "max" else per_group.topk(2, dim=-1).values.sum(-1)
         keep = torch.zeros_like(score, dtype=torch.bool).scatter_(1, score.topk(used, dim=-1).indices, True)
-        return per_group.masked_fill(~keep[..., None], float("-inf")).view_as(choice)
+        fill = 0.0 if scoring == "top2_zero" else float("-inf")  # (A.X-K2's: 0, below which a biased score may fall)
+        return per_group.masked_fill(~keep[..., None], fill).view_as(choice)
 
     def loop_forward(self, x: torch.Tensor, route: torch.Tensor | None = None) -> torch.Tensor:
         """The Python loop: route, then each expert over its rows, added back in ascending expert id."""
@@ -274,7 +290,7 @@ class MoE(nn.Module):
                     out.index_add_(0, rows, x[rows] * w)
                 else:
                     out.index_add_(0, rows, self.experts[e](x[rows] * w) if self.scale_inputs else
-                                   self.experts[e](x[rows]) * w)
+                                   self._expert_normed(e, self.experts[e](x[rows])) * w)
                 start += n
         if self.shared is not None:
             out += self._shared_forward(x)

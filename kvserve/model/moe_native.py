@@ -37,6 +37,10 @@ def moe_blocker(moe: "MoE") -> str | None:
     act = moe.experts[0]
     if not act.gated:
         return "experts without a gate"
+    if moe.groups is not None and moe.groups[2] not in ("max", "top2"):
+        return "expert groups scored 0 outside the chosen ones"
+    if moe.expert_norms is not None:
+        return "norms on the experts' outputs"
     if moe.scale_inputs:
         return "experts scaling their inputs"
     if moe.logit_softcap is not None:

@@ -47,7 +47,8 @@ def native_stack_blocker(cfg: ModelConfig) -> str | None:
     expert, gpt-oss's clamped SwiGLU in the experts); else the options it lacks, for the start-up log. (An MoE
     model's experts must also be packed quantized: ``build_native_stack`` checks the weights.)"""
     dense_swiglu = cfg.swiglu is not None and not all(cfg.is_moe(i) for i in range(cfg.num_hidden_layers))
-    checks = [(cfg.norm_type != "rms", "LayerNorms"), (not cfg.gated_mlp, "a non-gated MLP"),
+    checks = [(cfg.norm_type == "layer", "LayerNorms"), (cfg.norm_type == "l2", "L2 norms"),
+              (not cfg.gated_mlp, "a non-gated MLP"),
               (cfg.norm_layout.startswith("parallel"), "a parallel residual"),
               (cfg.norm_layout == "post_add", "norms after the residual adds"), (not cfg.final_norm, "no final norm"),
               (cfg.hidden_act not in NATIVE_ACTIVATIONS, cfg.hidden_act),
@@ -74,6 +75,11 @@ def native_stack_blocker(cfg: ModelConfig) -> str | None:
               (any(cfg.expert_clip_layers or ()) or any(cfg.shared_expert_clip_layers or ()),
                "SwiGLU clipped after the activation"),
               (cfg.attn_output_gate, "gated attention"),
+              (cfg.residual_mix is not None, "residual mixes"),
+              (cfg.expert_out_norm, "norms on the experts' outputs"), (bool(cfg.norm_gate_rank), "gated norms"),
+              (cfg.stack_cycles is not None, "stacks run in cycles"),
+              (cfg.recurrent_loops is not None, "looped layers"), (cfg.kv_nvfp4, "K/V rounded to NVFP4"),
+              (cfg.query_channel_scale, "q scaled per channel"),
               (cfg.recurrent_norm_layout is not None, "norm layouts per layer"),
               (any(h != cfg.num_attention_heads for h in cfg.attention_heads_per_layer or ()),
                "query heads varying by layer"),

@@ -20,7 +20,8 @@ def rope_settings(d: dict[str, Any]) -> tuple[float | None, dict[str, Any] | Non
     rope_params = d.get("rope_parameters")
     if isinstance(rope_params, dict):
         if "full_attention" in rope_params:  # Gemma 3 in transformers 5: per layer type
-            rope_params = rope_params["full_attention"]
+            # (the full layers' None where they do not rotate: Beam's; then the sliding layers')
+            rope_params = rope_params["full_attention"] or rope_params.get("sliding_attention") or {}
         rope_theta = rope_theta or rope_params.get("rope_theta")
         if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
             rope_scaling = dict(rope_params)

@@ -33,7 +33,12 @@ def deinterleave_rotary(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, 
         if arch.weight_name("qkv_proj") is not None else \
         [(role, [h * d + j for h in range(heads) for j in per_head])
          for role, heads in (("q_proj", cfg.num_attention_heads), ("k_proj", cfg.num_key_value_heads))]
+    head_norms = ("q_norm", "k_norm") if cfg.qk_norm == "head" and cfg.qk_norm_type == "rms" else ()
     for i in range(cfg.num_hidden_layers):
+        for role in head_norms:  # a per-head norm's weight follows its head's dims
+            name = f"model.layers.{i}.{arch.weight_name(role)}.weight"
+            if name in out:
+                out[name] = out[name][torch.tensor(per_head)]
         for role, rows in roles:
             order = torch.tensor(rows)
             for suffix in ("weight", "bias"):

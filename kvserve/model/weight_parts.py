@@ -211,7 +211,8 @@ def latent_attention(out: dict[str, list[Source]], arch: Architecture, cfg: Mode
     linear(dst + "qkv", prefix, [q_part, ("kv_a_proj", kv_lora + rope)], None, h, cfg.attention_bias)
     if q_lora:
         out[f"{dst}q_norm.weight"] = [(f"{prefix}{arch.weight_name('q_a_norm')}.weight", (q_lora,))]
-        linear(dst + "q_b", prefix, [("q_b_proj", heads * qk)], None, q_lora, False)
+        gate, cols = (v_dim, 2 * q_lora) if cfg.latent_q_gate else (0, q_lora)  # (A.X-K2's q_b: q then its gate)
+        linear(dst + "q_b", prefix, [("q_b_proj", heads * (qk + gate))], None, cols, False)
     out[f"{dst}kv_norm.weight"] = [(f"{prefix}{arch.weight_name('kv_a_norm')}.weight", (kv_lora,))]
     if cfg.latent_rope_key_norm:
         out[f"{dst}rope_key_norm.weight"] = [(f"{prefix}{arch.weight_name('rope_key_norm')}.weight", (rope,))]

@@ -32,6 +32,8 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
     norm_suffixes = ("weight", "bias") if cfg.norm_type == "layer" and cfg.norm_bias else ("weight",)
     if not cfg.norm_affine:
         norm_suffixes = ()
+    if cfg.stack_cycles is not None:
+        out["cycles.low_init"] = [("model.z_L_init", (h,))]
     if cfg.embed_norm:
         for suffix in norm_suffixes:
             out[f"embed_norm.{suffix}"] = [(f"model.embed_norm.{suffix}", (h,))]
@@ -50,6 +52,10 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
             if name is not None:
                 for suffix in norm_suffixes:
                     out[f"{dst}{role}.{suffix}"] = [(f"{p}{name}.{suffix}", (h,))]
+                if cfg.gated_norm(i, role):  # its gate's low-rank MLP
+                    r = cfg.norm_gate_rank
+                    for part, shape in (("gate_in", (r, h)), ("gate_out", (h, r))):
+                        out[f"{dst}{role}.{part}.weight"] = [(f"{p}{name}.{part}.weight", shape)]
         if not cfg.has_mixer(i):
             pass
         elif cfg.is_mamba(i) and cfg.parallel_attention:
@@ -81,7 +87,7 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
             continue
         if not cfg.is_moe(i) or cfg.moe_beside_mlp:
             mlp(out, arch, dst + "mlp.", p, "", cfg.mlp_size(i), h, cfg.mlp_bias, cfg.gated_mlp)
-            if cfg.mlp_sub_norm:
+            if cfg.mlp_sub_norm and cfg.norm_affine:
                 out[f"{dst}mlp.sub_norm.weight"] = [(f"{p}{arch.weight_name('mlp_sub_norm')}.weight",
                                                      (cfg.mlp_size(i),))]
             if cfg.hidden_act == "xielu":  # the activation's own parameters
@@ -115,9 +121,10 @@ def weight_sources(cfg: ModelConfig) -> dict[str, list[Source]]:
         for suffix in norm_suffixes:
             out[f"norm.head_norm.{suffix}"] = [(f"model.head_transform.norm.{suffix}", (h,))]
     if not cfg.tie_word_embeddings:
-        out["lm_head.weight"] = [("lm_head.weight", (cfg.vocab_size, h))]
+        rows = cfg.output_vocab_size or cfg.vocab_size
+        out["lm_head.weight"] = [("lm_head.weight", (rows, h))]
         if cfg.lm_head_bias:
-            out["lm_head.bias"] = [("lm_head.bias", (cfg.vocab_size,))]
+            out["lm_head.bias"] = [("lm_head.bias", (rows,))]
     if arch.sublayers > 1:
         out = {ours: [(in_checkpoint_layer(name, arch.sublayers), shape) for name, shape in names]
                for ours, names in out.items()}
@@ -143,6 +150,10 @@ def experts(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig, 
         out[f"{dst}out_bias"] = [(f"{p}{arch.weight_name('moe_out_bias')}", (h,))]
     if cfg.selection_bias:
         out[f"{dst}selection_bias"] = [(f"{p}{arch.weight_name('selection_bias')}", (1, routes))]
+    if cfg.expert_out_norm:
+        out[f"{dst}expert_norms"] = [(f"{p}{arch.weight_name('expert_out_norms')}", (cfg.num_experts, h))]
+        if cfg.shared_expert_intermediate_size:
+            out[f"{dst}shared_norm.weight"] = [(f"{p}{arch.weight_name('shared_out_norm')}", (h,))]
     if cfg.moe_out_norm:
         out[f"{dst}out_norm.weight"] = [(f"{p}{arch.weight_name('moe_out_norm')}.weight", (h,))]
     for e in range(cfg.num_experts):
@@ -175,6 +186,9 @@ def layer_extras(out: dict[str, list[Source]], arch: Architecture, cfg: ModelCon
     if cfg.residual_weights:
         for role in ("attn_residual", "mlp_residual"):
             out[f"{dst}{role}"] = [(f"{p}{arch.weight_name(role)}", (h,))]
+    if cfg.residual_mix in ("gated", "interpolate"):
+        out[f"{dst}residual_gates"] = [(f"{p}{arch.weight_name(role)}", (h,))
+                                       for role in ("attn_residual_gate", "mlp_residual_gate")]
     if cfg.layer_scalars:
         out[f"{dst}layer_scalar"] = [(f"{p}{arch.weight_name('layer_scalar')}", (1,))]
 
@@ -196,7 +210,7 @@ def attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig
     linear(dst + "qkv", prefix, [*q_parts, *kv_parts], arch.weight_name("qkv_proj"), h, cfg.attention_bias)
     linear(dst + "o_proj", prefix, [("o_proj", h)], None, cfg.attention_heads(layer) * cfg.value_dim(layer),
            cfg.o_proj_bias)
-    if not cfg.has_qk_norm(layer) or cfg.qk_norm_type == "unweighted":
+    if not cfg.has_qk_norm(layer) or cfg.qk_norm_type in ("unweighted", "l2"):
         pass
     elif cfg.qk_norm_type == "layer":
         head_norms(out, arch, cfg, dst, prefix, layer)
@@ -204,6 +218,8 @@ def attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig
         full = cfg.qk_norm == "full"
         for role, rows in (("q_norm", q_rows), ("k_norm", kv_rows))[: 1 if shares else 2]:
             out[f"{dst}{role}.weight"] = [(f"{prefix}{arch.weight_name(role)}.weight", (rows if full else d,))]
+    if cfg.attn_output_gate_bias:
+        out[f"{dst}gate_bias"] = [(f"{prefix}{arch.weight_name('attn_gate_bias')}", (cfg.attention_heads(layer),))]
     if cfg.has_sinks(layer):
         out[f"{dst}sinks"] = [(f"{prefix}{arch.weight_name('sinks')}", (cfg.attention_heads(layer),))]
     if cfg.diff_attention:  # (lambda_q1, lambda_k1, lambda_q2, lambda_k2)
@@ -212,7 +228,9 @@ def attention(out: dict[str, list[Source]], arch: Architecture, cfg: ModelConfig
     if cfg.key_bias:  # (dt_proj over the values, A a tensor)
         linear(dst + "dyn.dt_proj", prefix, [("dt_proj", cfg.attn_kv_heads(layer))], None, kv_rows, cfg.attention_bias)
         out[f"{dst}dyn.A"] = [(f"{prefix}{arch.weight_name('dt_A')}", (cfg.attn_kv_heads(layer),))]
-    if cfg.attn_sub_norm:
+    if cfg.query_channel_scale:
+        out[f"{dst}q_scale"] = [(f"{prefix}{arch.weight_name('attn_q_scale')}", (q_rows,))]
+    if cfg.attn_sub_norm and cfg.norm_affine:
         out[f"{dst}sub_norm.weight"] = [(f"{prefix}{arch.weight_name('attn_sub_norm')}.weight", (q_rows,))]
 
 
@@ -242,6 +260,7 @@ def expected_weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         for role, shape in (("router_input_scale", (cfg.hidden_size,)), ("expert_output_scale", (cfg.num_experts,))):
             if cfg.is_moe(i) and (name := arch.weight_name(role)):
                 out[f"model.layers.{i}.{name}"] = shape
+    out.update(arch.folded_weights(cfg) if arch.folded_weights is not None else {})
     stacked = arch.stacked_experts
     if stacked is None:
         return out
@@ -252,7 +271,7 @@ def expected_weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             continue
         for name in [n for n in out if n.startswith(p + UNSTACKED_ROOT)]:
             del out[name]
-        gate_up = inter if stacked.up else 2 * inter  # gate's alone where up's are apart
+        gate_up = inter if stacked.up or not cfg.gated_mlp else 2 * inter  # gate's alone where up's are apart
         for name in (stacked.gate_up, stacked.up) if stacked.up else (stacked.gate_up,):
             out[f"{p}{name}"] = stacked.stored_shape(e, gate_up, h)
             if cfg.expert_bias:

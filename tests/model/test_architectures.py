@@ -454,11 +454,64 @@ CASES: dict[str, tuple[str, dict]] = {
                                                    sliding_window=WINDOW, norm_topk_prob=True,
                                                    layer_types=["sliding_attention", "full_attention",
                                                                 "sliding_attention"])),
+    # Kolibri-1's sandwich layers and router over windowed rotary layers and indexed ones without positions (K/V rounded
+    # to NVFP4), the third on the second's K/V; two dense layers first
+    "Kolibri1_1ForCausalLM": ("Kolibri1_1Config", dict(num_hidden_layers=4, num_experts=8, num_experts_per_tok=2,
+                                                       moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                                                       sliding_window=WINDOW, norm_topk_prob=True,
+                                                       layer_types=["sliding_attention", "indexed_attention",
+                                                                    "indexed_attention", "sliding_attention"],
+                                                       kv_source_layers=[0, 1, 1, 3], index_layers=[1],
+                                                       index_num_heads=2, mlp_only_intermediate_size=80)),
     # every layer full (a window set: none rotates), the chosen weights not renormalised, wider heads
     "Kolibri1ForCausalLM:full": ("Kolibri1Config", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                                                         shared_expert_intermediate_size=32, sliding_window=WINDOW,
                                                         norm_topk_prob=False, layer_types=["full_attention"] * 2,
                                                         head_dim=32)),
+    # sandwich norms mixing the residual by depth, gated attention with a bias a head, windowed rotary layers and a full
+    # one without positions (its queries scaled by position), a dense layer, then grouped sigmoid experts (2 of 4
+    # groups), stacked; logits capped
+    "BeamForCausalLM": ("BeamConfig", dict(num_hidden_layers=3, num_experts=8, num_experts_per_tok=2,
+                                           moe_intermediate_size=32, n_group=4, topk_group=2,
+                                           routed_scaling_factor=1.5, sliding_window=WINDOW,
+                                           layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                                           mlp_layer_types=["dense", "sparse", "sparse"])),
+    # every layer dense (int8 through Beam's attention and residual mix, which the random router hides)
+    "BeamForCausalLM:dense": ("BeamConfig", dict(num_hidden_layers=3, num_experts=8, num_experts_per_tok=2,
+                                                 moe_intermediate_size=32, n_group=4, topk_group=2,
+                                                 sliding_window=WINDOW, mlp_layer_types=["dense"] * 3,
+                                                 layer_types=["sliding_attention", "full_attention",
+                                                              "sliding_attention"])),
+    # sandwich norms mixing the residual through learned gates, fused q/k/v, windowed layers rotating adjacent pairs and
+    # a full one without positions (its q and k scaled), a dense relu^2 MLP, then relu^2 experts each normed on its
+    # own, beside a normed shared expert; the training framework's names and layouts
+    "ErgoForCausalLM": ("ErgoConfig", dict(head_dim=OMIT, num_hidden_layers=3, first_dense_intermediate_size=96,
+                                           num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                           shared_intermediate_size=48, moe_routed_scaling_factor=1.5,
+                                           sliding_window=WINDOW, global_attention_every_n_layers=2,
+                                           global_attention_scale=1.5)),
+    # DeepSeek-V3.2's latent attention and indexer (4 keys a query), q and each head's output gate from [normed, raw]
+    # q latent, gated input norms (and MoE layers' MLP norms), a dense layer first, sigmoid experts without groups
+    "AXK2ForCausalLM": ("AXK2Config", dict(LATENT, num_hidden_layers=3, n_routed_experts=4, num_experts_per_tok=2,
+                                           moe_intermediate_size=32, n_shared_experts=1, routed_scaling_factor=1.5,
+                                           mlp_layer_types=["dense", "sparse", "sparse"], index_topk=4,
+                                           index_n_heads=4, index_head_dim=16, gated_norm_rank=8)),
+    # from the best of 2 expert groups (the others' experts scored 0), 2 shared experts
+    "AXK2ForCausalLM:groups": ("AXK2Config", dict(LATENT, num_hidden_layers=3, n_routed_experts=8,
+                                                  num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=2,
+                                                  n_group=2, topk_group=1, index_topk=4, index_n_heads=4,
+                                                  mlp_layer_types=["dense", "sparse", "sparse"], index_head_dim=16,
+                                                  gated_norm_rank=8)),
+    # two stacks of 2 layers in cycles (2 high, each after 2 low passes), weightless norms, gated attention
+    "HrmTextForCausalLM": ("HrmTextConfig", dict(num_key_value_heads=OMIT, H_cycles=2, L_cycles=2)),
+    # nGPT's layers (L2 norms, interpolated residuals, scaled q and gates), a sliding and a full layer looped twice
+    # between an input and an output layer
+    "DoryForCausalLM": ("DoryConfig", dict(num_hidden_layers=4, n_input_layers=1, n_output_layers=1,
+                                           n_recurrent_loops=2, sliding_window=WINDOW)),
+    # the stored scales' multiplier 1 (1 / initializer_range: the random offsets on them not multiplied by 56)
+    "DoryForCausalLM:unit_scales": ("DoryConfig", dict(num_hidden_layers=4, n_input_layers=1, n_output_layers=1,
+                                                       n_recurrent_loops=2, sliding_window=WINDOW,
+                                                       initializer_range=1.0)),
     # a lightning indexer in every layer choosing 4 keys a query (the prompts' contexts longer: the general path with
     # the choice as a mask), its rotary on halves; DeepSeek-V3's router, a dense layer first
     "DeepseekV32ForCausalLM": ("DeepseekV32Config", dict(LATENT, num_hidden_layers=3, n_routed_experts=4,
@@ -539,6 +592,8 @@ CASES: dict[str, tuple[str, dict]] = {
     "ArceeForCausalLM": ("ArceeConfig", {}),  # a non-gated MLP with relu squared
     # a non-gated MLP with xIELU, each layer's own parameters (random too, below); per-head q/k norms; llama3 rotary
     "ApertusForCausalLM": ("ApertusConfig", {}),
+    # Apertus's layers, the LM head pruned to the first 80 ids (the prompts' ids past it are input-only)
+    "Apertus1p5TextForCausalLM": ("Apertus1p5TextConfig", dict(output_vocab_size=80)),
     # the sparsemixer router, LayerNorms, biases on the attention and the LM head, a window, longrope
     "PhimoeForCausalLM": ("PhimoeConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
                                                attention_bias=True, lm_head_bias=True, sliding_window=WINDOW,
@@ -1019,6 +1074,16 @@ NOT_CLOSE = {"Glm4MoeForCausalLM:scaled": "x2.5 amplifies int8's flips among the
                                                 "(up to 16 here) multiplies in the unbounded decay's log, drops a dense "
                                                 "token from the top 5; with the delta nets' in_proj and out_proj dense, "
                                                 "within 0.14 (int8 through the bounded gate: BailingHybridForCausalLM)",
+             "AXK2ForCausalLM:groups": "int8 flips this random grouped router's choices (the greedy token left the "
+                                       "quantized top 5 at a step; AXK2ForCausalLM, the same layers without groups, "
+                                       "stays close)",
+             "DoryForCausalLM": "the random offsets (0.2) on nGPT's stored scales, used times 1 / initializer_range "
+                                "(56) and squared for q and the gates, make this model's logit and gate scales tens "
+                                "to thousands: int8 moves logprobs by 1.6 (with that multiplier 1, "
+                                "DoryForCausalLM:unit_scales, within the bound)",
+             "BeamForCausalLM": "int8 flips this random grouped sigmoid router's choices (0.76 against the 0.5 bound; "
+                                "with one expert group and no scaling within it; int8 through Beam's attention and "
+                                "residual mix: BeamForCausalLM:dense)",
              "ZambaForCausalLM:biases": "the same for Zamba's shared block (narrow heads, near one-hot here): 0.62 "
                                         "against the 0.5 bound; with every matrix halved within 0.01 (int8 through "
                                         "Zamba's layers: ZambaForCausalLM)"}
@@ -1188,6 +1253,14 @@ def test_stacked_experts_load_either_way_round(tmp_path_factory, tmp_path):
     ("AXK1ForCausalLM", False, "latent attention, a norm on the experts' output"),
     ("MiniCPM5MoeForCausalLM", False, "gated attention"), ("ExaoneMoeForCausalLM", True, None),
     ("Kolibri1ForCausalLM", False, "a selection bias on the router's logits"),
+    ("BeamForCausalLM", False, "queries scaled by position, gated attention, residual mixes"),
+    ("ErgoForCausalLM", False, "a non-gated MLP, relu2, residual mixes, norms on the experts' outputs"),
+    ("AXK2ForCausalLM", False, "latent attention, top-k key selection, gated norms"),
+    ("HrmTextForCausalLM", False, "no final norm, gated attention, stacks run in cycles"),
+    ("Kolibri1_1ForCausalLM", False, "K/V rounded to NVFP4, a selection bias on the router's logits, normed values, "
+     "values from keys or K/V shared between layers"),
+    ("DoryForCausalLM", False, "L2 norms, gated attention, residual mixes, looped layers, q scaled per channel, a "
+     "norm before o_proj, a norm before the MLP's down projection"),
     ("DeepseekV32ForCausalLM", False, "latent attention, top-k key selection"),
     ("LongcatFlashForCausalLM", False, "latent attention, experts added a layer later, identity experts"),
     ("Gemma4UnifiedForCausalLM", False, "attention shapes per layer, normed values, values from keys or K/V shared "

@@ -91,6 +91,8 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     # gated attention's output gate as a projection of its own (AFMoE's); None: its rows inside q_proj, each head's
     # after that head's q (Qwen3-Next's)
     "attn_gate_proj": None,
+    "attn_q_scale": None,  # a tensor [heads x head_dim]: q's scale per channel after rotary (query_channel_scale)
+    "attn_gate_bias": None,  # a tensor [heads] (not a module's): added to each head's gates (attn_output_gate_bias)
     # the norms on attention's output before o_proj and on the MLP's act(gate) * up before down
     # (ModelConfig.attn_sub_norm, mlp_sub_norm)
     "attn_sub_norm": "self_attn.attn_sub_norm", "mlp_sub_norm": "mlp.ffn_sub_norm",
@@ -101,6 +103,9 @@ LLAMA_WEIGHTS: dict[str, str | None] = {
     "moe_out_bias": None,  # a tensor [hidden] (not a module's): the bias on the experts' sum
     "selection_bias": None,  # a tensor [1, experts] (not a module's): the bias that only chooses experts
     "moe_out_norm": None,  # the norm on an MoE block's output (ModelConfig.moe_out_norm)
+    # tensors: the experts' output norms' weights [experts, hidden] and the shared expert's [hidden]
+    # (ModelConfig.expert_out_norm); a residual gate's weights [hidden] of attention's add and the MLP's (residual_mix)
+    "expert_out_norms": None, "shared_out_norm": None, "attn_residual_gate": None, "mlp_residual_gate": None,
     "expert": "mlp.experts.{e}.",  # then expert_gate / expert_up / expert_down
     "expert_gate": "gate_proj", "expert_up": "up_proj", "expert_down": "down_proj",
     "shared_expert": "mlp.shared_expert.",  # then shared_gate_proj / shared_up_proj / shared_down_proj
@@ -200,6 +205,9 @@ class Architecture:
     qkv_per_head: bool = False
     # (ModelConfig, the checkpoint's tensors) -> the tensors the decoder takes, at HF load: scales folded in (Falcon-H1)
     adjust_weights: Callable[[Any, dict[str, Any]], dict[str, Any]] | None = None
+    # ModelConfig -> checkpoint tensors (name: shape) no parameter takes, which adjust_weights folds into others
+    # (Dory's scales)
+    folded_weights: Callable[[Any], dict[str, tuple[int, ...]]] | None = None
     # our layers a checkpoint layer holds (LongCat-Flash's two attentions and MLPs): our layer j is its layer
     # j // sublayers, "{s}" in a role's name the sub-layer j % sublayers (``weights.in_checkpoint_layer``)
     sublayers: int = 1
@@ -306,8 +314,8 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "ernie4_5", "stablelm", "cohere", "cohere2", "exaone4", "olmo3", "mistral3", "helium", "seed_oss",
             "arcee", "ernie4_5_moe", "phi", "glm4_moe", "hunyuan_dense", "deepseek_v2", "deepseek_v3",
             "glm4_moe_lite", "lfm2", "lfm2_moe", "qwen_vl", "dots1", "nemotron", "hunyuan_moe",
-            "minimax_m2", "gpt2", "opt", "gpt_neox", "flex_olmo", "vaultgemma", "cwm", "olmo", "apertus", "phimoe",
-            "bamba", "qwen3_next", "qwen3_5", "nemotron_h",
+            "minimax_m2", "gpt2", "opt", "gpt_neox", "flex_olmo", "vaultgemma", "cwm", "olmo", "apertus",
+            "apertus1p5", "phimoe", "bamba", "qwen3_next", "qwen3_5", "nemotron_h",
             "mamba2", "falcon_h1", "bloom", "mpt", "llama4", "jamba", "gemma4", "olmo_hybrid", "solar_open", "cohere2_moe",
             "afmoe", "laguna", "mellum", "flint", "hy_v3", "granite_swa", "hyperclovax", "jais2", "nanochat", "persimmon",
             "falcon", "dbrx", "bitnet", "axk1", "youtu", "minicpm5_moe", "minicpm3", "exaone_moe", "kolibri1",
@@ -315,7 +323,8 @@ _MODULES = ["llama", "qwen2", "qwen3", "qwen_moe", "mistral", "mixtral", "gemma"
             "codegen", "xglm", "openai_gpt", "jetmoe", "zamba2", "zamba", "lfm3", "mimo_v2_flash",
             "recurrent_gemma", "rwkv", "xlstm", "diffllama", "doge", "emu3", "biogpt", "gpt_neox_japanese", "ctrl",
             "modernbert_decoder", "lara_mini", "dots3_note", "kimi_linear", "minimax",
-            "bailing_hybrid"]
+            "bailing_hybrid", "beam", "ergo", "axk2", "hrm_text", "dory",
+            "kolibri1_1"]
 
 
 _loaded: list[bool] = []  # (a flag, not the table's emptiness: importing one module first registers it alone)

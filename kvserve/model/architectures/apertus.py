@@ -4,7 +4,12 @@ with each layer's own parameters (``mlp.act_fn``); its norms named ``attention_l
 
 from kvserve.model.architectures import Architecture, register
 
-register(Architecture("ApertusForCausalLM", lambda d: {"qk_norm": "head", "gated_mlp": False,
-                                                       "hidden_act": d.get("hidden_act") or "xielu"},
-                      weights={"input_layernorm": "attention_layernorm",
-                               "post_attention_layernorm": "feedforward_layernorm", "gate_proj": None}))
+
+def apertus_config(d: dict) -> dict:
+    return {"qk_norm": "head", "gated_mlp": False, "hidden_act": d.get("hidden_act") or "xielu"}
+
+
+APERTUS_WEIGHTS = {"input_layernorm": "attention_layernorm", "post_attention_layernorm": "feedforward_layernorm",
+                   "gate_proj": None}
+
+register(Architecture("ApertusForCausalLM", apertus_config, weights=APERTUS_WEIGHTS))
