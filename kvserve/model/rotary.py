@@ -58,7 +58,8 @@ def rope_inv_freq(dim: int, theta: float, scaling: dict[str, Any] | None,
         # instead, as vLLM's, so that a cached key's rotation never changes
         long_theta = theta * (factor * factor - (factor - 1)) ** (dim / (dim - 2))
         long = 1.0 / long_theta ** exponents
-        return inv_freq, 1.0, long, original
+        # (transformers re-bases past max_position_embeddings, whatever original_max_position_embeddings says)
+        return inv_freq, 1.0, long, max_positions or original
     if kind in ("longrope", "su"):  # "su": Phi-3's first name for it
         if scaling.get("factor") is None and max_positions:
             factor = max_positions / original

@@ -70,11 +70,12 @@ CASES: dict[str, tuple[str, dict]] = {
                                                    num_kv_shared_layers=2, hidden_size_per_layer_input=8,
                                                    vocab_size_per_layer_input=97, use_double_wide_mlp=True,
                                                    final_logit_softcapping=30.0, tie_word_embeddings=True)),
-    # experts beside the dense MLP; no per-layer inputs, no sharing
+    # experts beside the dense MLP; no per-layer inputs, no sharing; attention biases (o_proj's too)
     "Gemma4ForCausalLM:moe": ("Gemma4TextConfig", dict(sliding_window=WINDOW, num_hidden_layers=3,
                                                        layer_types=GEMMA4_TYPES[2:], global_head_dim=24,
                                                        hidden_size_per_layer_input=0, enable_moe_block=True,
-                                                       num_experts=4, top_k_experts=2, moe_intermediate_size=32)),
+                                                       num_experts=4, top_k_experts=2, moe_intermediate_size=32,
+                                                       attention_bias=True)),
     # Gemma 4 unified: Gemma 4's case without per-layer inputs (its config has none)
     "Gemma4UnifiedForCausalLM": ("Gemma4UnifiedTextConfig", dict(
         sliding_window=WINDOW, num_hidden_layers=5, layer_types=GEMMA4_TYPES, global_head_dim=32,
@@ -553,8 +554,10 @@ CASES: dict[str, tuple[str, dict]] = {
     # head_dim other than hidden / heads, biases on q/k/v/o and the MLP, tied embeddings
     "LlamaForCausalLM:head_dim,biases,tied": ("LlamaConfig", dict(head_dim=24, attention_bias=True, mlp_bias=True,
                                                                   tie_word_embeddings=True)),
-    # dynamic NTK: plain RoPE within the context (transformers re-bases only past it)
-    "LlamaForCausalLM:dynamic": ("LlamaConfig", dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0})),
+    # dynamic NTK: plain RoPE within the context (transformers re-bases only past max_position_embeddings, whatever
+    # original_max_position_embeddings says)
+    "LlamaForCausalLM:dynamic": ("LlamaConfig", dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0,
+                                                                   "original_max_position_embeddings": 16})),
     # the window on the layers from max_window_layers on; untied embeddings
     "Qwen2ForCausalLM:sliding_window": ("Qwen2Config", dict(use_sliding_window=True, sliding_window=WINDOW,
                                                             max_window_layers=1, num_hidden_layers=3)),
