@@ -365,12 +365,13 @@ CASES: dict[str, tuple[str, dict]] = {
                                                        num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
                                                        first_k_dense_replace=1, n_group=4, topk_group=2)),
     # Kimi delta attention around latent attention without rotary (q without a latent); a dense first layer, then
-    # sigmoid experts chosen with a bias from the best of two groups, a shared expert
+    # sigmoid experts chosen with a bias from the best of two groups, a shared expert; tie_word_embeddings set (which
+    # transformers' model ignores: its head is its own)
     "KimiLinearForCausalLM": ("KimiLinearConfig", dict(LATENT, q_lora_rank=None, num_hidden_layers=3, linear_num_heads=4,
                                                        linear_head_dim=16, num_local_experts=8, num_experts_per_tok=2,
                                                        moe_intermediate_size=32, n_group=2, topk_group=1,
                                                        layer_types=["linear_attention", "full_attention",
-                                                                    "linear_attention"])),
+                                                                    "linear_attention"], tie_word_embeddings=True)),
     # Ling 3: Kimi delta attention with full-width gates and the bounded decay, around latent attention gated per head;
     # a dense first layer, then DeepSeek-V3's experts
     "BailingHybridForCausalLM": ("BailingHybridConfig", dict(LATENT, num_hidden_layers=3, num_local_experts=8,
@@ -488,13 +489,13 @@ CASES: dict[str, tuple[str, dict]] = {
                                                      index_n_heads=4, index_head_dim=16,
                                                      indexer_types=["full", "shared", "full"])),
     # the pattern from index_topk_freq / index_skip_topk_offset (full, shared, full, shared), v wider than q.k, index
-    # heads wider than the rotary dims
+    # heads wider than the rotary dims; mlp_bias set (which transformers' model never reads)
     "GlmMoeDsaForCausalLM:pattern": ("GlmMoeDsaConfig", dict(LATENT, num_hidden_layers=4, n_routed_experts=4,
                                                              num_experts_per_tok=2, moe_intermediate_size=32,
                                                              n_shared_experts=1, n_group=1, topk_group=1,
                                                              first_k_dense_replace=2, index_topk=7, index_n_heads=8,
                                                              index_head_dim=32, index_topk_freq=2,
-                                                             index_skip_topk_offset=1, v_head_dim=20)),
+                                                             index_skip_topk_offset=1, v_head_dim=20, mlp_bias=True)),
     # two latent attentions and dense MLPs a checkpoint layer (4 of ours), the first's experts added after the second's
     # MLP; a softmax router over 4 experts and 2 identity experts, chosen with a bias, scaled; the latents' LoRA scales
     "LongcatFlashForCausalLM": ("LongcatFlashConfig", dict(LATENT, num_layers=2, ffn_hidden_size=96,
