@@ -602,10 +602,11 @@ CASES: dict[str, tuple[str, dict]] = {
     "LagunaForCausalLM:per_element": ("LagunaConfig", dict(num_hidden_layers=2, gating="per-element", num_experts=4,
                                                            num_experts_per_tok=2, moe_intermediate_size=32,
                                                            shared_expert_intermediate_size=64)),
-    # Qwen3-MoE's layers, windowed ones with their own rotary base, a dense layer of its own size
+    # Qwen3-MoE's layers, windowed ones with their own rotary base, a dense layer of its own size; attention biases
+    # (o_proj's too)
     "MellumForCausalLM": ("MellumConfig", dict(
         num_hidden_layers=3, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-        mlp_layer_types=["dense", "sparse", "sparse"], intermediate_size=64, **MOE,
+        mlp_layer_types=["dense", "sparse", "sparse"], intermediate_size=64, **MOE, attention_bias=True,
         rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 500000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
     # sinks, per-head q/k norms, rotary on the windowed layers only (the full ones without positions); sigmoid experts
@@ -1245,6 +1246,7 @@ def test_a_bfloat16_model_attends_windows_and_sinks(case, tmp_path_factory):
     ("CTRLLMHeadModel", dict(dff=96, layer_norm_epsilon=1e-5), "layer_norm_epsilon"),
     ("KimiLinearForCausalLM", dict(LATENT, mla_use_nope=False), "mla_use_nope"),
     ("MiniMaxForCausalLM", dict(postnorm=False), "postnorm"),
+    ("LagunaForCausalLM", dict(CASES["LagunaForCausalLM"][1], attention_bias=True), "attention_bias"),
     ("BailingHybridForCausalLM", dict(LATENT, gated_attention_proj_granularity_type="element_wise"),
      "gated_attention_proj_granularity_type")])
 def test_an_option_no_path_runs_is_refused_in_one_line(case, config, option, tmp_path):
