@@ -1247,6 +1247,8 @@ def test_a_bfloat16_model_attends_windows_and_sinks(case, tmp_path_factory):
     ("KimiLinearForCausalLM", dict(LATENT, mla_use_nope=False), "mla_use_nope"),
     ("MiniMaxForCausalLM", dict(postnorm=False), "postnorm"),
     ("LagunaForCausalLM", dict(CASES["LagunaForCausalLM"][1], attention_bias=True), "attention_bias"),
+    ("Lfm3ForCausalLM", dict(CASES["Lfm3ForCausalLM"][1], attention_bias=True), "use_attention_gate"),
+    ("MiMoV2FlashForCausalLM", dict(CASES["MiMoV2FlashForCausalLM"][1], head_dim=16), "rotary dims"),
     ("BailingHybridForCausalLM", dict(LATENT, gated_attention_proj_granularity_type="element_wise"),
      "gated_attention_proj_granularity_type")])
 def test_an_option_no_path_runs_is_refused_in_one_line(case, config, option, tmp_path):
