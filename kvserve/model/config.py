@@ -298,6 +298,9 @@ class ModelConfig(LayerPlan, MixerOptions):
             raise ValueError(f"num_experts_per_tok must be 1..{self.num_experts}")
         if self.expert_groups_used < self.expert_groups:
             self._check_expert_groups()
+        if self.partial_rotary_factor < 1 and self.rotary_dim % 2:  # (transformers' tables then cover one dim more)
+            raise ValueError(f"an odd number of rotary dims ({self.rotary_dim}: head_dim x partial_rotary_factor) is "
+                             "not supported")
         widest = max(self.attn_head_dim(i) for i in range(self.num_hidden_layers))
         if not self.kv_lora_rank and self.v_head_dim > widest:
             raise ValueError("values wider than keys (v_head_dim > head_dim) are cached only with latent attention")

@@ -53,12 +53,13 @@ def rope_inv_freq(dim: int, theta: float, scaling: dict[str, Any] | None,
     if kind == "dynamic" and scaling.get("alpha"):  # Hunyuan's fixed NTK alpha: a larger base, whatever the length
         return 1.0 / (theta * float(scaling["alpha"]) ** (dim / (dim - 2))) ** exponents, 1.0, None, 0
     if kind == "dynamic":
-        # transformers' dynamic NTK is plain RoPE up to the original context and re-bases every position by the
-        # sequence's length beyond it; positions there get the base of the longest context (factor x the original)
-        # instead, as vLLM's, so that a cached key's rotation never changes
+        # transformers' dynamic NTK is plain RoPE up to max_position_embeddings (whatever the scaling's
+        # original_max_position_embeddings says) and re-bases every position by the sequence's length beyond it;
+        # positions there get the base of the longest context (factor x it) instead, as vLLM's, so that a cached key's
+        # rotation never changes
         long_theta = theta * (factor * factor - (factor - 1)) ** (dim / (dim - 2))
         long = 1.0 / long_theta ** exponents
-        return inv_freq, 1.0, long, original
+        return inv_freq, 1.0, long, max_positions or original
     if kind in ("longrope", "su"):  # "su": Phi-3's first name for it
         if scaling.get("factor") is None and max_positions:
             factor = max_positions / original

@@ -70,11 +70,12 @@ CASES: dict[str, tuple[str, dict]] = {
                                                    num_kv_shared_layers=2, hidden_size_per_layer_input=8,
                                                    vocab_size_per_layer_input=97, use_double_wide_mlp=True,
                                                    final_logit_softcapping=30.0, tie_word_embeddings=True)),
-    # experts beside the dense MLP; no per-layer inputs, no sharing
+    # experts beside the dense MLP; no per-layer inputs, no sharing; attention biases (o_proj's too)
     "Gemma4ForCausalLM:moe": ("Gemma4TextConfig", dict(sliding_window=WINDOW, num_hidden_layers=3,
                                                        layer_types=GEMMA4_TYPES[2:], global_head_dim=24,
                                                        hidden_size_per_layer_input=0, enable_moe_block=True,
-                                                       num_experts=4, top_k_experts=2, moe_intermediate_size=32)),
+                                                       num_experts=4, top_k_experts=2, moe_intermediate_size=32,
+                                                       attention_bias=True)),
     # Gemma 4 unified: Gemma 4's case without per-layer inputs (its config has none)
     "Gemma4UnifiedForCausalLM": ("Gemma4UnifiedTextConfig", dict(
         sliding_window=WINDOW, num_hidden_layers=5, layer_types=GEMMA4_TYPES, global_head_dim=32,
@@ -364,12 +365,13 @@ CASES: dict[str, tuple[str, dict]] = {
                                                        num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
                                                        first_k_dense_replace=1, n_group=4, topk_group=2)),
     # Kimi delta attention around latent attention without rotary (q without a latent); a dense first layer, then
-    # sigmoid experts chosen with a bias from the best of two groups, a shared expert
+    # sigmoid experts chosen with a bias from the best of two groups, a shared expert; tie_word_embeddings set (which
+    # transformers' model ignores: its head is its own)
     "KimiLinearForCausalLM": ("KimiLinearConfig", dict(LATENT, q_lora_rank=None, num_hidden_layers=3, linear_num_heads=4,
                                                        linear_head_dim=16, num_local_experts=8, num_experts_per_tok=2,
                                                        moe_intermediate_size=32, n_group=2, topk_group=1,
                                                        layer_types=["linear_attention", "full_attention",
-                                                                    "linear_attention"])),
+                                                                    "linear_attention"], tie_word_embeddings=True)),
     # Ling 3: Kimi delta attention with full-width gates and the bounded decay, around latent attention gated per head;
     # a dense first layer, then DeepSeek-V3's experts
     "BailingHybridForCausalLM": ("BailingHybridConfig", dict(LATENT, num_hidden_layers=3, num_local_experts=8,
@@ -540,13 +542,13 @@ CASES: dict[str, tuple[str, dict]] = {
                                                      index_n_heads=4, index_head_dim=16,
                                                      indexer_types=["full", "shared", "full"])),
     # the pattern from index_topk_freq / index_skip_topk_offset (full, shared, full, shared), v wider than q.k, index
-    # heads wider than the rotary dims
+    # heads wider than the rotary dims; mlp_bias set (which transformers' model never reads)
     "GlmMoeDsaForCausalLM:pattern": ("GlmMoeDsaConfig", dict(LATENT, num_hidden_layers=4, n_routed_experts=4,
                                                              num_experts_per_tok=2, moe_intermediate_size=32,
                                                              n_shared_experts=1, n_group=1, topk_group=1,
                                                              first_k_dense_replace=2, index_topk=7, index_n_heads=8,
                                                              index_head_dim=32, index_topk_freq=2,
-                                                             index_skip_topk_offset=1, v_head_dim=20)),
+                                                             index_skip_topk_offset=1, v_head_dim=20, mlp_bias=True)),
     # two latent attentions and dense MLPs a checkpoint layer (4 of ours), the first's experts added after the second's
     # MLP; a softmax router over 4 experts and 2 identity experts, chosen with a bias, scaled; the latents' LoRA scales
     "LongcatFlashForCausalLM": ("LongcatFlashConfig", dict(LATENT, num_layers=2, ffn_hidden_size=96,
@@ -608,8 +610,10 @@ CASES: dict[str, tuple[str, dict]] = {
     # head_dim other than hidden / heads, biases on q/k/v/o and the MLP, tied embeddings
     "LlamaForCausalLM:head_dim,biases,tied": ("LlamaConfig", dict(head_dim=24, attention_bias=True, mlp_bias=True,
                                                                   tie_word_embeddings=True)),
-    # dynamic NTK: plain RoPE within the context (transformers re-bases only past it)
-    "LlamaForCausalLM:dynamic": ("LlamaConfig", dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0})),
+    # dynamic NTK: plain RoPE within the context (transformers re-bases only past max_position_embeddings, whatever
+    # original_max_position_embeddings says)
+    "LlamaForCausalLM:dynamic": ("LlamaConfig", dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0,
+                                                                   "original_max_position_embeddings": 16})),
     # the window on the layers from max_window_layers on; untied embeddings
     "Qwen2ForCausalLM:sliding_window": ("Qwen2Config", dict(use_sliding_window=True, sliding_window=WINDOW,
                                                             max_window_layers=1, num_hidden_layers=3)),
@@ -653,10 +657,11 @@ CASES: dict[str, tuple[str, dict]] = {
     "LagunaForCausalLM:per_element": ("LagunaConfig", dict(num_hidden_layers=2, gating="per-element", num_experts=4,
                                                            num_experts_per_tok=2, moe_intermediate_size=32,
                                                            shared_expert_intermediate_size=64)),
-    # Qwen3-MoE's layers, windowed ones with their own rotary base, a dense layer of its own size
+    # Qwen3-MoE's layers, windowed ones with their own rotary base, a dense layer of its own size; attention biases
+    # (o_proj's too)
     "MellumForCausalLM": ("MellumConfig", dict(
         num_hidden_layers=3, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-        mlp_layer_types=["dense", "sparse", "sparse"], intermediate_size=64, **MOE,
+        mlp_layer_types=["dense", "sparse", "sparse"], intermediate_size=64, **MOE, attention_bias=True,
         rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 500000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
     # sinks, per-head q/k norms, rotary on the windowed layers only (the full ones without positions); sigmoid experts
@@ -1314,6 +1319,9 @@ def test_a_bfloat16_model_attends_windows_and_sinks(case, tmp_path_factory):
     ("CTRLLMHeadModel", dict(dff=96, layer_norm_epsilon=1e-5), "layer_norm_epsilon"),
     ("KimiLinearForCausalLM", dict(LATENT, mla_use_nope=False), "mla_use_nope"),
     ("MiniMaxForCausalLM", dict(postnorm=False), "postnorm"),
+    ("LagunaForCausalLM", dict(CASES["LagunaForCausalLM"][1], attention_bias=True), "attention_bias"),
+    ("Lfm3ForCausalLM", dict(CASES["Lfm3ForCausalLM"][1], attention_bias=True), "use_attention_gate"),
+    ("MiMoV2FlashForCausalLM", dict(CASES["MiMoV2FlashForCausalLM"][1], head_dim=16), "rotary dims"),
     ("BailingHybridForCausalLM", dict(LATENT, gated_attention_proj_granularity_type="element_wise"),
      "gated_attention_proj_granularity_type")])
 def test_an_option_no_path_runs_is_refused_in_one_line(case, config, option, tmp_path):

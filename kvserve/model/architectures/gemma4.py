@@ -51,7 +51,8 @@ def gemma4_config(d: dict) -> dict:
     out: dict[str, Any] = {
         "norm_layout": "sandwich", "hidden_act": d.get("hidden_activation") or "gelu_pytorch_tanh",
         "embed_scale": float(hidden) ** 0.5, "tie_word_embeddings": d.get("tie_word_embeddings", True),
-        "head_dim": head_dim, "attn_scale": 1.0, "qk_norm": "head", "v_norm": True, "o_proj_bias": False,
+        "head_dim": head_dim, "attn_scale": 1.0, "qk_norm": "head", "v_norm": True,
+        "o_proj_bias": bool(d.get("attention_bias", False)),  # (transformers: o_proj biased too)
         "sliding_window": d.get("sliding_window") or None, "layer_types": types,
         "final_logit_softcap": d.get("final_logit_softcapping"), "rope_local_theta": float(local),
         "layer_head_dims": [overrides.get(i, {}).get("head_dim", head_dim) for i in range(layers)],

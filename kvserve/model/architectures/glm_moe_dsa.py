@@ -20,7 +20,9 @@ def indexer_types(d: dict) -> list[str]:
 
 
 def glm_moe_dsa_config(d: dict) -> dict:
-    return {**indexed_latent_config(d, True, 32), "index_layers": [kind == "full" for kind in indexer_types(d)]}
+    # (mlp_bias: a config key transformers' model never reads, its MLPs unbiased)
+    return {**indexed_latent_config(d, True, 32), "index_layers": [kind == "full" for kind in indexer_types(d)],
+            "mlp_bias": False}
 
 
 register(Architecture("GlmMoeDsaForCausalLM", glm_moe_dsa_config, weights=DEEPSEEK_WEIGHTS))

@@ -45,6 +45,7 @@ def kimi_linear_config(d: dict) -> dict:
     n = d["num_hidden_layers"]
     out = {**latent_attention_config(d), "rope_layers": [False] * n,
            "max_position_embeddings": first_of(d, "max_position_embeddings", "model_max_length", default=4096),
+           "tie_word_embeddings": False,  # (transformers' model keeps lm_head its own whatever the config says)
            "delta_layers": [kind == "linear_attention" for kind in kinds], "delta_rule": "kimi",
            "delta_key_heads": heads, "delta_value_heads": heads, "delta_key_dim": dim, "delta_value_dim": dim,
            "delta_gate_rank": dim,

@@ -32,6 +32,8 @@ def layer_type_rope(d: dict) -> dict:
 def laguna_config(d: dict) -> dict:
     if d.get("moe_apply_router_weight_on_input"):
         raise ValueError("LagunaForCausalLM with moe_apply_router_weight_on_input is not supported (nor by transformers)")
+    if d.get("attention_bias"):  # (the gate would share q's bias: one GEMM, one bias for all of its rows)
+        raise ValueError("LagunaForCausalLM with attention_bias (q/k/v/o biased, g_proj not) is not supported")
     layers = d["num_hidden_layers"]
     types = d.get("layer_types") or [FULL] * layers
     mlp_types = d.get("mlp_layer_types") or ["dense"] + ["sparse"] * (layers - 1)

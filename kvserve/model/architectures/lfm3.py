@@ -19,6 +19,9 @@ def lfm3_config(d: dict) -> dict:
         raise ValueError(f"LFM3 layer types {unknown} are not supported (conv, full_attention, sliding_attention)")
     local = ((d.get("rope_parameters") or {}).get(SLIDING) or {}).get("rope_theta", 10000.0)
     gated = bool(d.get("use_attention_gate", True))
+    if gated and d.get("attention_bias"):  # (the gate would share q's bias: one GEMM, one bias for all of its rows)
+        raise ValueError("Lfm3ForCausalLM with attention_bias and use_attention_gate (q/k/v/o biased, the gate not) is "
+                         "not supported")
     return {"conv_layers": [k == "conv" for k in kinds], "conv_kernel": int(d.get("conv_L_cache", 7)),
             "conv_bias": bool(d.get("conv_bias", False)), "qk_norm": "head",
             "intermediate_size": d["intermediate_size"],

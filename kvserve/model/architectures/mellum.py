@@ -11,7 +11,7 @@ from kvserve.model.config import FULL
 def mellum_config(d: dict) -> dict:
     layers = d["num_hidden_layers"]
     mlp_types = d.get("mlp_layer_types") or ["sparse"] * layers
-    return {**layer_type_rope(d), "qk_norm": "head", "o_proj_bias": False,
+    return {**layer_type_rope(d), "qk_norm": "head",
             "sliding_window": d.get("sliding_window") or None, "layer_types": list(d.get("layer_types") or [FULL] * layers),
             "num_experts": first_of(d, "num_local_experts", "num_experts"), "num_experts_per_tok": d["num_experts_per_tok"],
             "moe_intermediate_size": d["moe_intermediate_size"], "norm_topk_prob": bool(d.get("norm_topk_prob", True)),
