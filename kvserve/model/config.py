@@ -287,6 +287,9 @@ class ModelConfig(LayerPlan, MixerOptions):
             raise ValueError(f"num_experts_per_tok must be 1..{self.num_experts}")
         if self.expert_groups_used < self.expert_groups:
             self._check_expert_groups()
+        if self.mlp_bias and self.num_experts and self.shared_expert_intermediate_size:
+            # transformers' shared experts take mlp_bias too; ours are unbiased (their biases would go unread)
+            raise ValueError("mlp_bias on an MoE block's shared experts is not supported")
         widest = max(self.attn_head_dim(i) for i in range(self.num_hidden_layers))
         if not self.kv_lora_rank and self.v_head_dim > widest:
             raise ValueError("values wider than keys (v_head_dim > head_dim) are cached only with latent attention")

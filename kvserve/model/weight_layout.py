@@ -40,6 +40,16 @@ def deinterleave_rotary(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, 
                 name = f"model.layers.{i}.{arch.weight_name(role)}.{suffix}"
                 if name in out:  # a GGUF file's weight kept quantized (``QuantWeight``) takes its rows so
                     out[name] = out[name].rows(order) if hasattr(out[name], "rows") else out[name][order]
+        # q/k norms weigh each head's dims: theirs reordered as the rows they norm (one [head_dim] per head or shared)
+        for role, heads in (("q_norm", cfg.num_attention_heads), ("k_norm", cfg.num_key_value_heads)):
+            if (norm := arch.weight_name(role)) is None:
+                continue
+            for h in range(heads) if "{h}" in str(norm) else [None]:
+                for suffix in ("weight", "bias"):
+                    name = f"model.layers.{i}.{str(norm).format(h=h) if h is not None else norm}.{suffix}"
+                    w = out.get(name)
+                    if w is not None and w.numel() % d == 0 and w.shape[-1] in (d, w.numel()):
+                        out[name] = w.reshape(-1, d)[:, per_head].reshape(w.shape)
     return out
 
 
