@@ -476,12 +476,12 @@ CASES: dict[str, tuple[str, dict]] = {
         sliding_window=WINDOW, swa_num_attention_heads=2, swa_num_key_value_heads=2, swa_q_lora_rank=20,
         swa_kv_lora_rank=12, swa_head_dim=24, swa_qk_nope_head_dim=16, swa_v_head_dim=8)),
     # 12 keys a query (the shorter prompts keep every key, the longer ones not, in the same steps), index heads of the
-    # rotary dims alone; expert groups
+    # rotary dims alone; expert groups; mlp_bias, which its config takes and transformers' layers ignore
     "DeepseekV32ForCausalLM:groups": ("DeepseekV32Config", dict(LATENT, num_hidden_layers=3, n_routed_experts=8,
                                                                 num_experts_per_tok=2, moe_intermediate_size=32,
                                                                 n_shared_experts=1, n_group=4, topk_group=2,
                                                                 first_k_dense_replace=1, index_topk=12,
-                                                                index_n_heads=8, index_head_dim=8)),
+                                                                index_n_heads=8, index_head_dim=8, mlp_bias=True)),
     # the indexer's rotary on pairs, the second layer reusing the first's choice
     "GlmMoeDsaForCausalLM": ("GlmMoeDsaConfig", dict(LATENT, num_hidden_layers=3, n_routed_experts=4,
                                                      num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
@@ -1237,6 +1237,7 @@ def test_a_bfloat16_model_attends_windows_and_sinks(case, tmp_path_factory):
                                                                       "rope_theta": 1e4},
                                                 "full_attention": {"rope_type": "default", "rope_theta": 1e6}}),
      "rope_parameters"),
+    ("GPTJForCausalLM", dict(CASES["GPTJForCausalLM"][1], tie_word_embeddings=True), "tie_word_embeddings"),
     ("Ernie4_5_MoeForCausalLM", dict(moe_num_experts=4, moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=1,
                                      use_bias=True), "use_bias"),
     ("DeepseekV2ForCausalLM", dict(LATENT, q_lora_rank=None, attention_bias=True), "attention_bias"),
