@@ -379,8 +379,10 @@ CASES: dict[str, tuple[str, dict]] = {
                                                              topk_group=1, first_k_dense_replace=1,
                                                              layer_types=["linear_attention", "full_attention",
                                                                           "linear_attention"])),
-    # the experts' SwiGLU clipped on the last two layers, the shared expert's on the second (limits that bite here)
-    "BailingHybridForCausalLM:clipped": ("BailingHybridConfig", dict(LATENT, num_hidden_layers=3, num_local_experts=4,
+    # the experts' SwiGLU clipped on the last two layers, the shared expert's on the second (limits that bite here);
+    # tie_word_embeddings set, which transformers' model ignores (its own lm_head)
+    "BailingHybridForCausalLM:clipped": ("BailingHybridConfig", dict(LATENT, tie_word_embeddings=True,
+                                                                     num_hidden_layers=3, num_local_experts=4,
                                                                      num_experts_per_tok=2, moe_intermediate_size=32,
                                                                      n_group=1, topk_group=1, first_k_dense_replace=1,
                                                                      expert_swiglu_limit_list=[0, 0.3, 0.5],
