@@ -301,6 +301,9 @@ class ModelConfig(LayerPlan, MixerOptions):
         if self.partial_rotary_factor < 1 and self.rotary_dim % 2:  # (transformers' tables then cover one dim more)
             raise ValueError(f"an odd number of rotary dims ({self.rotary_dim}: head_dim x partial_rotary_factor) is "
                              "not supported")
+        if self.mlp_bias and self.num_experts and self.shared_expert_intermediate_size:
+            # transformers' shared experts take mlp_bias too; ours are unbiased (their biases would go unread)
+            raise ValueError("mlp_bias on an MoE block's shared experts is not supported")
         widest = max(self.attn_head_dim(i) for i in range(self.num_hidden_layers))
         if not self.kv_lora_rank and self.v_head_dim > widest:
             raise ValueError("values wider than keys (v_head_dim > head_dim) are cached only with latent attention")

@@ -28,3 +28,19 @@ def rope_settings(d: dict[str, Any]) -> tuple[float | None, dict[str, Any] | Non
     if rope_scaling is not None and rope_scaling.get("rope_type", rope_scaling.get("type")) == "default":
         rope_scaling = None
     return rope_theta, rope_scaling
+
+
+def local_rope_scaled(d: dict[str, Any]) -> bool:
+    """Whether the sliding layers rotate with the full layers' scaling (transformers 5's ``rope_parameters`` per layer
+    type, each scaled as it says); a scaling of their own other than the full layers' is refused."""
+    params = d.get("rope_parameters")
+    if not isinstance(params, dict) or not isinstance(params.get("sliding_attention"), dict):
+        return False
+    local, full = ({k: v for k, v in (params.get(t) or {}).items() if k != "rope_theta"}
+                   for t in ("sliding_attention", "full_attention"))
+    if local.get("rope_type", "default") == "default":
+        return False
+    if local != full:
+        raise ValueError("rope_parameters with a sliding_attention scaling other than full_attention's is not "
+                         "supported")
+    return True

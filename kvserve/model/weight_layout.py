@@ -33,18 +33,23 @@ def deinterleave_rotary(cfg: ModelConfig, weights: dict[str, Any]) -> dict[str, 
         if arch.weight_name("qkv_proj") is not None else \
         [(role, [h * d + j for h in range(heads) for j in per_head])
          for role, heads in (("q_proj", cfg.num_attention_heads), ("k_proj", cfg.num_key_value_heads))]
-    head_norms = ("q_norm", "k_norm") if cfg.qk_norm == "head" and cfg.qk_norm_type == "rms" else ()
     for i in range(cfg.num_hidden_layers):
-        for role in head_norms:  # a per-head norm's weight follows its head's dims
-            name = f"model.layers.{i}.{arch.weight_name(role)}.weight"
-            if name in out:
-                out[name] = out[name][torch.tensor(per_head)]
         for role, rows in roles:
             order = torch.tensor(rows)
             for suffix in ("weight", "bias"):
                 name = f"model.layers.{i}.{arch.weight_name(role)}.{suffix}"
                 if name in out:  # a GGUF file's weight kept quantized (``QuantWeight``) takes its rows so
                     out[name] = out[name].rows(order) if hasattr(out[name], "rows") else out[name][order]
+        # q/k norms weigh each head's dims: theirs reordered as the rows they norm (one [head_dim] per head or shared)
+        for role, heads in (("q_norm", cfg.num_attention_heads), ("k_norm", cfg.num_key_value_heads)):
+            if (norm := arch.weight_name(role)) is None:
+                continue
+            for h in range(heads) if "{h}" in str(norm) else [None]:
+                for suffix in ("weight", "bias"):
+                    name = f"model.layers.{i}.{str(norm).format(h=h) if h is not None else norm}.{suffix}"
+                    w = out.get(name)
+                    if w is not None and w.numel() % d == 0 and w.shape[-1] in (d, w.numel()):
+                        out[name] = w.reshape(-1, d)[:, per_head].reshape(w.shape)
     return out
 
 

@@ -89,11 +89,13 @@ CASES: dict[str, tuple[str, dict]] = {
         altup_active_idx=1, laurel_rank=8, activation_sparsity_pattern=[0.95, 0.0, 0.0, 0.0, 0.0],
         tie_word_embeddings=True)),
     # the corrected stream feeding the per-layer input's gate unscaled (altup_correct_scale off), four streams, no K/V
-    # sharing, no sparse gate, an untied head
+    # sharing, no sparse gate, an untied head; YaRN on both layer types (transformers 5's rope_parameters scale each)
     "Gemma3nForCausalLM:unscaled": ("Gemma3nTextConfig", dict(
         sliding_window=WINDOW, num_hidden_layers=3, layer_types=GEMMA4_TYPES[2:], num_kv_shared_layers=0,
         hidden_size_per_layer_input=8, vocab_size_per_layer_input=97, altup_num_inputs=4, altup_correct_scale=False,
-        laurel_rank=4, head_dim=32)),
+        laurel_rank=4, head_dim=32, rope_parameters={
+            t: {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "rope_theta": theta}
+            for t, theta in (("sliding_attention", 10000.0), ("full_attention", 1e6))})),
     # three delta nets (pre-norm) then attention (post-norm); key heads as many as value heads (transformers repeats none)
     "OlmoHybridForCausalLM": ("OlmoHybridConfig", dict(num_hidden_layers=4, linear_num_key_heads=4, linear_num_value_heads=4,
                                                        linear_key_head_dim=16, linear_value_head_dim=8)),
@@ -379,8 +381,10 @@ CASES: dict[str, tuple[str, dict]] = {
                                                              topk_group=1, first_k_dense_replace=1,
                                                              layer_types=["linear_attention", "full_attention",
                                                                           "linear_attention"])),
-    # the experts' SwiGLU clipped on the last two layers, the shared expert's on the second (limits that bite here)
-    "BailingHybridForCausalLM:clipped": ("BailingHybridConfig", dict(LATENT, num_hidden_layers=3, num_local_experts=4,
+    # the experts' SwiGLU clipped on the last two layers, the shared expert's on the second (limits that bite here);
+    # tie_word_embeddings set, which transformers' model ignores (its own lm_head)
+    "BailingHybridForCausalLM:clipped": ("BailingHybridConfig", dict(LATENT, tie_word_embeddings=True,
+                                                                     num_hidden_layers=3, num_local_experts=4,
                                                                      num_experts_per_tok=2, moe_intermediate_size=32,
                                                                      n_group=1, topk_group=1, first_k_dense_replace=1,
                                                                      expert_swiglu_limit_list=[0, 0.3, 0.5],
@@ -529,12 +533,12 @@ CASES: dict[str, tuple[str, dict]] = {
         sliding_window=WINDOW, swa_num_attention_heads=2, swa_num_key_value_heads=2, swa_q_lora_rank=20,
         swa_kv_lora_rank=12, swa_head_dim=24, swa_qk_nope_head_dim=16, swa_v_head_dim=8)),
     # 12 keys a query (the shorter prompts keep every key, the longer ones not, in the same steps), index heads of the
-    # rotary dims alone; expert groups
+    # rotary dims alone; expert groups; mlp_bias, which its config takes and transformers' layers ignore
     "DeepseekV32ForCausalLM:groups": ("DeepseekV32Config", dict(LATENT, num_hidden_layers=3, n_routed_experts=8,
                                                                 num_experts_per_tok=2, moe_intermediate_size=32,
                                                                 n_shared_experts=1, n_group=4, topk_group=2,
                                                                 first_k_dense_replace=1, index_topk=12,
-                                                                index_n_heads=8, index_head_dim=8)),
+                                                                index_n_heads=8, index_head_dim=8, mlp_bias=True)),
     # the indexer's rotary on pairs, the second layer reusing the first's choice
     "GlmMoeDsaForCausalLM": ("GlmMoeDsaConfig", dict(LATENT, num_hidden_layers=3, n_routed_experts=4,
                                                      num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
@@ -582,8 +586,9 @@ CASES: dict[str, tuple[str, dict]] = {
                                                     tie_word_embeddings=True)),
     "HeliumForCausalLM": ("HeliumConfig", dict(attention_bias=True, mlp_bias=True)),  # no bias on o_proj
     # per-head q/k LayerNorms: Command R+'s (a weight per head, no bias), StableLM 2 12B's (a module per head), Phi's
-    # (one LayerNorm with a bias for all of q's heads, another for k's)
-    "CohereForCausalLM:qk_norm": ("CohereConfig", dict(logit_scale=0.5, use_qk_norm=True)),
+    # (one LayerNorm with a bias for all of q's heads, another for k's); Command R+'s weights reordered with q/k's
+    # interleaved rotary dims (wider heads: a wrong order shows)
+    "CohereForCausalLM:qk_norm": ("CohereConfig", dict(logit_scale=0.5, use_qk_norm=True, head_dim=32)),
     "StableLmForCausalLM:qk_layernorm": ("StableLmConfig", dict(qk_layernorm=True, partial_rotary_factor=0.5)),
     "PhiForCausalLM:qk_layernorm": ("PhiConfig", dict(qk_layernorm=True, partial_rotary_factor=0.5)),
     # queries scaled by position past the original context (8 tokens here: most prompts cross it)
@@ -1308,11 +1313,19 @@ def test_a_bfloat16_model_attends_windows_and_sinks(case, tmp_path_factory):
 
 
 @pytest.mark.parametrize("case, config, option", [
+    ("Gemma3ForCausalLM", dict(rope_parameters={"sliding_attention": {"rope_type": "linear", "factor": 4.0,
+                                                                      "rope_theta": 1e4},
+                                                "full_attention": {"rope_type": "default", "rope_theta": 1e6}}),
+     "rope_parameters"),
+    ("GPTJForCausalLM", dict(CASES["GPTJForCausalLM"][1], tie_word_embeddings=True), "tie_word_embeddings"),
     ("Ernie4_5_MoeForCausalLM", dict(moe_num_experts=4, moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=1,
                                      use_bias=True), "use_bias"),
     ("DeepseekV2ForCausalLM", dict(LATENT, q_lora_rank=None, attention_bias=True), "attention_bias"),
     ("DeepseekV2ForCausalLM", dict(LATENT, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                                    topk_method="noaux_tc"), "topk_method"),
+    ("DeepseekV2ForCausalLM", dict(LATENT, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                   n_shared_experts=1, mlp_bias=True), "mlp_bias"),
+    ("AriaTextForCausalLM", dict(moe_num_experts=4, moe_topk=2, mlp_bias=True), "mlp_bias"),
     ("AriaTextForCausalLM", dict(moe_num_experts=4, moe_topk=2, hidden_act="gelu"), "hidden_act"),
     ("XGLMForCausalLM", dict(pad_token_id=3), "pad_token_id"),
     ("DogeForCausalLM", dict(is_moe=True, num_experts=16, num_experts_per_tok=4), "is_moe"),
@@ -1325,7 +1338,7 @@ def test_a_bfloat16_model_attends_windows_and_sinks(case, tmp_path_factory):
     ("BailingHybridForCausalLM", dict(LATENT, gated_attention_proj_granularity_type="element_wise"),
      "gated_attention_proj_granularity_type")])
 def test_an_option_no_path_runs_is_refused_in_one_line(case, config, option, tmp_path):
-    """ERNIE MoE's biased shared experts, a q projection without the bias its latent attention has, a router method
+    """ERNIE MoE's biased shared experts (and DeepSeek-V2's, Aria's: mlp_bias), a q projection without the bias its latent attention has, a router method
     not built, Aria's shared experts of another activation than its SiLU routed ones, XGLM's zeroed row of positions:
     loading names the option instead of serving without it."""
     import json

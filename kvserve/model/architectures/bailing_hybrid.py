@@ -30,7 +30,8 @@ def bailing_hybrid_config(d: dict) -> dict:
            "delta_decay_bound": float(d.get("kda_lower_bound", -5.0)) if safe else None,
            # the experts' SwiGLU clipped per layer (the released files' late layers; the dense layers' never)
            "expert_clip_layers": first_of(d, "expert_swiglu_limit_list", "swiglu_limits"),
-           "shared_expert_clip_layers": first_of(d, "share_expert_swiglu_limit_list", "swiglu_limits_shared")}
+           "shared_expert_clip_layers": first_of(d, "share_expert_swiglu_limit_list", "swiglu_limits_shared"),
+           "tie_word_embeddings": False}  # transformers ties no head here, whatever the config says
     return {**out, **sparse_experts(d, dense_first=2)}
 
 

@@ -31,7 +31,7 @@ def ungroup_codegen_qkv(cfg: Any, weights: dict[str, Any]) -> dict[str, Any]:
 
 
 register(Architecture("CodeGenForCausalLM", codegen_config, adjust_weights=ungroup_codegen_qkv,
-                      text_config=lambda d: {**gpt2_keys(d), "tie_word_embeddings": False},
+                      text_config=lambda d: {**gpt2_keys(d), "tie_word_embeddings": bool(d.get("tie_word_embeddings"))},
                       weights={"input_layernorm": "ln_1", "qkv_proj": "attn.qkv_proj", "o_proj": "attn.out_proj",
                                "gate_proj": None, "up_proj": "mlp.fc_in", "down_proj": "mlp.fc_out"},
                       prefixes={"transformer.wte.": "model.embed_tokens.", "transformer.h.": "model.layers.",

@@ -26,7 +26,8 @@ def indexed_latent_config(d: dict, index_pairs: bool, heads_default: int) -> dic
         raise ValueError(f"{d['architectures'][0]} without q_lora_rank (its indexer reads q's latent) is not supported")
     return {**latent_attention_config({**d, "rope_interleave": True}), **v3_experts(d, sparse_layers(d, 3)),
             "index_topk": d.get("index_topk", 2048), "index_heads": d.get("index_n_heads", heads_default),
-            "index_head_dim": d.get("index_head_dim", 128), "index_rope_interleaved": index_pairs}
+            "index_head_dim": d.get("index_head_dim", 128), "index_rope_interleaved": index_pairs,
+            "mlp_bias": False}  # (their configs take mlp_bias; transformers builds no MLP bias from it)
 
 
 register(Architecture("DeepseekV32ForCausalLM", lambda d: indexed_latent_config(d, False, 64), weights=DEEPSEEK_WEIGHTS))

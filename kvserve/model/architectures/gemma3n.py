@@ -13,6 +13,7 @@ from kvserve.model.architectures.gemma2 import GEMMA_WEIGHTS
 from kvserve.model.architectures.gemma3_mm import MULTIMODAL_PREFIXES, text_part
 from kvserve.model.architectures.gemma4 import GGUF_GLOBALS, GGUF_ROLES, kv_sources
 from kvserve.model.config import FULL, SLIDING
+from kvserve.model.rope_config import local_rope_scaled
 
 
 def gemma3n_config(d: dict) -> dict:
@@ -37,7 +38,7 @@ def gemma3n_config(d: dict) -> dict:
         "head_dim": d.get("head_dim") or 256, "attn_scale": 1.0, "qk_norm": "head", "v_norm": True,
         "o_proj_bias": bool(d.get("attention_bias", False)), "sliding_window": d.get("sliding_window") or None,
         "layer_types": types, "final_logit_softcap": d.get("final_logit_softcapping", 30.0),
-        "rope_local_theta": float(local), "rms_norm_eps": d.get("rms_norm_eps", 1e-6),
+        "rope_local_theta": float(local), "rope_local_scaled": local_rope_scaled(d), "rms_norm_eps": d.get("rms_norm_eps", 1e-6),
         "kv_shared_from": kv_sources(types, int(d.get("num_kv_shared_layers", 15) or 0)),
         "layer_intermediate_sizes": sizes, "intermediate_size": max(sizes),
         "per_layer_input_size": int(d.get("hidden_size_per_layer_input", 256) or 0),

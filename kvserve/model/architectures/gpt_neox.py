@@ -21,6 +21,9 @@ def gpt_neox_config(d: dict) -> dict:
 
 
 def gptj_config(d: dict) -> dict:
+    if d.get("tie_word_embeddings"):
+        raise ValueError(f"{d['architectures'][0]} with tie_word_embeddings (a tied head beside its bias) is not "
+                         "supported")
     head_dim = d["hidden_size"] // d["num_attention_heads"]
     return {"num_key_value_heads": d["num_attention_heads"], "norm_type": "layer",
             "rms_norm_eps": float(d.get("layer_norm_epsilon", 1e-5)), "gated_mlp": False,
@@ -41,7 +44,7 @@ register(Architecture("GPTNeoXForCausalLM", gpt_neox_config, weights={
               "gpt_neox.layers.": "model.layers.", "embed_out.": "lm_head."},
     gguf="gptneox", gguf_config=gpt_neox_gguf))
 register(Architecture("GPTJForCausalLM", gptj_config,
-                      text_config=lambda d: {**gpt2_keys(d), "tie_word_embeddings": False},
+                      text_config=lambda d: {**gpt2_keys(d), "tie_word_embeddings": bool(d.get("tie_word_embeddings"))},
                       weights={"input_layernorm": "ln_1", "q_proj": "attn.q_proj", "k_proj": "attn.k_proj",
                                "v_proj": "attn.v_proj", "o_proj": "attn.out_proj", "gate_proj": None,
                                "up_proj": "mlp.fc_in", "down_proj": "mlp.fc_out"},
