@@ -54,6 +54,11 @@ CASES: dict[str, tuple[str, dict]] = {
     "Qwen2MoeForCausalLM": ("Qwen2MoeConfig", dict(MOE, shared_expert_intermediate_size=48, decoder_sparse_step=1,
                                                    mlp_only_layers=[1])),
     "Qwen3MoeForCausalLM": ("Qwen3MoeConfig", dict(MOE, norm_topk_prob=True)),
+    # the window where use_sliding_window turns it on: Qwen3's from max_window_layers on, Qwen2-MoE's on even layers below
+    "Qwen3ForCausalLM:window": ("Qwen3Config", dict(num_hidden_layers=3, use_sliding_window=True, sliding_window=WINDOW,
+                                                    max_window_layers=1)),
+    "Qwen2MoeForCausalLM:window": ("Qwen2MoeConfig", dict(MOE, num_hidden_layers=3, use_sliding_window=True,
+                                                          sliding_window=WINDOW, max_window_layers=2)),
     "MistralForCausalLM": ("MistralConfig", dict(sliding_window=WINDOW)),
     "MixtralForCausalLM": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW)),
     "GemmaForCausalLM": ("GemmaConfig", dict(tie_word_embeddings=True)),
