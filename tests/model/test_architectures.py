@@ -54,9 +54,10 @@ CASES: dict[str, tuple[str, dict]] = {
     "Qwen2MoeForCausalLM": ("Qwen2MoeConfig", dict(MOE, shared_expert_intermediate_size=48, decoder_sparse_step=1,
                                                    mlp_only_layers=[1])),
     "Qwen3MoeForCausalLM": ("Qwen3MoeConfig", dict(MOE, norm_topk_prob=True)),
-    # the window where use_sliding_window turns it on: Qwen3's from max_window_layers on, Qwen2-MoE's on even layers below
-    "Qwen3ForCausalLM:window": ("Qwen3Config", dict(num_hidden_layers=3, use_sliding_window=True, sliding_window=WINDOW,
-                                                    max_window_layers=1)),
+    # the window where use_sliding_window turns it on: Qwen3's from max_window_layers on (and biases on q/k/v/o),
+    # Qwen2-MoE's on even layers below
+    "Qwen3ForCausalLM:window,bias": ("Qwen3Config", dict(num_hidden_layers=3, use_sliding_window=True,
+                                                         sliding_window=WINDOW, max_window_layers=1, attention_bias=True)),
     "Qwen2MoeForCausalLM:window": ("Qwen2MoeConfig", dict(MOE, num_hidden_layers=3, use_sliding_window=True,
                                                           sliding_window=WINDOW, max_window_layers=2)),
     "MistralForCausalLM": ("MistralConfig", dict(sliding_window=WINDOW)),

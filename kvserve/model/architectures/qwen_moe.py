@@ -21,7 +21,7 @@ def qwen2_moe_config(d: dict) -> dict:
 
 
 def qwen3_moe_config(d: dict) -> dict:
-    return {**moe_config(d), "qk_norm": "head", "o_proj_bias": False, **qwen_window(d, lambda i: True)}
+    return {**moe_config(d), "qk_norm": "head", **qwen_window(d, lambda i: True)}
 
 
 def gguf_norm_topk(default: bool):
