@@ -175,7 +175,8 @@ CASES: dict[str, tuple[str, dict]] = {
         layers_block_type=["mamba", "moe", "attention", "mlp", "mamba", "moe"], num_hidden_layers=6, head_dim=16,
         mamba_num_heads=4, mamba_head_dim=32, n_groups=2, ssm_state_size=8, chunk_size=4, use_bias=True,
         moe_intermediate_size=32, moe_shared_expert_intermediate_size=48, n_routed_experts=8, num_experts_per_tok=2,
-        n_group=2, topk_group=1, routed_scaling_factor=1.5, n_shared_experts=0)),  # (the shared expert is built anyway)
+        n_group=2, topk_group=1, routed_scaling_factor=1.5, n_shared_experts=0,  # (the shared expert is built anyway)
+        tie_word_embeddings=True)),  # (transformers keeps the head its own all the same)
     # Mamba-2 blocks alone: no attention, no MLP
     "Mamba2ForCausalLM": ("Mamba2Config", dict(num_heads=4, head_dim=32, state_size=8, n_groups=2, chunk_size=4,
                                                num_hidden_layers=3)),
