@@ -58,7 +58,7 @@ CASES: dict[str, tuple[str, dict]] = {
     # Qwen2-MoE's on even layers below
     "Qwen3ForCausalLM:window,bias": ("Qwen3Config", dict(num_hidden_layers=3, use_sliding_window=True,
                                                          sliding_window=WINDOW, max_window_layers=1, attention_bias=True)),
-    "Qwen2MoeForCausalLM:window": ("Qwen2MoeConfig", dict(MOE, num_hidden_layers=3, use_sliding_window=True,
+    "Qwen2MoeForCausalLM:window": ("Qwen2MoeConfig", dict(MOE, num_hidden_layers=2, use_sliding_window=True,
                                                           sliding_window=WINDOW, max_window_layers=2)),
     "MistralForCausalLM": ("MistralConfig", dict(sliding_window=WINDOW)),
     "MixtralForCausalLM": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW)),
