@@ -194,7 +194,8 @@ CASES: dict[str, tuple[str, dict]] = {
     # form, the rest its recurrent steps (hidden 128: transformers' cache rounds the q/k width up to a multiple of 64)
     "xLSTMForCausalLM": ("xLSTMConfig", dict(hidden_size=128, num_hidden_layers=3, num_heads=4, chunk_size=16,
                                              gate_soft_cap=2.0,
-                                             ffn_round_up_to_multiple_of=16, output_logit_soft_cap=5.0)),
+                                             ffn_round_up_to_multiple_of=16, output_logit_soft_cap=5.0,
+                                             tie_word_embeddings=True)),  # (transformers keeps the head its own)
     # attention beside Mamba-2 in every layer, every muP multiplier away from 1; the Mamba output normed before its
     # gate, (":plain") not normed, (":gated") normed after it
     "FalconH1ForCausalLM": ("FalconH1Config", dict(
@@ -287,7 +288,7 @@ CASES: dict[str, tuple[str, dict]] = {
     "FlexOlmoForCausalLM": ("FlexOlmoConfig", dict(num_experts=8, num_experts_per_tok=2, intermediate_size=32)),
     "VaultGemmaForCausalLM": ("VaultGemmaConfig", dict(sliding_window=WINDOW, query_pre_attn_scalar=24,
                                                        tie_word_embeddings=True, attn_logit_softcapping=5.0,
-                                                       final_logit_softcapping=3.0)),
+                                                       final_logit_softcapping=3.0, attention_bias=True)),
     "CwmForCausalLM": ("CwmConfig", dict(sliding_window=WINDOW, num_hidden_layers=4)),
     # learned positions (OPT's 2 rows in), LayerNorms, non-gated MLPs, biases; GPT-2's Conv1D weights stored [in, out],
     # BigCode's one KV head; GPT-NeoX's two norms side by side and its q/k/v head by head, partial rotary; GPT-J's
@@ -629,7 +630,7 @@ CASES: dict[str, tuple[str, dict]] = {
     # Llama's layers among cross-attention layers, which a text prompt skips; the embedding table 8 rows past the vocab
     "MllamaForCausalLM": ("MllamaTextConfig", dict(num_hidden_layers=5, cross_attention_layers=[1, 3], rope_parameters={
         "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 32})),
+        "original_max_position_embeddings": 32}, tie_word_embeddings=True)),  # (transformers keeps the head its own)
     "MllamaForConditionalGeneration": ("MllamaConfig", {}),  # text only: see MLLAMA_MM
     # a mixture of attention heads (routed q/o projections over shared K/V heads, a bias) beside stacked experts with a
     # bias on their sum
