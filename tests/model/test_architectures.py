@@ -54,6 +54,12 @@ CASES: dict[str, tuple[str, dict]] = {
     "Qwen2MoeForCausalLM": ("Qwen2MoeConfig", dict(MOE, shared_expert_intermediate_size=48, decoder_sparse_step=1,
                                                    mlp_only_layers=[1])),
     "Qwen3MoeForCausalLM": ("Qwen3MoeConfig", dict(MOE, norm_topk_prob=True)),
+    # the window where use_sliding_window turns it on: Qwen3's from max_window_layers on (and biases on q/k/v/o),
+    # Qwen2-MoE's on even layers below
+    "Qwen3ForCausalLM:window,bias": ("Qwen3Config", dict(num_hidden_layers=3, use_sliding_window=True,
+                                                         sliding_window=WINDOW, max_window_layers=1, attention_bias=True)),
+    "Qwen2MoeForCausalLM:window": ("Qwen2MoeConfig", dict(MOE, num_hidden_layers=2, use_sliding_window=True,
+                                                          sliding_window=WINDOW, max_window_layers=2)),
     "MistralForCausalLM": ("MistralConfig", dict(sliding_window=WINDOW)),
     "MixtralForCausalLM": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW)),
     "GemmaForCausalLM": ("GemmaConfig", dict(tie_word_embeddings=True)),
@@ -172,7 +178,8 @@ CASES: dict[str, tuple[str, dict]] = {
         layers_block_type=["mamba", "moe", "attention", "mlp", "mamba", "moe"], num_hidden_layers=6, head_dim=16,
         mamba_num_heads=4, mamba_head_dim=32, n_groups=2, ssm_state_size=8, chunk_size=4, use_bias=True,
         moe_intermediate_size=32, moe_shared_expert_intermediate_size=48, n_routed_experts=8, num_experts_per_tok=2,
-        n_group=2, topk_group=1, routed_scaling_factor=1.5, n_shared_experts=0)),  # (the shared expert is built anyway)
+        n_group=2, topk_group=1, routed_scaling_factor=1.5, n_shared_experts=0,  # (the shared expert is built anyway)
+        tie_word_embeddings=True)),  # (transformers keeps the head its own all the same)
     # Mamba-2 blocks alone: no attention, no MLP
     "Mamba2ForCausalLM": ("Mamba2Config", dict(num_heads=4, head_dim=32, state_size=8, n_groups=2, chunk_size=4,
                                                num_hidden_layers=3)),
@@ -190,7 +197,8 @@ CASES: dict[str, tuple[str, dict]] = {
     # form, the rest its recurrent steps (hidden 128: transformers' cache rounds the q/k width up to a multiple of 64)
     "xLSTMForCausalLM": ("xLSTMConfig", dict(hidden_size=128, num_hidden_layers=3, num_heads=4, chunk_size=16,
                                              gate_soft_cap=2.0,
-                                             ffn_round_up_to_multiple_of=16, output_logit_soft_cap=5.0)),
+                                             ffn_round_up_to_multiple_of=16, output_logit_soft_cap=5.0,
+                                             tie_word_embeddings=True)),  # (transformers keeps the head its own)
     # attention beside Mamba-2 in every layer, every muP multiplier away from 1; the Mamba output normed before its
     # gate, (":plain") not normed, (":gated") normed after it
     "FalconH1ForCausalLM": ("FalconH1Config", dict(
@@ -283,7 +291,7 @@ CASES: dict[str, tuple[str, dict]] = {
     "FlexOlmoForCausalLM": ("FlexOlmoConfig", dict(num_experts=8, num_experts_per_tok=2, intermediate_size=32)),
     "VaultGemmaForCausalLM": ("VaultGemmaConfig", dict(sliding_window=WINDOW, query_pre_attn_scalar=24,
                                                        tie_word_embeddings=True, attn_logit_softcapping=5.0,
-                                                       final_logit_softcapping=3.0)),
+                                                       final_logit_softcapping=3.0, attention_bias=True)),
     "CwmForCausalLM": ("CwmConfig", dict(sliding_window=WINDOW, num_hidden_layers=4)),
     # learned positions (OPT's 2 rows in), LayerNorms, non-gated MLPs, biases; GPT-2's Conv1D weights stored [in, out],
     # BigCode's one KV head; GPT-NeoX's two norms side by side and its q/k/v head by head, partial rotary; GPT-J's
@@ -687,7 +695,7 @@ CASES: dict[str, tuple[str, dict]] = {
     # Llama's layers among cross-attention layers, which a text prompt skips; the embedding table 8 rows past the vocab
     "MllamaForCausalLM": ("MllamaTextConfig", dict(num_hidden_layers=5, cross_attention_layers=[1, 3], rope_parameters={
         "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 32})),
+        "original_max_position_embeddings": 32}, tie_word_embeddings=True)),  # (transformers keeps the head its own)
     "MllamaForConditionalGeneration": ("MllamaConfig", {}),  # text only: see MLLAMA_MM
     # a mixture of attention heads (routed q/o projections over shared K/V heads, a bias) beside stacked experts with a
     # bias on their sum

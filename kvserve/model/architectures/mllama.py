@@ -16,7 +16,8 @@ def mllama_config(d: dict) -> dict:
     """The layers a text prompt runs: every one but the cross-attention layers, by their checkpoint indices."""
     cross = set(d.get("cross_attention_layers") or ())
     kept = [i for i in range(d["num_hidden_layers"]) if i not in cross]
-    return {"num_hidden_layers": len(kept), "checkpoint_layers": kept}
+    # (transformers never ties Mllama's head to the embeddings, whatever tie_word_embeddings says)
+    return {"num_hidden_layers": len(kept), "checkpoint_layers": kept, "tie_word_embeddings": False}
 
 
 def cut_embeddings(cfg: Any, weights: dict[str, Any]) -> dict[str, Any]:

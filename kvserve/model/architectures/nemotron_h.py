@@ -36,7 +36,9 @@ def nemotron_h_config(d: dict) -> dict:
            "layer_parts": ["mixer" if k in ("mamba", "attention") else "mlp" for k in kinds],
            "rope_layers": [False] * n, "gated_mlp": False, "hidden_act": d.get("mlp_hidden_act") or "relu2",
            "rms_norm_eps": float(first_of(d, "layer_norm_epsilon", "rms_norm_eps", default=1e-5)),
-           "attention_bias": False, "o_proj_bias": False, "mlp_bias": bool(d.get("mlp_bias", False))}
+           "attention_bias": False, "o_proj_bias": False, "mlp_bias": bool(d.get("mlp_bias", False)),
+           # transformers never ties Nemotron-H's head to the embeddings, whatever tie_word_embeddings says
+           "tie_word_embeddings": False}
     if "moe" in kinds:
         experts = v3_experts(d, [k == "moe" for k in kinds])
         # one shared expert whatever n_shared_experts says (as transformers builds it)

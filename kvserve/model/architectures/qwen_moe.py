@@ -2,6 +2,7 @@
 ``mlp_only_layers``); Qwen2-MoE adds a shared expert under a sigmoid gate and q/k/v biases, Qwen3-MoE q/k norms."""
 
 from kvserve.model.architectures import Architecture, GGUFGet, first_of, register
+from kvserve.model.architectures.qwen2 import qwen_window
 
 
 def moe_config(d: dict) -> dict:
@@ -14,11 +15,13 @@ def moe_config(d: dict) -> dict:
 
 def qwen2_moe_config(d: dict) -> dict:
     return {**moe_config(d), "attention_bias": bool(d.get("qkv_bias", True)), "o_proj_bias": False,
-            "shared_expert_intermediate_size": d.get("shared_expert_intermediate_size") or 0}
+            "shared_expert_intermediate_size": d.get("shared_expert_intermediate_size") or 0,
+            # (transformers' config windows the even layers below max_window_layers)
+            **qwen_window(d, lambda i: i % 2 == 0 and i < d.get("max_window_layers", 28))}
 
 
 def qwen3_moe_config(d: dict) -> dict:
-    return {**moe_config(d), "qk_norm": "head", "o_proj_bias": False}
+    return {**moe_config(d), "qk_norm": "head", **qwen_window(d, lambda i: True)}
 
 
 def gguf_norm_topk(default: bool):

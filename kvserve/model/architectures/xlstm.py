@@ -32,7 +32,8 @@ def xlstm_config(d: dict) -> dict:
             "intermediate_size": round_up(hidden * d.get("ffn_proj_factor", 2.667),
                                           int(d.get("ffn_round_up_to_multiple_of", 64))),
             "rms_norm_eps": float(d.get("norm_eps", 1e-6)),
-            "final_logit_softcap": d.get("output_logit_soft_cap", 30.0)}
+            "final_logit_softcap": d.get("output_logit_soft_cap", 30.0),
+            "tie_word_embeddings": False}  # (transformers never ties xLSTM's head, whatever the config says)
 
 
 register(Architecture("xLSTMForCausalLM", xlstm_config, text_config=xlstm_text,
