@@ -234,6 +234,13 @@ def _add_tokenizer(writer: gguf.GGUFWriter, vocab: int) -> None:
     writer.add_eos_token_id(COMMON["eos_token_id"])
 
 
+def tied(model) -> bool:
+    """Whether the model's head is its embedding (the config's flag is not enough: transformers never ties some heads,
+    Nemotron-H's, whatever it says)."""
+    head = model.get_output_embeddings()
+    return head is not None and head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+
+
 def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type: QT | None = None,
                          fuse_gate_up: bool = False, linear_type: QT | None = None,
                          mxfp4: dict[str, torch.Tensor] | None = None, whole_kv_b: bool = False) -> None:
@@ -525,7 +532,7 @@ def write_like_llama_cpp(model, folder: Path, path: Path, arch: str, expert_type
             fused = gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.FFN_GATE_UP_EXP].format(bid=i) + ".weight"
             state[fused] = torch.cat([gate, up], dim=1)
     for name, t in state.items():
-        if d["tie_word_embeddings"] and name == "lm_head.weight":
+        if tied(model) and name == "lm_head.weight":
             continue  # tied; the converter skips it
         if arch in PLUS_ONE and name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
             t = t + 1
@@ -835,7 +842,7 @@ def test_gguf_loads_the_checkpoint_weights(case, tmp_path_factory, monkeypatch):
     arch = get_architecture(loaded.config.architecture)
     original = {arch.checkpoint_name(n): t for n, t in load_file(folder / "model.safetensors").items()
                 if "visual" not in n.split(".")}  # (a vision tower: not in a text model's file)
-    if model.config.tie_word_embeddings:
+    if tied(model):
         original.pop("lm_head.weight", None)
     # both loaders put gated attention's gates after q's rows, and fold in what the architecture folds at load
     if loaded.config.attn_output_gate or arch.adjust_weights is not None:
@@ -886,7 +893,7 @@ def test_gguf_loads_the_checkpoint_weights(case, tmp_path_factory, monkeypatch):
             names = transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON))
     theirs = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=names)["tensors"]
     state = model.state_dict()
-    if model.config.tie_word_embeddings:
+    if tied(model):
         state.pop("lm_head.weight")
     assert set(theirs) == set(state)
     for name, t in state.items():
