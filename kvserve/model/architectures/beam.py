@@ -9,16 +9,22 @@ from kvserve.model.architectures import Architecture, register
 from kvserve.model.config import FULL, SLIDING, rope_settings
 
 
+def sliding_rope(d: dict, name: str) -> tuple:
+    """(rope_theta, scaling) of the sliding layers, the only ones that rotate (Beam's, Ergo's): per layer type, the full
+    layers' entry None; a rotary entry for them is refused."""
+    params = d.get("rope_parameters") or {}
+    if isinstance(params, dict) and FULL in params:
+        if params.get(FULL) is not None:
+            raise ValueError(f"{name} with rotary on its full-attention layers is not supported")
+        params = params.get(SLIDING) or {}
+    return rope_settings({"rope_parameters": params})
+
+
 def beam_config(d: dict) -> dict:
     layers = d["num_hidden_layers"]
     types = d.get("layer_types") or [SLIDING if (i + 1) % 6 and i < layers - 1 else FULL for i in range(layers)]
     mlp_types = d.get("mlp_layer_types") or ["dense" if i < 3 else "sparse" for i in range(layers)]
-    params = d.get("rope_parameters") or {}
-    if isinstance(params, dict) and FULL in params:  # per layer type: the full layers' None (they do not rotate)
-        if params.get(FULL) is not None:
-            raise ValueError("BeamForCausalLM with rotary on its full-attention layers is not supported")
-        params = params.get(SLIDING) or {}
-    theta, scaling = rope_settings({"rope_parameters": params})
+    theta, scaling = sliding_rope(d, "BeamForCausalLM")
     groups = d.get("n_group") or 1
     return {"norm_layout": "sandwich", "residual_mix": "depth", "qk_norm": "head",
             "attn_output_gate": True, "attn_output_gate_bias": True,

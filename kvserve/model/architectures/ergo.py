@@ -10,7 +10,8 @@ wqkv``, the router and shared expert stored [in, out], the experts stacked [expe
 from typing import Any
 
 from kvserve.model.architectures import Architecture, StackedExperts, register
-from kvserve.model.config import FULL, SLIDING, rope_settings
+from kvserve.model.architectures.beam import sliding_rope
+from kvserve.model.config import FULL, SLIDING
 
 
 def ergo_config(d: dict) -> dict:
@@ -19,12 +20,7 @@ def ergo_config(d: dict) -> dict:
     types = d.get("layer_types") or [SLIDING if (i + 1) % every else FULL for i in range(layers)]
     dense = d.get("num_dense_blocks", 1)
     mlp_types = d.get("mlp_layer_types") or ["dense" if i < dense else "sparse" for i in range(layers)]
-    params = d.get("rope_parameters") or {}
-    if isinstance(params, dict) and FULL in params:  # per layer type: the full layers' None (they do not rotate)
-        if params.get(FULL) is not None:
-            raise ValueError("ErgoForCausalLM with rotary on its full-attention layers is not supported")
-        params = params.get(SLIDING) or {}
-    theta, scaling = rope_settings({"rope_parameters": params})
+    theta, scaling = sliding_rope(d, "ErgoForCausalLM")
     dense_size = d.get("first_dense_intermediate_size") or 0
     scale = d.get("global_attention_scale")
     return {"norm_layout": "sandwich", "residual_mix": "gated", "qk_norm": "head", "hidden_act": "relu2",
