@@ -25,7 +25,7 @@ from kvserve.errors import ModelLoadError
 from kvserve.model.architectures import Architecture, get_architecture, gguf_architectures
 from kvserve.model.checkpoint import LoadedModel
 from kvserve.model.config import ModelConfig
-from kvserve.model.gguf_names import GGUF_FUSED_GATE_UP, falcon_norm_name, gguf_to_hf_name
+from kvserve.model.gguf_names import GGUF_FUSED_GATE_UP, gguf_to_hf_name
 from kvserve.model.gguf_reader import fast_gguf_reader, gguf_metadata
 from kvserve.model.quant import QuantWeight, from_gguf_blocks
 from kvserve.model.weight_layout import (gates_after_q, join_latent_kv, stack_dense_gate_up, stack_experts,
@@ -132,9 +132,7 @@ def _gguf_config(meta: dict[str, Any], tensors: dict[str, Any], source: Path) ->
           "final_logit_softcapping": get("final_logit_softcapping") or None,
           "rope_local_base_freq": get("rope.freq_base_swa"),
           # llama.cpp's graphs with a parallel form (stablelm) take it where a layer has no norm before the MLP
-          "use_parallel_residual": "blk.0.ffn_norm.weight" not in tensors,
-          # Falcon's: llama.cpp's falcon graph norms attention's input with attn_norm_2 where the file has it
-          "num_ln_in_parallel_attn": 2 if "blk.0.attn_norm_2.weight" in tensors else 1}
+          "use_parallel_residual": "blk.0.ffn_norm.weight" not in tensors}
     experts = int(get("expert_count", 0))
     if experts:
         hf.update(num_experts=experts, num_local_experts=experts, num_experts_per_tok=int(get("expert_used_count", 0)),
@@ -229,11 +227,8 @@ def load_gguf(path: Path, keep_quantized: bool = False, with_tokenizer: bool = T
     # Only llama.cpp's LlamaModel lineage permutes q/k; the others are converted for NEOX-style rope as is.
     permuted = get_architecture(gguf_architectures()[meta["general.architecture"]]).gguf_permuted
     arch = get_architecture(config.architecture)
-    two_norms = "blk.0.attn_norm_2.weight" in tensors
     weights: dict[str, Any] = {}
     for name, tensor in tensors.items():
-        if two_norms:
-            name = falcon_norm_name(name)
         if f".{GGUF_FUSED_GATE_UP}." in name:
             weights.update(_fused_gate_up(name, tensor, arch, keep_quantized, path))
             continue

@@ -100,12 +100,3 @@ def hf_to_gguf_name(name: str, arch: Architecture | None = None) -> str | None:
     else:
         stems = [*arch.gguf_globals, *_GGUF_GLOBAL_NAMES]
     return next((f"{s}.{suffix}" for s in stems if gguf_to_hf_name(f"{s}.{suffix}", arch) == name), None)
-
-
-def falcon_norm_name(name: str) -> str:
-    """Falcon-40B's norms under the usual names: its converter names attention's norm attn_norm_2 and the MLP's
-    attn_norm (in a file with one norm, attn_norm serves both and keeps its name)."""
-    parts = name.split(".")
-    if len(parts) == 4 and parts[0] == "blk":
-        parts[2] = {"attn_norm": "ffn_norm", "attn_norm_2": "attn_norm"}.get(parts[2], parts[2])
-    return ".".join(parts)

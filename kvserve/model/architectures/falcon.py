@@ -15,6 +15,8 @@ llama.cpp's "falcon" files: q/k/v as every q row, then k's, then v's; its graph 
 by side with rotary (read as the new decoder: one KV head is Falcon-7B's multi-query), over attn_norm_2 and attn_norm
 where the file has both; the context length 2048 whatever the model's."""
 
+from typing import Any
+
 from kvserve.model.architectures import Architecture, GGUFGet, first_of, register
 
 
@@ -49,8 +51,25 @@ def falcon_config(d: dict) -> dict:
 
 
 def falcon_gguf(get: GGUFGet) -> dict:
+    """llama.cpp's falcon graph: always the new decoder's parallel layers, attention's input normed by attn_norm_2
+    where the file has it (two norms), else the one attn_norm serves both."""
     return {"new_decoder_architecture": True, "num_kv_heads": int(get("attention.head_count_kv", 1)),
-            "layer_norm_epsilon": float(get("attention.layer_norm_epsilon", 1e-5))}
+            "layer_norm_epsilon": float(get("attention.layer_norm_epsilon", 1e-5)),
+            "num_ln_in_parallel_attn": 2 if get.has("blk.0.attn_norm_2.weight") else 1}
+
+
+def falcon_gguf_norms(cfg: Any, weights: dict[str, Any]) -> dict[str, Any]:
+    """Falcon-40B's two norms from a GGUF file: its converter names attention's attn_norm_2 and the MLP's attn_norm
+    (read as post_attention_layernorm and input_layernorm), so they trade places."""
+    if cfg.norm_layout != "parallel_two":
+        return weights
+    out = dict(weights)
+    for i in range(cfg.num_hidden_layers):
+        for suffix in ("weight", "bias"):
+            a, b = (f"model.layers.{i}.{role}.{suffix}" for role in ("input_layernorm", "post_attention_layernorm"))
+            if a in out and b in out:
+                out[a], out[b] = out[b], out[a]
+    return out
 
 
 register(Architecture("FalconForCausalLM", falcon_config, text_config=falcon_keys, qkv_per_head=True, weights={
@@ -59,4 +78,5 @@ register(Architecture("FalconForCausalLM", falcon_config, text_config=falcon_key
     prefixes={"transformer.word_embeddings.": "model.embed_tokens.", "transformer.h.": "model.layers.",
               "transformer.ln_f.": "model.norm.", "lm_head.": "lm_head."},
     renames={".ln_attn.": ".input_layernorm.", ".ln_mlp.": ".post_attention_layernorm."},
-    gguf="falcon", gguf_config=falcon_gguf))
+    gguf="falcon", gguf_config=falcon_gguf, gguf_roles={"attn_norm_2": "post_attention_layernorm"},
+    gguf_weights=falcon_gguf_norms))
